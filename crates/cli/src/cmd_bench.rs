@@ -1,0 +1,8 @@
+//! `frugal bench`: not built yet; its issue replaces this module.
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`frugal bench` is not built yet")
+}

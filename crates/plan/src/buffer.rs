@@ -1,0 +1,239 @@
+//! Buffers and the step timeline: the one source of truth for bytes.
+//!
+//! A step is an ordered list of phases: persistent state, then the forward pass layer by layer,
+//! the head and loss, the backward pass from the last layer to the first, and the optimizer step
+//! (inference uses prefill and decode). A buffer lives from the phase it is born in to the phase it
+//! dies in, both included; persistent buffers live throughout. The engine enters a phase by
+//! allocating every buffer born in it and leaves it by freeing every buffer that dies in it, so its
+//! measured peak equals [`MemoryPlan::peak_bytes`] exactly.
+
+use serde::Serialize;
+
+/// What a buffer holds; the categories of the JSON contract (`params_bytes`, `grads_bytes`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Params,
+    Grads,
+    Optimizer,
+    Activations,
+    KvCache,
+    /// Communication buckets, gathered ZeRO-3 units, workspaces, allocator slack.
+    Other,
+}
+
+impl Category {
+    pub const ALL: [Category; 6] = [
+        Category::Params,
+        Category::Grads,
+        Category::Optimizer,
+        Category::Activations,
+        Category::KvCache,
+        Category::Other,
+    ];
+
+    /// The JSON field name of this category's byte count, e.g. `"params_bytes"`.
+    pub fn json_field(self) -> &'static str {
+        match self {
+            Category::Params => "params_bytes",
+            Category::Grads => "grads_bytes",
+            Category::Optimizer => "optimizer_bytes",
+            Category::Activations => "activations_bytes",
+            Category::KvCache => "kv_cache_bytes",
+            Category::Other => "other_bytes",
+        }
+    }
+}
+
+/// Where a buffer lives: the accelerator (or the CPU arena that stands for it), or host memory
+/// (offload).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    Gpu,
+    Host,
+}
+
+/// A point of the step's timeline. Layers are numbered from 0 (nearest the embedding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Token (and position) embedding, forward.
+    Embed,
+    /// Transformer block `layer`, forward.
+    Forward(u32),
+    /// Final norm, output projection and loss, forward and backward together.
+    Head,
+    /// Transformer block `layer`, backward (recompute included).
+    Backward(u32),
+    /// Embedding backward.
+    EmbedBackward,
+    /// Gradient reduction tail and the optimizer step.
+    Optimizer,
+}
+
+impl Phase {
+    /// Position of this phase on a step's timeline for a model of `n_layers` blocks.
+    pub fn ordinal(self, n_layers: u32) -> u32 {
+        match self {
+            Phase::Embed => 0,
+            Phase::Forward(l) => 1 + l,
+            Phase::Head => 1 + n_layers,
+            Phase::Backward(l) => 2 + n_layers + (n_layers - 1 - l),
+            Phase::EmbedBackward => 2 + 2 * n_layers,
+            Phase::Optimizer => 3 + 2 * n_layers,
+        }
+    }
+
+    /// Every phase of a training step, in order.
+    pub fn training_timeline(n_layers: u32) -> Vec<Phase> {
+        let mut phases = vec![Phase::Embed];
+        phases.extend((0..n_layers).map(Phase::Forward));
+        phases.push(Phase::Head);
+        phases.extend((0..n_layers).rev().map(Phase::Backward));
+        phases.push(Phase::EmbedBackward);
+        phases.push(Phase::Optimizer);
+        phases
+    }
+}
+
+/// When a buffer is live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifetime {
+    /// Allocated before the first step and kept across steps (weights, optimizer state).
+    Persistent,
+    /// Born at the start of `born`, freed at the end of `dies` (both included).
+    Span { born: Phase, dies: Phase },
+}
+
+/// One named allocation of the plan.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Buffer {
+    /// Stable name, e.g. `"h.3.attn.qkv"`; the engine asks its arena for views by this name.
+    pub name: String,
+    pub category: Category,
+    pub device: Device,
+    pub bytes: u64,
+    pub lifetime: Lifetime,
+}
+
+/// A step's buffers over a timeline of phases.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryPlan {
+    pub buffers: Vec<Buffer>,
+    /// Number of transformer blocks, which fixes the phase ordinals.
+    pub n_layers: u32,
+}
+
+impl MemoryPlan {
+    pub fn new(n_layers: u32) -> MemoryPlan {
+        MemoryPlan {
+            buffers: Vec::new(),
+            n_layers,
+        }
+    }
+
+    pub fn push(&mut self, buffer: Buffer) {
+        self.buffers.push(buffer);
+    }
+
+    fn live_at(&self, buffer: &Buffer, ordinal: u32) -> bool {
+        match buffer.lifetime {
+            Lifetime::Persistent => true,
+            Lifetime::Span { born, dies } => {
+                born.ordinal(self.n_layers) <= ordinal && ordinal <= dies.ordinal(self.n_layers)
+            }
+        }
+    }
+
+    /// Live bytes per category on `device` at each phase of the training timeline.
+    pub fn timeline(&self, device: Device) -> Vec<(Phase, [u64; 6])> {
+        Phase::training_timeline(self.n_layers)
+            .into_iter()
+            .map(|phase| {
+                let ordinal = phase.ordinal(self.n_layers);
+                let mut by_category = [0u64; 6];
+                for b in self.buffers.iter().filter(|b| b.device == device) {
+                    if self.live_at(b, ordinal) {
+                        by_category[b.category as usize] += b.bytes;
+                    }
+                }
+                (phase, by_category)
+            })
+            .collect()
+    }
+
+    /// The largest sum of live bytes on `device` over the step.
+    pub fn peak_bytes(&self, device: Device) -> u64 {
+        self.timeline(device)
+            .iter()
+            .map(|(_, c)| c.iter().sum::<u64>())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The largest live bytes of each category on `device` over the step (each at its own peak).
+    pub fn category_peaks(&self, device: Device) -> [u64; 6] {
+        let mut peaks = [0u64; 6];
+        for (_, c) in self.timeline(device) {
+            for (p, v) in peaks.iter_mut().zip(c) {
+                *p = (*p).max(v);
+            }
+        }
+        peaks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(name: &str, category: Category, bytes: u64, lifetime: Lifetime) -> Buffer {
+        Buffer {
+            name: name.into(),
+            category,
+            device: Device::Gpu,
+            bytes,
+            lifetime,
+        }
+    }
+
+    #[test]
+    fn ordinals_follow_the_training_timeline() {
+        let phases = Phase::training_timeline(3);
+        for (i, p) in phases.iter().enumerate() {
+            assert_eq!(p.ordinal(3), i as u32, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn peak_is_the_largest_sum_of_live_bytes() {
+        let mut plan = MemoryPlan::new(2);
+        plan.push(buf("w", Category::Params, 100, Lifetime::Persistent));
+        let span = |born, dies| Lifetime::Span { born, dies };
+        plan.push(buf(
+            "a0",
+            Category::Activations,
+            10,
+            span(Phase::Forward(0), Phase::Backward(0)),
+        ));
+        plan.push(buf(
+            "a1",
+            Category::Activations,
+            20,
+            span(Phase::Forward(1), Phase::Backward(1)),
+        ));
+        plan.push(buf(
+            "g",
+            Category::Grads,
+            5,
+            span(Phase::Backward(1), Phase::Optimizer),
+        ));
+        // At Backward(1): w + a0 + a1 + g = 135.
+        assert_eq!(plan.peak_bytes(Device::Gpu), 135);
+        assert_eq!(plan.peak_bytes(Device::Host), 0);
+        let peaks = plan.category_peaks(Device::Gpu);
+        assert_eq!(peaks[Category::Activations as usize], 30);
+    }
+}

@@ -1,0 +1,75 @@
+//! Model shapes: the architecture facts the memory model needs, nothing about weights' values.
+//!
+//! One struct covers GPT-2, Llama (1/2/3), Mistral, Qwen2, Mixtral (MoE) and DeepSeek-V2/V3 (MLA +
+//! MoE). Presets, HF `config.json` parsing and exact parameter counting build on it.
+//! Example: GPT-2 124M is 12 layers, d_model 768, 12 heads, vocab 50257, 1024 positions, tied
+//! embeddings, 124,439,808 parameters.
+
+use serde::Serialize;
+
+/// Which block design the model uses; decides norms, MLP, positions and attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Learned positions, LayerNorm with bias, GELU (tanh) MLP, biases everywhere, tied head.
+    Gpt2,
+    /// RoPE, RMSNorm, SwiGLU MLP, no biases, GQA (Llama, Mistral, TinyLlama).
+    Llama,
+    /// Llama with q/k/v biases (Qwen2, Qwen2.5).
+    Qwen2,
+    /// Llama blocks with a mixture-of-experts MLP (Mixtral).
+    Mixtral,
+    /// DeepSeek-V2/V3: multi-head latent attention and a mixture-of-experts MLP.
+    Deepseek,
+}
+
+/// Mixture-of-experts MLP shape.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Moe {
+    /// Routed experts per MoE layer.
+    pub n_experts: u32,
+    /// Experts each token is routed to (top-k).
+    pub n_active: u32,
+    /// Always-on shared experts (DeepSeek); 0 for Mixtral.
+    pub n_shared: u32,
+    /// Hidden size of one expert's MLP.
+    pub d_ff_expert: u64,
+    /// The first `first_dense` layers use a dense MLP of `ModelShape::d_ff` (DeepSeek).
+    pub first_dense: u32,
+}
+
+/// Multi-head latent attention shape (DeepSeek-V2/V3).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Mla {
+    /// Rank of the query compression; `None` projects queries directly (V2-Lite).
+    pub q_lora_rank: Option<u64>,
+    /// Rank of the joint key/value compression: the cached latent `d_c` (512 in V2/V3).
+    pub kv_lora_rank: u64,
+    /// Per-head dimension of the decoupled RoPE key, cached once per token (64).
+    pub qk_rope_head_dim: u64,
+    pub qk_nope_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+/// The shape of a transformer language model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModelShape {
+    /// Preset name or the path it came from.
+    pub name: String,
+    pub family: Family,
+    pub n_layers: u32,
+    /// Hidden size (C, `hidden_size`, `n_embd`).
+    pub d_model: u64,
+    pub n_heads: u32,
+    /// Key/value heads: `n_heads` for MHA, fewer for GQA, 1 for MQA.
+    pub n_kv_heads: u32,
+    pub d_head: u64,
+    /// Dense MLP hidden size (`intermediate_size`, 4C for GPT-2).
+    pub d_ff: u64,
+    pub vocab: u64,
+    pub max_positions: u64,
+    /// The output projection shares the token embedding matrix.
+    pub tied_embeddings: bool,
+    pub moe: Option<Moe>,
+    pub mla: Option<Mla>,
+}

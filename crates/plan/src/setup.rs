@@ -1,0 +1,151 @@
+//! What the user asks the planner about: a training or an inference setup.
+//!
+//! These are validated values (ripgrep's LowArgs → HiArgs: the CLI parses flags into these once).
+//! Example: `TrainSetup { precision: Precision::AmpBf16, zero: ZeroStage::Three, dp: 8, .. }`.
+
+use serde::Serialize;
+
+/// Number formats a tensor can be stored in; bytes per element via [`Dtype::bits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+    Fp8,
+    Int8,
+    Int4,
+    Nf4,
+}
+
+impl Dtype {
+    pub fn bits(self) -> u64 {
+        match self {
+            Dtype::F32 => 32,
+            Dtype::F16 | Dtype::Bf16 => 16,
+            Dtype::Fp8 | Dtype::Int8 => 8,
+            Dtype::Int4 | Dtype::Nf4 => 4,
+        }
+    }
+}
+
+/// Training precision policy (names as the CLI takes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    /// fp32 weights, gradients, activations, optimizer state.
+    Fp32,
+    /// fp32 weights and optimizer state; autocast runs matmuls in bf16 (PyTorch AMP).
+    AmpBf16,
+    /// As `AmpBf16` with fp16 autocast and a loss scaler.
+    AmpFp16,
+    /// bf16 weights and gradients with fp32 master weights and optimizer state (DeepSpeed, Megatron).
+    Bf16,
+    /// fp16 weights and gradients, fp32 master and optimizer state, dynamic loss scaling.
+    Fp16,
+    /// bf16 weights and bf16 optimizer state, no master copy (`model.to(torch.bfloat16)`).
+    PureBf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// Adam/AdamW: two fp32 moments per parameter.
+    AdamW,
+    /// 8-bit Adam (bitsandbytes): two int8 moments plus block-wise scales.
+    AdamW8bit,
+    /// SGD with momentum: one buffer per parameter.
+    Sgd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ZeroStage {
+    Zero0,
+    Zero1,
+    Zero2,
+    Zero3,
+}
+
+/// Activation recomputation ("activation checkpointing").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    None,
+    /// Keep each block's input; recompute the whole block in backward.
+    Full,
+    /// Keep the input of every k-th block; recompute the segments in between.
+    Every(u32),
+    /// `Every(round(sqrt(L)))`.
+    Sqrt,
+    /// Keep matmul outputs; recompute element-wise ops and the attention core.
+    Selective,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attention {
+    /// Tiled, online softmax: no T×T matrix kept.
+    Flash,
+    /// Materialised T×T scores and probabilities.
+    Eager,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    None,
+    /// Master weights and optimizer state in host memory; the step runs on the host.
+    Optimizer,
+    /// Also the parameters (ZeRO-Infinity style): fetched to the device per unit.
+    Params,
+}
+
+/// LoRA / QLoRA: frozen base weights (optionally quantized), trainable low-rank adapters.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Lora {
+    pub rank: u32,
+    /// Linear layers that get adapters, by HF name (`q_proj`, `v_proj`, ...).
+    pub targets: Vec<String>,
+    /// Storage of the frozen base weights: `Bf16`, `Int8` or `Nf4`.
+    pub base: Dtype,
+}
+
+/// A training setup, per data-parallel group.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TrainSetup {
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub zero: ZeroStage,
+    /// Data-parallel ranks (the N that ZeRO shards over).
+    pub dp: u32,
+    /// Tensor-parallel degree.
+    pub tp: u32,
+    /// Pipeline-parallel degree.
+    pub pp: u32,
+    /// Sequence parallelism (with tensor parallelism, Megatron style).
+    pub sp: bool,
+    pub micro_batch: u64,
+    pub seq: u64,
+    pub grad_accum: u32,
+    pub recompute: Recompute,
+    pub attention: Attention,
+    pub offload: Offload,
+    pub lora: Option<Lora>,
+}
+
+/// An inference setup.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InferSetup {
+    pub weights: Dtype,
+    /// Group size of weight quantization (`None` = per channel); scales stored in fp16.
+    pub weight_group: Option<u64>,
+    pub kv_dtype: Dtype,
+    pub batch: u64,
+    /// Context length: prompt plus generated tokens.
+    pub seq: u64,
+    /// Paged KV cache block size in tokens (`None` = contiguous, as HF's DynamicCache).
+    pub kv_block: Option<u64>,
+    pub tp: u32,
+    pub attention: Attention,
+}
