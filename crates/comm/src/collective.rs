@@ -1,0 +1,247 @@
+//! The `Collective` trait every backend implements, and the plain data it speaks: element
+//! buffers (`Buf`, `BufMut`), `ReduceOp`, `DType`.
+//!
+//! Holds no backend. The trait is object-safe (the engine may hold a `Box<dyn Collective>`) and
+//! every buffer is a plain slice of f32 or bf16, so an MPI or NCCL backend maps each call onto
+//! one library call (`MPI_Allreduce`, `ncclReduceScatter`, ...) with a datatype taken from `DType`.
+//!
+//! ```
+//! use comm::{Collective, InProcess, ReduceOp};
+//! let handles = InProcess::world(2).unwrap();
+//! let sums: Vec<f32> = std::thread::scope(|s| {
+//!     let joins: Vec<_> = handles
+//!         .into_iter()
+//!         .map(|mut c| {
+//!             s.spawn(move || {
+//!                 let mut buf = vec![c.rank() as f32 + 1.0; 4];
+//!                 c.all_reduce(buf.as_mut_slice().into(), ReduceOp::Sum).unwrap();
+//!                 buf[0]
+//!             })
+//!         })
+//!         .collect();
+//!     joins.into_iter().map(|j| j.join().unwrap()).collect()
+//! });
+//! assert_eq!(sums, vec![3.0, 3.0]);
+//! ```
+
+use crate::{CommError, CommStats};
+use half::bf16;
+use std::fmt;
+
+/// How elements from different ranks combine. Every backend reduces in rank order
+/// (rank 0 first), accumulating bf16 in f32 and rounding once at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum in rank order.
+    Sum,
+    /// Sum in rank order, then divide by the world size (in f32, before rounding bf16).
+    Avg,
+    /// Maximum; a NaN on any rank makes the result NaN (so overflow checks cannot miss it).
+    Max,
+}
+
+impl ReduceOp {
+    /// The name used in error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Max => "max",
+        }
+    }
+}
+
+/// Element types a collective can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    Bf16,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A read-only buffer of one element type.
+#[derive(Debug, Clone, Copy)]
+pub enum Buf<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+/// A writable buffer of one element type.
+#[derive(Debug)]
+pub enum BufMut<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [bf16]),
+}
+
+impl Buf<'_> {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Buf::F32(_) => DType::F32,
+            Buf::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Buf::F32(s) => s.len(),
+            Buf::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+}
+
+impl BufMut<'_> {
+    pub fn dtype(&self) -> DType {
+        match self {
+            BufMut::F32(_) => DType::F32,
+            BufMut::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            BufMut::F32(s) => s.len(),
+            BufMut::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+}
+
+impl<'a> From<&'a [f32]> for Buf<'a> {
+    fn from(s: &'a [f32]) -> Self {
+        Buf::F32(s)
+    }
+}
+
+impl<'a> From<&'a [bf16]> for Buf<'a> {
+    fn from(s: &'a [bf16]) -> Self {
+        Buf::Bf16(s)
+    }
+}
+
+impl<'a> From<&'a mut [f32]> for BufMut<'a> {
+    fn from(s: &'a mut [f32]) -> Self {
+        BufMut::F32(s)
+    }
+}
+
+impl<'a> From<&'a mut [bf16]> for BufMut<'a> {
+    fn from(s: &'a mut [bf16]) -> Self {
+        BufMut::Bf16(s)
+    }
+}
+
+/// The five collectives, for statistics and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Barrier,
+}
+
+impl CollectiveKind {
+    pub const ALL: [CollectiveKind; 5] = [
+        CollectiveKind::AllReduce,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllGather,
+        CollectiveKind::Broadcast,
+        CollectiveKind::Barrier,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::Barrier => "barrier",
+        }
+    }
+}
+
+impl fmt::Display for CollectiveKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One rank's endpoint in a world of `world_size()` ranks.
+///
+/// Every rank must make the same sequence of calls with the same element type, lengths, op and
+/// root; a backend detects a divergence (as `CommError::Mismatch` or `Timeout`) instead of
+/// corrupting data. After any error the world is failed and every later call errors too.
+pub trait Collective: Send {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+
+    /// In place: every rank ends with `op` over all ranks' `buf` (element-wise, rank order).
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+
+    /// `input` (world × shard) → `output` (shard): rank r gets `op` over all ranks'
+    /// `input[r·shard .. (r+1)·shard]`. `input.len()` must equal `world_size() × output.len()`.
+    fn reduce_scatter(
+        &mut self,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
+
+    /// `input` (shard) → `output` (world × shard): `output[r·shard ..]` is rank r's input.
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError>;
+
+    /// Every rank's `buf` becomes a copy of rank `root`'s.
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&mut self) -> Result<(), CommError>;
+
+    /// Fails the world: every rank's pending and future calls return `CommError::Aborted`.
+    fn abort(&self, reason: &str);
+
+    /// Bytes this rank moved so far, per collective kind (ring model, see `CommStats`).
+    fn stats(&self) -> CommStats;
+
+    /// One f32 reduced over all ranks, e.g. the squared gradient norm of each rank's shard.
+    fn all_reduce_f32(&mut self, value: f32, op: ReduceOp) -> Result<f32, CommError> {
+        let mut buf = [value];
+        self.all_reduce(BufMut::F32(&mut buf), op)?;
+        Ok(buf[0])
+    }
+
+    /// True on every rank if `flag` is true on any rank, e.g. "found inf/NaN in my gradients".
+    fn any(&mut self, flag: bool) -> Result<bool, CommError> {
+        let max = self.all_reduce_f32(if flag { 1.0 } else { 0.0 }, ReduceOp::Max)?;
+        Ok(max > 0.0)
+    }
+}
