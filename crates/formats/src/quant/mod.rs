@@ -162,6 +162,19 @@ impl FromStr for Scheme {
     }
 }
 
+impl From<Scheme> for Format {
+    /// The format of one code.
+    fn from(scheme: Scheme) -> Format {
+        match scheme {
+            Scheme::Int8 => Format::Int8,
+            Scheme::Int4 => Format::Int4,
+            Scheme::Nf4 => Format::Nf4,
+            Scheme::Fp8E4M3 => Format::Fp8E4M3,
+            Scheme::Fp8E5M2 => Format::Fp8E5M2,
+        }
+    }
+}
+
 /// The code book one group uses, resolved from scheme and symmetry.
 #[derive(Clone, Copy)]
 enum Codes {
