@@ -24,7 +24,11 @@ fn ties_and_neighbours(layout: FloatLayout) -> Vec<f32> {
             continue;
         }
         let mid = ((a + b) / 2.0) as f32;
-        for x in [mid, mid.next_down(), mid.next_up()] {
+        for x in [
+            mid,
+            f32::from_bits(mid.to_bits() - 1),
+            f32::from_bits(mid.to_bits() + 1),
+        ] {
             out.extend([x, -x]);
         }
     }
@@ -155,7 +159,12 @@ fn fp8_inputs(layout: FloatLayout, seed: u64) -> Vec<f64> {
     for bits in 0..layout.max_finite_bits() {
         let (a, b) = (layout.decode(bits), layout.decode(bits + 1));
         let mid = (a + b) / 2.0;
-        xs.extend([mid, mid.next_down(), mid.next_up(), a, -mid]);
+        // mid > 0, so the neighbouring bit patterns are the next values down and up.
+        let (down, up) = (
+            f64::from_bits(mid.to_bits() - 1),
+            f64::from_bits(mid.to_bits() + 1),
+        );
+        xs.extend([mid, down, up, a, -mid]);
     }
     // Past the top: the tie at max + half ulp, and beyond.
     let max = layout.max();
