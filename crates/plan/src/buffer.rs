@@ -138,30 +138,51 @@ impl MemoryPlan {
         self.buffers.push(buffer);
     }
 
-    fn live_at(&self, buffer: &Buffer, ordinal: u32) -> bool {
-        match buffer.lifetime {
-            Lifetime::Persistent => true,
-            Lifetime::Span { born, dies } => {
-                born.ordinal(self.n_layers) <= ordinal && ordinal <= dies.ordinal(self.n_layers)
-            }
-        }
-    }
-
     /// Live bytes per category on `device` at each phase of the training timeline.
+    ///
+    /// A sweep over birth and death ordinals: O(buffers + phases), so the advisor can plan
+    /// thousands of setups a second.
     pub fn timeline(&self, device: Device) -> Vec<(Phase, [u64; 6])> {
-        Phase::training_timeline(self.n_layers)
+        let phases = Phase::training_timeline(self.n_layers);
+        let mut delta = vec![[0i128; 6]; phases.len() + 1];
+        for b in self.buffers.iter().filter(|b| b.device == device) {
+            let (born, dies) = match b.lifetime {
+                Lifetime::Persistent => (0, phases.len() - 1),
+                Lifetime::Span { born, dies } => (
+                    born.ordinal(self.n_layers) as usize,
+                    dies.ordinal(self.n_layers) as usize,
+                ),
+            };
+            assert!(born <= dies, "buffer {} dies before it is born", b.name);
+            delta[born][b.category as usize] += b.bytes as i128;
+            delta[dies + 1][b.category as usize] -= b.bytes as i128;
+        }
+        let mut live = [0i128; 6];
+        phases
             .into_iter()
-            .map(|phase| {
-                let ordinal = phase.ordinal(self.n_layers);
-                let mut by_category = [0u64; 6];
-                for b in self.buffers.iter().filter(|b| b.device == device) {
-                    if self.live_at(b, ordinal) {
-                        by_category[b.category as usize] += b.bytes;
-                    }
+            .enumerate()
+            .map(|(i, phase)| {
+                for (l, d) in live.iter_mut().zip(delta[i]) {
+                    *l += d;
                 }
-                (phase, by_category)
+                (phase, live.map(|v| v as u64))
             })
             .collect()
+    }
+
+    /// The phase of the peak on `device` and the live bytes per category then (they sum to
+    /// [`MemoryPlan::peak_bytes`]); the first such phase if several tie.
+    pub fn at_peak(&self, device: Device) -> (Phase, [u64; 6]) {
+        let mut best = (Phase::Embed, [0u64; 6]);
+        let mut best_sum = 0;
+        for (phase, c) in self.timeline(device) {
+            let sum: u64 = c.iter().sum();
+            if sum > best_sum {
+                best = (phase, c);
+                best_sum = sum;
+            }
+        }
+        best
     }
 
     /// The largest sum of live bytes on `device` over the step.

@@ -8,12 +8,21 @@
 //! Example: `model::ModelShape` from a preset, a `setup::TrainSetup`, then a runtime profile turns
 //! them into a `buffer::MemoryPlan` whose `peak_bytes(Device::Gpu)` answers "does it fit?".
 
+pub mod acts;
 pub mod buffer;
 pub mod error;
+pub mod formula;
+pub mod formula_acts;
 pub mod frugal;
+pub mod hf_config;
+pub mod lora;
 pub mod model;
+pub mod params;
+pub mod presets;
 pub mod runtime;
 pub mod setup;
+pub mod units;
+pub mod validate;
 
 pub use buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 pub use error::PlanError;

@@ -5,6 +5,7 @@
 //! Example: GPT-2 124M is 12 layers, d_model 768, 12 heads, vocab 50257, 1024 positions, tied
 //! embeddings, 124,439,808 parameters.
 
+use crate::PlanError;
 use serde::Serialize;
 
 /// Which block design the model uses; decides norms, MLP, positions and attention.
@@ -36,6 +37,8 @@ pub struct Moe {
     pub d_ff_expert: u64,
     /// The first `first_dense` layers use a dense MLP of `ModelShape::d_ff` (DeepSeek).
     pub first_dense: u32,
+    /// The router has a learned score-correction bias per expert (DeepSeek-V3).
+    pub router_bias: bool,
 }
 
 /// Multi-head latent attention shape (DeepSeek-V2/V3).
@@ -72,4 +75,78 @@ pub struct ModelShape {
     pub tied_embeddings: bool,
     pub moe: Option<Moe>,
     pub mla: Option<Mla>,
+}
+
+fn invalid(field: &str, reason: String) -> PlanError {
+    PlanError::Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+impl ModelShape {
+    /// Checks that the shape is one a real model could have; errors name the field and the fix.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let positive = [
+            ("num_hidden_layers", self.n_layers as u64),
+            ("hidden_size", self.d_model),
+            ("num_attention_heads", self.n_heads as u64),
+            ("num_key_value_heads", self.n_kv_heads as u64),
+            ("head_dim", self.d_head),
+            ("intermediate_size", self.d_ff),
+            ("vocab_size", self.vocab),
+            ("max_position_embeddings", self.max_positions),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(invalid(field, "must be at least 1".into()));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(invalid(
+                "num_key_value_heads",
+                format!(
+                    "{} key/value heads do not divide {} attention heads: use a divisor of {}",
+                    self.n_kv_heads, self.n_heads, self.n_heads
+                ),
+            ));
+        }
+        // GPT-2 splits the hidden state into heads, so heads must divide it; Llama-style configs
+        // may set head_dim explicitly, and MLA sets its own head sizes.
+        if self.family == Family::Gpt2 && self.d_model % self.n_heads as u64 != 0 {
+            return Err(invalid(
+                "num_attention_heads",
+                format!(
+                    "{} heads do not divide hidden size {}: pick a head count that divides it",
+                    self.n_heads, self.d_model
+                ),
+            ));
+        }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0 || m.n_active == 0 || m.n_active > m.n_experts {
+                return Err(invalid(
+                    "num_experts_per_tok",
+                    format!(
+                        "{} active of {} experts: need 1 <= active <= experts",
+                        m.n_active, m.n_experts
+                    ),
+                ));
+            }
+            if m.d_ff_expert == 0 {
+                return Err(invalid(
+                    "moe_intermediate_size",
+                    "must be at least 1".into(),
+                ));
+            }
+        }
+        if let Some(m) = &self.mla {
+            if m.kv_lora_rank == 0 || m.qk_rope_head_dim == 0 || m.v_head_dim == 0 {
+                return Err(invalid(
+                    "kv_lora_rank",
+                    "MLA needs kv_lora_rank, qk_rope_head_dim and v_head_dim of at least 1".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
