@@ -38,9 +38,14 @@ impl Elem for bf16 {
         // Exact: a bf16 is the top 16 bits of an f32. Written out so the loop vectorises.
         f32::from_bits((self.to_bits() as u32) << 16)
     }
+    /// Round to nearest, ties to even; NaN stays a (quiet) NaN. The same as `bf16::from_f32`
+    /// (a test holds them together) but branch-free, so the reduction loop vectorises.
     #[inline(always)]
     fn narrow(x: f32) -> Self {
-        bf16::from_f32(x) // round to nearest, ties to even
+        let b = x.to_bits();
+        let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+        let quiet_nan = ((b >> 16) | 0x0040) as u16;
+        bf16::from_bits(if x.is_nan() { quiet_nan } else { rounded })
     }
 }
 
@@ -142,5 +147,66 @@ pub mod reference {
                 T::narrow(acc)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Elem;
+    use half::bf16;
+
+    #[test]
+    fn bf16_narrow_matches_half() {
+        let mut x = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let f = f32::from_bits(x);
+            let ours = <bf16 as Elem>::narrow(f);
+            if f.is_nan() {
+                assert!(ours.is_nan());
+            } else {
+                assert_eq!(ours.to_bits(), bf16::from_f32(f).to_bits(), "{x:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rounds_ties_to_even() {
+        let narrow = |bits: u32| <bf16 as Elem>::narrow(f32::from_bits(bits)).to_bits();
+        assert_eq!(
+            narrow(0x3F80_8000),
+            0x3F80,
+            "1 + 2^-8 is a tie: down to the even 1.0"
+        );
+        assert_eq!(
+            narrow(0x3F81_8000),
+            0x3F82,
+            "a tie above an odd value goes up"
+        );
+        assert_eq!(narrow(0x3F80_8001), 0x3F81, "just above a tie goes up");
+        assert_eq!(
+            narrow(0x7F7F_FFFF),
+            0x7F80,
+            "beyond bf16's max rounds to infinity"
+        );
+        assert_eq!(narrow(0xFF80_0000), 0xFF80, "-inf stays -inf");
+        assert!(<bf16 as Elem>::narrow(f32::NAN).is_nan());
+        assert!(<bf16 as Elem>::narrow(f32::from_bits(0xFFFF_FFFF)).is_nan());
+        for x in [
+            0.0f32,
+            -0.0,
+            1.5,
+            -0.007_812_5,
+            2f32.powi(100),
+            f32::INFINITY,
+        ] {
+            assert_eq!(
+                <bf16 as Elem>::narrow(x).to_f32(),
+                x,
+                "{x} is exact in bf16"
+            );
+        }
     }
 }

@@ -189,7 +189,9 @@ fn results_do_not_depend_on_thread_timing() {
 
 #[test]
 fn scalar_helpers_for_norms_and_overflow_flags() {
-    let got = run_ok(3, |mut c| {
+    let got = run_ok(3, |c| {
+        // Through a trait object, as the engine holds it.
+        let mut c: Box<dyn Collective> = Box::new(c);
         let r = c.rank();
         let sum = c.all_reduce_f32(r as f32 + 0.5, ReduceOp::Sum).unwrap();
         let max = c.all_reduce_f32(r as f32, ReduceOp::Max).unwrap();

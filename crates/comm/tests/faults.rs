@@ -243,3 +243,9 @@ fn abort_fails_pending_and_future_calls() {
         assert_eq!(later.as_ref().unwrap_err(), &want);
     }
 }
+
+#[test]
+fn an_unbounded_timeout_still_works() {
+    let got = run_world(2, Duration::MAX, |mut c| c.barrier());
+    assert!(got.iter().all(|g| matches!(g, Ok(Ok(())))));
+}

@@ -87,7 +87,8 @@ impl World {
     pub fn new(n_ranks: usize, timeout: Duration) -> World {
         World {
             n_ranks,
-            timeout,
+            // Clamped so `Instant::now() + timeout` cannot overflow ("wait forever" = a year).
+            timeout: timeout.min(Duration::from_secs(365 * 24 * 3600)),
             state: Mutex::new(State {
                 failure: None,
                 generation: 0,
