@@ -1,1 +1,49 @@
-//! The `kernels` crate.
+//! CPU training kernels for frugal: forward/backward pairs on f32 slices, row-major, llm.c style.
+//!
+//! One module per op family. Each fast kernel (faer GEMM, rayon over rows or heads) keeps a plain
+//! reference beside it in a `reference` module, generic over [`Real`] so the same loops run in f32
+//! (held against the fast kernel) and in f64 (held against central finite differences).
+//!
+//! Conventions every kernel follows:
+//! - shapes in comments use B batch, T sequence, C channels, NH query heads, NKV key/value heads,
+//!   HD head dim, V vocab, N rows (B*T);
+//! - **backward kernels accumulate (`+=`) into every gradient they write**, parameter gradients and
+//!   `dinp` alike, so the caller zeroes gradients only when it must;
+//! - weights use `nn.Linear` layout: weight (OC, IC), `out = inp @ weight^T + bias`;
+//! - kernels never allocate on the hot path (scratch buffers are parameters), except what faer
+//!   needs internally; shape mismatches are programmer errors and panic through `assert!`.
+//!
+//! What this crate does not hold: model wiring, memory arenas, optimiser state ownership (the
+//! engine's), and number formats (the `formats` crate).
+//!
+//! ```
+//! // out = inp @ weight^T + bias for a 2x3 input and a 4x3 weight.
+//! let inp = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let weight = [1.0f32; 12];
+//! let bias = [0.5f32; 4];
+//! let mut out = [0.0f32; 8];
+//! kernels::matmul::forward(&mut out, &inp, &weight, Some(&bias), 2, 3, 4);
+//! assert_eq!(out[0], 6.5);
+//! assert_eq!(out[7], 15.5);
+//! ```
+
+pub mod adamw;
+pub mod attention;
+pub mod classifier;
+
+pub mod embedding;
+pub mod gelu;
+pub mod layernorm;
+pub mod matmul;
+mod par;
+pub mod real;
+pub mod residual;
+pub mod rmsnorm;
+pub mod rope;
+pub mod sgd;
+pub mod swiglu;
+
+#[cfg(test)]
+mod testutil;
+
+pub use real::Real;

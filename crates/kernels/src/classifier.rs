@@ -1,0 +1,236 @@
+//! The final projection fused with softmax cross-entropy, over row chunks: for each chunk of
+//! rows, `logits = inp @ wteᵀ` lands in a (chunk_rows, V) scratch, becomes per-row losses and,
+//! in place, `dlogits = dloss * (softmax - onehot)`, which two GEMMs push into `dinp` and `dwte`.
+//! Never holds N×V: peak extra memory is the scratch the caller sizes (llm.c's fused classifier,
+//! chunked over rows instead of fused into one kernel).
+//!
+//! [`loss`] is the forward alone (validation), [`logits`] one row's logits (sampling).
+//! [`reference`] materialises everything in plain loops and is the test oracle.
+//!
+//! ```
+//! // N = 1, C = 1, V = 2, all logits zero: loss = ln 2.
+//! let (mut losses, mut dinp, mut dwte, mut scratch) = ([0.0f32], [0.0f32], [0.0f32; 2], [0.0f32; 2]);
+//! let sum = kernels::classifier::forward_backward(
+//!     &mut losses, &mut dinp, &mut dwte, &[0.0], &[1.0, 1.0], &[1], &mut scratch, 1, 1, 2, 1.0);
+//! assert!((sum - 2f32.ln()).abs() < 1e-6);
+//! ```
+
+use crate::matmul::{par, view, view_mut};
+use crate::Real;
+use faer::linalg::matmul::matmul;
+use faer::Accum;
+use rayon::prelude::*;
+
+/// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) and dwte (V,C);
+/// inp (N,C), wte (V,C), targets (N), scratch (chunk_rows, V) with chunk_rows >= 1.
+/// Returns the sum of the losses.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_backward(
+    losses: &mut [f32],
+    dinp: &mut [f32],
+    dwte: &mut [f32],
+    inp: &[f32],
+    wte: &[f32],
+    targets: &[u32],
+    scratch: &mut [f32],
+    n: usize,
+    c: usize,
+    v: usize,
+    dloss: f32,
+) -> f32 {
+    let rows = check(
+        losses.len(),
+        inp.len(),
+        wte.len(),
+        targets,
+        scratch.len(),
+        n,
+        c,
+        v,
+    );
+    assert!(dinp.len() == n * c && dwte.len() == v * c);
+    let mut sum = 0.0f64;
+    for i0 in (0..n).step_by(rows) {
+        let cr = rows.min(n - i0);
+        let x = &inp[i0 * c..(i0 + cr) * c];
+        let dl = &mut scratch[..cr * v];
+        chunk_logits(dl, x, wte, cr, c, v);
+        sum += softmax_xent_rows(
+            dl,
+            &mut losses[i0..i0 + cr],
+            &targets[i0..i0 + cr],
+            v,
+            Some(dloss),
+        );
+        let dl = view(dl, cr, v);
+        let dx = view_mut(&mut dinp[i0 * c..(i0 + cr) * c], cr, c);
+        matmul(dx, Accum::Add, dl, view(wte, v, c), 1.0, par());
+        matmul(
+            view_mut(dwte, v, c),
+            Accum::Add,
+            dl.transpose(),
+            view(x, cr, c),
+            1.0,
+            par(),
+        );
+    }
+    sum as f32
+}
+
+/// The forward alone: per-row losses (N); returns their sum. Same shapes as [`forward_backward`].
+#[allow(clippy::too_many_arguments)]
+pub fn loss(
+    losses: &mut [f32],
+    inp: &[f32],
+    wte: &[f32],
+    targets: &[u32],
+    scratch: &mut [f32],
+    n: usize,
+    c: usize,
+    v: usize,
+) -> f32 {
+    let rows = check(
+        losses.len(),
+        inp.len(),
+        wte.len(),
+        targets,
+        scratch.len(),
+        n,
+        c,
+        v,
+    );
+    let mut sum = 0.0f64;
+    for i0 in (0..n).step_by(rows) {
+        let cr = rows.min(n - i0);
+        let dl = &mut scratch[..cr * v];
+        chunk_logits(dl, &inp[i0 * c..(i0 + cr) * c], wte, cr, c, v);
+        sum += softmax_xent_rows(dl, &mut losses[i0..i0 + cr], &targets[i0..i0 + cr], v, None);
+    }
+    sum as f32
+}
+
+/// out (V) = wte (V,C) @ inp (C): one position's logits, for sampling.
+pub fn logits(out: &mut [f32], inp: &[f32], wte: &[f32], c: usize, v: usize) {
+    assert!(out.len() == v && inp.len() == c && wte.len() == v * c);
+    chunk_logits(out, inp, wte, 1, c, v);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    losses: usize,
+    inp: usize,
+    wte: usize,
+    targets: &[u32],
+    scratch: usize,
+    n: usize,
+    c: usize,
+    v: usize,
+) -> usize {
+    assert!(losses == n && inp == n * c && wte == v * c && targets.len() == n);
+    let rows = scratch / v;
+    assert!(
+        rows >= 1,
+        "scratch must hold at least one row of V = {v} logits"
+    );
+    if let Some(&bad) = targets.iter().find(|&&x| x as usize >= v) {
+        panic!("target {bad} beyond vocabulary {v}");
+    }
+    rows
+}
+
+/// logits (rows, V) = x (rows, C) @ wteᵀ.
+fn chunk_logits(logits: &mut [f32], x: &[f32], wte: &[f32], rows: usize, c: usize, v: usize) {
+    let w_t = view(wte, v, c).transpose();
+    matmul(
+        view_mut(logits, rows, v),
+        faer::Accum::Replace,
+        view(x, rows, c),
+        w_t,
+        1.0,
+        par(),
+    );
+}
+
+/// Per row: loss = logsumexp - logit[target]; with `dloss`, turns the row into
+/// `dloss * (softmax - onehot)` in place. Returns the sum of the rows' losses.
+fn softmax_xent_rows(
+    logits: &mut [f32],
+    losses: &mut [f32],
+    targets: &[u32],
+    v: usize,
+    dloss: Option<f32>,
+) -> f64 {
+    logits
+        .par_chunks_mut(v)
+        .zip(losses.par_iter_mut())
+        .zip(targets.par_iter())
+        .map(|((row, loss), &tgt)| {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+            let lse = max as f64 + sum.ln();
+            *loss = (lse - row[tgt as usize] as f64) as f32;
+            if let Some(d) = dloss {
+                for x in row.iter_mut() {
+                    *x = d * ((*x as f64 - lse).exp() as f32);
+                }
+                row[tgt as usize] -= d;
+            }
+            *loss as f64
+        })
+        .sum()
+}
+
+/// Materialised N×V logits in plain loops, generic over the float type.
+pub mod reference {
+    use super::Real;
+
+    /// Returns `sum of losses` and accumulates `dloss * gradient` into dinp (N,C), dwte (V,C).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward<F: Real>(
+        dinp: &mut [F],
+        dwte: &mut [F],
+        inp: &[F],
+        wte: &[F],
+        targets: &[u32],
+        n: usize,
+        c: usize,
+        v: usize,
+        dloss: F,
+    ) -> F {
+        let mut total = F::zero();
+        let mut logits = vec![F::zero(); v];
+        for i in 0..n {
+            let x = &inp[i * c..][..c];
+            let mut max = F::neg_infinity();
+            for (j, l) in logits.iter_mut().enumerate() {
+                *l = F::zero();
+                for k in 0..c {
+                    *l += x[k] * wte[j * c + k];
+                }
+                max = max.max(*l);
+            }
+            let mut sum = F::zero();
+            for &l in &logits {
+                sum += (l - max).exp();
+            }
+            let lse = max + sum.ln();
+            total += lse - logits[targets[i] as usize];
+            for (j, &l) in logits.iter().enumerate() {
+                let onehot = if j == targets[i] as usize {
+                    F::one()
+                } else {
+                    F::zero()
+                };
+                let g = dloss * ((l - lse).exp() - onehot);
+                for k in 0..c {
+                    dinp[i * c + k] += g * wte[j * c + k];
+                    dwte[j * c + k] += g * x[k];
+                }
+            }
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests;

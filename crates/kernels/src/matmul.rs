@@ -1,0 +1,171 @@
+//! Linear layer: `out = inp @ weight^T + bias`, weight in `nn.Linear` layout (OC, IC).
+//!
+//! The fast kernels call faer's GEMM, parallel over the global rayon pool; the bias gradient (a
+//! column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
+//! [`Real`], against which the GEMM path is tested and benchmarked (`cargo bench --bench matmul`).
+//!
+//! ```
+//! // dinp += dout @ weight, dweight += dout^T @ inp, dbias += colsum(dout)
+//! let (inp, weight, dout) = ([1.0f32, 2.0], [3.0f32, 4.0], [1.0f32]); // N = 1, IC = 2, OC = 1
+//! let (mut dinp, mut dweight, mut dbias) = ([0.0f32; 2], [0.0f32; 2], [0.0f32]);
+//! kernels::matmul::backward(&mut dinp, &mut dweight, Some(&mut dbias), &dout, &inp, &weight, 1, 2, 1);
+//! assert_eq!((dinp, dweight, dbias), ([3.0, 4.0], [1.0, 2.0], [1.0]));
+//! ```
+
+use crate::Real;
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
+
+/// Columns per rayon task in the bias-gradient pass.
+const COLS: usize = 64;
+
+/// Row-major (rows, cols) view of a slice.
+pub(crate) fn view(x: &[f32], rows: usize, cols: usize) -> MatRef<'_, f32> {
+    MatRef::from_row_major_slice(x, rows, cols)
+}
+
+/// Mutable row-major (rows, cols) view of a slice.
+pub(crate) fn view_mut(x: &mut [f32], rows: usize, cols: usize) -> MatMut<'_, f32> {
+    MatMut::from_row_major_slice_mut(x, rows, cols)
+}
+
+/// All rayon threads: faer splits the GEMM itself.
+pub(crate) fn par() -> Par {
+    Par::rayon(0)
+}
+
+/// out (N,OC), inp (N,IC), weight (OC,IC), bias (OC).
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    ic: usize,
+    oc: usize,
+) {
+    assert!(out.len() == n * oc && inp.len() == n * ic && weight.len() == oc * ic);
+    let accum = match bias {
+        Some(bias) => {
+            assert_eq!(bias.len(), oc);
+            out.par_chunks_mut(oc)
+                .for_each(|row| row.copy_from_slice(bias));
+            Accum::Add
+        }
+        None => Accum::Replace,
+    };
+    let w_t = view(weight, oc, ic).transpose();
+    matmul(
+        view_mut(out, n, oc),
+        accum,
+        view(inp, n, ic),
+        w_t,
+        1.0,
+        par(),
+    );
+}
+
+/// Accumulates dinp (N,IC), dweight (OC,IC), dbias (OC) from dout (N,OC).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    dinp: &mut [f32],
+    dweight: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    weight: &[f32],
+    n: usize,
+    ic: usize,
+    oc: usize,
+) {
+    assert!(dinp.len() == n * ic && inp.len() == n * ic && dout.len() == n * oc);
+    assert!(dweight.len() == oc * ic && weight.len() == oc * ic);
+    let g = view(dout, n, oc);
+    matmul(
+        view_mut(dinp, n, ic),
+        Accum::Add,
+        g,
+        view(weight, oc, ic),
+        1.0,
+        par(),
+    );
+    matmul(
+        view_mut(dweight, oc, ic),
+        Accum::Add,
+        g.transpose(),
+        view(inp, n, ic),
+        1.0,
+        par(),
+    );
+    if let Some(dbias) = dbias {
+        assert_eq!(dbias.len(), oc);
+        dbias
+            .par_chunks_mut(COLS)
+            .enumerate()
+            .for_each(|(blk, db)| {
+                for row in dout.chunks_exact(oc) {
+                    for (d, &g) in db.iter_mut().zip(&row[blk * COLS..]) {
+                        *d += g;
+                    }
+                }
+            });
+    }
+}
+
+/// Plain loops, generic over the float type.
+pub mod reference {
+    use super::Real;
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<F: Real>(
+        out: &mut [F],
+        inp: &[F],
+        weight: &[F],
+        bias: Option<&[F]>,
+        n: usize,
+        ic: usize,
+        oc: usize,
+    ) {
+        for i in 0..n {
+            let x = &inp[i * ic..][..ic];
+            for o in 0..oc {
+                let mut acc = bias.map_or(F::zero(), |b| b[o]);
+                for (&a, &w) in x.iter().zip(&weight[o * ic..][..ic]) {
+                    acc += a * w;
+                }
+                out[i * oc + o] = acc;
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<F: Real>(
+        dinp: &mut [F],
+        dweight: &mut [F],
+        mut dbias: Option<&mut [F]>,
+        dout: &[F],
+        inp: &[F],
+        weight: &[F],
+        n: usize,
+        ic: usize,
+        oc: usize,
+    ) {
+        for i in 0..n {
+            for o in 0..oc {
+                let g = dout[i * oc + o];
+                for k in 0..ic {
+                    dinp[i * ic + k] += weight[o * ic + k] * g;
+                    dweight[o * ic + k] += inp[i * ic + k] * g;
+                }
+                if let Some(db) = dbias.as_deref_mut() {
+                    db[o] += g;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
