@@ -1,0 +1,225 @@
+//! The plan's report: the JSON contract of DESIGN.md (`per_device`, `host`), an echo of the model
+//! and setup, the parameter count, the phase of the peak and memory over the step.
+//!
+//! Categories in `per_device` are those live at the moment of the peak, so they sum to
+//! `peak_bytes`; a profile whose peak comes from a finer simulation than the phase timeline
+//! (`Estimate::peak_bytes` above the timeline's) books the difference as `other_bytes`. Not here:
+//! printing, tables, plots (the CLI). Example:
+//! `serde_json::to_string(&report::training("formula", Some(&shape), &setup, &estimate))`.
+
+use crate::buffer::{Device, Phase};
+use crate::{Estimate, InferEstimate, InferSetup, ModelShape, TrainSetup};
+use serde::Serialize;
+
+/// Bytes per category, named as the JSON contract names them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Breakdown {
+    pub params_bytes: u64,
+    pub grads_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub activations_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub other_bytes: u64,
+}
+
+impl Breakdown {
+    pub fn from_categories(c: [u64; 6]) -> Breakdown {
+        Breakdown {
+            params_bytes: c[0],
+            grads_bytes: c[1],
+            optimizer_bytes: c[2],
+            activations_bytes: c[3],
+            kv_cache_bytes: c[4],
+            other_bytes: c[5],
+        }
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.params_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.kv_cache_bytes
+            + self.other_bytes
+    }
+}
+
+/// `per_device` of the JSON contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PerDevice {
+    #[serde(flatten)]
+    pub categories: Breakdown,
+    pub peak_bytes: u64,
+    pub reserved_bytes: u64,
+    pub context_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// `host`: what offload keeps in host memory, at the host's peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Host {
+    #[serde(flatten)]
+    pub categories: Breakdown,
+    pub peak_bytes: u64,
+}
+
+/// Live bytes at one phase of the step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TimelinePoint {
+    pub phase: String,
+    #[serde(flatten)]
+    pub categories: Breakdown,
+    pub live_bytes: u64,
+}
+
+/// Inference-only facts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct InferDetails {
+    pub weights_bytes: u64,
+    pub kv_bytes_per_token: u64,
+    pub kv_waste_bytes: u64,
+    pub prefill_peak_bytes: u64,
+    pub decode_peak_bytes: u64,
+}
+
+/// One plan, ready to print as a table or as JSON.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub runtime: String,
+    /// `"train"` or `"infer"`.
+    pub mode: &'static str,
+    /// The shape planned, absent for a bare parameter count.
+    pub model: Option<ModelShape>,
+    pub param_count: u64,
+    pub setup: serde_json::Value,
+    pub per_device: PerDevice,
+    pub host: Option<Host>,
+    pub peak_phase: String,
+    pub timeline: Vec<TimelinePoint>,
+    pub inference: Option<InferDetails>,
+    pub device_memory_bytes: Option<u64>,
+    pub fits: Option<bool>,
+}
+
+/// A phase as the report writes it: `embed`, `forward.3`, `head`, `backward.3`, ...
+pub fn phase_name(phase: Phase) -> String {
+    match phase {
+        Phase::Embed => "embed".into(),
+        Phase::Forward(l) => format!("forward.{l}"),
+        Phase::Head => "head".into(),
+        Phase::Backward(l) => format!("backward.{l}"),
+        Phase::EmbedBackward => "embed_backward".into(),
+        Phase::Optimizer => "optimizer".into(),
+    }
+}
+
+fn point(phase: String, c: [u64; 6]) -> TimelinePoint {
+    TimelinePoint {
+        phase,
+        categories: Breakdown::from_categories(c),
+        live_bytes: c.iter().sum(),
+    }
+}
+
+/// The report of a training estimate; `model` is `None` for a bare count of `n_params`.
+pub fn training(
+    runtime: &str,
+    model: Option<&ModelShape>,
+    n_params: u64,
+    setup: &TrainSetup,
+    est: &Estimate,
+) -> Report {
+    let (phase, mut at_peak) = est.plan.at_peak(Device::Gpu);
+    let timeline_peak: u64 = at_peak.iter().sum();
+    at_peak[5] += est.peak_bytes.saturating_sub(timeline_peak);
+    let host = (est.host_peak_bytes > 0).then(|| {
+        let (_, c) = est.plan.at_peak(Device::Host);
+        Host {
+            categories: Breakdown::from_categories(c),
+            peak_bytes: est.host_peak_bytes,
+        }
+    });
+    let timeline = est
+        .plan
+        .timeline(Device::Gpu)
+        .into_iter()
+        .map(|(p, c)| point(phase_name(p), c))
+        .collect();
+    Report {
+        runtime: runtime.into(),
+        mode: "train",
+        model: model.cloned(),
+        param_count: model.map_or(n_params, ModelShape::param_count),
+        setup: serde_json::to_value(setup).unwrap_or_default(),
+        per_device: PerDevice {
+            categories: Breakdown::from_categories(at_peak),
+            peak_bytes: est.peak_bytes,
+            reserved_bytes: est.reserved_bytes,
+            context_bytes: est.context_bytes,
+            total_bytes: est.total_bytes(),
+        },
+        host,
+        peak_phase: phase_name(phase),
+        timeline,
+        inference: None,
+        device_memory_bytes: None,
+        fits: None,
+    }
+}
+
+/// The report of an inference estimate; `setup` is `None` for a bare parameter count.
+pub fn inference(
+    runtime: &str,
+    model: Option<&ModelShape>,
+    n_params: u64,
+    setup: &InferSetup,
+    est: &InferEstimate,
+) -> Report {
+    let prefill_peak: u64 = est.prefill.iter().sum();
+    let decode_peak: u64 = est.decode.iter().sum();
+    let mut at_peak = est.at_peak();
+    at_peak[5] += est.peak_bytes.saturating_sub(at_peak.iter().sum());
+    Report {
+        runtime: runtime.into(),
+        mode: "infer",
+        model: model.cloned(),
+        param_count: model.map_or(n_params, ModelShape::param_count),
+        setup: serde_json::to_value(setup).unwrap_or_default(),
+        per_device: PerDevice {
+            categories: Breakdown::from_categories(at_peak),
+            peak_bytes: est.peak_bytes,
+            reserved_bytes: est.reserved_bytes,
+            context_bytes: est.context_bytes,
+            total_bytes: est.total_bytes(),
+        },
+        host: None,
+        peak_phase: if prefill_peak >= decode_peak {
+            "prefill"
+        } else {
+            "decode"
+        }
+        .into(),
+        timeline: vec![
+            point("prefill".into(), est.prefill),
+            point("decode".into(), est.decode),
+        ],
+        inference: Some(InferDetails {
+            weights_bytes: est.weights_bytes,
+            kv_bytes_per_token: est.kv_bytes_per_token,
+            kv_waste_bytes: est.kv_waste_bytes,
+            prefill_peak_bytes: prefill_peak,
+            decode_peak_bytes: decode_peak,
+        }),
+        device_memory_bytes: None,
+        fits: None,
+    }
+}
+
+impl Report {
+    /// Says whether the whole process (`total_bytes`) fits in `device_bytes`.
+    pub fn with_device_memory(mut self, device_bytes: u64) -> Report {
+        self.device_memory_bytes = Some(device_bytes);
+        self.fits = Some(self.per_device.total_bytes <= device_bytes);
+        self
+    }
+}
