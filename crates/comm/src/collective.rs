@@ -220,6 +220,16 @@ pub trait Collective: Send {
     /// `input` (shard) → `output` (world × shard): `output[r·shard ..]` is rank r's input.
     fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError>;
 
+    /// `reduce_scatter` without a separate output: `buf` (world × shard) in, this rank's
+    /// reduced shard out in `buf[rank·shard .. (rank+1)·shard]`. The rest of `buf` is
+    /// unspecified afterwards (NCCL's in-place form; saves a shard buffer in ZeRO 1-2).
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+
+    /// `all_gather` without a separate input: this rank's shard is already in
+    /// `buf[rank·shard .. (rank+1)·shard]`; afterwards `buf` holds every rank's shard
+    /// (NCCL's in-place form; ZeRO gathers updated weights into the full unit this way).
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError>;
+
     /// Every rank's `buf` becomes a copy of rank `root`'s.
     fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
 

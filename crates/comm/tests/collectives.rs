@@ -100,6 +100,49 @@ fn reduce_scatter_matches_reference() {
 }
 
 #[test]
+fn in_place_forms_match_out_of_place() {
+    for n in 1..=4 {
+        for shard in LENS {
+            let got = run_ok(n, |mut c| {
+                let r = c.rank();
+                let mut a = f32_input(r, n * shard, 10);
+                let mut b = bf16_input(r, n * shard, 11);
+                c.reduce_scatter_in_place(a.as_mut_slice().into(), ReduceOp::Sum)
+                    .unwrap();
+                c.reduce_scatter_in_place(b.as_mut_slice().into(), ReduceOp::Avg)
+                    .unwrap();
+                // Gather the reduced shards back: the all-reduce, done the ZeRO way.
+                c.all_gather_in_place(a.as_mut_slice().into()).unwrap();
+                c.all_gather_in_place(b.as_mut_slice().into()).unwrap();
+                (a, b)
+            });
+            let a_in: Vec<Vec<f32>> = (0..n).map(|r| f32_input(r, n * shard, 10)).collect();
+            let b_in: Vec<Vec<bf16>> = (0..n).map(|r| bf16_input(r, n * shard, 11)).collect();
+            let a_ref = reference::reduce_f32(
+                &a_in.iter().map(|v| &v[..]).collect::<Vec<_>>(),
+                ReduceOp::Sum,
+            );
+            let b_ref = reference::reduce_bf16(
+                &b_in.iter().map(|v| &v[..]).collect::<Vec<_>>(),
+                ReduceOp::Avg,
+            );
+            for (rank, (a, b)) in got.iter().enumerate() {
+                assert_eq!(
+                    bits_f32(a),
+                    bits_f32(&a_ref),
+                    "f32 n={n} shard={shard} rank {rank}"
+                );
+                assert_eq!(
+                    bits_bf16(b),
+                    bits_bf16(&b_ref),
+                    "bf16 n={n} shard={shard} rank {rank}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn all_gather_concatenates_in_rank_order() {
     for n in 1..=4 {
         for shard in LENS {

@@ -206,6 +206,17 @@ fn bad_arguments_fail_fast_on_every_rank() {
         );
     }
 
+    let got = run_world(3, TIMEOUT, |mut c| {
+        c.all_gather_in_place(vec![0.0f32; 7].as_mut_slice().into())
+    });
+    for g in &got {
+        let msg = expect_err(g).to_string();
+        assert!(
+            msg.contains("7 elements, not a multiple of world_size (3); pad it to 9"),
+            "{msg}"
+        );
+    }
+
     let got = run_world(2, TIMEOUT, |mut c| {
         c.broadcast(vec![0.0f32; 2].as_mut_slice().into(), 2)
     });

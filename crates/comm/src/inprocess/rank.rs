@@ -163,6 +163,61 @@ impl InProcessComm {
         Ok(())
     }
 
+    /// The reduce phase of `all_reduce` alone: rank r's shard of every buffer, reduced into
+    /// its own buffer's shard.
+    fn reduce_scatter_in_place_t<T: Elem>(
+        &mut self,
+        buf: &mut [T],
+        call: Call,
+    ) -> Result<(), CommError> {
+        let op = call.op.expect("reduce_scatter has an op");
+        let ptr = buf.as_mut_ptr();
+        let shard = buf.len() / self.world.n_ranks;
+        self.arrive(call, ptr as usize)?;
+        let guard = AbortOnPanic::new();
+        let offset_bytes = self.rank * shard * std::mem::size_of::<T>();
+        self.srcs.clear();
+        self.srcs
+            .extend(self.posts.iter().map(|p| p.src + offset_bytes));
+        // SAFETY: every buffer has world × shard elements (checked at arrival); only this rank
+        // touches shard `rank` of any buffer, and only its own buffer is written.
+        unsafe { reduce_into::<T>(&self.srcs, ptr.add(self.rank * shard), shard, op) };
+        self.world.sync();
+        drop(guard);
+        Ok(())
+    }
+
+    /// Posts the address of this rank's own shard, so in-place and out-of-place all-gathers
+    /// look the same to the other ranks.
+    fn all_gather_in_place_t<T: Elem>(
+        &mut self,
+        buf: &mut [T],
+        call: Call,
+    ) -> Result<(), CommError> {
+        let ptr = buf.as_mut_ptr();
+        let shard = buf.len() / self.world.n_ranks;
+        // SAFETY: rank < n_ranks, so the offset is within `buf`.
+        let own = unsafe { ptr.add(self.rank * shard) };
+        self.arrive(call, own as usize)?;
+        let guard = AbortOnPanic::new();
+        for (k, post) in self
+            .posts
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != self.rank)
+        {
+            // SAFETY: each posted shard has `shard` elements and is only read during the
+            // collective; this rank writes only its own buffer outside its own shard, which
+            // nobody reads.
+            unsafe {
+                std::ptr::copy_nonoverlapping(post.src as *const T, ptr.add(k * shard), shard)
+            };
+        }
+        self.world.sync();
+        drop(guard);
+        Ok(())
+    }
+
     fn all_gather_t<T: Elem>(
         &mut self,
         input: &[T],
@@ -286,6 +341,46 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        const OP: &str = "reduce_scatter_in_place";
+        let n = self.world.n_ranks;
+        self.check_divisible(OP, buf.len())?;
+        let size_bytes = buf.size_bytes() as u64;
+        let mut call = self.call(
+            CollectiveKind::ReduceScatter,
+            buf.dtype(),
+            buf.len(),
+            buf.len() / n,
+        );
+        call.op = Some(op);
+        match buf {
+            BufMut::F32(b) => self.reduce_scatter_in_place_t(b, call)?,
+            BufMut::Bf16(b) => self.reduce_scatter_in_place_t(b, call)?,
+        }
+        self.stats
+            .record(CollectiveKind::ReduceScatter, size_bytes, n);
+        Ok(())
+    }
+
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+        const OP: &str = "all_gather_in_place";
+        let n = self.world.n_ranks;
+        self.check_divisible(OP, buf.len())?;
+        let size_bytes = buf.size_bytes() as u64;
+        let call = self.call(
+            CollectiveKind::AllGather,
+            buf.dtype(),
+            buf.len() / n,
+            buf.len(),
+        );
+        match buf {
+            BufMut::F32(b) => self.all_gather_in_place_t(b, call)?,
+            BufMut::Bf16(b) => self.all_gather_in_place_t(b, call)?,
+        }
+        self.stats.record(CollectiveKind::AllGather, size_bytes, n);
+        Ok(())
+    }
+
     fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
         let n = self.world.n_ranks;
         if root >= n {
@@ -326,6 +421,20 @@ impl Collective for InProcessComm {
 }
 
 impl InProcessComm {
+    fn check_divisible(&self, op: &'static str, len: usize) -> Result<(), CommError> {
+        let n = self.world.n_ranks;
+        if len % n == 0 {
+            return Ok(());
+        }
+        Err(self.bad_args(
+            op,
+            format!(
+                "buffer has {len} elements, not a multiple of world_size ({n}); pad it to {}",
+                len.div_ceil(n) * n
+            ),
+        ))
+    }
+
     fn mixed_dtypes(&self, op: &'static str, input: DType, output: DType) -> CommError {
         self.bad_args(
             op,
