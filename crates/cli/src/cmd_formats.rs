@@ -1,8 +1,560 @@
-//! `frugal formats`: not built yet; its issue replaces this module.
+//! `frugal formats`: number formats from the command line — one value in every format with its
+//! bits explained, the properties table, and quantization of a safetensors file or of seeded
+//! Gaussian values with error and size reports. `--json` prints one JSON object instead.
+//!
+//! The numerics live in the `formats` crate; this module parses flags, reads files and prints.
+//! Example: `frugal formats --random 1048576 --scheme nf4 --group 64 --json`.
 
+use crate::output::{human_bytes, Align, Table};
+use anyhow::{bail, Context};
+use formats::quant::{
+    bits_per_weight, quantize, ErrorStats, Granularity, QuantConfig, Scheme, StorageSpec, Symmetry,
+};
+use formats::{explain, BitFields, Format, Properties, QuantError};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const EXAMPLES: &str = "\
+Examples:
+  frugal formats 3.14159                       the value in every format, bits as s|e|m
+  frugal formats -6.1e-5                      negative values work too
+  frugal formats --table                       properties of every format
+  frugal formats --quantize model.safetensors --scheme int4 --group 128
+  frugal formats --random 1048576 --scheme nf4 --group 64 --scale-dtype fp32
+  frugal formats --random 65536 --width 1024 --scheme int8 --group row --asymmetric --json
+
+Policies: NaN or infinity in data to quantize is an error naming the first bad element; a group
+size must divide the row length; scales are rounded up to the scale dtype so nothing is clipped.";
+
+/// Show numbers in every format, the formats' properties, or quantize weights.
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(after_help = EXAMPLES, allow_negative_numbers = true)]
+#[command(group(
+    clap::ArgGroup::new("mode")
+        .required(true)
+        .args(["value", "table", "quantize", "random"])
+))]
+pub struct Args {
+    /// A number to show in every format: 3.14159, -6.1e-5, 1e30, inf, nan.
+    #[arg(value_name = "VALUE")]
+    value: Option<String>,
+    /// Print the properties of every format (bits, bias, range, epsilon, digits, overflow rule).
+    #[arg(long)]
+    table: bool,
+    /// Quantize every f32/f16/bf16 tensor of this .safetensors file (2-D or more, by rows of the
+    /// last dimension) and report error and size per tensor and in total.
+    #[arg(long, value_name = "FILE")]
+    quantize: Option<PathBuf>,
+    /// Quantize N Gaussian values (mean 0, standard deviation --std) from a seeded generator.
+    #[arg(long, value_name = "N")]
+    random: Option<usize>,
+    /// Row width for --random (default 4096, or N when N is smaller); must divide N.
+    #[arg(long, value_name = "W")]
+    width: Option<usize>,
+    /// Seed of the generator for --random.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Standard deviation of the --random values (0.02 is a typical weight init).
+    #[arg(long, default_value_t = 0.02)]
+    std: f64,
+    /// Code format: int8, int4, nf4, fp8-e4m3, fp8-e5m2.
+    #[arg(long, default_value = "int4")]
+    scheme: String,
+    /// Values sharing one scale: a group size dividing the row length, `row` or `tensor`.
+    #[arg(long, default_value = "128")]
+    group: String,
+    /// Symmetric quantization: zero point 0, scale = absmax / max code (the default).
+    #[arg(long, conflicts_with = "asymmetric")]
+    symmetric: bool,
+    /// Asymmetric quantization: unsigned codes with a zero point over [min, max] (int8/int4).
+    #[arg(long)]
+    asymmetric: bool,
+    /// Float format the scales are stored in: fp16, bf16 or fp32.
+    #[arg(long, default_value = "fp16")]
+    scale_dtype: String,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`frugal formats` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.table {
+        return print_table(args.json);
+    }
+    if let Some(text) = &args.value {
+        return print_value(text, args.json);
+    }
+    let config = quant_config(&args)?;
+    let report = match (&args.quantize, args.random) {
+        (Some(path), _) => quantize_file(path, &config)?,
+        (None, Some(n)) => quantize_random(n, &args, &config)?,
+        (None, None) => {
+            bail!("nothing to do: pass a VALUE, --table, --quantize FILE or --random N")
+        }
+    };
+    print_report(&report, &config, args.json);
+    Ok(())
+}
+
+/// Turns the quantization flags into a validated config.
+fn quant_config(args: &Args) -> anyhow::Result<QuantConfig> {
+    let scheme: Scheme = args.scheme.parse().context("--scheme")?;
+    let granularity = match args.group.as_str() {
+        "row" | "channel" => Granularity::PerChannel,
+        "tensor" => Granularity::PerTensor,
+        g => match g.parse::<usize>() {
+            Ok(n) if n > 0 => Granularity::PerGroup(n),
+            _ => bail!(
+                "--group {g:?}: use a positive group size such as 64 or 128, `row` or `tensor`"
+            ),
+        },
+    };
+    let scale_format: Format = args.scale_dtype.parse().context("--scale-dtype")?;
+    if scale_format.layout().is_none() {
+        bail!("--scale-dtype {scale_format}: scales need a float format; use fp16, bf16 or fp32");
+    }
+    let symmetry = if args.asymmetric {
+        Symmetry::Asymmetric
+    } else {
+        Symmetry::Symmetric
+    };
+    Ok(QuantConfig {
+        scheme,
+        granularity,
+        symmetry,
+        scale_format,
+    })
+}
+
+fn print_value(text: &str, json_out: bool) -> anyhow::Result<()> {
+    use Align::{Left, Right};
+    let x: f64 = text.trim().parse().map_err(|_| {
+        anyhow::anyhow!(
+            "{text:?} is not a number; pass a decimal such as 3.14159, 6.1e-5, inf or nan"
+        )
+    })?;
+    let rows: Vec<_> = Format::ALL.iter().map(|&f| (f, explain(f, x))).collect();
+    if json_out {
+        let formats: Vec<Value> = rows
+            .iter()
+            .map(|(f, e)| match e {
+                Ok(e) => serde_json::to_value(e).expect("explanations serialize"),
+                Err(err) => json!({"format": f.name(), "error": err.to_string()}),
+            })
+            .collect();
+        println!("{}", json!({"input": x, "formats": formats}));
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        "format",
+        "sign",
+        "exponent",
+        "mantissa",
+        "hex",
+        "decoded",
+        "abs error",
+        "rel error",
+    ])
+    .align(&[Left, Left, Left, Left, Left, Right, Right, Right]);
+    let mut notes = Vec::new();
+    for (format, result) in &rows {
+        let Ok(e) = result else {
+            let dash = || "-".to_string();
+            table.row(vec![
+                format.name().into(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+                dash(),
+            ]);
+            notes.push(format!("{format}: {}", result.as_ref().unwrap_err()));
+            continue;
+        };
+        let (s, ex, m) = match &e.fields {
+            BitFields::Float {
+                sign,
+                exponent,
+                mantissa,
+            } => (sign.clone(), exponent.clone(), mantissa.clone()),
+            BitFields::Code { code } => ("".into(), "".into(), format!("code {code}")),
+        };
+        let opt = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
+        table.row(vec![
+            format.name().into(),
+            s,
+            ex,
+            m,
+            e.hex.clone(),
+            plain(e.decoded),
+            opt(e.abs_error),
+            opt(e.rel_error),
+        ]);
+        notes.extend(e.out_of_range.iter().map(|n| format!("{format}: {n}")));
+    }
+    println!(
+        "{text} in every format (errors against the f64 {}):\n",
+        plain(x)
+    );
+    print!("{}", table.render());
+    println!("\nHow the bits decode, (-1)^s × 2^(e-bias) × (1 + m/2^M):");
+    for (format, result) in &rows {
+        if let Ok(e) = result {
+            println!("  {:<9} {}", format.name(), e.formula);
+        }
+    }
+    println!(
+        "\nint8, uint8, int4 and nf4 are shown at scale 1; real use scales them (see --random)."
+    );
+    for note in notes {
+        println!("note: {note}");
+    }
+    Ok(())
+}
+
+fn print_table(json_out: bool) -> anyhow::Result<()> {
+    let props: Vec<Properties> = Format::ALL.iter().map(|f| f.properties()).collect();
+    if json_out {
+        println!("{}", json!({ "formats": props }));
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        "format",
+        "bits",
+        "exp",
+        "mant",
+        "bias",
+        "max",
+        "min normal",
+        "min subnormal",
+        "epsilon",
+        "digits",
+        "inf",
+        "NaN",
+        "overflow",
+    ]);
+    let opt = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
+    for p in &props {
+        let nan = match p.nan {
+            Some(formats::NanEncoding::IeeeExponentAllOnes) => "e all ones, m≠0",
+            Some(formats::NanEncoding::AllOnesPattern) => "S.1111.111",
+            None => "none",
+        };
+        let overflow = match (p.overflow, p.exponent_bits) {
+            (formats::Overflow::Infinity, _) => "→ ±inf",
+            (formats::Overflow::Saturate, Some(_)) => "saturate (satfinite)",
+            (formats::Overflow::Saturate, None) => "saturate",
+        };
+        let max = match p.exponent_bits {
+            Some(_) => format!("±{}", num(p.max)),
+            None => format!("{}..{}", num(p.min), num(p.max)),
+        };
+        let int_opt = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+        table.row(vec![
+            p.format.name().into(),
+            p.bits.to_string(),
+            int_opt(p.exponent_bits),
+            int_opt(p.mantissa_bits),
+            p.bias.map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
+            max,
+            opt(p.smallest_normal),
+            opt(p.smallest_subnormal),
+            opt(p.epsilon),
+            p.decimal_digits
+                .map(|d| format!("{d:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            if p.has_inf { "yes" } else { "no" }.into(),
+            nan.into(),
+            overflow.into(),
+        ]);
+    }
+    print!("{}", table.render());
+    println!(
+        "\nAll values are computed from the layouts: bias = 2^(E-1) - 1, epsilon = 2^-M, digits = \
+         log10(2^(M+1)).\nnf4 is 16 fixed levels in [-1, 1] times a per-block absmax; int ranges \
+         are codes before scaling."
+    );
+    Ok(())
+}
+
+/// The flag that applies a library error's suggested fix.
+fn flag_hint(err: &QuantError) -> String {
+    match err {
+        QuantError::GroupDoesNotDivide { suggestion, .. } => {
+            format!(" (--group {suggestion} or --group row)")
+        }
+        QuantError::AsymmetricUnsupported { .. } => " (drop --asymmetric)".into(),
+        QuantError::ScaleOutOfRange { .. } => " (--scale-dtype fp32)".into(),
+        _ => String::new(),
+    }
+}
+
+/// One quantized tensor's result.
+struct TensorReport {
+    name: String,
+    shape: Vec<usize>,
+    dtype: &'static str,
+    group_size: usize,
+    stats: ErrorStats,
+    original_bytes: u64,
+    stored_bytes: u64,
+}
+
+struct Report {
+    source: String,
+    tensors: Vec<TensorReport>,
+    skipped: Vec<(String, String)>,
+}
+
+/// Quantizes one matrix and measures the round trip.
+fn quantize_matrix(
+    name: &str,
+    shape: &[usize],
+    dtype: &'static str,
+    data: &[f32],
+    config: &QuantConfig,
+) -> anyhow::Result<TensorReport> {
+    let cols = *shape.last().expect("callers pass at least 2 dimensions");
+    let rows = data.len() / cols.max(1);
+    let q = quantize(data, rows, cols, config).map_err(|err| {
+        anyhow::anyhow!(
+            "tensor {name:?} (shape {shape:?}): {err}{}",
+            flag_hint(&err)
+        )
+    })?;
+    let stats = ErrorStats::of(data, &q.dequantize());
+    let dtype_bytes = if dtype == "f32" { 4 } else { 2 };
+    Ok(TensorReport {
+        name: name.to_string(),
+        shape: shape.to_vec(),
+        dtype,
+        group_size: q.group_size,
+        stats,
+        original_bytes: data.len() as u64 * dtype_bytes,
+        stored_bytes: q.stored_bytes(),
+    })
+}
+
+fn quantize_file(path: &Path, config: &QuantConfig) -> anyhow::Result<Report> {
+    let bytes = std::fs::read(path).with_context(|| {
+        format!(
+            "cannot read {}: check the path and its permissions",
+            path.display()
+        )
+    })?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not a valid .safetensors file ({e}); pass a safetensors weights file",
+            path.display()
+        )
+    })?;
+    let mut tensors = st.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut report = Report {
+        source: path.display().to_string(),
+        tensors: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for (name, view) in tensors {
+        let shape = view.shape().to_vec();
+        let (dtype, data) = match view.dtype() {
+            safetensors::Dtype::F32 => ("f32", decode_le(view.data(), 4, f32::from_bits)),
+            safetensors::Dtype::F16 => (
+                "f16",
+                decode_le(view.data(), 2, |b| Format::F16.decode(b) as f32),
+            ),
+            safetensors::Dtype::BF16 => (
+                "bf16",
+                decode_le(view.data(), 2, |b| Format::Bf16.decode(b) as f32),
+            ),
+            other => {
+                report
+                    .skipped
+                    .push((name, format!("dtype {other:?} is not a float weight")));
+                continue;
+            }
+        };
+        if shape.len() < 2 || data.is_empty() {
+            report.skipped.push((
+                name,
+                format!("shape {shape:?}: only matrices are quantized"),
+            ));
+            continue;
+        }
+        report
+            .tensors
+            .push(quantize_matrix(&name, &shape, dtype, &data, config)?);
+    }
+    if report.tensors.is_empty() {
+        bail!(
+            "{} holds no f32/f16/bf16 tensor with 2 or more dimensions to quantize",
+            path.display()
+        );
+    }
+    Ok(report)
+}
+
+/// Little-endian words of `width` bytes, converted by `to_f32`.
+fn decode_le(bytes: &[u8], width: usize, to_f32: impl Fn(u32) -> f32) -> Vec<f32> {
+    bytes
+        .chunks_exact(width)
+        .map(|c| {
+            let word = c.iter().rev().fold(0u32, |acc, &b| (acc << 8) | b as u32);
+            to_f32(word)
+        })
+        .collect()
+}
+
+fn quantize_random(n: usize, args: &Args, config: &QuantConfig) -> anyhow::Result<Report> {
+    if n == 0 {
+        bail!("--random 0: ask for at least one value, e.g. --random 1048576");
+    }
+    if !(args.std.is_finite() && args.std > 0.0) {
+        bail!(
+            "--std {}: use a positive finite standard deviation such as 0.02",
+            args.std
+        );
+    }
+    let width = args.width.unwrap_or(n.min(4096));
+    if width == 0 || n % width != 0 {
+        bail!(
+            "--random {n} does not fill rows of width {width}; pass --width W with W dividing {n}"
+        );
+    }
+    let data = formats::rng::Rng::new(args.seed).gaussian_vec(n, args.std);
+    let shape = [n / width, width];
+    let name = format!("gaussian(std {}, seed {})", args.std, args.seed);
+    let tensor = quantize_matrix(&name, &shape, "f32", &data, config)?;
+    Ok(Report {
+        source: format!("{n} random values"),
+        tensors: vec![tensor],
+        skipped: Vec::new(),
+    })
+}
+
+fn print_report(report: &Report, config: &QuantConfig, json_out: bool) {
+    let mut total = ErrorStats::default();
+    report.tensors.iter().for_each(|t| total.merge(&t.stats));
+    let original: u64 = report.tensors.iter().map(|t| t.original_bytes).sum();
+    let stored: u64 = report.tensors.iter().map(|t| t.stored_bytes).sum();
+    let spec = |g: usize| StorageSpec {
+        scheme: config.scheme,
+        group_size: g as u64,
+        scale_format: config.scale_format,
+        symmetry: config.symmetry,
+    };
+    let bpw_total = stored as f64 * 8.0 / total.n.max(1) as f64;
+    if json_out {
+        let tensors: Vec<Value> = report.tensors.iter().map(|t| json!({
+            "name": t.name, "shape": t.shape, "dtype": t.dtype, "group_size": t.group_size,
+            "error": t.stats.metrics(), "original_bytes": t.original_bytes,
+            "stored_bytes": t.stored_bytes, "bits_per_weight": bits_per_weight(&spec(t.group_size)),
+        })).collect();
+        let skipped: Vec<Value> = report
+            .skipped
+            .iter()
+            .map(|(n, r)| json!({"name": n, "reason": r}))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "source": report.source, "config": config, "tensors": tensors, "skipped": skipped,
+                "total": {"error": total.metrics(), "original_bytes": original,
+                      "stored_bytes": stored,
+                          "bits_per_weight": bpw_total},
+            })
+        );
+        return;
+    }
+    let symmetry = match config.symmetry {
+        Symmetry::Symmetric => "symmetric",
+        Symmetry::Asymmetric => "asymmetric",
+    };
+    println!(
+        "{}: {}, {}, {} scales, {symmetry}\n",
+        report.source,
+        config.scheme,
+        granularity_text(config.granularity),
+        config.scale_format
+    );
+    let mut table = Table::new(&[
+        "tensor",
+        "shape",
+        "dtype",
+        "max abs err",
+        "RMSE",
+        "SQNR dB",
+        "original",
+        "quantized",
+        "bits/weight",
+    ]);
+    let sqnr = |s: &ErrorStats| {
+        s.metrics()
+            .sqnr_db
+            .map(|d| format!("{d:.2}"))
+            .unwrap_or_else(|| "exact".into())
+    };
+    for t in &report.tensors {
+        let m = t.stats.metrics();
+        table.row(vec![
+            t.name.clone(),
+            format!("{:?}", t.shape),
+            t.dtype.into(),
+            num(m.max_abs),
+            num(m.rmse),
+            sqnr(&t.stats),
+            human_bytes(t.original_bytes),
+            human_bytes(t.stored_bytes),
+            format!("{}", bits_per_weight(&spec(t.group_size))),
+        ]);
+    }
+    let m = total.metrics();
+    table.row(vec![
+        "total".into(),
+        format!("{} values", m.n),
+        "".into(),
+        num(m.max_abs),
+        num(m.rmse),
+        sqnr(&total),
+        human_bytes(original),
+        human_bytes(stored),
+        format!("{bpw_total:.4}"),
+    ]);
+    print!("{}", table.render());
+    println!(
+        "\nSizes count codes plus one {} scale (and zero point) per group.",
+        config.scale_format
+    );
+    for (name, reason) in &report.skipped {
+        println!("skipped {name}: {reason}");
+    }
+}
+
+fn granularity_text(g: Granularity) -> String {
+    match g {
+        Granularity::PerTensor => "one scale per tensor".into(),
+        Granularity::PerChannel => "one scale per row".into(),
+        Granularity::PerGroup(n) => format!("groups of {n}"),
+    }
+}
+
+/// Every digit for everyday magnitudes, scientific notation for the very small and large.
+fn plain(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e16).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
+/// A number in at most ~4 significant digits, scientific when very large or small.
+fn num(x: f64) -> String {
+    if x == 0.0 || (1e-3..1e6).contains(&x.abs()) {
+        let s = format!("{x:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        format!("{x:.3e}")
+    }
 }

@@ -116,7 +116,7 @@ fn fill_float(out: &mut Explanation, layout: FloatLayout) {
         (Some(f.sign), Some(f.exponent), Some(f.mantissa));
     let s = f.sign;
     let (e, m) = (f.exponent as i32, f.mantissa);
-    let d = out.decoded;
+    let d = show(out.decoded);
     out.formula = match class {
         Class::Normal => {
             let significand = 1.0 + m as f64 / 2f64.powi(m_bits as i32);
@@ -127,7 +127,7 @@ fn fill_float(out: &mut Explanation, layout: FloatLayout) {
             )
         }
         Class::Subnormal => {
-            format!("(-1)^{s} × 2^(1-{bias}) × (0 + {m}/2^{m_bits}) = {d:e}   (subnormal: e = 0)")
+            format!("(-1)^{s} × 2^(1-{bias}) × (0 + {m}/2^{m_bits}) = {d}   (subnormal: e = 0)")
         }
         Class::Zero => format!("(-1)^{s} × 0 = {d}   (e = 0, m = 0)"),
         Class::Infinite => format!("exponent all ones, mantissa 0 → {d}"),
@@ -178,6 +178,15 @@ fn out_of_range(format: Format, x: f64) -> Option<String> {
             props.min, props.max
         )),
         None => None,
+    }
+}
+
+/// Plain digits for everyday magnitudes, scientific notation for the very small and large.
+fn show(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e16).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
     }
 }
 
