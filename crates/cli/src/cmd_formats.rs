@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 const EXAMPLES: &str = "\
 Examples:
   frugal formats 3.14159                       the value in every format, bits as s|e|m
-  frugal formats -6.1e-5                      negative values work too
+  frugal formats -6.1e-5                       negative values work too
   frugal formats --table                       properties of every format
   frugal formats --quantize model.safetensors --scheme int4 --group 128
   frugal formats --random 1048576 --scheme nf4 --group 64 --scale-dtype fp32
