@@ -1,8 +1,444 @@
-//! `frugal plan`: not built yet; its issue replaces this module.
+//! `frugal plan`: memory per device of a training or inference setup, before anything runs.
+//!
+//! Parses flags into a validated `plan` setup (reading `--model path/config.json` here, since the
+//! plan crate never touches files), asks a runtime profile for the estimate, and prints a table
+//! per category (GiB and GB side by side), `--json` as DESIGN.md specifies, and `--plot` as an
+//! SVG of memory over the step. Example:
+//! `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --batch 4 --seq 2048 --json`.
 
+mod plot;
+
+use crate::output::{gigabytes, human_bytes, Table};
+use anyhow::{anyhow, bail, Context};
+use plan::report::{self, Report};
+use plan::setup::{
+    Attention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute, TrainSetup,
+    ZeroStage,
+};
+use plan::{formula, infer, presets, units, Estimate, ModelShape};
+use std::path::PathBuf;
+
+const LONG_ABOUT: &str = "\
+Memory per device of a training or inference setup, before anything runs.
+
+The plan is a list of buffers (parameters, gradients, optimizer state, activations, KV cache,
+communication buckets and workspaces), each born and freed at a phase of the step: forward layer
+by layer, head and loss, backward, optimizer step. The peak is the largest sum of live bytes.
+Sizes print in GiB (2^30 bytes) and GB (10^9 bytes), labelled as such.
+
+Runtimes: `formula` is the analytic model of the seed and the papers (ZeRO, Korthikanti et al.
+2022 activations); `frugal` is this project's engine, exact to the byte. `--params 7B` (a bare
+parameter count) always uses `formula` and counts model states only (no shape, no activations).
+
+Precision: fp32; amp-bf16 / amp-fp16 (fp32 weights, autocast); bf16 / fp16 (16-bit weights and
+gradients, fp32 master weights and optimizer state, as DeepSpeed and Megatron); pure-bf16 (bf16
+weights and bf16 optimizer state, no master copy).
+
+Examples:
+  frugal plan --params 7B --train --zero 2 --gpus 8
+      the seed's ZeRO table: 26.25 GB of model states per GPU
+  frugal plan --model llama3-8b --train --precision amp-bf16 --zero 3 --gpus 8 \\
+      --batch 4 --seq 2048 --recompute full --json
+  frugal plan --model llama2-7b --infer --weights int4 --weight-group 128 --kv-dtype fp8 \\
+      --batch 8 --seq 4096
+  frugal plan --model path/to/config.json --train --lora-rank 16 \\
+      --lora-targets q_proj,v_proj --lora-base nf4 --device-memory 24GiB
+  frugal plan --model gpt2-124m --train --batch 8 --seq 1024 --plot memory.svg";
+
+/// Memory plan of a training or inference setup, per device.
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(long_about = LONG_ABOUT)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["model", "params"])))]
+#[command(group(clap::ArgGroup::new("mode").args(["train", "infer"])))]
+pub struct Args {
+    /// A preset (llama3-8b, llama2-7b, gpt2-124m, mixtral-8x7b, deepseek-v3, ...) or a path to an
+    /// HF config.json (gpt2, llama, mistral, qwen2, mixtral, deepseek_v2/v3).
+    #[arg(long, value_name = "NAME|PATH")]
+    model: Option<String>,
+    /// A bare parameter count (7B, 1.5B, 124M) for the seed's model-state formulas.
+    #[arg(long, value_name = "COUNT")]
+    params: Option<String>,
+    /// Plan a training step (the default).
+    #[arg(long)]
+    train: bool,
+    /// Plan inference: weights, KV cache, prefill and decode.
+    #[arg(long)]
+    infer: bool,
+    /// fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16.
+    #[arg(long, default_value = "bf16", value_parser = parse_precision)]
+    precision: Precision,
+    /// adamw, adamw8bit or sgd (with momentum).
+    #[arg(long, default_value = "adamw", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
+    /// ZeRO stage 0-3: 1 shards optimizer state, 2 also gradients, 3 also parameters.
+    #[arg(long, default_value_t = 0)]
+    zero: u32,
+    /// Data-parallel GPUs (the ranks ZeRO shards over).
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// Tensor-parallel degree (divides heads and key/value heads).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Pipeline-parallel degree (1F1B schedule; the busiest stage is reported).
+    #[arg(long, default_value_t = 1)]
+    pp: u32,
+    /// Sequence parallelism along the tensor-parallel group (Megatron).
+    #[arg(long)]
+    sp: bool,
+    /// Micro-batch size per GPU (training) or concurrent sequences (inference).
+    #[arg(long, default_value_t = 1)]
+    batch: u64,
+    /// Sequence length (training) or context length (inference); default min(2048, positions).
+    #[arg(long)]
+    seq: Option<u64>,
+    /// Micro-batches accumulated per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    grad_accum: u32,
+    /// none, full, every:K, sqrt or selective.
+    #[arg(long, default_value = "none", value_parser = parse_recompute)]
+    recompute: Recompute,
+    /// flash (no T×T matrix kept) or eager.
+    #[arg(long, default_value = "flash", value_parser = parse_attention)]
+    attention: Attention,
+    /// none, optimizer (ZeRO-Offload: optimizer state in host memory) or params (also weights).
+    #[arg(long, default_value = "none", value_parser = parse_offload)]
+    offload: Offload,
+    /// LoRA rank; enables LoRA (frozen base, trainable adapters).
+    #[arg(long)]
+    lora_rank: Option<u32>,
+    /// Linear layers that get adapters, comma-separated HF names, or all-linear.
+    #[arg(long, default_value = "q_proj,v_proj", value_delimiter = ',')]
+    lora_targets: Vec<String>,
+    /// Frozen base weights: bf16, int8 (LLM.int8) or nf4 (QLoRA).
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    lora_base: Dtype,
+    /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4.
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    weights: Dtype,
+    /// Weights per quantization scale (default: one scale per output row; nf4: 64).
+    #[arg(long)]
+    weight_group: Option<u64>,
+    /// KV-cache format: bf16, fp16, fp8 or int8.
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    kv_dtype: Dtype,
+    /// Paged KV cache with blocks of this many tokens (vLLM uses 16); default contiguous.
+    #[arg(long)]
+    kv_block: Option<u64>,
+    /// formula (analytic) or frugal (this engine, exact).
+    #[arg(long, default_value = "formula")]
+    runtime: String,
+    /// Print one JSON object (DESIGN.md's contract) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write memory over the step's phases, stacked by category, to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Say whether the plan fits a device of this size (80GiB, 80GB, 24GiB).
+    #[arg(long, value_name = "SIZE")]
+    device_memory: Option<String>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`frugal plan` is not built yet")
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    Ok(match s {
+        "fp32" => Precision::Fp32,
+        "amp-bf16" => Precision::AmpBf16,
+        "amp-fp16" => Precision::AmpFp16,
+        "bf16" => Precision::Bf16,
+        "fp16" => Precision::Fp16,
+        "pure-bf16" => Precision::PureBf16,
+        _ => return Err("use fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16".into()),
+    })
+}
+
+fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+    Ok(match s {
+        "adamw" | "adam" => Optimizer::AdamW,
+        "adamw8bit" => Optimizer::AdamW8bit,
+        "sgd" => Optimizer::Sgd,
+        _ => return Err("use adamw, adamw8bit or sgd".into()),
+    })
+}
+
+fn parse_recompute(s: &str) -> Result<Recompute, String> {
+    Ok(match s {
+        "none" => Recompute::None,
+        "full" => Recompute::Full,
+        "sqrt" => Recompute::Sqrt,
+        "selective" => Recompute::Selective,
+        _ => match s.strip_prefix("every:").map(str::parse::<u32>) {
+            Some(Ok(k)) if k >= 1 => Recompute::Every(k),
+            _ => return Err("use none, full, every:K (K >= 1), sqrt or selective".into()),
+        },
+    })
+}
+
+fn parse_attention(s: &str) -> Result<Attention, String> {
+    match s {
+        "flash" => Ok(Attention::Flash),
+        "eager" => Ok(Attention::Eager),
+        _ => Err("use flash or eager".into()),
+    }
+}
+
+fn parse_offload(s: &str) -> Result<Offload, String> {
+    match s {
+        "none" => Ok(Offload::None),
+        "optimizer" => Ok(Offload::Optimizer),
+        "params" => Ok(Offload::Params),
+        _ => Err("use none, optimizer or params".into()),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<Dtype, String> {
+    Ok(match s {
+        "fp32" | "f32" => Dtype::F32,
+        "fp16" | "f16" => Dtype::F16,
+        "bf16" => Dtype::Bf16,
+        "fp8" => Dtype::Fp8,
+        "int8" => Dtype::Int8,
+        "int4" => Dtype::Int4,
+        "nf4" => Dtype::Nf4,
+        _ => return Err("use fp32, fp16, bf16, fp8, int8, int4 or nf4".into()),
+    })
+}
+
+fn zero_stage(zero: u32) -> anyhow::Result<ZeroStage> {
+    Ok(match zero {
+        0 => ZeroStage::Zero0,
+        1 => ZeroStage::Zero1,
+        2 => ZeroStage::Zero2,
+        3 => ZeroStage::Zero3,
+        _ => bail!(
+            "invalid --zero: ZeRO has stages 0, 1, 2 and 3, not {zero}: use --zero 3 to shard \
+             parameters, gradients and optimizer state"
+        ),
+    })
+}
+
+/// A preset name, or a path to an HF config.json read here.
+fn load_model(spec: &str) -> anyhow::Result<ModelShape> {
+    let path = std::path::Path::new(spec);
+    if spec.ends_with(".json") || path.is_file() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("invalid --model: cannot read {spec}: pass a preset name or an existing config.json"))?;
+        return Ok(plan::hf_config::parse(&text, spec)?);
+    }
+    Ok(presets::by_name(spec)?)
+}
+
+fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
+    Ok(TrainSetup {
+        precision: args.precision,
+        optimizer: args.optimizer,
+        zero: zero_stage(args.zero)?,
+        dp: args.gpus,
+        tp: args.tp,
+        pp: args.pp,
+        sp: args.sp,
+        micro_batch: args.batch,
+        seq,
+        grad_accum: args.grad_accum,
+        recompute: args.recompute,
+        attention: args.attention,
+        offload: args.offload,
+        lora: args.lora_rank.map(|rank| Lora {
+            rank,
+            targets: args.lora_targets.clone(),
+            base: args.lora_base,
+        }),
+    })
+}
+
+fn infer_setup(args: &Args, seq: u64) -> InferSetup {
+    InferSetup {
+        weights: args.weights,
+        weight_group: args.weight_group,
+        kv_dtype: args.kv_dtype,
+        batch: args.batch,
+        seq,
+        kv_block: args.kv_block,
+        tp: args.tp,
+        attention: args.attention,
+    }
+}
+
+fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Result<Estimate> {
+    Ok(match runtime {
+        "formula" => formula::training_estimate(m, s)?,
+        "frugal" => {
+            s.validate(m)?;
+            let plan = plan::frugal::training_plan(m, s)?;
+            let peak = plan.peak_bytes(plan::Device::Gpu);
+            Estimate {
+                peak_bytes: peak,
+                reserved_bytes: peak,
+                context_bytes: 0,
+                host_peak_bytes: plan.peak_bytes(plan::Device::Host),
+                plan,
+            }
+        }
+        other => bail!("invalid --runtime: '{other}' is not a runtime: use formula or frugal"),
+    })
+}
+
+/// Builds the report `args` ask for.
+pub fn build_report(args: &Args) -> anyhow::Result<Report> {
+    if args.gpus == 0 {
+        bail!("invalid --gpus: must be at least 1 (the data-parallel ranks ZeRO shards over)");
+    }
+    // Checked up front so a bad stage is reported whatever else is wrong.
+    zero_stage(args.zero)?;
+    let report = match (&args.model, &args.params) {
+        (Some(spec), _) => {
+            let model = load_model(spec)?;
+            let seq = args.seq.unwrap_or(2048.min(model.max_positions));
+            if args.infer {
+                let setup = infer_setup(args, seq);
+                let est = match args.runtime.as_str() {
+                    "formula" => infer::inference_estimate(&model, &setup)?,
+                    "frugal" => bail!("invalid --runtime: the frugal engine trains only; use --runtime formula with --infer"),
+                    other => bail!("invalid --runtime: '{other}' is not a runtime: use formula or frugal"),
+                };
+                report::inference(&args.runtime, Some(&model), 0, &setup, &est)
+            } else {
+                let setup = train_setup(args, seq)?;
+                let est = train_estimate(&args.runtime, &model, &setup)?;
+                report::training(&args.runtime, Some(&model), 0, &setup, &est)
+            }
+        }
+        (None, Some(count)) => {
+            let n = units::parse_count(count, "--params")?;
+            if args.infer {
+                let est = infer::weights_only_estimate(n, args.weights);
+                report::inference(
+                    "formula",
+                    None,
+                    n,
+                    &infer_setup(args, args.seq.unwrap_or(0)),
+                    &est,
+                )
+            } else {
+                let setup = train_setup(args, args.seq.unwrap_or(2048))?;
+                let est = formula::model_states_estimate(n, &setup)?;
+                report::training("formula", None, n, &setup, &est)
+            }
+        }
+        (None, None) => return Err(anyhow!("give --model NAME|PATH or --params COUNT")),
+    };
+    Ok(match &args.device_memory {
+        Some(size) => report.with_device_memory(units::parse_bytes(size, "--device-memory")?),
+        None => report,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let report = build_report(&args)?;
+    if let Some(path) = &args.plot {
+        plot::write_svg(&report, path)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+fn size_cells(bytes: u64) -> Vec<String> {
+    vec![human_bytes(bytes), gigabytes(bytes), bytes.to_string()]
+}
+
+fn describe(report: &Report) -> String {
+    let what = match &report.model {
+        Some(m) => format!(
+            "{} ({} parameters)",
+            m.name,
+            group_digits(report.param_count)
+        ),
+        None => format!(
+            "{} parameters (model states only)",
+            group_digits(report.param_count)
+        ),
+    };
+    format!("{what}, {}, runtime {}\n", report.mode, report.runtime)
+}
+
+fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The human-readable answer: the breakdown at the peak, then the process totals.
+fn render(report: &Report) -> String {
+    let mut out = describe(report);
+    out.push_str(&format!(
+        "per device, at the peak ({}):\n",
+        report.peak_phase
+    ));
+    let mut t = Table::new(&["", "binary", "decimal", "bytes"]);
+    let c = &report.per_device.categories;
+    let rows = [
+        ("parameters", c.params_bytes),
+        ("gradients", c.grads_bytes),
+        ("optimizer state", c.optimizer_bytes),
+        ("activations", c.activations_bytes),
+        ("KV cache", c.kv_cache_bytes),
+        ("other (buckets, workspaces)", c.other_bytes),
+        ("peak of live tensors", report.per_device.peak_bytes),
+        (
+            "reserved by the allocator",
+            report.per_device.reserved_bytes,
+        ),
+        ("CUDA context", report.per_device.context_bytes),
+        ("total (nvidia-smi)", report.per_device.total_bytes),
+    ];
+    for (name, bytes) in rows {
+        let mut cells = vec![name.to_string()];
+        cells.extend(size_cells(bytes));
+        t.row(cells);
+    }
+    out.push_str(&t.render());
+    if let Some(h) = &report.host {
+        out.push_str(&format!(
+            "host memory (offload): {} = {} (optimizer state {}, gradients {}, parameters {})\n",
+            human_bytes(h.peak_bytes),
+            gigabytes(h.peak_bytes),
+            human_bytes(h.categories.optimizer_bytes),
+            human_bytes(h.categories.grads_bytes),
+            human_bytes(h.categories.params_bytes)
+        ));
+    }
+    if let Some(i) = &report.inference {
+        out.push_str(&format!(
+            "KV cache: {} per token; paged waste {}; prefill peak {}, decode peak {}\n",
+            human_bytes(i.kv_bytes_per_token),
+            human_bytes(i.kv_waste_bytes),
+            human_bytes(i.prefill_peak_bytes),
+            human_bytes(i.decode_peak_bytes)
+        ));
+    }
+    if let (Some(dev), Some(fits)) = (report.device_memory_bytes, report.fits) {
+        let total = report.per_device.total_bytes;
+        out.push_str(&if fits {
+            format!(
+                "fits in {} ({} to spare)\n",
+                human_bytes(dev),
+                human_bytes(dev - total)
+            )
+        } else {
+            format!(
+                "does NOT fit in {} (short by {})\n",
+                human_bytes(dev),
+                human_bytes(total - dev)
+            )
+        });
+    }
+    out
 }

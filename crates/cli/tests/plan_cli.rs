@@ -1,0 +1,217 @@
+//! `frugal plan` end to end: the seed's numbers through the CLI, the JSON contract, the plot, and
+//! every bad input ending with exit code 2 and a message naming the field and the fix.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .expect("run frugal")
+}
+
+fn json(args: &[&str]) -> Value {
+    let mut all = vec!["plan", "--json"];
+    all.extend_from_slice(args);
+    let out = frugal(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn peak_gb(v: &Value) -> f64 {
+    v["per_device"]["peak_bytes"].as_u64().unwrap() as f64 / 1e9
+}
+
+#[test]
+fn seed_zero_table_through_the_cli() {
+    let z = |stage: &str| {
+        peak_gb(&json(&[
+            "--params", "7B", "--train", "--zero", stage, "--gpus", "8",
+        ]))
+    };
+    assert_eq!(peak_gb(&json(&["--params", "7B", "--train"])), 112.0);
+    assert_eq!(z("1"), 38.5);
+    assert_eq!(z("2"), 26.25);
+    assert_eq!(z("3"), 14.0);
+    let w = |fmt: &str| peak_gb(&json(&["--params", "7B", "--infer", "--weights", fmt]));
+    assert_eq!(
+        (w("fp32"), w("fp16"), w("int8"), w("int4")),
+        (28.0, 14.0, 7.0, 3.5)
+    );
+}
+
+#[test]
+fn json_contract_holds() {
+    let v = json(&[
+        "--model",
+        "llama3-8b",
+        "--train",
+        "--precision",
+        "amp-bf16",
+        "--zero",
+        "3",
+        "--gpus",
+        "8",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--recompute",
+        "full",
+        "--device-memory",
+        "80GiB",
+    ]);
+    let d = &v["per_device"];
+    let field = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("per_device.{k}"));
+    let sum: u64 = [
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "kv_cache_bytes",
+        "other_bytes",
+    ]
+    .iter()
+    .map(|k| field(k))
+    .sum();
+    assert_eq!(sum, field("peak_bytes"));
+    assert_eq!(
+        field("total_bytes"),
+        field("reserved_bytes") + field("context_bytes")
+    );
+    assert_eq!(v["param_count"].as_u64(), Some(8_030_261_248));
+    assert_eq!(v["fits"].as_bool(), Some(true));
+    assert!(v["timeline"].as_array().unwrap().len() > 60);
+    let kv = json(&[
+        "--model",
+        "llama2-7b",
+        "--infer",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+    ]);
+    assert_eq!(
+        kv["per_device"]["kv_cache_bytes"].as_u64(),
+        Some(2 * 32 * 32 * 128 * 2048 * 2)
+    );
+}
+
+#[test]
+fn offload_reports_host_memory_and_plot_is_written() {
+    let svg = std::env::temp_dir().join(format!("frugal-plan-{}.svg", std::process::id()));
+    let v = json(&[
+        "--model",
+        "gpt2-124m",
+        "--train",
+        "--zero",
+        "2",
+        "--gpus",
+        "2",
+        "--offload",
+        "optimizer",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(v["host"]["optimizer_bytes"].as_u64().unwrap() > 0);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("<svg") && text.contains("activations"));
+    std::fs::remove_file(svg).ok();
+}
+
+fn fails_with(args: &[&str], needles: &[&str]) {
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    let out = frugal(&all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: '{n}' not in: {err}");
+    }
+}
+
+fn temp_config(name: &str, text: &str) -> String {
+    let path = std::env::temp_dir().join(format!("frugal-{}-{name}.json", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn bad_input_names_the_field_and_the_fix() {
+    fails_with(
+        &["--model", "llama9-1t", "--train"],
+        &["model", "llama2-7b", "config.json"],
+    );
+    fails_with(
+        &["--model", "llama2-7b", "--train", "--gpus", "0"],
+        &["--gpus", "at least 1"],
+    );
+    fails_with(
+        &["--model", "llama2-7b", "--train", "--zero", "4"],
+        &["--zero", "--zero 3"],
+    );
+    fails_with(
+        &["--model", "llama2-7b", "--train", "--tp", "3"],
+        &["--tp", "1, 2, 4, 8"],
+    );
+    fails_with(
+        &["--model", "llama2-7b", "--recompute", "often"],
+        &["--recompute", "every:K"],
+    );
+    fails_with(
+        &["--model", "gpt2-124m", "--train", "--seq", "4096"],
+        &["--seq", "1024"],
+    );
+    let malformed = temp_config("malformed", "{\"model_type\": \"llama\", ");
+    fails_with(
+        &["--model", &malformed, "--train"],
+        &["config.json", "JSON"],
+    );
+    let incomplete = temp_config(
+        "incomplete",
+        r#"{"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "vocab_size": 32000, "max_position_embeddings": 4096}"#,
+    );
+    fails_with(
+        &["--model", &incomplete, "--train"],
+        &["intermediate_size", "add it"],
+    );
+    let odd = temp_config(
+        "odd-heads",
+        r#"{"model_type": "gpt2", "n_embd": 768, "n_head": 10, "n_layer": 12,
+            "n_positions": 1024, "vocab_size": 50257}"#,
+    );
+    fails_with(&["--model", &odd, "--train"], &["n_head", "divide"]);
+    fails_with(
+        &["--model", "/nonexistent/config.json"],
+        &["--model", "cannot read"],
+    );
+    for p in [malformed, incomplete, odd] {
+        std::fs::remove_file(p).ok();
+    }
+}
+
+#[test]
+fn human_output_writes_gib_and_gb() {
+    let out = frugal(&[
+        "plan",
+        "--model",
+        "qwen2.5-0.5b",
+        "--train",
+        "--batch",
+        "2",
+        "--seq",
+        "512",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("GiB") && text.contains(" GB") && text.contains("494,032,768"),
+        "{text}"
+    );
+}
