@@ -1,0 +1,97 @@
+//! GEMM throughput for the GPT-2 124M linear layers at B*T = 1024 rows: faer (the kernel the
+//! engine calls) against the plain reference loop, in one run, as GFLOP/s and ratios, plus the
+//! fraction of the machine's fp32 peak. Prints a table; no assertions (speed is not a test).
+//!
+//! Run: `cargo bench -p kernels --bench matmul` (set PEAK_GFLOPS to override the peak used for
+//! the last column; default 460 = ~230 GFLOP/s per core × 2 cores, AVX-512 FMA).
+//!
+//! The reference loop runs on the first 32 rows only (its rate does not depend on the row count
+//! and the full classifier would take minutes); faer runs on all rows.
+
+use kernels::matmul;
+use std::time::Instant;
+
+const N: usize = 1024;
+const REF_ROWS: usize = 32;
+
+/// Median seconds of `reps` runs after one warm-up.
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[reps / 2]
+}
+
+fn fill(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                / (1u32 << 24) as f32
+                - 0.5
+        })
+        .collect()
+}
+
+fn main() {
+    let peak: f64 = std::env::var("PEAK_GFLOPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(460.0);
+    println!(
+        "threads: {}, peak used: {peak} GFLOP/s",
+        rayon::current_num_threads()
+    );
+    println!(
+        "{:<10} {:>5} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8}",
+        "layer", "IC", "OC", "ref GF/s", "fwd GF/s", "bwd GF/s", "fwd/ref", "fwd/peak"
+    );
+    let shapes = [
+        ("qkv", 768, 2304),
+        ("attn.proj", 768, 768),
+        ("fc", 768, 3072),
+        ("fc.proj", 3072, 768),
+        ("lm_head", 768, 50257),
+    ];
+    for (name, ic, oc) in shapes {
+        let (inp, w, bias) = (fill(N * ic, 1), fill(oc * ic, 2), fill(oc, 3));
+        let mut out = vec![0.0f32; N * oc];
+        let flops = 2.0 * (N * ic * oc) as f64;
+        let reps = if oc > 10_000 { 3 } else { 5 };
+        let fwd = time(reps, || {
+            matmul::forward(&mut out, &inp, &w, Some(&bias), N, ic, oc)
+        });
+        let (mut dinp, mut dw, mut db) = (
+            vec![0.0f32; N * ic],
+            vec![0.0f32; oc * ic],
+            vec![0.0f32; oc],
+        );
+        let bwd = time(reps, || {
+            matmul::backward(&mut dinp, &mut dw, Some(&mut db), &out, &inp, &w, N, ic, oc)
+        });
+        let mut out_ref = vec![0.0f32; REF_ROWS * oc];
+        let refs = time(1, || {
+            matmul::reference::forward(
+                &mut out_ref,
+                &inp[..REF_ROWS * ic],
+                &w,
+                Some(&bias),
+                REF_ROWS,
+                ic,
+                oc,
+            )
+        });
+        let ref_gf = 2.0 * (REF_ROWS * ic * oc) as f64 / refs / 1e9;
+        let (fwd_gf, bwd_gf) = (flops / fwd / 1e9, 2.0 * flops / bwd / 1e9);
+        println!(
+            "{name:<10} {ic:>5} {oc:>6} {ref_gf:>10.1} {fwd_gf:>10.1} {bwd_gf:>10.1} {:>7.1}x {:>7.0}%",
+            fwd_gf / ref_gf,
+            100.0 * fwd_gf / peak
+        );
+    }
+}
