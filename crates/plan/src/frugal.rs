@@ -1,14 +1,148 @@
 //! The `frugal` runtime profile: the exact buffer list of this project's engine.
 //!
-//! Owned by the engine: the engine carves its arena from this list, so the two agree to the byte.
+//! Owned by the engine: the engine carves its arena from this list (through [`layout`]), so the
+//! two agree to the byte. Parameters, their gradients and the optimizer state live in flat
+//! per-layer units ([`units`]); activations follow llm.c's layout ([`acts`]). A setup the engine
+//! cannot run yet (mixed precision, ZeRO stages above 0, recompute, offload, ...) is refused here
+//! with `PlanError::Unsupported`, never silently planned as something else.
+//!
+//! Example: `training_plan(&gpt2_tiny, &setup)?.peak_bytes(Device::Gpu)` is the engine's measured
+//! peak for that setup, and `training_estimate` adds the slab the arena reserves.
 
-use crate::{MemoryPlan, ModelShape, PlanError, TrainSetup};
+pub mod acts;
+pub mod layout;
+pub mod units;
+
+use crate::buffer::{Buffer, Category, Device, Lifetime};
+use crate::setup::{Attention, Offload, Optimizer, Precision, Recompute, ZeroStage};
+use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
+pub use acts::{ActShape, CLASSIFIER_CHUNK_ROWS};
+pub use layout::{assign_offsets, SlabLayout};
+pub use units::{param_units, Role, Unit, UnitKind};
+
+fn unsupported(what: &str) -> PlanError {
+    PlanError::Unsupported {
+        runtime: "frugal",
+        what: what.into(),
+    }
+}
+
+fn invalid(field: &str, reason: String) -> PlanError {
+    PlanError::Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// Refuses what the engine cannot run (yet) and values out of range, naming the flag at fault.
+pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanError> {
+    units::check_buildable(model)?;
+    if setup.precision != Precision::Fp32 {
+        return Err(unsupported("precisions other than fp32 (--precision fp32)"));
+    }
+    if setup.zero != ZeroStage::Zero0 {
+        return Err(unsupported("ZeRO stages above 0 (--zero 0)"));
+    }
+    if setup.optimizer == Optimizer::AdamW8bit {
+        return Err(unsupported("8-bit Adam (use adamw or sgd)"));
+    }
+    if setup.tp != 1 || setup.pp != 1 || setup.sp {
+        return Err(unsupported("tensor, pipeline or sequence parallelism"));
+    }
+    if setup.recompute != Recompute::None {
+        return Err(unsupported("activation recompute (--recompute none)"));
+    }
+    if setup.attention != Attention::Eager {
+        return Err(unsupported("flash attention (--attention naive)"));
+    }
+    if setup.offload != Offload::None {
+        return Err(unsupported("offload (--offload none)"));
+    }
+    if setup.lora.is_some() {
+        return Err(unsupported("LoRA"));
+    }
+    if setup.dp == 0 {
+        return Err(invalid(
+            "dp",
+            "at least one data-parallel rank is needed".into(),
+        ));
+    }
+    if setup.micro_batch == 0 || setup.seq == 0 || setup.grad_accum == 0 {
+        return Err(invalid(
+            "batch",
+            "batch, sequence and grad-accum must be positive".into(),
+        ));
+    }
+    if setup.seq > model.max_positions {
+        let reason = format!(
+            "sequence {} is longer than the model's {} positions; use --seq {} or less",
+            setup.seq, model.max_positions, model.max_positions
+        );
+        return Err(invalid("seq", reason));
+    }
+    Ok(())
+}
+
+/// Names of the optimizer-state buffers of one unit for `optimizer`.
+pub fn optimizer_buffer_names(optimizer: Optimizer, unit: &str) -> Vec<String> {
+    match optimizer {
+        Optimizer::AdamW | Optimizer::AdamW8bit => {
+            vec![format!("opt.m.{unit}"), format!("opt.v.{unit}")]
+        }
+        Optimizer::Sgd => vec![format!("opt.momentum.{unit}")],
+    }
+}
 
 /// Every buffer the engine allocates for one training step of `model` under `setup`, per rank.
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
-    let _ = (model, setup);
-    Err(PlanError::Unsupported {
-        runtime: "frugal",
-        what: "training (not built yet)".into(),
+    check_setup(model, setup)?;
+    let mut plan = MemoryPlan::new(model.n_layers);
+    let persistent = |name: String, category: Category, numel: u64| Buffer {
+        name,
+        category,
+        device: Device::Gpu,
+        bytes: 4 * numel,
+        lifetime: Lifetime::Persistent,
+    };
+    let units = param_units(model, setup.dp)?;
+    for unit in &units {
+        let n = unit.padded_numel;
+        plan.push(persistent(
+            format!("params.{}", unit.name),
+            Category::Params,
+            n,
+        ));
+        // Gradients persist across micro-steps: accumulation adds into them.
+        plan.push(persistent(
+            format!("grads.{}", unit.name),
+            Category::Grads,
+            n,
+        ));
+        for name in optimizer_buffer_names(setup.optimizer, &unit.name) {
+            plan.push(persistent(name, Category::Optimizer, n));
+        }
+    }
+    let shape = ActShape {
+        batch: setup.micro_batch,
+        seq: setup.seq,
+    };
+    for buffer in acts::activation_buffers(model, shape) {
+        plan.push(buffer);
+    }
+    Ok(plan)
+}
+
+/// The plan with the numbers a process shows: the arena reserves exactly its slab, no context.
+pub fn training_estimate(model: &ModelShape, setup: &TrainSetup) -> Result<Estimate, PlanError> {
+    let plan = training_plan(model, setup)?;
+    let peak_bytes = plan.peak_bytes(Device::Gpu);
+    let reserved_bytes = assign_offsets(&plan, Device::Gpu).slab_bytes;
+    let host_peak_bytes = plan.peak_bytes(Device::Host);
+    Ok(Estimate {
+        plan,
+        peak_bytes,
+        reserved_bytes,
+        context_bytes: 0,
+        host_peak_bytes,
     })
 }

@@ -1,0 +1,274 @@
+//! The backward pass: the head (final norm, fused classifier and loss), each block from the last
+//! to the first, then the embedding. Kernels accumulate into gradients, so the residual stream's
+//! gradient `dact.residual` is carried down through every block and each block's scratch is
+//! zeroed before use; parameter gradients accumulate across micro-steps (zeroed per step).
+//!
+//! Example: inside `Head`, `backward::head(model, arena, dloss)` returns the summed loss; then
+//! `backward::block(model, arena, l)` in `Backward(l)` for l = L-1..0 and `backward::embed`.
+
+use crate::arena::Arena;
+use crate::forward::{block_input, final_norm};
+use crate::model::{split_ranges, view_range, Model};
+use kernels::{attention, classifier, embedding, gelu, layernorm, matmul, rmsnorm, rope, swiglu};
+use plan::frugal::units::{Role, Unit, UnitKind};
+
+/// A unit's gradient buffer cut into one mutable slice per role.
+struct GradParts<'a> {
+    parts: Vec<(Role, Option<&'a mut [f32]>)>,
+}
+
+impl<'a> GradParts<'a> {
+    fn new(unit: &Unit, buf: &'a mut [f32]) -> GradParts<'a> {
+        let ranges: Vec<_> = unit.views.iter().map(view_range).collect();
+        let slices = split_ranges(buf, &ranges);
+        let parts = unit
+            .views
+            .iter()
+            .map(|v| v.role)
+            .zip(slices.into_iter().map(Some));
+        GradParts {
+            parts: parts.collect(),
+        }
+    }
+
+    fn take(&mut self, role: Role) -> &'a mut [f32] {
+        self.take_opt(role)
+            .unwrap_or_else(|| panic!("no gradient slice for {role:?}"))
+    }
+
+    fn take_opt(&mut self, role: Role) -> Option<&'a mut [f32]> {
+        self.parts
+            .iter_mut()
+            .find(|(r, _)| *r == role)
+            .and_then(|(_, s)| s.take())
+    }
+}
+
+/// Accumulating norm backward into `dinp`: LayerNorm when `mean` is given, RMSNorm otherwise.
+struct NormGrad<'a> {
+    dinp: &'a mut [f32],
+    dweight: &'a mut [f32],
+    dbias: Option<&'a mut [f32]>,
+    dout: &'a [f32],
+    inp: &'a [f32],
+    weight: &'a [f32],
+    mean: Option<&'a [f32]>,
+    rstd: &'a [f32],
+}
+
+fn norm_backward(g: NormGrad<'_>, n: usize, c: usize) {
+    match g.mean {
+        Some(mean) => {
+            let dbias = g.dbias.expect("LayerNorm has a bias");
+            let (dinp, dw, dout, inp, w) = (g.dinp, g.dweight, g.dout, g.inp, g.weight);
+            layernorm::backward(dinp, dw, dbias, dout, inp, w, mean, g.rstd, n, c);
+        }
+        None => rmsnorm::backward(g.dinp, g.dweight, g.dout, g.inp, g.weight, g.rstd, n, c),
+    }
+}
+
+/// Final norm, fused classifier + cross-entropy (forward and backward), norm backward into
+/// `dact.residual`. Returns the sum of the per-token losses; `dloss` scales each token's gradient
+/// (1 / tokens of the whole step, so accumulation equals one big batch).
+pub fn head(model: &Model, arena: &Arena, dloss: f32) -> f32 {
+    let s = &model.shape;
+    let (n, c, v) = (
+        (s.batch * s.seq) as usize,
+        model.config.shape.d_model as usize,
+        model.config.shape.vocab as usize,
+    );
+    final_norm(model, arena, s.batch as usize, s.seq as usize);
+    let h = &model.head;
+    let head_idx = model.unit_index(UnitKind::Head);
+    let head_unit = &model.units[head_idx];
+    let (lm_unit, lm_range) = model.lm_head();
+    let params_head = arena.f32(model.params[head_idx]);
+    let params_lm = arena.f32(model.params[lm_unit]);
+    let mut grads_head = arena.f32_mut(model.grads[head_idx]);
+    let mut head_parts = GradParts::new(head_unit, &mut grads_head);
+    let mut grads_embed = (lm_unit == 0).then(|| arena.f32_mut(model.grads[0]));
+    let dlm: &mut [f32] = match grads_embed.as_mut() {
+        Some(g) => &mut g[lm_range.clone()],
+        None => head_parts.take(Role::LmHead),
+    };
+    let mut dlnf = arena.f32_mut(h.dlnf);
+    dlnf.fill(0.0);
+    let lnf = arena.f32(h.lnf);
+    let loss_sum = {
+        let mut losses = arena.f32_mut(h.losses);
+        let targets = arena.u32(h.targets);
+        let mut scratch = arena.f32_mut(h.classifier);
+        let wte = &params_lm[lm_range];
+        classifier::forward_backward(
+            &mut losses,
+            &mut dlnf,
+            dlm,
+            &lnf,
+            wte,
+            &targets,
+            &mut scratch,
+            n,
+            c,
+            v,
+            dloss,
+        )
+    };
+    let mut dres = arena.f32_mut(h.dresidual);
+    dres.fill(0.0);
+    let last = arena.f32(model.blocks[model.blocks.len() - 1].out);
+    let mean = h.lnf_mean.map(|m| arena.f32(m));
+    let rstd = arena.f32(h.lnf_rstd);
+    let weight = &params_head[model.unit_range(UnitKind::Head, Role::FinalNormWeight)];
+    let grad = NormGrad {
+        dinp: &mut dres,
+        dweight: head_parts.take(Role::FinalNormWeight),
+        dbias: head_parts.take_opt(Role::FinalNormBias),
+        dout: &dlnf,
+        inp: &last,
+        weight,
+        mean: mean.as_deref(),
+        rstd: &rstd,
+    };
+    norm_backward(grad, n, c);
+    loss_sum
+}
+
+/// Block `layer` backward: reads `dact.residual` as the gradient of its output and leaves the
+/// gradient of its input there; accumulates the block's parameter gradients.
+pub fn block(model: &Model, arena: &Arena, layer: usize) {
+    let s = &model.config.shape;
+    let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
+    let (n, c, qkv_w, atty_w) = (d.n as usize, d.c as usize, d.qkv as usize, d.atty as usize);
+    let (fc_w, f) = (d.fc as usize, d.fc_act as usize);
+    let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
+    let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
+    let (a, h) = (model.blocks[layer], &model.head);
+    let kind = UnitKind::Block(layer as u32);
+    let idx = model.unit_index(kind);
+    let p = arena.f32(model.params[idx]);
+    let w = |role: Role| &p[model.unit_range(kind, role)];
+    let mut grads = arena.f32_mut(model.grads[idx]);
+    let mut g = GradParts::new(&model.units[idx], &mut grads);
+    let mut dres = arena.f32_mut(h.dresidual);
+    let (mut dln, mut dfch, mut dfch_act) = (
+        arena.f32_mut(h.dln),
+        arena.f32_mut(h.dfch),
+        arena.f32_mut(h.dfch_act),
+    );
+
+    // MLP: out = res2 + proj(act(fc(norm2(res2)))).
+    let (fch, fch_act, ln2) = (arena.f32(a.fch), arena.f32(a.fch_act), arena.f32(a.ln2));
+    dfch_act.fill(0.0);
+    let (dw, db) = (g.take(Role::FcProjWeight), g.take_opt(Role::FcProjBias));
+    matmul::backward(
+        &mut dfch_act,
+        dw,
+        db,
+        &dres,
+        &fch_act,
+        w(Role::FcProjWeight),
+        n,
+        f,
+        c,
+    );
+    dfch.fill(0.0);
+    if model.is_gpt2() {
+        gelu::backward(&mut dfch, &fch, &dfch_act);
+    } else {
+        swiglu::backward(&mut dfch, &fch, &dfch_act, n, f);
+    }
+    dln.fill(0.0);
+    let (dw, db) = (g.take(Role::FcWeight), g.take_opt(Role::FcBias));
+    matmul::backward(&mut dln, dw, db, &dfch, &ln2, w(Role::FcWeight), n, c, fc_w);
+    let res2 = arena.f32(a.res2);
+    let (mean, rstd) = (a.ln2_mean.map(|m| arena.f32(m)), arena.f32(a.ln2_rstd));
+    let grad = NormGrad {
+        dinp: &mut dres,
+        dweight: g.take(Role::Norm2Weight),
+        dbias: g.take_opt(Role::Norm2Bias),
+        dout: &dln,
+        inp: &res2,
+        weight: w(Role::Norm2Weight),
+        mean: mean.as_deref(),
+        rstd: &rstd,
+    };
+    norm_backward(grad, n, c);
+
+    // Attention: res2 = inp + proj(attention(qkv(norm1(inp)))).
+    let (atty, qkv, att, ln1) = (
+        arena.f32(a.atty),
+        arena.f32(a.qkv),
+        arena.f32(a.att),
+        arena.f32(a.ln1),
+    );
+    let (mut datty, mut dqkv, mut datt) = (
+        arena.f32_mut(h.datty),
+        arena.f32_mut(h.dqkv),
+        arena.f32_mut(h.datt),
+    );
+    datty.fill(0.0);
+    let (dw, db) = (g.take(Role::AttnProjWeight), g.take_opt(Role::AttnProjBias));
+    matmul::backward(
+        &mut datty,
+        dw,
+        db,
+        &dres,
+        &atty,
+        w(Role::AttnProjWeight),
+        n,
+        atty_w,
+        c,
+    );
+    dqkv.fill(0.0);
+    attention::backward(&mut dqkv, &mut datt, &datty, &qkv, &att, b, t, nh, nkv, hd);
+    if !model.is_gpt2() {
+        rope::backward_rows(
+            &mut dqkv[..],
+            b,
+            t,
+            nh + nkv,
+            hd,
+            qkv_w,
+            model.config.rope_theta,
+        );
+    }
+    dln.fill(0.0);
+    let (dw, db) = (g.take(Role::QkvWeight), g.take_opt(Role::QkvBias));
+    matmul::backward(
+        &mut dln,
+        dw,
+        db,
+        &dqkv,
+        &ln1,
+        w(Role::QkvWeight),
+        n,
+        c,
+        qkv_w,
+    );
+    let inp = arena.f32(block_input(model, layer));
+    let (mean, rstd) = (a.ln1_mean.map(|m| arena.f32(m)), arena.f32(a.ln1_rstd));
+    let grad = NormGrad {
+        dinp: &mut dres,
+        dweight: g.take(Role::Norm1Weight),
+        dbias: g.take_opt(Role::Norm1Bias),
+        dout: &dln,
+        inp: &inp,
+        weight: w(Role::Norm1Weight),
+        mean: mean.as_deref(),
+        rstd: &rstd,
+    };
+    norm_backward(grad, n, c);
+}
+
+/// Embedding backward: scatters `dact.residual` into the token (and position) table gradients.
+pub fn embed(model: &Model, arena: &Arena) {
+    let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
+    let c = model.config.shape.d_model as usize;
+    let mut grads = arena.f32_mut(model.grads[0]);
+    let mut g = GradParts::new(&model.units[0], &mut grads);
+    let dwte = g.take(Role::TokenEmbedding);
+    let dwpe = g.take_opt(Role::PositionEmbedding);
+    let dres = arena.f32(model.head.dresidual);
+    let tokens = arena.u32(model.head.tokens);
+    embedding::backward(dwte, dwpe, &dres, &tokens, b, t, c);
+}

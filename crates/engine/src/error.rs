@@ -1,0 +1,58 @@
+//! Operating errors of the engine: each carries the facts a user needs to fix the run.
+//!
+//! Programmer errors (a buffer used outside its lifetime, mismatched kernel shapes) are panics,
+//! not variants here.
+
+use plan::PlanError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// The planner refused the model or setup (unsupported option, value out of range).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The step's memory exceeds `--device-memory`; nothing was allocated.
+    #[error(
+        "the run needs {needed_bytes} bytes but the device holds {capacity_bytes} \
+         (params {p}, grads {g}, optimizer {o}, activations {a}, other {x} bytes){advice}",
+        p = category_peak_bytes[0],
+        g = category_peak_bytes[1],
+        o = category_peak_bytes[2],
+        a = category_peak_bytes[3],
+        x = category_peak_bytes[5],
+        advice = advice.as_ref().map(|a| format!("; to fit: {a}")).unwrap_or_default()
+    )]
+    DoesNotFit {
+        needed_bytes: u64,
+        capacity_bytes: u64,
+        /// Each category at its own peak, indexed by `Category as usize`.
+        category_peak_bytes: [u64; 6],
+        /// The `fit` advisor's cheapest way to fit, when it has one.
+        advice: Option<String>,
+    },
+    /// A model config (HF `config.json` or preset) the engine cannot build.
+    #[error("cannot build the model from {source_name}: {reason}")]
+    Config { source_name: String, reason: String },
+    /// A weights file that does not match the model.
+    #[error("weights {path}: {reason}")]
+    Weights { path: String, reason: String },
+    /// Data the engine cannot train on.
+    #[error("data: {0}")]
+    Data(String),
+    /// The loss stopped being a finite number.
+    #[error(
+        "the loss became {loss} at step {step}; training stopped. Try a lower learning rate \
+         (--lr {suggested_lr:e}) or more warmup"
+    )]
+    NonFiniteLoss {
+        step: u64,
+        loss: f32,
+        suggested_lr: f32,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

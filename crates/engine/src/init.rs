@@ -1,0 +1,72 @@
+//! Seeded weight initialisation as GPT-2 / HF `_init_weights`: matrices and embeddings from
+//! N(0, 0.02), residual output projections (attention `c_proj`/`o_proj`, MLP `c_proj`/`down_proj`)
+//! from N(0, 0.02/sqrt(2L)), biases zero, norm weights one.
+//!
+//! The generator is SplitMix64 (the data crate's) with Box–Muller, so a seed gives the same
+//! weights on every machine; it does not reproduce torch's generator (golden tests load torch's
+//! weights instead). Each unit draws from its own stream (seed, unit index), so a unit's values do
+//! not depend on the others' sizes.
+//!
+//! Example: `init::fill(&model, &arena, 1337)`.
+
+use crate::arena::Arena;
+use crate::model::{view_range, Model};
+use data::SplitMix64;
+use plan::frugal::units::Role;
+
+/// Standard normal samples from SplitMix64 via Box–Muller.
+pub struct Normal {
+    rng: SplitMix64,
+    spare: Option<f64>,
+}
+
+impl Normal {
+    pub fn new(seed: u64) -> Normal {
+        Normal {
+            rng: SplitMix64::new(seed),
+            spare: None,
+        }
+    }
+
+    fn uniform(&mut self) -> f64 {
+        // 53 random bits in (0, 1]: never 0, so ln is finite.
+        ((self.rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn sample(&mut self) -> f64 {
+        if let Some(z) = self.spare.take() {
+            return z;
+        }
+        let (u1, u2) = (self.uniform(), self.uniform());
+        let r = (-2.0 * u1.ln()).sqrt();
+        let angle = 2.0 * std::f64::consts::PI * u2;
+        self.spare = Some(r * angle.sin());
+        r * angle.cos()
+    }
+}
+
+/// Initialises every parameter of `model` from `seed`.
+pub fn fill(model: &Model, arena: &Arena, seed: u64) {
+    let std = 0.02;
+    let residual_std = std / (2.0 * f64::from(model.config.shape.n_layers)).sqrt();
+    for (u, unit) in model.units.iter().enumerate() {
+        let mut normal = Normal::new(seed ^ (u as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut params = arena.f32_mut(model.params[u]);
+        params.fill(0.0);
+        for view in &unit.views {
+            let p = &mut params[view_range(view)];
+            match view.role {
+                Role::Norm1Weight | Role::Norm2Weight | Role::FinalNormWeight => p.fill(1.0),
+                Role::AttnProjWeight | Role::FcProjWeight => {
+                    p.iter_mut()
+                        .for_each(|x| *x = (normal.sample() * residual_std) as f32);
+                }
+                _ if view.shape.len() == 2 => {
+                    p.iter_mut()
+                        .for_each(|x| *x = (normal.sample() * std) as f32);
+                }
+                _ => p.fill(0.0),
+            }
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Weights in and out as safetensors with Hugging Face names, so a model trained here loads in
+//! transformers (and HF checkpoints load here). File IO lives in this module only.
+//!
+//! Tensors map to unit views through `plan::frugal::units` (`HfPart`): GPT-2's `Conv1D` weights are
+//! transposed, Llama's q/k/v and gate/up fill row ranges of the fused views. Loading checks every
+//! tensor (present, shape, dtype) before writing any weight, so a bad file changes nothing.
+//! Saving writes `model.safetensors` and `config.json` under temporary names and renames them
+//! into place, so a crash never leaves a half-written file under the final name.
+//!
+//! Example: `io::save_pretrained(&trainer.model, &trainer.arena, Path::new("out"))?`.
+
+use crate::arena::Arena;
+use crate::error::EngineError;
+use crate::model::{view_range, Model};
+use plan::frugal::units::{HfPart, ParamView};
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Which of a unit's buffers to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    Params,
+    Grads,
+}
+
+/// One tensor in HF layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HfTensor {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub data: Vec<f32>,
+}
+
+fn cols(view: &ParamView) -> usize {
+    if view.shape.len() == 2 {
+        view.shape[1] as usize
+    } else {
+        1
+    }
+}
+
+/// The rows of `view_data` that `part` covers, in HF layout.
+fn part_to_hf(view_data: &[f32], view: &ParamView, part: &HfPart) -> Vec<f32> {
+    let c = cols(view);
+    let rows = part.hf_shape.iter().product::<u64>() as usize / c;
+    let start = part.row_offset as usize * c;
+    let src = &view_data[start..start + rows * c];
+    if !part.transposed {
+        return src.to_vec();
+    }
+    let mut out = vec![0.0; rows * c];
+    for r in 0..rows {
+        for j in 0..c {
+            out[j * rows + r] = src[r * c + j];
+        }
+    }
+    out
+}
+
+/// Writes an HF-layout tensor into the rows of `view_data` that `part` covers.
+fn hf_to_part(view_data: &mut [f32], view: &ParamView, part: &HfPart, hf: &[f32]) {
+    let c = cols(view);
+    let rows = hf.len() / c;
+    let dst = &mut view_data[part.row_offset as usize * c..][..rows * c];
+    if !part.transposed {
+        dst.copy_from_slice(hf);
+        return;
+    }
+    for r in 0..rows {
+        for j in 0..c {
+            dst[r * c + j] = hf[j * rows + r];
+        }
+    }
+}
+
+/// Every parameter (or gradient) tensor under its HF name, in HF layout.
+pub fn export(model: &Model, arena: &Arena, which: Which) -> Vec<HfTensor> {
+    let mut out = Vec::new();
+    for (u, unit) in model.units.iter().enumerate() {
+        let id = match which {
+            Which::Params => model.params[u],
+            Which::Grads => model.grads[u],
+        };
+        let buf = arena.f32(id);
+        for view in &unit.views {
+            let data = &buf[view_range(view)];
+            for part in &view.parts {
+                out.push(HfTensor {
+                    name: part.name.clone(),
+                    shape: part.hf_shape.clone(),
+                    data: part_to_hf(data, view, part),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The safetensors bytes of the model's weights.
+pub fn to_safetensors(model: &Model, arena: &Arena) -> Vec<u8> {
+    let tensors = export(model, arena, Which::Params);
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|t| {
+            let shape = t.shape.iter().map(|&d| d as usize).collect();
+            let data = t.data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (t.name, shape, data)
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = bytes
+        .iter()
+        .map(|(name, shape, data)| {
+            let view = TensorView::new(Dtype::F32, shape.clone(), data).expect("sizes agree");
+            (name.clone(), view)
+        })
+        .collect();
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize(views, Some(metadata)).expect("in-memory serialisation succeeds")
+}
+
+fn to_f32(view: &TensorView<'_>) -> Option<Vec<f32>> {
+    let bytes = view.data();
+    Some(match view.dtype() {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// Loads HF-named weights from safetensors `bytes` (`path` names the file in errors). Every
+/// tensor is checked before any weight changes.
+pub fn load_safetensors(
+    model: &Model,
+    arena: &Arena,
+    bytes: &[u8],
+    path: &str,
+) -> Result<(), EngineError> {
+    let fail = |reason: String| EngineError::Weights {
+        path: path.into(),
+        reason,
+    };
+    let st = SafeTensors::deserialize(bytes).map_err(|e| fail(format!("not safetensors: {e}")))?;
+    let mut staged: Vec<(usize, usize, usize, Vec<f32>)> = Vec::new();
+    for (u, unit) in model.units.iter().enumerate() {
+        for (vi, view) in unit.views.iter().enumerate() {
+            for (pi, part) in view.parts.iter().enumerate() {
+                // The original gpt2 checkpoints name tensors without the `transformer.` prefix.
+                let short = part.name.strip_prefix("transformer.").unwrap_or(&part.name);
+                let t = st
+                    .tensor(&part.name)
+                    .or_else(|_| st.tensor(short))
+                    .map_err(|_| fail(format!("missing tensor {}", part.name)))?;
+                let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+                if shape != part.hf_shape {
+                    let want = &part.hf_shape;
+                    return Err(fail(format!(
+                        "{} has shape {shape:?}, the model needs {want:?}",
+                        part.name
+                    )));
+                }
+                let data = to_f32(&t).ok_or_else(|| {
+                    fail(format!(
+                        "{} has dtype {:?} (f32, bf16, f16 load)",
+                        part.name,
+                        t.dtype()
+                    ))
+                })?;
+                staged.push((u, vi, pi, data));
+            }
+        }
+    }
+    for (u, vi, pi, data) in staged {
+        let view = &model.units[u].views[vi];
+        let mut params = arena.f32_mut(model.params[u]);
+        hf_to_part(&mut params[view_range(view)], view, &view.parts[pi], &data);
+    }
+    Ok(())
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
+    let io = |context: String| move |source| EngineError::Io { context, source };
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(io(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(io(format!("renaming into {}", path.display())))
+}
+
+/// Writes `dir/model.safetensors` and `dir/config.json` (transformers' `from_pretrained` layout).
+pub fn save_pretrained(model: &Model, arena: &Arena, dir: &Path) -> Result<(), EngineError> {
+    std::fs::create_dir_all(dir).map_err(|source| EngineError::Io {
+        context: format!("creating {}", dir.display()),
+        source,
+    })?;
+    write_atomically(
+        &dir.join("model.safetensors"),
+        &to_safetensors(model, arena),
+    )?;
+    write_atomically(
+        &dir.join("config.json"),
+        model.config.to_hf_json().as_bytes(),
+    )
+}

@@ -1,0 +1,186 @@
+//! The model's wiring: which arena buffers hold each unit's weights, gradients and optimizer
+//! state, and each block's saved activations, resolved once at start-up from the plan's names.
+//!
+//! The forward and backward passes live in `forward.rs` and `backward.rs`; this file only knows
+//! where things are. Parameter views are ranges into a unit's flat buffer ([`Unit`]).
+//!
+//! Example: `model.unit_range(UnitKind::Block(0), Role::QkvWeight)` is the fused q|k|v weight's
+//! element range inside `params.h.0`.
+
+use crate::arena::{Arena, BufId};
+use crate::config::ModelConfig;
+use plan::frugal::acts::{block_act_names, BlockDims};
+use plan::frugal::units::{ParamView, Role, Unit, UnitKind};
+use plan::frugal::ActShape;
+use plan::model::Family;
+use std::ops::Range;
+
+/// Arena ids of one block's saved activations.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockActs {
+    pub ln1: BufId,
+    pub ln1_mean: Option<BufId>,
+    pub ln1_rstd: BufId,
+    pub qkv: BufId,
+    pub att: BufId,
+    pub atty: BufId,
+    pub res2: BufId,
+    pub ln2: BufId,
+    pub ln2_mean: Option<BufId>,
+    pub ln2_rstd: BufId,
+    pub fch: BufId,
+    pub fch_act: BufId,
+    pub out: BufId,
+}
+
+/// Arena ids of the head's buffers and the shared backward scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadActs {
+    pub tokens: BufId,
+    pub targets: BufId,
+    pub encoded: BufId,
+    pub lnf: BufId,
+    pub lnf_mean: Option<BufId>,
+    pub lnf_rstd: BufId,
+    pub losses: BufId,
+    pub dlnf: BufId,
+    pub classifier: BufId,
+    pub dresidual: BufId,
+    pub dln: BufId,
+    pub dqkv: BufId,
+    pub datt: BufId,
+    pub datty: BufId,
+    pub dfch: BufId,
+    pub dfch_act: BufId,
+}
+
+/// Where everything of the model lives in the arena.
+pub struct Model {
+    pub config: ModelConfig,
+    pub units: Vec<Unit>,
+    pub params: Vec<BufId>,
+    pub grads: Vec<BufId>,
+    pub blocks: Vec<BlockActs>,
+    pub head: HeadActs,
+    /// Micro-batch rows and sequence length the activation buffers are sized for.
+    pub shape: ActShape,
+}
+
+impl Model {
+    /// Resolves every buffer of the plan the model uses; panics if the plan lacks one.
+    pub fn new(config: ModelConfig, units: Vec<Unit>, arena: &Arena, shape: ActShape) -> Model {
+        let params = units
+            .iter()
+            .map(|u| arena.id(&format!("params.{}", u.name)))
+            .collect();
+        let grads = units
+            .iter()
+            .map(|u| arena.id(&format!("grads.{}", u.name)))
+            .collect();
+        let blocks = (0..config.shape.n_layers)
+            .map(|l| {
+                let n = block_act_names(l);
+                BlockActs {
+                    ln1: arena.id(&n.ln1),
+                    ln1_mean: arena.try_id(&n.ln1_mean),
+                    ln1_rstd: arena.id(&n.ln1_rstd),
+                    qkv: arena.id(&n.qkv),
+                    att: arena.id(&n.att),
+                    atty: arena.id(&n.atty),
+                    res2: arena.id(&n.res2),
+                    ln2: arena.id(&n.ln2),
+                    ln2_mean: arena.try_id(&n.ln2_mean),
+                    ln2_rstd: arena.id(&n.ln2_rstd),
+                    fch: arena.id(&n.fch),
+                    fch_act: arena.id(&n.fch_act),
+                    out: arena.id(&n.out),
+                }
+            })
+            .collect();
+        let head = HeadActs {
+            tokens: arena.id("batch.tokens"),
+            targets: arena.id("batch.targets"),
+            encoded: arena.id("act.encoded"),
+            lnf: arena.id("act.lnf"),
+            lnf_mean: arena.try_id("act.lnf_mean"),
+            lnf_rstd: arena.id("act.lnf_rstd"),
+            losses: arena.id("act.losses"),
+            dlnf: arena.id("dact.lnf"),
+            classifier: arena.id("work.classifier"),
+            dresidual: arena.id("dact.residual"),
+            dln: arena.id("dact.ln"),
+            dqkv: arena.id("dact.qkv"),
+            datt: arena.id("dact.att"),
+            datty: arena.id("dact.atty"),
+            dfch: arena.id("dact.fch"),
+            dfch_act: arena.id("dact.fch_act"),
+        };
+        Model {
+            config,
+            units,
+            params,
+            grads,
+            blocks,
+            head,
+            shape,
+        }
+    }
+
+    pub fn is_gpt2(&self) -> bool {
+        self.config.shape.family == Family::Gpt2
+    }
+
+    /// Index of the unit of `kind` in `units`, `params` and `grads`.
+    pub fn unit_index(&self, kind: UnitKind) -> usize {
+        match kind {
+            UnitKind::Embed => 0,
+            UnitKind::Block(l) => 1 + l as usize,
+            UnitKind::Head => self.units.len() - 1,
+        }
+    }
+
+    /// Element range of `role` inside the unit of `kind`.
+    pub fn unit_range(&self, kind: UnitKind, role: Role) -> Range<usize> {
+        view_range(self.units[self.unit_index(kind)].view(role))
+    }
+
+    /// The unit and range of the output projection (the token embedding when tied).
+    pub fn lm_head(&self) -> (usize, Range<usize>) {
+        if self.config.shape.tied_embeddings {
+            (0, self.unit_range(UnitKind::Embed, Role::TokenEmbedding))
+        } else {
+            let head = self.unit_index(UnitKind::Head);
+            (head, self.unit_range(UnitKind::Head, Role::LmHead))
+        }
+    }
+
+    /// Element counts for `batch` rows of `seq` tokens (at most the planned shape).
+    pub fn dims(&self, batch: usize, seq: usize) -> BlockDims {
+        assert!(batch as u64 <= self.shape.batch && seq as u64 <= self.shape.seq);
+        let shape = ActShape {
+            batch: batch as u64,
+            seq: seq as u64,
+        };
+        BlockDims::new(&self.config.shape, shape)
+    }
+}
+
+pub fn view_range(v: &ParamView) -> Range<usize> {
+    let start = v.offset as usize;
+    start..start + v.numel() as usize
+}
+
+/// Splits `buf` into mutable sub-slices for each of `ranges` (sorted, disjoint).
+pub fn split_ranges<'a>(mut buf: &'a mut [f32], ranges: &[Range<usize>]) -> Vec<&'a mut [f32]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut consumed = 0;
+    for r in ranges {
+        assert!(r.start >= consumed, "ranges must be sorted and disjoint");
+        let (_, rest) = std::mem::take(&mut buf).split_at_mut(r.start - consumed);
+        let (this, rest) = rest.split_at_mut(r.len());
+        out.push(this);
+        buf = rest;
+        consumed = r.end;
+    }
+    out
+}

@@ -1,0 +1,247 @@
+//! The trainer: one rank's plan, arena and model, and the training step over the plan's phases.
+//!
+//! A step zeroes the gradients, runs K micro-steps (forward block by block, the head's fused loss,
+//! backward block by block, embedding backward), each token's gradient scaled by 1 / (tokens in the
+//! whole step) so accumulation equals one large batch, then clips by the global norm and updates.
+//! A non-finite loss stops the step before the update, so the weights stay as they were.
+//!
+//! What it does not do: read files (the CLI and `io` do), print, or pick defaults for the user.
+//!
+//! Example: `let mut t = Trainer::new(cfg)?; t.init_weights(1337); let stats = t.step(&mut next)?;`
+
+use crate::arena::{Arena, BufId, Measured};
+use crate::config::ModelConfig;
+use crate::error::EngineError;
+use crate::model::Model;
+use crate::optim::{self, OptimizerKind, Schedule};
+use crate::{backward, forward, init};
+use plan::buffer::{Device, MemoryPlan, Phase};
+use plan::frugal::ActShape;
+use plan::setup::{Attention, Offload, Precision, Recompute, TrainSetup, ZeroStage};
+
+/// Everything a training run is built from (validated by the CLI, checked again by the plan).
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    /// Rows per micro-batch.
+    pub batch: u64,
+    pub seq: u64,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: u32,
+    pub optimizer: OptimizerKind,
+    pub schedule: Schedule,
+    /// Clip the global gradient norm to this value.
+    pub grad_clip: Option<f32>,
+    /// Refuse to start when the arena's slab would exceed this many bytes.
+    pub device_memory_bytes: Option<u64>,
+}
+
+impl TrainConfig {
+    /// The planner's view of this run (one rank, fp32, no ZeRO, no recompute).
+    pub fn setup(&self) -> TrainSetup {
+        TrainSetup {
+            precision: Precision::Fp32,
+            optimizer: self.optimizer.plan_optimizer(),
+            zero: ZeroStage::Zero0,
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            micro_batch: self.batch,
+            seq: self.seq,
+            grad_accum: self.grad_accum,
+            recompute: Recompute::None,
+            attention: Attention::Eager,
+            offload: Offload::None,
+            lora: None,
+        }
+    }
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// 0-based index of the step.
+    pub step: u64,
+    /// Mean loss over every token of the step.
+    pub loss: f32,
+    pub lr: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    pub tokens: u64,
+}
+
+pub struct Trainer {
+    pub config: TrainConfig,
+    pub plan: MemoryPlan,
+    pub arena: Arena,
+    pub model: Model,
+    opt_state: Vec<Vec<BufId>>,
+    /// Optimizer steps taken.
+    pub step: u64,
+}
+
+impl Trainer {
+    /// Plans the run, refuses it if it does not fit, then carves the arena (zeroed weights).
+    pub fn new(config: TrainConfig) -> Result<Trainer, EngineError> {
+        let shape = &config.model.shape;
+        let setup = config.setup();
+        let plan = plan::frugal::training_plan(shape, &setup)?;
+        let arena = Arena::new(&plan, Device::Gpu, config.device_memory_bytes)?;
+        let units = plan::frugal::param_units(shape, setup.dp)?;
+        let act_shape = ActShape {
+            batch: config.batch,
+            seq: config.seq,
+        };
+        let model = Model::new(config.model.clone(), units, &arena, act_shape);
+        let opt_state = optim::state_ids(&model, &arena, config.optimizer);
+        for ids in &opt_state {
+            ids.iter().for_each(|&id| arena.f32_mut(id).fill(0.0));
+        }
+        Ok(Trainer {
+            config,
+            plan,
+            arena,
+            model,
+            opt_state,
+            step: 0,
+        })
+    }
+
+    pub fn init_weights(&mut self, seed: u64) {
+        init::fill(&self.model, &self.arena, seed);
+    }
+
+    /// Tokens of one micro-batch.
+    pub fn micro_tokens(&self) -> usize {
+        (self.config.batch * self.config.seq) as usize
+    }
+
+    /// Copies a batch into the arena, refusing ids the model has no embedding for.
+    fn load_batch(&mut self, inputs: &[u32], targets: &[u32]) -> Result<(), EngineError> {
+        let n = self.micro_tokens();
+        assert!(
+            inputs.len() == n && targets.len() == n,
+            "a batch is batch * seq tokens"
+        );
+        let vocab = self.config.model.shape.vocab;
+        if let Some((i, &id)) = inputs
+            .iter()
+            .chain(targets)
+            .enumerate()
+            .find(|(_, &id)| u64::from(id) >= vocab)
+        {
+            return Err(EngineError::Data(format!(
+                "token id {id} (at position {}) is beyond the model's vocabulary of {vocab}; \
+                 use a model whose vocabulary covers the tokenizer",
+                i % n
+            )));
+        }
+        self.arena
+            .u32_mut(self.model.head.tokens)
+            .copy_from_slice(inputs);
+        self.arena
+            .u32_mut(self.model.head.targets)
+            .copy_from_slice(targets);
+        Ok(())
+    }
+
+    /// Forward and backward of one micro-batch, accumulating into the gradients. Returns the sum
+    /// of the token losses; `dloss` scales each token's gradient.
+    pub fn forward_backward(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        dloss: f32,
+    ) -> Result<f32, EngineError> {
+        self.load_batch(inputs, targets)?;
+        let (b, t) = (self.config.batch as usize, self.config.seq as usize);
+        let n_layers = self.config.model.shape.n_layers;
+        let (model, arena) = (&self.model, &mut self.arena);
+        arena.enter(Phase::Embed);
+        forward::embed(model, arena, b, t);
+        arena.leave(Phase::Embed);
+        for l in 0..n_layers {
+            arena.enter(Phase::Forward(l));
+            forward::block(model, arena, l as usize, b, t);
+            arena.leave(Phase::Forward(l));
+        }
+        arena.enter(Phase::Head);
+        let loss_sum = backward::head(model, arena, dloss);
+        arena.leave(Phase::Head);
+        for l in (0..n_layers).rev() {
+            arena.enter(Phase::Backward(l));
+            backward::block(model, arena, l as usize);
+            arena.leave(Phase::Backward(l));
+        }
+        arena.enter(Phase::EmbedBackward);
+        backward::embed(model, arena);
+        arena.leave(Phase::EmbedBackward);
+        Ok(loss_sum)
+    }
+
+    /// Sets every gradient to zero (start of a step).
+    pub fn zero_grads(&mut self) {
+        for &id in &self.model.grads {
+            self.arena.f32_mut(id).fill(0.0);
+        }
+    }
+
+    /// One optimizer step over `grad_accum` micro-batches drawn from `next_batch`.
+    pub fn step(
+        &mut self,
+        next_batch: &mut dyn FnMut(&mut [u32], &mut [u32]),
+    ) -> Result<StepStats, EngineError> {
+        let n = self.micro_tokens();
+        let k = self.config.grad_accum as usize;
+        let tokens = (n * k) as u64;
+        self.zero_grads();
+        let (mut inputs, mut targets) = (vec![0u32; n], vec![0u32; n]);
+        let mut loss_sum = 0.0f64;
+        for _ in 0..k {
+            next_batch(&mut inputs, &mut targets);
+            loss_sum += f64::from(self.forward_backward(&inputs, &targets, 1.0 / tokens as f32)?);
+        }
+        let loss = (loss_sum / tokens as f64) as f32;
+        let lr = self.config.schedule.lr_at(self.step);
+        if !loss.is_finite() {
+            return Err(EngineError::NonFiniteLoss {
+                step: self.step,
+                loss,
+                suggested_lr: self.config.schedule.lr / 10.0,
+            });
+        }
+        let grad_norm = self.apply_update(lr);
+        let stats = StepStats {
+            step: self.step,
+            loss,
+            lr,
+            grad_norm,
+            tokens,
+        };
+        self.step += 1;
+        Ok(stats)
+    }
+
+    /// Clips and applies the optimizer to the accumulated gradients; returns the unclipped norm.
+    pub fn apply_update(&mut self, lr: f32) -> f32 {
+        self.arena.enter(Phase::Optimizer);
+        let (model, arena) = (&self.model, &self.arena);
+        let norm = optim::grad_norm(model, arena);
+        if let Some(max_norm) = self.config.grad_clip {
+            let scale = max_norm / (norm + 1e-6);
+            if scale < 1.0 {
+                optim::scale_grads(model, arena, scale);
+            }
+        }
+        let t = (self.step + 1) as u32;
+        optim::update(model, arena, &self.opt_state, self.config.optimizer, lr, t);
+        self.arena.leave(Phase::Optimizer);
+        norm
+    }
+
+    /// Per-category peaks measured by the arena so far.
+    pub fn measured(&self) -> Measured {
+        self.arena.measured()
+    }
+}
