@@ -20,6 +20,7 @@ pub mod lora;
 pub mod model;
 pub mod params;
 pub mod presets;
+pub mod pytorch;
 pub mod report;
 pub mod runtime;
 pub mod setup;

@@ -1,0 +1,194 @@
+//! The `pytorch` runtime profile: what PyTorch 2.x with HF transformers allocates on one CUDA
+//! device for a training step or for inference (prefill and decode).
+//!
+//! It replays HF's forward op by op on a tape ([`tape`]): which tensors each op allocates, in which
+//! dtype, which ones autograd saves for backward, and when Python lets go of the rest; then the
+//! backward pass, the optimizer step, and PyTorch's caching allocator ([`allocator`]) for the
+//! reserve. Nothing here is fitted to measurements: the only measured constants are the CUDA
+//! context and the cuBLAS workspace sizes. Checked against `tests/data/pytorch_h200.jsonl`
+//! (`tests/calibration.rs`). Not modelled (typed `Unsupported` errors): ZeRO/FSDP/TP/PP, LoRA,
+//! MoE and MLA blocks, master-weight precisions, 8-bit optimizers, quantized inference.
+//! Example: `pytorch::training_estimate(&shape, &setup)?.peak_bytes`.
+
+pub mod allocator;
+pub mod blocks;
+pub mod infer;
+pub mod layers;
+pub mod model;
+pub mod tape;
+pub mod train;
+
+use crate::buffer::{Buffer, Lifetime};
+use crate::{
+    Category, Device, Estimate, InferSetup, MemoryPlan, ModelShape, Phase, PlanError, TrainSetup,
+};
+use tape::{Event, Tape};
+
+pub const RUNTIME: &str = "pytorch";
+const MIB: u64 = 1 << 20;
+
+/// cuBLAS workspace per (handle, stream) on sm90 (`CUBLAS_WORKSPACE_CONFIG` default :4096:8,
+/// allocated through the caching allocator), plus cuBLASLt's 1 MiB.
+pub const CUBLAS_WORKSPACE_BYTES: u64 = 32 * MIB + MIB;
+
+pub(crate) fn unsupported(what: &str) -> PlanError {
+    PlanError::Unsupported {
+        runtime: RUNTIME,
+        what: what.to_string(),
+    }
+}
+
+/// CUDA context, kernels and library handles outside PyTorch's pool. Measured on an H200 with
+/// PyTorch 2.11 / CUDA 13 (`shared/calibration`): the process held 738.8 MiB of which 54 MiB was
+/// PyTorch's pool (cuBLAS workspace and two test tensors).
+pub fn context_bytes() -> u64 {
+    (738.8125 * MIB as f64) as u64 - 54 * MIB
+}
+
+/// Which torch AdamW implementation runs the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerImpl {
+    /// `fused=True`: one kernel, no temporaries.
+    Fused,
+    /// `foreach=True` (the default without `fused`): list ops with a temporary per parameter.
+    Foreach,
+}
+
+/// A training estimate with the numbers `shared/calibration` records.
+#[derive(Clone, Debug)]
+pub struct TrainDetail {
+    pub estimate: Estimate,
+    /// Weights plus optimizer state between steps.
+    pub steady_bytes: u64,
+    pub after_forward_bytes: u64,
+    pub forward_peak_bytes: u64,
+    /// cuBLAS workspaces inside `peak_bytes` (forward thread and autograd's backward thread).
+    pub workspace_bytes: u64,
+}
+
+/// The `pytorch` estimate of one training step (fused AdamW).
+pub fn training_estimate(model: &ModelShape, setup: &TrainSetup) -> Result<Estimate, PlanError> {
+    Ok(training_detail(model, setup, OptimizerImpl::Fused)?.estimate)
+}
+
+pub fn training_detail(
+    model: &ModelShape,
+    setup: &TrainSetup,
+    opt: OptimizerImpl,
+) -> Result<TrainDetail, PlanError> {
+    let sim = train::simulate_step(model, setup, opt)?;
+    let workspace_bytes = 2 * CUBLAS_WORKSPACE_BYTES;
+    let mut a = allocator::Allocator::default();
+    let reserved = a.replay(&sim.tape) + 2 * (32 * MIB + 2 * MIB);
+    let mut plan = to_plan(&sim.tape, model.n_layers);
+    plan.push(workspace_buffer(workspace_bytes));
+    Ok(TrainDetail {
+        estimate: Estimate {
+            plan,
+            peak_bytes: sim.tape.peak_bytes + workspace_bytes,
+            reserved_bytes: reserved,
+            context_bytes: context_bytes(),
+            host_peak_bytes: 0,
+        },
+        steady_bytes: sim.param_bytes + sim.optimizer_bytes,
+        after_forward_bytes: sim.after_forward_bytes,
+        forward_peak_bytes: sim.forward_peak_bytes,
+        workspace_bytes,
+    })
+}
+
+/// The `pytorch` estimate of inference: prefill and one decode step.
+#[derive(Clone, Debug)]
+pub struct InferDetail {
+    pub weights_bytes: u64,
+    pub kv_cache_bytes: u64,
+    /// Peak of live tensors over the prefill (weights included).
+    pub prefill_peak_bytes: u64,
+    /// Peak over the next one-token step (the prefill's logits still held).
+    pub decode_peak_bytes: u64,
+    /// Includes `workspace_bytes`, like the peaks.
+    pub reserved_bytes: u64,
+    pub context_bytes: u64,
+    pub workspace_bytes: u64,
+}
+
+/// `logits_to_keep`: `Some(1)` computes the last position's logits only (as `generate`),
+/// `None` all of them.
+pub fn inference_estimate(
+    model: &ModelShape,
+    setup: &InferSetup,
+    logits_to_keep: Option<u64>,
+) -> Result<InferDetail, PlanError> {
+    let sim = infer::simulate(model, setup, logits_to_keep)?;
+    let mut a = allocator::Allocator::default();
+    let reserved = a.replay(&sim.tape) + 32 * MIB + 2 * MIB;
+    let ws = CUBLAS_WORKSPACE_BYTES;
+    Ok(InferDetail {
+        weights_bytes: sim.weights_bytes,
+        kv_cache_bytes: sim.kv_cache_bytes,
+        prefill_peak_bytes: sim.prefill_peak_bytes + ws,
+        decode_peak_bytes: sim.decode_peak_bytes + ws,
+        reserved_bytes: reserved,
+        context_bytes: context_bytes(),
+        workspace_bytes: ws,
+    })
+}
+
+fn workspace_buffer(bytes: u64) -> Buffer {
+    Buffer {
+        name: "cublas.workspace".into(),
+        category: Category::Other,
+        device: Device::Gpu,
+        bytes,
+        lifetime: Lifetime::Persistent,
+    }
+}
+
+/// Folds the tape's tensors into plan buffers: one per (category, birth phase, death phase).
+fn to_plan(tape: &Tape, n_layers: u32) -> MemoryPlan {
+    let mut phase = Phase::Embed;
+    let mut born: Vec<Option<Phase>> = vec![None; tape.tensors.len()];
+    let mut spans: std::collections::BTreeMap<(Category, u32, u32), (Phase, Phase, u64)> =
+        Default::default();
+    let mut persistent: [u64; 6] = [0; 6];
+    for e in &tape.events {
+        match *e {
+            Event::Phase(p) => phase = p,
+            Event::Alloc(t) => born[t] = Some(phase),
+            Event::Free(t) => {
+                if let Some(b) = born[t].take() {
+                    let c = tape.tensors[t].category;
+                    let key = (c, b.ordinal(n_layers), phase.ordinal(n_layers));
+                    spans.entry(key).or_insert((b, phase, 0)).2 += tape.tensors[t].bytes;
+                }
+            }
+        }
+    }
+    for (t, b) in born.iter().enumerate() {
+        if b.is_some() {
+            persistent[tape.tensors[t].category as usize] += tape.tensors[t].bytes;
+        }
+    }
+    let mut plan = MemoryPlan::new(n_layers);
+    for c in Category::ALL {
+        if persistent[c as usize] > 0 {
+            plan.push(Buffer {
+                name: format!("{c:?}").to_lowercase(),
+                category: c,
+                device: Device::Gpu,
+                bytes: persistent[c as usize],
+                lifetime: Lifetime::Persistent,
+            });
+        }
+    }
+    for ((c, _, _), (b, d, bytes)) in spans {
+        plan.push(Buffer {
+            name: format!("{c:?}.{b:?}-{d:?}").to_lowercase(),
+            category: c,
+            device: Device::Gpu,
+            bytes,
+            lifetime: Lifetime::Span { born: b, dies: d },
+        });
+    }
+    plan
+}

@@ -1,0 +1,178 @@
+//! The `pytorch` runtime profile against real PyTorch 2.11 + HF transformers 5.17 on an H200
+//! (`tests/data/pytorch_h200.jsonl`, measured by `shared/calibration/measure_pytorch_memory.py`).
+//!
+//! Every train peak (`step_peak_mib`) and infer peak (`prefill_peak_mib`, `decode_peak_mib`) must
+//! be within 5%. The measurements are relative to the memory allocated before the model was built,
+//! which already held the cuBLAS workspaces, so those are taken off the prediction here.
+
+use plan::presets::by_name;
+use plan::pytorch::{inference_estimate, training_detail, OptimizerImpl};
+use plan::setup::{
+    Attention, Dtype, InferSetup, Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage,
+};
+use serde_json::Value;
+
+const MIB: f64 = 1048576.0;
+const DATA: &str = include_str!("data/pytorch_h200.jsonl");
+
+struct Row {
+    case: String,
+    what: &'static str,
+    predicted_mib: f64,
+    measured_mib: f64,
+}
+
+fn train_setup(rec: &Value) -> Option<(TrainSetup, OptimizerImpl)> {
+    let precision = match rec["mode"].as_str()? {
+        "fp32" => Precision::Fp32,
+        "amp_bf16" => Precision::AmpBf16,
+        "amp_fp16_gradscaler" => Precision::AmpFp16,
+        "bf16" => Precision::PureBf16,
+        _ => return None,
+    };
+    let (optimizer, imp) = match rec["optim"].as_str()? {
+        "adamw_fused" => (Optimizer::AdamW, OptimizerImpl::Fused),
+        "adamw_foreach" => (Optimizer::AdamW, OptimizerImpl::Foreach),
+        "sgd" => (Optimizer::Sgd, OptimizerImpl::Foreach),
+        _ => return None,
+    };
+    let setup = TrainSetup {
+        precision,
+        optimizer,
+        zero: ZeroStage::Zero0,
+        dp: 1,
+        tp: 1,
+        pp: 1,
+        sp: false,
+        micro_batch: rec["batch"].as_u64()?,
+        seq: rec["seq"].as_u64()?,
+        grad_accum: 1,
+        recompute: if rec["grad_ckpt"].as_bool()? {
+            Recompute::Full
+        } else {
+            Recompute::None
+        },
+        attention: Attention::Flash,
+        offload: Offload::None,
+        lora: None,
+    };
+    Some((setup, imp))
+}
+
+fn rows() -> Vec<Row> {
+    let mut out = Vec::new();
+    for line in DATA.lines().filter(|l| !l.trim().is_empty()) {
+        let rec: Value = serde_json::from_str(line).expect("calibration line is JSON");
+        let Some(model) = rec["model"].as_str() else {
+            continue;
+        };
+        let shape = by_name(model).expect("calibration model is a preset");
+        let label = format!(
+            "{} {} b{} t{}{}",
+            model,
+            rec["mode"].as_str().or(rec["dtype"].as_str()).unwrap_or(""),
+            rec["batch"],
+            rec["seq"],
+            if rec["grad_ckpt"].as_bool() == Some(true) {
+                " ckpt"
+            } else {
+                ""
+            }
+        );
+        match rec["case"].as_str() {
+            Some("train") => {
+                let (setup, imp) = train_setup(&rec).expect("known train mode");
+                let d = training_detail(&shape, &setup, imp).expect("supported setup");
+                let pred = (d.estimate.peak_bytes - d.workspace_bytes) as f64 / MIB;
+                let label = format!("{label} {}", rec["optim"].as_str().unwrap_or(""));
+                out.push(row(&label, "step_peak", pred, &rec["step_peak_mib"]));
+            }
+            Some("infer") => {
+                let weights = if rec["dtype"] == "float32" {
+                    Dtype::F32
+                } else {
+                    Dtype::Bf16
+                };
+                let setup = InferSetup {
+                    weights,
+                    weight_group: None,
+                    kv_dtype: weights,
+                    batch: rec["batch"].as_u64().unwrap(),
+                    seq: rec["seq"].as_u64().unwrap(),
+                    kv_block: None,
+                    tp: 1,
+                    attention: Attention::Flash,
+                };
+                let keep = (rec["logits_to_keep"].as_u64() == Some(1)).then_some(1);
+                let d = inference_estimate(&shape, &setup, keep).expect("supported setup");
+                let ws = d.workspace_bytes;
+                let label = format!("{label} keep{}", rec["logits_to_keep"]);
+                out.push(row(
+                    &label,
+                    "prefill_peak",
+                    (d.prefill_peak_bytes - ws) as f64 / MIB,
+                    &rec["prefill_peak_mib"],
+                ));
+                out.push(row(
+                    &label,
+                    "decode_peak",
+                    (d.decode_peak_bytes - ws) as f64 / MIB,
+                    &rec["decode_peak_mib"],
+                ));
+                out.push(row(
+                    &label,
+                    "kv_cache",
+                    d.kv_cache_bytes as f64 / MIB,
+                    &rec["kv_cache_mib"],
+                ));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn row(case: &str, what: &'static str, predicted_mib: f64, measured: &Value) -> Row {
+    Row {
+        case: case.to_string(),
+        what,
+        predicted_mib,
+        measured_mib: measured.as_f64().expect("measured value"),
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<44} {:<13} {:>11} {:>11} {:>7}\n",
+        "case", "peak", "predicted", "measured", "error"
+    );
+    for r in rows {
+        let err = (r.predicted_mib - r.measured_mib) / r.measured_mib * 100.0;
+        s += &format!(
+            "{:<44} {:<13} {:>9.1}Mi {:>9.1}Mi {:>6.2}%\n",
+            r.case, r.what, r.predicted_mib, r.measured_mib, err
+        );
+    }
+    s
+}
+
+#[test]
+fn every_calibration_peak_is_within_five_percent() {
+    let rows = rows();
+    assert!(
+        rows.len() >= 15,
+        "expected the calibration cases, got {}",
+        rows.len()
+    );
+    let worst = rows
+        .iter()
+        .map(|r| ((r.predicted_mib - r.measured_mib) / r.measured_mib).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= 0.05,
+        "worst error {:.2}%\n{}",
+        worst * 100.0,
+        table(&rows)
+    );
+    println!("worst error {:.2}%\n{}", worst * 100.0, table(&rows));
+}
