@@ -32,6 +32,7 @@ pub mod attention;
 pub mod classifier;
 
 pub mod embedding;
+pub mod flash;
 pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
