@@ -60,6 +60,7 @@ pub struct TrainDetail {
     pub estimate: Estimate,
     /// Weights plus optimizer state between steps.
     pub steady_bytes: u64,
+    /// Live bytes after the forward and the forward's peak, workspaces included like `peak_bytes`.
     pub after_forward_bytes: u64,
     pub forward_peak_bytes: u64,
     /// cuBLAS workspaces inside `peak_bytes` (forward thread and autograd's backward thread).
@@ -91,8 +92,8 @@ pub fn training_detail(
             host_peak_bytes: 0,
         },
         steady_bytes: sim.param_bytes + sim.optimizer_bytes,
-        after_forward_bytes: sim.after_forward_bytes,
-        forward_peak_bytes: sim.forward_peak_bytes,
+        after_forward_bytes: sim.after_forward_bytes + workspace_bytes,
+        forward_peak_bytes: sim.forward_peak_bytes + workspace_bytes,
         workspace_bytes,
     })
 }
