@@ -147,6 +147,18 @@ pub fn load_safetensors(
     bytes: &[u8],
     path: &str,
 ) -> Result<(), EngineError> {
+    load_prefixed(model, arena, bytes, path, "")
+}
+
+/// As [`load_safetensors`], for files that store each HF name behind `prefix` (golden files keep
+/// `weights.<name>` beside `grad.<name>`).
+pub fn load_prefixed(
+    model: &Model,
+    arena: &Arena,
+    bytes: &[u8],
+    path: &str,
+    prefix: &str,
+) -> Result<(), EngineError> {
     let fail = |reason: String| EngineError::Weights {
         path: path.into(),
         reason,
@@ -159,8 +171,8 @@ pub fn load_safetensors(
                 // The original gpt2 checkpoints name tensors without the `transformer.` prefix.
                 let short = part.name.strip_prefix("transformer.").unwrap_or(&part.name);
                 let t = st
-                    .tensor(&part.name)
-                    .or_else(|_| st.tensor(short))
+                    .tensor(&format!("{prefix}{}", part.name))
+                    .or_else(|_| st.tensor(&format!("{prefix}{short}")))
                     .map_err(|_| fail(format!("missing tensor {}", part.name)))?;
                 let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
                 if shape != part.hf_shape {

@@ -1,0 +1,134 @@
+//! Golden tests against PyTorch + HF transformers, llm.c style: the same tiny GPT-2 and Llama,
+//! the same initial weights and batch; logits, loss, every gradient and a 10-step AdamW loss
+//! trajectory must match. The files come from dev/golden_gpt2.py and dev/golden_llama.py.
+//!
+//! Tolerances (fp32 on both sides, only the summation order differs): logits and loss within
+//! 1e-4 absolute (sums of ≤ 128 products of O(1) values lose ~1e-6 relative each); gradients
+//! within 1e-5 + 1e-3 · max|reference| per tensor (they are sums over all 32 tokens and pass
+//! through softmax and norm backward, so errors compound more); the trajectory within 1e-3
+//! (AdamW divides by sqrt(v), which amplifies differences in tiny gradients over 10 steps).
+
+use engine::io::{export, load_prefixed, Which};
+use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+
+struct Golden {
+    bytes: Vec<u8>,
+    meta: HashMap<String, String>,
+}
+
+impl Golden {
+    fn load(name: &str) -> Golden {
+        let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let (_, metadata) = SafeTensors::read_metadata(&bytes).expect("golden file is safetensors");
+        let meta = metadata
+            .metadata()
+            .clone()
+            .expect("golden file has a JSON header");
+        assert_eq!(meta["magic"], "frugal-golden", "{path}: wrong magic");
+        assert_eq!(meta["version"], "1", "{path}: unknown version");
+        Golden { bytes, meta }
+    }
+
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("golden file lacks {name}"));
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    fn u32s(&self, name: &str) -> Vec<u32> {
+        self.f32s(name).iter().map(|x| x.to_bits()).collect()
+    }
+}
+
+/// Max absolute difference, failing loudly with the tensor's name.
+fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let (mut max_err, mut at) = (0.0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        if err > max_err || err.is_nan() {
+            (max_err, at) = (err, i);
+        }
+    }
+    assert!(
+        max_err <= tol,
+        "{name}: max error {max_err:e} at {at} (got {}, want {}), tolerance {tol:e}",
+        got[at],
+        want[at]
+    );
+}
+
+fn run(file: &str) {
+    let g = Golden::load(file);
+    let model = ModelConfig::from_hf_json(&g.meta["config"], file).unwrap();
+    let (batch, seq): (u64, u64) = (
+        g.meta["batch"].parse().unwrap(),
+        g.meta["seq"].parse().unwrap(),
+    );
+    let config = TrainConfig {
+        model,
+        batch,
+        seq,
+        grad_accum: 1,
+        optimizer: OptimizerKind::adamw_default(),
+        schedule: Schedule::constant(1e-3),
+        grad_clip: Some(1.0),
+        device_memory_bytes: None,
+    };
+    let mut t = Trainer::new(config).unwrap();
+    load_prefixed(&t.model, &t.arena, &g.bytes, file, "weights.").unwrap();
+    let (x, y) = (g.u32s("input.tokens"), g.u32s("input.targets"));
+    let n = x.len();
+
+    let logits = t.logits(&x, batch as usize, seq as usize).unwrap();
+    assert_close(&format!("{file}: logits"), &logits, &g.f32s("logits"), 1e-4);
+
+    t.zero_grads();
+    let loss = t.forward_backward(&x, &y, 1.0 / n as f32).unwrap() / n as f32;
+    assert_close(&format!("{file}: loss"), &[loss], &g.f32s("loss"), 1e-4);
+    for grad in export(&t.model, &t.arena, Which::Grads) {
+        let want = g.f32s(&format!("grad.{}", grad.name));
+        let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert_close(
+            &format!("{file}: grad {}", grad.name),
+            &grad.data,
+            &want,
+            1e-5 + 1e-3 * scale,
+        );
+    }
+
+    let mut trajectory = Vec::new();
+    for _ in 0..10 {
+        let s = t
+            .step(&mut |i, o| {
+                i.copy_from_slice(&x);
+                o.copy_from_slice(&y);
+            })
+            .unwrap();
+        trajectory.push(s.loss);
+    }
+    assert_close(
+        &format!("{file}: trajectory"),
+        &trajectory,
+        &g.f32s("trajectory"),
+        1e-3,
+    );
+}
+
+#[test]
+fn gpt2_matches_pytorch() {
+    run("golden_gpt2.safetensors");
+}
+
+#[test]
+fn llama_matches_pytorch() {
+    run("golden_llama.safetensors");
+}
