@@ -5,9 +5,13 @@
 //! Run: `cargo bench -p kernels --bench matmul` (set PEAK_GFLOPS to override the peak used for
 //! the last column; default 460 = ~230 GFLOP/s per core × 2 cores, AVX-512 FMA).
 //!
+//! A second table times the bf16-input GEMM (`gemm_bf16`, f32 accumulate) on its AVX-512 BF16
+//! path (when the CPU has one) and its portable path, against faer's f32 GEMM on the same shape.
+//!
 //! The reference loop runs on the first 32 rows only (its rate does not depend on the row count
 //! and the full classifier would take minutes); faer runs on all rows.
 
+use kernels::gemm_bf16::{self, bf16, Accum, Isa};
 use kernels::matmul;
 use std::time::Instant;
 
@@ -37,6 +41,14 @@ fn fill(n: usize, seed: u32) -> Vec<f32> {
         })
         .collect()
 }
+
+const SHAPES: [(&str, usize, usize); 5] = [
+    ("qkv", 768, 2304),
+    ("attn.proj", 768, 768),
+    ("fc", 768, 3072),
+    ("fc.proj", 3072, 768),
+    ("lm_head", 768, 50257),
+];
 
 fn main() {
     let peak: f64 = std::env::var("PEAK_GFLOPS")
@@ -92,6 +104,50 @@ fn main() {
             "{name:<10} {ic:>5} {oc:>6} {ref_gf:>10.1} {fwd_gf:>10.1} {bwd_gf:>10.1} {:>7.1}x {:>7.0}%",
             fwd_gf / ref_gf,
             100.0 * fwd_gf / peak
+        );
+    }
+    bench_bf16();
+}
+
+/// bf16 inputs, f32 accumulate, against faer f32 on the same shape, forward only.
+fn bench_bf16() {
+    let best = gemm_bf16::best_isa();
+    println!("\nbf16 GEMM (forward, f32 accumulate); best path on this CPU: {best:?}");
+    println!(
+        "{:<10} {:>10} {:>12} {:>12} {:>10} {:>12}",
+        "layer", "f32 GF/s", "bf16 GF/s", "portable", "bf16/f32", "portable/f32"
+    );
+    for (name, ic, oc) in SHAPES {
+        let (inp, w) = (fill(N * ic, 1), fill(oc * ic, 2));
+        let (inp_h, w_h): (Vec<bf16>, Vec<bf16>) = (
+            inp.iter().map(|&x| bf16::from_f32(x)).collect(),
+            w.iter().map(|&x| bf16::from_f32(x)).collect(),
+        );
+        let mut out = vec![0.0f32; N * oc];
+        let flops = 2.0 * (N * ic * oc) as f64;
+        let reps = if oc > 10_000 { 3 } else { 5 };
+        let f32_gf = flops
+            / time(reps, || {
+                matmul::forward(&mut out, &inp, &w, None, N, ic, oc)
+            })
+            / 1e9;
+        let mut run = |isa| {
+            flops
+                / time(reps, || {
+                    gemm_bf16::gemm_nt_on(isa, &mut out, &inp_h, &w_h, N, oc, ic, Accum::Replace)
+                })
+                / 1e9
+        };
+        let portable = run(Isa::Portable);
+        let fast = if best == Isa::Avx512Bf16 {
+            run(Isa::Avx512Bf16)
+        } else {
+            portable
+        };
+        println!(
+            "{name:<10} {f32_gf:>10.1} {fast:>12.1} {portable:>12.1} {:>9.2}x {:>11.2}x",
+            fast / f32_gf,
+            portable / f32_gf
         );
     }
 }

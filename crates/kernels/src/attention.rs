@@ -38,7 +38,7 @@ pub(crate) fn check_shapes(
     hd: usize,
 ) -> usize {
     assert!(
-        nkv >= 1 && nh % nkv == 0,
+        nkv >= 1 && nh.is_multiple_of(nkv),
         "NH ({nh}) must be a multiple of NKV ({nkv})"
     );
     let r = (nh + 2 * nkv) * hd;

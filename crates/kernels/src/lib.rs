@@ -34,6 +34,7 @@ pub mod classifier;
 pub mod embedding;
 pub mod flash;
 pub mod gelu;
+pub mod gemm_bf16;
 pub mod layernorm;
 pub mod matmul;
 mod par;

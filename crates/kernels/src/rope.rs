@@ -64,7 +64,10 @@ fn rotate<F: Real>(
     theta: F,
     sign: F,
 ) {
-    assert!(hd % 2 == 0, "RoPE needs an even head dim, got {hd}");
+    assert!(
+        hd.is_multiple_of(2),
+        "RoPE needs an even head dim, got {hd}"
+    );
     assert!(n_heads * hd <= row_len && x.len() == b * t * row_len);
     let half = hd / 2;
     for (row_idx, row) in x.chunks_exact_mut(row_len).enumerate() {

@@ -1,0 +1,246 @@
+//! GEMM with bf16 inputs and f32 accumulation: `out (M,N) (+)= a (M,K) · b (N,K)ᵀ`, both operands
+//! with K contiguous (activations times an `nn.Linear` weight), for `--precision bf16`.
+//!
+//! Two paths, chosen at run time: AVX-512 BF16 (`vdpbf16ps`: 32 bf16 products summed pairwise
+//! into 16 f32 lanes per instruction) in 4×4 register blocks when the CPU has it, and a portable
+//! path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot products. Work is split over
+//! rayon in blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
+//! [`reference`] is the plain loop both are tested against. Backward GEMMs whose reduction axis
+//! is not contiguous need a transposed copy first ([`transpose`]).
+//!
+//! ```
+//! use kernels::gemm_bf16::{gemm_nt, bf16};
+//! use kernels::gemm_bf16::Accum;
+//! let a: Vec<bf16> = [1.0f32, 2.0].iter().map(|&x| bf16::from_f32(x)).collect(); // (1, 2)
+//! let b: Vec<bf16> = [3.0f32, 4.0, 5.0, 6.0].iter().map(|&x| bf16::from_f32(x)).collect(); // (2, 2)
+//! let mut out = [0.0f32; 2];
+//! gemm_nt(&mut out, &a, &b, 1, 2, 2, Accum::Replace);
+//! assert_eq!(out, [11.0, 17.0]);
+//! ```
+
+pub use faer::Accum;
+pub use half::bf16;
+use rayon::prelude::*;
+
+/// Rows of `a` per rayon task, and rows of `b` per cache block (64 × K bf16 = 96 KiB at K = 768).
+const MB: usize = 64;
+const NB: usize = 64;
+
+/// Which instruction set runs the GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// `vdpbf16ps`; panics if the CPU lacks AVX-512 BF16 (see [`best_isa`]).
+    Avx512Bf16,
+    /// Widen to f32 and multiply-add; runs anywhere.
+    Portable,
+}
+
+/// The fastest path this CPU supports, detected at run time.
+pub fn best_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw") {
+        return Isa::Avx512Bf16;
+    }
+    Isa::Portable
+}
+
+/// out (M,N) f32, a (M,K) bf16, b (N,K) bf16, on the best path for this CPU.
+pub fn gemm_nt(
+    out: &mut [f32],
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    accum: Accum,
+) {
+    gemm_nt_on(best_isa(), out, a, b, m, n, k, accum);
+}
+
+/// As [`gemm_nt`] on a chosen path (benchmarks and tests compare the two).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt_on(
+    isa: Isa,
+    out: &mut [f32],
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    accum: Accum,
+) {
+    assert!(
+        out.len() == m * n && a.len() == m * k && b.len() == n * k,
+        "shapes: out (M,N), a (M,K), b (N,K)"
+    );
+    if isa == Isa::Avx512Bf16 {
+        assert_eq!(best_isa(), Isa::Avx512Bf16, "this CPU has no AVX-512 BF16");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let add = matches!(accum, Accum::Add);
+    out.par_chunks_mut(MB * n).enumerate().for_each(|(blk, o)| {
+        let rows = o.len() / n;
+        let a_blk = &a[blk * MB * k..][..rows * k];
+        for j0 in (0..n).step_by(NB) {
+            for i0 in (0..rows).step_by(4) {
+                for jj in (j0..n.min(j0 + NB)).step_by(4) {
+                    let tile = Tile {
+                        i0,
+                        jj,
+                        mr: 4.min(rows - i0),
+                        nr: 4.min(n - jj),
+                        n,
+                        k,
+                        add,
+                    };
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: Avx512Bf16 was checked against the running CPU above.
+                        Isa::Avx512Bf16 => unsafe { avx512::tile_4x4(o, a_blk, b, tile) },
+                        _ => portable_tile(o, a_blk, b, tile),
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// out (N,OC) f32 = inp (N,IC) bf16 · weight (OC,IC)ᵀ bf16 + bias (OC) f32.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    out: &mut [f32],
+    inp: &[bf16],
+    weight: &[bf16],
+    bias: Option<&[f32]>,
+    n: usize,
+    ic: usize,
+    oc: usize,
+) {
+    let accum = match bias {
+        Some(bias) => {
+            assert_eq!(bias.len(), oc);
+            out.chunks_exact_mut(oc)
+                .for_each(|row| row.copy_from_slice(bias));
+            Accum::Add
+        }
+        None => Accum::Replace,
+    };
+    gemm_nt(out, inp, weight, n, oc, ic, accum);
+}
+
+/// dst (C,R) = src (R,C)ᵀ.
+pub fn transpose(dst: &mut [bf16], src: &[bf16], rows: usize, cols: usize) {
+    assert!(dst.len() == rows * cols && src.len() == rows * cols);
+    for (j, d) in dst.chunks_exact_mut(rows).enumerate() {
+        for (i, x) in d.iter_mut().enumerate() {
+            *x = src[i * cols + j];
+        }
+    }
+}
+
+/// A block of up to 4×4 outputs at (i0, jj) within a task's rows.
+#[derive(Clone, Copy)]
+struct Tile {
+    i0: usize,
+    jj: usize,
+    mr: usize,
+    nr: usize,
+    n: usize,
+    k: usize,
+    add: bool,
+}
+
+fn portable_tile(o: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
+    for r in 0..t.mr {
+        let ar = &a[(t.i0 + r) * t.k..][..t.k];
+        for c in 0..t.nr {
+            let br = &b[(t.jj + c) * t.k..][..t.k];
+            let mut acc = [0.0f32; 16];
+            let (ac, bc) = (ar.chunks_exact(16), br.chunks_exact(16));
+            let tail: f32 = ac
+                .remainder()
+                .iter()
+                .zip(bc.remainder())
+                .map(|(x, y)| x.to_f32() * y.to_f32())
+                .sum();
+            for (x, y) in ac.zip(bc) {
+                for l in 0..16 {
+                    acc[l] += x[l].to_f32() * y[l].to_f32();
+                }
+            }
+            let v = acc.iter().sum::<f32>() + tail;
+            let dst = &mut o[(t.i0 + r) * t.n + t.jj + c];
+            *dst = if t.add { *dst + v } else { v };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{bf16, Tile};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must support avx512f, avx512bw and avx512bf16; the tile must lie inside the slices.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn tile_4x4(o: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
+        // Rows past the edge repeat the last valid row; their results are not stored.
+        let arow = |r: usize| a.as_ptr().add((t.i0 + r.min(t.mr - 1)) * t.k) as *const i16;
+        let brow = |c: usize| b.as_ptr().add((t.jj + c.min(t.nr - 1)) * t.k) as *const i16;
+        let (ap, bp) = (
+            [arow(0), arow(1), arow(2), arow(3)],
+            [brow(0), brow(1), brow(2), brow(3)],
+        );
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut kk = 0;
+        while kk < t.k {
+            // Masked loads: the K tail reads nothing past the row (masked lanes do not fault).
+            let mask: __mmask32 = if t.k - kk >= 32 {
+                !0
+            } else {
+                (1u32 << (t.k - kk)) - 1
+            };
+            let load = |p: *const i16| -> __m512bh {
+                std::mem::transmute(_mm512_maskz_loadu_epi16(mask, p.add(kk)))
+            };
+            let av = [load(ap[0]), load(ap[1]), load(ap[2]), load(ap[3])];
+            let bv = [load(bp[0]), load(bp[1]), load(bp[2]), load(bp[3])];
+            for r in 0..4 {
+                for c in 0..4 {
+                    acc[r * 4 + c] = _mm512_dpbf16_ps(acc[r * 4 + c], av[r], bv[c]);
+                }
+            }
+            kk += 32;
+        }
+        for r in 0..t.mr {
+            for c in 0..t.nr {
+                let v = _mm512_reduce_add_ps(acc[r * 4 + c]);
+                let dst = &mut o[(t.i0 + r) * t.n + t.jj + c];
+                *dst = if t.add { *dst + v } else { v };
+            }
+        }
+    }
+}
+
+/// The plain loop: each product widened to f32, summed in order.
+pub mod reference {
+    use super::bf16;
+
+    /// out (M,N) = a (M,K) · b (N,K)ᵀ.
+    pub fn gemm_nt(out: &mut [f32], a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) {
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0.0f32;
+                for p in 0..k {
+                    acc += a[i * k + p].to_f32() * b[j * k + p].to_f32();
+                }
+                out[i * n + j] = acc;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,71 @@
+//! Both bf16 paths against the plain loop and against an f64 sum of the same bf16 values.
+
+use super::*;
+use crate::testutil::*;
+
+/// bf16 × bf16 products are exact in f32 (8-bit mantissas), so the paths differ only in summation
+/// order: K = 777 terms of |x| < 1 give f32 rounding ~1e-5 absolute; 2e-4 catches any wrong index.
+const BF16_GEMM_TOL: f64 = F32_TOL;
+
+fn bf(x: &[f64]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f64(v)).collect()
+}
+
+fn exact(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k)
+                .map(|p| a[i * k + p].to_f64() * b[j * k + p].to_f64())
+                .sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn paths_match_reference() {
+    // M, N not multiples of 4 or 64; K not a multiple of 32 or 16.
+    let (m, n, k) = (70, 131, 777);
+    let mut rng = Rng::new(17);
+    let (a, b) = (bf(&rng.vec(m * k)), bf(&rng.vec(n * k)));
+    let want = exact(&a, &b, m, n, k);
+    let mut out = vec![0.0f32; m * n];
+    reference::gemm_nt(&mut out, &a, &b, m, n, k);
+    assert_close_f32("reference", &out, &want, BF16_GEMM_TOL);
+    let mut isas = vec![Isa::Portable];
+    if best_isa() == Isa::Avx512Bf16 {
+        isas.push(Isa::Avx512Bf16);
+    }
+    for isa in isas {
+        gemm_nt_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
+        assert_close_f32(&format!("{isa:?} replace"), &out, &want, BF16_GEMM_TOL);
+        gemm_nt_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
+        let twice: Vec<f64> = want.iter().map(|x| 2.0 * x).collect();
+        assert_close_f32(&format!("{isa:?} add"), &out, &twice, BF16_GEMM_TOL);
+    }
+}
+
+#[test]
+fn forward_adds_bias_and_transpose_round_trips() {
+    let (n, ic, oc) = (5, 33, 7);
+    let mut rng = Rng::new(18);
+    let (x, w, bias) = (
+        bf(&rng.vec(n * ic)),
+        bf(&rng.vec(oc * ic)),
+        to_f32(&rng.vec(oc)),
+    );
+    let mut out = vec![0.0f32; n * oc];
+    forward(&mut out, &x, &w, Some(&bias), n, ic, oc);
+    let want: Vec<f64> = exact(&x, &w, n, oc, ic)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % oc] as f64)
+        .collect();
+    assert_close_f32("forward", &out, &want, BF16_GEMM_TOL);
+    let (mut wt, mut back) = (vec![bf16::ZERO; oc * ic], vec![bf16::ZERO; oc * ic]);
+    transpose(&mut wt, &w, oc, ic);
+    transpose(&mut back, &wt, ic, oc);
+    assert_eq!(back, w);
+    assert_eq!(wt[3 * oc + 2], w[2 * ic + 3]);
+}
