@@ -14,7 +14,7 @@
 use crate::acts::{act_bytes, LayerActs};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::params::TensorKind;
-use crate::setup::{Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage};
+use crate::setup::{Offload, Recompute, TrainSetup, ZeroStage};
 use crate::{lora, Estimate, ModelShape, PlanError};
 
 /// CUDA context and libraries, from the seed's "CUDA Context: ~0.5-1 GB" (the `pytorch` profile
@@ -24,46 +24,7 @@ pub const CONTEXT_BYTES: u64 = 768 << 20;
 /// DeepSpeed's default `reduce_bucket_size`, in elements.
 pub const REDUCE_BUCKET_ELEMS: u64 = 500_000_000;
 
-/// Bytes per element of each model state under a precision policy.
-#[derive(Clone, Copy, Debug)]
-pub struct Policy {
-    pub weight: u64,
-    pub grad: u64,
-    /// fp32 master copy (0 where the weights are the master).
-    pub master: u64,
-    /// One optimizer moment.
-    pub moment: u64,
-    /// Autocast keeps 16-bit copies of the fp32 weights for the forward.
-    pub autocast_copy: bool,
-}
-
-impl Policy {
-    pub fn of(precision: Precision) -> Policy {
-        let (weight, grad, master, moment) = match precision {
-            Precision::Fp32 | Precision::AmpBf16 | Precision::AmpFp16 => (4, 4, 0, 4),
-            Precision::Bf16 | Precision::Fp16 => (2, 2, 4, 4),
-            Precision::PureBf16 => (2, 2, 0, 2),
-        };
-        Policy {
-            weight,
-            grad,
-            master,
-            moment,
-            autocast_copy: matches!(precision, Precision::AmpBf16 | Precision::AmpFp16),
-        }
-    }
-
-    /// Optimizer-state bytes (master copy and moments) of `n` elements: AdamW two moments,
-    /// SGD one momentum buffer, 8-bit Adam two int8 moments with an fp32 absmax per 256.
-    pub fn optimizer_bytes(&self, optimizer: Optimizer, n: u64) -> u64 {
-        let moments = match optimizer {
-            Optimizer::AdamW => 2 * self.moment * n,
-            Optimizer::Sgd => self.moment * n,
-            Optimizer::AdamW8bit => 2 * (n + 4 * n.div_ceil(256)),
-        };
-        self.master * n + moments
-    }
-}
+pub use crate::policy::Policy;
 
 /// Parameters of one ZeRO unit on one tensor-parallel rank.
 #[derive(Clone, Copy, Debug, Default)]

@@ -19,6 +19,7 @@ pub mod infer;
 pub mod lora;
 pub mod model;
 pub mod params;
+pub mod policy;
 pub mod presets;
 pub mod pytorch;
 pub mod report;
