@@ -15,7 +15,7 @@ use plan::setup::{
     Attention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute, TrainSetup,
     ZeroStage,
 };
-use plan::{formula, infer, presets, units, Estimate, ModelShape};
+use plan::{formula, infer, presets, units, Estimate, InferEstimate, ModelShape, PlanError};
 use std::path::PathBuf;
 
 const LONG_ABOUT: &str = "\
@@ -26,8 +26,11 @@ communication buckets and workspaces), each born and freed at a phase of the ste
 by layer, head and loss, backward, optimizer step. The peak is the largest sum of live bytes.
 Sizes print in GiB (2^30 bytes) and GB (10^9 bytes), labelled as such.
 
-Runtimes: `formula` is the analytic model of the seed and the papers (ZeRO, Korthikanti et al.
-2022 activations); `frugal` is this project's engine, exact to the byte. `--params 7B` (a bare
+Runtimes: `pytorch` replays what PyTorch and HF transformers allocate op by op,
+the caching allocator's reserve and the CUDA context; `formula` is the analytic model of the seed
+and the papers (ZeRO, Korthikanti et al. 2022 activations); `frugal` is this project's engine,
+exact to the byte. The default, `auto`, uses `pytorch` where it models the setup (one GPU,
+plain PyTorch precisions and formats) and otherwise `formula`, saying which and why. `--params 7B` (a bare
 parameter count) always uses `formula` and counts model states only (no shape, no activations).
 
 Precision: fp32; amp-bf16 / amp-fp16 (fp32 weights, autocast); bf16 / fp16 (16-bit weights and
@@ -124,8 +127,9 @@ pub struct Args {
     /// Paged KV cache with blocks of this many tokens (vLLM uses 16); default contiguous.
     #[arg(long)]
     kv_block: Option<u64>,
-    /// formula (analytic) or frugal (this engine, exact).
-    #[arg(long, default_value = "formula")]
+    /// auto, pytorch (PyTorch + HF transformers on CUDA), formula (analytic) or frugal (this
+    /// engine). auto: pytorch where it models the setup, else formula, and says why.
+    #[arg(long, default_value = "auto")]
     runtime: String,
     /// Print one JSON object (DESIGN.md's contract) instead of tables.
     #[arg(long)]
@@ -265,6 +269,10 @@ fn infer_setup(args: &Args, seq: u64) -> InferSetup {
 fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Result<Estimate> {
     Ok(match runtime {
         "formula" => formula::training_estimate(m, s)?,
+        "pytorch" => {
+            s.validate(m)?;
+            plan::pytorch::training_estimate(m, s)?
+        }
         "frugal" => {
             s.validate(m)?;
             let plan = plan::frugal::training_plan(m, s)?;
@@ -277,7 +285,60 @@ fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Resu
                 plan,
             }
         }
-        other => bail!("invalid --runtime: '{other}' is not a runtime: use formula or frugal"),
+        other => bail!(
+            "invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"
+        ),
+    })
+}
+
+/// The `pytorch` profile's inference answer in the report's shape: weights, KV cache, and the
+/// rest of each phase's peak as activations (cuBLAS workspaces as other).
+fn pytorch_inference(model: &ModelShape, setup: &InferSetup) -> anyhow::Result<InferEstimate> {
+    setup.validate(model)?;
+    let d = plan::pytorch::inference_estimate(model, setup, Some(1))?;
+    let phase = |peak: u64| {
+        let mut c = [0u64; 6];
+        c[0] = d.weights_bytes;
+        c[4] = d.kv_cache_bytes;
+        c[5] = d.workspace_bytes;
+        c[3] = peak.saturating_sub(d.weights_bytes + d.kv_cache_bytes + d.workspace_bytes);
+        c
+    };
+    let per_token =
+        infer::kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp) * model.n_layers as u64;
+    Ok(InferEstimate {
+        weights_bytes: d.weights_bytes,
+        kv_cache_bytes: d.kv_cache_bytes,
+        kv_waste_bytes: 0,
+        kv_bytes_per_token: per_token,
+        prefill: phase(d.prefill_peak_bytes),
+        decode: phase(d.decode_peak_bytes),
+        peak_bytes: d.prefill_peak_bytes.max(d.decode_peak_bytes),
+        reserved_bytes: d.reserved_bytes,
+        context_bytes: d.context_bytes,
+    })
+}
+
+/// The report of `model` under `runtime`.
+fn model_report(
+    args: &Args,
+    model: &ModelShape,
+    seq: u64,
+    runtime: &str,
+) -> anyhow::Result<Report> {
+    Ok(if args.infer {
+        let setup = infer_setup(args, seq);
+        let est = match runtime {
+            "formula" => infer::inference_estimate(model, &setup)?,
+            "pytorch" => pytorch_inference(model, &setup)?,
+            "frugal" => bail!("invalid --runtime: the frugal engine trains only; use --runtime formula with --infer"),
+            other => bail!("invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"),
+        };
+        report::inference(runtime, Some(model), 0, &setup, &est)
+    } else {
+        let setup = train_setup(args, seq)?;
+        let est = train_estimate(runtime, model, &setup)?;
+        report::training(runtime, Some(model), 0, &setup, &est)
     })
 }
 
@@ -292,18 +353,20 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
         (Some(spec), _) => {
             let model = load_model(spec)?;
             let seq = args.seq.unwrap_or(2048.min(model.max_positions));
-            if args.infer {
-                let setup = infer_setup(args, seq);
-                let est = match args.runtime.as_str() {
-                    "formula" => infer::inference_estimate(&model, &setup)?,
-                    "frugal" => bail!("invalid --runtime: the frugal engine trains only; use --runtime formula with --infer"),
-                    other => bail!("invalid --runtime: '{other}' is not a runtime: use formula or frugal"),
-                };
-                report::inference(&args.runtime, Some(&model), 0, &setup, &est)
+            if args.runtime == "auto" {
+                match model_report(args, &model, seq, "pytorch") {
+                    Err(e) => match e.downcast_ref::<PlanError>() {
+                        Some(PlanError::Unsupported { .. }) => {
+                            let mut r = model_report(args, &model, seq, "formula")?;
+                            r.runtime_note = Some(format!("{e}; planned with formula instead"));
+                            r
+                        }
+                        _ => return Err(e),
+                    },
+                    ok => ok?,
+                }
             } else {
-                let setup = train_setup(args, seq)?;
-                let est = train_estimate(&args.runtime, &model, &setup)?;
-                report::training(&args.runtime, Some(&model), 0, &setup, &est)
+                model_report(args, &model, seq, &args.runtime)?
             }
         }
         (None, Some(count)) => {
@@ -360,7 +423,14 @@ fn describe(report: &Report) -> String {
             group_digits(report.param_count)
         ),
     };
-    format!("{what}, {}, runtime {}\n", report.mode, report.runtime)
+    let note = match &report.runtime_note {
+        Some(n) => format!("note: {n}\n"),
+        None => String::new(),
+    };
+    format!(
+        "{what}, {}, runtime {}\n{note}",
+        report.mode, report.runtime
+    )
 }
 
 fn group_digits(n: u64) -> String {

@@ -215,3 +215,42 @@ fn human_output_writes_gib_and_gb() {
         "{text}"
     );
 }
+
+#[test]
+fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
+    let v = json(&[
+        "--model",
+        "llama2-7b",
+        "--train",
+        "--zero",
+        "3",
+        "--gpus",
+        "8",
+    ]);
+    assert_eq!(v["runtime"].as_str(), Some("formula"));
+    assert!(v["runtime_note"].as_str().unwrap().contains("pytorch"));
+    let p = json(&[
+        "--model",
+        "gpt2-124m",
+        "--train",
+        "--precision",
+        "amp-bf16",
+        "--seq",
+        "512",
+    ]);
+    assert_eq!(p["runtime"].as_str(), Some("pytorch"));
+    assert!(p["runtime_note"].is_null());
+    let out = frugal(&[
+        "plan",
+        "--model",
+        "llama2-7b",
+        "--train",
+        "--zero",
+        "3",
+        "--gpus",
+        "8",
+        "--runtime",
+        "pytorch",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -86,6 +86,8 @@ pub struct InferDetails {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub runtime: String,
+    /// Why the runtime differs from the one asked for (`auto` falling back), if it does.
+    pub runtime_note: Option<String>,
     /// `"train"` or `"infer"`.
     pub mode: &'static str,
     /// The shape planned, absent for a bare parameter count.
@@ -99,6 +101,25 @@ pub struct Report {
     pub inference: Option<InferDetails>,
     pub device_memory_bytes: Option<u64>,
     pub fits: Option<bool>,
+}
+
+/// Makes the categories at the peak sum to the profile's `peak_bytes`. A profile that finds its
+/// peak by a finer simulation than the phase timeline may see more (the difference is booked as
+/// other) or less (the phase view counts tensors born and freed inside one phase as live together:
+/// the excess comes off activations first, then other).
+pub fn reconcile(mut c: [u64; 6], peak_bytes: u64) -> [u64; 6] {
+    let sum: u64 = c.iter().sum();
+    if peak_bytes >= sum {
+        c[5] += peak_bytes - sum;
+        return c;
+    }
+    let mut excess = sum - peak_bytes;
+    for i in [3, 5, 1, 4, 2, 0] {
+        let cut = excess.min(c[i]);
+        c[i] -= cut;
+        excess -= cut;
+    }
+    c
 }
 
 /// A phase as the report writes it: `embed`, `forward.3`, `head`, `backward.3`, ...
@@ -129,9 +150,8 @@ pub fn training(
     setup: &TrainSetup,
     est: &Estimate,
 ) -> Report {
-    let (phase, mut at_peak) = est.plan.at_peak(Device::Gpu);
-    let timeline_peak: u64 = at_peak.iter().sum();
-    at_peak[5] += est.peak_bytes.saturating_sub(timeline_peak);
+    let (phase, at_peak) = est.plan.at_peak(Device::Gpu);
+    let at_peak = reconcile(at_peak, est.peak_bytes);
     let host = (est.host_peak_bytes > 0).then(|| {
         let (_, c) = est.plan.at_peak(Device::Host);
         Host {
@@ -147,6 +167,7 @@ pub fn training(
         .collect();
     Report {
         runtime: runtime.into(),
+        runtime_note: None,
         mode: "train",
         model: model.cloned(),
         param_count: model.map_or(n_params, ModelShape::param_count),
@@ -177,10 +198,10 @@ pub fn inference(
 ) -> Report {
     let prefill_peak: u64 = est.prefill.iter().sum();
     let decode_peak: u64 = est.decode.iter().sum();
-    let mut at_peak = est.at_peak();
-    at_peak[5] += est.peak_bytes.saturating_sub(at_peak.iter().sum());
+    let at_peak = reconcile(est.at_peak(), est.peak_bytes);
     Report {
         runtime: runtime.into(),
+        runtime_note: None,
         mode: "infer",
         model: model.cloned(),
         param_count: model.map_or(n_params, ModelShape::param_count),
