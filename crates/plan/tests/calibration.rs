@@ -250,5 +250,11 @@ fn setups_plain_pytorch_does_not_run_are_typed_errors() {
     assert!(err.to_string().contains("master weights"), "{err}");
     let moe = by_name("mixtral-8x7b").unwrap();
     setup.precision = Precision::AmpBf16;
-    assert!(training_detail(&moe, &setup, imp).is_err());
+    setup.lora = Some(plan::setup::Lora {
+        rank: 8,
+        targets: vec!["w1".into()],
+        base: Dtype::Bf16,
+    });
+    let err = training_detail(&moe, &setup, imp).unwrap_err();
+    assert!(err.to_string().contains("experts"), "{err}");
 }

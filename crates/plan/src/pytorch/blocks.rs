@@ -6,6 +6,7 @@
 //! variables let go. Holds no training loop (see `train.rs`) and no allocator (`allocator.rs`).
 //! Example: `let y = gpt2_block(&mut tape, &mut f, x, &layer_params)`.
 
+use super::peft::{frozen_quant_linear, lora_branch, ParamInfo};
 use super::tape::{Grad, Tape, T};
 use crate::setup::Attention;
 use crate::Category;
@@ -42,11 +43,18 @@ pub struct Fwd {
     /// Keys and values of the KV cache per layer (inference).
     pub kv_cache: Vec<(V, V)>,
     pub use_cache: bool,
+    /// Per parameter tensor (indexed by its tape id): dtype, trainability, storage, adapter.
+    pub params: Vec<ParamInfo>,
 }
 
 impl Fwd {
     pub fn tokens(&self) -> u64 {
         self.batch * self.q_len
+    }
+
+    /// What the forward knows about parameter `w`.
+    pub fn info(&self, w: T) -> ParamInfo {
+        self.params[w]
     }
 
     /// Bytes per element a matmul produces: 2 under autocast, else the parameters' dtype.
@@ -118,9 +126,8 @@ pub fn add(tape: &mut Tape, a: V, b: V) -> V {
     y
 }
 
-/// `nn.Linear` / GPT-2's `Conv1D` (`addmm`): `x [.., d_in] @ W [d_in, d_out] (+ bias)`.
-/// Under autocast the input is cast to bf16 (a new copy per call) and the weight once per forward
-/// (cached); the matmul saves its input and weight, and the bias copy is not saved.
+/// `nn.Linear` / GPT-2's `Conv1D` (`addmm`): `x [.., d_in] @ W [d_in, d_out] (+ bias)`, or a
+/// frozen quantized linear, plus PEFT's LoRA branch when `w` carries an adapter.
 pub fn linear(
     tape: &mut Tape,
     f: &mut Fwd,
@@ -130,8 +137,37 @@ pub fn linear(
     d_out: u64,
     bias: Option<T>,
 ) -> V {
+    let info = f.info(w);
+    let y = match info.quant {
+        Some(q) => frozen_quant_linear(tape, x, q, d_in, d_out),
+        None => dense_linear(tape, f, x, w, d_in, d_out, bias),
+    };
+    match info.adapter {
+        Some(ad) => {
+            let out = lora_branch(tape, f, x, y, ad, d_in);
+            tape.drop(y.t);
+            out
+        }
+        None => y,
+    }
+}
+
+/// A dense linear. Under autocast the input is cast to bf16 (a new copy per call) and the weight
+/// to a bf16 copy (cached per forward when it requires grad, fresh per call when frozen). The
+/// matmul saves its input only when the weight needs a gradient, and the weight (or its copy)
+/// for the input's gradient; the bias copy is not saved.
+fn dense_linear(
+    tape: &mut Tape,
+    f: &mut Fwd,
+    x: V,
+    w: T,
+    d_in: u64,
+    d_out: u64,
+    bias: Option<T>,
+) -> V {
     let rows = x.numel / d_in;
-    let es = f.mm_es();
+    let info = f.info(w);
+    let es = if f.amp { 2 } else { info.es };
     let xin = cast(tape, x, es);
     let wv = weight(tape, f, w, d_in * d_out);
     if let Some(b) = bias {
@@ -140,7 +176,9 @@ pub fn linear(
     }
     let y = alloc(tape, rows * d_out, es);
     let op = tape.op(&[y.t]);
-    tape.save(op, xin.t);
+    if info.trainable {
+        tape.save(op, xin.t);
+    }
     tape.save(op, wv.t);
     let mut g = vec![
         Grad::New(xin.t),
@@ -161,15 +199,20 @@ pub fn linear(
     y
 }
 
-/// The weight operand of a matmul: the parameter itself, or autocast's cached 16-bit copy.
-fn weight(tape: &mut Tape, f: &mut Fwd, w: T, numel: u64) -> V {
-    if !f.amp {
+/// The weight operand of a matmul: the parameter itself, or autocast's 16-bit copy (cached only
+/// for leaves that require grad, as `cached_cast` does).
+pub fn weight(tape: &mut Tape, f: &mut Fwd, w: T, numel: u64) -> V {
+    let info = f.info(w);
+    if !f.amp || info.es == 2 {
         tape.hold(w);
         return V {
             t: w,
             numel,
-            es: f.param_es,
+            es: info.es,
         };
+    }
+    if !info.trainable {
+        return alloc(tape, numel, 2);
     }
     if let Some(&c) = f.cast_cache.get(&w) {
         tape.hold(c.t);
@@ -231,7 +274,9 @@ pub fn rms_norm(tape: &mut Tape, f: &Fwd, x: V, d: u64, w: T) -> V {
     let out_es = nb.es.max(f.param_es);
     let y = alloc(tape, x.numel, out_es);
     let op = tape.op(&[y.t]);
-    tape.save(op, nb.t);
+    if tape.requires_grad(w) {
+        tape.save(op, nb.t); // only the weight's gradient reads the normalised input
+    }
     tape.grads(
         op,
         &[

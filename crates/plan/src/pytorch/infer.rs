@@ -3,7 +3,7 @@
 //! model in its own dtype (no autocast). Example: `simulate(&shape, &setup, Some(1))`.
 
 use super::blocks::Fwd;
-use super::model::{block, embed, head, Params};
+use super::model::{block, embed, head, Params, Storage};
 use super::tape::Tape;
 use super::unsupported;
 use crate::setup::Dtype;
@@ -48,7 +48,12 @@ pub fn simulate(
     }
     let mut tape = Tape::default();
     tape.no_record = true;
-    let params = Params::build(&mut tape, m, es)?;
+    let storage = Storage {
+        es,
+        lora: None,
+        quant: None,
+    };
+    let params = Params::build(&mut tape, m, &storage)?;
     let weights_bytes = params.bytes(&tape);
     let mut f = Fwd {
         batch: setup.batch,
@@ -62,6 +67,7 @@ pub fn simulate(
         cast_cache: Default::default(),
         kv_cache: Vec::new(),
         use_cache: true,
+        params: params.info.clone(),
     };
     let ids = tape.alloc(setup.batch * setup.seq * 8, Category::Other);
     tape.peak_bytes = tape.live_bytes;

@@ -10,12 +10,32 @@
 use super::blocks::{
     add, alloc, cast, dropout, ew, ew_saving_output, layer_norm, linear, rms_norm, Fwd, V,
 };
+use super::moe::{mla_attention, moe_mlp};
 use super::tape::{Grad, Tape, T};
 use crate::model::{Family, ModelShape};
 use crate::setup::Attention;
 
-/// Parameter tensors of one block, in the order `block_params` creates them.
-pub type LayerParams = Vec<T>;
+/// Parameter tensors of one block, by the HF names `ModelShape::block_tensors` gives them.
+#[derive(Clone, Debug, Default)]
+pub struct LayerParams {
+    pub names: Vec<&'static str>,
+    pub t: Vec<T>,
+}
+
+impl LayerParams {
+    /// The tensor called `name`; the block code asks only for names its family has.
+    pub fn get(&self, name: &str) -> T {
+        self.opt(name)
+            .unwrap_or_else(|| panic!("block has no parameter {name}"))
+    }
+
+    pub fn opt(&self, name: &str) -> Option<T> {
+        self.names
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| self.t[i])
+    }
+}
 
 /// Query, key and value of one attention call; `fused` is GPT-2's single `c_attn` output they view.
 pub struct Qkv {
@@ -34,7 +54,7 @@ pub fn attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask: 
         return eager_attention(tape, f, m, qkv, mask);
     }
     let heads = m.n_heads as u64;
-    let out = alloc(tape, qkv.q.numel, es);
+    let out = alloc(tape, out_numel(qkv), es);
     let lse = alloc(tape, f.batch * heads * f.q_len, 4);
     let op = tape.op(&[out.t]);
     for s in [qkv.q, qkv.k, qkv.v, out, lse] {
@@ -60,6 +80,12 @@ pub fn attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask: 
         }
     }
     out
+}
+
+/// The attention output's elements: queries' rows times the value head size (MLA's values are
+/// narrower than its query/key heads).
+fn out_numel(qkv: &Qkv) -> u64 {
+    (qkv.q.numel as u128 * qkv.v.numel as u128 / qkv.k.numel.max(1) as u128) as u64
 }
 
 /// HF's `eager_attention_forward` (and SDPA's math fallback): scores, softmax, dropout, @ V.
@@ -102,18 +128,18 @@ fn eager_attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask
     if gpt2_drop {
         tape.drop(p.t);
     }
-    let o = ew(tape, qkv.q.numel, es, &[pd, v], &[pd, v]); // probs @ v, [B, H, T, D]
+    let o = ew(tape, out_numel(qkv), es, &[pd, v], &[pd, v]); // probs @ v, [B, H, T, D]
     tape.drop(pd.t);
     tape.drop(k.t);
     tape.drop(v.t);
-    let out = ew(tape, qkv.q.numel, es, &[], &[o]); // transpose(1, 2).contiguous()
+    let out = ew(tape, o.numel, es, &[], &[o]); // transpose(1, 2).contiguous()
     tape.drop(o.t);
     out
 }
 
 /// KV cache update (`DynamicLayer.update`: `torch.cat([cache, new], dim=-2)`); returns the full
 /// keys and values this call attends to.
-fn cache_update(tape: &mut Tape, f: &mut Fwd, layer: usize, k: V, v: V) -> (V, V) {
+pub fn cache_update(tape: &mut Tape, f: &mut Fwd, layer: usize, k: V, v: V) -> (V, V) {
     if !f.use_cache {
         tape.hold(k.t);
         tape.hold(v.t);
@@ -152,8 +178,8 @@ pub fn gpt2_block(
 ) -> V {
     let h = m.d_model;
     let n = f.tokens();
-    let y1 = layer_norm(tape, f, x, h, p[0], p[1]);
-    let qkv = linear(tape, f, y1, p[2], h, 3 * h, Some(p[3]));
+    let y1 = layer_norm(tape, f, x, h, p.get("ln_1.weight"), p.get("ln_1.bias"));
+    let qkv = linear(tape, f, y1, p.get("c_attn"), h, 3 * h, p.opt("c_attn.bias"));
     let third = V {
         numel: n * h,
         ..qkv
@@ -171,18 +197,34 @@ pub fn gpt2_block(
     tape.drop(k.t);
     tape.drop(v.t);
     tape.drop(qkv.t);
-    let o = linear(tape, f, a, p[4], h, h, Some(p[5]));
+    let o = linear(
+        tape,
+        f,
+        a,
+        p.get("attn.c_proj"),
+        h,
+        h,
+        p.opt("attn.c_proj.bias"),
+    );
     tape.drop(a.t);
     let od = dropout(tape, f, o);
     tape.drop(o.t);
     let r2 = add(tape, od, x);
     tape.drop(od.t);
     tape.drop(y1.t);
-    let y2 = layer_norm(tape, f, r2, h, p[6], p[7]);
-    let fc = linear(tape, f, y2, p[8], h, m.d_ff, Some(p[9]));
+    let y2 = layer_norm(tape, f, r2, h, p.get("ln_2.weight"), p.get("ln_2.bias"));
+    let fc = linear(tape, f, y2, p.get("c_fc"), h, m.d_ff, p.opt("c_fc.bias"));
     let g = new_gelu(tape, f, fc);
     tape.drop(fc.t);
-    let mo = linear(tape, f, g, p[10], m.d_ff, h, Some(p[11]));
+    let mo = linear(
+        tape,
+        f,
+        g,
+        p.get("mlp.c_proj"),
+        m.d_ff,
+        h,
+        p.opt("mlp.c_proj.bias"),
+    );
     tape.drop(g.t);
     let md = dropout(tape, f, mo);
     tape.drop(mo.t);
@@ -221,7 +263,8 @@ fn new_gelu(tape: &mut Tape, f: &Fwd, x: V) -> V {
     out
 }
 
-/// `LlamaDecoderLayer.forward` (also Mistral and Qwen2, whose q/k/v have biases).
+/// `LlamaDecoderLayer.forward` (also Mistral, Qwen2 with q/k/v biases, Mixtral's MoE MLP and
+/// DeepSeek's MLA attention with dense or MoE MLPs).
 pub fn llama_block(
     tape: &mut Tape,
     f: &mut Fwd,
@@ -232,15 +275,52 @@ pub fn llama_block(
     rope: V,
 ) -> V {
     let h = m.d_model;
+    let y = rms_norm(tape, f, x, h, p.get("input_layernorm"));
+    let o = if m.mla.is_some() {
+        mla_attention(tape, f, m, layer, y, p, rope)
+    } else {
+        gqa_attention(tape, f, m, layer, y, p, rope)
+    };
+    tape.drop(y.t);
+    let r2 = add(tape, x, o);
+    tape.drop(o.t);
+    let y2 = rms_norm(tape, f, r2, h, p.get("post_attention_layernorm"));
+    let down = if m.is_moe_layer(layer as u32) {
+        moe_mlp(tape, f, m, y2, p)
+    } else {
+        swiglu_mlp(
+            tape,
+            f,
+            y2,
+            h,
+            m.d_ff,
+            p,
+            ["gate_proj", "up_proj", "down_proj"],
+        )
+    };
+    tape.drop(y2.t);
+    let out = add(tape, r2, down);
+    tape.drop(down.t);
+    tape.drop(r2.t);
+    out
+}
+
+/// `LlamaAttention.forward` on the normed hidden states `y`; returns the `o_proj` output.
+fn gqa_attention(
+    tape: &mut Tape,
+    f: &mut Fwd,
+    m: &ModelShape,
+    layer: usize,
+    y: V,
+    p: &LayerParams,
+    rope: V,
+) -> V {
+    let h = m.d_model;
     let dq = m.n_heads as u64 * m.d_head;
     let dkv = m.n_kv_heads as u64 * m.d_head;
-    let bias = m.family == Family::Qwen2;
-    let b = |i: usize| if bias { Some(p[i]) } else { None };
-    let y = rms_norm(tape, f, x, h, p[0]);
-    let q = linear(tape, f, y, p[1], h, dq, b(5));
-    let k = linear(tape, f, y, p[2], h, dkv, b(6));
-    let v = linear(tape, f, y, p[3], h, dkv, b(7));
-    tape.drop(y.t);
+    let q = linear(tape, f, y, p.get("q_proj"), h, dq, p.opt("q_proj.bias"));
+    let k = linear(tape, f, y, p.get("k_proj"), h, dkv, p.opt("k_proj.bias"));
+    let v = linear(tape, f, y, p.get("v_proj"), h, dkv, p.opt("v_proj.bias"));
     let qe = apply_rope(tape, q, rope);
     tape.drop(q.t);
     let ke = apply_rope(tape, k, rope);
@@ -264,31 +344,36 @@ pub fn llama_block(
     for t in [q16, k16, v16] {
         tape.drop(t.t);
     }
-    let o = linear(tape, f, a, p[4], dq, h, None);
+    let o = linear(tape, f, a, p.get("o_proj"), dq, h, None);
     tape.drop(a.t);
-    let r2 = add(tape, x, o);
-    tape.drop(o.t);
-    let o_idx = if bias { 8 } else { 5 };
-    let y2 = rms_norm(tape, f, r2, h, p[o_idx]);
-    let gate = linear(tape, f, y2, p[o_idx + 1], h, m.d_ff, None);
+    o
+}
+
+/// `down_proj(act_fn(gate_proj(x)) * up_proj(x))` (`LlamaMLP`); returns the down projection.
+pub fn swiglu_mlp(
+    tape: &mut Tape,
+    f: &mut Fwd,
+    x: V,
+    h: u64,
+    d_ff: u64,
+    p: &LayerParams,
+    names: [&str; 3],
+) -> V {
+    let gate = linear(tape, f, x, p.get(names[0]), h, d_ff, None);
     let s = ew(tape, gate.numel, gate.es, &[gate], &[gate]); // silu saves its input
     tape.drop(gate.t);
-    let up = linear(tape, f, y2, p[o_idx + 2], h, m.d_ff, None);
+    let up = linear(tape, f, x, p.get(names[1]), h, d_ff, None);
     let prod = ew(tape, s.numel, s.es, &[s, up], &[s, up]);
     tape.drop(s.t);
     tape.drop(up.t);
-    let down = linear(tape, f, prod, p[o_idx + 3], m.d_ff, h, None);
+    let down = linear(tape, f, prod, p.get(names[2]), d_ff, h, None);
     tape.drop(prod.t);
-    tape.drop(y2.t);
-    let out = add(tape, r2, down);
-    tape.drop(down.t);
-    tape.drop(r2.t);
-    out
+    down
 }
 
 /// `q * cos + rotate_half(q) * sin`; cos/sin need no gradient, so nothing of q is saved.
 /// `rope.es` is the dtype of cos/sin (the residual stream's: fp32 under autocast).
-fn apply_rope(tape: &mut Tape, x: V, rope: V) -> V {
+pub fn apply_rope(tape: &mut Tape, x: V, rope: V) -> V {
     let es = x.es.max(rope.es);
     let a = ew(tape, x.numel, es, &[], &[x]); // x * cos
     let neg = ew(tape, x.numel / 2, x.es, &[], &[x]); // -x2

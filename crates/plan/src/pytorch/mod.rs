@@ -6,8 +6,9 @@
 //! backward pass, the optimizer step, and PyTorch's caching allocator ([`allocator`]) for the
 //! reserve. Nothing here is fitted to measurements: the only measured constants are the CUDA
 //! context and the cuBLAS workspace sizes. Checked against `tests/data/pytorch_h200.jsonl`
-//! (`tests/calibration.rs`). Not modelled (typed `Unsupported` errors): ZeRO/FSDP/TP/PP, LoRA,
-//! MoE and MLA blocks, master-weight precisions, 8-bit optimizers, quantized inference.
+//! (`tests/calibration.rs`). Also LoRA/QLoRA as PEFT and bitsandbytes run them ([`peft`]), and
+//! HF 5's MoE (grouped_mm experts) and MLA blocks ([`moe`]). Not modelled (typed `Unsupported`
+//! errors): see the `unsupported` call sites.
 //! Example: `pytorch::training_estimate(&shape, &setup)?.peak_bytes`.
 
 pub mod allocator;
@@ -15,6 +16,8 @@ pub mod blocks;
 pub mod infer;
 pub mod layers;
 pub mod model;
+pub mod moe;
+pub mod peft;
 pub mod tape;
 pub mod train;
 

@@ -6,10 +6,25 @@ use super::blocks::{
     alloc, cast, dropout, ew, ew_saving_output, layer_norm, linear, rms_norm, Fwd, V,
 };
 use super::layers::{gpt2_block, llama_block, LayerParams};
+use super::peft::{quant_storage_bytes, Adapter, ParamInfo, Quant};
 use super::tape::{Grad, Tape, T};
-use super::RUNTIME;
+use super::unsupported;
 use crate::model::{Family, ModelShape};
+use crate::params::TensorKind;
+use crate::setup::Dtype;
 use crate::{Category, PlanError};
+
+/// How the parameters are stored: the dense dtype, and LoRA / quantized linears.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    /// Bytes per element of dense parameters.
+    pub es: u64,
+    /// PEFT LoRA: every base parameter frozen, adapters (fp32) on the targets, base linears
+    /// stored as `lora.base`.
+    pub lora: Option<crate::setup::Lora>,
+    /// Block linears (not embeddings, head or routers) stored quantized (inference).
+    pub quant: Option<Quant>,
+}
 
 /// Every parameter tensor of an HF causal LM, as `model.parameters()` lists them.
 pub struct Params {
@@ -20,91 +35,151 @@ pub struct Params {
     pub final_norm: Vec<T>,
     /// The LM head's weight (the embedding when tied).
     pub head: T,
+    /// Parameters that require grad (what the optimizer holds).
     pub all: Vec<T>,
-    /// Bytes per element.
+    /// Bytes per element of dense parameters.
     pub es: u64,
+    /// Per tape tensor id below `info.len()`: what the forward needs to know.
+    pub info: Vec<ParamInfo>,
+    /// Bytes of every parameter storage tensor (quantization state included).
+    pub bytes: u64,
+}
+
+fn lora_base(l: &crate::setup::Lora) -> Result<(u64, Option<Quant>), PlanError> {
+    match l.base {
+        Dtype::F32 => Ok((4, None)),
+        Dtype::Bf16 | Dtype::F16 => Ok((2, None)),
+        // `prepare_model_for_kbit_training` upcasts every non-quantized parameter to fp32.
+        Dtype::Nf4 => Ok((4, Some(Quant::Nf4))),
+        Dtype::Int8 => Ok((4, Some(Quant::Int8))),
+        other => Err(unsupported(&format!(
+            "a {other:?} LoRA base (bitsandbytes stores nf4 or int8; use bf16, int8 or nf4)"
+        ))),
+    }
+}
+
+struct Builder<'a> {
+    tape: &'a mut Tape,
+    info: Vec<ParamInfo>,
+    all: Vec<T>,
+    bytes: u64,
+    es: u64,
+    frozen: bool,
+}
+
+impl Builder<'_> {
+    fn register(&mut self, t: T, info: ParamInfo) {
+        if info.trainable {
+            self.all.push(t);
+        } else {
+            self.tape.freeze(t);
+        }
+        if self.info.len() <= t {
+            self.info.resize(t + 1, ParamInfo::default());
+        }
+        self.info[t] = info;
+    }
+
+    fn storage(&mut self, bytes: u64) -> T {
+        let t = self.tape.alloc(bytes, Category::Params);
+        self.bytes += self.tape.tensors[t].bytes;
+        t
+    }
+
+    fn dense(&mut self, numel: u64, es: u64, trainable: bool) -> T {
+        let t = self.storage(numel * es);
+        let info = ParamInfo {
+            es,
+            numel,
+            trainable,
+            quant: None,
+            adapter: None,
+        };
+        self.register(t, info);
+        t
+    }
+
+    fn plain(&mut self, numel: u64) -> T {
+        self.dense(numel, self.es, !self.frozen)
+    }
+
+    /// A quantized weight: its first storage tensor stands for the parameter.
+    fn quantized(&mut self, numel: u64, d_in: u64, q: Quant) -> T {
+        let parts = quant_storage_bytes(numel, d_in, q);
+        let t = self.storage(parts[0]);
+        for &b in &parts[1..] {
+            self.storage(b);
+        }
+        let info = ParamInfo {
+            es: 2,
+            numel,
+            trainable: false,
+            quant: Some(q),
+            adapter: None,
+        };
+        self.register(t, info);
+        t
+    }
 }
 
 impl Params {
-    pub fn build(tape: &mut Tape, m: &ModelShape, es: u64) -> Result<Params, PlanError> {
-        if m.moe.is_some()
-            || m.mla.is_some()
-            || matches!(m.family, Family::Mixtral | Family::Deepseek)
-        {
-            return Err(PlanError::Unsupported {
-                runtime: RUNTIME,
-                what: format!(
-                    "{} (mixture-of-experts / latent attention blocks are not modelled op by op; \
-                     use --runtime frugal or the formula estimate)",
-                    m.name
-                ),
-            });
-        }
-        let mut all = Vec::new();
-        let mut p = |numel: u64| {
-            let t = tape.alloc(numel * es, Category::Params);
-            all.push(t);
-            t
+    pub fn build(tape: &mut Tape, m: &ModelShape, st: &Storage) -> Result<Params, PlanError> {
+        let (es, lin_quant) = match &st.lora {
+            Some(l) => lora_base(l)?,
+            None => (st.es, st.quant),
         };
-        let (h, ff) = (m.d_model, m.d_ff);
-        let embed = p(m.vocab * h);
-        let pos = (m.family == Family::Gpt2).then(|| p(m.max_positions * h));
-        let dq = m.n_heads as u64 * m.d_head;
-        let dkv = m.n_kv_heads as u64 * m.d_head;
-        let mut layers = Vec::new();
-        for _ in 0..m.n_layers {
-            let sizes: Vec<u64> = match m.family {
-                Family::Gpt2 => vec![
-                    h,
-                    h,
-                    h * 3 * h,
-                    3 * h,
-                    h * h,
-                    h,
-                    h,
-                    h,
-                    h * ff,
-                    ff,
-                    ff * h,
-                    h,
-                ],
-                Family::Qwen2 => vec![
-                    h,
-                    h * dq,
-                    h * dkv,
-                    h * dkv,
-                    dq * h,
-                    dq,
-                    dkv,
-                    dkv,
-                    h,
-                    h * ff,
-                    h * ff,
-                    ff * h,
-                ],
-                _ => vec![
-                    h,
-                    h * dq,
-                    h * dkv,
-                    h * dkv,
-                    dq * h,
-                    h,
-                    h * ff,
-                    h * ff,
-                    ff * h,
-                ],
-            };
-            layers.push(sizes.into_iter().map(&mut p).collect());
+        let (lin_es, lin_quant) = match &st.lora {
+            Some(l) if lin_quant.is_none() => (l.base.bits() / 8, None),
+            _ => (es, lin_quant),
+        };
+        let mut b = Builder {
+            tape,
+            info: Vec::new(),
+            all: Vec::new(),
+            bytes: 0,
+            es,
+            frozen: st.lora.is_some(),
+        };
+        let h = m.d_model;
+        let embed = b.plain(m.vocab * h);
+        let pos = (m.family == Family::Gpt2).then(|| b.plain(m.max_positions * h));
+        let mut layers = Vec::with_capacity(m.n_layers as usize);
+        for l in 0..m.n_layers {
+            let mut lp = LayerParams::default();
+            for t in m.block_tensors(l) {
+                let linear = t.kind == TensorKind::Linear;
+                let id = match lin_quant {
+                    Some(q) if linear => b.quantized(t.numel(), t.d_in, q),
+                    _ if linear && st.lora.is_some() => b.dense(t.numel(), lin_es, false),
+                    _ => b.plain(t.numel()),
+                };
+                if let Some(l) = &st.lora {
+                    if crate::lora::is_target(&t, &l.targets) {
+                        if t.count > 1 {
+                            return Err(unsupported(
+                                "LoRA on MoE experts (PEFT targets nn.Linear modules; HF keeps                                  experts as 3-D parameters): target attention projections",
+                            ));
+                        }
+                        let r = l.rank as u64;
+                        let a = b.dense(r * t.d_in, 4, true);
+                        let bb = b.dense(t.d_out * r, 4, true);
+                        b.info[id].adapter = Some(Adapter { a, b: bb, rank: r });
+                    }
+                }
+                lp.names.push(t.name);
+                lp.t.push(id);
+            }
+            layers.push(lp);
         }
         let final_norm = if m.family == Family::Gpt2 {
-            vec![p(h), p(h)]
+            vec![b.plain(h), b.plain(h)]
         } else {
-            vec![p(h)]
+            vec![b.plain(h)]
         };
         let head = if m.tied_embeddings {
             embed
         } else {
-            p(m.vocab * h)
+            b.plain(m.vocab * h)
         };
         Ok(Params {
             embed,
@@ -112,13 +187,15 @@ impl Params {
             layers,
             final_norm,
             head,
-            all,
+            all: b.all,
             es,
+            info: b.info,
+            bytes: b.bytes,
         })
     }
 
-    pub fn bytes(&self, tape: &Tape) -> u64 {
-        self.all.iter().map(|&t| tape.tensors[t].bytes).sum()
+    pub fn bytes(&self, _tape: &Tape) -> u64 {
+        self.bytes
     }
 }
 

@@ -36,6 +36,8 @@ pub struct Tensor {
     live: bool,
     /// `.grad` of this parameter, once backward produced one.
     grad: Option<T>,
+    /// A parameter with `requires_grad=False` (frozen LoRA base, quantized storage).
+    frozen: bool,
 }
 
 /// How an op's backward produces the gradient of one of its inputs.
@@ -87,6 +89,7 @@ impl Tape {
             saved: 0,
             live: true,
             grad: None,
+            frozen: false,
         });
         self.live_bytes += self.tensors[id].bytes;
         self.live_by_category[category as usize] += self.tensors[id].bytes;
@@ -96,6 +99,16 @@ impl Tape {
         }
         self.events.push(Event::Alloc(id));
         id
+    }
+
+    /// Marks parameter `t` as `requires_grad=False`: backward computes no gradient for it.
+    pub fn freeze(&mut self, t: T) {
+        self.tensors[t].frozen = true;
+    }
+
+    /// Whether `t` is a parameter that receives a gradient (every activation does).
+    pub fn requires_grad(&self, t: T) -> bool {
+        !self.tensors[t].frozen
     }
 
     pub fn phase(&mut self, phase: Phase) {
@@ -223,6 +236,7 @@ impl Tape {
                     self.act_grads.insert(input, out_grad);
                 }
             }
+            Grad::Param { param, .. } if self.tensors[param].frozen => {}
             Grad::Param { param, bytes } => {
                 let fresh = self.alloc(bytes, Category::Grads);
                 let param_bytes = self.tensors[param].bytes;

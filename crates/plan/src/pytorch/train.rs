@@ -6,7 +6,7 @@
 //! `simulate_step(&shape, &setup)?.peak_bytes`.
 
 use super::blocks::{clear_cast_cache, Fwd, V};
-use super::model::{block, embed, head, loss, Params};
+use super::model::{block, embed, head, loss, Params, Storage};
 use super::tape::{Tape, T};
 use super::{unsupported, OptimizerImpl};
 use crate::setup::{Optimizer, Precision, Recompute};
@@ -25,7 +25,6 @@ pub struct StepSim {
 struct Mode {
     param_es: u64,
     amp: bool,
-    state_es: u64,
     states: u64,
 }
 
@@ -51,7 +50,6 @@ fn mode(setup: &TrainSetup) -> Result<Mode, PlanError> {
     Ok(Mode {
         param_es,
         amp,
-        state_es: param_es,
         states,
     })
 }
@@ -61,11 +59,6 @@ fn check(setup: &TrainSetup) -> Result<(), PlanError> {
         return Err(unsupported(
             "data/tensor/pipeline parallelism (ZeRO, FSDP, Megatron); plan one GPU (--gpus 1) or \
              use --runtime frugal",
-        ));
-    }
-    if setup.lora.is_some() {
-        return Err(unsupported(
-            "LoRA (PEFT adapters are not modelled op by op yet)",
         ));
     }
     if setup.offload != crate::setup::Offload::None {
@@ -88,16 +81,23 @@ pub fn simulate_step(
     setup: &TrainSetup,
     opt: OptimizerImpl,
 ) -> Result<StepSim, PlanError> {
+    setup.validate(m)?;
     check(setup)?;
     let md = mode(setup)?;
     let mut tape = Tape::default();
-    let params = Params::build(&mut tape, m, md.param_es)?;
+    let storage = Storage {
+        es: md.param_es,
+        lora: setup.lora.clone(),
+        quant: None,
+    };
+    let params = Params::build(&mut tape, m, &storage)?;
     let param_bytes = params.bytes(&tape);
     let mut optimizer_bytes = 0;
     for &p in &params.all {
+        // torch optimizers keep state in each parameter's dtype (fp32 LoRA adapters).
+        let info = params.info[p];
         for _ in 0..md.states {
-            let numel = tape.tensors[p].bytes / md.param_es;
-            let state = tape.alloc(numel * md.state_es, Category::Optimizer);
+            let state = tape.alloc(info.numel * info.es, Category::Optimizer);
             optimizer_bytes += tape.tensors[state].bytes;
         }
     }
@@ -108,7 +108,7 @@ pub fn simulate_step(
         batch: setup.micro_batch,
         q_len: setup.seq,
         kv_len: setup.seq,
-        param_es: md.param_es,
+        param_es: params.es,
         amp: md.amp,
         training: true,
         dropout: m.family == crate::model::Family::Gpt2,
@@ -116,6 +116,7 @@ pub fn simulate_step(
         cast_cache: Default::default(),
         kv_cache: Vec::new(),
         use_cache: false,
+        params: params.info.clone(),
     };
     tape.phase(Phase::Embed);
     let (mut x, rope) = embed(&mut tape, &mut f, m, &params);
