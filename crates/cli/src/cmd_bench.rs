@@ -1,8 +1,225 @@
-//! `frugal bench`: not built yet; its issue replaces this module.
+//! `frugal bench train`: training throughput of the engine for a given shape, in tokens/s and
+//! achieved GFLOP/s, with where the time goes, and optionally PyTorch's throughput on the same
+//! model measured in the same run (`--baseline pytorch` runs dev/bench_pytorch.py), as a ratio.
+//!
+//! FLOPs per token follow the PaLM/nanoGPT convention: 6·N for the matmuls of forward and
+//! backward (N = parameters except the position table; a tied token embedding counts once, as the
+//! classifier), plus 12·L·(NH·HD)·T for attention scores and their weighted sum. Random token ids
+//! are used: throughput does not depend on the text.
+//!
+//! Example: `frugal bench train --model gpt2-124m --batch 4 --seq 256 --steps 5 --baseline pytorch`.
+
+use anyhow::{bail, Context};
+use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use plan::model::Family;
+use serde_json::json;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    pub what: What,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`frugal bench` is not built yet")
+#[derive(clap::Subcommand)]
+pub enum What {
+    /// Training throughput (tokens/s, GFLOP/s) for a model shape, optionally against PyTorch.
+    Train(TrainArgs),
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct TrainArgs {
+    /// A preset (gpt2-124m, gpt2-tiny, llama-tiny, ...) or an HF config.json.
+    #[arg(long, default_value = "gpt2-124m")]
+    pub model: String,
+    #[arg(long, default_value_t = 4)]
+    pub batch: u64,
+    #[arg(long, default_value_t = 256)]
+    pub seq: u64,
+    /// Timed steps (after one untimed warm-up step).
+    #[arg(long, default_value_t = 5)]
+    pub steps: u64,
+    /// Also run this baseline in the same run: pytorch (needs python3 with torch and transformers).
+    #[arg(long)]
+    pub baseline: Option<String>,
+    /// Threads PyTorch may use (the engine uses rayon's pool: RAYON_NUM_THREADS).
+    #[arg(long, default_value_t = 2)]
+    pub threads: u32,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.what {
+        What::Train(a) => train(a),
+    }
+}
+
+fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
+    if spec.ends_with(".json") {
+        let text = std::fs::read_to_string(spec).with_context(|| format!("--model {spec}"))?;
+        return Ok(ModelConfig::from_hf_json(&text, spec)?);
+    }
+    Ok(ModelConfig::from_shape(
+        plan::presets::by_name(spec).context("--model")?,
+    )?)
+}
+
+/// FLOPs of one training token (see the module comment).
+pub fn flops_per_token(model: &ModelConfig, seq: u64) -> f64 {
+    let s = &model.shape;
+    let units = plan::frugal::param_units(s, 1).expect("a buildable model");
+    let mut n: u64 = units.iter().map(|u| u.numel).sum();
+    if s.family == Family::Gpt2 {
+        n -= s.max_positions * s.d_model;
+    }
+    let attn = 12 * u64::from(s.n_layers) * u64::from(s.n_heads) * s.d_head * seq;
+    6.0 * n as f64 + attn as f64
+}
+
+fn train(a: TrainArgs) -> anyhow::Result<()> {
+    if a.steps == 0 || a.batch == 0 || a.seq == 0 {
+        bail!("--steps, --batch and --seq must be at least 1");
+    }
+    let model = model_config(&a.model)?;
+    let config = TrainConfig {
+        model: model.clone(),
+        batch: a.batch,
+        seq: a.seq,
+        grad_accum: 1,
+        optimizer: OptimizerKind::adamw_default(),
+        schedule: Schedule::constant(1e-4),
+        grad_clip: Some(1.0),
+        device_memory_bytes: None,
+    };
+    let mut trainer = Trainer::new(config)?;
+    trainer.init_weights(1);
+    let n = trainer.micro_tokens();
+    let mut rng = data::SplitMix64::new(7);
+    let vocab = model.shape.vocab.min(50257);
+    let x: Vec<u32> = (0..n).map(|_| rng.next_below(vocab) as u32).collect();
+    let y: Vec<u32> = (0..n).map(|_| rng.next_below(vocab) as u32).collect();
+    let mut feed = |i: &mut [u32], o: &mut [u32]| {
+        i.copy_from_slice(&x);
+        o.copy_from_slice(&y);
+    };
+    trainer.step(&mut feed)?;
+    trainer.timings = engine::Timings::default();
+    let started = Instant::now();
+    for _ in 0..a.steps {
+        trainer.step(&mut feed)?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let tokens_per_s = (n as u64 * a.steps) as f64 / seconds;
+    let gflops = tokens_per_s * flops_per_token(&model, a.seq) / 1e9;
+    let baseline = match a.baseline.as_deref() {
+        None => None,
+        Some("pytorch") => Some(pytorch(&model, &a)?),
+        Some(other) => bail!("--baseline {other}: the only baseline is pytorch"),
+    };
+    let t = trainer.timings;
+    let parts = [
+        ("embed", t.embed),
+        ("forward blocks", t.forward_blocks),
+        ("head (classifier fwd+bwd)", t.head),
+        ("backward blocks", t.backward_blocks),
+        ("embed backward", t.embed_backward),
+        ("optimizer", t.optimizer),
+    ];
+    if a.json {
+        let profile: serde_json::Map<_, _> = parts
+            .iter()
+            .map(|(k, d)| (k.to_string(), json!(d.as_secs_f64() / a.steps as f64)))
+            .collect();
+        let v = json!({
+            "model": model.shape.name, "batch": a.batch, "seq": a.seq, "steps": a.steps,
+            "tokens_per_s": tokens_per_s, "gflops": gflops,
+            "flops_per_token": flops_per_token(&model, a.seq),
+            "step_seconds": profile,
+            "pytorch_tokens_per_s": baseline,
+            "ratio": baseline.map(|b| tokens_per_s / b),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_human(&a, &model, tokens_per_s, gflops, &parts, baseline);
+    Ok(())
+}
+
+fn print_human(
+    a: &TrainArgs,
+    model: &ModelConfig,
+    tokens_per_s: f64,
+    gflops: f64,
+    parts: &[(&str, Duration)],
+    baseline: Option<f64>,
+) {
+    println!(
+        "frugal train step, {} at batch {} x seq {} ({} timed steps, fp32, AdamW)",
+        model.shape.name, a.batch, a.seq, a.steps
+    );
+    println!(
+        "  {tokens_per_s:.0} tokens/s, {gflops:.1} GFLOP/s achieved \
+         (FLOPs/token = 6N + 12·L·NH·HD·T = {:.3e})",
+        flops_per_token(model, a.seq)
+    );
+    let total: f64 = parts.iter().map(|(_, d)| d.as_secs_f64()).sum();
+    let mut table = crate::output::Table::new(&["where the time goes", "ms/step", "share"]);
+    for (name, d) in parts {
+        let s = d.as_secs_f64();
+        table.row(vec![
+            name.to_string(),
+            format!("{:.1}", 1e3 * s / a.steps as f64),
+            format!("{:.1}%", 100.0 * s / total),
+        ]);
+    }
+    print!("{}", table.render());
+    if let Some(b) = baseline {
+        println!(
+            "PyTorch ({} threads, fp32, same model and step): {b:.0} tokens/s; frugal / PyTorch = {:.2}x",
+            a.threads,
+            tokens_per_s / b
+        );
+    }
+}
+
+/// Runs dev/bench_pytorch.py on the same model and shape; returns its tokens/s.
+fn pytorch(model: &ModelConfig, a: &TrainArgs) -> anyhow::Result<f64> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dev/bench_pytorch.py");
+    if !script.exists() {
+        bail!(
+            "--baseline pytorch needs {} (run from a clone of the repository)",
+            script.display()
+        );
+    }
+    let config = std::env::temp_dir().join(format!("frugal-bench-{}.json", std::process::id()));
+    std::fs::write(&config, model.to_hf_json()).context("writing the model's config.json")?;
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--config", &config.display().to_string()])
+        .args(["--batch", &a.batch.to_string(), "--seq", &a.seq.to_string()])
+        .args([
+            "--steps",
+            &a.steps.to_string(),
+            "--threads",
+            &a.threads.to_string(),
+        ])
+        .output()
+        .context("running python3 (is it installed?)")?;
+    let _ = std::fs::remove_file(&config);
+    if !out.status.success() {
+        bail!(
+            "dev/bench_pytorch.py failed (does python3 have torch and transformers?):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
+        .context("dev/bench_pytorch.py printed no JSON")?;
+    v["tokens_per_s"]
+        .as_f64()
+        .context("dev/bench_pytorch.py's JSON has no tokens_per_s")
 }

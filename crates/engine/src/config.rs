@@ -50,7 +50,7 @@ impl ModelConfig {
             .as_object()
             .ok_or_else(|| fail("not a JSON object".into()))?;
         let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let config = match model_type {
+        let mut config = match model_type {
             "gpt2" => gpt2_from_hf(obj, source_name),
             "llama" | "mistral" => llama_from_hf(obj, source_name),
             other => Err(format!(
@@ -58,6 +58,8 @@ impl ModelConfig {
             )),
         }
         .map_err(fail)?;
+        // The planner's parser is the one source of the shape; ours only adds the numerics.
+        config.shape = plan::hf_config::parse(text, source_name)?;
         ModelConfig::from_shape(config.shape.clone())?;
         Ok(config)
     }

@@ -42,4 +42,4 @@ pub use config::ModelConfig;
 pub use error::EngineError;
 pub use eval::Sampling;
 pub use optim::{OptimizerKind, Schedule};
-pub use train::{StepStats, TrainConfig, Trainer};
+pub use train::{StepStats, Timings, TrainConfig, Trainer};

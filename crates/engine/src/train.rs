@@ -18,6 +18,20 @@ use crate::{backward, forward, init};
 use plan::buffer::{Device, MemoryPlan, Phase};
 use plan::frugal::ActShape;
 use plan::setup::{Attention, Offload, Precision, Recompute, TrainSetup, ZeroStage};
+use std::time::{Duration, Instant};
+
+/// Wall time spent in each part of the step, summed over the run: where the time goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    pub embed: Duration,
+    pub forward_blocks: Duration,
+    /// Final norm, classifier and loss, forward and backward.
+    pub head: Duration,
+    pub backward_blocks: Duration,
+    pub embed_backward: Duration,
+    /// Norm, clipping and the optimizer update.
+    pub optimizer: Duration,
+}
 
 /// Everything a training run is built from (validated by the CLI, checked again by the plan).
 #[derive(Clone, Debug)]
@@ -79,6 +93,7 @@ pub struct Trainer {
     opt_state: Vec<Vec<BufId>>,
     /// Optimizer steps taken.
     pub step: u64,
+    pub timings: Timings,
 }
 
 impl Trainer {
@@ -105,6 +120,7 @@ impl Trainer {
             model,
             opt_state,
             step: 0,
+            timings: Timings::default(),
         })
     }
 
@@ -157,26 +173,37 @@ impl Trainer {
         self.load_batch(inputs, targets)?;
         let (b, t) = (self.config.batch as usize, self.config.seq as usize);
         let n_layers = self.config.model.shape.n_layers;
-        let (model, arena) = (&self.model, &mut self.arena);
+        let (model, arena, times) = (&self.model, &mut self.arena, &mut self.timings);
+        let mut clock = Instant::now();
+        let mut lap = |slot: &mut Duration| {
+            let now = Instant::now();
+            *slot += now - clock;
+            clock = now;
+        };
         arena.enter(Phase::Embed);
         forward::embed(model, arena, b, t);
         arena.leave(Phase::Embed);
+        lap(&mut times.embed);
         for l in 0..n_layers {
             arena.enter(Phase::Forward(l));
             forward::block(model, arena, l as usize, b, t);
             arena.leave(Phase::Forward(l));
         }
+        lap(&mut times.forward_blocks);
         arena.enter(Phase::Head);
         let loss_sum = backward::head(model, arena, dloss);
         arena.leave(Phase::Head);
+        lap(&mut times.head);
         for l in (0..n_layers).rev() {
             arena.enter(Phase::Backward(l));
             backward::block(model, arena, l as usize);
             arena.leave(Phase::Backward(l));
         }
+        lap(&mut times.backward_blocks);
         arena.enter(Phase::EmbedBackward);
         backward::embed(model, arena);
         arena.leave(Phase::EmbedBackward);
+        lap(&mut times.embed_backward);
         Ok(loss_sum)
     }
 
@@ -225,6 +252,7 @@ impl Trainer {
 
     /// Clips and applies the optimizer to the accumulated gradients; returns the unclipped norm.
     pub fn apply_update(&mut self, lr: f32) -> f32 {
+        let started = Instant::now();
         self.arena.enter(Phase::Optimizer);
         let (model, arena) = (&self.model, &self.arena);
         let norm = optim::grad_norm(model, arena);
@@ -237,6 +265,7 @@ impl Trainer {
         let t = (self.step + 1) as u32;
         optim::update(model, arena, &self.opt_state, self.config.optimizer, lr, t);
         self.arena.leave(Phase::Optimizer);
+        self.timings.optimizer += started.elapsed();
         norm
     }
 

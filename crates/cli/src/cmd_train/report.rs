@@ -1,0 +1,170 @@
+//! What `frugal train` shows after a run: planned vs measured memory per category (they must be
+//! equal), the loss curve's ends, throughput, the sample; the `--json` object of DESIGN.md's CLI
+//! contract; and the `--plot` SVG of train and validation loss.
+//!
+//! Example: `report::json(&summary)` is `{"steps":300,"tokens":...,"ranks":[{"rank":0,...}]}`.
+
+use super::{Args, Curves};
+use crate::output::{human_bytes, Table};
+use anyhow::{bail, Context};
+use engine::Trainer;
+use plan::buffer::{Category, Device};
+use serde_json::{json, Map, Value};
+use std::path::Path;
+
+pub struct Summary<'a> {
+    pub trainer: &'a Trainer,
+    pub curves: &'a Curves,
+    pub tokens: u64,
+    pub seconds: f64,
+    pub sample: Option<&'a str>,
+}
+
+/// `(planned, measured)` per-device byte counts, in the JSON contract's fields.
+fn per_device(trainer: &Trainer) -> (Map<String, Value>, Map<String, Value>) {
+    let plan_peaks = trainer.plan.category_peaks(Device::Gpu);
+    let planned_peak = trainer.plan.peak_bytes(Device::Gpu);
+    let planned_reserved = plan::frugal::assign_offsets(&trainer.plan, Device::Gpu).slab_bytes;
+    let m = trainer.measured();
+    let fill = |peaks: [u64; 6], peak: u64, reserved: u64| {
+        let mut obj = Map::new();
+        for c in Category::ALL {
+            obj.insert(c.json_field().into(), json!(peaks[c as usize]));
+        }
+        obj.insert("peak_bytes".into(), json!(peak));
+        obj.insert("reserved_bytes".into(), json!(reserved));
+        obj.insert("context_bytes".into(), json!(0));
+        obj.insert("total_bytes".into(), json!(reserved));
+        obj
+    };
+    (
+        fill(plan_peaks, planned_peak, planned_reserved),
+        fill(m.category_peak_bytes, m.peak_bytes, m.reserved_bytes),
+    )
+}
+
+/// Fails the run if the arena's measured bytes differ from the plan's in any field.
+pub fn check_planned_equals_measured(trainer: &Trainer) -> anyhow::Result<()> {
+    let (planned, measured) = per_device(trainer);
+    for (field, p) in &planned {
+        if measured.get(field) != Some(p) {
+            bail!(
+                "internal error: measured {field} {} differs from the plan's {p}",
+                measured[field]
+            );
+        }
+    }
+    Ok(())
+}
+
+fn first_last(points: &[(u64, f32)]) -> (f32, f32) {
+    let first = points.first().map_or(f32::NAN, |p| p.1);
+    let last = points.last().map_or(f32::NAN, |p| p.1);
+    (first, last)
+}
+
+pub fn json(s: &Summary<'_>) -> String {
+    let (planned, measured) = per_device(s.trainer);
+    let (loss_first, loss_last) = first_last(&s.curves.train);
+    let val_loss = s.curves.val.last().map(|p| p.1);
+    let v = json!({
+        "model": s.trainer.config.model.shape.name,
+        "steps": s.curves.train.len(),
+        "tokens": s.tokens,
+        "loss_first": loss_first,
+        "loss_last": loss_last,
+        "val_loss": val_loss,
+        "val_curve": s.curves.val,
+        "seconds": s.seconds,
+        "tokens_per_s": s.tokens as f64 / s.seconds,
+        "ranks": [{"rank": 0, "planned": planned, "measured": measured}],
+        "sample": s.sample,
+    });
+    serde_json::to_string_pretty(&v).expect("a JSON value serialises")
+}
+
+pub fn human(s: &Summary<'_>, args: &Args) -> String {
+    let t = s.trainer;
+    let shape = &t.config.model.shape;
+    let (planned, measured) = per_device(t);
+    let mut table = Table::new(&["memory (rank 0)", "planned", "measured", "bytes"]);
+    let fields = Category::ALL
+        .iter()
+        .map(|c| c.json_field())
+        .chain(["peak_bytes", "reserved_bytes"]);
+    for field in fields {
+        let (p, m) = (
+            planned[field].as_u64().unwrap_or(0),
+            measured[field].as_u64().unwrap_or(0),
+        );
+        let name = field.trim_end_matches("_bytes").replace('_', " ");
+        table.row(vec![name, human_bytes(p), human_bytes(m), m.to_string()]);
+    }
+    let (first, last) = first_last(&s.curves.train);
+    let val = s.curves.val.last().map_or(f32::NAN, |p| p.1);
+    let mut out = format!(
+        "trained {} ({} layers, d_model {}, vocab {}) for {} steps of {} x {} tokens (x{} accumulation)\n",
+        shape.name,
+        shape.n_layers,
+        shape.d_model,
+        shape.vocab,
+        s.curves.train.len(),
+        args.batch,
+        args.seq,
+        args.grad_accum
+    );
+    out.push_str(&format!(
+        "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",
+        s.tokens as f64 / s.seconds,
+        s.seconds
+    ));
+    out.push_str("memory: planned vs measured, each category at its own peak (MiB = 2^20 bytes)\n");
+    out.push_str(&table.render());
+    if let Some(sample) = s.sample {
+        out.push_str(&format!("\nsample:\n{sample}\n"));
+    }
+    if let Some(dir) = &args.out {
+        out.push_str(&format!(
+            "\nsaved model.safetensors and config.json to {}\n",
+            dir.display()
+        ));
+    }
+    out
+}
+
+/// Train and validation loss against the step, as SVG.
+pub fn plot(path: &Path, curves: &Curves) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let all = curves.train.iter().chain(&curves.val).map(|p| p.1);
+    let (lo, hi) = all.fold((f32::MAX, f32::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)));
+    let steps = curves.train.last().map_or(1, |p| p.0).max(1);
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("frugal train: loss", ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0u64..steps, (lo * 0.95)..(hi * 1.05))?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss")
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new(curves.train.iter().copied(), &BLUE))?
+            .label("train")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        chart
+            .draw_series(LineSeries::new(curves.val.iter().copied(), &RED))?
+            .label("validation")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        chart.configure_series_labels().border_style(BLACK).draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("writing the plot {}", path.display()))
+}

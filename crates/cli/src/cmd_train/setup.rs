@@ -1,0 +1,176 @@
+//! From flags to a ready trainer: the model (preset, config.json or a saved folder), the data
+//! (shipped corpus or `--data`, tokenized once into a cache), the loaders and the plan-checked
+//! arena. Every bad input becomes an error that names the flag and the fix.
+//!
+//! Example: `setup::prepare(&args)?` then `run.trainer.step(...)`.
+
+use super::Args;
+use anyhow::{bail, Context};
+use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use plan::model::Family;
+use plan::ModelShape;
+use std::path::{Path, PathBuf};
+
+/// Everything the training loop needs.
+pub struct Prepared {
+    pub trainer: Trainer,
+    pub loader: data::Loader,
+    pub val: data::ValBatches,
+    pub tokenizer: data::Tokenizer,
+}
+
+/// The default training shape: GPT-2 blocks, 4 layers of width 128, the full GPT-2 vocabulary
+/// (the classifier dominates the step), 256 positions.
+pub fn gpt2_mini() -> ModelShape {
+    ModelShape {
+        name: "gpt2-mini".into(),
+        family: Family::Gpt2,
+        n_layers: 4,
+        d_model: 128,
+        n_heads: 4,
+        n_kv_heads: 4,
+        d_head: 32,
+        d_ff: 512,
+        vocab: 50257,
+        max_positions: 256,
+        tied_embeddings: true,
+        moe: None,
+        mla: None,
+    }
+}
+
+/// The model config and, for a saved folder, the weights file to start from.
+fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
+    let path = Path::new(spec);
+    if path.is_dir() {
+        let config = path.join("config.json");
+        let text = std::fs::read_to_string(&config)
+            .with_context(|| format!("--model {spec}: reading {}", config.display()))?;
+        let model = ModelConfig::from_hf_json(&text, &config.display().to_string())?;
+        let weights = path.join("model.safetensors");
+        return Ok((model, weights.exists().then_some(weights)));
+    }
+    if spec.ends_with(".json") || path.exists() {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("--model {spec}: reading it"))?;
+        return Ok((ModelConfig::from_hf_json(&text, spec)?, None));
+    }
+    let shape = if spec.eq_ignore_ascii_case("gpt2-mini") {
+        gpt2_mini()
+    } else {
+        plan::presets::by_name(spec).context("--model")?
+    };
+    Ok((ModelConfig::from_shape(shape)?, None))
+}
+
+fn optimizer(name: &str) -> anyhow::Result<OptimizerKind> {
+    Ok(match name {
+        "adamw" => OptimizerKind::adamw_default(),
+        "sgd" => OptimizerKind::Sgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
+        other => bail!("--optimizer {other}: choose adamw or sgd"),
+    })
+}
+
+fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
+    Ok(match path {
+        Some(p) => data::load_text_path(p).with_context(|| format!("--data {}", p.display()))?,
+        None => data::shakespeare(),
+    })
+}
+
+/// Builds the trainer and the data from `args`.
+pub fn prepare(args: &Args) -> anyhow::Result<Prepared> {
+    let (model, weights) = resolve_model(&args.model)?;
+    if args.lr <= 0.0 || !args.lr.is_finite() {
+        bail!("--lr {} must be a positive number", args.lr);
+    }
+    let tokenizer = data::Tokenizer::gpt2();
+    if u64::from(tokenizer.vocab_size()) > model.shape.vocab {
+        bail!(
+            "the model's vocabulary ({}) is smaller than the GPT-2 tokenizer's ({}): token ids \
+             would fall outside the embedding; use a model with vocab_size >= {}",
+            model.shape.vocab,
+            tokenizer.vocab_size(),
+            tokenizer.vocab_size()
+        );
+    }
+    if args.seq > model.shape.max_positions {
+        bail!(
+            "--seq {} is longer than the model's {} positions: use --seq {} or less",
+            args.seq,
+            model.shape.max_positions,
+            model.shape.max_positions
+        );
+    }
+    let device_memory_bytes = match &args.device_memory {
+        Some(text) => Some(plan::units::parse_bytes(text, "--device-memory")?),
+        None => None,
+    };
+    let config = TrainConfig {
+        model,
+        batch: args.batch,
+        seq: args.seq,
+        grad_accum: args.grad_accum,
+        optimizer: optimizer(&args.optimizer)?,
+        schedule: Schedule {
+            lr: args.lr,
+            warmup_steps: args.warmup.min(args.steps),
+            total_steps: args.steps,
+            min_lr_ratio: 0.1,
+        },
+        grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
+        device_memory_bytes,
+    };
+    let corpus = corpus(args.data.as_deref())?;
+    let cache_dir = std::env::temp_dir().join("frugal-token-cache");
+    let cached = data::load_or_tokenize(&corpus, &tokenizer, &cache_dir)?;
+    let dataset = data::Dataset::new(
+        cached.tokens,
+        tokenizer.vocab_size(),
+        data::DEFAULT_VAL_FRACTION,
+    )?;
+    let shape = data::BatchShape::single(args.batch as usize, args.seq as usize);
+    let loader = dataset
+        .train_loader(data::LoaderConfig::shuffled(shape, args.seed))
+        .context("the training split is too short for one batch: lower --batch or --seq")?;
+    let val = dataset
+        .val_batches(shape)
+        .context("the validation split is too short for one batch: lower --batch or --seq")?;
+    let mut trainer = Trainer::new(config)?;
+    trainer.init_weights(args.seed);
+    if let Some(path) = weights {
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        engine::io::load_safetensors(
+            &trainer.model,
+            &trainer.arena,
+            &bytes,
+            &path.display().to_string(),
+        )?;
+    }
+    Ok(Prepared {
+        trainer,
+        loader,
+        val,
+        tokenizer,
+    })
+}
+
+/// Mean validation loss over up to `max_batches` fixed batches.
+pub fn val_loss(
+    trainer: &mut Trainer,
+    val: &data::ValBatches,
+    max_batches: usize,
+) -> anyhow::Result<f32> {
+    let n = trainer.micro_tokens();
+    let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
+    let batches = val.n_batches().min(max_batches.max(1));
+    let mut sum = 0.0f64;
+    for i in 0..batches {
+        val.fill_batch(i, &mut x, &mut y);
+        sum += f64::from(trainer.eval_loss(&x, &y)?);
+    }
+    Ok((sum / batches as f64) as f32)
+}

@@ -1,0 +1,233 @@
+//! `frugal train` end to end on a tiny model: exit 0, the JSON contract, planned == measured,
+//! weights saved in HF layout, the plot; and every bad input ending with exit code 2 and a message
+//! that says what is wrong. Runs use a small slice of the shipped corpus written to a temp file,
+//! so no test pays for tokenizing the whole corpus.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .expect("run frugal")
+}
+
+/// A fresh folder for one test.
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("frugal-train-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// About 40 KB of Shakespeare: enough tokens for tiny batches and a validation split.
+fn small_text(dir: &std::path::Path) -> String {
+    let text: String = data::shakespeare_text().chars().take(40_000).collect();
+    let path = dir.join("small.txt");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// A 3-step run of gpt2-tiny on the small text; `extra` flags override the defaults here.
+fn tiny_run(dir: &std::path::Path, extra: &[&str]) -> Output {
+    let data = small_text(dir);
+    let base = [
+        ("--model", "gpt2-tiny"),
+        ("--steps", "3"),
+        ("--batch", "2"),
+        ("--seq", "32"),
+        ("--val-every", "2"),
+        ("--val-batches", "1"),
+        ("--sample-tokens", "4"),
+        ("--data", &data),
+    ];
+    let mut args = vec!["train"];
+    for (flag, value) in base {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    args.extend_from_slice(extra);
+    frugal(&args)
+}
+
+fn fails_with(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+#[test]
+fn tiny_run_prints_the_json_contract_with_planned_equal_to_measured() {
+    let dir = temp_dir("json");
+    let (out_dir, plot) = (dir.join("model"), dir.join("loss.svg"));
+    let out = tiny_run(
+        &dir,
+        &[
+            "--json",
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--plot",
+            plot.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["steps"], 3);
+    assert_eq!(v["tokens"], 3 * 2 * 32);
+    for key in ["loss_first", "loss_last", "val_loss", "tokens_per_s"] {
+        assert!(
+            v[key].as_f64().is_some_and(f64::is_finite),
+            "{key}: {}",
+            v[key]
+        );
+    }
+    let rank = &v["ranks"][0];
+    assert_eq!(rank["rank"], 0);
+    let fields = [
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "kv_cache_bytes",
+        "other_bytes",
+        "peak_bytes",
+        "reserved_bytes",
+        "context_bytes",
+        "total_bytes",
+    ];
+    for field in fields {
+        let planned = rank["planned"][field].as_u64().expect(field);
+        assert_eq!(rank["measured"][field].as_u64(), Some(planned), "{field}");
+    }
+    assert!(rank["planned"]["params_bytes"].as_u64().unwrap() > 0);
+    assert!(out_dir.join("model.safetensors").exists() && out_dir.join("config.json").exists());
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") || svg.contains("<svg"),
+        "the plot is SVG"
+    );
+    // The saved folder is a model: training continues from its weights.
+    let again = tiny_run(&dir, &["--json", "--model", out_dir.to_str().unwrap()]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}
+
+#[test]
+fn human_output_has_the_memory_table_and_a_sample() {
+    let dir = temp_dir("human");
+    let out = tiny_run(&dir, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "planned",
+        "measured",
+        "activations",
+        "reserved",
+        "sample:",
+        "ROMEO:",
+    ] {
+        assert!(text.contains(needle), "output lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn a_sequence_longer_than_the_positions_is_refused() {
+    let dir = temp_dir("seq");
+    fails_with(
+        &tiny_run(&dir, &["--seq", "4096"]),
+        "longer than the model's 256 positions",
+    );
+}
+
+#[test]
+fn too_little_memory_is_refused_before_step_one_with_the_breakdown() {
+    let dir = temp_dir("mem");
+    let out = tiny_run(&dir, &["--device-memory", "1MiB"]);
+    fails_with(&out, "the device holds 1048576");
+    fails_with(&out, "activations");
+}
+
+#[test]
+fn an_empty_or_too_short_data_set_is_refused() {
+    let dir = temp_dir("short");
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let out = frugal(&[
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--data",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let short = dir.join("short.txt");
+    std::fs::write(&short, "To be, or not to be.").unwrap();
+    let args = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--seq",
+        "64",
+        "--data",
+        short.to_str().unwrap(),
+    ];
+    fails_with(&frugal(&args), "too short");
+}
+
+#[test]
+fn a_config_the_engine_cannot_build_is_refused() {
+    let dir = temp_dir("config");
+    let bert = dir.join("config.json");
+    std::fs::write(&bert, r#"{"model_type": "bert", "hidden_size": 64}"#).unwrap();
+    let out = frugal(&["train", "--model", bert.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let small_vocab = dir.join("small_vocab.json");
+    let gpt2 = r#"{"model_type": "gpt2", "vocab_size": 100, "n_positions": 64, "n_embd": 32,
+                  "n_layer": 1, "n_head": 2}"#;
+    std::fs::write(&small_vocab, gpt2).unwrap();
+    fails_with(
+        &frugal(&["train", "--model", small_vocab.to_str().unwrap()]),
+        "vocabulary (100)",
+    );
+}
+
+#[test]
+fn a_diverging_run_stops_with_the_step_and_a_lower_lr() {
+    let dir = temp_dir("nan");
+    let out = tiny_run(&dir, &["--lr", "1e30", "--grad-clip", "0", "--warmup", "0"]);
+    fails_with(&out, "training stopped");
+    fails_with(&out, "lower learning rate");
+}
+
+#[test]
+fn options_of_later_issues_are_refused_not_ignored() {
+    let dir = temp_dir("later");
+    fails_with(
+        &tiny_run(&dir, &["--zero", "2"]),
+        "--zero 2 is not supported",
+    );
+    fails_with(
+        &tiny_run(&dir, &["--precision", "bf16"]),
+        "--precision bf16",
+    );
+    fails_with(&tiny_run(&dir, &["--ranks", "4"]), "--ranks 4");
+}
