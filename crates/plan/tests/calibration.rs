@@ -241,13 +241,14 @@ fn setups_plain_pytorch_does_not_run_are_typed_errors() {
     let d = training_detail(&shape, &setup, imp).unwrap();
     assert!(d.estimate.peak_bytes > 16 * 6_738_415_616);
     assert!(d.estimate.peak_bytes < 17 * 6_738_415_616);
-    setup.dp = 8;
+    setup.tp = 2;
     let err = training_detail(&shape, &setup, imp).unwrap_err();
     assert!(err.to_string().contains("parallelism"), "{err}");
-    setup.dp = 1;
-    setup.precision = Precision::Bf16;
+    setup.tp = 1;
+    setup.recompute = Recompute::Selective;
     let err = training_detail(&shape, &setup, imp).unwrap_err();
-    assert!(err.to_string().contains("master weights"), "{err}");
+    assert!(err.to_string().contains("selective"), "{err}");
+    setup.recompute = Recompute::Full;
     let moe = by_name("mixtral-8x7b").unwrap();
     setup.precision = Precision::AmpBf16;
     setup.lora = Some(plan::setup::Lora {

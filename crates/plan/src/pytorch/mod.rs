@@ -20,6 +20,7 @@ pub mod moe;
 pub mod peft;
 pub mod tape;
 pub mod train;
+pub mod zero;
 
 use crate::buffer::{Buffer, Lifetime};
 use crate::{
@@ -92,7 +93,7 @@ pub fn training_detail(
             peak_bytes: sim.tape.peak_bytes + workspace_bytes,
             reserved_bytes: reserved,
             context_bytes: context_bytes(),
-            host_peak_bytes: 0,
+            host_peak_bytes: sim.host_bytes,
         },
         steady_bytes: sim.param_bytes + sim.optimizer_bytes,
         after_forward_bytes: sim.after_forward_bytes + workspace_bytes,

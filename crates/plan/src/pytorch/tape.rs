@@ -91,14 +91,39 @@ impl Tape {
             grad: None,
             frozen: false,
         });
-        self.live_bytes += self.tensors[id].bytes;
-        self.live_by_category[category as usize] += self.tensors[id].bytes;
+        self.count_alloc(id);
+        id
+    }
+
+    fn count_alloc(&mut self, id: T) {
+        let (bytes, category) = (self.tensors[id].bytes, self.tensors[id].category);
+        self.live_bytes += bytes;
+        self.live_by_category[category as usize] += bytes;
         if self.live_bytes > self.peak_bytes {
             self.peak_bytes = self.live_bytes;
             self.peak_by_category = self.live_by_category;
         }
         self.events.push(Event::Alloc(id));
-        id
+    }
+
+    /// Frees the storage of `t` while references to it remain (a ZeRO-3 parameter partitioned
+    /// away after use: the Python object stays, its data is released).
+    pub fn release(&mut self, t: T) {
+        let x = &mut self.tensors[t];
+        if x.live {
+            x.live = false;
+            self.live_bytes -= x.bytes;
+            self.live_by_category[x.category as usize] -= x.bytes;
+            self.events.push(Event::Free(t));
+        }
+    }
+
+    /// Gives a released `t` its storage back (a ZeRO-3 all-gather).
+    pub fn restore(&mut self, t: T) {
+        if !self.tensors[t].live {
+            self.tensors[t].live = true;
+            self.count_alloc(t);
+        }
     }
 
     /// Marks parameter `t` as `requires_grad=False`: backward computes no gradient for it.

@@ -1,13 +1,20 @@
-//! One PyTorch training step replayed on the tape: forward with the HF loss, backward (with HF's
-//! non-reentrant gradient checkpointing), the optimizer step and `zero_grad(set_to_none=True)`.
+//! One PyTorch training step replayed on the tape: forward with the HF loss, backward (with
+//! non-reentrant checkpointing of segments of blocks), the optimizer step and
+//! `zero_grad(set_to_none=True)`, on one rank of a DDP or DeepSpeed ZeRO 0-3 group ([`zero`]).
 //!
 //! The step is the steady one (optimizer state already exists), as measured in
-//! `shared/calibration`. Holds no op details (`blocks.rs`, `layers.rs`). Example:
-//! `simulate_step(&shape, &setup)?.peak_bytes`.
+//! `shared/calibration`. Recompute: `full` is HF's `gradient_checkpointing_enable` (every block);
+//! `every:K` and `sqrt` checkpoint K consecutive blocks as one `torch.utils.checkpoint` segment
+//! (only the segment's input is kept; backward recomputes all K blocks, then runs their
+//! backward). Holds no op details (`blocks.rs`, `layers.rs`). Example:
+//! `simulate_step(&shape, &setup, OptimizerImpl::Fused)?.tape.peak_bytes`.
+//!
+//! [`zero`]: super::zero
 
 use super::blocks::{clear_cast_cache, Fwd, V};
 use super::model::{block, embed, head, loss, Params, Storage};
 use super::tape::{Tape, T};
+use super::zero::Sharding;
 use super::{unsupported, OptimizerImpl};
 use crate::setup::{Optimizer, Precision, Recompute};
 use crate::{Category, ModelShape, Phase, PlanError, TrainSetup};
@@ -17,6 +24,8 @@ pub struct StepSim {
     pub tape: Tape,
     pub param_bytes: u64,
     pub optimizer_bytes: u64,
+    /// Optimizer state (and fp32 gradient partition) offloaded to host memory.
+    pub host_bytes: u64,
     /// Live bytes after the forward (loss computed), as `torch.cuda.memory_allocated` shows.
     pub after_forward_bytes: u64,
     pub forward_peak_bytes: u64,
@@ -32,20 +41,12 @@ fn mode(setup: &TrainSetup) -> Result<Mode, PlanError> {
     let (param_es, amp) = match setup.precision {
         Precision::Fp32 => (4, false),
         Precision::AmpBf16 | Precision::AmpFp16 => (4, true),
-        Precision::PureBf16 => (2, false),
-        Precision::Bf16 | Precision::Fp16 => {
-            return Err(unsupported(
-                "bf16/fp16 weights with fp32 master weights (a DeepSpeed/Megatron policy, not \
-                 plain PyTorch); use amp-bf16, amp-fp16, pure-bf16 or fp32",
-            ))
-        }
+        // DeepSpeed's bf16/fp16: the module runs in 16 bits (no autocast); masters in `zero.rs`.
+        Precision::PureBf16 | Precision::Bf16 | Precision::Fp16 => (2, false),
     };
     let states = match setup.optimizer {
-        Optimizer::AdamW => 2,
+        Optimizer::AdamW | Optimizer::AdamW8bit => 2,
         Optimizer::Sgd => 1,
-        Optimizer::AdamW8bit => {
-            return Err(unsupported("8-bit AdamW (bitsandbytes); use adamw or sgd"));
-        }
     };
     Ok(Mode {
         param_es,
@@ -55,23 +56,95 @@ fn mode(setup: &TrainSetup) -> Result<Mode, PlanError> {
 }
 
 fn check(setup: &TrainSetup) -> Result<(), PlanError> {
-    if setup.dp > 1 || setup.tp > 1 || setup.pp > 1 {
+    if setup.tp > 1 || setup.pp > 1 {
         return Err(unsupported(
-            "data/tensor/pipeline parallelism (ZeRO, FSDP, Megatron); plan one GPU (--gpus 1) or \
-             use --runtime frugal",
+            "tensor/pipeline parallelism in training (Megatron, not HF + DeepSpeed); use --tp 1 \
+             --pp 1 or --runtime frugal",
         ));
     }
-    if setup.offload != crate::setup::Offload::None {
+    if setup.offload == crate::setup::Offload::Params {
         return Err(unsupported(
-            "offload (not plain PyTorch); use --offload none",
+            "parameter offload (ZeRO-Infinity NVMe/CPU parameter swapping); use --offload \
+             optimizer",
         ));
     }
+    if setup.lora.is_some() && matches!(setup.precision, Precision::Bf16 | Precision::Fp16) {
+        return Err(unsupported(
+            "LoRA with DeepSpeed master weights (PEFT keeps fp32 adapters); use amp-bf16",
+        ));
+    }
+    if setup.recompute == Recompute::Selective {
+        return Err(unsupported(
+            "selective recompute (a Megatron policy; HF checkpoints whole blocks, and SDPA \
+             already keeps no attention scores); use full, every:K or sqrt",
+        ));
+    }
+    Ok(())
+}
+
+/// Blocks per checkpointed segment (`None`: no recompute).
+fn segment_len(setup: &TrainSetup, n_layers: u32) -> Option<usize> {
     match setup.recompute {
-        Recompute::None | Recompute::Full => Ok(()),
-        _ => Err(unsupported(
-            "recompute policies other than none/full (HF's gradient_checkpointing_enable \
-             checkpoints every block)",
-        )),
+        Recompute::None | Recompute::Selective => None,
+        Recompute::Full => Some(1),
+        Recompute::Every(k) => Some(k.max(1) as usize),
+        Recompute::Sqrt => Some(((n_layers as f64).sqrt().round() as usize).max(1)),
+    }
+}
+
+/// ZeRO-3's partitioned parameters: each block's (and the embedding's and head's) are released
+/// after build and gathered around their use. Small ones stay resident (DeepSpeed's
+/// `stage3_param_persistence_threshold`, 10^5 elements).
+struct Gather {
+    blocks: Vec<Vec<T>>,
+    outer: Vec<T>,
+}
+
+impl Gather {
+    fn new(tape: &mut Tape, p: &Params, on: bool) -> Option<Gather> {
+        if !on {
+            return None;
+        }
+        let big = |ts: &mut dyn Iterator<Item = T>, tape: &Tape| -> Vec<T> {
+            ts.filter(|&t| tape.tensors[t].bytes > 2 * 100_000)
+                .collect()
+        };
+        let blocks: Vec<Vec<T>> = p
+            .layers
+            .iter()
+            .map(|l| big(&mut l.t.iter().copied(), tape))
+            .collect();
+        let outer = big(&mut [p.embed, p.head].into_iter(), tape);
+        for &t in blocks.iter().flatten().chain(&outer) {
+            tape.release(t);
+        }
+        Some(Gather { blocks, outer })
+    }
+
+    /// All-gathers block `l` and prefetches `next`; the previous holder releases.
+    fn block(&self, tape: &mut Tape, l: usize, next: Option<usize>) {
+        for &t in self.blocks[l]
+            .iter()
+            .chain(next.map_or(&[][..], |n| &self.blocks[n]))
+        {
+            tape.restore(t);
+        }
+    }
+
+    fn release_block(&self, tape: &mut Tape, l: usize) {
+        for &t in &self.blocks[l] {
+            tape.release(t);
+        }
+    }
+
+    fn outer(&self, tape: &mut Tape, on: bool) {
+        for &t in &self.outer {
+            if on {
+                tape.restore(t);
+            } else {
+                tape.release(t);
+            }
+        }
     }
 }
 
@@ -91,19 +164,24 @@ pub fn simulate_step(
         quant: None,
     };
     let params = Params::build(&mut tape, m, &storage)?;
-    let param_bytes = params.bytes(&tape);
-    let mut optimizer_bytes = 0;
-    for &p in &params.all {
-        // torch optimizers keep state in each parameter's dtype (fp32 LoRA adapters).
-        let info = params.info[p];
-        for _ in 0..md.states {
-            let state = tape.alloc(info.numel * info.es, Category::Optimizer);
-            optimizer_bytes += tape.tensors[state].bytes;
-        }
+    let trainable: Vec<(T, u64, u64)> = params
+        .all
+        .iter()
+        .map(|&p| (p, params.info[p].numel, params.info[p].es))
+        .collect();
+    let total: u64 = trainable.iter().map(|x| x.1).sum();
+    let sh = Sharding::of(setup, total);
+    let gather = Gather::new(&mut tape, &params, sh.stage >= 3);
+    let mut param_bytes = params.bytes(&tape);
+    if gather.is_some() {
+        let resident = tape.live_bytes; // only parameters exist so far
+        let shard = tape.alloc(total.div_ceil(sh.ranks) * md.param_es, Category::Params);
+        param_bytes = resident + tape.tensors[shard].bytes;
     }
-    let n = setup.micro_batch * setup.seq;
-    let ids = tape.alloc(n * 8, Category::Other);
-    let ckpt = setup.recompute == Recompute::Full;
+    let (optimizer_bytes, host_bytes) =
+        sh.alloc_states(&mut tape, &trainable, setup.optimizer, md.states);
+    sh.alloc_grad_buffers(&mut tape, md.param_es);
+    let ids = tape.alloc(setup.micro_batch * setup.seq * 8, Category::Other);
     let mut f = Fwd {
         batch: setup.micro_batch,
         q_len: setup.seq,
@@ -118,98 +196,199 @@ pub fn simulate_step(
         use_cache: false,
         params: params.info.clone(),
     };
-    tape.phase(Phase::Embed);
-    let (mut x, rope) = embed(&mut tape, &mut f, m, &params);
-    let embed_ops = tape.ops.len();
-    // Per layer: input kept for recompute, output, and the op range recorded.
-    let mut layers: Vec<(V, V, usize, usize)> = Vec::new();
-    for l in 0..m.n_layers as usize {
-        tape.phase(Phase::Forward(l as u32));
-        let start = tape.ops.len();
-        tape.no_record = ckpt;
-        let y = block(&mut tape, &mut f, m, &params, l, x, rope);
-        tape.no_record = false;
-        if ckpt {
-            tape.hold(x.t); // the checkpoint frame keeps the block's input
-        }
-        tape.drop(x.t);
-        layers.push((x, y, start, tape.ops.len()));
-        x = y;
-    }
-    tape.phase(Phase::Head);
-    let head_start = tape.ops.len();
-    let (normed, logits) = head(&mut tape, &mut f, m, &params, x, None);
-    tape.drop(x.t);
-    let loss_v = loss(&mut tape, &f, logits);
-    let forward_peak_bytes = tape.peak_bytes;
-    // The forward returns: the model output (logits, last hidden state) is dropped once `.loss`
-    // is taken, and leaving `torch.autocast` clears its weight-cast cache.
-    tape.drop(logits.t);
-    tape.drop(normed.t);
-    clear_cast_cache(&mut tape, &mut f);
-    if let Some((cos, sin)) = rope {
-        tape.drop(cos.t);
-        tape.drop(sin.t);
-    }
-    let after_forward_bytes = tape.live_bytes;
-    tape.seed_grad(loss_v.t);
-    let ops_end = tape.ops.len();
-    tape.backward(head_start, ops_end);
-    for (l, &(input, output, start, end)) in layers.iter().enumerate().rev() {
-        tape.phase(Phase::Backward(l as u32));
-        if ckpt {
-            recompute_backward(&mut tape, &mut f, m, &params, l, input, output, rope)?;
-        } else {
-            tape.backward(start, end);
-        }
-    }
-    tape.phase(Phase::EmbedBackward);
-    tape.backward(0, embed_ops);
-    tape.drop_pending_grads();
-    tape.drop(loss_v.t);
+    let seg = segment_len(setup, m.n_layers);
+    let run = Run {
+        m,
+        p: &params,
+        gather: gather.as_ref(),
+        seg,
+        reduce_blocks: sh.stage >= 2,
+    };
+    let fwd = run.forward(&mut tape, &mut f);
+    run.backward(&mut tape, &mut f, &fwd);
     tape.phase(Phase::Optimizer);
-    optimizer_step(&mut tape, &params.all, setup.optimizer, opt);
+    sh.step_temps(&mut tape);
+    optimizer_step(&mut tape, &params.all, setup.optimizer, opt, sh.deepspeed);
     tape.zero_grad(&params.all);
     tape.drop(ids);
     Ok(StepSim {
         tape,
         param_bytes,
         optimizer_bytes,
-        after_forward_bytes,
-        forward_peak_bytes,
+        host_bytes,
+        after_forward_bytes: fwd.after_forward_bytes,
+        forward_peak_bytes: fwd.forward_peak_bytes,
     })
 }
 
-/// Non-reentrant checkpointing: the block's forward runs again (under the saved autocast state)
-/// when backward first needs one of its tensors, then its backward runs.
-#[allow(clippy::too_many_arguments)]
-fn recompute_backward(
-    tape: &mut Tape,
-    f: &mut Fwd,
-    m: &ModelShape,
-    p: &Params,
-    l: usize,
-    input: V,
-    output: V,
-    rope: Option<(V, V)>,
-) -> Result<(), PlanError> {
-    let start = tape.ops.len();
-    tape.hold(input.t);
-    let y = block(tape, f, m, p, l, input, rope);
-    clear_cast_cache(tape, f);
-    let end = tape.ops.len();
-    tape.move_grad(output.t, y.t);
-    tape.drop(y.t);
-    tape.drop(input.t);
-    tape.backward(start, end);
-    tape.drop(input.t);
-    Ok(())
+struct Run<'a> {
+    m: &'a ModelShape,
+    p: &'a Params,
+    gather: Option<&'a Gather>,
+    seg: Option<usize>,
+    /// ZeRO 2/3: a block's gradients leave for the reduce bucket once its backward is done.
+    reduce_blocks: bool,
 }
 
-/// The optimizer step's own allocations: foreach AdamW's `_foreach_sqrt(exp_avg_sqs)` list is a
-/// full copy of the second moments; fused AdamW and SGD update in place.
-fn optimizer_step(tape: &mut Tape, params: &[T], o: Optimizer, imp: OptimizerImpl) {
-    if o == Optimizer::AdamW && imp == OptimizerImpl::Foreach {
+struct Forward {
+    /// Per segment: its input, its output, first and end layer.
+    segments: Vec<(V, V, usize, usize)>,
+    /// Per layer without recompute: the recorded op range.
+    layer_ops: Vec<(usize, usize)>,
+    embed_ops: usize,
+    head_start: usize,
+    loss: V,
+    rope: Option<(V, V)>,
+    after_forward_bytes: u64,
+    forward_peak_bytes: u64,
+}
+
+impl Run<'_> {
+    fn forward(&self, tape: &mut Tape, f: &mut Fwd) -> Forward {
+        let (m, p) = (self.m, self.p);
+        let n = m.n_layers as usize;
+        tape.phase(Phase::Embed);
+        if let Some(g) = self.gather {
+            g.outer(tape, true);
+        }
+        let (mut x, rope) = embed(tape, f, m, p);
+        let embed_ops = tape.ops.len();
+        if let Some(g) = self.gather {
+            g.outer(tape, false);
+        }
+        let seg = self.seg.unwrap_or(1);
+        let mut segments = Vec::new();
+        let mut layer_ops = Vec::new();
+        for first in (0..n).step_by(seg) {
+            let end = (first + seg).min(n);
+            let input = x;
+            if self.seg.is_some() {
+                tape.hold(input.t); // the checkpoint frame keeps the segment's input
+            }
+            for l in first..end {
+                tape.phase(Phase::Forward(l as u32));
+                if let Some(g) = self.gather {
+                    g.block(tape, l, (l + 1 < n).then_some(l + 1));
+                }
+                let start = tape.ops.len();
+                tape.no_record = self.seg.is_some();
+                let y = block(tape, f, m, p, l, x, rope);
+                tape.no_record = false;
+                tape.drop(x.t);
+                layer_ops.push((start, tape.ops.len()));
+                if let Some(g) = self.gather {
+                    g.release_block(tape, l);
+                }
+                x = y;
+            }
+            segments.push((input, x, first, end));
+        }
+        tape.phase(Phase::Head);
+        if let Some(g) = self.gather {
+            g.outer(tape, true);
+        }
+        let head_start = tape.ops.len();
+        let (normed, logits) = head(tape, f, m, p, x, None);
+        tape.drop(x.t);
+        let loss_v = loss(tape, f, logits);
+        let forward_peak_bytes = tape.peak_bytes;
+        // The model output (logits, last hidden state) is dropped once `.loss` is taken, and
+        // leaving `torch.autocast` clears its weight-cast cache.
+        tape.drop(logits.t);
+        tape.drop(normed.t);
+        clear_cast_cache(tape, f);
+        if let Some((cos, sin)) = rope {
+            tape.drop(cos.t);
+            tape.drop(sin.t);
+        }
+        Forward {
+            segments,
+            layer_ops,
+            embed_ops,
+            head_start,
+            loss: loss_v,
+            rope,
+            after_forward_bytes: tape.live_bytes,
+            forward_peak_bytes,
+        }
+    }
+
+    fn backward(&self, tape: &mut Tape, f: &mut Fwd, fw: &Forward) {
+        tape.seed_grad(fw.loss.t);
+        let ops_end = tape.ops.len();
+        tape.backward(fw.head_start, ops_end);
+        if let Some(g) = self.gather {
+            g.outer(tape, false);
+        }
+        for &(input, output, first, end) in fw.segments.iter().rev() {
+            tape.phase(Phase::Backward(end as u32 - 1));
+            if let Some(g) = self.gather {
+                for l in first..end {
+                    g.block(tape, l, first.checked_sub(1));
+                }
+            }
+            if self.seg.is_some() {
+                self.recompute_segment(tape, f, fw, input, output, first, end);
+            } else {
+                let (start, stop) = fw.layer_ops[first];
+                tape.backward(start, stop);
+            }
+            for l in (first..end).rev() {
+                if let Some(g) = self.gather {
+                    g.release_block(tape, l);
+                }
+                if self.reduce_blocks {
+                    tape.zero_grad(&self.p.layers[l].t);
+                }
+            }
+        }
+        tape.phase(Phase::EmbedBackward);
+        if let Some(g) = self.gather {
+            g.outer(tape, true);
+        }
+        tape.backward(0, fw.embed_ops);
+        if let Some(g) = self.gather {
+            g.outer(tape, false);
+        }
+        tape.drop_pending_grads();
+        tape.drop(fw.loss.t);
+    }
+
+    /// Non-reentrant checkpointing: the segment's blocks run again (under the saved autocast
+    /// state) when backward first needs one of their tensors, then their backward runs.
+    #[allow(clippy::too_many_arguments)]
+    fn recompute_segment(
+        &self,
+        tape: &mut Tape,
+        f: &mut Fwd,
+        fw: &Forward,
+        input: V,
+        output: V,
+        first: usize,
+        end: usize,
+    ) {
+        let start = tape.ops.len();
+        let mut x = input;
+        tape.hold(x.t);
+        for l in first..end {
+            let y = block(tape, f, self.m, self.p, l, x, fw.rope);
+            tape.drop(x.t);
+            x = y;
+        }
+        clear_cast_cache(tape, f);
+        let stop = tape.ops.len();
+        tape.move_grad(output.t, x.t);
+        tape.drop(x.t);
+        tape.backward(start, stop);
+        tape.drop(input.t);
+    }
+}
+
+/// The optimizer step's own allocations: torch's foreach AdamW `_foreach_sqrt(exp_avg_sqs)`
+/// list is a full copy of the second moments; fused AdamW, SGD, bitsandbytes' 8-bit AdamW and
+/// DeepSpeed's fused Adam update in place.
+fn optimizer_step(tape: &mut Tape, params: &[T], o: Optimizer, imp: OptimizerImpl, ds: bool) {
+    if o == Optimizer::AdamW && imp == OptimizerImpl::Foreach && !ds {
         let temps: Vec<T> = params
             .iter()
             .map(|&p| tape.alloc(tape.tensors[p].bytes, Category::Optimizer))
