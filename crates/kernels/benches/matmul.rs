@@ -8,6 +8,8 @@
 //! A second table times the bf16-input GEMM (`gemm_bf16`, f32 accumulate) on its AVX-512 BF16
 //! path (when the CPU has one) and its portable path, against faer's f32 GEMM on the same shape.
 //!
+//! `cargo bench -p kernels --bench matmul -- bf16` runs the second table only.
+//!
 //! The reference loop runs on the first 32 rows only (its rate does not depend on the row count
 //! and the full classifier would take minutes); faer runs on all rows.
 
@@ -51,6 +53,9 @@ const SHAPES: [(&str, usize, usize); 5] = [
 ];
 
 fn main() {
+    if std::env::args().any(|a| a == "bf16") {
+        return bench_bf16();
+    }
     let peak: f64 = std::env::var("PEAK_GFLOPS")
         .ok()
         .and_then(|s| s.parse().ok())
