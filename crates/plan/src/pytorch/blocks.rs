@@ -43,6 +43,8 @@ pub struct Fwd {
     /// Keys and values of the KV cache per layer (inference).
     pub kv_cache: Vec<(V, V)>,
     pub use_cache: bool,
+    /// Paged KV cache: block size in tokens and the context the pool is sized for.
+    pub kv_block: Option<(u64, u64)>,
     /// Per parameter tensor (indexed by its tape id): dtype, trainability, storage, adapter.
     pub params: Vec<ParamInfo>,
 }

@@ -1,9 +1,12 @@
 //! HF `generate`-style inference replayed on the tape: one prefill forward over `batch x seq`
 //! tokens that fills a `DynamicCache`, then one decode step, both under `torch.no_grad()` with the
-//! model in its own dtype (no autocast). Example: `simulate(&shape, &setup, Some(1))`.
+//! model in its own dtype (no autocast). Quantized weights are stored as bitsandbytes (int8, nf4)
+//! or GPTQ/AWQ (int4) store them; a TP rank holds its share of heads; a paged cache is a pool
+//! of whole blocks. Example: `simulate(&shape, &setup, Some(1))`.
 
 use super::blocks::Fwd;
 use super::model::{block, embed, head, Params, Storage};
+use super::peft::Quant;
 use super::tape::Tape;
 use super::unsupported;
 use crate::setup::Dtype;
@@ -22,36 +25,79 @@ fn dtype_es(d: Dtype) -> Result<u64, PlanError> {
         Dtype::F32 => Ok(4),
         Dtype::Bf16 | Dtype::F16 => Ok(2),
         other => Err(unsupported(&format!(
-            "{other:?} weights or KV cache in plain HF transformers (needs a quantization \
-             library); use f32, bf16 or f16"
+            "a {other:?} KV cache in HF transformers (its QuantizedCache keeps int2/int4 through              quanto/HQQ with a 16-bit residual window; fp8 KV is a vLLM/TensorRT feature): use              bf16 or fp16, or --runtime frugal"
         ))),
     }
 }
 
+/// The weights' storage: dense, or block linears quantized as bitsandbytes (int8, nf4) or
+/// GPTQ/AWQ (int4, fp16 scales and zeros per group, 128 by default) store them, with the rest
+/// of the model in 16 bits.
+fn weight_storage(setup: &InferSetup) -> Result<(u64, Option<Quant>), PlanError> {
+    match setup.weights {
+        Dtype::Int8 => Ok((2, Some(Quant::Int8))),
+        Dtype::Nf4 => Ok((2, Some(Quant::Nf4))),
+        Dtype::Int4 => Ok((
+            2,
+            Some(Quant::Int4 {
+                group: setup.weight_group.unwrap_or(128),
+            }),
+        )),
+        Dtype::Fp8 => Err(unsupported(
+            "fp8 weights in HF transformers (FP8 checkpoints run through vLLM/TensorRT kernels);              use bf16, int8, int4 or nf4",
+        )),
+        d => Ok((dtype_es(d)?, None)),
+    }
+}
+
+/// One tensor-parallel rank's share of the model (Megatron/vLLM sharding): attention heads,
+/// key/value heads, MLP and expert widths and the vocabulary divided by `tp`; MLA's latent
+/// projections stay replicated.
+fn tp_rank_shape(m: &ModelShape, tp: u32) -> ModelShape {
+    let mut r = m.clone();
+    if tp == 1 {
+        return r;
+    }
+    let t = tp as u64;
+    r.n_heads = m.n_heads / tp;
+    r.n_kv_heads = if m.mla.is_some() {
+        r.n_heads
+    } else {
+        (m.n_kv_heads / tp).max(1)
+    };
+    r.d_ff = m.d_ff.div_ceil(t);
+    r.vocab = m.vocab.div_ceil(t);
+    if let Some(moe) = r.moe.as_mut() {
+        moe.d_ff_expert = moe.d_ff_expert.div_ceil(t);
+    }
+    r
+}
+
 /// Prefill over `setup.seq` tokens, then one decode token; `keep` is HF's `logits_to_keep`
-/// (`Some(1)` as `generate` does, `None` for logits at every position).
+/// (`Some(1)` as `generate` does, `None` for logits at every position). With `tp > 1` this is
+/// one rank, whose row-parallel outputs are all-reduced out of place (one hidden-state buffer
+/// per call); with `kv_block` the cache is a paged pool of whole blocks written in place
+/// (vLLM's layout) instead of `DynamicCache`'s concatenation.
 pub fn simulate(
     m: &ModelShape,
     setup: &InferSetup,
     keep: Option<u64>,
 ) -> Result<InferSim, PlanError> {
-    let es = dtype_es(setup.weights)?;
+    setup.validate(m)?;
+    let (es, quant) = weight_storage(setup)?;
     if dtype_es(setup.kv_dtype)? != es {
         return Err(unsupported(
-            "a KV cache dtype other than the weights' in HF's DynamicCache",
+            "a KV cache dtype other than the activations' in HF's DynamicCache",
         ));
     }
-    if setup.tp > 1 || setup.kv_block.is_some() {
-        return Err(unsupported(
-            "tensor parallelism or a paged KV cache (HF DynamicCache is contiguous)",
-        ));
-    }
+    let rank = tp_rank_shape(m, setup.tp);
+    let m = &rank;
     let mut tape = Tape::default();
     tape.no_record = true;
     let storage = Storage {
         es,
         lora: None,
-        quant: None,
+        quant,
     };
     let params = Params::build(&mut tape, m, &storage)?;
     let weights_bytes = params.bytes(&tape);
@@ -68,8 +114,12 @@ pub fn simulate(
         kv_cache: Vec::new(),
         use_cache: true,
         params: params.info.clone(),
+        kv_block: setup.kv_block.map(|b| (b, setup.seq + 1)),
     };
     let ids = tape.alloc(setup.batch * setup.seq * 8, Category::Other);
+    if setup.tp > 1 {
+        tape.alloc(setup.batch * setup.seq * m.d_model * es, Category::Other);
+    }
     tape.peak_bytes = tape.live_bytes;
     let logits = forward(&mut tape, &mut f, m, &params, keep);
     let prefill_peak_bytes = tape.peak_bytes;

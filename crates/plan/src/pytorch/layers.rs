@@ -152,10 +152,25 @@ pub fn cache_update(tape: &mut Tape, f: &mut Fwd, layer: usize, k: V, v: V) -> (
             .get(layer)
             .map(|kv| if i == 0 { kv.0 } else { kv.1 });
         let numel = x.numel + old.map_or(0, |o| o.numel);
-        let new = alloc(tape, numel, x.es);
-        if let Some(o) = old {
-            tape.drop(o.t);
-        }
+        let new = match (f.kv_block, old) {
+            // A paged pool: whole blocks for the context, allocated once, written in place.
+            (Some(_), Some(o)) => V { numel, ..o },
+            (Some((block, ctx)), None) => {
+                let per_token = x.numel / f.tokens();
+                let pool = f.batch * ctx.div_ceil(block) * block * per_token;
+                V {
+                    numel,
+                    ..alloc(tape, pool, x.es)
+                }
+            }
+            (None, _) => {
+                let new = alloc(tape, numel, x.es);
+                if let Some(o) = old {
+                    tape.drop(o.t);
+                }
+                new
+            }
+        };
         tape.hold(new.t);
         out.push(new);
     }

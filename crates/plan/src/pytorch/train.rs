@@ -194,6 +194,7 @@ pub fn simulate_step(
         cast_cache: Default::default(),
         kv_cache: Vec::new(),
         use_cache: false,
+        kv_block: None,
         params: params.info.clone(),
     };
     let seg = segment_len(setup, m.n_layers);

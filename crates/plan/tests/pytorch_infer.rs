@@ -1,0 +1,106 @@
+//! The `pytorch` profile's inference with quantized weights (bitsandbytes int8/nf4, GPTQ-style
+//! int4), a paged KV cache and tensor parallelism: sizes derivable by hand.
+
+use plan::presets::by_name;
+use plan::pytorch::{inference_estimate, InferDetail};
+use plan::setup::{Attention, Dtype, InferSetup};
+
+fn setup(weights: Dtype) -> InferSetup {
+    InferSetup {
+        weights,
+        weight_group: None,
+        kv_dtype: Dtype::Bf16,
+        batch: 2,
+        seq: 1000,
+        kv_block: None,
+        tp: 1,
+        attention: Attention::Flash,
+    }
+}
+
+fn run(model: &str, s: &InferSetup) -> InferDetail {
+    inference_estimate(&by_name(model).unwrap(), s, Some(1)).unwrap()
+}
+
+fn r512(b: u64) -> u64 {
+    b.div_ceil(512) * 512
+}
+
+const L2_LINEARS: [(u64, u64); 7] = [
+    (4096, 4096),
+    (4096, 4096),
+    (4096, 4096),
+    (4096, 4096),
+    (4096, 11008),
+    (4096, 11008),
+    (11008, 4096),
+];
+/// Llama-2-7B's embeddings, head and norms in bf16.
+const L2_DENSE: u64 = 2 * (2 * 32000 * 4096 + 65 * 4096);
+
+#[test]
+fn int4_weights_are_packed_codes_plus_fp16_scales_and_packed_zeros_per_group_of_128() {
+    let d = run("llama2-7b", &setup(Dtype::Int4));
+    let per_layer: u64 = L2_LINEARS
+        .iter()
+        .map(|&(i, o)| {
+            let groups = i.div_ceil(128) * o;
+            r512(i * o / 2) + r512(2 * groups) + r512(groups / 2)
+        })
+        .sum();
+    assert_eq!(d.weights_bytes, 32 * per_layer + L2_DENSE);
+}
+
+#[test]
+fn nf4_and_int8_weights_follow_bitsandbytes_storage() {
+    let nf4 = run("llama2-7b", &setup(Dtype::Nf4));
+    let per_layer: u64 = L2_LINEARS
+        .iter()
+        .map(|&(i, o)| {
+            let n = i * o;
+            let blocks = n.div_ceil(64);
+            r512(n / 2) + r512(blocks) + r512(4 * blocks.div_ceil(256)) + 512 + 512
+        })
+        .sum();
+    assert_eq!(nf4.weights_bytes, 32 * per_layer + L2_DENSE);
+    let int8 = run("llama2-7b", &setup(Dtype::Int8));
+    let per_layer: u64 = L2_LINEARS.iter().map(|&(i, o)| i * o + 4 * o).sum();
+    assert_eq!(int8.weights_bytes, 32 * per_layer + L2_DENSE);
+    // The cache is the same whatever the weights' format.
+    assert_eq!(nf4.kv_cache_bytes, int8.kv_cache_bytes);
+}
+
+#[test]
+fn paged_cache_holds_whole_blocks_of_sixteen() {
+    let mut s = setup(Dtype::Bf16);
+    s.kv_block = Some(16);
+    let d = run("llama2-7b", &s);
+    // Prefill of 1000 tokens plus one decode token: ceil(1001 / 16) = 63 blocks per sequence;
+    // K and V, 32 layers, 32 heads x 128, bf16.
+    assert_eq!(d.kv_cache_bytes, 32 * 2 * 2 * 63 * 16 * 4096 * 2);
+    let contiguous = run("llama2-7b", &setup(Dtype::Bf16));
+    assert_eq!(contiguous.kv_cache_bytes, 32 * 2 * 2 * 1000 * 4096 * 2);
+}
+
+#[test]
+fn tensor_parallel_rank_holds_its_share_of_heads_and_weights() {
+    let one = run("llama3.1-8b", &setup(Dtype::Bf16));
+    let mut s = setup(Dtype::Bf16);
+    s.tp = 2;
+    let two = run("llama3.1-8b", &s);
+    assert_eq!(two.kv_cache_bytes * 2, one.kv_cache_bytes);
+    // Everything but the norms splits: a little over half.
+    let half = one.weights_bytes / 2;
+    assert!(two.weights_bytes > half && two.weights_bytes < half + (1 << 20));
+    s.tp = 3;
+    let err = inference_estimate(&by_name("llama3.1-8b").unwrap(), &s, Some(1)).unwrap_err();
+    assert!(err.to_string().contains("--tp"), "{err}");
+}
+
+#[test]
+fn kv_formats_hf_does_not_cache_are_typed_errors() {
+    let mut s = setup(Dtype::Bf16);
+    s.kv_dtype = Dtype::Fp8;
+    let err = inference_estimate(&by_name("llama2-7b").unwrap(), &s, Some(1)).unwrap_err();
+    assert!(err.to_string().contains("KV cache"), "{err}");
+}
