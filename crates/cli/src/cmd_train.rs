@@ -82,6 +82,10 @@ pub struct Args {
     /// Sample among the k most likely tokens (0: greedy).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
+    /// Write the first validation batch's tokens and the trained model's logits on it to this
+    /// safetensors file (dev/check_hf_logits.py compares them with HF transformers).
+    #[arg(long, hide = true)]
+    pub save_val_logits: Option<PathBuf>,
     /// Data-parallel ranks (more than 1 comes with ZeRO).
     #[arg(long, default_value_t = 1)]
     pub ranks: u32,
@@ -195,6 +199,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.plot {
         report::plot(path, &curves)?;
+    }
+    if let Some(path) = &args.save_val_logits {
+        setup::save_val_logits(&mut trainer, &val, path)?;
     }
     let summary = report::Summary {
         trainer: &trainer,

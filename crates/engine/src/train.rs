@@ -102,7 +102,25 @@ impl Trainer {
         let shape = &config.model.shape;
         let setup = config.setup();
         let plan = plan::frugal::training_plan(shape, &setup)?;
-        let arena = Arena::new(&plan, Device::Gpu, config.device_memory_bytes)?;
+        let arena = match Arena::new(&plan, Device::Gpu, config.device_memory_bytes) {
+            Err(EngineError::DoesNotFit {
+                needed_bytes,
+                capacity_bytes,
+                category_peak_bytes,
+                ..
+            }) => {
+                // The advisor searches setups this engine runs (its `frugal` runtime).
+                let runtime = plan::fit::Runtime::Frugal;
+                let fix = plan::fit::cheapest_fix(shape, &setup, capacity_bytes, runtime);
+                return Err(EngineError::DoesNotFit {
+                    needed_bytes,
+                    capacity_bytes,
+                    category_peak_bytes,
+                    advice: fix.map(|s| s.description),
+                });
+            }
+            other => other?,
+        };
         let units = plan::frugal::param_units(shape, setup.dp)?;
         let act_shape = ActShape {
             batch: config.batch,

@@ -174,3 +174,29 @@ pub fn val_loss(
     }
     Ok((sum / batches as f64) as f32)
 }
+
+/// Writes validation batch 0 (`tokens`, int32 (B, T)) and the model's `logits` (B, T, V) on it.
+pub fn save_val_logits(
+    trainer: &mut Trainer,
+    val: &data::ValBatches,
+    path: &Path,
+) -> anyhow::Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let (b, t) = (trainer.config.batch as usize, trainer.config.seq as usize);
+    let (mut x, mut y) = (vec![0u32; b * t], vec![0u32; b * t]);
+    val.fill_batch(0, &mut x, &mut y);
+    let logits = trainer.logits(&x, b, t)?;
+    let v = trainer.config.model.shape.vocab as usize;
+    let tokens: Vec<u8> = x.iter().flat_map(|&id| (id as i32).to_le_bytes()).collect();
+    let logits: Vec<u8> = logits.iter().flat_map(|l| l.to_le_bytes()).collect();
+    let views = vec![
+        ("tokens", TensorView::new(Dtype::I32, vec![b, t], &tokens)?),
+        (
+            "logits",
+            TensorView::new(Dtype::F32, vec![b, t, v], &logits)?,
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

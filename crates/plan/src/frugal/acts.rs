@@ -16,7 +16,7 @@ use crate::ModelShape;
 
 /// Rows of logits the fused classifier materialises at a time: enough rows for both cores to
 /// share a GEMM, few enough that chunk × V stays a few MiB even for a 128k vocabulary.
-pub const CLASSIFIER_CHUNK_ROWS: u64 = 256;
+pub const CLASSIFIER_CHUNK_ROWS: u64 = 64;
 
 /// The sizes the activation plan depends on.
 #[derive(Clone, Copy, Debug)]
