@@ -1,8 +1,257 @@
-//! `frugal fit`: not built yet; its issue replaces this module.
+//! `frugal fit`: which training setups fit a device's memory, ranked by predicted step time.
+//!
+//! Parses flags into a `plan::fit::FitRequest` (reading `--model path/config.json` here), runs the
+//! search, and prints the best few setups as a table, the seed's remedies each applies, and why
+//! the rest don't fit; `--json` prints one object. Not here: the search and the cost model
+//! (`plan::fit`). Example: `frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32`.
 
+mod render;
+
+use anyhow::{bail, Context};
+use plan::fit::{self, FitRequest, Hardware, LoraChoice, Runtime};
+use plan::setup::{Attention, Optimizer, Precision};
+use plan::{presets, units, ModelShape};
+
+const LONG_ABOUT: &str = "\
+Search the training setups that fit a device's memory and rank them by predicted step time.
+
+Candidates: every data × tensor × pipeline split of --gpus (TP inside a node, dividing the heads;
+sequence parallelism on with TP), ZeRO stage 0-3 with offload none/optimizer/params (as DeepSpeed
+allows), recompute none/selective/full/sqrt/every:K, every micro-batch dividing a rank's share of
+the global batch (the rest accumulated, so the global batch never changes), flash and eager
+attention, and with --allow-lora LoRA/QLoRA on bf16, int8 and nf4 bases (never chosen unasked:
+it changes what is trained). Memory comes from the runtime profile (`formula` by default; a setup
+the runtime does not model is reported as unsupported, not dropped). A setup fits when its total
+(allocator reserve + CUDA context, what nvidia-smi shows) is at most --device-memory.
+
+Step time: FLOPs (6N per token + attention, plus the forward a recompute policy repeats) at the
+GPU's peak × --mfu; data-parallel traffic per the ZeRO paper (2Ψ per step for stages 0-2, 3Ψ for
+stage 3; ZeRO-2/3 repeat per micro-batch) overlapped with compute; TP all-reduces, pipeline
+sends, the 1F1B bubble (p-1)/(m+p-1) and offload's PCIe transfers and host Adam added on top.
+GPU figures are datasheet peaks (--gpu), not measurements; override them with the flags below.
+
+Ties (within 0.1%) go to the seed's remedy order: 1 smaller micro-batch + accumulation,
+2 recompute, 3 higher ZeRO stage, 4 offload, 5 flash attention, then LoRA/QLoRA and TP/PP;
+fewer remedies first, then earlier ones, then the lighter form of each.
+
+Examples:
+  frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32 --seq 2048
+  frugal fit --model llama2-7b --gpus 1 --gpu rtx4090 --batch 8 --seq 1024 --allow-lora
+  frugal fit --model llama3-70b --gpus 16 --gpu h200 --batch-tokens 1M --seq 4096 --top 10
+  frugal fit --model path/to/config.json --gpus 8 --device-memory 40GiB --json";
+
+/// Search the setups that fit and rank them by predicted step time.
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(long_about = LONG_ABOUT)]
+#[command(group(clap::ArgGroup::new("global").args(["batch", "batch_tokens"])))]
+pub struct Args {
+    /// A preset (llama3-8b, llama2-7b, gpt2-124m, mixtral-8x7b, ...) or a path to an HF config.json.
+    #[arg(long, value_name = "NAME|PATH")]
+    model: String,
+    /// GPUs in all (split into data × tensor × pipeline parallel groups by the search).
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// Usable memory per GPU (80GiB, 80GB, 24GiB); default: the --gpu's capacity.
+    #[arg(long, value_name = "SIZE")]
+    device_memory: Option<String>,
+    /// GPU for speeds and default memory: h100, h200, a100-80g, a100-40g, l40s, rtx4090.
+    #[arg(long, default_value = "h100")]
+    gpu: String,
+    /// Global batch: sequences per optimizer step over all GPUs (default: one per GPU).
+    #[arg(long)]
+    batch: Option<u64>,
+    /// Global batch in tokens (1M, 524288): a multiple of --seq.
+    #[arg(long, value_name = "COUNT")]
+    batch_tokens: Option<String>,
+    /// Sequence length; default min(2048, the model's positions).
+    #[arg(long)]
+    seq: Option<u64>,
+    /// fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16 (as `frugal plan`).
+    #[arg(long, default_value = "bf16", value_parser = parse_precision)]
+    precision: Precision,
+    /// adamw, adamw8bit or sgd.
+    #[arg(long, default_value = "adamw", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
+    /// The attention you run today: with eager, flash counts as a remedy.
+    #[arg(long, default_value = "flash", value_parser = parse_attention)]
+    attention: Attention,
+    /// Memory model: formula (every setup), pytorch (one GPU, plain PyTorch), frugal (this engine).
+    #[arg(long, default_value = "formula")]
+    runtime: String,
+    /// Also propose LoRA/QLoRA (bf16, int8 and nf4 bases): it trains adapters, not the model.
+    #[arg(long)]
+    allow_lora: bool,
+    /// LoRA rank when --allow-lora.
+    #[arg(long, default_value_t = 16)]
+    lora_rank: u32,
+    /// LoRA target modules (comma-separated HF names, or all-linear).
+    #[arg(long, default_value = "all-linear", value_delimiter = ',')]
+    lora_targets: Vec<String>,
+    /// Pin the tensor-parallel degree instead of searching it.
+    #[arg(long)]
+    tp: Option<u32>,
+    /// Pin the pipeline-parallel degree instead of searching it.
+    #[arg(long)]
+    pp: Option<u32>,
+    /// Model FLOPs utilisation: the fraction of peak a step reaches.
+    #[arg(long, default_value_t = fit::hardware::DEFAULT_MFU)]
+    mfu: f64,
+    /// Peak dense TFLOP/s of one GPU (overrides --gpu's, for every precision).
+    #[arg(long)]
+    tflops: Option<f64>,
+    /// GPU-to-GPU bandwidth in a node per direction (450GB/s for NVLink 4, 32GB/s for PCIe 4).
+    #[arg(long, value_name = "RATE")]
+    link_bandwidth: Option<String>,
+    /// Network bandwidth per GPU between nodes per direction (50GB/s = 400 Gb/s InfiniBand).
+    #[arg(long, value_name = "RATE")]
+    inter_node_bandwidth: Option<String>,
+    /// Host-to-GPU bandwidth per direction, for offload (64GB/s for PCIe 5 x16).
+    #[arg(long, value_name = "RATE")]
+    host_link_bandwidth: Option<String>,
+    /// GPUs per node (one NVLink domain, one host).
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// Optimizer elements the host's CPU Adam updates per second per node (offload).
+    #[arg(long, value_name = "COUNT", default_value = "2B")]
+    host_adam_rate: String,
+    /// How many of the best setups to show.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`frugal fit` is not built yet")
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    Ok(match s {
+        "fp32" => Precision::Fp32,
+        "amp-bf16" => Precision::AmpBf16,
+        "amp-fp16" => Precision::AmpFp16,
+        "bf16" => Precision::Bf16,
+        "fp16" => Precision::Fp16,
+        "pure-bf16" => Precision::PureBf16,
+        _ => return Err("use fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16".into()),
+    })
+}
+
+fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+    Ok(match s {
+        "adamw" | "adam" => Optimizer::AdamW,
+        "adamw8bit" => Optimizer::AdamW8bit,
+        "sgd" => Optimizer::Sgd,
+        _ => return Err("use adamw, adamw8bit or sgd".into()),
+    })
+}
+
+fn parse_attention(s: &str) -> Result<Attention, String> {
+    match s {
+        "flash" => Ok(Attention::Flash),
+        "eager" | "naive" => Ok(Attention::Eager),
+        _ => Err("use flash or eager".into()),
+    }
+}
+
+/// A rate such as `450GB/s` or `32GiB/s` in bytes per second.
+fn parse_rate(text: &str, field: &str) -> anyhow::Result<f64> {
+    let bytes = text.trim().trim_end_matches("/s");
+    Ok(units::parse_bytes(bytes, field)? as f64)
+}
+
+/// A preset name, or a path to an HF config.json read here.
+fn load_model(spec: &str) -> anyhow::Result<ModelShape> {
+    let path = std::path::Path::new(spec);
+    if spec.ends_with(".json") || path.is_file() {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("invalid --model: cannot read {spec}: pass a preset name or an existing config.json")
+        })?;
+        return Ok(plan::hf_config::parse(&text, spec)?);
+    }
+    Ok(presets::by_name(spec)?)
+}
+
+fn hardware(args: &Args) -> anyhow::Result<Hardware> {
+    let mut hw = Hardware::of(fit::gpu_by_name(&args.gpu)?);
+    hw.mfu = args.mfu;
+    hw.gpus_per_node = args.gpus_per_node;
+    if let Some(t) = args.tflops {
+        (hw.gpu.bf16_flops, hw.gpu.fp32_flops) = (t * 1e12, t * 1e12);
+    }
+    if let Some(r) = &args.link_bandwidth {
+        hw.gpu.intra_node_bytes_per_s = parse_rate(r, "--link-bandwidth")?;
+    }
+    if let Some(r) = &args.inter_node_bandwidth {
+        hw.gpu.inter_node_bytes_per_s = parse_rate(r, "--inter-node-bandwidth")?;
+    }
+    if let Some(r) = &args.host_link_bandwidth {
+        hw.gpu.host_link_bytes_per_s = parse_rate(r, "--host-link-bandwidth")?;
+    }
+    hw.host_adam_elems_per_s = units::parse_count(&args.host_adam_rate, "--host-adam-rate")? as f64;
+    Ok(hw)
+}
+
+/// Raw flags → a checked request (the model loaded, sizes parsed, the global batch in sequences).
+pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
+    if args.gpus == 0 {
+        bail!("invalid --gpus: must be at least 1 (the GPUs to split into data, tensor and pipeline groups)");
+    }
+    let hw = hardware(args)?;
+    let capacity_bytes = match &args.device_memory {
+        Some(s) => units::parse_bytes(s, "--device-memory")?,
+        None => hw.gpu.memory_bytes,
+    };
+    let model = load_model(&args.model)?;
+    let seq = args.seq.unwrap_or(2048.min(model.max_positions));
+    if seq == 0 {
+        bail!("invalid --seq: must be at least 1 token");
+    }
+    let global_batch = match (&args.batch_tokens, args.batch) {
+        (Some(t), _) => {
+            let tokens = units::parse_count(t, "--batch-tokens")?;
+            if tokens % seq != 0 || tokens == 0 {
+                bail!("invalid --batch-tokens: {tokens} tokens are not a whole number of {seq}-token sequences: use a multiple of --seq");
+            }
+            tokens / seq
+        }
+        (None, Some(b)) => b,
+        (None, None) => args.gpus as u64,
+    };
+    let request = FitRequest {
+        precision: args.precision,
+        optimizer: args.optimizer,
+        global_batch,
+        seq,
+        gpus: args.gpus,
+        capacity_bytes,
+        hardware: hw,
+        runtime: Runtime::parse(&args.runtime)?,
+        attention: args.attention,
+        lora: args.allow_lora.then(|| LoraChoice {
+            rank: args.lora_rank,
+            targets: args.lora_targets.clone(),
+        }),
+        bounds: fit::Bounds {
+            tp: args.tp,
+            pp: args.pp,
+            ..fit::Bounds::default()
+        },
+    };
+    fit::check_request(&model, &request)?;
+    Ok((model, request))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let (model, request) = build_request(&args)?;
+    let result = fit::search(&model, &request)?;
+    let misses = fit::why_not(&model, &request, &result);
+    let unsupported = fit::why::unsupported_groups(&result);
+    if args.json {
+        let v = render::to_json(&model, &request, &result, &misses, &unsupported, args.top);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!(
+            "{}",
+            render::text(&model, &request, &result, &misses, &unsupported, args.top)
+        );
+    }
+    Ok(())
 }

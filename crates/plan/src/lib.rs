@@ -11,6 +11,7 @@
 pub mod acts;
 pub mod buffer;
 pub mod error;
+pub mod fit;
 pub mod formula;
 pub mod formula_acts;
 pub mod frugal;

@@ -1,0 +1,415 @@
+//! The advisor: which training setups fit a device's memory, ranked by predicted step time.
+//!
+//! [`search`] weighs every candidate of [`space`] (ZeRO stage, offload, recompute, micro-batch with
+//! accumulation at the same global batch, attention kernel, TP/PP layout, LoRA when allowed) with
+//! a runtime profile's memory estimate and [`cost`]'s step time, ranks what fits by step time
+//! with the seed's remedy order ([`remedy`]) breaking ties, and keeps the rest for [`why_not`].
+//! [`cheapest_fix`] answers the engine's question when a run does not fit: the nearest setup that
+//! does. Pure: no clocks, no IO. Example:
+//! `fit::search(&presets::by_name("llama2-7b")?, &FitRequest::new(32, 2048, 8, 80 << 30))?.best()`.
+
+pub mod cost;
+pub mod fix;
+pub mod hardware;
+pub mod remedy;
+pub mod space;
+pub mod why;
+
+pub use cost::{step_time, zero_comm_volume, Bottleneck, CommVolume, StepTime};
+pub use fix::{cheapest_fix, Suggestion};
+pub use hardware::{gpu_by_name, Gpu, Hardware, GPUS};
+pub use remedy::Remedy;
+pub use why::{why_not, MissGroup};
+
+use crate::setup::{
+    Attention, Dtype, Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage,
+};
+use crate::{Estimate, ModelShape, PlanError};
+use serde::Serialize;
+
+/// The memory model a search asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// The analytic model of the seed and the papers: every setup.
+    Formula,
+    /// PyTorch + HF transformers: one GPU, no ZeRO/TP/PP/offload (others are `Unsupported`).
+    Pytorch,
+    /// This project's engine, exact: what it runs today.
+    Frugal,
+}
+
+impl Runtime {
+    pub fn parse(name: &str) -> Result<Runtime, PlanError> {
+        match name {
+            "formula" => Ok(Runtime::Formula),
+            "pytorch" => Ok(Runtime::Pytorch),
+            "frugal" => Ok(Runtime::Frugal),
+            other => Err(PlanError::Invalid {
+                field: "--runtime".into(),
+                reason: format!("'{other}' is not a runtime: use formula, pytorch or frugal"),
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Runtime::Formula => "formula",
+            Runtime::Pytorch => "pytorch",
+            Runtime::Frugal => "frugal",
+        }
+    }
+
+    /// This runtime's estimate of one step of `setup`.
+    pub fn estimate(self, model: &ModelShape, setup: &TrainSetup) -> Result<Estimate, PlanError> {
+        match self {
+            Runtime::Formula => crate::formula::training_estimate(model, setup),
+            Runtime::Pytorch => {
+                setup.validate(model)?;
+                crate::pytorch::training_estimate(model, setup)
+            }
+            Runtime::Frugal => {
+                setup.validate(model)?;
+                crate::frugal::training_estimate(model, setup)
+            }
+        }
+    }
+}
+
+/// Limits on the space searched: pinned degrees, and the floor [`cheapest_fix`] keeps (it never
+/// undoes a remedy the user already chose).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Bounds {
+    pub tp: Option<u32>,
+    pub pp: Option<u32>,
+    pub min_zero: Option<ZeroStage>,
+    pub min_offload: Option<Offload>,
+    /// Only flash attention (the user runs flash already).
+    pub flash_only: bool,
+    /// Only this recompute policy.
+    pub recompute: Option<Recompute>,
+}
+
+impl Bounds {
+    pub fn allows(&self, zero: ZeroStage, offload: Offload) -> bool {
+        self.min_zero.is_none_or(|z| zero as u8 >= z as u8)
+            && self.min_offload.is_none_or(|o| offload as u8 >= o as u8)
+    }
+    pub fn allows_recompute(&self, r: Recompute) -> bool {
+        self.recompute.is_none_or(|x| x == r)
+    }
+    pub fn allows_attention(&self, a: Attention) -> bool {
+        !self.flash_only || a == Attention::Flash
+    }
+}
+
+/// LoRA adapters a search may propose (`--allow-lora`): they change what is trained.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LoraChoice {
+    pub rank: u32,
+    pub targets: Vec<String>,
+}
+
+/// What the user asks `fit`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FitRequest {
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    /// Sequences per optimizer step over all GPUs.
+    pub global_batch: u64,
+    pub seq: u64,
+    pub gpus: u32,
+    /// Usable memory of one device; a setup fits when its `total_bytes` is at most this.
+    pub capacity_bytes: u64,
+    pub hardware: Hardware,
+    pub runtime: Runtime,
+    /// The attention kernel the user runs today: with `Eager`, flash is a remedy.
+    pub attention: Attention,
+    /// `Some` when LoRA/QLoRA may be proposed.
+    pub lora: Option<LoraChoice>,
+    pub bounds: Bounds,
+}
+
+impl FitRequest {
+    /// bf16 + AdamW on H100s at the default MFU, formula runtime, flash attention, no LoRA.
+    pub fn new(global_batch: u64, seq: u64, gpus: u32, capacity_bytes: u64) -> FitRequest {
+        FitRequest {
+            precision: Precision::Bf16,
+            optimizer: Optimizer::AdamW,
+            global_batch,
+            seq,
+            gpus,
+            capacity_bytes,
+            hardware: Hardware::of(hardware::GPUS[0]),
+            runtime: Runtime::Formula,
+            attention: Attention::Flash,
+            lora: None,
+            bounds: Bounds::default(),
+        }
+    }
+
+    /// The plain setup remedies are counted from: all GPUs data-parallel, ZeRO 0, the whole
+    /// per-rank batch in one micro-batch, no recompute, no offload, the user's attention.
+    pub fn baseline(&self) -> TrainSetup {
+        TrainSetup {
+            precision: self.precision,
+            optimizer: self.optimizer,
+            zero: ZeroStage::Zero0,
+            dp: self.gpus,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            micro_batch: (self.global_batch / self.gpus.max(1) as u64).max(1),
+            seq: self.seq,
+            grad_accum: 1,
+            recompute: Recompute::None,
+            attention: self.attention,
+            offload: Offload::None,
+            lora: None,
+        }
+    }
+}
+
+/// Memory of one candidate, as its runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    pub peak_bytes: u64,
+    pub reserved_bytes: u64,
+    pub context_bytes: u64,
+    /// What `nvidia-smi` would show: compared with the capacity.
+    pub total_bytes: u64,
+    pub host_peak_bytes: u64,
+}
+
+impl Memory {
+    pub fn of(e: &Estimate) -> Memory {
+        Memory {
+            peak_bytes: e.peak_bytes,
+            reserved_bytes: e.reserved_bytes,
+            context_bytes: e.context_bytes,
+            total_bytes: e.total_bytes(),
+            host_peak_bytes: e.host_peak_bytes,
+        }
+    }
+}
+
+/// What became of one candidate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Outcome {
+    Fits {
+        memory: Memory,
+        time: StepTime,
+    },
+    TooBig {
+        memory: Memory,
+    },
+    /// The runtime does not model this setup (or refused it), with its reason.
+    Unsupported {
+        reason: String,
+    },
+}
+
+/// One weighed candidate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Weighed {
+    pub setup: TrainSetup,
+    /// Remedies relative to the request's baseline, in the seed's order.
+    pub remedies: Vec<Remedy>,
+    pub outcome: Outcome,
+}
+
+impl Weighed {
+    pub fn memory(&self) -> Option<Memory> {
+        match self.outcome {
+            Outcome::Fits { memory, .. } | Outcome::TooBig { memory } => Some(memory),
+            Outcome::Unsupported { .. } => None,
+        }
+    }
+    pub fn time(&self) -> Option<StepTime> {
+        match self.outcome {
+            Outcome::Fits { time, .. } => Some(time),
+            _ => None,
+        }
+    }
+}
+
+/// Everything a search found.
+#[derive(Clone, Debug, Serialize)]
+pub struct FitResult {
+    pub candidates_weighed: usize,
+    /// Setups that fit, best first.
+    pub fitting: Vec<Weighed>,
+    pub too_big: Vec<Weighed>,
+    pub unsupported: Vec<Weighed>,
+    pub baseline: TrainSetup,
+}
+
+impl FitResult {
+    pub fn best(&self) -> Option<&Weighed> {
+        self.fitting.first()
+    }
+}
+
+/// The CLI's name of a dtype (`bf16`, `int8`, `nf4`).
+pub fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "fp32",
+        Dtype::F16 => "fp16",
+        Dtype::Bf16 => "bf16",
+        Dtype::Fp8 => "fp8",
+        Dtype::Int8 => "int8",
+        Dtype::Int4 => "int4",
+        Dtype::Nf4 => "nf4",
+    }
+}
+
+fn invalid(field: &str, reason: String) -> PlanError {
+    PlanError::Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// Checks the request before any candidate is built; errors name the flag and the fix.
+pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError> {
+    model.validate()?;
+    r.hardware.validate()?;
+    if r.gpus == 0 {
+        return Err(invalid("--gpus", "must be at least 1".into()));
+    }
+    if r.capacity_bytes == 0 {
+        return Err(invalid(
+            "--device-memory",
+            "must be more than 0: e.g. 80GiB or 24GB".into(),
+        ));
+    }
+    if r.global_batch == 0 {
+        return Err(invalid(
+            "--batch",
+            "must be at least 1 sequence per step".into(),
+        ));
+    }
+    let mut probe = r.baseline();
+    probe.dp = 1;
+    probe.micro_batch = 1;
+    probe.validate(model)?;
+    if let Some(l) = &r.lora {
+        if l.rank == 0 {
+            return Err(invalid("--lora-rank", "must be at least 1".into()));
+        }
+        crate::lora::check_targets(model, &l.targets)?;
+    }
+    let layouts = space::layouts(model, r.gpus, r.hardware.gpus_per_node, &r.bounds);
+    if layouts.is_empty() {
+        return Err(invalid(
+            "--tp",
+            format!(
+                "no tensor × pipeline layout of {} GPUs suits {} ({} heads, {} layers, {} GPUs per node): change --tp/--pp or --gpus",
+                r.gpus, model.name, model.n_heads, model.n_layers, r.hardware.gpus_per_node
+            ),
+        ));
+    }
+    if !layouts.iter().any(|l| r.global_batch % l.dp as u64 == 0) {
+        let dps: Vec<String> = layouts.iter().map(|l| l.dp.to_string()).collect();
+        return Err(invalid(
+            "--batch",
+            format!(
+                "{} sequences do not split evenly over the data-parallel ranks ({}): use a multiple of {}",
+                r.global_batch,
+                dps.join(", "),
+                layouts.iter().map(|l| l.dp).min().unwrap_or(1)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Weighs `setup`: its memory under `runtime` against `capacity_bytes`, and its step time if it fits.
+pub fn weigh(
+    model: &ModelShape,
+    setup: &TrainSetup,
+    baseline: &TrainSetup,
+    r: &FitRequest,
+) -> Weighed {
+    let outcome = match r.runtime.estimate(model, setup) {
+        Err(e) => Outcome::Unsupported {
+            reason: e.to_string(),
+        },
+        Ok(e) => {
+            let memory = Memory::of(&e);
+            if memory.total_bytes <= r.capacity_bytes {
+                let time = step_time(model, setup, &r.hardware);
+                Outcome::Fits { memory, time }
+            } else {
+                Outcome::TooBig { memory }
+            }
+        }
+    };
+    Weighed {
+        setup: setup.clone(),
+        remedies: Remedy::of(baseline, setup),
+        outcome,
+    }
+}
+
+/// Step times within 0.1% of each other tie, and the seed's order decides.
+fn time_bucket(step_s: f64) -> i64 {
+    (step_s.ln() / 0.001f64.ln_1p()).round() as i64
+}
+
+/// The seed-order part of a ranking key: remedy count, remedy indices, each remedy's weight.
+pub type TieKey = (usize, Vec<u8>, Vec<u64>);
+
+/// Sort key of a fitting candidate: step time, then the seed's remedy order, then the lower total.
+fn rank_key(w: &Weighed) -> (i64, TieKey, u64) {
+    let t = w.time().map_or(f64::MAX, |t| t.step_s);
+    let total = w.memory().map_or(u64::MAX, |m| m.total_bytes);
+    (
+        time_bucket(t),
+        remedy::tie_key(&w.remedies, &w.setup),
+        total,
+    )
+}
+
+/// Weighs every candidate of `r` for `model` and ranks those that fit.
+pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError> {
+    check_request(model, r)?;
+    let baseline = r.baseline();
+    let template = TrainSetup {
+        dp: 1,
+        ..baseline.clone()
+    };
+    let lora = match &r.lora {
+        Some(l) => l.variants(),
+        None => vec![None],
+    };
+    let fixed = space::Fixed {
+        template: &template,
+        global_batch: r.global_batch,
+        gpus: r.gpus,
+        gpus_per_node: r.hardware.gpus_per_node,
+        bounds: &r.bounds,
+        lora: &lora,
+    };
+    let (mut fitting, mut too_big, mut unsupported) = (Vec::new(), Vec::new(), Vec::new());
+    let mut weighed = 0;
+    space::for_each_candidate(model, &fixed, |s| {
+        weighed += 1;
+        let w = weigh(model, s, &baseline, r);
+        match w.outcome {
+            Outcome::Fits { .. } => fitting.push(w),
+            Outcome::TooBig { .. } => too_big.push(w),
+            Outcome::Unsupported { .. } => unsupported.push(w),
+        }
+    });
+    let mut keyed: Vec<_> = fitting.into_iter().map(|w| (rank_key(&w), w)).collect();
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(FitResult {
+        candidates_weighed: weighed,
+        fitting: keyed.into_iter().map(|(_, w)| w).collect(),
+        too_big,
+        unsupported,
+        baseline,
+    })
+}
