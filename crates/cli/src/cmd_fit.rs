@@ -28,7 +28,7 @@ Step time: FLOPs (6N per token + attention, plus the forward a recompute policy 
 GPU's peak × --mfu; data-parallel traffic per the ZeRO paper (2Ψ per step for stages 0-2, 3Ψ for
 stage 3; ZeRO-2/3 repeat per micro-batch) overlapped with compute; TP all-reduces, pipeline
 sends, the 1F1B bubble (p-1)/(m+p-1) and offload's PCIe transfers and host Adam added on top.
-GPU figures are datasheet peaks (--gpu), not measurements; override them with the flags below.
+GPU figures are datasheet peaks (--gpu), not measurements; override them with the flags above.
 
 Ties (within 0.1%) go to the seed's remedy order: 1 smaller micro-batch + accumulation,
 2 recompute, 3 higher ZeRO stage, 4 offload, 5 flash attention, then LoRA/QLoRA and TP/PP;
@@ -37,12 +37,13 @@ fewer remedies first, then earlier ones, then the lighter form of each.
 Examples:
   frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32 --seq 2048
   frugal fit --model llama2-7b --gpus 1 --gpu rtx4090 --batch 8 --seq 1024 --allow-lora
-  frugal fit --model llama3-70b --gpus 16 --gpu h200 --batch-tokens 1M --seq 4096 --top 10
+  frugal fit --model llama3-70b --gpus 16 --gpu h200 --batch-tokens 1048576 --seq 4096 --top 10
   frugal fit --model path/to/config.json --gpus 8 --device-memory 40GiB --json";
 
 /// Search the setups that fit and rank them by predicted step time.
 #[derive(clap::Args)]
-#[command(long_about = LONG_ABOUT)]
+// after_help, not long_about: the subcommand's doc comment in main.rs replaces long_about.
+#[command(after_help = LONG_ABOUT)]
 #[command(group(clap::ArgGroup::new("global").args(["batch", "batch_tokens"])))]
 pub struct Args {
     /// A preset (llama3-8b, llama2-7b, gpt2-124m, mixtral-8x7b, ...) or a path to an HF config.json.

@@ -1,0 +1,245 @@
+//! `frugal fit` end to end: the table and the JSON object for the seed's cases, and every bad
+//! input ending with exit code 2 and a message naming the flag and the fix.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn frugal(args: &[&str]) -> Output {
+    let mut all = vec!["fit"];
+    all.extend_from_slice(args);
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(&all)
+        .output()
+        .expect("run frugal")
+}
+
+fn json(args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = frugal(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+const LLAMA2_8X80: [&str; 12] = [
+    "--model",
+    "llama2-7b",
+    "--gpus",
+    "8",
+    "--device-memory",
+    "80GB",
+    "--batch",
+    "32",
+    "--seq",
+    "2048",
+    "--tp",
+    "1",
+];
+
+#[test]
+fn table_shows_the_best_and_why_the_rest_miss() {
+    let out = frugal(&LLAMA2_8X80);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "weighed ",
+        "best setups",
+        "headroom",
+        "tokens/s",
+        "bottleneck",
+        "remedies of #1 in the seed's order: 3. ZeRO stage",
+        "plan it: frugal plan --model llama2-7b --train --precision bf16 --optimizer adamw --gpus 8",
+        "why the rest don't fit",
+        "no remedy",
+        "(largest: optimizer",
+    ] {
+        assert!(text.contains(want), "missing '{want}' in\n{text}");
+    }
+}
+
+#[test]
+fn json_holds_the_contract() {
+    let mut args = LLAMA2_8X80.to_vec();
+    args.extend(["--top", "3"]);
+    let v = json(&args);
+    let weighed = v["candidates_weighed"].as_u64().unwrap();
+    let fitting = v["fitting_count"].as_u64().unwrap();
+    let too_big = v["too_big_count"].as_u64().unwrap();
+    assert_eq!(
+        weighed,
+        fitting + too_big + v["unsupported_count"].as_u64().unwrap()
+    );
+    let best = v["best"].as_array().unwrap();
+    assert_eq!(best.len(), 3);
+    let cap = v["device_memory_bytes"].as_u64().unwrap();
+    assert_eq!(cap, 80_000_000_000);
+    for b in best {
+        let pd = &b["per_device"];
+        let total = pd["total_bytes"].as_u64().unwrap();
+        assert!(total <= cap);
+        assert_eq!(b["headroom_bytes"].as_u64().unwrap(), cap - total);
+        let sum: u64 = [
+            "params_bytes",
+            "grads_bytes",
+            "optimizer_bytes",
+            "activations_bytes",
+            "kv_cache_bytes",
+            "other_bytes",
+        ]
+        .iter()
+        .map(|k| pd[k].as_u64().unwrap())
+        .sum();
+        assert_eq!(sum, pd["peak_bytes"].as_u64().unwrap());
+        let s = &b["setup"];
+        let batch = s["dp"].as_u64().unwrap()
+            * s["micro_batch"].as_u64().unwrap()
+            * s["grad_accum"].as_u64().unwrap();
+        assert_eq!(batch, 32);
+        assert!(b["step_s"].as_f64().unwrap() > 0.0);
+        assert!(b["tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(best[0]["setup"]["zero"], "zero1");
+    assert_eq!(best[0]["flags"], "--zero 1");
+    let groups = v["rejections"]["groups"].as_array().unwrap();
+    assert_eq!(groups[0]["remedies"].as_array().unwrap().len(), 0);
+    assert!(groups[0]["closest_total_bytes"].as_u64().unwrap() > cap);
+    assert_eq!(groups[0]["largest_category"], "optimizer_bytes");
+}
+
+#[test]
+fn lora_only_when_allowed_and_tokens_as_batch() {
+    let base = [
+        "--model",
+        "llama2-7b",
+        "--gpu",
+        "rtx4090",
+        "--batch-tokens",
+        "8192",
+        "--seq",
+        "1024",
+    ];
+    let v = json(&base);
+    assert_eq!(v["global_batch"], 8);
+    assert!(v["best"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|b| b["setup"]["lora"].is_null()));
+    let mut with = base.to_vec();
+    with.push("--allow-lora");
+    let v = json(&with);
+    assert!(!v["best"][0]["setup"]["lora"].is_null());
+    assert!(v["best"][0]["remedies"]
+        .as_array()
+        .unwrap()
+        .contains(&"lora".into()));
+}
+
+#[test]
+fn pytorch_runtime_reports_what_it_cannot_model() {
+    let v = json(&[
+        "--model",
+        "gpt2-124m",
+        "--device-memory",
+        "8GiB",
+        "--batch",
+        "16",
+        "--seq",
+        "1024",
+        "--runtime",
+        "pytorch",
+    ]);
+    assert_eq!(v["runtime"], "pytorch");
+    assert!(v["unsupported_count"].as_u64().unwrap() > 0);
+    assert!(v["rejections"]["unsupported"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("pytorch"));
+    assert!(v["fitting_count"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn help_has_examples() {
+    let out = frugal(&["--help"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Examples:") && text.contains("frugal fit --model llama3-8b"));
+    assert!(text.contains("2Ψ") && text.contains("--allow-lora"));
+}
+
+#[test]
+fn bad_input_exits_2_with_the_fix() {
+    let cases: [(&[&str], &str); 10] = [
+        (
+            &["--model", "llama2-7b", "--gpus", "0"],
+            "invalid --gpus: must be at least 1",
+        ),
+        (
+            &["--model", "llama2-7b", "--device-memory", "0"],
+            "invalid --device-memory: must be more than 0",
+        ),
+        (
+            &["--model", "llama2-7b", "--device-memory", "lots"],
+            "invalid --device-memory: 'lots' is not a size: write e.g. 80GiB",
+        ),
+        (
+            &["--model", "llama9-1b"],
+            "unknown model 'llama9-1b': use one of",
+        ),
+        (
+            &[
+                "--model",
+                "llama2-7b",
+                "--gpus",
+                "8",
+                "--batch",
+                "30",
+                "--tp",
+                "1",
+                "--pp",
+                "1",
+            ],
+            "invalid --batch: 30 sequences do not split evenly",
+        ),
+        (
+            &["--model", "llama2-7b", "--gpus", "8", "--tp", "3"],
+            "invalid --tp",
+        ),
+        (
+            &["--model", "llama2-7b", "--gpu", "v99"],
+            "unknown GPU 'v99': use one of h100",
+        ),
+        (
+            &["--model", "llama2-7b", "--runtime", "tensorflow"],
+            "invalid --runtime: 'tensorflow' is not a runtime",
+        ),
+        (
+            &[
+                "--model",
+                "llama2-7b",
+                "--batch-tokens",
+                "1000",
+                "--seq",
+                "2048",
+            ],
+            "invalid --batch-tokens",
+        ),
+        (
+            &["--model", "llama2-7b", "--mfu", "1.5"],
+            "invalid --mfu: must be in (0, 1]",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = frugal(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: wanted '{want}' in {err}");
+    }
+}
