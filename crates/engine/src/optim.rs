@@ -12,6 +12,10 @@
 use crate::arena::{Arena, BufId};
 use crate::model::{view_range, Model};
 use kernels::{adamw, sgd};
+use rayon::prelude::*;
+
+/// Elements per rayon task in the norm and scaling passes (memory bound: big chunks).
+const CHUNK: usize = 1 << 16;
 
 /// Which update rule, with its hyperparameters (learning rate comes from the schedule).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,11 +93,13 @@ pub fn grad_norm(model: &Model, arena: &Arena) -> f32 {
         .grads
         .iter()
         .map(|&id| {
-            arena
+            // Per-chunk f64 partial sums, added in chunk order: the same result on any thread count.
+            let partials: Vec<f64> = arena
                 .f32(id)
-                .iter()
-                .map(|&g| f64::from(g) * f64::from(g))
-                .sum::<f64>()
+                .par_chunks(CHUNK)
+                .map(|c| c.iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>())
+                .collect();
+            partials.iter().sum::<f64>()
         })
         .sum();
     sum_sq.sqrt() as f32
@@ -102,7 +108,10 @@ pub fn grad_norm(model: &Model, arena: &Arena) -> f32 {
 /// Multiplies every gradient by `scale`.
 pub fn scale_grads(model: &Model, arena: &Arena, scale: f32) {
     for &id in &model.grads {
-        arena.f32_mut(id).iter_mut().for_each(|g| *g *= scale);
+        arena
+            .f32_mut(id)
+            .par_chunks_mut(CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|g| *g *= scale));
     }
 }
 

@@ -227,8 +227,12 @@ impl Trainer {
 
     /// Sets every gradient to zero (start of a step).
     pub fn zero_grads(&mut self) {
+        use rayon::prelude::*;
         for &id in &self.model.grads {
-            self.arena.f32_mut(id).fill(0.0);
+            self.arena
+                .f32_mut(id)
+                .par_chunks_mut(1 << 16)
+                .for_each(|c| c.fill(0.0));
         }
     }
 
