@@ -243,3 +243,71 @@ fn bad_input_exits_2_with_the_fix() {
         assert!(err.contains(want), "{args:?}: wanted '{want}' in {err}");
     }
 }
+
+/// Issue 6, item 7: under the engine's own runtime, the setup `fit` picks trains within the cap
+/// and the one it rejects is refused by `frugal train` before step one.
+#[test]
+fn engine_trains_what_fit_picks_and_refuses_what_it_rejects() {
+    let cap = "76000000";
+    let v = json(&[
+        "--runtime",
+        "frugal",
+        "--model",
+        "gpt2-tiny",
+        "--precision",
+        "fp32",
+        "--attention",
+        "eager",
+        "--batch",
+        "8",
+        "--seq",
+        "128",
+        "--device-memory",
+        cap,
+    ]);
+    let best = &v["best"][0]["setup"];
+    let plain = &v["rejections"]["groups"][0];
+    assert_eq!(plain["remedies"].as_array().unwrap().len(), 0);
+    let rejected = &plain["closest_setup"];
+    let train = |s: &Value| {
+        let (mb, accum) = (s["micro_batch"].to_string(), s["grad_accum"].to_string());
+        Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .args([
+                "train",
+                "--model",
+                "gpt2-tiny",
+                "--seq",
+                "128",
+                "--steps",
+                "1",
+            ])
+            .args(["--val-every", "1000", "--sample-tokens", "0", "--json"])
+            .args([
+                "--batch",
+                &mb,
+                "--grad-accum",
+                &accum,
+                "--device-memory",
+                cap,
+            ])
+            .output()
+            .expect("run frugal train")
+    };
+    let ok = train(best);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let run: Value = serde_json::from_slice(&ok.stdout).expect("train --json");
+    let measured = run["ranks"][0]["measured"]["total_bytes"].as_u64().unwrap();
+    assert!(measured <= 76_000_000, "{measured}");
+    assert_eq!(
+        measured,
+        v["best"][0]["per_device"]["total_bytes"].as_u64().unwrap()
+    );
+    let refused = train(rejected);
+    assert_eq!(refused.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("76000000"), "{err}");
+}

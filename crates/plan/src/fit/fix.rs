@@ -6,7 +6,7 @@
 //! undoes a remedy the setup already has (no lower ZeRO stage, no less offload, no eager attention
 //! for flash). Not here: step-time ranking ([`super::search`]). Example:
 //! `cheapest_fix(&model, &setup, 80 << 30, Runtime::Formula).map(|s| s.description)` is
-//! `Some("use --recompute full: total 41.2 GiB <= 80.0 GiB")`.
+//! `Some("use --recompute full: total 41.20 GiB <= 80.00 GiB")`.
 
 use super::{remedy, space, Bounds, Memory, Outcome, Remedy, Runtime, Weighed};
 use crate::{ModelShape, TrainSetup};
@@ -22,12 +22,20 @@ pub struct Suggestion {
     pub flags: String,
     pub memory: Memory,
     pub capacity_bytes: u64,
-    /// One line for people: `use --zero 3: total 14.2 GiB <= 80.0 GiB`.
+    /// One line for people: `use --zero 3: total 14.20 GiB <= 80.00 GiB`.
     pub description: String,
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+/// Bytes in the largest binary unit that keeps the number at or above 1 (`41.20 GiB`).
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", units[unit])
 }
 
 /// The nearest setup to `setup` whose total memory under `runtime` is at most `capacity_bytes`,
@@ -86,8 +94,8 @@ pub fn cheapest_fix(
     let flags = remedy::flags(&w.setup, &w.remedies);
     let verdict = format!(
         "total {} <= {}",
-        gib(memory.total_bytes),
-        gib(capacity_bytes)
+        human(memory.total_bytes),
+        human(capacity_bytes)
     );
     let description = if w.remedies.is_empty() {
         format!("already fits: {verdict}")
