@@ -270,3 +270,25 @@ fn bad_requests_name_the_fix() {
         Err(PlanError::Invalid { .. })
     ));
 }
+
+#[test]
+fn flash_is_a_remedy_only_for_eager_users() {
+    let m = model("gpt2-124m");
+    let mut r = FitRequest::new(16, 1024, 1, 16 * GIB);
+    let flash_users = fit::search(&m, &r).unwrap();
+    assert!(flash_users
+        .fitting
+        .iter()
+        .all(|w| !w.remedies.contains(&Remedy::Flash)));
+    r.attention = plan::setup::Attention::Eager;
+    let eager_users = fit::search(&m, &r).unwrap();
+    let flash = |w: &&fit::Weighed| w.setup.attention == plan::setup::Attention::Flash;
+    assert!(eager_users
+        .fitting
+        .iter()
+        .filter(flash)
+        .all(|w| w.remedies.contains(&Remedy::Flash)));
+    // Eager attention moves its T×T tensors through memory: never faster than flash.
+    let best = eager_users.best().unwrap();
+    assert_eq!(best.setup.attention, plan::setup::Attention::Flash);
+}
