@@ -301,3 +301,58 @@ impl<T> Drop for ViewMut<'_, T> {
         self.flag.set(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plan::buffer::Buffer;
+
+    fn plan() -> MemoryPlan {
+        let mut plan = MemoryPlan::new(1);
+        let buf = |name: &str, lifetime| Buffer {
+            name: name.into(),
+            category: Category::Activations,
+            device: Device::Gpu,
+            bytes: 16,
+            lifetime,
+        };
+        plan.push(buf("w", Lifetime::Persistent));
+        let span = Lifetime::Span {
+            born: Phase::Forward(0),
+            dies: Phase::Backward(0),
+        };
+        plan.push(buf("a", span));
+        plan
+    }
+
+    #[test]
+    #[should_panic(expected = "used outside its planned lifetime")]
+    fn a_buffer_used_before_it_is_born_panics() {
+        let arena = Arena::new(&plan(), Device::Gpu, None).unwrap();
+        let _ = arena.f32(arena.id("a"));
+    }
+
+    #[test]
+    #[should_panic(expected = "already borrowed")]
+    fn a_buffer_borrowed_twice_mutably_panics() {
+        let arena = Arena::new(&plan(), Device::Gpu, None).unwrap();
+        let id = arena.id("w");
+        let _a = arena.f32_mut(id);
+        let _b = arena.f32_mut(id);
+    }
+
+    #[test]
+    fn live_bytes_follow_the_phases() {
+        let mut arena = Arena::new(&plan(), Device::Gpu, None).unwrap();
+        let act = Category::Activations as usize;
+        assert_eq!(arena.live_bytes()[act], 16);
+        arena.enter(Phase::Forward(0));
+        assert_eq!(arena.live_bytes()[act], 32);
+        arena.f32_mut(arena.id("a")).fill(1.0);
+        arena.leave(Phase::Forward(0));
+        arena.enter(Phase::Backward(0));
+        arena.leave(Phase::Backward(0));
+        assert_eq!(arena.live_bytes()[act], 16);
+        assert_eq!(arena.measured().peak_bytes, 32);
+    }
+}

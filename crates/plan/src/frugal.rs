@@ -146,3 +146,92 @@ pub fn training_estimate(model: &ModelShape, setup: &TrainSetup) -> Result<Estim
         host_peak_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presets;
+    use crate::setup::{Attention, Offload, Optimizer, Precision, Recompute, ZeroStage};
+
+    fn setup(batch: u64, seq: u64) -> TrainSetup {
+        TrainSetup {
+            precision: Precision::Fp32,
+            optimizer: Optimizer::AdamW,
+            zero: ZeroStage::Zero0,
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            micro_batch: batch,
+            seq,
+            grad_accum: 1,
+            recompute: Recompute::None,
+            attention: Attention::Eager,
+            offload: Offload::None,
+            lora: None,
+        }
+    }
+
+    #[test]
+    fn slab_packs_to_the_peak_and_live_buffers_never_share_bytes() {
+        for (name, batch, seq) in [
+            ("gpt2-124m", 4, 256),
+            ("gpt2-tiny", 2, 64),
+            ("llama-tiny", 3, 32),
+        ] {
+            let model = presets::by_name(name).unwrap();
+            let plan = training_plan(&model, &setup(batch, seq)).unwrap();
+            let layout = assign_offsets(&plan, Device::Gpu);
+            assert_eq!(layout.slab_bytes, plan.peak_bytes(Device::Gpu), "{name}");
+            let span = |i: usize| match plan.buffers[i].lifetime {
+                Lifetime::Persistent => (0, u32::MAX),
+                Lifetime::Span { born, dies } => {
+                    (born.ordinal(plan.n_layers), dies.ordinal(plan.n_layers))
+                }
+            };
+            for (k, &(i, oi)) in layout.offsets.iter().enumerate() {
+                for &(j, oj) in &layout.offsets[k + 1..] {
+                    let ((bi, di), (bj, dj)) = (span(i), span(j));
+                    let in_time = bi <= dj && bj <= di;
+                    let in_space =
+                        oi < oj + plan.buffers[j].bytes && oj < oi + plan.buffers[i].bytes;
+                    assert!(
+                        !(in_time && in_space),
+                        "{name}: {} and {} overlap",
+                        plan.buffers[i].name,
+                        plan.buffers[j].name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gpt2_124m_parameters_are_counted_exactly() {
+        let model = presets::by_name("gpt2-124m").unwrap();
+        let units = param_units(&model, 1).unwrap();
+        assert_eq!(units.iter().map(|u| u.numel).sum::<u64>(), 124_439_808);
+        let padded = param_units(&model, 8).unwrap();
+        assert!(padded
+            .iter()
+            .all(|u| u.padded_numel % 8 == 0 && u.padded_numel - u.numel < 8));
+    }
+
+    #[test]
+    fn setups_the_engine_cannot_run_are_refused() {
+        let model = presets::by_name("gpt2-tiny").unwrap();
+        let mut s = setup(1, 4096);
+        assert!(matches!(
+            training_plan(&model, &s),
+            Err(PlanError::Invalid { .. })
+        ));
+        s.seq = 64;
+        s.zero = ZeroStage::Zero3;
+        assert!(matches!(
+            training_plan(&model, &s),
+            Err(PlanError::Unsupported { .. })
+        ));
+        let moe = presets::by_name("mixtral-8x7b").unwrap();
+        assert!(training_plan(&moe, &setup(1, 64)).is_err());
+    }
+}
