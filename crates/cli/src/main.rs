@@ -27,15 +27,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Number formats (fp32, fp16, bf16, fp8, int8, int4, nf4): bit layouts, ranges, quantization.
+    #[command(
+        about = "Number formats (fp32, fp16, bf16, fp8, int8, int4, nf4): bit layouts, ranges, quantization."
+    )]
     Formats(cmd_formats::Args),
-    /// Memory plan of a training or inference setup, per device, before anything runs.
+    #[command(
+        about = "Memory plan of a training or inference setup, per device, before anything runs."
+    )]
     Plan(cmd_plan::Args),
-    /// Search the setups that fit a device's memory and rank them by predicted step time.
+    #[command(
+        about = "Search the setups that fit a device's memory and rank them by predicted step time."
+    )]
     Fit(cmd_fit::Args),
-    /// Train a GPT-2 or Llama-style model on CPU ranks, with memory measured against the plan.
+    #[command(
+        about = "Train a GPT-2 or Llama-style model on CPU ranks, with memory measured against the plan."
+    )]
     Train(cmd_train::Args),
-    /// Benchmarks: speed and memory against a baseline measured in the same run.
+    #[command(about = "Benchmarks: speed and memory against a baseline measured in the same run.")]
     Bench(cmd_bench::Args),
 }
 
