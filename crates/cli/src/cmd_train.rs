@@ -98,7 +98,7 @@ pub struct Args {
     /// fp32 (bf16 and fp16 come later).
     #[arg(long, default_value = "fp32")]
     pub precision: String,
-    /// Attention kernel: naive (flash comes later).
+    /// Attention kernel: naive, also spelled eager (flash comes later).
     #[arg(long, default_value = "naive")]
     pub attention: String,
     /// Offload: none (optimizer comes later).
@@ -130,7 +130,8 @@ fn check_not_yet(args: &Args) -> anyhow::Result<()> {
         ("--offload", &args.offload, "none"),
     ];
     for (flag, value, ok) in checks {
-        if value != ok {
+        let same = value == ok || (flag == "--attention" && value == "eager");
+        if !same {
             refuse(flag, value, ok)?;
         }
     }

@@ -29,6 +29,9 @@ pub struct BufId(usize);
 pub struct Measured {
     /// Indexed by `Category as usize`, each at its own peak.
     pub category_peak_bytes: [u64; 6],
+    /// Live bytes per category at the moment the total first reached `peak_bytes` (the plan's
+    /// `at_peak` breakdown, which sums to the peak).
+    pub at_peak_bytes: [u64; 6],
     /// The largest sum of live bytes over the run.
     pub peak_bytes: u64,
     /// Bytes the slab reserves.
@@ -151,7 +154,11 @@ impl Arena {
         for (peak, live) in m.category_peak_bytes.iter_mut().zip(self.live_bytes) {
             *peak = (*peak).max(live);
         }
-        m.peak_bytes = m.peak_bytes.max(self.live_bytes.iter().sum());
+        let total: u64 = self.live_bytes.iter().sum();
+        if total > m.peak_bytes {
+            m.peak_bytes = total;
+            m.at_peak_bytes = self.live_bytes;
+        }
     }
 
     /// Makes live every buffer born in `phase`.

@@ -22,7 +22,9 @@ pub struct Summary<'a> {
 
 /// `(planned, measured)` per-device byte counts, in the JSON contract's fields.
 fn per_device(trainer: &Trainer) -> (Map<String, Value>, Map<String, Value>) {
-    let plan_peaks = trainer.plan.category_peaks(Device::Gpu);
+    // The JSON contract's categories are the breakdown at the peak (they sum to peak_bytes), as
+    // `frugal plan` prints them.
+    let (_, plan_peaks) = trainer.plan.at_peak(Device::Gpu);
     let planned_peak = trainer.plan.peak_bytes(Device::Gpu);
     let planned_reserved = plan::frugal::assign_offsets(&trainer.plan, Device::Gpu).slab_bytes;
     let m = trainer.measured();
@@ -39,7 +41,7 @@ fn per_device(trainer: &Trainer) -> (Map<String, Value>, Map<String, Value>) {
     };
     (
         fill(plan_peaks, planned_peak, planned_reserved),
-        fill(m.category_peak_bytes, m.peak_bytes, m.reserved_bytes),
+        fill(m.at_peak_bytes, m.peak_bytes, m.reserved_bytes),
     )
 }
 
@@ -118,7 +120,11 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         s.tokens as f64 / s.seconds,
         s.seconds
     ));
-    out.push_str("memory: planned vs measured, each category at its own peak (MiB = 2^20 bytes)\n");
+    let (phase, _) = t.plan.at_peak(Device::Gpu);
+    out.push_str(&format!(
+        "memory at the step's peak ({}): planned vs measured (MiB = 2^20 bytes)\n",
+        plan::report::phase_name(phase)
+    ));
     out.push_str(&table.render());
     if let Some(sample) = s.sample {
         out.push_str(&format!("\nsample:\n{sample}\n"));
