@@ -62,9 +62,13 @@ fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
         let text = std::fs::read_to_string(spec).with_context(|| format!("--model {spec}"))?;
         return Ok(ModelConfig::from_hf_json(&text, spec)?);
     }
-    Ok(ModelConfig::from_shape(
-        plan::presets::by_name(spec).context("--model")?,
-    )?)
+    if spec.eq_ignore_ascii_case("gpt2-mini") {
+        return Ok(ModelConfig::from_shape(
+            crate::cmd_train::setup::gpt2_mini(),
+        )?);
+    }
+    let shape = plan::presets::by_name(spec).context("--model")?;
+    Ok(ModelConfig::from_shape(shape)?)
 }
 
 /// FLOPs of one training token (see the module comment).

@@ -136,27 +136,34 @@ pub fn head(model: &Model, arena: &Arena, dloss: f32) -> f32 {
 /// Block `layer` backward: reads `dact.residual` as the gradient of its output and leaves the
 /// gradient of its input there; accumulates the block's parameter gradients.
 pub fn block(model: &Model, arena: &Arena, layer: usize) {
-    let s = &model.config.shape;
-    let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
-    let (n, c, qkv_w, atty_w) = (d.n as usize, d.c as usize, d.qkv as usize, d.atty as usize);
-    let (fc_w, f) = (d.fc as usize, d.fc_act as usize);
-    let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
-    let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
-    let (a, h) = (model.blocks[layer], &model.head);
     let kind = UnitKind::Block(layer as u32);
     let idx = model.unit_index(kind);
     let p = arena.f32(model.params[idx]);
     let w = |role: Role| &p[model.unit_range(kind, role)];
     let mut grads = arena.f32_mut(model.grads[idx]);
     let mut g = GradParts::new(&model.units[idx], &mut grads);
-    let mut dres = arena.f32_mut(h.dresidual);
+    let mut dres = arena.f32_mut(model.head.dresidual);
+    mlp(model, arena, layer, &w, &mut g, &mut dres);
+    attention(model, arena, layer, &w, &mut g, &mut dres);
+}
+
+/// MLP half: out = res2 + proj(act(fc(norm2(res2)))); turns d(out) into d(res2) in `dres`.
+fn mlp<'a>(
+    model: &Model,
+    arena: &Arena,
+    layer: usize,
+    w: &dyn Fn(Role) -> &'a [f32],
+    g: &mut GradParts<'_>,
+    dres: &mut [f32],
+) {
+    let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
+    let (n, c, fc_w, f) = (d.n as usize, d.c as usize, d.fc as usize, d.fc_act as usize);
+    let (a, h) = (model.blocks[layer], &model.head);
     let (mut dln, mut dfch, mut dfch_act) = (
         arena.f32_mut(h.dln),
         arena.f32_mut(h.dfch),
         arena.f32_mut(h.dfch_act),
     );
-
-    // MLP: out = res2 + proj(act(fc(norm2(res2)))).
     let (fch, fch_act, ln2) = (arena.f32(a.fch), arena.f32(a.fch_act), arena.f32(a.ln2));
     dfch_act.fill(0.0);
     let (dw, db) = (g.take(Role::FcProjWeight), g.take_opt(Role::FcProjBias));
@@ -164,7 +171,7 @@ pub fn block(model: &Model, arena: &Arena, layer: usize) {
         &mut dfch_act,
         dw,
         db,
-        &dres,
+        dres,
         &fch_act,
         w(Role::FcProjWeight),
         n,
@@ -183,7 +190,7 @@ pub fn block(model: &Model, arena: &Arena, layer: usize) {
     let res2 = arena.f32(a.res2);
     let (mean, rstd) = (a.ln2_mean.map(|m| arena.f32(m)), arena.f32(a.ln2_rstd));
     let grad = NormGrad {
-        dinp: &mut dres,
+        dinp: dres,
         dweight: g.take(Role::Norm2Weight),
         dbias: g.take_opt(Role::Norm2Bias),
         dout: &dln,
@@ -193,18 +200,34 @@ pub fn block(model: &Model, arena: &Arena, layer: usize) {
         rstd: &rstd,
     };
     norm_backward(grad, n, c);
+}
 
-    // Attention: res2 = inp + proj(attention(qkv(norm1(inp)))).
+/// Attention half: res2 = inp + proj(attention(qkv(norm1(inp)))); turns d(res2) into d(inp).
+fn attention<'a>(
+    model: &Model,
+    arena: &Arena,
+    layer: usize,
+    w: &dyn Fn(Role) -> &'a [f32],
+    g: &mut GradParts<'_>,
+    dres: &mut [f32],
+) {
+    let s = &model.config.shape;
+    let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
+    let (n, c, qkv_w, atty_w) = (d.n as usize, d.c as usize, d.qkv as usize, d.atty as usize);
+    let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
+    let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
+    let (a, h) = (model.blocks[layer], &model.head);
     let (atty, qkv, att, ln1) = (
         arena.f32(a.atty),
         arena.f32(a.qkv),
         arena.f32(a.att),
         arena.f32(a.ln1),
     );
-    let (mut datty, mut dqkv, mut datt) = (
+    let (mut datty, mut dqkv, mut datt, mut dln) = (
         arena.f32_mut(h.datty),
         arena.f32_mut(h.dqkv),
         arena.f32_mut(h.datt),
+        arena.f32_mut(h.dln),
     );
     datty.fill(0.0);
     let (dw, db) = (g.take(Role::AttnProjWeight), g.take_opt(Role::AttnProjBias));
@@ -212,7 +235,7 @@ pub fn block(model: &Model, arena: &Arena, layer: usize) {
         &mut datty,
         dw,
         db,
-        &dres,
+        dres,
         &atty,
         w(Role::AttnProjWeight),
         n,
@@ -248,7 +271,7 @@ pub fn block(model: &Model, arena: &Arena, layer: usize) {
     let inp = arena.f32(block_input(model, layer));
     let (mean, rstd) = (a.ln1_mean.map(|m| arena.f32(m)), arena.f32(a.ln1_rstd));
     let grad = NormGrad {
-        dinp: &mut dres,
+        dinp: dres,
         dweight: g.take(Role::Norm1Weight),
         dbias: g.take_opt(Role::Norm1Bias),
         dout: &dln,
