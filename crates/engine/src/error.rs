@@ -49,6 +49,12 @@ pub enum EngineError {
         loss: f32,
         suggested_lr: f32,
     },
+    /// The gradients overflowed although the loss was finite.
+    #[error(
+        "the gradient norm became NaN or infinite at step {step}; training stopped before the \
+         update. Try a lower learning rate (--lr {suggested_lr:e}) or gradient clipping"
+    )]
+    NonFiniteGradient { step: u64, suggested_lr: f32 },
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -260,7 +260,7 @@ impl Trainer {
                 suggested_lr: self.config.schedule.lr / 10.0,
             });
         }
-        let grad_norm = self.apply_update(lr);
+        let grad_norm = self.apply_update(lr)?;
         let stats = StepStats {
             step: self.step,
             loss,
@@ -273,11 +273,19 @@ impl Trainer {
     }
 
     /// Clips and applies the optimizer to the accumulated gradients; returns the unclipped norm.
-    pub fn apply_update(&mut self, lr: f32) -> f32 {
+    /// A non-finite gradient norm stops before any weight changes.
+    pub fn apply_update(&mut self, lr: f32) -> Result<f32, EngineError> {
         let started = Instant::now();
         self.arena.enter(Phase::Optimizer);
         let (model, arena) = (&self.model, &self.arena);
         let norm = optim::grad_norm(model, arena);
+        if !norm.is_finite() {
+            self.arena.leave(Phase::Optimizer);
+            return Err(EngineError::NonFiniteGradient {
+                step: self.step,
+                suggested_lr: self.config.schedule.lr / 10.0,
+            });
+        }
         if let Some(max_norm) = self.config.grad_clip {
             let scale = max_norm / (norm + 1e-6);
             if scale < 1.0 {
@@ -288,7 +296,7 @@ impl Trainer {
         optim::update(model, arena, &self.opt_state, self.config.optimizer, lr, t);
         self.arena.leave(Phase::Optimizer);
         self.timings.optimizer += started.elapsed();
-        norm
+        Ok(norm)
     }
 
     /// Per-category peaks measured by the arena so far.
