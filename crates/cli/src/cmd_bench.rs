@@ -87,6 +87,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     if a.steps == 0 || a.batch == 0 || a.seq == 0 {
         bail!("--steps, --batch and --seq must be at least 1");
     }
+    if let Some(other) = a.baseline.as_deref().filter(|b| *b != "pytorch") {
+        bail!("--baseline {other}: the only baseline is pytorch");
+    }
     let model = model_config(&a.model)?;
     let config = TrainConfig {
         model: model.clone(),

@@ -231,3 +231,43 @@ fn options_of_later_issues_are_refused_not_ignored() {
     );
     fails_with(&tiny_run(&dir, &["--ranks", "4"]), "--ranks 4");
 }
+
+#[test]
+fn bench_train_reports_tokens_per_second_and_gflops() {
+    let args = [
+        "bench",
+        "train",
+        "--model",
+        "llama-tiny",
+        "--batch",
+        "1",
+        "--seq",
+        "16",
+        "--steps",
+        "1",
+        "--json",
+    ];
+    let out = frugal(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["gflops"].as_f64().unwrap() > 0.0);
+    assert!(v["step_seconds"]["head (classifier fwd+bwd)"]
+        .as_f64()
+        .is_some());
+    let bad = frugal(&[
+        "bench",
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "1",
+        "--baseline",
+        "jax",
+    ]);
+    fails_with(&bad, "the only baseline is pytorch");
+}
