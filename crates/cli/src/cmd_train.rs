@@ -240,6 +240,7 @@ fn generate(trainer: &mut Trainer, tok: &data::Tokenizer, args: &Args) -> anyhow
         top_k: (args.top_k > 0).then_some(args.top_k),
         temperature: 1.0,
         seed: args.seed,
+        vocab_limit: Some(tok.vocab_size() as usize),
     };
     let new = trainer.generate(&prompt, args.sample_tokens, sampling)?;
     let mut all = prompt;

@@ -6,7 +6,8 @@
 //! are computed a chunk of rows at a time in the classifier's scratch, so no B×T×V tensor exists
 //! in the arena; `logits` returns them in a Vec because its callers (tests, dev scripts) want them.
 //!
-//! Example: `trainer.generate(&prompt, 100, Sampling { top_k: Some(40), temperature: 1.0, seed: 7 })`.
+//! Example: `trainer.generate(&prompt, 100, Sampling { top_k: Some(40), temperature: 1.0, seed: 7,
+//! vocab_limit: None })`.
 
 use crate::error::EngineError;
 use crate::forward;
@@ -22,6 +23,8 @@ pub struct Sampling {
     pub top_k: Option<usize>,
     pub temperature: f32,
     pub seed: u64,
+    /// Only ids below this are picked (the tokenizer's vocabulary, when the model's is padded).
+    pub vocab_limit: Option<usize>,
 }
 
 impl Trainer {
@@ -142,7 +145,8 @@ impl Trainer {
                     last.copy_from_slice(&logits[(rows - 1) * v..]);
                 }
             });
-            tokens.push(pick(&last, sampling, &mut rng));
+            let limit = sampling.vocab_limit.unwrap_or(v).clamp(1, v);
+            tokens.push(pick(&last[..limit], sampling, &mut rng));
         }
         Ok(tokens[prompt.len()..].to_vec())
     }

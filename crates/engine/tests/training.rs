@@ -197,3 +197,46 @@ fn configs_the_engine_cannot_build_are_refused() {
     );
     assert_eq!(ok.unwrap().shape.n_kv_heads, 2, "config.json round-trips");
 }
+
+#[test]
+fn generation_is_seeded_and_stays_below_the_vocab_limit() {
+    let mut t = trainer(gpt2_tiny(), 2, 16);
+    let greedy = engine::Sampling {
+        top_k: None,
+        temperature: 1.0,
+        seed: 1,
+        vocab_limit: None,
+    };
+    let a = t.generate(&[1, 2, 3], 20, greedy).unwrap();
+    assert_eq!(
+        a,
+        t.generate(&[1, 2, 3], 20, greedy).unwrap(),
+        "greedy is deterministic"
+    );
+    assert_eq!(
+        a.len(),
+        20,
+        "longer than the planned 16 positions: the context is cropped"
+    );
+    let top_k = engine::Sampling {
+        top_k: Some(10),
+        seed: 9,
+        vocab_limit: Some(50),
+        ..greedy
+    };
+    let b = t.generate(&[4], 12, top_k).unwrap();
+    assert_eq!(
+        b,
+        t.generate(&[4], 12, top_k).unwrap(),
+        "same seed, same sample"
+    );
+    assert!(b.iter().all(|&id| id < 50), "{b:?}");
+    assert!(
+        t.generate(&[], 3, greedy).is_err(),
+        "an empty prompt is refused"
+    );
+    assert!(
+        t.generate(&[96], 3, greedy).is_err(),
+        "a prompt id beyond the vocabulary is refused"
+    );
+}
