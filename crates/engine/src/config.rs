@@ -81,7 +81,6 @@ impl ModelConfig {
                 "layer_norm_epsilon": GPT2_LN_EPS,
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
                 "tie_word_embeddings": true,
-                "bos_token_id": 50256, "eos_token_id": 50256,
                 "torch_dtype": "float32",
             }),
             _ => json!({
@@ -103,6 +102,12 @@ impl ModelConfig {
                 "torch_dtype": "float32",
             }),
         };
+        let mut v = v;
+        // GPT-2's <|endoftext|>, only when the vocabulary holds it (tiny test models do not).
+        if s.family == Family::Gpt2 && s.vocab > 50256 {
+            v["bos_token_id"] = json!(50256);
+            v["eos_token_id"] = json!(50256);
+        }
         serde_json::to_string_pretty(&v).expect("a JSON value serialises")
     }
 }
