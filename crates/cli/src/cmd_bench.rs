@@ -100,6 +100,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         schedule: Schedule::constant(1e-4),
         grad_clip: Some(1.0),
         device_memory_bytes: None,
+        ranks: 1,
     };
     let mut trainer = Trainer::new(config)?;
     trainer.init_weights(1);

@@ -13,6 +13,7 @@ mod report;
 pub(crate) mod setup;
 
 use anyhow::{bail, Context};
+use comm::Collective;
 use engine::{Sampling, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -88,7 +89,8 @@ pub struct Args {
     /// safetensors file (dev/check_hf_logits.py compares them with HF transformers).
     #[arg(long, hide = true)]
     pub save_val_logits: Option<PathBuf>,
-    /// Data-parallel ranks (more than 1 comes with ZeRO).
+    /// Data-parallel ranks, as threads in this process: each takes its share of every global
+    /// batch (--batch rows each) and gradients are all-reduced (ZeRO stage 0).
     #[arg(long, default_value_t = 1)]
     pub ranks: u32,
     /// ZeRO stage 0-3 (above 0 comes with the ZeRO issue).
@@ -119,9 +121,6 @@ fn check_not_yet(args: &Args) -> anyhow::Result<()> {
     let refuse = |flag: &str, value: &str, ok: &str| {
         bail!("{flag} {value} is not supported by the engine yet (supported: {ok})")
     };
-    if args.ranks != 1 {
-        refuse("--ranks", &args.ranks.to_string(), "1")?;
-    }
     if args.zero != 0 {
         refuse("--zero", &args.zero.to_string(), "0")?;
     }
@@ -156,10 +155,66 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
-    let run = setup::prepare(&args)?;
-    let mut trainer = run.trainer;
-    let (mut loader, val) = (run.loader, run.val);
-    let bar = progress_bar(&args);
+    let shared = setup::prepare(&args)?;
+    let mut results = if args.ranks == 1 {
+        let rank = setup::build_rank(&shared, &args, None)?;
+        vec![train_loop(rank, &args, progress_bar(&args))?]
+    } else {
+        run_ranks(&shared, &args)?
+    };
+    let mut first = results.remove(0);
+    let sample = if args.sample_tokens > 0 {
+        Some(generate(&mut first.trainer, &shared.tokenizer, &args)?)
+    } else {
+        None
+    };
+    if let Some(dir) = &args.out {
+        engine::io::save_pretrained(&first.trainer.model, &first.trainer.arena, dir)
+            .with_context(|| format!("saving the model to {}", dir.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        report::plot(path, &first.curves)?;
+    }
+    if let Some(path) = &args.save_val_logits {
+        setup::save_val_logits(&mut first.trainer, &first.val, path)?;
+    }
+    let mut trainers = vec![&first.trainer];
+    trainers.extend(results.iter().map(|r| &r.trainer));
+    for t in &trainers {
+        report::check_planned_equals_measured(t)?;
+    }
+    let summary = report::Summary {
+        trainers: &trainers,
+        curves: &first.curves,
+        tokens: first.tokens,
+        seconds: first.seconds,
+        sample: sample.as_deref(),
+    };
+    if args.json {
+        println!("{}", report::json(&summary));
+    } else {
+        print!("{}", report::human(&summary, &args));
+    }
+    Ok(())
+}
+
+/// What one rank's training loop leaves behind.
+struct Trained {
+    trainer: Trainer,
+    val: data::ValBatches,
+    curves: Curves,
+    /// Tokens of the global batches (all ranks).
+    tokens: u64,
+    seconds: f64,
+}
+
+/// The steps of one rank; rank 0 (or the only rank) drives the progress bar.
+fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Result<Trained> {
+    let setup::Rank {
+        mut trainer,
+        mut loader,
+        val,
+    } = rank;
     let mut curves = Curves {
         train: Vec::new(),
         val: Vec::new(),
@@ -172,54 +227,73 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })?;
         tokens += stats.tokens;
         curves.train.push((step + 1, stats.loss));
-        let last = step + 1 == args.steps;
-        if (step + 1) % args.val_every.max(1) == 0 || last {
-            curves.val.push((
-                step + 1,
-                setup::val_loss(&mut trainer, &val, args.val_batches)?,
-            ));
+        if (step + 1) % args.val_every.max(1) == 0 || step + 1 == args.steps {
+            // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
+            let batches = args.val_batches * args.ranks as usize;
+            let loss = setup::val_loss(&mut trainer, &val, batches)?;
+            curves.val.push((step + 1, loss));
         }
         let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64();
-        let live: u64 = trainer.measured().peak_bytes;
         bar.set_message(format!(
             "loss {:.3} | {:.0} tok/s | peak {}",
             stats.loss,
             tokens_per_s,
-            crate::output::human_bytes(live)
+            crate::output::human_bytes(trainer.measured().peak_bytes)
         ));
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    let sample = if args.sample_tokens > 0 {
-        Some(generate(&mut trainer, &run.tokenizer, &args)?)
-    } else {
-        None
-    };
-    if let Some(dir) = &args.out {
-        engine::io::save_pretrained(&trainer.model, &trainer.arena, dir)
-            .with_context(|| format!("saving the model to {}", dir.display()))?;
-    }
-    if let Some(path) = &args.plot {
-        report::plot(path, &curves)?;
-    }
-    if let Some(path) = &args.save_val_logits {
-        setup::save_val_logits(&mut trainer, &val, path)?;
-    }
-    let summary = report::Summary {
-        trainer: &trainer,
-        curves: &curves,
+    Ok(Trained {
+        trainer,
+        val,
+        curves,
         tokens,
-        seconds,
-        sample: sample.as_deref(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs `--ranks` threads joined by the in-process communicator; returns them in rank order.
+/// When ranks fail, the error reported is the root cause, not the others' "rank k died".
+fn run_ranks(shared: &setup::Shared, args: &Args) -> anyhow::Result<Vec<Trained>> {
+    let comms = comm::InProcess::world(args.ranks as usize)?;
+    let results: Vec<anyhow::Result<Trained>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let show = c.rank() == 0;
+                    let rank = setup::build_rank(shared, args, Some(Box::new(c)))?;
+                    let bar = if show {
+                        progress_bar(args)
+                    } else {
+                        ProgressBar::hidden()
+                    };
+                    train_loop(rank, args, bar)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    });
+    let is_comm = |e: &anyhow::Error| {
+        matches!(
+            e.downcast_ref::<engine::EngineError>(),
+            Some(engine::EngineError::Comm(_))
+        )
     };
-    report::check_planned_equals_measured(&trainer)?;
-    if args.json {
-        println!("{}", report::json(&summary));
-    } else {
-        print!("{}", report::human(&summary, &args));
+    if let Some(root) = results
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .find(|e| !is_comm(e))
+    {
+        bail!("{root:#}");
     }
-    Ok(())
+    results.into_iter().collect()
 }
 
 fn progress_bar(args: &Args) -> ProgressBar {

@@ -229,7 +229,7 @@ fn options_of_later_issues_are_refused_not_ignored() {
         &tiny_run(&dir, &["--precision", "bf16"]),
         "--precision bf16",
     );
-    fails_with(&tiny_run(&dir, &["--ranks", "4"]), "--ranks 4");
+    fails_with(&tiny_run(&dir, &["--ranks", "0"]), "--ranks 0");
 }
 
 #[test]
@@ -270,4 +270,31 @@ fn bench_train_reports_tokens_per_second_and_gflops() {
         "jax",
     ]);
     fails_with(&bad, "the only baseline is pytorch");
+}
+
+#[test]
+fn two_ranks_report_each_rank_with_planned_equal_to_measured() {
+    let dir = temp_dir("ranks");
+    let one = tiny_run(&dir, &["--json", "--batch", "4", "--sample-tokens", "0"]);
+    let two = tiny_run(&dir, &["--json", "--ranks", "2", "--sample-tokens", "0"]);
+    assert!(
+        two.status.success(),
+        "{}",
+        String::from_utf8_lossy(&two.stderr)
+    );
+    let (one, two): (Value, Value) = (
+        serde_json::from_slice(&one.stdout).unwrap(),
+        serde_json::from_slice(&two.stdout).unwrap(),
+    );
+    assert_eq!(two["ranks"].as_array().unwrap().len(), 2);
+    for rank in two["ranks"].as_array().unwrap() {
+        assert_eq!(rank["planned"], rank["measured"], "rank {}", rank["rank"]);
+    }
+    // 2 ranks of 2 rows see the tokens 1 rank of 4 rows sees.
+    assert_eq!(one["tokens"], two["tokens"]);
+    let (a, b) = (
+        one["loss_last"].as_f64().unwrap(),
+        two["loss_last"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() < 1e-4, "loss {a} vs {b}");
 }

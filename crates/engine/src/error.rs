@@ -55,6 +55,9 @@ pub enum EngineError {
          update. Try a lower learning rate (--lr {suggested_lr:e}) or gradient clipping"
     )]
     NonFiniteGradient { step: u64, suggested_lr: f32 },
+    /// A collective failed (another rank died, stalled or diverged).
+    #[error("communication: {0}")]
+    Comm(#[from] comm::CommError),
     #[error("{context}: {source}")]
     Io {
         context: String,

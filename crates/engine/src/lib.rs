@@ -17,6 +17,7 @@
 //!     schedule: Schedule::constant(3e-4),
 //!     grad_clip: Some(1.0),
 //!     device_memory_bytes: None,
+//!     ranks: 1,
 //! };
 //! let mut trainer = Trainer::new(config).unwrap();
 //! trainer.init_weights(1337);

@@ -48,16 +48,18 @@ pub struct TrainConfig {
     pub grad_clip: Option<f32>,
     /// Refuse to start when the arena's slab would exceed this many bytes.
     pub device_memory_bytes: Option<u64>,
+    /// Data-parallel ranks (ZeRO stage 0: every rank holds everything, gradients all-reduced).
+    pub ranks: u32,
 }
 
 impl TrainConfig {
-    /// The planner's view of this run (one rank, fp32, no ZeRO, no recompute).
+    /// The planner's view of this run (per rank: fp32, ZeRO stage 0, no recompute).
     pub fn setup(&self) -> TrainSetup {
         TrainSetup {
             precision: Precision::Fp32,
             optimizer: self.optimizer.plan_optimizer(),
             zero: ZeroStage::Zero0,
-            dp: 1,
+            dp: self.ranks,
             tp: 1,
             pp: 1,
             sp: false,
@@ -94,33 +96,43 @@ pub struct Trainer {
     /// Optimizer steps taken.
     pub step: u64,
     pub timings: Timings,
+    /// This rank's link to the others; `None` for a single rank.
+    comm: Option<Box<dyn comm::Collective>>,
+}
+
+/// Plans one rank's step and refuses it, before anything is allocated, when it exceeds
+/// `device_memory_bytes`, with the plan's breakdown and the `fit` advisor's cheapest fix.
+pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
+    let shape = &config.model.shape;
+    let setup = config.setup();
+    let plan = plan::frugal::training_plan(shape, &setup)?;
+    let Some(capacity_bytes) = config.device_memory_bytes else {
+        return Ok(plan);
+    };
+    let needed_bytes = plan::frugal::assign_offsets(&plan, Device::Gpu)
+        .slab_bytes
+        .max(plan.peak_bytes(Device::Gpu));
+    if needed_bytes <= capacity_bytes {
+        return Ok(plan);
+    }
+    // The advisor searches setups this engine runs (its `frugal` runtime).
+    let runtime = plan::fit::Runtime::Frugal;
+    let fix = plan::fit::cheapest_fix(shape, &setup, capacity_bytes, runtime);
+    Err(EngineError::DoesNotFit {
+        needed_bytes,
+        capacity_bytes,
+        category_peak_bytes: plan.category_peaks(Device::Gpu),
+        advice: fix.map(|s| s.description),
+    })
 }
 
 impl Trainer {
     /// Plans the run, refuses it if it does not fit, then carves the arena (zeroed weights).
     pub fn new(config: TrainConfig) -> Result<Trainer, EngineError> {
+        let plan = check_capacity(&config)?;
         let shape = &config.model.shape;
         let setup = config.setup();
-        let plan = plan::frugal::training_plan(shape, &setup)?;
-        let arena = match Arena::new(&plan, Device::Gpu, config.device_memory_bytes) {
-            Err(EngineError::DoesNotFit {
-                needed_bytes,
-                capacity_bytes,
-                category_peak_bytes,
-                ..
-            }) => {
-                // The advisor searches setups this engine runs (its `frugal` runtime).
-                let runtime = plan::fit::Runtime::Frugal;
-                let fix = plan::fit::cheapest_fix(shape, &setup, capacity_bytes, runtime);
-                return Err(EngineError::DoesNotFit {
-                    needed_bytes,
-                    capacity_bytes,
-                    category_peak_bytes,
-                    advice: fix.map(|s| s.description),
-                });
-            }
-            other => other?,
-        };
+        let arena = Arena::new(&plan, Device::Gpu, config.device_memory_bytes)?;
         let units = plan::frugal::param_units(shape, setup.dp)?;
         let act_shape = ActShape {
             batch: config.batch,
@@ -139,7 +151,46 @@ impl Trainer {
             opt_state,
             step: 0,
             timings: Timings::default(),
+            comm: None,
         })
+    }
+
+    /// A trainer for one rank of a data-parallel world: `comm`'s world size must equal
+    /// `config.ranks`. Every rank starts from the same weights when given the same seed.
+    pub fn with_comm(
+        config: TrainConfig,
+        comm: Box<dyn comm::Collective>,
+    ) -> Result<Trainer, EngineError> {
+        assert_eq!(
+            comm.world_size(),
+            config.ranks as usize,
+            "one communicator per rank"
+        );
+        let mut trainer = Trainer::new(config)?;
+        trainer.comm = Some(comm);
+        Ok(trainer)
+    }
+
+    /// This rank's index (0 without a communicator).
+    pub fn rank(&self) -> usize {
+        self.comm.as_ref().map_or(0, |c| c.rank())
+    }
+
+    /// Sums `loss_sum` over the ranks (so every rank sees the same, NaN included), then the
+    /// gradients, in the comm crate's fixed rank order.
+    fn all_reduce(&mut self, loss_sum: f64) -> Result<f64, EngineError> {
+        let Some(comm) = self.comm.as_mut() else {
+            return Ok(loss_sum);
+        };
+        let mut loss = [loss_sum as f32];
+        comm.all_reduce(loss.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+        if loss[0].is_finite() {
+            for &id in &self.model.grads {
+                let mut grads = self.arena.f32_mut(id);
+                comm.all_reduce((&mut grads[..]).into(), comm::ReduceOp::Sum)?;
+            }
+        }
+        Ok(f64::from(loss[0]))
     }
 
     pub fn init_weights(&mut self, seed: u64) {
@@ -243,7 +294,9 @@ impl Trainer {
     ) -> Result<StepStats, EngineError> {
         let n = self.micro_tokens();
         let k = self.config.grad_accum as usize;
-        let tokens = (n * k) as u64;
+        // Every rank scales by the tokens of the whole global step, so the all-reduced sum is
+        // the mean over the global batch.
+        let tokens = (n * k * self.config.ranks as usize) as u64;
         self.zero_grads();
         let (mut inputs, mut targets) = (vec![0u32; n], vec![0u32; n]);
         let mut loss_sum = 0.0f64;
@@ -251,6 +304,7 @@ impl Trainer {
             next_batch(&mut inputs, &mut targets);
             loss_sum += f64::from(self.forward_backward(&inputs, &targets, 1.0 / tokens as f32)?);
         }
+        let loss_sum = self.all_reduce(loss_sum)?;
         let loss = (loss_sum / tokens as f64) as f32;
         let lr = self.config.schedule.lr_at(self.step);
         if !loss.is_finite() {

@@ -82,6 +82,7 @@ fn run(file: &str) {
         schedule: Schedule::constant(1e-3),
         grad_clip: Some(1.0),
         device_memory_bytes: None,
+        ranks: 1,
     };
     let mut t = Trainer::new(config).unwrap();
     load_prefixed(&t.model, &t.arena, &g.bytes, file, "weights.").unwrap();

@@ -13,7 +13,8 @@ use serde_json::{json, Map, Value};
 use std::path::Path;
 
 pub struct Summary<'a> {
-    pub trainer: &'a Trainer,
+    /// One trainer per rank, rank 0 first.
+    pub trainers: &'a [&'a Trainer],
     pub curves: &'a Curves,
     pub tokens: u64,
     pub seconds: f64,
@@ -66,11 +67,19 @@ fn first_last(points: &[(u64, f32)]) -> (f32, f32) {
 }
 
 pub fn json(s: &Summary<'_>) -> String {
-    let (planned, measured) = per_device(s.trainer);
+    let ranks: Vec<Value> = s
+        .trainers
+        .iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let (planned, measured) = per_device(t);
+            json!({"rank": rank, "planned": planned, "measured": measured})
+        })
+        .collect();
     let (loss_first, loss_last) = first_last(&s.curves.train);
     let val_loss = s.curves.val.last().map(|p| p.1);
     let v = json!({
-        "model": s.trainer.config.model.shape.name,
+        "model": s.trainers[0].config.model.shape.name,
         "steps": s.curves.train.len(),
         "tokens": s.tokens,
         "loss_first": loss_first,
@@ -79,14 +88,14 @@ pub fn json(s: &Summary<'_>) -> String {
         "val_curve": s.curves.val,
         "seconds": s.seconds,
         "tokens_per_s": s.tokens as f64 / s.seconds,
-        "ranks": [{"rank": 0, "planned": planned, "measured": measured}],
+        "ranks": ranks,
         "sample": s.sample,
     });
     serde_json::to_string_pretty(&v).expect("a JSON value serialises")
 }
 
 pub fn human(s: &Summary<'_>, args: &Args) -> String {
-    let t = s.trainer;
+    let t = s.trainers[0];
     let shape = &t.config.model.shape;
     let (planned, measured) = per_device(t);
     let mut table = Table::new(&["memory (rank 0)", "planned", "measured", "bytes"]);
@@ -105,7 +114,7 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
     let (first, last) = first_last(&s.curves.train);
     let val = s.curves.val.last().map_or(f32::NAN, |p| p.1);
     let mut out = format!(
-        "trained {} ({} layers, d_model {}, vocab {}) for {} steps of {} x {} tokens (x{} accumulation)\n",
+        "trained {} ({} layers, d_model {}, vocab {}) for {} steps of {} x {} tokens (x{} accumulation, {} rank(s))\n",
         shape.name,
         shape.n_layers,
         shape.d_model,
@@ -113,7 +122,8 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         s.curves.train.len(),
         args.batch,
         args.seq,
-        args.grad_accum
+        args.grad_accum,
+        s.trainers.len()
     );
     out.push_str(&format!(
         "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",
@@ -126,6 +136,12 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         plan::report::phase_name(phase)
     ));
     out.push_str(&table.render());
+    if s.trainers.len() > 1 {
+        out.push_str(&format!(
+            "(each of the {} ranks measured exactly its plan; ZeRO stage 0 holds everything on every rank)\n",
+            s.trainers.len()
+        ));
+    }
     if let Some(sample) = s.sample {
         out.push_str(&format!("\nsample:\n{sample}\n"));
     }

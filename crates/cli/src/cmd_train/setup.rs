@@ -11,12 +11,19 @@ use plan::model::Family;
 use plan::ModelShape;
 use std::path::{Path, PathBuf};
 
-/// Everything the training loop needs.
-pub struct Prepared {
+/// What every rank builds from: the validated config, the tokenized data, the weights to load.
+pub struct Shared {
+    pub config: TrainConfig,
+    pub dataset: data::Dataset,
+    pub tokenizer: data::Tokenizer,
+    pub weights: Option<PathBuf>,
+}
+
+/// One rank's trainer and data.
+pub struct Rank {
     pub trainer: Trainer,
     pub loader: data::Loader,
     pub val: data::ValBatches,
-    pub tokenizer: data::Tokenizer,
 }
 
 /// The default training shape: GPT-2 blocks, 4 layers of width 128, the full GPT-2 vocabulary
@@ -81,8 +88,12 @@ fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
     })
 }
 
-/// Builds the trainer and the data from `args`.
-pub fn prepare(args: &Args) -> anyhow::Result<Prepared> {
+/// Validates `args` and loads the data; the plan is checked against `--device-memory` here, so a
+/// run that does not fit is refused before any data is read.
+pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
+    if args.ranks == 0 {
+        bail!("--ranks 0: at least one rank is needed");
+    }
     let (model, weights) = resolve_model(&args.model)?;
     if args.lr <= 0.0 || !args.lr.is_finite() {
         bail!("--lr {} must be a positive number", args.lr);
@@ -123,7 +134,10 @@ pub fn prepare(args: &Args) -> anyhow::Result<Prepared> {
         },
         grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
         device_memory_bytes,
+        ranks: args.ranks,
     };
+    // Refuses what does not fit before reading any data.
+    engine::train::check_capacity(&config)?;
     let corpus = corpus(args.data.as_deref())?;
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
     let cached = data::load_or_tokenize(&corpus, &tokenizer, &cache_dir)?;
@@ -132,29 +146,49 @@ pub fn prepare(args: &Args) -> anyhow::Result<Prepared> {
         tokenizer.vocab_size(),
         data::DEFAULT_VAL_FRACTION,
     )?;
-    let shape = data::BatchShape::single(args.batch as usize, args.seq as usize);
-    let loader = dataset
+    Ok(Shared {
+        config,
+        dataset,
+        tokenizer,
+        weights,
+    })
+}
+
+/// Rank `rank`'s trainer (same seed, same weights on every rank), its shard of each global
+/// batch, and the validation batches (the same on every rank).
+pub fn build_rank(
+    shared: &Shared,
+    args: &Args,
+    comm: Option<Box<dyn comm::Collective>>,
+) -> anyhow::Result<Rank> {
+    let (b, t) = (args.batch as usize, args.seq as usize);
+    let mut shape = data::BatchShape::single(b, t);
+    if let Some(c) = &comm {
+        (shape.rank, shape.world_size) = (c.rank(), c.world_size());
+    }
+    let loader = shared
+        .dataset
         .train_loader(data::LoaderConfig::shuffled(shape, args.seed))
         .context("the training split is too short for one batch: lower --batch or --seq")?;
-    let val = dataset
-        .val_batches(shape)
+    let val = shared
+        .dataset
+        .val_batches(data::BatchShape::single(b, t))
         .context("the validation split is too short for one batch: lower --batch or --seq")?;
-    let mut trainer = Trainer::new(config)?;
+    let config = shared.config.clone();
+    let mut trainer = match comm {
+        Some(c) => Trainer::with_comm(config, c)?,
+        None => Trainer::new(config)?,
+    };
     trainer.init_weights(args.seed);
-    if let Some(path) = weights {
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        engine::io::load_safetensors(
-            &trainer.model,
-            &trainer.arena,
-            &bytes,
-            &path.display().to_string(),
-        )?;
+    if let Some(path) = &shared.weights {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let name = path.display().to_string();
+        engine::io::load_safetensors(&trainer.model, &trainer.arena, &bytes, &name)?;
     }
-    Ok(Prepared {
+    Ok(Rank {
         trainer,
         loader,
         val,
-        tokenizer,
     })
 }
 

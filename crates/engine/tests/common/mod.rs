@@ -54,6 +54,7 @@ pub fn config(shape: ModelShape, batch: u64, seq: u64) -> TrainConfig {
         schedule: Schedule::constant(1e-3),
         grad_clip: Some(1.0),
         device_memory_bytes: None,
+        ranks: 1,
     }
 }
 
