@@ -101,6 +101,8 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         grad_clip: Some(1.0),
         device_memory_bytes: None,
         ranks: 1,
+        recompute: plan::setup::Recompute::None,
+        attention: plan::setup::Attention::Eager,
     };
     let mut trainer = Trainer::new(config)?;
     trainer.init_weights(1);

@@ -163,7 +163,7 @@ fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     })
 }
 
-fn parse_recompute(s: &str) -> Result<Recompute, String> {
+pub(crate) fn parse_recompute(s: &str) -> Result<Recompute, String> {
     Ok(match s {
         "none" => Recompute::None,
         "full" => Recompute::Full,

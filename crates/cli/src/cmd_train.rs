@@ -96,13 +96,13 @@ pub struct Args {
     /// ZeRO stage 0-3 (above 0 comes with the ZeRO issue).
     #[arg(long, default_value_t = 0)]
     pub zero: u32,
-    /// Activation recompute: none (full, every:K, sqrt, selective come later).
+    /// Activation recompute: none, full, every:K, sqrt or selective.
     #[arg(long, default_value = "none")]
     pub recompute: String,
     /// fp32 (bf16 and fp16 come later).
     #[arg(long, default_value = "fp32")]
     pub precision: String,
-    /// Attention kernel: naive, also spelled eager (flash comes later).
+    /// Attention kernel: naive (also spelled eager) or flash.
     #[arg(long, default_value = "naive")]
     pub attention: String,
     /// Offload: none (optimizer comes later).
@@ -125,14 +125,11 @@ fn check_not_yet(args: &Args) -> anyhow::Result<()> {
         refuse("--zero", &args.zero.to_string(), "0")?;
     }
     let checks = [
-        ("--recompute", &args.recompute, "none"),
         ("--precision", &args.precision, "fp32"),
-        ("--attention", &args.attention, "naive"),
         ("--offload", &args.offload, "none"),
     ];
     for (flag, value, ok) in checks {
-        let same = value == ok || (flag == "--attention" && value == "eager");
-        if !same {
+        if value != ok {
             refuse(flag, value, ok)?;
         }
     }

@@ -271,6 +271,12 @@ fn engine_trains_what_fit_picks_and_refuses_what_it_rejects() {
     let rejected = &plain["closest_setup"];
     let train = |s: &Value| {
         let (mb, accum) = (s["micro_batch"].to_string(), s["grad_accum"].to_string());
+        // The engine runs recompute and flash attention: the picked setup may use them.
+        let recompute = match &s["recompute"] {
+            Value::String(r) => r.clone(),
+            every => format!("every:{}", every["every"]),
+        };
+        let attention = s["attention"].as_str().unwrap().to_string();
         Command::new(env!("CARGO_BIN_EXE_frugal"))
             .args([
                 "train",
@@ -290,6 +296,7 @@ fn engine_trains_what_fit_picks_and_refuses_what_it_rejects() {
                 "--device-memory",
                 cap,
             ])
+            .args(["--recompute", &recompute, "--attention", &attention])
             .output()
             .expect("run frugal train")
     };

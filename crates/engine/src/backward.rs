@@ -9,7 +9,9 @@
 use crate::arena::Arena;
 use crate::forward::{block_input, final_norm};
 use crate::model::{split_ranges, view_range, Model};
-use kernels::{attention, classifier, embedding, gelu, layernorm, matmul, rmsnorm, rope, swiglu};
+use kernels::{
+    attention, classifier, embedding, flash, gelu, layernorm, matmul, rmsnorm, rope, swiglu,
+};
 use plan::frugal::units::{Role, Unit, UnitKind};
 
 /// A unit's gradient buffer cut into one mutable slice per role.
@@ -133,9 +135,11 @@ pub fn head(model: &Model, arena: &Arena, dloss: f32) -> f32 {
     loss_sum
 }
 
-/// Block `layer` backward: reads `dact.residual` as the gradient of its output and leaves the
-/// gradient of its input there; accumulates the block's parameter gradients.
+/// Block `layer` backward: first rebuilds what the recompute policy did not keep, then reads
+/// `dact.residual` as the gradient of its output and leaves the gradient of its input there;
+/// accumulates the block's parameter gradients.
 pub fn block(model: &Model, arena: &Arena, layer: usize) {
+    crate::recompute::before_backward(model, arena, layer);
     let kind = UnitKind::Block(layer as u32);
     let idx = model.unit_index(kind);
     let p = arena.f32(model.params[idx]);
@@ -217,16 +221,10 @@ fn attention<'a>(
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
     let (a, h) = (model.blocks[layer], &model.head);
-    let (atty, qkv, att, ln1) = (
-        arena.f32(a.atty),
-        arena.f32(a.qkv),
-        arena.f32(a.att),
-        arena.f32(a.ln1),
-    );
-    let (mut datty, mut dqkv, mut datt, mut dln) = (
+    let (atty, qkv, ln1) = (arena.f32(a.atty), arena.f32(a.qkv), arena.f32(a.ln1));
+    let (mut datty, mut dqkv, mut dln) = (
         arena.f32_mut(h.datty),
         arena.f32_mut(h.dqkv),
-        arena.f32_mut(h.datt),
         arena.f32_mut(h.dln),
     );
     datty.fill(0.0);
@@ -243,7 +241,17 @@ fn attention<'a>(
         c,
     );
     dqkv.fill(0.0);
-    attention::backward(&mut dqkv, &mut datt, &datty, &qkv, &att, b, t, nh, nkv, hd);
+    match (a.att, a.lse, h.datt) {
+        (Some(att), _, Some(datt)) => {
+            let (att, mut datt) = (arena.f32(att), arena.f32_mut(datt));
+            attention::backward(&mut dqkv, &mut datt, &datty, &qkv, &att, b, t, nh, nkv, hd);
+        }
+        (None, Some(lse), _) => {
+            let lse = arena.f32(lse);
+            flash::backward(&mut dqkv, &datty, &atty, &lse, &qkv, b, t, nh, nkv, hd);
+        }
+        _ => panic!("the plan keeps neither att (with dact.att) nor lse"),
+    }
     if !model.is_gpt2() {
         rope::backward_rows(
             &mut dqkv[..],

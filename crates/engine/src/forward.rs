@@ -1,17 +1,25 @@
 //! The forward pass, block by block, with the kernels: embedding, GPT-2 and Llama blocks, final
-//! norm. Every tensor lives in the arena; this file only calls kernels on views of it.
+//! norm, and the pieces of a block the backward recomputes. Every tensor lives in the arena; this
+//! file only calls kernels on views of it.
 //!
 //! A pass may cover fewer rows than the buffers were planned for (`batch` ≤ micro-batch,
 //! `seq` ≤ planned sequence: sampling runs one row of a growing prefix), so every view is cut to
 //! the pass's length. GPT-2 blocks: LayerNorm, fused qkv with bias, attention, projection, GELU MLP.
 //! Llama blocks: RMSNorm, fused q|k|v, RoPE on q and k, GQA attention, SwiGLU with fused gate|up.
+//! Attention is materialised (`att`, B·NH·T·T) or flash (`lse`, B·NH·T), as the plan chose.
+//! A block is a fixed sequence of steps (norm1, qkv, attention core, projection, norm2, fc,
+//! activation, fc projection); recompute (see `recompute`) reruns all or some of them into the
+//! buffers the backward reads, with the same kernels, so the values are bit-identical.
 //!
 //! Example: `forward::embed(model, arena, b, t); for l in 0..L { forward::block(model, arena, l, b, t) }`
 //! inside the arena's `Embed` and `Forward(l)` phases.
 
-use crate::arena::{Arena, BufId};
-use crate::model::Model;
-use kernels::{attention, embedding, gelu, layernorm, matmul, residual, rmsnorm, rope, swiglu};
+use crate::arena::{Arena, BufId, View};
+use crate::model::{BlockActs, Model};
+use kernels::{
+    attention, embedding, flash, gelu, layernorm, matmul, residual, rmsnorm, rope, swiglu,
+};
+use plan::frugal::acts::BlockDims;
 use plan::frugal::units::{Role, UnitKind};
 
 /// Token (and position) embedding into `act.encoded`.
@@ -28,12 +36,21 @@ pub fn embed(model: &Model, arena: &Arena, batch: usize, seq: usize) {
     embedding::forward(&mut enc[..n * c], &tokens[..n], wte, wpe, batch, seq, c);
 }
 
-/// The residual stream entering block `layer`.
+/// The residual stream entering block `layer`, as its backward (and recompute) reads it.
 pub fn block_input(model: &Model, layer: usize) -> BufId {
     if layer == 0 {
         model.head.encoded
     } else {
         model.blocks[layer - 1].out
+    }
+}
+
+/// The residual stream entering block `layer` during the forward pass.
+fn forward_input(model: &Model, layer: usize) -> BufId {
+    if layer == 0 {
+        model.head.encoded
+    } else {
+        model.forward_blocks[layer - 1].out
     }
 }
 
@@ -74,110 +91,212 @@ pub fn norm_forward(
     }
 }
 
-/// Transformer block `layer` forward: saves what its backward needs, writes its output.
-pub fn block(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usize) {
-    let s = &model.config.shape;
-    let d = model.dims(batch, seq);
-    let (n, c, qkv_w, atty_w) = (d.n as usize, d.c as usize, d.qkv as usize, d.atty as usize);
-    let (fc_w, f) = (d.fc as usize, d.fc_act as usize);
-    let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
-    let a = model.blocks[layer];
-    let kind = UnitKind::Block(layer as u32);
-    let unit = &model.units[model.unit_index(kind)];
-    let p = arena.f32(model.params[model.unit_index(kind)]);
-    let w = |role: Role| &p[model.unit_range(kind, role)];
-    let bias = |role: Role| unit.has(role).then(|| w(role));
-    let inp = arena.f32(block_input(model, layer));
-    let inp = &inp[..n * c];
+/// The buffers one run of a block reads and writes.
+pub struct BlockPass {
+    /// The block's input (the residual stream).
+    pub inp: BufId,
+    /// Where its tensors go.
+    pub acts: BlockActs,
+    /// Whether to compute the output (not when recomputing a segment's last block, whose output
+    /// the forward pass kept).
+    pub write_out: bool,
+}
 
-    let mut ln1 = arena.f32_mut(a.ln1);
-    let norm1 = NormBufs {
-        mean: a.ln1_mean,
-        rstd: a.ln1_rstd,
-    };
-    let ln1 = &mut ln1[..n * c];
-    norm_forward(
-        model,
-        arena,
-        ln1,
-        norm1,
-        inp,
-        w(Role::Norm1Weight),
-        bias(Role::Norm1Bias),
-        n,
-    );
-    let mut qkv = arena.f32_mut(a.qkv);
-    let qkv = &mut qkv[..n * qkv_w];
-    matmul::forward(
-        qkv,
-        ln1,
-        w(Role::QkvWeight),
-        bias(Role::QkvBias),
-        n,
-        c,
-        qkv_w,
-    );
-    if !model.is_gpt2() {
-        rope::forward_rows(
-            qkv,
-            batch,
-            seq,
-            nh + nkv,
-            hd,
-            qkv_w,
-            model.config.rope_theta,
+/// One block's weights and the pass's sizes, shared by the steps below.
+struct Ctx<'a> {
+    model: &'a Model,
+    arena: &'a Arena,
+    kind: UnitKind,
+    params: View<'a, f32>,
+    b: usize,
+    t: usize,
+    d: BlockDims,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(model: &'a Model, arena: &'a Arena, layer: usize, b: usize, t: usize) -> Ctx<'a> {
+        let kind = UnitKind::Block(layer as u32);
+        let params = arena.f32(model.params[model.unit_index(kind)]);
+        let d = model.dims(b, t);
+        Ctx {
+            model,
+            arena,
+            kind,
+            params,
+            b,
+            t,
+            d,
+        }
+    }
+
+    fn w(&self, role: Role) -> &[f32] {
+        &self.params[self.model.unit_range(self.kind, role)]
+    }
+
+    fn bias(&self, role: Role) -> Option<&[f32]> {
+        let unit = &self.model.units[self.model.unit_index(self.kind)];
+        unit.has(role).then(|| self.w(role))
+    }
+
+    /// Rows × d_model.
+    fn nc(&self) -> usize {
+        (self.d.n * self.d.c) as usize
+    }
+
+    /// Norm of `inp` into `out` (with its statistics); `first` picks norm1 or norm2's weights.
+    fn norm(&self, inp: BufId, out: BufId, stats: NormBufs, first: bool) {
+        let (weight, bias) = if first {
+            (Role::Norm1Weight, Role::Norm1Bias)
+        } else {
+            (Role::Norm2Weight, Role::Norm2Bias)
+        };
+        let inp = self.arena.f32(inp);
+        let mut out = self.arena.f32_mut(out);
+        let (m, a, n, nc) = (self.model, self.arena, self.d.n as usize, self.nc());
+        let (w, b) = (self.w(weight), self.bias(bias));
+        norm_forward(m, a, &mut out[..nc], stats, &inp[..nc], w, b, n);
+    }
+
+    fn norm1(&self, inp: BufId, a: &BlockActs) {
+        let stats = NormBufs {
+            mean: a.ln1_mean,
+            rstd: a.ln1_rstd,
+        };
+        self.norm(inp, a.ln1, stats, true);
+    }
+
+    fn norm2(&self, a: &BlockActs) {
+        let stats = NormBufs {
+            mean: a.ln2_mean,
+            rstd: a.ln2_rstd,
+        };
+        self.norm(a.res2, a.ln2, stats, false);
+    }
+
+    /// qkv = ln1 Wqkv (+ b), then RoPE on q and k for Llama.
+    fn qkv(&self, a: &BlockActs) {
+        let s = &self.model.config.shape;
+        let (n, c, qkv_w) = (self.d.n as usize, self.d.c as usize, self.d.qkv as usize);
+        let ln1 = self.arena.f32(a.ln1);
+        let mut qkv = self.arena.f32_mut(a.qkv);
+        let qkv = &mut qkv[..n * qkv_w];
+        let (w, b) = (self.w(Role::QkvWeight), self.bias(Role::QkvBias));
+        matmul::forward(qkv, &ln1[..n * c], w, b, n, c, qkv_w);
+        if !self.model.is_gpt2() {
+            let (heads, hd) = ((s.n_heads + s.n_kv_heads) as usize, s.d_head as usize);
+            let theta = self.model.config.rope_theta;
+            rope::forward_rows(qkv, self.b, self.t, heads, hd, qkv_w, theta);
+        }
+    }
+
+    /// The attention core: atty from qkv, keeping `att` (materialised) or `lse` (flash).
+    fn attention_core(&self, a: &BlockActs) {
+        let s = &self.model.config.shape;
+        let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
+        let (n, b, t) = (self.d.n as usize, self.b, self.t);
+        let qkv = self.arena.f32(a.qkv);
+        let qkv = &qkv[..n * self.d.qkv as usize];
+        let mut atty = self.arena.f32_mut(a.atty);
+        let atty = &mut atty[..n * self.d.atty as usize];
+        match (a.att, a.lse) {
+            (Some(att), _) => {
+                let mut att = self.arena.f32_mut(att);
+                let att = &mut att[..self.d.att as usize];
+                attention::forward(atty, att, qkv, b, t, nh, nkv, hd);
+            }
+            (None, Some(lse)) => {
+                let mut lse = self.arena.f32_mut(lse);
+                let lse = &mut lse[..self.d.lse as usize];
+                flash::forward(atty, lse, qkv, b, t, nh, nkv, hd);
+            }
+            (None, None) => panic!("the plan keeps neither att nor lse"),
+        }
+    }
+
+    /// out = inp + x W (+ b): the projections back into the residual stream.
+    fn project(&self, x: BufId, width: usize, inp: BufId, out: BufId, roles: (Role, Role)) {
+        let (n, c, nc) = (self.d.n as usize, self.d.c as usize, self.nc());
+        let x = self.arena.f32(x);
+        let mut out = self.arena.f32_mut(out);
+        let out = &mut out[..nc];
+        let (w, b) = (self.w(roles.0), self.bias(roles.1));
+        matmul::forward(out, &x[..n * width], w, b, n, width, c);
+        residual::accumulate(out, &self.arena.f32(inp)[..nc]);
+    }
+
+    /// fch = ln2 Wfc (+ b).
+    fn fc(&self, a: &BlockActs) {
+        let (n, c, fc_w) = (self.d.n as usize, self.d.c as usize, self.d.fc as usize);
+        let ln2 = self.arena.f32(a.ln2);
+        let mut fch = self.arena.f32_mut(a.fch);
+        let (w, b) = (self.w(Role::FcWeight), self.bias(Role::FcBias));
+        matmul::forward(&mut fch[..n * fc_w], &ln2[..n * c], w, b, n, c, fc_w);
+    }
+
+    /// fch_act = GELU(fch) or SwiGLU(gate, up).
+    fn activation(&self, a: &BlockActs) {
+        let (n, fc_w, f) = (
+            self.d.n as usize,
+            self.d.fc as usize,
+            self.d.fc_act as usize,
         );
+        let fch = self.arena.f32(a.fch);
+        let mut act = self.arena.f32_mut(a.fch_act);
+        let (out, inp) = (&mut act[..n * f], &fch[..n * fc_w]);
+        if self.model.is_gpt2() {
+            gelu::forward(out, inp);
+        } else {
+            swiglu::forward(out, inp, n, f);
+        }
     }
-    let mut att = arena.f32_mut(a.att);
-    let mut atty = arena.f32_mut(a.atty);
-    let atty = &mut atty[..n * atty_w];
-    attention::forward(
-        atty,
-        &mut att[..d.att as usize],
-        qkv,
-        batch,
-        seq,
-        nh,
-        nkv,
-        hd,
-    );
-    let mut res2 = arena.f32_mut(a.res2);
-    let res2 = &mut res2[..n * c];
-    let proj_b = bias(Role::AttnProjBias);
-    matmul::forward(res2, atty, w(Role::AttnProjWeight), proj_b, n, atty_w, c);
-    residual::accumulate(res2, inp);
+}
 
-    let mut ln2 = arena.f32_mut(a.ln2);
-    let ln2 = &mut ln2[..n * c];
-    let norm2 = NormBufs {
-        mean: a.ln2_mean,
-        rstd: a.ln2_rstd,
+/// Transformer block `layer` forward in the forward pass: writes what the plan has it write.
+pub fn block(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usize) {
+    let pass = BlockPass {
+        inp: forward_input(model, layer),
+        acts: model.forward_blocks[layer],
+        write_out: true,
     };
-    norm_forward(
-        model,
-        arena,
-        ln2,
-        norm2,
-        res2,
-        w(Role::Norm2Weight),
-        bias(Role::Norm2Bias),
-        n,
-    );
-    let mut fch = arena.f32_mut(a.fch);
-    let fch = &mut fch[..n * fc_w];
-    matmul::forward(fch, ln2, w(Role::FcWeight), bias(Role::FcBias), n, c, fc_w);
-    let mut fch_act = arena.f32_mut(a.fch_act);
-    let fch_act = &mut fch_act[..n * f];
-    if model.is_gpt2() {
-        gelu::forward(fch_act, fch);
-    } else {
-        swiglu::forward(fch_act, fch, n, f);
+    block_with(model, arena, layer, batch, seq, &pass);
+}
+
+/// Block `layer` forward into the buffers of `pass`.
+pub fn block_with(
+    model: &Model,
+    arena: &Arena,
+    layer: usize,
+    batch: usize,
+    seq: usize,
+    pass: &BlockPass,
+) {
+    let cx = Ctx::new(model, arena, layer, batch, seq);
+    let a = &pass.acts;
+    cx.norm1(pass.inp, a);
+    cx.qkv(a);
+    cx.attention_core(a);
+    let atty_w = cx.d.atty as usize;
+    let proj = (Role::AttnProjWeight, Role::AttnProjBias);
+    cx.project(a.atty, atty_w, pass.inp, a.res2, proj);
+    cx.norm2(a);
+    cx.fc(a);
+    cx.activation(a);
+    if pass.write_out {
+        let f = cx.d.fc_act as usize;
+        let proj = (Role::FcProjWeight, Role::FcProjBias);
+        cx.project(a.fch_act, f, a.res2, a.out, proj);
     }
-    let mut out = arena.f32_mut(a.out);
-    let out = &mut out[..n * c];
-    let fcproj_b = bias(Role::FcProjBias);
-    matmul::forward(out, fch_act, w(Role::FcProjWeight), fcproj_b, n, f, c);
-    residual::accumulate(out, res2);
+}
+
+/// Selective recompute of block `layer`: the norms, the attention core and the activation, from
+/// the kept block input, `res2`, `qkv` and `fch`, into the buffers the backward reads.
+pub fn recompute_cheap(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usize) {
+    let cx = Ctx::new(model, arena, layer, batch, seq);
+    let a = &model.blocks[layer];
+    cx.norm1(block_input(model, layer), a);
+    cx.attention_core(a);
+    cx.norm2(a);
+    cx.activation(a);
 }
 
 /// Final norm of the last block's output into `act.lnf`.

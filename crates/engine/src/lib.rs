@@ -18,6 +18,8 @@
 //!     grad_clip: Some(1.0),
 //!     device_memory_bytes: None,
 //!     ranks: 1,
+//!     recompute: plan::setup::Recompute::None,
+//!     attention: plan::setup::Attention::Eager,
 //! };
 //! let mut trainer = Trainer::new(config).unwrap();
 //! trainer.init_weights(1337);
@@ -53,6 +55,7 @@ pub mod init;
 pub mod io;
 pub mod model;
 pub mod optim;
+pub mod recompute;
 pub mod train;
 
 pub use arena::{Arena, Measured};

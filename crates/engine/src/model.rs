@@ -9,7 +9,7 @@
 
 use crate::arena::{Arena, BufId};
 use crate::config::ModelConfig;
-use plan::frugal::acts::{block_act_names, BlockDims};
+use plan::frugal::acts::{ActPolicy, BlockDims};
 use plan::frugal::units::{ParamView, Role, Unit, UnitKind};
 use plan::frugal::ActShape;
 use plan::model::Family;
@@ -22,7 +22,9 @@ pub struct BlockActs {
     pub ln1_mean: Option<BufId>,
     pub ln1_rstd: BufId,
     pub qkv: BufId,
-    pub att: BufId,
+    /// Attention probabilities (materialised attention) or flash attention's log-sum-exp.
+    pub att: Option<BufId>,
+    pub lse: Option<BufId>,
     pub atty: BufId,
     pub res2: BufId,
     pub ln2: BufId,
@@ -48,7 +50,8 @@ pub struct HeadActs {
     pub dresidual: BufId,
     pub dln: BufId,
     pub dqkv: BufId,
-    pub datt: BufId,
+    /// Materialised attention only.
+    pub datt: Option<BufId>,
     pub datty: BufId,
     pub dfch: BufId,
     pub dfch_act: BufId,
@@ -60,7 +63,11 @@ pub struct Model {
     pub units: Vec<Unit>,
     pub params: Vec<BufId>,
     pub grads: Vec<BufId>,
+    /// What each block's backward reads (saved by the forward or recomputed, per `policy`).
     pub blocks: Vec<BlockActs>,
+    /// Where each block's forward writes (the same as `blocks` without recompute).
+    pub forward_blocks: Vec<BlockActs>,
+    pub policy: ActPolicy,
     pub head: HeadActs,
     /// Micro-batch rows and sequence length the activation buffers are sized for.
     pub shape: ActShape,
@@ -68,7 +75,13 @@ pub struct Model {
 
 impl Model {
     /// Resolves every buffer of the plan the model uses; panics if the plan lacks one.
-    pub fn new(config: ModelConfig, units: Vec<Unit>, arena: &Arena, shape: ActShape) -> Model {
+    pub fn new(
+        config: ModelConfig,
+        units: Vec<Unit>,
+        arena: &Arena,
+        shape: ActShape,
+        policy: ActPolicy,
+    ) -> Model {
         let params = units
             .iter()
             .map(|u| arena.id(&format!("params.{}", u.name)))
@@ -77,26 +90,7 @@ impl Model {
             .iter()
             .map(|u| arena.id(&format!("grads.{}", u.name)))
             .collect();
-        let blocks = (0..config.shape.n_layers)
-            .map(|l| {
-                let n = block_act_names(l);
-                BlockActs {
-                    ln1: arena.id(&n.ln1),
-                    ln1_mean: arena.try_id(&n.ln1_mean),
-                    ln1_rstd: arena.id(&n.ln1_rstd),
-                    qkv: arena.id(&n.qkv),
-                    att: arena.id(&n.att),
-                    atty: arena.id(&n.atty),
-                    res2: arena.id(&n.res2),
-                    ln2: arena.id(&n.ln2),
-                    ln2_mean: arena.try_id(&n.ln2_mean),
-                    ln2_rstd: arena.id(&n.ln2_rstd),
-                    fch: arena.id(&n.fch),
-                    fch_act: arena.id(&n.fch_act),
-                    out: arena.id(&n.out),
-                }
-            })
-            .collect();
+        let (blocks, forward_blocks) = crate::recompute::wire(arena, config.shape.n_layers, policy);
         let head = HeadActs {
             tokens: arena.id("batch.tokens"),
             targets: arena.id("batch.targets"),
@@ -110,7 +104,7 @@ impl Model {
             dresidual: arena.id("dact.residual"),
             dln: arena.id("dact.ln"),
             dqkv: arena.id("dact.qkv"),
-            datt: arena.id("dact.att"),
+            datt: arena.try_id("dact.att"),
             datty: arena.id("dact.atty"),
             dfch: arena.id("dact.fch"),
             dfch_act: arena.id("dact.fch_act"),
@@ -121,6 +115,8 @@ impl Model {
             params,
             grads,
             blocks,
+            forward_blocks,
+            policy,
             head,
             shape,
         }

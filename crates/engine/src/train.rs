@@ -50,10 +50,14 @@ pub struct TrainConfig {
     pub device_memory_bytes: Option<u64>,
     /// Data-parallel ranks (ZeRO stage 0: every rank holds everything, gradients all-reduced).
     pub ranks: u32,
+    /// Activation recompute policy (the plan says what is kept and when the rest is rebuilt).
+    pub recompute: Recompute,
+    /// Attention kernel: materialised (`Eager`) or flash.
+    pub attention: Attention,
 }
 
 impl TrainConfig {
-    /// The planner's view of this run (per rank: fp32, ZeRO stage 0, no recompute).
+    /// The planner's view of this run (per rank: fp32, ZeRO stage 0).
     pub fn setup(&self) -> TrainSetup {
         TrainSetup {
             precision: Precision::Fp32,
@@ -66,8 +70,8 @@ impl TrainConfig {
             micro_batch: self.batch,
             seq: self.seq,
             grad_accum: self.grad_accum,
-            recompute: Recompute::None,
-            attention: Attention::Eager,
+            recompute: self.recompute,
+            attention: self.attention,
             offload: Offload::None,
             lora: None,
         }
@@ -138,7 +142,8 @@ impl Trainer {
             batch: config.batch,
             seq: config.seq,
         };
-        let model = Model::new(config.model.clone(), units, &arena, act_shape);
+        let policy = plan::frugal::ActPolicy::of(&setup);
+        let model = Model::new(config.model.clone(), units, &arena, act_shape, policy);
         let opt_state = optim::state_ids(&model, &arena, config.optimizer);
         for ids in &opt_state {
             ids.iter().for_each(|&id| arena.f32_mut(id).fill(0.0));

@@ -83,6 +83,8 @@ fn run(file: &str) {
         grad_clip: Some(1.0),
         device_memory_bytes: None,
         ranks: 1,
+        recompute: plan::setup::Recompute::None,
+        attention: plan::setup::Attention::Eager,
     };
     let mut t = Trainer::new(config).unwrap();
     load_prefixed(&t.model, &t.arena, &g.bytes, file, "weights.").unwrap();

@@ -2,8 +2,9 @@
 //!
 //! Owned by the engine: the engine carves its arena from this list (through [`layout`]), so the
 //! two agree to the byte. Parameters, their gradients and the optimizer state live in flat
-//! per-layer units ([`units`]); activations follow llm.c's layout ([`acts`]). A setup the engine
-//! cannot run yet (mixed precision, ZeRO stages above 0, recompute, offload, ...) is refused here
+//! per-layer units ([`units`]); activations follow llm.c's layout ([`acts`]), under any recompute
+//! policy and either attention kernel. A setup the engine
+//! cannot run yet (mixed precision, ZeRO stages above 0, offload, ...) is refused here
 //! with `PlanError::Unsupported`, never silently planned as something else.
 //!
 //! Example: `training_plan(&gpt2_tiny, &setup)?.peak_bytes(Device::Gpu)` is the engine's measured
@@ -14,9 +15,9 @@ pub mod layout;
 pub mod units;
 
 use crate::buffer::{Buffer, Category, Device, Lifetime};
-use crate::setup::{Attention, Offload, Optimizer, Precision, Recompute, ZeroStage};
+use crate::setup::{Offload, Optimizer, Precision, Recompute, ZeroStage};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
-pub use acts::{ActShape, CLASSIFIER_CHUNK_ROWS};
+pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
 pub use layout::{assign_offsets, SlabLayout};
 pub use units::{param_units, Role, Unit, UnitKind};
 
@@ -49,11 +50,11 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     if setup.tp != 1 || setup.pp != 1 || setup.sp {
         return Err(unsupported("tensor, pipeline or sequence parallelism"));
     }
-    if setup.recompute != Recompute::None {
-        return Err(unsupported("activation recompute (--recompute none)"));
-    }
-    if setup.attention != Attention::Eager {
-        return Err(unsupported("flash attention (--attention naive)"));
+    if setup.recompute == Recompute::Every(0) {
+        return Err(invalid(
+            "recompute",
+            "every:0 keeps no block input; use every:K with K >= 1".into(),
+        ));
     }
     if setup.offload != Offload::None {
         return Err(unsupported("offload (--offload none)"));
@@ -126,7 +127,7 @@ pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPla
         batch: setup.micro_batch,
         seq: setup.seq,
     };
-    for buffer in acts::activation_buffers(model, shape) {
+    for buffer in acts::activation_buffers(model, shape, ActPolicy::of(setup)) {
         plan.push(buffer);
     }
     Ok(plan)

@@ -135,6 +135,13 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
         device_memory_bytes,
         ranks: args.ranks,
+        recompute: crate::cmd_plan::parse_recompute(&args.recompute)
+            .map_err(|e| anyhow::anyhow!("invalid --recompute {}: {e}", args.recompute))?,
+        attention: match args.attention.as_str() {
+            "naive" | "eager" => plan::setup::Attention::Eager,
+            "flash" => plan::setup::Attention::Flash,
+            other => bail!("invalid --attention {other}: use naive (or eager) or flash"),
+        },
     };
     // Refuses what does not fit before reading any data.
     engine::train::check_capacity(&config)?;

@@ -55,6 +55,8 @@ pub fn config(shape: ModelShape, batch: u64, seq: u64) -> TrainConfig {
         grad_clip: Some(1.0),
         device_memory_bytes: None,
         ranks: 1,
+        recompute: plan::setup::Recompute::None,
+        attention: plan::setup::Attention::Eager,
     }
 }
 

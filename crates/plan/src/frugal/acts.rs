@@ -1,21 +1,36 @@
-//! Activation buffers of one micro-step, llm.c style: what each block saves for its backward, the
-//! gradient-of-activation scratch, the fused classifier's chunk scratch and the token batch.
+//! Activation buffers of one micro-step, llm.c style: what each block saves for its backward, what
+//! the backward recomputes instead (and when), the gradient-of-activation scratch, the fused
+//! classifier's chunk scratch and the token batch.
 //!
 //! Names are stable: the engine asks its arena for `act.h.3.qkv` and gets the very buffer listed
-//! here, so the sizes below ARE the engine's allocation sizes. Lifetimes follow the step timeline:
-//! block `l` saves its tensors in `Forward(l)` and frees them after `Backward(l)`; its output is the
-//! next block's input and lives until `Backward(l + 1)` (or the head). Gradient scratch is shared
-//! by all blocks and lives over the whole backward pass. This module does not decide offsets
-//! (see `layout`) nor parameter buffers (see `units`).
+//! here, so the sizes below ARE the engine's allocation sizes. Lifetimes follow the step timeline.
+//! Without recompute, block `l` saves its tensors in `Forward(l)` and frees them after
+//! `Backward(l)`; its output is the next block's input and lives until `Backward(l + 1)` (or the
+//! head). With a segment policy (`full` = `every:1`, `every:K`, `sqrt`) the blocks form segments
+//! of K from block 0; only each segment's input is kept (the previous segment's last output, or
+//! `act.encoded`). The backward of a segment's last block recomputes the whole segment at once, so
+//! all its tensors are born in that `Backward(last)` and each dies after its own block's backward.
+//! `selective` keeps the matmul outputs (`qkv`, `res2`, `fch`) and recomputes the norms, the
+//! attention core and the MLP activation in each block's own backward. In the forward pass a
+//! block writes the tensors that will be recomputed into `act.h.l.fwd.*`, live in `Forward(l)`
+//! only, and an output inside a segment into `act.h.l.out_fwd`, live until the next block has
+//! read it. Flash attention keeps `lse` (B, NH, T) instead of the probabilities `att` (B, NH, T, T),
+//! and its backward needs no `dact.att`.
 //!
-//! Example: GPT-2 tiny at batch 2, seq 8 saves `act.h.0.att` of 2·NH·8·8 f32.
+//! This module does not decide offsets (see `layout`) nor parameter buffers (see `units`).
+//!
+//! Example: GPT-2 tiny at batch 2, seq 8 saves `act.h.0.att` of 2·NH·8·8 f32; under
+//! `every:2` on 4 blocks, `act.h.0.qkv` lives from `Backward(1)` to `Backward(0)`.
 
 use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
+use crate::formula::segment_layers;
 use crate::model::Family;
+use crate::setup::{Attention, Recompute, TrainSetup};
 use crate::ModelShape;
 
 /// Rows of logits the fused classifier materialises at a time: enough rows for both cores to
-/// share a GEMM, few enough that chunk × V stays a few MiB even for a 128k vocabulary.
+/// share a GEMM, few enough that chunk × V stays a few MiB even for a 128k vocabulary. The loss
+/// never holds more logits than this (no B×T×V tensor exists in any plan).
 pub const CLASSIFIER_CHUNK_ROWS: u64 = 64;
 
 /// The sizes the activation plan depends on.
@@ -23,6 +38,47 @@ pub const CLASSIFIER_CHUNK_ROWS: u64 = 64;
 pub struct ActShape {
     pub batch: u64,
     pub seq: u64,
+}
+
+/// What the activation plan keeps and recomputes: the recompute policy and the attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActPolicy {
+    pub recompute: Recompute,
+    pub attention: Attention,
+}
+
+impl ActPolicy {
+    /// No recompute, materialised attention.
+    pub const PLAIN: ActPolicy = ActPolicy {
+        recompute: Recompute::None,
+        attention: Attention::Eager,
+    };
+
+    pub fn of(setup: &TrainSetup) -> ActPolicy {
+        ActPolicy {
+            recompute: setup.recompute,
+            attention: setup.attention,
+        }
+    }
+
+    /// First and last block of the recompute segment holding `layer`, for the segment policies
+    /// (`full`, `every:K`, `sqrt`); `None` for `none` and `selective`.
+    pub fn segment(self, n_layers: u32, layer: u32) -> Option<(u32, u32)> {
+        let k = segment_layers(self.recompute, n_layers);
+        (k > 0).then(|| {
+            let first = layer / k * k;
+            (first, (first + k - 1).min(n_layers - 1))
+        })
+    }
+
+    /// Whether the backward recomputes `tensor` rather than reading what the forward saved.
+    pub fn recomputes(self, tensor: BlockTensor) -> bool {
+        match self.recompute {
+            Recompute::None => false,
+            Recompute::Selective => tensor.selective_recomputes(),
+            Recompute::Full | Recompute::Every(_) | Recompute::Sqrt => true,
+        }
+    }
 }
 
 /// Element counts of one block's saved tensors and of the backward scratch.
@@ -41,6 +97,8 @@ pub struct BlockDims {
     pub fc_act: u64,
     /// Elements of the attention probabilities: B NH T T.
     pub att: u64,
+    /// Elements of flash attention's log-sum-exp per row: B NH T.
+    pub lse: u64,
     /// Whether norms keep a mean (LayerNorm) besides the reciprocal std.
     pub has_mean: bool,
 }
@@ -59,48 +117,117 @@ impl BlockDims {
             fc: if gpt2 { m.d_ff } else { 2 * m.d_ff },
             fc_act: m.d_ff,
             att: s.batch * u64::from(m.n_heads) * s.seq * s.seq,
+            lse: s.batch * u64::from(m.n_heads) * s.seq,
             has_mean: gpt2,
         }
     }
 }
 
-/// Names of one block's saved activations, in the order the forward pass writes them.
-pub fn block_act_names(layer: u32) -> BlockActNames {
-    let p = |s: &str| format!("act.h.{layer}.{s}");
-    BlockActNames {
-        ln1: p("ln1"),
-        ln1_mean: p("ln1_mean"),
-        ln1_rstd: p("ln1_rstd"),
-        qkv: p("qkv"),
-        att: p("att"),
-        atty: p("atty"),
-        res2: p("res2"),
-        ln2: p("ln2"),
-        ln2_mean: p("ln2_mean"),
-        ln2_rstd: p("ln2_rstd"),
-        fch: p("fch"),
-        fch_act: p("fch_act"),
-        out: p("out"),
+/// The tensors a block's backward reads, besides its input and output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockTensor {
+    Ln1,
+    Ln1Mean,
+    Ln1Rstd,
+    Qkv,
+    /// Attention probabilities (materialised attention only).
+    Att,
+    /// Log-sum-exp per row (flash attention only).
+    Lse,
+    Atty,
+    Res2,
+    Ln2,
+    Ln2Mean,
+    Ln2Rstd,
+    Fch,
+    FchAct,
+}
+
+impl BlockTensor {
+    /// In the order the forward pass writes them.
+    pub const ALL: [BlockTensor; 13] = [
+        BlockTensor::Ln1,
+        BlockTensor::Ln1Mean,
+        BlockTensor::Ln1Rstd,
+        BlockTensor::Qkv,
+        BlockTensor::Att,
+        BlockTensor::Lse,
+        BlockTensor::Atty,
+        BlockTensor::Res2,
+        BlockTensor::Ln2,
+        BlockTensor::Ln2Mean,
+        BlockTensor::Ln2Rstd,
+        BlockTensor::Fch,
+        BlockTensor::FchAct,
+    ];
+
+    /// The name's last part: `act.h.3.<suffix>`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            BlockTensor::Ln1 => "ln1",
+            BlockTensor::Ln1Mean => "ln1_mean",
+            BlockTensor::Ln1Rstd => "ln1_rstd",
+            BlockTensor::Qkv => "qkv",
+            BlockTensor::Att => "att",
+            BlockTensor::Lse => "lse",
+            BlockTensor::Atty => "atty",
+            BlockTensor::Res2 => "res2",
+            BlockTensor::Ln2 => "ln2",
+            BlockTensor::Ln2Mean => "ln2_mean",
+            BlockTensor::Ln2Rstd => "ln2_rstd",
+            BlockTensor::Fch => "fch",
+            BlockTensor::FchAct => "fch_act",
+        }
+    }
+
+    /// `selective` keeps the matmul outputs and recomputes everything cheap from them: the norms
+    /// (from the block input and `res2`), the attention core (from `qkv`) and the activation.
+    pub fn selective_recomputes(self) -> bool {
+        !matches!(
+            self,
+            BlockTensor::Qkv | BlockTensor::Res2 | BlockTensor::Fch
+        )
+    }
+
+    /// Elements of this tensor, or `None` when the model or the attention kernel has none.
+    pub fn numel(self, d: &BlockDims, attention: Attention) -> Option<u64> {
+        let flash = attention == Attention::Flash;
+        let numel = match self {
+            BlockTensor::Ln1 | BlockTensor::Res2 | BlockTensor::Ln2 => d.n * d.c,
+            BlockTensor::Ln1Rstd | BlockTensor::Ln2Rstd => d.n,
+            BlockTensor::Ln1Mean | BlockTensor::Ln2Mean if d.has_mean => d.n,
+            BlockTensor::Ln1Mean | BlockTensor::Ln2Mean => return None,
+            BlockTensor::Qkv => d.n * d.qkv,
+            BlockTensor::Att if !flash => d.att,
+            BlockTensor::Lse if flash => d.lse,
+            BlockTensor::Att | BlockTensor::Lse => return None,
+            BlockTensor::Atty => d.n * d.atty,
+            BlockTensor::Fch => d.n * d.fc,
+            BlockTensor::FchAct => d.n * d.fc_act,
+        };
+        Some(numel)
     }
 }
 
-/// Buffer names of a block's saved tensors (see [`block_act_names`]).
-#[derive(Clone, Debug)]
-pub struct BlockActNames {
-    pub ln1: String,
-    pub ln1_mean: String,
-    pub ln1_rstd: String,
-    pub qkv: String,
-    pub att: String,
-    pub atty: String,
-    pub res2: String,
-    pub ln2: String,
-    pub ln2_mean: String,
-    pub ln2_rstd: String,
-    pub fch: String,
-    pub fch_act: String,
-    /// The block's output (the residual stream after it).
-    pub out: String,
+/// Name of block `layer`'s `tensor` as its backward reads it.
+pub fn block_tensor_name(layer: u32, tensor: BlockTensor) -> String {
+    format!("act.h.{layer}.{}", tensor.suffix())
+}
+
+/// Name of the forward pass's copy of block `layer`'s `tensor` when the backward recomputes it.
+pub fn forward_scratch_name(layer: u32, tensor: BlockTensor) -> String {
+    format!("act.h.{layer}.fwd.{}", tensor.suffix())
+}
+
+/// Name of block `layer`'s output (the next block's input) as the backward reads it.
+pub fn block_out_name(layer: u32) -> String {
+    format!("act.h.{layer}.out")
+}
+
+/// Name of the forward pass's copy of an output inside a recompute segment, read by the next
+/// block's forward only (the backward reads the recomputed `act.h.l.out`).
+pub fn block_out_forward_name(layer: u32) -> String {
+    format!("act.h.{layer}.out_fwd")
 }
 
 fn span(born: Phase, dies: Phase) -> Lifetime {
@@ -117,15 +244,15 @@ fn f32_buffer(name: &str, category: Category, numel: u64, lifetime: Lifetime) ->
     }
 }
 
-/// Every activation-side buffer of one micro-step, on the device.
-pub fn activation_buffers(m: &ModelShape, s: ActShape) -> Vec<Buffer> {
+/// Every activation-side buffer of one micro-step under `policy`, on the device.
+pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec<Buffer> {
     let d = BlockDims::new(m, s);
     let act = Category::Activations;
-    let last = m.n_layers - 1;
     let mut out = vec![
         // Token ids are u32: the same 4 bytes as an f32.
         f32_buffer("batch.tokens", act, d.n, Lifetime::Persistent),
         f32_buffer("batch.targets", act, d.n, Lifetime::Persistent),
+        // Block 0's input: the first recompute segment's kept input too.
         f32_buffer(
             "act.encoded",
             act,
@@ -134,45 +261,75 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape) -> Vec<Buffer> {
         ),
     ];
     for layer in 0..m.n_layers {
-        let names = block_act_names(layer);
-        let life = span(Phase::Forward(layer), Phase::Backward(layer));
-        let mut saved = vec![
-            (&names.ln1, d.n * d.c),
-            (&names.ln1_rstd, d.n),
-            (&names.qkv, d.n * d.qkv),
-            (&names.att, d.att),
-            (&names.atty, d.n * d.atty),
-            (&names.res2, d.n * d.c),
-            (&names.ln2, d.n * d.c),
-            (&names.ln2_rstd, d.n),
-            (&names.fch, d.n * d.fc),
-            (&names.fch_act, d.n * d.fc_act),
-        ];
-        if d.has_mean {
-            saved.push((&names.ln1_mean, d.n));
-            saved.push((&names.ln2_mean, d.n));
-        }
-        out.extend(saved.into_iter().map(|(n, e)| f32_buffer(n, act, e, life)));
-        // The block output feeds the next block, whose norm backward reads it.
-        let dies = if layer == last {
-            Phase::Head
-        } else {
-            Phase::Backward(layer + 1)
-        };
-        out.push(f32_buffer(
-            &names.out,
-            act,
-            d.n * d.c,
-            span(Phase::Forward(layer), dies),
-        ));
+        out.extend(block_buffers(m, &d, policy, layer));
+        out.extend(forward_scratch(&d, policy, layer));
     }
     out.extend(head_buffers(m, &d));
-    out.extend(backward_scratch(m, &d));
+    out.extend(backward_scratch(m, &d, policy.attention));
     out
 }
 
+/// Block `layer`'s saved (or recomputed) tensors and its output, with their lifetimes.
+fn block_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy, layer: u32) -> Vec<Buffer> {
+    let act = Category::Activations;
+    let segment = policy.segment(m.n_layers, layer);
+    // A segment's tensors are all recomputed in the backward of its last block.
+    let recomputed_at = Phase::Backward(segment.map_or(layer, |(_, last)| last));
+    let mut out: Vec<Buffer> = BlockTensor::ALL
+        .into_iter()
+        .filter_map(|t| {
+            let numel = t.numel(d, policy.attention)?;
+            let born = if policy.recomputes(t) {
+                recomputed_at
+            } else {
+                Phase::Forward(layer)
+            };
+            let life = span(born, Phase::Backward(layer));
+            Some(f32_buffer(&block_tensor_name(layer, t), act, numel, life))
+        })
+        .collect();
+    // The output feeds the next block, whose backward reads it (norm backward, recompute).
+    let read_until = if layer == m.n_layers - 1 {
+        Phase::Head
+    } else {
+        Phase::Backward(layer + 1)
+    };
+    let name = block_out_name(layer);
+    match segment {
+        Some((_, last)) if last != layer => {
+            // Inside a segment: the forward's copy lives until the next block has read it;
+            // the backward's is recomputed with the rest of the segment.
+            let fwd = span(Phase::Forward(layer), Phase::Forward(layer + 1));
+            let name_fwd = block_out_forward_name(layer);
+            out.push(f32_buffer(&name_fwd, act, d.n * d.c, fwd));
+            let bwd = span(Phase::Backward(last), read_until);
+            out.push(f32_buffer(&name, act, d.n * d.c, bwd));
+        }
+        _ => {
+            let life = span(Phase::Forward(layer), read_until);
+            out.push(f32_buffer(&name, act, d.n * d.c, life));
+        }
+    }
+    out
+}
+
+/// Where block `layer`'s forward pass writes the tensors the backward recomputes: they live only
+/// in `Forward(layer)`, so consecutive blocks reuse the same bytes.
+fn forward_scratch(d: &BlockDims, policy: ActPolicy, layer: u32) -> Vec<Buffer> {
+    let life = span(Phase::Forward(layer), Phase::Forward(layer));
+    BlockTensor::ALL
+        .into_iter()
+        .filter(|&t| policy.recomputes(t))
+        .filter_map(|t| {
+            let numel = t.numel(d, policy.attention)?;
+            let name = forward_scratch_name(layer, t);
+            Some(f32_buffer(&name, Category::Activations, numel, life))
+        })
+        .collect()
+}
+
 /// The head's forward-and-backward buffers: final norm, losses, its input gradient, the
-/// classifier's chunk of logits.
+/// classifier's chunk of logits (at most `CLASSIFIER_CHUNK_ROWS` × V: never B×T×V).
 fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
     let act = Category::Activations;
     let head = span(Phase::Head, Phase::Head);
@@ -203,18 +360,145 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
 }
 
 /// Gradient-of-activation scratch shared by every block's backward (zeroed before each use).
-fn backward_scratch(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
+/// Flash attention's backward recomputes probabilities tile by tile: no `dact.att`.
+fn backward_scratch(m: &ModelShape, d: &BlockDims, attention: Attention) -> Vec<Buffer> {
     let act = Category::Activations;
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
+    let datt = (attention == Attention::Eager).then_some(("dact.att", d.att));
     [
-        ("dact.ln", d.n * d.c),
-        ("dact.qkv", d.n * d.qkv),
-        ("dact.att", d.att),
-        ("dact.atty", d.n * d.atty),
-        ("dact.fch", d.n * d.fc),
-        ("dact.fch_act", d.n * d.fc_act),
+        Some(("dact.ln", d.n * d.c)),
+        Some(("dact.qkv", d.n * d.qkv)),
+        datt,
+        Some(("dact.atty", d.n * d.atty)),
+        Some(("dact.fch", d.n * d.fc)),
+        Some(("dact.fch_act", d.n * d.fc_act)),
     ]
     .into_iter()
+    .flatten()
     .map(|(n, e)| f32_buffer(n, act, e, life))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::MemoryPlan;
+    use crate::frugal::{assign_offsets, training_plan};
+    use crate::presets;
+    use crate::setup::{Offload, Optimizer, Precision, ZeroStage};
+
+    const POLICIES: [Recompute; 6] = [
+        Recompute::None,
+        Recompute::Full,
+        Recompute::Every(2),
+        Recompute::Every(3),
+        Recompute::Sqrt,
+        Recompute::Selective,
+    ];
+
+    fn setup(batch: u64, seq: u64, recompute: Recompute, attention: Attention) -> TrainSetup {
+        TrainSetup {
+            precision: Precision::Fp32,
+            optimizer: Optimizer::AdamW,
+            zero: ZeroStage::Zero0,
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            micro_batch: batch,
+            seq,
+            grad_accum: 1,
+            recompute,
+            attention,
+            offload: Offload::None,
+            lora: None,
+        }
+    }
+
+    fn life(plan: &MemoryPlan, name: &str) -> Lifetime {
+        let b = plan.buffers.iter().find(|b| b.name == name);
+        b.unwrap_or_else(|| panic!("no {name}")).lifetime
+    }
+
+    #[test]
+    fn a_segment_is_recomputed_in_its_last_blocks_backward() {
+        let mut model = presets::by_name("gpt2-tiny").unwrap();
+        model.n_layers = 5;
+        let plan = training_plan(&model, &setup(2, 16, Recompute::Every(2), Attention::Eager));
+        let plan = plan.unwrap();
+        let bwd = |b, d| span(Phase::Backward(b), Phase::Backward(d));
+        assert_eq!(life(&plan, "act.h.0.qkv"), bwd(1, 0));
+        assert_eq!(life(&plan, "act.h.1.qkv"), bwd(1, 1));
+        assert_eq!(life(&plan, "act.h.0.out"), bwd(1, 1));
+        assert_eq!(life(&plan, "act.h.4.qkv"), bwd(4, 4));
+        let kept = span(Phase::Forward(1), Phase::Backward(2));
+        assert_eq!(life(&plan, "act.h.1.out"), kept);
+        let fwd = span(Phase::Forward(2), Phase::Forward(3));
+        assert_eq!(life(&plan, "act.h.2.out_fwd"), fwd);
+        assert_eq!(
+            life(&plan, "act.h.4.out"),
+            span(Phase::Forward(4), Phase::Head)
+        );
+        let scratch = span(Phase::Forward(3), Phase::Forward(3));
+        assert_eq!(life(&plan, "act.h.3.fwd.att"), scratch);
+        let sel = training_plan(
+            &model,
+            &setup(2, 16, Recompute::Selective, Attention::Flash),
+        );
+        let sel = sel.unwrap();
+        assert_eq!(life(&sel, "act.h.3.lse"), bwd(3, 3));
+        let saved = span(Phase::Forward(3), Phase::Backward(3));
+        assert_eq!(life(&sel, "act.h.3.fch"), saved);
+        assert!(sel.buffers.iter().all(|b| !b.name.ends_with("att")));
+    }
+
+    #[test]
+    fn every_policy_packs_to_its_peak_and_saves_memory() {
+        for name in ["gpt2-124m", "gpt2-tiny", "llama-tiny"] {
+            let mut model = presets::by_name(name).unwrap();
+            // Enough blocks that every:3 and sqrt form more than one segment.
+            model.n_layers = model.n_layers.max(6);
+            for attention in [Attention::Eager, Attention::Flash] {
+                let peak = |r| {
+                    let plan = training_plan(&model, &setup(2, 64, r, attention)).unwrap();
+                    let slab = assign_offsets(&plan, Device::Gpu).slab_bytes;
+                    let peak = plan.peak_bytes(Device::Gpu);
+                    assert_eq!(slab, peak, "{name} {r:?} {attention:?}");
+                    plan.category_peaks(Device::Gpu)[Category::Activations as usize]
+                };
+                let none = peak(Recompute::None);
+                for r in POLICIES[1..].iter() {
+                    assert!(peak(*r) < none, "{name} {r:?} {attention:?}");
+                }
+            }
+        }
+    }
+
+    /// Issue 6 item 6: the loss holds `CLASSIFIER_CHUNK_ROWS` × V logits, never B×T×V.
+    #[test]
+    fn no_plan_holds_full_logits_or_flash_probabilities() {
+        let model = presets::by_name("gpt2-124m").unwrap();
+        let (b, t) = (8, 1024);
+        let logits_bytes = b * t * model.vocab * 4;
+        let probs_bytes = b * u64::from(model.n_heads) * t * t * 4;
+        for r in POLICIES {
+            for attention in [Attention::Eager, Attention::Flash] {
+                let plan = training_plan(&model, &setup(b, t, r, attention)).unwrap();
+                let largest = plan.buffers.iter().max_by_key(|b| b.bytes).unwrap();
+                assert!(largest.bytes < logits_bytes, "{r:?}: {}", largest.name);
+                let chunk = plan.buffers.iter().find(|b| b.name == "work.classifier");
+                assert_eq!(
+                    chunk.unwrap().bytes,
+                    CLASSIFIER_CHUNK_ROWS * model.vocab * 4
+                );
+                let acts = plan.buffers.iter().filter(|b| b.name.contains("act"));
+                let widest = acts.map(|b| b.bytes).max().unwrap();
+                assert_eq!(
+                    attention == Attention::Eager,
+                    widest >= probs_bytes,
+                    "{r:?}"
+                );
+            }
+        }
+    }
 }
