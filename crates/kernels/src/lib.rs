@@ -30,6 +30,7 @@
 pub mod adamw;
 pub mod attention;
 pub mod classifier;
+pub mod convert;
 
 pub mod embedding;
 pub mod flash;
