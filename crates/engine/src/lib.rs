@@ -56,6 +56,7 @@ pub mod io;
 pub mod model;
 pub mod optim;
 pub mod recompute;
+pub mod snapshot;
 pub mod train;
 
 pub use arena::{Arena, Measured};

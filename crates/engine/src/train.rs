@@ -362,4 +362,12 @@ impl Trainer {
     pub fn measured(&self) -> Measured {
         self.arena.measured()
     }
+
+    /// Waits for every rank (a snapshot commits only after every rank's shard is on disk).
+    pub fn barrier(&mut self) -> Result<(), EngineError> {
+        match self.comm.as_mut() {
+            Some(comm) => Ok(comm.barrier()?),
+            None => Ok(()),
+        }
+    }
 }

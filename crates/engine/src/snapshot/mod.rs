@@ -1,0 +1,231 @@
+//! Snapshots on disk: save a run every N steps, resume it exactly, on the same or another number
+//! of ranks and ZeRO stage. (The word "checkpoint" is kept for snapshots elsewhere in frugal too;
+//! activation checkpointing is called "recompute".)
+//!
+//! A snapshot is the folder `OUT/step-000123/` holding
+//! - `model.safetensors` + `config.json`: the full model with Hugging Face names (`io`), loadable
+//!   by transformers as it is;
+//! - `optim-rank-0000r-of-0000N.safetensors`: rank r's slice of every unit's fp32 weights and
+//!   optimizer state (AdamW m, v or SGD momentum), with the unit layout in its metadata
+//!   ([`shards`]);
+//! - `train.json`: step, schedule position, data-loader position, seed, loss scaler, model,
+//!   setup and world ([`state`]);
+//! - `manifest.json`: every file's name, size and crc32, and the format version. It is written
+//!   last and renamed into place: its presence commits the snapshot ([`files`]).
+//!
+//! Every rank calls [`save`] after the same step; rank 0 does the folder work, the ranks meet at
+//! barriers so the manifest is written only after every shard is on disk. A crash at any point
+//! leaves the previous snapshots whole; the next save deletes the partial folder. Only the newest
+//! `keep` committed snapshots stay. [`Snapshot::open`] checks the manifest's version and every
+//! file's size and checksum before anything is used; [`Snapshot::restore`] fills a trainer built
+//! for any world.
+//!
+//! What it does not do: decide when to save (the training loop does) or read flags.
+//!
+//! Example:
+//! ```no_run
+//! # fn demo(trainer: &mut engine::Trainer, next: &mut engine::Trainer, seed: u64)
+//! #     -> Result<(), engine::snapshot::SnapshotError> {
+//! use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
+//! use std::path::Path;
+//! let run = RunState { loader: data::LoaderPosition::default(), seed, loss_scaler: None };
+//! snapshot::save(trainer, Path::new("runs/a"), &run, &SaveOptions::default())?;
+//! let snap = Snapshot::open(Path::new("runs/a"))?; // the newest committed snapshot
+//! snap.check_compatible(next, seed)?;
+//! let run = snap.restore(next)?; // weights, optimizer state, step; seek the loader to run.loader
+//! # Ok(()) }
+//! ```
+
+pub mod error;
+pub mod files;
+pub mod shards;
+pub mod state;
+
+pub use error::{Difference, SnapshotError};
+pub use files::{FileEntry, Manifest, FORMAT_VERSION};
+pub use state::{LossScalerState, RunState, TrainState};
+
+use crate::train::Trainer;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+pub const STATE_FILE: &str = "train.json";
+
+/// How saving behaves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SaveOptions {
+    /// Committed snapshots to keep (at least 1: the one just written).
+    pub keep: usize,
+    /// Wait this long after every file is written and before the manifest commits the snapshot:
+    /// a test hook, so a test can kill the process in the middle of a save.
+    pub pause_before_commit: Option<Duration>,
+}
+
+impl Default for SaveOptions {
+    fn default() -> SaveOptions {
+        SaveOptions {
+            keep: 3,
+            pause_before_commit: None,
+        }
+    }
+}
+
+/// Saves `trainer`'s state after its last step into `out/step-NNNNNN/`; every rank calls it.
+/// Returns the committed snapshot's folder.
+pub fn save(
+    trainer: &mut Trainer,
+    out: &Path,
+    run: &RunState,
+    options: &SaveOptions,
+) -> Result<PathBuf, SnapshotError> {
+    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let dir = out.join(files::step_dir_name(trainer.step));
+    if rank == 0 {
+        std::fs::create_dir_all(out)
+            .map_err(SnapshotError::io(format!("creating {}", out.display())))?;
+        files::clean_partial(out)?;
+        files::fresh_dir(out, &dir)?;
+    }
+    trainer.barrier()?;
+    let shard_name = shards::rank_file_name(rank, world);
+    let own = files::write_file(&dir, &shard_name, &shards::shard_bytes(trainer))?;
+    trainer.barrier()?;
+    if rank == 0 {
+        let mut entries = write_rank0_files(trainer, &dir, run)?;
+        for r in 0..world {
+            entries.push(match r {
+                0 => own.clone(),
+                _ => files::entry_of(&dir, &shards::rank_file_name(r, world))?,
+            });
+        }
+        if let Some(pause) = options.pause_before_commit {
+            std::thread::sleep(pause);
+        }
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            step: trainer.step,
+            files: entries,
+        };
+        files::commit(&dir, &manifest)?;
+        files::prune(out, options.keep.max(1))?;
+    }
+    // No rank returns before the snapshot is committed (or rank 0's failure reaches it).
+    trainer.barrier()?;
+    Ok(dir)
+}
+
+/// The gathered model (HF names), its config.json, and train.json.
+fn write_rank0_files(
+    trainer: &Trainer,
+    dir: &Path,
+    run: &RunState,
+) -> Result<Vec<FileEntry>, SnapshotError> {
+    let (model, arena) = (&trainer.model, &trainer.arena);
+    let whole = model
+        .units
+        .iter()
+        .zip(&model.params)
+        .all(|(u, &id)| arena.f32(id).len() as u64 == u.padded_numel);
+    // Stage 3 keeps only a shard of each unit's weights; gathering them for this file comes with
+    // the stage (the shard files hold every weight meanwhile, so resuming does not need it).
+    assert!(
+        whole,
+        "rank 0 holds every unit's weights (ZeRO stage below 3)"
+    );
+    let state = TrainState::of(trainer, run);
+    let state_json = serde_json::to_string_pretty(&state).expect("train state serialises");
+    Ok(vec![
+        files::write_file(dir, WEIGHTS_FILE, &crate::io::to_safetensors(model, arena))?,
+        files::write_file(dir, CONFIG_FILE, model.config.to_hf_json().as_bytes())?,
+        files::write_file(dir, STATE_FILE, state_json.as_bytes())?,
+    ])
+}
+
+/// A committed snapshot, every file checked against the manifest.
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub state: TrainState,
+    /// config.json (HF).
+    pub hf_config: String,
+    /// Shard files in rank order: (name, bytes).
+    shards: Vec<(String, Vec<u8>)>,
+}
+
+impl Snapshot {
+    /// Opens the snapshot `path` names (a snapshot folder, or a run's `--out` folder: its newest
+    /// committed snapshot) and checks the format version and every file's size and crc32.
+    pub fn open(path: &Path) -> Result<Snapshot, SnapshotError> {
+        let dir = files::resolve(path)?;
+        let manifest = files::read_manifest(&dir)?;
+        let mut read = std::collections::HashMap::new();
+        for entry in &manifest.files {
+            read.insert(entry.name.clone(), files::read_verified(&dir, entry)?);
+        }
+        let mut take = |name: &str| {
+            read.remove(name).ok_or_else(|| SnapshotError::BadManifest {
+                path: dir.join(files::MANIFEST),
+                reason: format!("it lists no {name}"),
+            })
+        };
+        let state_bytes = take(STATE_FILE)?;
+        let state: TrainState =
+            serde_json::from_slice(&state_bytes).map_err(|e| SnapshotError::BadContents {
+                path: dir.join(STATE_FILE),
+                reason: format!("not a train state: {e}"),
+            })?;
+        let hf_config = String::from_utf8_lossy(&take(CONFIG_FILE)?).into_owned();
+        take(WEIGHTS_FILE)?;
+        let world = state.world.ranks as usize;
+        let shards = (0..world)
+            .map(|r| {
+                let name = shards::rank_file_name(r, world);
+                take(&name).map(|bytes| (name, bytes))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Snapshot {
+            dir,
+            manifest,
+            state,
+            hf_config,
+            shards,
+        })
+    }
+
+    /// Refuses a trainer whose model or training setup differs from the snapshot's, listing every
+    /// difference. The world (ranks, ZeRO stage, rows per rank) may differ.
+    pub fn check_compatible(&self, trainer: &Trainer, seed: u64) -> Result<(), SnapshotError> {
+        let run = RunState {
+            loader: self.state.loader_position(),
+            seed,
+            loss_scaler: self.state.loss_scaler,
+        };
+        let differences = self.state.differences(&TrainState::of(trainer, &run));
+        if differences.is_empty() {
+            return Ok(());
+        }
+        Err(SnapshotError::Mismatch {
+            path: self.dir.clone(),
+            differences,
+        })
+    }
+
+    /// Ranks the snapshot was taken on (one shard file each).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Fills `trainer` (any world, any stage) with the snapshot's weights, optimizer state and
+    /// step; returns the loop's state (seek the data loader to `loader`).
+    pub fn restore(&self, trainer: &mut Trainer) -> Result<RunState, SnapshotError> {
+        shards::restore(trainer, &self.dir, &self.shards)?;
+        trainer.step = self.state.step;
+        Ok(RunState {
+            loader: self.state.loader_position(),
+            seed: self.state.run.seed,
+            loss_scaler: self.state.loss_scaler,
+        })
+    }
+}

@@ -1,0 +1,266 @@
+//! Per-rank shard files (`optim-rank-00001-of-00004.safetensors`): each rank's slice of every
+//! unit's fp32 weights and optimizer state, and the reassembly that lets a snapshot from N ranks
+//! at any ZeRO stage resume on M ranks at any stage.
+//!
+//! Every unit is padded to a multiple of the world size N, so rank r's shard is elements
+//! `r·S .. (r+1)·S` of the padded unit, S = padded / N — the slice ZeRO-1..3 ranks own. A rank
+//! that holds a whole unit (stage 0, or weights below stage 3) writes just that slice, so all
+//! stages write the same files. Loading concatenates the N shards of a unit in rank order, drops
+//! the old padding, and copies into whatever this trainer holds: the whole unit (padding zeroed)
+//! or its own shard of the new padded layout. What a rank holds is read off its buffer's length.
+//! Tensors are named as the plan names the buffers (`params.h.0`, `opt.m.h.0`, `opt.v.h.0`,
+//! `opt.momentum.h.0`); the unit layout is JSON in the file's metadata under `layout`.
+//!
+//! Example: `shards::rank_file_name(1, 4)` is `optim-rank-00001-of-00004.safetensors`.
+
+use super::error::SnapshotError;
+use crate::optim;
+use crate::train::Trainer;
+use plan::frugal::units::Unit;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+
+pub fn rank_file_name(rank: usize, world: usize) -> String {
+    format!("optim-rank-{rank:05}-of-{world:05}.safetensors")
+}
+
+/// One unit as a shard file records it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnitLayout {
+    pub name: String,
+    pub numel: u64,
+    pub padded_numel: u64,
+    pub shard_offset: u64,
+    pub shard_numel: u64,
+}
+
+/// The `layout` metadata of a shard file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardLayout {
+    pub rank: usize,
+    pub world: usize,
+    /// State tensors per unit besides `params` (`m`, `v` or `momentum`).
+    pub states: Vec<String>,
+    pub units: Vec<UnitLayout>,
+}
+
+/// The plan's buffer names of a unit: `params.<unit>` then its optimizer state.
+fn tensor_names(trainer: &Trainer, unit: &str) -> Vec<String> {
+    let mut names = vec![format!("params.{unit}")];
+    names.extend(plan::frugal::optimizer_buffer_names(
+        trainer.config.optimizer.plan_optimizer(),
+        unit,
+    ));
+    names
+}
+
+/// Which elements of the padded unit a buffer of `len` elements holds on `rank`.
+fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize> {
+    let padded = unit.padded_numel as usize;
+    if len == padded {
+        return 0..padded;
+    }
+    assert_eq!(
+        len * world,
+        padded,
+        "{}: a whole unit or one shard",
+        unit.name
+    );
+    rank * len..(rank + 1) * len
+}
+
+/// This rank's shard file: its slice of every unit's weights and optimizer state.
+pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
+    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let (model, arena) = (&trainer.model, &trainer.arena);
+    let state = optim::state_ids(model, arena, trainer.config.optimizer);
+    let mut tensors: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut units = Vec::new();
+    for (u, unit) in model.units.iter().enumerate() {
+        let shard = unit.padded_numel as usize / world;
+        let own = rank * shard..(rank + 1) * shard;
+        let ids = std::iter::once(model.params[u]).chain(state[u].iter().copied());
+        for (name, id) in tensor_names(trainer, &unit.name).into_iter().zip(ids) {
+            let buf = arena.f32(id);
+            let held = held_span(buf.len(), unit, rank, world);
+            let slice = &buf[own.start - held.start..own.end - held.start];
+            tensors.push((name, slice.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        }
+        units.push(UnitLayout {
+            name: unit.name.clone(),
+            numel: unit.numel,
+            padded_numel: unit.padded_numel,
+            shard_offset: own.start as u64,
+            shard_numel: shard as u64,
+        });
+    }
+    let layout = ShardLayout {
+        rank,
+        world,
+        states: tensor_names(trainer, "")[1..]
+            .iter()
+            .map(|n| {
+                n.trim_start_matches("opt.")
+                    .trim_end_matches('.')
+                    .to_string()
+            })
+            .collect(),
+        units,
+    };
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, bytes)| {
+            let view =
+                TensorView::new(Dtype::F32, vec![bytes.len() / 4], bytes).expect("sizes agree");
+            (name.clone(), view)
+        })
+        .collect();
+    let metadata = HashMap::from([(
+        "layout".to_string(),
+        serde_json::to_string(&layout).expect("a layout serialises"),
+    )]);
+    safetensors::serialize(views, Some(metadata)).expect("in-memory serialisation succeeds")
+}
+
+/// A parsed shard file and its layout.
+struct Shard<'a> {
+    name: &'a str,
+    tensors: SafeTensors<'a>,
+    layout: ShardLayout,
+}
+
+fn parse<'a>(dir: &Path, name: &'a str, bytes: &'a [u8]) -> Result<Shard<'a>, SnapshotError> {
+    let bad = |reason: String| SnapshotError::BadContents {
+        path: dir.join(name),
+        reason,
+    };
+    let (_, meta) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+    let layout = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("layout"))
+        .ok_or_else(|| bad("no layout in the metadata".into()))?;
+    let layout: ShardLayout =
+        serde_json::from_str(layout).map_err(|e| bad(format!("bad layout metadata: {e}")))?;
+    let tensors =
+        SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
+    Ok(Shard {
+        name,
+        tensors,
+        layout,
+    })
+}
+
+/// Checks the shards against this trainer's units and optimizer before anything is written.
+fn check_layouts(dir: &Path, shards: &[Shard<'_>], trainer: &Trainer) -> Result<(), SnapshotError> {
+    let world = shards.len();
+    let expected_states = shards[0].layout.states.clone();
+    for (r, s) in shards.iter().enumerate() {
+        let bad = |reason: String| SnapshotError::BadContents {
+            path: dir.join(s.name),
+            reason,
+        };
+        if s.layout.rank != r || s.layout.world != world {
+            return Err(bad(format!(
+                "holds rank {} of {}, expected rank {r} of {world}",
+                s.layout.rank, s.layout.world
+            )));
+        }
+        if s.layout.states != expected_states {
+            return Err(bad("optimizer state differs from rank 0's".into()));
+        }
+        let units = &trainer.model.units;
+        let same = s.layout.units.len() == units.len()
+            && s.layout.units.iter().zip(units).all(|(a, b)| {
+                a.name == b.name
+                    && a.numel == b.numel
+                    && a.shard_numel * world as u64 == a.padded_numel
+            });
+        if !same {
+            return Err(bad("its parameter units differ from this model's".into()));
+        }
+    }
+    let ours = tensor_names(trainer, "").len() - 1;
+    if expected_states.len() != ours {
+        return Err(SnapshotError::BadContents {
+            path: dir.join(shards[0].name),
+            reason: format!(
+                "holds optimizer state {expected_states:?}, this run's optimizer keeps {ours} buffers per unit"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn to_f32(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// The whole (unpadded) tensor `name` of unit `u`: the shards' slices in rank order.
+fn assemble(
+    dir: &Path,
+    shards: &[Shard<'_>],
+    u: usize,
+    name: &str,
+) -> Result<Vec<f32>, SnapshotError> {
+    let numel = shards[0].layout.units[u].numel as usize;
+    let mut full = Vec::with_capacity(shards[0].layout.units[u].padded_numel as usize);
+    for s in shards {
+        let bad = |reason: String| SnapshotError::BadContents {
+            path: dir.join(s.name),
+            reason,
+        };
+        let t = s
+            .tensors
+            .tensor(name)
+            .map_err(|_| bad(format!("missing tensor {name}")))?;
+        let want = s.layout.units[u].shard_numel as usize;
+        if t.dtype() != Dtype::F32 || t.shape() != [want] {
+            return Err(bad(format!("{name} is not {want} f32 values")));
+        }
+        full.extend(to_f32(t.data()));
+    }
+    full.truncate(numel);
+    Ok(full)
+}
+
+/// Fills this trainer's weights and optimizer state from the shard files (`(name, bytes)` in
+/// rank order), whatever world and stage they were written on.
+pub fn restore(
+    trainer: &mut Trainer,
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+) -> Result<(), SnapshotError> {
+    let shards = files
+        .iter()
+        .map(|(name, bytes)| parse(dir, name, bytes))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_layouts(dir, &shards, trainer)?;
+    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let state = optim::state_ids(&trainer.model, &trainer.arena, trainer.config.optimizer);
+    // Everything is read and checked before the first write, so a bad file changes nothing.
+    let mut staged = Vec::new();
+    for (u, unit) in trainer.model.units.iter().enumerate() {
+        let ids = std::iter::once(trainer.model.params[u]).chain(state[u].iter().copied());
+        for (name, id) in tensor_names(trainer, &unit.name).into_iter().zip(ids) {
+            staged.push((u, id, assemble(dir, &shards, u, &name)?));
+        }
+    }
+    for (u, id, full) in staged {
+        let unit = &trainer.model.units[u];
+        let mut buf = trainer.arena.f32_mut(id);
+        let held = held_span(buf.len(), unit, rank, world);
+        for (i, slot) in held.zip(buf.iter_mut()) {
+            // Padding (past the unit's numel) is zero, as a fresh arena's is.
+            *slot = full.get(i).copied().unwrap_or(0.0);
+        }
+    }
+    Ok(())
+}
