@@ -55,6 +55,7 @@ pub mod init;
 pub mod io;
 pub mod model;
 pub mod optim;
+pub mod precision;
 pub mod recompute;
 pub mod snapshot;
 pub mod train;
