@@ -31,7 +31,7 @@
 //! let run = RunState { loader: data::LoaderPosition::default(), seed, loss_scaler: None };
 //! snapshot::save(trainer, Path::new("runs/a"), &run, &SaveOptions::default())?;
 //! let snap = Snapshot::open(Path::new("runs/a"))?; // the newest committed snapshot
-//! snap.check_compatible(next, seed)?;
+//! snap.check_compatible(&next.config, seed)?;
 //! let run = snap.restore(next)?; // weights, optimizer state, step; seek the loader to run.loader
 //! # Ok(()) }
 //! ```
@@ -45,7 +45,7 @@ pub use error::{Difference, SnapshotError};
 pub use files::{FileEntry, Manifest, FORMAT_VERSION};
 pub use state::{LossScalerState, RunState, TrainState};
 
-use crate::train::Trainer;
+use crate::train::{TrainConfig, Trainer};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -196,13 +196,15 @@ impl Snapshot {
 
     /// Refuses a trainer whose model or training setup differs from the snapshot's, listing every
     /// difference. The world (ranks, ZeRO stage, rows per rank) may differ.
-    pub fn check_compatible(&self, trainer: &Trainer, seed: u64) -> Result<(), SnapshotError> {
+    pub fn check_compatible(&self, config: &TrainConfig, seed: u64) -> Result<(), SnapshotError> {
         let run = RunState {
             loader: self.state.loader_position(),
             seed,
             loss_scaler: self.state.loss_scaler,
         };
-        let differences = self.state.differences(&TrainState::of(trainer, &run));
+        let differences =
+            self.state
+                .differences(&TrainState::of_config(config, self.state.step, &run));
         if differences.is_empty() {
             return Ok(());
         }

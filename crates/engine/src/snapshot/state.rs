@@ -130,12 +130,16 @@ impl ModelFields {
 
 impl TrainState {
     pub fn of(trainer: &Trainer, run: &RunState) -> TrainState {
-        let c = &trainer.config;
+        TrainState::of_config(&trainer.config, trainer.step, run)
+    }
+
+    /// The state of a run of `c` after `step` steps.
+    pub fn of_config(c: &TrainConfig, step: u64, run: &RunState) -> TrainState {
         let setup = c.setup();
         TrainState {
             format_version: FORMAT_VERSION,
-            step: trainer.step,
-            next_lr: c.schedule.lr_at(trainer.step),
+            step,
+            next_lr: c.schedule.lr_at(step),
             loader: LoaderFields {
                 epoch: run.loader.epoch,
                 batch_in_epoch: run.loader.batch_in_epoch,
