@@ -12,6 +12,7 @@
 use crate::error::EngineError;
 use crate::forward;
 use crate::train::Trainer;
+use crate::zero::Pass;
 use data::SplitMix64;
 use kernels::matmul;
 use plan::buffer::Phase;
@@ -35,16 +36,18 @@ impl Trainer {
         batch: usize,
         seq: usize,
         per_chunk: &mut dyn FnMut(usize, &[f32]),
-    ) {
+    ) -> Result<(), EngineError> {
         let n_layers = self.config.model.shape.n_layers;
-        let (model, arena) = (&self.model, &mut self.arena);
-        arena.enter(Phase::Embed);
-        forward::embed(model, arena, batch, seq);
+        // Phases are entered through the trainer so ZeRO stage 3 gathers each unit (a
+        // collective: every rank runs the same forward-only passes).
+        self.enter_phase(Phase::Embed, Pass::ForwardOnly)?;
+        forward::embed(&self.model, &self.arena, batch, seq);
         for l in 0..n_layers {
-            arena.enter(Phase::Forward(l));
-            forward::block(model, arena, l as usize, batch, seq);
+            self.enter_phase(Phase::Forward(l), Pass::ForwardOnly)?;
+            forward::block(&self.model, &self.arena, l as usize, batch, seq);
         }
-        arena.enter(Phase::Head);
+        self.enter_phase(Phase::Head, Pass::ForwardOnly)?;
+        let (model, arena) = (&self.model, &mut self.arena);
         forward::final_norm(model, arena, batch, seq);
         let (c, v) = (
             model.config.shape.d_model as usize,
@@ -75,6 +78,7 @@ impl Trainer {
         }
         drop((params, lnf, scratch));
         arena.end_pass();
+        Ok(())
     }
 
     fn load_tokens(&mut self, inputs: &[u32]) -> Result<(), EngineError> {
@@ -99,7 +103,7 @@ impl Trainer {
             for (i, row) in logits.chunks_exact(v).enumerate() {
                 sum += f64::from(cross_entropy(row, targets[first + i] as usize));
             }
-        });
+        })?;
         Ok((sum / (b * t) as f64) as f32)
     }
 
@@ -113,7 +117,7 @@ impl Trainer {
         assert_eq!(inputs.len(), batch * seq);
         self.load_tokens(inputs)?;
         let mut out = Vec::with_capacity(inputs.len() * self.config.model.shape.vocab as usize);
-        self.forward_chunks(batch, seq, &mut |_, logits| out.extend_from_slice(logits));
+        self.forward_chunks(batch, seq, &mut |_, logits| out.extend_from_slice(logits))?;
         Ok(out)
     }
 
@@ -144,7 +148,7 @@ impl Trainer {
                 if first + rows == seq {
                     last.copy_from_slice(&logits[(rows - 1) * v..]);
                 }
-            });
+            })?;
             let limit = sampling.vocab_limit.unwrap_or(v).clamp(1, v);
             tokens.push(pick(&last[..limit], sampling, &mut rng));
         }

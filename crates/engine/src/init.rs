@@ -47,26 +47,32 @@ impl Normal {
 
 /// Initialises every parameter of `model` from `seed`.
 pub fn fill(model: &Model, arena: &Arena, seed: u64) {
+    for u in 0..model.units.len() {
+        fill_unit(model, u, &mut arena.f32_mut(model.params[u]), seed);
+    }
+}
+
+/// Initialises unit `u` into `params` (the whole padded unit): the same values whether the unit
+/// lives in the arena or, under ZeRO stage 3, is built on the host and cut into shards.
+pub fn fill_unit(model: &Model, u: usize, params: &mut [f32], seed: u64) {
     let std = 0.02;
     let residual_std = std / (2.0 * f64::from(model.config.shape.n_layers)).sqrt();
-    for (u, unit) in model.units.iter().enumerate() {
-        let mut normal = Normal::new(seed ^ (u as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let mut params = arena.f32_mut(model.params[u]);
-        params.fill(0.0);
-        for view in &unit.views {
-            let p = &mut params[view_range(view)];
-            match view.role {
-                Role::Norm1Weight | Role::Norm2Weight | Role::FinalNormWeight => p.fill(1.0),
-                Role::AttnProjWeight | Role::FcProjWeight => {
-                    p.iter_mut()
-                        .for_each(|x| *x = (normal.sample() * residual_std) as f32);
-                }
-                _ if view.shape.len() == 2 => {
-                    p.iter_mut()
-                        .for_each(|x| *x = (normal.sample() * std) as f32);
-                }
-                _ => p.fill(0.0),
+    let unit = &model.units[u];
+    let mut normal = Normal::new(seed ^ (u as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    params.fill(0.0);
+    for view in &unit.views {
+        let p = &mut params[view_range(view)];
+        match view.role {
+            Role::Norm1Weight | Role::Norm2Weight | Role::FinalNormWeight => p.fill(1.0),
+            Role::AttnProjWeight | Role::FcProjWeight => {
+                p.iter_mut()
+                    .for_each(|x| *x = (normal.sample() * residual_std) as f32);
             }
+            _ if view.shape.len() == 2 => {
+                p.iter_mut()
+                    .for_each(|x| *x = (normal.sample() * std) as f32);
+            }
+            _ => p.fill(0.0),
         }
     }
 }

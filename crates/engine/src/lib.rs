@@ -29,14 +29,12 @@
 //! ```
 
 // How the next issues fit this design (each keeps "the plan lists it, the arena carves it"):
-// - ZeRO (issue 5): one `Trainer` per rank thread, each with its own arena from
-//   `training_plan(model, setup { dp: N, zero })`. Units are already padded to a multiple of N, so
-//   a shard is `padded_numel / N` elements at offset `rank * shard`. Stage 1 adds `opt.*` as shard
-//   buffers and reduce-scatters `grads.<unit>` in place; stage 2 plans `grads.<unit>` as a span
-//   (born in the unit's first backward phase, dead after its reduce-scatter) plus a persistent
-//   `grads.shard.<unit>`; stage 3 plans `params.shard.<unit>` persistent and `gather.fwd.<unit>` /
-//   `gather.bwd.<unit>` spans (prefetch = born one phase earlier). `Model::params` becomes a
-//   lookup by (unit, phase); kernels keep seeing whole-unit slices.
+// - ZeRO (issue 5, done: `zero`): one `Trainer` per rank thread (`Trainer::sharded`), each with its
+//   own arena from `training_plan(model, setup { dp: N, zero })` (`plan::frugal::shards`). Stage 1
+//   plans `opt.*` as shards and reduce-scatters `grads.<unit>` in place; stage 2 plans
+//   `grads.<unit>` as a span plus a persistent `grads.shard.<unit>`; stage 3 plans
+//   `params.shard.<unit>` and `gather.fwd.*`/`gather.bwd.*` spans born one phase early (prefetch).
+//   `Model::params` is repointed per phase; kernels keep seeing whole-unit slices.
 // - Recompute (issue 6): the plan moves a block's saved tensors to `Backward(l)` births; the
 //   backward calls `forward::block` again (with an option not to rewrite the block's output).
 // - bf16/fp16 (issue 6): 2-byte buffers in the same slab (sizes rounded to `ALIGN_BYTES`), views
@@ -59,6 +57,7 @@ pub mod precision;
 pub mod recompute;
 pub mod snapshot;
 pub mod train;
+pub mod zero;
 
 pub use arena::{Arena, Measured};
 pub use config::ModelConfig;

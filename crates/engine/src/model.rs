@@ -10,6 +10,7 @@
 use crate::arena::{Arena, BufId};
 use crate::config::ModelConfig;
 use plan::frugal::acts::{ActPolicy, BlockDims};
+use plan::frugal::shards;
 use plan::frugal::units::{ParamView, Role, Unit, UnitKind};
 use plan::frugal::ActShape;
 use plan::model::Family;
@@ -61,7 +62,10 @@ pub struct HeadActs {
 pub struct Model {
     pub config: ModelConfig,
     pub units: Vec<Unit>,
+    /// Each unit's full weights as the kernels read them: `params.<u>` at ZeRO stages 0-2, the
+    /// unit's gather buffer of the current phase at stage 3.
     pub params: Vec<BufId>,
+    /// Each unit's full gradient (live only while the backward writes it at stages 2-3).
     pub grads: Vec<BufId>,
     /// What each block's backward reads (saved by the forward or recomputed, per `policy`).
     pub blocks: Vec<BlockActs>,
@@ -82,13 +86,19 @@ impl Model {
         shape: ActShape,
         policy: ActPolicy,
     ) -> Model {
+        // At ZeRO stage 3 no full copy persists: a unit's weights are wherever it was gathered
+        // for the current phase (`zero::Sharding` repoints `params` as phases begin).
         let params = units
             .iter()
-            .map(|u| arena.id(&format!("params.{}", u.name)))
+            .map(|u| {
+                arena
+                    .try_id(&shards::params_name(&u.name))
+                    .unwrap_or_else(|| arena.id(&format!("gather.fwd.{}", u.name)))
+            })
             .collect();
         let grads = units
             .iter()
-            .map(|u| arena.id(&format!("grads.{}", u.name)))
+            .map(|u| arena.id(&shards::grads_name(&u.name)))
             .collect();
         let (blocks, forward_blocks) = crate::recompute::wire(arena, config.shape.n_layers, policy);
         let head = HeadActs {

@@ -87,29 +87,62 @@ impl Schedule {
     }
 }
 
-/// The global L2 norm of all gradients (padding is zero, so it does not count).
-pub fn grad_norm(model: &Model, arena: &Arena) -> f32 {
-    let sum_sq: f64 = model
-        .grads
+/// Where one unit's update reads and writes: elements `base .. base + len` of the unit, found at
+/// `params[params_at ..]` and `grads[grads_at ..]`, with optimizer state covering exactly them.
+/// Stage 0 updates whole units (`base` 0); ZeRO stages 1-3 update this rank's shard.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UnitSlice {
+    pub params: BufId,
+    pub params_at: usize,
+    pub grads: BufId,
+    pub grads_at: usize,
+    pub base: usize,
+    pub len: usize,
+}
+
+impl UnitSlice {
+    /// The whole of unit `u` (no sharding).
+    pub fn whole(model: &Model, arena: &Arena, u: usize) -> UnitSlice {
+        let len = arena.f32(model.grads[u]).len();
+        UnitSlice {
+            params: model.params[u],
+            params_at: 0,
+            grads: model.grads[u],
+            grads_at: 0,
+            base: 0,
+            len,
+        }
+    }
+}
+
+/// The sum of squared gradients over `slices`: per-chunk f64 partial sums added in chunk order,
+/// then slices in order, so the result does not depend on the thread count.
+pub fn grad_sum_sq(arena: &Arena, slices: &[UnitSlice]) -> f64 {
+    slices
         .iter()
-        .map(|&id| {
-            // Per-chunk f64 partial sums, added in chunk order: the same result on any thread count.
-            let partials: Vec<f64> = arena
-                .f32(id)
+        .map(|s| {
+            let grads = arena.f32(s.grads);
+            let partials: Vec<f64> = grads[s.grads_at..s.grads_at + s.len]
                 .par_chunks(CHUNK)
                 .map(|c| c.iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>())
                 .collect();
             partials.iter().sum::<f64>()
         })
-        .sum();
-    sum_sq.sqrt() as f32
+        .sum()
 }
 
-/// Multiplies every gradient by `scale`.
-pub fn scale_grads(model: &Model, arena: &Arena, scale: f32) {
-    for &id in &model.grads {
-        arena
-            .f32_mut(id)
+/// The global L2 norm of all gradients of an unsharded model (padding is zero: it does not count).
+pub fn grad_norm(model: &Model, arena: &Arena) -> f32 {
+    let slices: Vec<_> = (0..model.units.len())
+        .map(|u| UnitSlice::whole(model, arena, u))
+        .collect();
+    grad_sum_sq(arena, &slices).sqrt() as f32
+}
+
+/// Multiplies the gradients of `slices` by `scale`.
+pub fn scale_grads(arena: &Arena, slices: &[UnitSlice], scale: f32) {
+    for s in slices {
+        arena.f32_mut(s.grads)[s.grads_at..s.grads_at + s.len]
             .par_chunks_mut(CHUNK)
             .for_each(|c| c.iter_mut().for_each(|g| *g *= scale));
     }
@@ -139,51 +172,90 @@ pub fn update(
     lr: f32,
     step: u32,
 ) {
-    for (u, unit) in model.units.iter().enumerate() {
-        let mut params = arena.f32_mut(model.params[u]);
-        let grads = arena.f32(model.grads[u]);
+    let slices: Vec<_> = (0..model.units.len())
+        .map(|u| UnitSlice::whole(model, arena, u))
+        .collect();
+    update_slices(model, arena, state, &slices, kind, lr, step);
+}
+
+/// One update of the elements `slices` name (one per unit, in unit order). AdamW and SGD are
+/// element-wise, so updating shards gives bit for bit the values of updating whole units.
+pub fn update_slices(
+    model: &Model,
+    arena: &Arena,
+    state: &[Vec<BufId>],
+    slices: &[UnitSlice],
+    kind: OptimizerKind,
+    lr: f32,
+    step: u32,
+) {
+    for (u, (unit, s)) in model.units.iter().zip(slices).enumerate() {
+        let mut params = arena.f32_mut(s.params);
+        let grads = arena.f32(s.grads);
         let mut bufs: Vec<_> = state[u].iter().map(|&id| arena.f32_mut(id)).collect();
         for view in &unit.views {
+            // The part of the view inside this slice, in the slice's coordinates.
             let r = view_range(view);
-            let decays = view.shape.len() == 2;
-            let (p, g) = (&mut params[r.clone()], &grads[r.clone()]);
-            match (kind, bufs.as_mut_slice()) {
-                (
-                    OptimizerKind::AdamW {
-                        beta1,
-                        beta2,
-                        eps,
-                        weight_decay,
-                    },
-                    [m, v],
-                ) => {
-                    let weight_decay = if decays { weight_decay } else { 0.0 };
-                    let opt = adamw::AdamW {
-                        lr,
-                        beta1,
-                        beta2,
-                        eps,
-                        weight_decay,
-                    };
-                    adamw::update(p, g, &mut m[r.clone()], &mut v[r], opt, step);
-                }
-                (
-                    OptimizerKind::Sgd {
-                        momentum,
-                        weight_decay,
-                    },
-                    [buf],
-                ) => {
-                    let weight_decay = if decays { weight_decay } else { 0.0 };
-                    let opt = sgd::Sgd {
-                        lr,
-                        momentum,
-                        weight_decay,
-                    };
-                    sgd::update(p, g, &mut buf[r], opt);
-                }
-                _ => unreachable!("optimizer state matches the plan's optimizer"),
+            let (lo, hi) = (r.start.max(s.base), r.end.min(s.base + s.len));
+            if lo >= hi {
+                continue;
             }
+            let local = lo - s.base..hi - s.base;
+            let p = &mut params[s.params_at + local.start..s.params_at + local.end];
+            let g = &grads[s.grads_at + local.start..s.grads_at + local.end];
+            let decays = view.shape.len() == 2;
+            step_view(kind, p, g, &mut bufs, local, decays, lr, step);
         }
+    }
+}
+
+/// The update rule on one view's elements; `r` indexes the optimizer state.
+#[allow(clippy::too_many_arguments)]
+fn step_view(
+    kind: OptimizerKind,
+    p: &mut [f32],
+    g: &[f32],
+    bufs: &mut [crate::arena::ViewMut<'_, f32>],
+    r: std::ops::Range<usize>,
+    decays: bool,
+    lr: f32,
+    step: u32,
+) {
+    match (kind, bufs) {
+        (
+            OptimizerKind::AdamW {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            },
+            [m, v],
+        ) => {
+            let weight_decay = if decays { weight_decay } else { 0.0 };
+            let opt = adamw::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            };
+            adamw::update(p, g, &mut m[r.clone()], &mut v[r], opt, step);
+        }
+        (
+            OptimizerKind::Sgd {
+                momentum,
+                weight_decay,
+            },
+            [buf],
+        ) => {
+            let weight_decay = if decays { weight_decay } else { 0.0 };
+            let opt = sgd::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            };
+            sgd::update(p, g, &mut buf[r], opt);
+        }
+        _ => unreachable!("optimizer state matches the plan's optimizer"),
     }
 }

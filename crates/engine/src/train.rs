@@ -4,6 +4,8 @@
 //! backward block by block, embedding backward), each token's gradient scaled by 1 / (tokens in the
 //! whole step) so accumulation equals one large batch, then clips by the global norm and updates.
 //! A non-finite loss stops the step before the update, so the weights stay as they were.
+//! With several ranks, `zero::Sharding` does what the ZeRO stage asks at each phase boundary
+//! (gather, reduce-scatter) and after the micro-steps (reduce, sharded update, gather).
 //!
 //! What it does not do: read files (the CLI and `io` do), print, or pick defaults for the user.
 //!
@@ -14,7 +16,8 @@ use crate::config::ModelConfig;
 use crate::error::EngineError;
 use crate::model::Model;
 use crate::optim::{self, OptimizerKind, Schedule};
-use crate::{backward, forward, init};
+use crate::zero::{Pass, Sharding};
+use crate::{backward, forward};
 use plan::buffer::{Device, MemoryPlan, Phase};
 use plan::frugal::ActShape;
 use plan::setup::{Attention, Offload, Precision, Recompute, TrainSetup, ZeroStage};
@@ -48,7 +51,8 @@ pub struct TrainConfig {
     pub grad_clip: Option<f32>,
     /// Refuse to start when the arena's slab would exceed this many bytes.
     pub device_memory_bytes: Option<u64>,
-    /// Data-parallel ranks (ZeRO stage 0: every rank holds everything, gradients all-reduced).
+    /// Data-parallel ranks; the ZeRO stage is given to [`Trainer::sharded`] (stage 0 otherwise:
+    /// every rank holds everything, gradients all-reduced).
     pub ranks: u32,
     /// Activation recompute policy (the plan says what is kept and when the rest is rebuilt).
     pub recompute: Recompute,
@@ -57,12 +61,17 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// The planner's view of this run (per rank: fp32, ZeRO stage 0).
+    /// The planner's view of this run at ZeRO stage 0 (per rank, fp32).
     pub fn setup(&self) -> TrainSetup {
+        self.setup_at(ZeroStage::Zero0)
+    }
+
+    /// The planner's view of this run at ZeRO stage `zero` (per rank, fp32).
+    pub fn setup_at(&self, zero: ZeroStage) -> TrainSetup {
         TrainSetup {
             precision: Precision::Fp32,
             optimizer: self.optimizer.plan_optimizer(),
-            zero: ZeroStage::Zero0,
+            zero,
             dp: self.ranks,
             tp: 1,
             pp: 1,
@@ -100,15 +109,22 @@ pub struct Trainer {
     /// Optimizer steps taken.
     pub step: u64,
     pub timings: Timings,
+    /// What the ZeRO stage shards and when it communicates.
+    pub sharding: Sharding,
     /// This rank's link to the others; `None` for a single rank.
-    comm: Option<Box<dyn comm::Collective>>,
+    pub(crate) comm: Option<Box<dyn comm::Collective>>,
 }
 
 /// Plans one rank's step and refuses it, before anything is allocated, when it exceeds
 /// `device_memory_bytes`, with the plan's breakdown and the `fit` advisor's cheapest fix.
 pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
+    check_capacity_at(config, ZeroStage::Zero0)
+}
+
+/// [`check_capacity`] at ZeRO stage `zero`.
+pub fn check_capacity_at(config: &TrainConfig, zero: ZeroStage) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
-    let setup = config.setup();
+    let setup = config.setup_at(zero);
     let plan = plan::frugal::training_plan(shape, &setup)?;
     let Some(capacity_bytes) = config.device_memory_bytes else {
         return Ok(plan);
@@ -133,9 +149,23 @@ pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
 impl Trainer {
     /// Plans the run, refuses it if it does not fit, then carves the arena (zeroed weights).
     pub fn new(config: TrainConfig) -> Result<Trainer, EngineError> {
-        let plan = check_capacity(&config)?;
+        Trainer::sharded(config, None, ZeroStage::Zero0)
+    }
+
+    /// A trainer for one rank of a data-parallel world at ZeRO stage `zero`: `comm`'s world
+    /// size must equal `config.ranks` (`None`: a world of one). Every rank starts from the same
+    /// weights when given the same seed.
+    pub fn sharded(
+        config: TrainConfig,
+        comm: Option<Box<dyn comm::Collective>>,
+        zero: ZeroStage,
+    ) -> Result<Trainer, EngineError> {
+        let world = comm.as_ref().map_or(1, |c| c.world_size());
+        assert_eq!(world, config.ranks as usize, "one communicator per rank");
+        let rank = comm.as_ref().map_or(0, |c| c.rank());
+        let plan = check_capacity_at(&config, zero)?;
         let shape = &config.model.shape;
-        let setup = config.setup();
+        let setup = config.setup_at(zero);
         let arena = Arena::new(&plan, Device::Gpu, config.device_memory_bytes)?;
         let units = plan::frugal::param_units(shape, setup.dp)?;
         let act_shape = ActShape {
@@ -148,6 +178,7 @@ impl Trainer {
         for ids in &opt_state {
             ids.iter().for_each(|&id| arena.f32_mut(id).fill(0.0));
         }
+        let sharding = Sharding::new(zero, rank, world, &model, &arena);
         Ok(Trainer {
             config,
             plan,
@@ -156,24 +187,22 @@ impl Trainer {
             opt_state,
             step: 0,
             timings: Timings::default(),
-            comm: None,
+            sharding,
+            comm,
         })
     }
 
-    /// A trainer for one rank of a data-parallel world: `comm`'s world size must equal
-    /// `config.ranks`. Every rank starts from the same weights when given the same seed.
+    /// A trainer for one rank of a data-parallel world at ZeRO stage 0.
     pub fn with_comm(
         config: TrainConfig,
         comm: Box<dyn comm::Collective>,
     ) -> Result<Trainer, EngineError> {
-        assert_eq!(
-            comm.world_size(),
-            config.ranks as usize,
-            "one communicator per rank"
-        );
-        let mut trainer = Trainer::new(config)?;
-        trainer.comm = Some(comm);
-        Ok(trainer)
+        Trainer::sharded(config, Some(comm), ZeroStage::Zero0)
+    }
+
+    /// The planner's view of this trainer's run, its ZeRO stage included.
+    pub fn setup(&self) -> TrainSetup {
+        self.config.setup_at(self.sharding.stage)
     }
 
     /// This rank's index (0 without a communicator).
@@ -181,8 +210,8 @@ impl Trainer {
         self.comm.as_ref().map_or(0, |c| c.rank())
     }
 
-    /// Sums `loss_sum` over the ranks (so every rank sees the same, NaN included), then the
-    /// gradients, in the comm crate's fixed rank order.
+    /// Sums `loss_sum` over the ranks (so every rank sees the same, NaN included), then
+    /// reduces the gradients as the ZeRO stage says, in the comm crate's fixed rank order.
     fn all_reduce(&mut self, loss_sum: f64) -> Result<f64, EngineError> {
         let Some(comm) = self.comm.as_mut() else {
             return Ok(loss_sum);
@@ -190,16 +219,27 @@ impl Trainer {
         let mut loss = [loss_sum as f32];
         comm.all_reduce(loss.as_mut_slice().into(), comm::ReduceOp::Sum)?;
         if loss[0].is_finite() {
-            for &id in &self.model.grads {
-                let mut grads = self.arena.f32_mut(id);
-                comm.all_reduce((&mut grads[..]).into(), comm::ReduceOp::Sum)?;
-            }
+            self.sharding
+                .reduce_grads(&self.model, &self.arena, comm.as_mut())?;
         }
         Ok(f64::from(loss[0]))
     }
 
-    pub fn init_weights(&mut self, seed: u64) {
-        init::fill(&self.model, &self.arena, seed);
+    /// Enters `phase`: the arena makes its buffers live, then the ZeRO stage gathers weights and
+    /// zeroes gradients born there.
+    pub fn enter_phase(&mut self, phase: Phase, pass: Pass) -> Result<(), EngineError> {
+        self.arena.enter(phase);
+        let comm = self.comm.as_deref_mut();
+        (self.sharding).enter(phase, pass, &mut self.model, &self.arena, comm)
+    }
+
+    /// Leaves `phase`: the ZeRO stage reduce-scatters gradients finished there, then the arena
+    /// frees what dies there.
+    pub fn leave_phase(&mut self, phase: Phase) -> Result<(), EngineError> {
+        let comm = self.comm.as_deref_mut();
+        (self.sharding).leave(phase, &self.model, &self.arena, comm)?;
+        self.arena.leave(phase);
+        Ok(())
     }
 
     /// Tokens of one micro-batch.
@@ -247,49 +287,46 @@ impl Trainer {
         self.load_batch(inputs, targets)?;
         let (b, t) = (self.config.batch as usize, self.config.seq as usize);
         let n_layers = self.config.model.shape.n_layers;
-        let (model, arena, times) = (&self.model, &mut self.arena, &mut self.timings);
         let mut clock = Instant::now();
         let mut lap = |slot: &mut Duration| {
             let now = Instant::now();
             *slot += now - clock;
             clock = now;
         };
-        arena.enter(Phase::Embed);
-        forward::embed(model, arena, b, t);
-        arena.leave(Phase::Embed);
+        let mut times = self.timings;
+        let pass = Pass::Training;
+        self.enter_phase(Phase::Embed, pass)?;
+        forward::embed(&self.model, &self.arena, b, t);
+        self.leave_phase(Phase::Embed)?;
         lap(&mut times.embed);
         for l in 0..n_layers {
-            arena.enter(Phase::Forward(l));
-            forward::block(model, arena, l as usize, b, t);
-            arena.leave(Phase::Forward(l));
+            self.enter_phase(Phase::Forward(l), pass)?;
+            forward::block(&self.model, &self.arena, l as usize, b, t);
+            self.leave_phase(Phase::Forward(l))?;
         }
         lap(&mut times.forward_blocks);
-        arena.enter(Phase::Head);
-        let loss_sum = backward::head(model, arena, dloss);
-        arena.leave(Phase::Head);
+        self.enter_phase(Phase::Head, pass)?;
+        let loss_sum = backward::head(&self.model, &self.arena, dloss);
+        self.leave_phase(Phase::Head)?;
         lap(&mut times.head);
         for l in (0..n_layers).rev() {
-            arena.enter(Phase::Backward(l));
-            backward::block(model, arena, l as usize);
-            arena.leave(Phase::Backward(l));
+            self.enter_phase(Phase::Backward(l), pass)?;
+            backward::block(&self.model, &self.arena, l as usize);
+            self.leave_phase(Phase::Backward(l))?;
         }
         lap(&mut times.backward_blocks);
-        arena.enter(Phase::EmbedBackward);
-        backward::embed(model, arena);
-        arena.leave(Phase::EmbedBackward);
+        self.enter_phase(Phase::EmbedBackward, pass)?;
+        backward::embed(&self.model, &self.arena);
+        self.leave_phase(Phase::EmbedBackward)?;
         lap(&mut times.embed_backward);
+        self.timings = times;
         Ok(loss_sum)
     }
 
-    /// Sets every gradient to zero (start of a step).
+    /// Sets the gradients a step accumulates into to zero (start of a step): the full
+    /// gradients at ZeRO stages 0-1, this rank's gradient shards at stages 2-3.
     pub fn zero_grads(&mut self) {
-        use rayon::prelude::*;
-        for &id in &self.model.grads {
-            self.arena
-                .f32_mut(id)
-                .par_chunks_mut(1 << 16)
-                .for_each(|c| c.fill(0.0));
-        }
+        self.sharding.zero_grads(&self.model, &self.arena);
     }
 
     /// One optimizer step over `grad_accum` micro-batches drawn from `next_batch`.
@@ -332,12 +369,21 @@ impl Trainer {
     }
 
     /// Clips and applies the optimizer to the accumulated gradients; returns the unclipped norm.
-    /// A non-finite gradient norm stops before any weight changes.
+    /// A non-finite gradient norm stops before any weight changes. The norm is global: each rank
+    /// sums the squares of its shard of every unit, and the sums are all-reduced in rank order.
     pub fn apply_update(&mut self, lr: f32) -> Result<f32, EngineError> {
         let started = Instant::now();
         self.arena.enter(Phase::Optimizer);
-        let (model, arena) = (&self.model, &self.arena);
-        let norm = optim::grad_norm(model, arena);
+        let norm_slices = self.sharding.norm_slices(&self.model);
+        let mut sum_sq = optim::grad_sum_sq(&self.arena, &norm_slices);
+        if let Some(comm) = self.comm.as_mut() {
+            // Two f32 words (value and rounding residue) keep ~48 bits of each rank's f64 sum.
+            let hi = sum_sq as f32;
+            let mut words = [hi, (sum_sq - f64::from(hi)) as f32];
+            comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+            sum_sq = f64::from(words[0]) + f64::from(words[1]);
+        }
+        let norm = sum_sq.sqrt() as f32;
         if !norm.is_finite() {
             self.arena.leave(Phase::Optimizer);
             return Err(EngineError::NonFiniteGradient {
@@ -345,14 +391,21 @@ impl Trainer {
                 suggested_lr: self.config.schedule.lr / 10.0,
             });
         }
+        let (model, arena) = (&self.model, &self.arena);
+        let slices: Vec<_> = (0..model.units.len())
+            .map(|u| self.sharding.update_slice(model, u))
+            .collect();
         if let Some(max_norm) = self.config.grad_clip {
             let scale = max_norm / (norm + 1e-6);
             if scale < 1.0 {
-                optim::scale_grads(model, arena, scale);
+                optim::scale_grads(arena, &slices, scale);
             }
         }
         let t = (self.step + 1) as u32;
-        optim::update(model, arena, &self.opt_state, self.config.optimizer, lr, t);
+        let (state, kind) = (&self.opt_state, self.config.optimizer);
+        optim::update_slices(model, arena, state, &slices, kind, lr, t);
+        let comm = self.comm.as_deref_mut();
+        self.sharding.after_update(model, arena, comm)?;
         self.arena.leave(Phase::Optimizer);
         self.timings.optimizer += started.elapsed();
         Ok(norm)
@@ -361,6 +414,11 @@ impl Trainer {
     /// Per-category peaks measured by the arena so far.
     pub fn measured(&self) -> Measured {
         self.arena.measured()
+    }
+
+    /// Bytes this rank has moved so far, per collective (zero without a communicator).
+    pub fn comm_stats(&self) -> comm::CommStats {
+        self.comm.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
 
     /// Waits for every rank (a snapshot commits only after every rank's shard is on disk).

@@ -4,18 +4,19 @@
 //! two agree to the byte. Parameters, their gradients and the optimizer state live in flat
 //! per-layer units ([`units`]); activations follow llm.c's layout ([`acts`]), under any recompute
 //! policy and either attention kernel. A setup the engine
-//! cannot run yet (mixed precision, ZeRO stages above 0, offload, ...) is refused here
-//! with `PlanError::Unsupported`, never silently planned as something else.
+//! cannot run yet (mixed precision, offload, ...) is refused here with `PlanError::Unsupported`,
+//! never silently planned as something else. ZeRO stages 0-3 are planned per rank ([`shards`]).
 //!
 //! Example: `training_plan(&gpt2_tiny, &setup)?.peak_bytes(Device::Gpu)` is the engine's measured
 //! peak for that setup, and `training_estimate` adds the slab the arena reserves.
 
 pub mod acts;
 pub mod layout;
+pub mod shards;
 pub mod units;
 
-use crate::buffer::{Buffer, Category, Device, Lifetime};
-use crate::setup::{Offload, Optimizer, Precision, Recompute, ZeroStage};
+use crate::buffer::Device;
+use crate::setup::{Offload, Optimizer, Precision, Recompute};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
 pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
 pub use layout::{assign_offsets, SlabLayout};
@@ -40,9 +41,6 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     units::check_buildable(model)?;
     if setup.precision != Precision::Fp32 {
         return Err(unsupported("precisions other than fp32 (--precision fp32)"));
-    }
-    if setup.zero != ZeroStage::Zero0 {
-        return Err(unsupported("ZeRO stages above 0 (--zero 0)"));
     }
     if setup.optimizer == Optimizer::AdamW8bit {
         return Err(unsupported("8-bit Adam (use adamw or sgd)"));
@@ -98,36 +96,18 @@ pub fn optimizer_buffer_names(optimizer: Optimizer, unit: &str) -> Vec<String> {
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
     check_setup(model, setup)?;
     let mut plan = MemoryPlan::new(model.n_layers);
-    let persistent = |name: String, category: Category, numel: u64| Buffer {
-        name,
-        category,
-        device: Device::Gpu,
-        bytes: 4 * numel,
-        lifetime: Lifetime::Persistent,
-    };
     let units = param_units(model, setup.dp)?;
-    for unit in &units {
-        let n = unit.padded_numel;
-        plan.push(persistent(
-            format!("params.{}", unit.name),
-            Category::Params,
-            n,
-        ));
-        // Gradients persist across micro-steps: accumulation adds into them.
-        plan.push(persistent(
-            format!("grads.{}", unit.name),
-            Category::Grads,
-            n,
-        ));
-        for name in optimizer_buffer_names(setup.optimizer, &unit.name) {
-            plan.push(persistent(name, Category::Optimizer, n));
-        }
+    shards::check_world(&units, setup.dp, setup.zero)?;
+    let policy = ActPolicy::of(setup);
+    let (world, zero, optimizer) = (setup.dp, setup.zero, setup.optimizer);
+    for buffer in shards::state_buffers(model, &units, world, zero, optimizer, policy) {
+        plan.push(buffer);
     }
     let shape = ActShape {
         batch: setup.micro_batch,
         seq: setup.seq,
     };
-    for buffer in acts::activation_buffers(model, shape, ActPolicy::of(setup)) {
+    for buffer in acts::activation_buffers(model, shape, policy) {
         plan.push(buffer);
     }
     Ok(plan)
@@ -151,6 +131,7 @@ pub fn training_estimate(model: &ModelShape, setup: &TrainSetup) -> Result<Estim
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buffer::{Category, Lifetime};
     use crate::presets;
     use crate::setup::{Attention, Offload, Optimizer, Precision, Recompute, ZeroStage};
 
@@ -227,12 +208,58 @@ mod tests {
             Err(PlanError::Invalid { .. })
         ));
         s.seq = 64;
-        s.zero = ZeroStage::Zero3;
+        s.precision = Precision::Bf16;
         assert!(matches!(
             training_plan(&model, &s),
             Err(PlanError::Unsupported { .. })
         ));
         let moe = presets::by_name("mixtral-8x7b").unwrap();
         assert!(training_plan(&moe, &setup(1, 64)).is_err());
+    }
+
+    #[test]
+    fn zero_stages_shard_model_state_to_16_psi_over_n_and_pack_to_the_peak() {
+        let model = presets::by_name("gpt2-tiny").unwrap();
+        for world in [1, 2, 4] {
+            let units = param_units(&model, world).unwrap();
+            let psi: u64 = units.iter().map(|u| u.padded_numel).sum();
+            let mut stage0_peak = 0;
+            for zero in [
+                ZeroStage::Zero0,
+                ZeroStage::Zero1,
+                ZeroStage::Zero2,
+                ZeroStage::Zero3,
+            ] {
+                let mut s = setup(2, 32);
+                (s.dp, s.zero) = (world, zero);
+                let plan = training_plan(&model, &s).unwrap();
+                let layout = assign_offsets(&plan, Device::Gpu);
+                assert_eq!(layout.slab_bytes, plan.peak_bytes(Device::Gpu), "{zero:?}");
+                let persistent = |c: Category| -> u64 {
+                    let b = plan.buffers.iter().filter(|b| b.category == c);
+                    b.filter(|b| b.lifetime == Lifetime::Persistent)
+                        .map(|b| b.bytes)
+                        .sum()
+                };
+                let n = u64::from(world);
+                let (p, g, o) = match zero {
+                    ZeroStage::Zero0 => (4 * psi, 4 * psi, 8 * psi),
+                    ZeroStage::Zero1 => (4 * psi, 4 * psi, 8 * psi / n),
+                    ZeroStage::Zero2 => (4 * psi, 4 * psi / n, 8 * psi / n),
+                    ZeroStage::Zero3 => (4 * psi / n, 4 * psi / n, 8 * psi / n),
+                };
+                assert_eq!(persistent(Category::Params), p, "{world} {zero:?}");
+                assert_eq!(persistent(Category::Grads), g, "{world} {zero:?}");
+                assert_eq!(persistent(Category::Optimizer), o, "{world} {zero:?}");
+                // Not monotone in between: with a tied embedding that is most of the model, the
+                // stage-2 embedding gradient lives from the head to the embedding backward.
+                let peak = plan.peak_bytes(Device::Gpu);
+                match zero {
+                    ZeroStage::Zero0 => stage0_peak = peak,
+                    ZeroStage::Zero3 if world > 1 => assert!(peak < stage0_peak, "{world}"),
+                    _ => {}
+                }
+            }
+        }
     }
 }

@@ -30,25 +30,46 @@ fn interval(plan: &MemoryPlan, lifetime: Lifetime) -> (u32, u32) {
     }
 }
 
-/// Places every buffer of `device` in one slab.
+/// Places every buffer of `device` in one slab: first fit in two orders (by birth, and largest
+/// first), keeping the smaller slab. Birth order packs the nested forward/backward lifetimes
+/// exactly; largest-first packs ZeRO-3's chains of overlapping gathers where birth order leaves
+/// gaps. Both are deterministic, so the engine and the plan always agree on the offsets.
 pub fn assign_offsets(plan: &MemoryPlan, device: Device) -> SlabLayout {
-    let mut order: Vec<usize> = (0..plan.buffers.len())
+    let order: Vec<usize> = (0..plan.buffers.len())
         .filter(|&i| plan.buffers[i].device == device)
         .collect();
     let span = |i: usize| interval(plan, plan.buffers[i].lifetime);
-    order.sort_by_key(|&i| {
+    let persistent = |i: usize| plan.buffers[i].lifetime == Lifetime::Persistent;
+    let mut by_birth = order.clone();
+    by_birth.sort_by_key(|&i| {
         let (born, dies) = span(i);
-        let persistent = plan.buffers[i].lifetime == Lifetime::Persistent;
-        (
-            !persistent,
-            born,
-            u32::MAX - dies,
-            u64::MAX - plan.buffers[i].bytes,
-        )
+        let bytes = plan.buffers[i].bytes;
+        (!persistent(i), born, u32::MAX - dies, u64::MAX - bytes)
     });
+    let first = first_fit(plan, device, &by_birth);
+    if plan.buffers.iter().all(|b| !b.name.starts_with("gather.")) {
+        return first;
+    }
+    let mut by_size = order;
+    by_size.sort_by_key(|&i| {
+        let (born, _) = span(i);
+        (!persistent(i), u64::MAX - plan.buffers[i].bytes, born)
+    });
+    let second = first_fit(plan, device, &by_size);
+    if second.slab_bytes < first.slab_bytes {
+        second
+    } else {
+        first
+    }
+}
+
+/// Places the buffers in `order`, each at the lowest offset free of every placed buffer it
+/// overlaps in time.
+fn first_fit(plan: &MemoryPlan, device: Device, order: &[usize]) -> SlabLayout {
+    let span = |i: usize| interval(plan, plan.buffers[i].lifetime);
     let mut placed: Vec<(usize, u64)> = Vec::with_capacity(order.len());
     let mut slab_bytes = 0;
-    for i in order {
+    for &i in order {
         let bytes = plan.buffers[i].bytes.next_multiple_of(ALIGN_BYTES);
         let (born, dies) = span(i);
         let mut busy: Vec<(u64, u64)> = placed

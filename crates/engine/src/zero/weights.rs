@@ -1,0 +1,53 @@
+//! Whole weights in and out of a sharded trainer: seeded initialisation and the full copy of
+//! every unit (for export, comparison and sampling after training).
+//!
+//! Below stage 3 every rank holds full `params.<u>`, so both are local. At stage 3 a rank holds
+//! only its shards: initialisation builds each unit on the host (the same values on every rank:
+//! same seed, same stream per unit) and keeps this rank's shard; `full_params` all-gathers every
+//! unit into host vectors, a collective every rank must call. Both run outside the step, so
+//! their host vectors are not part of the plan (as DeepSpeed's consolidation on save is not).
+//!
+//! Example: `trainer.init_weights(1337); ...; let units = trainer.full_params()?;`
+
+use crate::error::EngineError;
+use crate::init;
+use crate::train::Trainer;
+use comm::{Buf, BufMut};
+use plan::setup::ZeroStage;
+
+impl Trainer {
+    /// Initialises every weight from `seed` (identical on every rank and at every stage).
+    pub fn init_weights(&mut self, seed: u64) {
+        if self.sharding.stage != ZeroStage::Zero3 {
+            init::fill(&self.model, &self.arena, seed);
+            return;
+        }
+        for u in 0..self.model.units.len() {
+            let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
+            init::fill_unit(&self.model, u, &mut full, seed);
+            let id = self.sharding.param_shards()[u];
+            let range = self.sharding.shard_range(u);
+            self.arena.f32_mut(id).copy_from_slice(&full[range]);
+        }
+    }
+
+    /// Every unit's full (padded) weights, in unit order. At stage 3 this is a collective.
+    pub fn full_params(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let n_units = self.model.units.len();
+        if self.sharding.stage != ZeroStage::Zero3 {
+            let units = (0..n_units).map(|u| self.arena.f32(self.model.params[u]).to_vec());
+            return Ok(units.collect());
+        }
+        let mut out = Vec::with_capacity(n_units);
+        for u in 0..n_units {
+            let shard = self.arena.f32(self.sharding.param_shards()[u]);
+            let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
+            match self.comm.as_deref_mut() {
+                Some(c) => c.all_gather(Buf::F32(&shard), BufMut::F32(&mut full))?,
+                None => full.copy_from_slice(&shard),
+            }
+            out.push(full);
+        }
+        Ok(out)
+    }
+}
