@@ -11,8 +11,9 @@
 
 mod report;
 pub(crate) mod setup;
+mod zero;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use comm::Collective;
 use engine::{Sampling, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -121,9 +122,7 @@ fn check_not_yet(args: &Args) -> anyhow::Result<()> {
     let refuse = |flag: &str, value: &str, ok: &str| {
         bail!("{flag} {value} is not supported by the engine yet (supported: {ok})")
     };
-    if args.zero != 0 {
-        refuse("--zero", &args.zero.to_string(), "0")?;
-    }
+    zero::check_flags(args)?;
     let checks = [
         ("--precision", &args.precision, "fp32"),
         ("--offload", &args.offload, "none"),
@@ -155,19 +154,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let shared = setup::prepare(&args)?;
     let mut results = if args.ranks == 1 {
         let rank = setup::build_rank(&shared, &args, None)?;
-        vec![train_loop(rank, &args, progress_bar(&args))?]
+        let mut trained = train_loop(rank, &args, progress_bar(&args))?;
+        trained.finished = zero::finish(&mut trained.trainer, &shared.tokenizer, &args)?;
+        vec![trained]
     } else {
         run_ranks(&shared, &args)?
     };
     let mut first = results.remove(0);
-    let sample = if args.sample_tokens > 0 {
-        Some(generate(&mut first.trainer, &shared.tokenizer, &args)?)
-    } else {
-        None
+    let sample = match first.finished.sample.take() {
+        Some(sample) => Some(sample),
+        None if args.sample_tokens > 0 => {
+            Some(generate(&mut first.trainer, &shared.tokenizer, &args)?)
+        }
+        None => None,
     };
     if let Some(dir) = &args.out {
-        engine::io::save_pretrained(&first.trainer.model, &first.trainer.arena, dir)
-            .with_context(|| format!("saving the model to {}", dir.display()))?;
+        zero::save(&first.trainer, &first.finished, dir)?;
     }
     if let Some(path) = &args.plot {
         report::plot(path, &first.curves)?;
@@ -203,6 +205,8 @@ struct Trained {
     /// Tokens of the global batches (all ranks).
     tokens: u64,
     seconds: f64,
+    /// What ZeRO stage 3 computed with every rank before they ended.
+    finished: zero::Finished,
 }
 
 /// The steps of one rank; rank 0 (or the only rank) drives the progress bar.
@@ -246,6 +250,7 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         curves,
         tokens,
         seconds: started.elapsed().as_secs_f64(),
+        finished: zero::Finished::default(),
     })
 }
 
@@ -265,7 +270,10 @@ fn run_ranks(shared: &setup::Shared, args: &Args) -> anyhow::Result<Vec<Trained>
                     } else {
                         ProgressBar::hidden()
                     };
-                    train_loop(rank, args, bar)
+                    let mut trained = train_loop(rank, args, bar)?;
+                    let tokenizer = &shared.tokenizer;
+                    trained.finished = zero::finish(&mut trained.trainer, tokenizer, args)?;
+                    Ok(trained)
                 })
             })
             .collect();

@@ -40,11 +40,15 @@ impl Trainer {
         let n_layers = self.config.model.shape.n_layers;
         // Phases are entered through the trainer so ZeRO stage 3 gathers each unit (a
         // collective: every rank runs the same forward-only passes).
+        // Leaving each phase frees what dies in it (stage 3's gathered units), so a forward-only
+        // pass never holds more than the training step planned.
         self.enter_phase(Phase::Embed, Pass::ForwardOnly)?;
         forward::embed(&self.model, &self.arena, batch, seq);
+        self.leave_phase(Phase::Embed)?;
         for l in 0..n_layers {
             self.enter_phase(Phase::Forward(l), Pass::ForwardOnly)?;
             forward::block(&self.model, &self.arena, l as usize, batch, seq);
+            self.leave_phase(Phase::Forward(l))?;
         }
         self.enter_phase(Phase::Head, Pass::ForwardOnly)?;
         let (model, arena) = (&self.model, &mut self.arena);

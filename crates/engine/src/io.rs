@@ -77,13 +77,21 @@ fn hf_to_part(view_data: &mut [f32], view: &ParamView, part: &HfPart, hf: &[f32]
 
 /// Every parameter (or gradient) tensor under its HF name, in HF layout.
 pub fn export(model: &Model, arena: &Arena, which: Which) -> Vec<HfTensor> {
+    let bufs: Vec<_> = (0..model.units.len())
+        .map(|u| match which {
+            Which::Params => arena.f32(model.params[u]),
+            Which::Grads => arena.f32(model.grads[u]),
+        })
+        .collect();
+    let units: Vec<&[f32]> = bufs.iter().map(|b| &b[..]).collect();
+    export_units(model, &units)
+}
+
+/// Every tensor under its HF name from whole units held outside the arena (ZeRO stage 3's
+/// gathered weights, `Trainer::full_params`), one slice per unit in unit order.
+pub fn export_units(model: &Model, units: &[&[f32]]) -> Vec<HfTensor> {
     let mut out = Vec::new();
-    for (u, unit) in model.units.iter().enumerate() {
-        let id = match which {
-            Which::Params => model.params[u],
-            Which::Grads => model.grads[u],
-        };
-        let buf = arena.f32(id);
+    for (unit, buf) in model.units.iter().zip(units) {
         for view in &unit.views {
             let data = &buf[view_range(view)];
             for part in &view.parts {
@@ -100,7 +108,11 @@ pub fn export(model: &Model, arena: &Arena, which: Which) -> Vec<HfTensor> {
 
 /// The safetensors bytes of the model's weights.
 pub fn to_safetensors(model: &Model, arena: &Arena) -> Vec<u8> {
-    let tensors = export(model, arena, Which::Params);
+    tensors_to_safetensors(export(model, arena, Which::Params))
+}
+
+/// The safetensors bytes of `tensors` (f32, HF layout).
+pub fn tensors_to_safetensors(tensors: Vec<HfTensor>) -> Vec<u8> {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
         .map(|t| {
@@ -210,13 +222,22 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
 
 /// Writes `dir/model.safetensors` and `dir/config.json` (transformers' `from_pretrained` layout).
 pub fn save_pretrained(model: &Model, arena: &Arena, dir: &Path) -> Result<(), EngineError> {
+    save_pretrained_tensors(model, export(model, arena, Which::Params), dir)
+}
+
+/// [`save_pretrained`] from tensors already exported (e.g. with [`export_units`]).
+pub fn save_pretrained_tensors(
+    model: &Model,
+    tensors: Vec<HfTensor>,
+    dir: &Path,
+) -> Result<(), EngineError> {
     std::fs::create_dir_all(dir).map_err(|source| EngineError::Io {
         context: format!("creating {}", dir.display()),
         source,
     })?;
     write_atomically(
         &dir.join("model.safetensors"),
-        &to_safetensors(model, arena),
+        &tensors_to_safetensors(tensors),
     )?;
     write_atomically(
         &dir.join("config.json"),

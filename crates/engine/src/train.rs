@@ -111,6 +111,8 @@ pub struct Trainer {
     pub timings: Timings,
     /// What the ZeRO stage shards and when it communicates.
     pub sharding: Sharding,
+    /// Bytes this rank moved in its last optimizer step (ring model; zero on a single rank).
+    pub last_step_comm: comm::CommStats,
     /// This rank's link to the others; `None` for a single rank.
     pub(crate) comm: Option<Box<dyn comm::Collective>>,
 }
@@ -188,6 +190,7 @@ impl Trainer {
             step: 0,
             timings: Timings::default(),
             sharding,
+            last_step_comm: comm::CommStats::default(),
             comm,
         })
     }
@@ -339,6 +342,7 @@ impl Trainer {
         // Every rank scales by the tokens of the whole global step, so the all-reduced sum is
         // the mean over the global batch.
         let tokens = (n * k * self.config.ranks as usize) as u64;
+        let comm_before = self.comm_stats();
         self.zero_grads();
         let (mut inputs, mut targets) = (vec![0u32; n], vec![0u32; n]);
         let mut loss_sum = 0.0f64;
@@ -357,6 +361,7 @@ impl Trainer {
             });
         }
         let grad_norm = self.apply_update(lr)?;
+        self.last_step_comm = self.comm_stats().since(&comm_before);
         let stats = StepStats {
             step: self.step,
             loss,

@@ -46,6 +46,64 @@ fn per_device(trainer: &Trainer) -> (Map<String, Value>, Map<String, Value>) {
     )
 }
 
+/// ZeRO's claim on one rank: persistent model state (weights, gradients, optimizer state) against
+/// 16Ψ/N (fp32 AdamW: 4 + 4 + 8 bytes per parameter, Ψ the padded parameter count), and the
+/// gathered working set (stage 3's gathered units, at the step's peak).
+pub struct ModelState {
+    pub stage: u8,
+    pub ranks: u64,
+    pub psi: u64,
+    pub state_bytes: u64,
+    pub sixteen_psi_over_n_bytes: u64,
+    pub gathered_at_peak_bytes: u64,
+    /// Bytes rank 0 sent in its last optimizer step (ring model).
+    pub comm_bytes_per_step: u64,
+}
+
+pub fn model_state(t: &Trainer) -> ModelState {
+    use plan::buffer::Lifetime;
+    let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
+    let ranks = t.sharding.world as u64;
+    let state_bytes = t
+        .plan
+        .buffers
+        .iter()
+        .filter(|b| b.lifetime == Lifetime::Persistent)
+        .filter(|b| {
+            matches!(
+                b.category,
+                Category::Params | Category::Grads | Category::Optimizer
+            )
+        })
+        .map(|b| b.bytes)
+        .sum();
+    let (peak_phase, _) = t.plan.at_peak(Device::Gpu);
+    let n_layers = t.plan.n_layers;
+    let at = peak_phase.ordinal(n_layers);
+    let gathered_at_peak_bytes = t
+        .plan
+        .buffers
+        .iter()
+        .filter(|b| b.name.starts_with("gather."))
+        .filter(|b| match b.lifetime {
+            Lifetime::Span { born, dies } => {
+                born.ordinal(n_layers) <= at && at <= dies.ordinal(n_layers)
+            }
+            Lifetime::Persistent => true,
+        })
+        .map(|b| b.bytes)
+        .sum();
+    ModelState {
+        stage: t.sharding.stage as u8,
+        ranks,
+        psi,
+        state_bytes,
+        sixteen_psi_over_n_bytes: 16 * psi / ranks,
+        gathered_at_peak_bytes,
+        comm_bytes_per_step: t.last_step_comm.total_sent_bytes(),
+    }
+}
+
 /// Fails the run if the arena's measured bytes differ from the plan's in any field.
 pub fn check_planned_equals_measured(trainer: &Trainer) -> anyhow::Result<()> {
     let (planned, measured) = per_device(trainer);
@@ -89,9 +147,56 @@ pub fn json(s: &Summary<'_>) -> String {
         "seconds": s.seconds,
         "tokens_per_s": s.tokens as f64 / s.seconds,
         "ranks": ranks,
+        "zero": zero_json(&model_state(s.trainers[0])),
         "sample": s.sample,
     });
     serde_json::to_string_pretty(&v).expect("a JSON value serialises")
+}
+
+fn zero_json(m: &ModelState) -> Value {
+    json!({
+        "stage": m.stage,
+        "ranks": m.ranks,
+        "params_padded": m.psi,
+        "model_state_bytes": m.state_bytes,
+        "sixteen_psi_over_n_bytes": m.sixteen_psi_over_n_bytes,
+        "gathered_at_peak_bytes": m.gathered_at_peak_bytes,
+        "comm_sent_bytes_per_step": m.comm_bytes_per_step,
+    })
+}
+
+/// The lines under the memory table that show ZeRO's claim.
+fn zero_lines(m: &ModelState) -> String {
+    let mut out = format!(
+        "ZeRO stage {} on {} rank(s): model state per rank {} (params + grads + optimizer) \
+         vs 16Ψ/N = {} (Ψ = {} parameters, padded)\n",
+        m.stage,
+        m.ranks,
+        human_bytes(m.state_bytes),
+        human_bytes(m.sixteen_psi_over_n_bytes),
+        m.psi
+    );
+    if m.stage == 3 {
+        out.push_str(&format!(
+            "plus the gathered working set at the peak: {} (in other)\n",
+            human_bytes(m.gathered_at_peak_bytes)
+        ));
+    }
+    if m.ranks > 1 {
+        // The ZeRO paper's volumes, with the ring's (N-1)/N factor: 2Ψ for stages 0-2, 3Ψ for 3.
+        let volumes = if m.stage == 3 { 3.0 } else { 2.0 };
+        let n = m.ranks as f64;
+        let paper = volumes * (4 * m.psi) as f64 * (n - 1.0) / n;
+        out.push_str(&format!(
+            "communication in the last step (rank 0, ring model): {} = {:.3} x the paper's \
+             {}Ψ(N-1)/N ({})\n",
+            human_bytes(m.comm_bytes_per_step),
+            m.comm_bytes_per_step as f64 / paper,
+            volumes,
+            human_bytes(paper as u64)
+        ));
+    }
+    out
 }
 
 pub fn human(s: &Summary<'_>, args: &Args) -> String {
@@ -138,10 +243,11 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
     out.push_str(&table.render());
     if s.trainers.len() > 1 {
         out.push_str(&format!(
-            "(each of the {} ranks measured exactly its plan; ZeRO stage 0 holds everything on every rank)\n",
+            "(each of the {} ranks measured exactly its plan)\n",
             s.trainers.len()
         ));
     }
+    out.push_str(&zero_lines(&model_state(t)));
     if let Some(sample) = s.sample {
         out.push_str(&format!("\nsample:\n{sample}\n"));
     }

@@ -144,7 +144,9 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         },
     };
     // Refuses what does not fit before reading any data.
-    engine::train::check_capacity(&config)?;
+    let zero = super::zero::stage(args)?;
+    engine::train::check_capacity_at(&config, zero)?;
+    super::zero::check_weights(zero, weights.as_deref())?;
     let corpus = corpus(args.data.as_deref())?;
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
     let cached = data::load_or_tokenize(&corpus, &tokenizer, &cache_dir)?;
@@ -182,10 +184,7 @@ pub fn build_rank(
         .val_batches(data::BatchShape::single(b, t))
         .context("the validation split is too short for one batch: lower --batch or --seq")?;
     let config = shared.config.clone();
-    let mut trainer = match comm {
-        Some(c) => Trainer::with_comm(config, c)?,
-        None => Trainer::new(config)?,
-    };
+    let mut trainer = Trainer::sharded(config, comm, super::zero::stage(args)?)?;
     trainer.init_weights(args.seed);
     if let Some(path) = &shared.weights {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

@@ -80,7 +80,7 @@ pub fn check_world(units: &[Unit], world: u32, zero: ZeroStage) -> Result<(), Pl
             field: "dp".into(),
             reason: format!(
                 "{world} ranks cannot split unit '{}' of {} elements: ZeRO stage {} needs at \
-                 least one element per rank; use at most {} ranks",
+                 least one element per rank; use at most {} ranks (--ranks, --gpus)",
                 smallest.name, smallest.numel, zero as u8, smallest.numel
             ),
         });

@@ -1,0 +1,186 @@
+//! `frugal train --zero S --ranks N` against `frugal plan --runtime frugal --zero S --gpus N`:
+//! every rank's planned and measured bytes equal the plan command's, field by field; the report
+//! shows 16Ψ/N at stage 3 and the paper's communication volumes; bad stage and rank values exit 2.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .expect("run frugal")
+}
+
+fn json(out: &Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// A small slice of the shipped corpus, so no run tokenizes the whole of it.
+fn small_text(test: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("frugal-zero-cli-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = data::shakespeare_text().chars().take(20_000).collect();
+    let path = dir.join("small.txt");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+const SHAPE: [&str; 8] = [
+    "--model",
+    "gpt2-tiny",
+    "--batch",
+    "1",
+    "--seq",
+    "16",
+    "--recompute",
+    "full",
+];
+
+fn train(data: &str, zero: &str, ranks: &str) -> Value {
+    let mut args = vec![
+        "train",
+        "--steps",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--val-batches",
+        "1",
+    ];
+    args.extend(SHAPE);
+    args.extend(["--attention", "naive", "--data", data, "--json"]);
+    args.extend(["--zero", zero, "--ranks", ranks]);
+    json(&frugal(&args))
+}
+
+fn plan(zero: &str, gpus: &str) -> Value {
+    let mut args = vec![
+        "plan",
+        "--train",
+        "--runtime",
+        "frugal",
+        "--precision",
+        "fp32",
+    ];
+    args.extend(SHAPE);
+    args.extend([
+        "--attention",
+        "eager",
+        "--json",
+        "--zero",
+        zero,
+        "--gpus",
+        gpus,
+    ]);
+    json(&frugal(&args))
+}
+
+#[test]
+fn plan_and_train_print_the_same_bytes_for_every_stage_and_rank_count() {
+    let data = small_text("same");
+    for (zero, ranks) in [("0", "2"), ("1", "2"), ("2", "4"), ("3", "1"), ("3", "4")] {
+        let trained = train(&data, zero, ranks);
+        let planned = plan(zero, ranks);
+        let per_device = planned["per_device"].as_object().unwrap();
+        let by_rank = trained["ranks"].as_array().unwrap();
+        assert_eq!(by_rank.len(), ranks.parse::<usize>().unwrap());
+        for rank in by_rank {
+            for side in ["planned", "measured"] {
+                for field in [
+                    "params_bytes",
+                    "grads_bytes",
+                    "optimizer_bytes",
+                    "activations_bytes",
+                    "other_bytes",
+                    "peak_bytes",
+                    "reserved_bytes",
+                ] {
+                    assert_eq!(
+                        rank[side][field], per_device[field],
+                        "--zero {zero} --ranks {ranks}: rank {} {side} {field}",
+                        rank["rank"]
+                    );
+                }
+            }
+        }
+        let z = &trained["zero"];
+        assert_eq!(z["stage"], zero.parse::<u64>().unwrap());
+        if zero == "3" {
+            assert_eq!(
+                z["model_state_bytes"], z["sixteen_psi_over_n_bytes"],
+                "16Ψ/N"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_report_shows_16_psi_over_n_and_the_papers_volume() {
+    let data = small_text("human");
+    let mut args = vec![
+        "train",
+        "--steps",
+        "1",
+        "--sample-tokens",
+        "4",
+        "--val-batches",
+        "1",
+    ];
+    args.extend(SHAPE);
+    args.extend(["--data", &data, "--zero", "3", "--ranks", "2"]);
+    let out = frugal(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("vs 16Ψ/N"), "{stdout}");
+    assert!(stdout.contains("x the paper's 3Ψ(N-1)/N"), "{stdout}");
+    assert!(stdout.contains("sample:"), "{stdout}");
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = frugal(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+#[test]
+fn bad_stages_and_rank_counts_exit_2_without_a_downgrade() {
+    let base = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+    ];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    fails_with(&with(&["--ranks", "0"]), "--ranks 0");
+    fails_with(&with(&["--zero", "4"]), "invalid --zero 4");
+    // gpt2-tiny's smallest unit (the final norm) has 128 elements.
+    fails_with(
+        &with(&["--zero", "1", "--ranks", "129"]),
+        "use at most 128 ranks",
+    );
+    let plan = [
+        "plan",
+        "--train",
+        "--runtime",
+        "frugal",
+        "--precision",
+        "fp32",
+    ];
+    let plan_with = |extra: &[&'static str]| [&plan[..], &["--model", "gpt2-tiny"], extra].concat();
+    fails_with(
+        &plan_with(&["--zero", "3", "--gpus", "129"]),
+        "use at most 128 ranks",
+    );
+}
