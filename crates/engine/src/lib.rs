@@ -52,6 +52,7 @@ pub mod forward;
 pub mod init;
 pub mod io;
 pub mod model;
+pub mod offload;
 pub mod optim;
 pub mod precision;
 pub mod recompute;

@@ -187,6 +187,11 @@ fn chunk(
     k: &Coefficients,
     multiplier: f32,
 ) {
+    if let (Grads::F32(g), None, true) = (grads, &working, multiplier == 1.0) {
+        // Nothing to widen, scale or narrow: one pass straight over the chunk.
+        update_block(p, m, v, g, k);
+        return;
+    }
     let mut g = [0.0f32; BLOCK];
     let mut start = 0;
     while start < p.len() {

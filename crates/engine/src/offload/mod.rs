@@ -1,0 +1,57 @@
+//! `--offload optimizer[:disk]`: fp32 master weights and Adam moments off the device, and the
+//! optimizer step run where they live, on the host's cores.
+//!
+//! [`OffloadStore`] holds, per parameter unit, `master | m | v` back to back: in host memory, or
+//! in a memory-mapped file (`optimizer:disk`, for models whose optimizer state exceeds RAM: the
+//! kernel pages units in and out as the step sweeps them). The step is
+//! `precision::adamw_master_step` (vectorised, rayon over chunks), so the offloaded update is the
+//! device update bit for bit; it reads the unit's gradients (f32, bf16 or f16) and writes the
+//! device's working copy. With the plan's host buffers the same step runs on a host `Arena`
+//! (`Device::Host`) instead; the store is for the file-backed case and for callers without a plan.
+//!
+//! The file is created at start-up with its full size written (so a full disk is an error now,
+//! not a crash mid-run), refuses to overwrite an existing file, and is removed when the store is
+//! dropped: it is scratch space; snapshots hold the state.
+//!
+//! ```
+//! use engine::offload::OffloadStore;
+//! use engine::precision::{Grads, MasterStep};
+//! let mut store = OffloadStore::in_memory(&[3, 5]);
+//! store.unit(1).master.copy_from_slice(&[1.0; 5]);
+//! let step = MasterStep { opt: Default::default(), step: 1, grad_multiplier: 1.0 };
+//! store.step_unit(1, Grads::F32(&[0.5; 5]), None, step);
+//! assert!(store.unit(1).master[0] < 1.0);
+//! // master, m, v: 9 and 15 f32, each unit rounded up to a 64-byte boundary.
+//! assert_eq!(store.bytes(), 4 * (16 + 16));
+//! ```
+
+mod store;
+
+pub use store::{OffloadStore, UnitState};
+
+use std::path::PathBuf;
+
+/// What can go wrong setting up offloaded optimizer state.
+#[derive(Debug, thiserror::Error)]
+pub enum OffloadError {
+    #[error(
+        "cannot create the optimizer state file {path}: {reason}; pass a path in a writable \
+         directory that does not exist yet (--offload optimizer:disk=PATH)"
+    )]
+    CreateFile { path: PathBuf, reason: String },
+    #[error(
+        "cannot allocate {bytes} bytes for the optimizer state file {path}: {reason}; free disk \
+         space or put the file on a larger disk"
+    )]
+    Allocate {
+        path: PathBuf,
+        bytes: u64,
+        reason: String,
+    },
+    #[error("cannot memory-map the optimizer state file {path}: {reason}")]
+    Map { path: PathBuf, reason: String },
+    #[error("cannot flush the optimizer state file {path}: {reason}")]
+    Flush { path: PathBuf, reason: String },
+    #[error("the model has no parameters to offload")]
+    Empty,
+}
