@@ -31,8 +31,8 @@ pub mod adamw;
 pub mod attention;
 pub mod classifier;
 pub mod convert;
-
 pub mod embedding;
+pub mod fastmath;
 pub mod flash;
 pub mod gelu;
 pub mod gemm_bf16;

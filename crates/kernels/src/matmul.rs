@@ -1,7 +1,7 @@
 //! Linear layer: `out = inp @ weight^T + bias`, weight in `nn.Linear` layout (OC, IC).
 //!
-//! The fast kernels call faer's GEMM, parallel over the global rayon pool; the bias gradient (a
-//! column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
+//! The fast kernels call faer's GEMM, one sequential GEMM per rayon thread on a slab of the
+//! output ([`gemm`]); the bias gradient (a column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
 //! [`Real`], against which the GEMM path is tested and benchmarked (`cargo bench --bench matmul`).
 //!
 //! ```
@@ -30,9 +30,57 @@ pub(crate) fn view_mut(x: &mut [f32], rows: usize, cols: usize) -> MatMut<'_, f3
     MatMut::from_row_major_slice_mut(x, rows, cols)
 }
 
-/// All rayon threads: faer splits the GEMM itself.
-pub(crate) fn par() -> Par {
-    Par::rayon(0)
+/// Below this many multiply-adds a GEMM runs on one thread: forking costs more than it saves.
+const SEQ_MACS: usize = 1 << 18;
+
+/// dst = lhs @ rhs (`Accum::Replace`) or dst += lhs @ rhs (`Accum::Add`), as one sequential faer
+/// GEMM per rayon thread on a slab of dst cut along its longer side (lhs rows or rhs columns
+/// follow). Measured faster than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape:
+/// one fork/join per GEMM instead of faer's synchronisation per packed panel
+/// (`cargo bench -p kernels --bench matmul`).
+pub(crate) fn gemm(dst: MatMut<'_, f32>, accum: Accum, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) {
+    let threads = rayon::current_num_threads();
+    let macs = dst.nrows() * dst.ncols() * lhs.ncols();
+    if threads == 1 || macs < SEQ_MACS {
+        matmul(dst, accum, lhs, rhs, 1.0, Par::Seq);
+    } else {
+        gemm_split(dst, accum, lhs, rhs, threads);
+    }
+}
+
+/// Slab boundaries are rounded up to this many rows/columns (a whole number of SIMD vectors).
+const SLAB_ALIGN: usize = 16;
+
+fn gemm_split(
+    dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    parts: usize,
+) {
+    let (m, n) = (dst.nrows(), dst.ncols());
+    let long = m.max(n);
+    let first = parts / 2;
+    let at = (long * first / parts).div_ceil(SLAB_ALIGN) * SLAB_ALIGN;
+    if parts == 1 || at == 0 || at >= long {
+        matmul(dst, accum, lhs, rhs, 1.0, Par::Seq);
+        return;
+    }
+    if m >= n {
+        let (d0, d1) = dst.split_at_row_mut(at);
+        let (l0, l1) = lhs.split_at_row(at);
+        rayon::join(
+            || gemm_split(d0, accum, l0, rhs, first),
+            || gemm_split(d1, accum, l1, rhs, parts - first),
+        );
+    } else {
+        let (d0, d1) = dst.split_at_col_mut(at);
+        let (r0, r1) = rhs.split_at_col(at);
+        rayon::join(
+            || gemm_split(d0, accum, lhs, r0, first),
+            || gemm_split(d1, accum, lhs, r1, parts - first),
+        );
+    }
 }
 
 /// out (N,OC), inp (N,IC), weight (OC,IC), bias (OC).
@@ -57,14 +105,7 @@ pub fn forward(
         None => Accum::Replace,
     };
     let w_t = view(weight, oc, ic).transpose();
-    matmul(
-        view_mut(out, n, oc),
-        accum,
-        view(inp, n, ic),
-        w_t,
-        1.0,
-        par(),
-    );
+    gemm(view_mut(out, n, oc), accum, view(inp, n, ic), w_t);
 }
 
 /// Accumulates dinp (N,IC), dweight (OC,IC), dbias (OC) from dout (N,OC).
@@ -83,21 +124,12 @@ pub fn backward(
     assert!(dinp.len() == n * ic && inp.len() == n * ic && dout.len() == n * oc);
     assert!(dweight.len() == oc * ic && weight.len() == oc * ic);
     let g = view(dout, n, oc);
-    matmul(
-        view_mut(dinp, n, ic),
-        Accum::Add,
-        g,
-        view(weight, oc, ic),
-        1.0,
-        par(),
-    );
-    matmul(
+    gemm(view_mut(dinp, n, ic), Accum::Add, g, view(weight, oc, ic));
+    gemm(
         view_mut(dweight, oc, ic),
         Accum::Add,
         g.transpose(),
         view(inp, n, ic),
-        1.0,
-        par(),
     );
     if let Some(dbias) = dbias {
         assert_eq!(dbias.len(), oc);

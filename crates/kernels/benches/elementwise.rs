@@ -1,0 +1,124 @@
+//! The non-GEMM hot spots of a GPT-2 124M training step at B*T = 1024 rows, timed in one run:
+//! the fused classifier (logits GEMM + softmax cross-entropy + two gradient GEMMs) at a few row
+//! chunk sizes against the logits GEMM alone, and GELU forward/backward against the plain
+//! reference loop (glibc's scalar `tanhf`). Prints a table; no assertions (speed is not a test).
+//!
+//! Run: `cargo bench -p kernels --bench elementwise` (`-- gelu` or `-- classifier` for one part).
+
+use kernels::{classifier, gelu, matmul};
+use std::time::Instant;
+
+const N: usize = 1024;
+const C: usize = 768;
+const V: usize = 50257;
+
+/// Median seconds of `reps` runs after one warm-up.
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[reps / 2]
+}
+
+fn fill(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let u = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                / (1u32 << 24) as f32;
+            scale * (u - 0.5)
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let only = |name: &str| {
+        !args.iter().any(|a| a == "gelu" || a == "classifier") || args.iter().any(|a| a == name)
+    };
+    println!(
+        "threads: {}, simd: {:?}",
+        rayon::current_num_threads(),
+        kernels::fastmath::simd()
+    );
+    if only("classifier") {
+        bench_classifier();
+    }
+    if only("gelu") {
+        bench_gelu();
+    }
+}
+
+fn bench_classifier() {
+    let (inp, wte) = (fill(N * C, 1, 2.0), fill(V * C, 2, 0.1));
+    let targets: Vec<u32> = (0..N).map(|i| (i * 7919 % V) as u32).collect();
+    let mut logits = vec![0.0f32; N * V];
+    let gemm = time(3, || {
+        matmul::forward(&mut logits, &inp, &wte, None, N, C, V)
+    });
+    drop(logits);
+    let flops = 2.0 * (N * C * V) as f64;
+    println!("\nclassifier N={N} C={C} V={V}");
+    println!(
+        "logits GEMM alone (N x V)   {:>8.3} s  {:>6.1} GFLOP/s",
+        gemm,
+        flops / gemm / 1e9
+    );
+    let mut losses = vec![0.0f32; N];
+    let (mut dinp, mut dwte) = (vec![0.0f32; N * C], vec![0.0f32; V * C]);
+    for rows in [64, 256, 1024] {
+        let mut scratch = vec![0.0f32; rows * V];
+        let fwd = time(3, || {
+            classifier::loss(&mut losses, &inp, &wte, &targets, &mut scratch, N, C, V);
+        });
+        let fb = time(3, || {
+            classifier::forward_backward(
+                &mut losses,
+                &mut dinp,
+                &mut dwte,
+                &inp,
+                &wte,
+                &targets,
+                &mut scratch,
+                N,
+                C,
+                V,
+                1.0 / N as f32,
+            );
+        });
+        println!(
+            "chunk {rows:>4} rows: loss {fwd:.3} s (softmax ~{:.3} s), fwd+bwd {fb:.3} s ({:.1} GFLOP/s over 3 GEMMs)",
+            fwd - gemm,
+            3.0 * flops / fb / 1e9
+        );
+    }
+}
+
+fn bench_gelu() {
+    let n = N * 4 * C;
+    let (x, g) = (fill(n, 3, 8.0), fill(n, 4, 1.0));
+    let mut out = vec![0.0f32; n];
+    let mut d = vec![0.0f32; n];
+    let fwd = time(5, || gelu::forward(&mut out, &x));
+    let bwd = time(5, || gelu::backward(&mut d, &x, &g));
+    let fwd_ref = time(3, || gelu::reference::forward(&mut out, &x));
+    let bwd_ref = time(3, || gelu::reference::backward(&mut d, &x, &g));
+    println!("\ngelu over {n} elements (N x 4C)");
+    println!(
+        "forward : kernel {:.2} ms, reference (1 thread) {:.2} ms, ratio {:.1}x",
+        fwd * 1e3,
+        fwd_ref * 1e3,
+        fwd_ref / fwd
+    );
+    println!(
+        "backward: kernel {:.2} ms, reference (1 thread) {:.2} ms, ratio {:.1}x",
+        bwd * 1e3,
+        bwd_ref * 1e3,
+        bwd_ref / bwd
+    );
+}
