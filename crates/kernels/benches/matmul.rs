@@ -2,6 +2,9 @@
 //! engine calls) against the plain reference loop, in one run, as GFLOP/s and ratios, plus the
 //! fraction of the machine's fp32 peak. Prints a table; no assertions (speed is not a test).
 //!
+//! The `faer-par` column is faer's GEMM with its own `Par::rayon` split (no bias), the way the
+//! kernel called it before [`matmul`] cut one sequential GEMM per thread; `fwd/faer` is the ratio.
+//!
 //! Run: `cargo bench -p kernels --bench matmul` (set PEAK_GFLOPS to override the peak used for
 //! the last column; default 460 = ~230 GFLOP/s per core × 2 cores, AVX-512 FMA).
 //!
@@ -65,8 +68,17 @@ fn main() {
         rayon::current_num_threads()
     );
     println!(
-        "{:<10} {:>5} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8}",
-        "layer", "IC", "OC", "ref GF/s", "fwd GF/s", "bwd GF/s", "fwd/ref", "fwd/peak"
+        "{:<10} {:>5} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9}",
+        "layer",
+        "IC",
+        "OC",
+        "ref GF/s",
+        "faer-par",
+        "fwd GF/s",
+        "bwd GF/s",
+        "fwd/ref",
+        "fwd/peak",
+        "fwd/faer"
     );
     let shapes = [
         ("qkv", 768, 2304),
@@ -82,6 +94,17 @@ fn main() {
         let reps = if oc > 10_000 { 3 } else { 5 };
         let fwd = time(reps, || {
             matmul::forward(&mut out, &inp, &w, Some(&bias), N, ic, oc)
+        });
+        // faer's own rayon split (what the kernel called before it cut slabs itself), no bias.
+        let faer_par = time(reps, || {
+            faer::linalg::matmul::matmul(
+                faer::MatMut::from_row_major_slice_mut(&mut out, N, oc),
+                faer::Accum::Replace,
+                faer::MatRef::from_row_major_slice(&inp, N, ic),
+                faer::MatRef::from_row_major_slice(&w, oc, ic).transpose(),
+                1.0,
+                faer::Par::rayon(0),
+            )
         });
         let (mut dinp, mut dw, mut db) = (
             vec![0.0f32; N * ic],
@@ -106,9 +129,11 @@ fn main() {
         let ref_gf = 2.0 * (REF_ROWS * ic * oc) as f64 / refs / 1e9;
         let (fwd_gf, bwd_gf) = (flops / fwd / 1e9, 2.0 * flops / bwd / 1e9);
         println!(
-            "{name:<10} {ic:>5} {oc:>6} {ref_gf:>10.1} {fwd_gf:>10.1} {bwd_gf:>10.1} {:>7.1}x {:>7.0}%",
+            "{name:<10} {ic:>5} {oc:>6} {ref_gf:>10.1} {:>10.1} {fwd_gf:>10.1} {bwd_gf:>10.1} {:>7.1}x {:>7.0}% {:>8.2}x",
+            flops / faer_par / 1e9,
             fwd_gf / ref_gf,
-            100.0 * fwd_gf / peak
+            100.0 * fwd_gf / peak,
+            faer_par / fwd
         );
     }
     bench_bf16();
