@@ -226,6 +226,8 @@ fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
         "3",
         "--gpus",
         "8",
+        "--tp",
+        "2",
     ]);
     assert_eq!(v["runtime"].as_str(), Some("formula"));
     assert!(v["runtime_note"].as_str().unwrap().contains("pytorch"));
@@ -249,6 +251,8 @@ fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
         "3",
         "--gpus",
         "8",
+        "--tp",
+        "2",
         "--runtime",
         "pytorch",
     ]);

@@ -87,6 +87,17 @@ pub fn training_detail(
     let reserved = a.replay(&sim.tape) + 2 * (32 * MIB + 2 * MIB);
     let mut plan = to_plan(&sim.tape, model.n_layers);
     plan.push(workspace_buffer(workspace_bytes));
+    if sim.host_bytes > 0 {
+        // DeepSpeed's CPU offload keeps master weights, moments and the fp32 gradient partition
+        // in pinned host memory for the whole run.
+        plan.push(Buffer {
+            name: "host.offloaded_optimizer".into(),
+            category: Category::Optimizer,
+            device: Device::Host,
+            bytes: sim.host_bytes,
+            lifetime: Lifetime::Persistent,
+        });
+    }
     Ok(TrainDetail {
         estimate: Estimate {
             plan,
