@@ -11,6 +11,7 @@
 
 mod report;
 pub(crate) mod setup;
+mod snapshot;
 mod zero;
 
 use anyhow::bail;
@@ -109,10 +110,15 @@ pub struct Args {
     /// Offload: none (optimizer comes later).
     #[arg(long, default_value = "none")]
     pub offload: String,
-    /// Save a snapshot every N steps (snapshots come later).
+    /// Save a snapshot every N steps into --out DIR/step-NNNNNN/ (weights, each rank's optimizer
+    /// shard, data position, config; committed by its manifest).
     #[arg(long)]
     pub save_every: Option<u64>,
-    /// Resume from a snapshot folder (snapshots come later).
+    /// Snapshots to keep (older ones are deleted once a new one is committed).
+    #[arg(long, default_value_t = 3)]
+    pub keep: usize,
+    /// Resume from a snapshot folder, or an --out folder (its newest snapshot); any --ranks and
+    /// --zero, the same model, optimizer, schedule, global batch and seed.
     #[arg(long)]
     pub resume: Option<PathBuf>,
 }
@@ -132,12 +138,7 @@ fn check_not_yet(args: &Args) -> anyhow::Result<()> {
             refuse(flag, value, ok)?;
         }
     }
-    if args.save_every.is_some() || args.resume.is_some() {
-        bail!(
-            "--save-every and --resume are not supported by the engine yet (snapshots come later)"
-        );
-    }
-    Ok(())
+    snapshot::check_flags(args)
 }
 
 /// One point of the loss curves.
@@ -222,12 +223,14 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
     };
     let started = Instant::now();
     let mut tokens = 0u64;
-    for step in 0..args.steps {
+    bar.set_position(trainer.step);
+    for step in trainer.step..args.steps {
         let stats = trainer.step(&mut |x, y| {
             loader.next_batch(x, y);
         })?;
         tokens += stats.tokens;
         curves.train.push((step + 1, stats.loss));
+        snapshot::maybe_save(args, &mut trainer, &loader)?;
         if (step + 1) % args.val_every.max(1) == 0 || step + 1 == args.steps {
             // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
             let batches = args.val_batches * args.ranks as usize;

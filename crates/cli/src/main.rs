@@ -7,6 +7,7 @@
 //! Example: `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --json`.
 
 mod cmd_bench;
+mod cmd_export;
 mod cmd_fit;
 mod cmd_formats;
 mod cmd_plan;
@@ -45,6 +46,10 @@ enum Command {
     Train(cmd_train::Args),
     #[command(about = "Benchmarks: speed and memory against a baseline measured in the same run.")]
     Bench(cmd_bench::Args),
+    #[command(
+        about = "Export a training snapshot as a Hugging Face model folder (config.json + model.safetensors)."
+    )]
+    Export(cmd_export::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
         Command::Fit(args) => cmd_fit::run(args),
         Command::Train(args) => cmd_train::run(args),
         Command::Bench(args) => cmd_bench::run(args),
+        Command::Export(args) => cmd_export::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,9 +5,10 @@
 mod common;
 
 use common::{config, gpt2_tiny, llama_tiny, tokens};
-use engine::io::{export, HfTensor, Which};
+use engine::io::{export_units, HfTensor};
 use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
 use engine::{OptimizerKind, Schedule, TrainConfig, Trainer};
+use plan::setup::ZeroStage;
 use plan::ModelShape;
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,7 @@ fn run_config(shape: &ModelShape, ranks: u32, optimizer: OptimizerKind) -> Train
 
 /// What to do with a run: resume from a snapshot first, save after `save_at` steps.
 struct Plan<'a> {
+    zero: ZeroStage,
     resume: Option<&'a Snapshot>,
     save_to: Option<(&'a Path, u64)>,
     until_step: u64,
@@ -59,13 +61,11 @@ fn rank_run(
 ) -> (Vec<f32>, Vec<HfTensor>) {
     let ds = dataset(cfg.model.shape.vocab);
     let mut shape = data::BatchShape::single(cfg.batch as usize, SEQ);
-    let mut trainer = match comm {
-        Some(c) => {
-            (shape.rank, shape.world_size) = (comm::Collective::rank(&c), cfg.ranks as usize);
-            Trainer::with_comm(cfg, Box::new(c)).unwrap()
-        }
-        None => Trainer::new(cfg).unwrap(),
-    };
+    if let Some(c) = &comm {
+        (shape.rank, shape.world_size) = (comm::Collective::rank(c), cfg.ranks as usize);
+    }
+    let comm = comm.map(|c| Box::new(c) as Box<dyn comm::Collective>);
+    let mut trainer = Trainer::sharded(cfg, comm, plan.zero).unwrap();
     let mut loader = ds
         .train_loader(data::LoaderConfig::shuffled(shape, SEED))
         .unwrap();
@@ -94,10 +94,10 @@ fn rank_run(
             }
         }
     }
-    (
-        losses,
-        export(&trainer.model, &trainer.arena, Which::Params),
-    )
+    // At stage 3 the weights are shards: gathering them is a collective.
+    let units = trainer.full_params().unwrap();
+    let slices: Vec<&[f32]> = units.iter().map(Vec::as_slice).collect();
+    (losses, export_units(&trainer.model, &slices))
 }
 
 /// Runs `ranks` ranks (threads) and returns rank 0's losses and weights.
@@ -137,100 +137,80 @@ fn max_weight_diff(a: &[HfTensor], b: &[HfTensor]) -> f32 {
 }
 
 /// 6 steps straight vs 3 steps, save, a fresh trainer restored, 3 more steps: every loss and
-/// every weight bit for bit.
-fn interrupted_equals_straight(shape: &ModelShape, ranks: u32, optimizer: OptimizerKind) {
-    let straight = Plan {
-        resume: None,
-        save_to: None,
-        until_step: 6,
+/// every weight bit for bit (same ranks and ZeRO stage).
+fn interrupted_equals_straight(
+    shape: &ModelShape,
+    (ranks, zero): (u32, ZeroStage),
+    optimizer: OptimizerKind,
+) {
+    let plan = |resume, save_to, until_step| Plan {
+        zero,
+        resume,
+        save_to,
+        until_step,
     };
-    let (losses, weights) = run(shape, ranks, optimizer, &straight);
-    let out = temp_dir(&format!("bitexact-{}-{ranks}", shape.name));
-    let first = Plan {
-        resume: None,
-        save_to: Some((&out, 3)),
-        until_step: 3,
-    };
-    let (mut resumed_losses, _) = run(shape, ranks, optimizer, &first);
+    let (losses, weights) = run(shape, ranks, optimizer, &plan(None, None, 6));
+    let out = temp_dir(&format!("bitexact-{}-{ranks}-{zero:?}", shape.name));
+    let (mut resumed_losses, _) = run(shape, ranks, optimizer, &plan(None, Some((&out, 3)), 3));
     let snap = Snapshot::open(&out).unwrap();
     assert_eq!(snap.state.step, 3);
-    let second = Plan {
-        resume: Some(&snap),
-        save_to: None,
-        until_step: 6,
-    };
-    let (more, resumed_weights) = run(shape, ranks, optimizer, &second);
+    let (more, resumed_weights) = run(shape, ranks, optimizer, &plan(Some(&snap), None, 6));
     resumed_losses.extend(more);
-    assert_eq!(
-        bits(&resumed_losses),
-        bits(&losses),
-        "{} on {ranks} ranks",
-        shape.name
-    );
-    assert_eq!(resumed_weights, weights, "{} on {ranks} ranks", shape.name);
+    let what = format!("{} on {ranks} ranks at {zero:?}", shape.name);
+    assert_eq!(bits(&resumed_losses), bits(&losses), "{what}");
+    assert_eq!(resumed_weights, weights, "{what}");
     std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]
 fn resumed_run_is_bit_identical_to_an_uninterrupted_one() {
+    let adamw = OptimizerKind::adamw_default();
     let sgd = OptimizerKind::Sgd {
         momentum: 0.9,
         weight_decay: 0.01,
     };
-    interrupted_equals_straight(&gpt2_tiny(), 1, OptimizerKind::adamw_default());
-    interrupted_equals_straight(&llama_tiny(), 1, sgd);
-    interrupted_equals_straight(&gpt2_tiny(), 2, OptimizerKind::adamw_default());
+    interrupted_equals_straight(&gpt2_tiny(), (1, ZeroStage::Zero0), adamw);
+    interrupted_equals_straight(&llama_tiny(), (1, ZeroStage::Zero0), sgd);
+    interrupted_equals_straight(&gpt2_tiny(), (2, ZeroStage::Zero0), adamw);
+    interrupted_equals_straight(&llama_tiny(), (2, ZeroStage::Zero1), adamw);
+    interrupted_equals_straight(&gpt2_tiny(), (2, ZeroStage::Zero2), sgd);
+    interrupted_equals_straight(&llama_tiny(), (4, ZeroStage::Zero3), adamw);
 }
 
-/// Saved on 4 ranks, resumed on 4 (bit-exact), 2 and 1 ranks. Rank counts sum the gradients in
-/// another order (per-rank GEMMs then a rank-order all-reduce), so only the last bits may move:
-/// losses and weights within 1e-5 of the uninterrupted 4-rank run (measured: losses 4.8e-7,
-/// weights 5.6e-7).
+/// Saved on 4 ranks at ZeRO-3, resumed on 4 at ZeRO-3 (bit-exact), on 2 at ZeRO-1 and on 1.
+/// Rank counts sum the gradients in another order (per-rank GEMMs then a rank-order
+/// all-reduce), so only the last bits may move: losses and weights within 1e-5 of the
+/// uninterrupted 4-rank run (measured: losses 4.8e-7, weights 5.1e-7).
 #[test]
-fn a_snapshot_from_four_ranks_resumes_on_two_and_one() {
+fn a_snapshot_from_four_ranks_at_zero_3_resumes_on_two_at_zero_1_and_on_one() {
     let adamw = OptimizerKind::adamw_default();
+    let zero3 = ZeroStage::Zero3;
     for shape in [gpt2_tiny(), llama_tiny()] {
-        let straight = Plan {
-            resume: None,
-            save_to: None,
-            until_step: 6,
+        let plan = |zero, resume, save_to, until_step| Plan {
+            zero,
+            resume,
+            save_to,
+            until_step,
         };
-        let (losses, weights) = run(&shape, 4, adamw, &straight);
+        let (losses, weights) = run(&shape, 4, adamw, &plan(zero3, None, None, 6));
         let out = temp_dir(&format!("reshard-{}", shape.name));
-        let first = Plan {
-            resume: None,
-            save_to: Some((&out, 3)),
-            until_step: 3,
-        };
-        let (head, _) = run(&shape, 4, adamw, &first);
+        let (head, _) = run(&shape, 4, adamw, &plan(zero3, None, Some((&out, 3)), 3));
         let snap = Snapshot::open(&out).unwrap();
         assert_eq!(snap.shard_count(), 4);
-        for ranks in [4, 2, 1] {
-            let second = Plan {
-                resume: Some(&snap),
-                save_to: None,
-                until_step: 6,
-            };
-            let (tail, w) = run(&shape, ranks, adamw, &second);
+        for (ranks, zero) in [(4, zero3), (2, ZeroStage::Zero1), (1, ZeroStage::Zero0)] {
+            let (tail, w) = run(&shape, ranks, adamw, &plan(zero, Some(&snap), None, 6));
             let all: Vec<f32> = head.iter().chain(&tail).copied().collect();
+            let what = format!("{}: 4 ranks at ZeRO-3 -> {ranks} at {zero:?}", shape.name);
             if ranks == 4 {
-                assert_eq!(bits(&all), bits(&losses), "{} 4 -> 4", shape.name);
-                assert_eq!(w, weights);
+                assert_eq!(bits(&all), bits(&losses), "{what}");
+                assert_eq!(w, weights, "{what}");
                 continue;
             }
             for (step, (a, b)) in all.iter().zip(&losses).enumerate() {
-                assert!(
-                    (a - b).abs() < 1e-5,
-                    "{} 4 -> {ranks} ranks, step {step}: {a} vs {b}",
-                    shape.name
-                );
+                assert!((a - b).abs() < 1e-5, "{what}, step {step}: {a} vs {b}");
             }
             let diff = max_weight_diff(&w, &weights);
-            assert!(
-                diff < 1e-5,
-                "{} 4 -> {ranks} ranks: weights differ by {diff:e}",
-                shape.name
-            );
+            assert!(diff < 1e-5, "{what}: weights differ by {diff:e}");
         }
         std::fs::remove_dir_all(&out).unwrap();
     }

@@ -124,7 +124,10 @@ fn a_snapshot_of_another_model_or_setup_is_refused_listing_the_differences() {
         text.contains("model.d_ff: snapshot 128 vs this run 64"),
         "{text}"
     );
-    assert!(text.contains("run.lr: snapshot 0.001"), "{text}");
+    assert!(
+        text.contains("run.lr: snapshot 0.001 vs this run 0.0005"),
+        "{text}"
+    );
     // Another seed is another data order: refused too. The same model and setup is accepted.
     let same = trained(0);
     assert!(snap.check_compatible(&same.config, 2).is_err());

@@ -17,6 +17,8 @@ pub struct Shared {
     pub dataset: data::Dataset,
     pub tokenizer: data::Tokenizer,
     pub weights: Option<PathBuf>,
+    /// `--resume`'s snapshot, checked against this run; every rank restores from it.
+    pub snapshot: Option<engine::snapshot::Snapshot>,
 }
 
 /// One rank's trainer and data.
@@ -147,6 +149,7 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
     let zero = super::zero::stage(args)?;
     engine::train::check_capacity_at(&config, zero)?;
     super::zero::check_weights(zero, weights.as_deref())?;
+    let snapshot = super::snapshot::open(args, &config)?;
     let corpus = corpus(args.data.as_deref())?;
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
     let cached = data::load_or_tokenize(&corpus, &tokenizer, &cache_dir)?;
@@ -160,6 +163,7 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         dataset,
         tokenizer,
         weights,
+        snapshot,
     })
 }
 
@@ -190,6 +194,10 @@ pub fn build_rank(
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let name = path.display().to_string();
         engine::io::load_safetensors(&trainer.model, &trainer.arena, &bytes, &name)?;
+    }
+    let mut loader = loader;
+    if let Some(snap) = &shared.snapshot {
+        super::snapshot::restore(snap, &mut trainer, &mut loader)?;
     }
     Ok(Rank {
         trainer,

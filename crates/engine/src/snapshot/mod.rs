@@ -46,6 +46,7 @@ pub use files::{FileEntry, Manifest, FORMAT_VERSION};
 pub use state::{LossScalerState, RunState, TrainState};
 
 use crate::train::{TrainConfig, Trainer};
+use plan::setup::ZeroStage;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -92,8 +93,13 @@ pub fn save(
     let shard_name = shards::rank_file_name(rank, world);
     let own = files::write_file(&dir, &shard_name, &shards::shard_bytes(trainer))?;
     trainer.barrier()?;
-    if rank == 0 {
-        let mut entries = write_rank0_files(trainer, &dir, run)?;
+    // Stage 3 keeps only shards of the weights: gathering them is a collective every rank joins.
+    let gathered = match (trainer.sharding.stage, rank) {
+        (ZeroStage::Zero3, _) | (_, 0) => Some(trainer.full_params()?),
+        _ => None,
+    };
+    if let Some(units) = gathered.filter(|_| rank == 0) {
+        let mut entries = write_rank0_files(trainer, &units, &dir, run)?;
         for r in 0..world {
             entries.push(match r {
                 0 => own.clone(),
@@ -116,28 +122,21 @@ pub fn save(
     Ok(dir)
 }
 
-/// The gathered model (HF names), its config.json, and train.json.
+/// The gathered model (HF names) from every unit's full weights, its config.json, and
+/// train.json.
 fn write_rank0_files(
     trainer: &Trainer,
+    units: &[Vec<f32>],
     dir: &Path,
     run: &RunState,
 ) -> Result<Vec<FileEntry>, SnapshotError> {
-    let (model, arena) = (&trainer.model, &trainer.arena);
-    let whole = model
-        .units
-        .iter()
-        .zip(&model.params)
-        .all(|(u, &id)| arena.f32(id).len() as u64 == u.padded_numel);
-    // Stage 3 keeps only a shard of each unit's weights; gathering them for this file comes with
-    // the stage (the shard files hold every weight meanwhile, so resuming does not need it).
-    assert!(
-        whole,
-        "rank 0 holds every unit's weights (ZeRO stage below 3)"
-    );
+    let model = &trainer.model;
+    let slices: Vec<&[f32]> = units.iter().map(Vec::as_slice).collect();
+    let weights = crate::io::tensors_to_safetensors(crate::io::export_units(model, &slices));
     let state = TrainState::of(trainer, run);
     let state_json = serde_json::to_string_pretty(&state).expect("train state serialises");
     Ok(vec![
-        files::write_file(dir, WEIGHTS_FILE, &crate::io::to_safetensors(model, arena))?,
+        files::write_file(dir, WEIGHTS_FILE, &weights)?,
         files::write_file(dir, CONFIG_FILE, model.config.to_hf_json().as_bytes())?,
         files::write_file(dir, STATE_FILE, state_json.as_bytes())?,
     ])
@@ -214,6 +213,17 @@ impl Snapshot {
         })
     }
 
+    /// Fills `trainer`'s weights only (any world, stage and optimizer), for export or evaluation.
+    pub fn restore_weights(&self, trainer: &mut Trainer) -> Result<(), SnapshotError> {
+        shards::restore(trainer, &self.dir, &self.shards, shards::Parts::Weights)
+    }
+
+    /// The model the snapshot holds, from its config.json.
+    pub fn model_config(&self) -> Result<crate::ModelConfig, SnapshotError> {
+        let name = self.dir.join(CONFIG_FILE).display().to_string();
+        Ok(crate::ModelConfig::from_hf_json(&self.hf_config, &name)?)
+    }
+
     /// Ranks the snapshot was taken on (one shard file each).
     pub fn shard_count(&self) -> usize {
         self.shards.len()
@@ -222,7 +232,12 @@ impl Snapshot {
     /// Fills `trainer` (any world, any stage) with the snapshot's weights, optimizer state and
     /// step; returns the loop's state (seek the data loader to `loader`).
     pub fn restore(&self, trainer: &mut Trainer) -> Result<RunState, SnapshotError> {
-        shards::restore(trainer, &self.dir, &self.shards)?;
+        shards::restore(
+            trainer,
+            &self.dir,
+            &self.shards,
+            shards::Parts::WeightsAndOptimizer,
+        )?;
         trainer.step = self.state.step;
         Ok(RunState {
             loader: self.state.loader_position(),

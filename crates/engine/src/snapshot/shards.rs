@@ -14,9 +14,11 @@
 //! Example: `shards::rank_file_name(1, 4)` is `optim-rank-00001-of-00004.safetensors`.
 
 use super::error::SnapshotError;
+use crate::arena::BufId;
 use crate::optim;
 use crate::train::Trainer;
 use plan::frugal::units::Unit;
+use plan::setup::ZeroStage;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
@@ -58,6 +60,15 @@ fn tensor_names(trainer: &Trainer, unit: &str) -> Vec<String> {
     names
 }
 
+/// Where this rank keeps unit `u`'s weights: the full `params.<u>`, or at ZeRO stage 3 its
+/// `params.shard.<u>` (`Model::params` then points at a gather buffer that lives only in a phase).
+fn param_id(trainer: &Trainer, u: usize) -> BufId {
+    match trainer.sharding.stage {
+        ZeroStage::Zero3 => trainer.sharding.param_shards()[u],
+        _ => trainer.model.params[u],
+    }
+}
+
 /// Which elements of the padded unit a buffer of `len` elements holds on `rank`.
 fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize> {
     let padded = unit.padded_numel as usize;
@@ -83,7 +94,7 @@ pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
     for (u, unit) in model.units.iter().enumerate() {
         let shard = unit.padded_numel as usize / world;
         let own = rank * shard..(rank + 1) * shard;
-        let ids = std::iter::once(model.params[u]).chain(state[u].iter().copied());
+        let ids = std::iter::once(param_id(trainer, u)).chain(state[u].iter().copied());
         for (name, id) in tensor_names(trainer, &unit.name).into_iter().zip(ids) {
             let buf = arena.f32(id);
             let held = held_span(buf.len(), unit, rank, world);
@@ -126,6 +137,15 @@ pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
     safetensors::serialize(views, Some(metadata)).expect("in-memory serialisation succeeds")
 }
 
+/// What to restore from the shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parts {
+    /// Weights and optimizer state: resuming a run (the optimizers must match).
+    WeightsAndOptimizer,
+    /// Weights only: exporting or evaluating (any optimizer).
+    Weights,
+}
+
 /// A parsed shard file and its layout.
 struct Shard<'a> {
     name: &'a str,
@@ -157,7 +177,12 @@ fn parse<'a>(dir: &Path, name: &'a str, bytes: &'a [u8]) -> Result<Shard<'a>, Sn
 }
 
 /// Checks the shards against this trainer's units and optimizer before anything is written.
-fn check_layouts(dir: &Path, shards: &[Shard<'_>], trainer: &Trainer) -> Result<(), SnapshotError> {
+fn check_layouts(
+    dir: &Path,
+    shards: &[Shard<'_>],
+    trainer: &Trainer,
+    parts: Parts,
+) -> Result<(), SnapshotError> {
     let world = shards.len();
     let expected_states = shards[0].layout.states.clone();
     for (r, s) in shards.iter().enumerate() {
@@ -186,7 +211,7 @@ fn check_layouts(dir: &Path, shards: &[Shard<'_>], trainer: &Trainer) -> Result<
         }
     }
     let ours = tensor_names(trainer, "").len() - 1;
-    if expected_states.len() != ours {
+    if parts == Parts::WeightsAndOptimizer && expected_states.len() != ours {
         return Err(SnapshotError::BadContents {
             path: dir.join(shards[0].name),
             reason: format!(
@@ -237,19 +262,25 @@ pub fn restore(
     trainer: &mut Trainer,
     dir: &Path,
     files: &[(String, Vec<u8>)],
+    parts: Parts,
 ) -> Result<(), SnapshotError> {
     let shards = files
         .iter()
         .map(|(name, bytes)| parse(dir, name, bytes))
         .collect::<Result<Vec<_>, _>>()?;
-    check_layouts(dir, &shards, trainer)?;
+    check_layouts(dir, &shards, trainer, parts)?;
     let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
     let state = optim::state_ids(&trainer.model, &trainer.arena, trainer.config.optimizer);
     // Everything is read and checked before the first write, so a bad file changes nothing.
     let mut staged = Vec::new();
     for (u, unit) in trainer.model.units.iter().enumerate() {
-        let ids = std::iter::once(trainer.model.params[u]).chain(state[u].iter().copied());
-        for (name, id) in tensor_names(trainer, &unit.name).into_iter().zip(ids) {
+        let ids = std::iter::once(param_id(trainer, u)).chain(state[u].iter().copied());
+        let names = tensor_names(trainer, &unit.name);
+        let n_tensors = match parts {
+            Parts::WeightsAndOptimizer => names.len(),
+            Parts::Weights => 1,
+        };
+        for (name, id) in names.into_iter().zip(ids).take(n_tensors) {
             staged.push((u, id, assemble(dir, &shards, u, &name)?));
         }
     }

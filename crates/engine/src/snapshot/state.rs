@@ -107,6 +107,13 @@ fn json<T: Serialize>(value: T) -> serde_json::Value {
     serde_json::to_value(value).expect("plan enums serialise")
 }
 
+/// `value` as JSON read back from its text, so f32 fields show as written (0.002), not widened
+/// to f64 (0.0020000000949949026).
+fn text<T: Serialize>(value: &T) -> serde_json::Value {
+    let text = serde_json::to_string(value).expect("train state serialises");
+    serde_json::from_str(&text).expect("JSON text parses")
+}
+
 impl ModelFields {
     fn of(config: &TrainConfig) -> ModelFields {
         let (m, s) = (&config.model, &config.model.shape);
@@ -130,10 +137,13 @@ impl ModelFields {
 
 impl TrainState {
     pub fn of(trainer: &Trainer, run: &RunState) -> TrainState {
-        TrainState::of_config(&trainer.config, trainer.step, run)
+        let mut state = TrainState::of_config(&trainer.config, trainer.step, run);
+        state.world.zero = json(trainer.setup().zero);
+        state
     }
 
-    /// The state of a run of `c` after `step` steps.
+    /// The state of a run of `c` after `step` steps (at ZeRO stage 0: the stage is the
+    /// trainer's, see [`TrainState::of`]).
     pub fn of_config(c: &TrainConfig, step: u64, run: &RunState) -> TrainState {
         let setup = c.setup();
         TrainState {
@@ -168,8 +178,8 @@ impl TrainState {
     /// Every identity field (`model.*`, `run.*`) whose value differs, snapshot (`self`) first.
     pub fn differences(&self, this_run: &TrainState) -> Vec<Difference> {
         let fields = |s: &TrainState| -> Vec<(String, String)> {
-            let mut out = flatten("model", json(&s.model));
-            out.extend(flatten("run", json(&s.run)));
+            let mut out = flatten("model", text(&s.model));
+            out.extend(flatten("run", text(&s.run)));
             out
         };
         let (ours, theirs) = (fields(self), fields(this_run));

@@ -1,0 +1,120 @@
+//! `frugal export SNAPSHOT --hf OUT`: a snapshot's model as a Hugging Face folder
+//! (`config.json` + `model.safetensors`) that `AutoModelForCausalLM.from_pretrained(OUT)` loads.
+//!
+//! The weights are rebuilt from the snapshot's per-rank shard files (whatever rank count and ZeRO
+//! stage wrote them) into a one-rank model, then written with HF names by the engine's `io`, so
+//! an export also proves the shards reassemble. `--logits FILE` adds frugal's own logits on a
+//! prompt (`tokens` int32 (1, T), `logits` f32 (1, T, V)) for `dev/check_export.py` to compare
+//! with transformers'. Nothing here trains or prints beyond one summary line.
+//!
+//! Example: `frugal export runs/a --hf runs/a-hf --logits runs/a-logits.safetensors`.
+
+use anyhow::{bail, Context};
+use engine::snapshot::Snapshot;
+use engine::{OptimizerKind, Schedule, TrainConfig, Trainer};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Clone, Debug)]
+#[command(
+    after_help = "Example: frugal export run1 --hf run1-hf (run1: a --out folder or one \
+                        of its step-NNNNNN snapshots)"
+)]
+pub struct Args {
+    /// A snapshot folder (step-NNNNNN), or a training --out folder (its newest snapshot).
+    pub snapshot: PathBuf,
+    /// Write config.json and model.safetensors here (transformers' from_pretrained layout).
+    #[arg(long)]
+    pub hf: PathBuf,
+    /// Also write frugal's logits on --prompt to this safetensors file (tokens, logits).
+    #[arg(long)]
+    pub logits: Option<PathBuf>,
+    /// Text whose logits --logits records (GPT-2 tokens, cropped to the model's positions).
+    #[arg(
+        long,
+        default_value = "ROMEO: But soft, what light through yonder window breaks?"
+    )]
+    pub prompt: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let snap = Snapshot::open(&args.snapshot)
+        .with_context(|| format!("exporting {}", args.snapshot.display()))?;
+    let model = snap.model_config()?;
+    let tokens = prompt_tokens(&args.prompt, &model)?;
+    // One row of the prompt's length: the smallest arena that runs the logits.
+    let config = TrainConfig {
+        model,
+        batch: 1,
+        seq: tokens.len() as u64,
+        grad_accum: 1,
+        optimizer: OptimizerKind::Sgd {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        schedule: Schedule::constant(1e-3),
+        grad_clip: None,
+        device_memory_bytes: None,
+        ranks: 1,
+        recompute: plan::setup::Recompute::None,
+        attention: plan::setup::Attention::Eager,
+    };
+    let mut trainer = Trainer::new(config)?;
+    snap.restore_weights(&mut trainer)?;
+    engine::io::save_pretrained(&trainer.model, &trainer.arena, &args.hf)
+        .with_context(|| format!("--hf {}", args.hf.display()))?;
+    if let Some(path) = &args.logits {
+        write_logits(&mut trainer, &tokens, path)?;
+    }
+    println!(
+        "exported {} (step {}, {} ranks) to {}",
+        snap.dir.display(),
+        snap.state.step,
+        snap.shard_count(),
+        args.hf.display()
+    );
+    Ok(())
+}
+
+fn prompt_tokens(prompt: &str, model: &engine::ModelConfig) -> anyhow::Result<Vec<u32>> {
+    let mut tokens = data::Tokenizer::gpt2().encode(prompt);
+    tokens.truncate(model.shape.max_positions as usize);
+    if tokens.is_empty() {
+        bail!("--prompt is empty: give some text to compute logits on");
+    }
+    if let Some(&id) = tokens
+        .iter()
+        .find(|&&id| u64::from(id) >= model.shape.vocab)
+    {
+        bail!(
+            "--prompt holds token {id}, beyond the model's vocabulary of {}: use a prompt of \
+             more common text",
+            model.shape.vocab
+        );
+    }
+    Ok(tokens)
+}
+
+fn write_logits(trainer: &mut Trainer, tokens: &[u32], path: &Path) -> anyhow::Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let t = tokens.len();
+    let logits = trainer.logits(tokens, 1, t)?;
+    let v = trainer.config.model.shape.vocab as usize;
+    let token_bytes: Vec<u8> = tokens
+        .iter()
+        .flat_map(|&id| (id as i32).to_le_bytes())
+        .collect();
+    let logit_bytes: Vec<u8> = logits.iter().flat_map(|l| l.to_le_bytes()).collect();
+    let views = vec![
+        (
+            "tokens",
+            TensorView::new(Dtype::I32, vec![1, t], &token_bytes)?,
+        ),
+        (
+            "logits",
+            TensorView::new(Dtype::F32, vec![1, t, v], &logit_bytes)?,
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, path)
+        .with_context(|| format!("--logits {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! `frugal train --save-every N --out DIR [--keep K]` and `--resume DIR`: the training loop's side
+//! of `engine::snapshot` — checking the flags, opening the snapshot once for every rank, restoring
+//! each rank's trainer and data loader, and saving after every N-th step.
+//!
+//! What it does not do: any file format work (the engine's `snapshot` module does).
+//!
+//! Example: `frugal train --steps 6 --save-every 3 --out run1`, then after a crash
+//! `frugal train --steps 6 --out run1 --resume run1` continues from `run1/step-000003`.
+
+use super::Args;
+use anyhow::{bail, Context};
+use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
+use engine::Trainer;
+use std::time::Duration;
+
+/// A test hook: `STEP,SECONDS` pauses the save after STEP for SECONDS just before its manifest
+/// commits it, so a test can kill the process mid-save.
+const PAUSE_ENV: &str = "FRUGAL_TEST_SNAPSHOT_PAUSE";
+
+/// Refuses snapshot flags that cannot work together.
+pub fn check_flags(args: &Args) -> anyhow::Result<()> {
+    if let Some(every) = args.save_every {
+        if every == 0 {
+            bail!("--save-every 0: save every N >= 1 steps, or leave the flag out");
+        }
+        if args.out.is_none() {
+            bail!("--save-every needs --out DIR: snapshots are written to DIR/step-NNNNNN/");
+        }
+    }
+    if args.keep == 0 {
+        bail!("--keep 0: keep at least the newest snapshot (--keep 1)");
+    }
+    Ok(())
+}
+
+/// Opens `--resume`'s snapshot (every file checked) and refuses it if this run differs.
+pub fn open(args: &Args, config: &engine::TrainConfig) -> anyhow::Result<Option<Snapshot>> {
+    let Some(path) = &args.resume else {
+        return Ok(None);
+    };
+    let snap = Snapshot::open(path).with_context(|| format!("--resume {}", path.display()))?;
+    // The run's identity (model, optimizer, schedule, global batch, seed) must be the snapshot's.
+    snap.check_compatible(config, args.seed)?;
+    if snap.state.step >= args.steps {
+        bail!(
+            "--resume {}: the snapshot is at step {}, and --steps is {}: nothing is left to train",
+            snap.dir.display(),
+            snap.state.step,
+            args.steps
+        );
+    }
+    Ok(Some(snap))
+}
+
+/// Fills a freshly built rank from the snapshot and moves its loader to the saved position.
+pub fn restore(
+    snap: &Snapshot,
+    trainer: &mut Trainer,
+    loader: &mut data::Loader,
+) -> anyhow::Result<()> {
+    let run = snap.restore(trainer)?;
+    loader
+        .seek(run.loader)
+        .with_context(|| format!("--resume {}: the data loader", snap.dir.display()))?;
+    Ok(())
+}
+
+/// Saves a snapshot when the step just taken is a multiple of `--save-every`.
+pub fn maybe_save(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> anyhow::Result<()> {
+    let (Some(every), Some(out)) = (args.save_every, &args.out) else {
+        return Ok(());
+    };
+    if trainer.step % every != 0 {
+        return Ok(());
+    }
+    let run = RunState {
+        loader: loader.position(),
+        seed: args.seed,
+        loss_scaler: None,
+    };
+    let options = SaveOptions {
+        keep: args.keep,
+        pause_before_commit: test_pause(trainer.step),
+    };
+    snapshot::save(trainer, out, &run, &options)
+        .with_context(|| format!("saving the snapshot of step {}", trainer.step))?;
+    Ok(())
+}
+
+fn test_pause(step: u64) -> Option<Duration> {
+    let value = std::env::var(PAUSE_ENV).ok()?;
+    let (at, seconds) = value.split_once(',')?;
+    (at.trim().parse::<u64>().ok()? == step)
+        .then(|| Duration::from_secs_f64(seconds.trim().parse().unwrap_or(0.0)))
+}

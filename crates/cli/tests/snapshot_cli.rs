@@ -1,0 +1,263 @@
+//! `frugal train --save-every/--keep/--resume` and `frugal export` end to end: a resumed run ends
+//! with the weights of an uninterrupted one byte for byte; a run killed (SIGKILL) in the middle
+//! of a save leaves the previous snapshot whole, and resuming from the folder continues from it;
+//! bad flags, damaged files and mismatched runs exit 2 with a message saying what to fix.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .expect("run frugal")
+}
+
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("frugal-snap-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// gpt2-tiny, 6 steps of 2 x 32 tokens on 40 KB of Shakespeare, plus `extra`.
+fn train_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let data = dir.join("small.txt");
+    if !data.exists() {
+        let text: String = data::shakespeare_text().chars().take(40_000).collect();
+        std::fs::write(&data, text).unwrap();
+    }
+    let data = s(&data);
+    let base = [
+        ("--model", "gpt2-tiny"),
+        ("--steps", "6"),
+        ("--batch", "2"),
+        ("--seq", "32"),
+        ("--val-every", "100"),
+        ("--val-batches", "1"),
+        ("--sample-tokens", "0"),
+        ("--data", data.as_str()),
+    ];
+    let mut args = vec!["train".to_string(), "--json".to_string()];
+    for (flag, value) in base {
+        if !extra.contains(&flag) {
+            args.extend([flag.to_string(), value.to_string()]);
+        }
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+fn train(dir: &Path, extra: &[&str]) -> Output {
+    let args = train_args(dir, extra);
+    frugal(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn ok(out: &Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn fails_with(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+    }
+}
+
+fn weights(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("model.safetensors")).unwrap()
+}
+
+#[test]
+fn a_resumed_run_ends_with_the_uninterrupted_runs_weights() {
+    let dir = temp_dir("resume");
+    let (straight, saved, resumed) = (dir.join("straight"), dir.join("saved"), dir.join("resumed"));
+    let a = ok(&train(&dir, &["--out", &s(&straight)]));
+    ok(&train(&dir, &["--save-every", "3", "--out", &s(&saved)]));
+    // The step-3 snapshot is what a run interrupted after step 3 leaves.
+    let from = s(&saved.join("step-000003"));
+    let b = ok(&train(&dir, &["--resume", &from, "--out", &s(&resumed)]));
+    assert_eq!(b["steps"], 3, "the resumed run takes steps 4..6");
+    assert_eq!(a["loss_last"], b["loss_last"]);
+    assert!(weights(&straight) == weights(&resumed), "weights differ");
+    // On 2 ranks of 1 row (same global batch) the reduction order changes: within 1e-5.
+    let c = ok(&train(
+        &dir,
+        &[
+            "--resume",
+            &from,
+            "--ranks",
+            "2",
+            "--batch",
+            "1",
+            "--out",
+            &s(&dir.join("r2")),
+        ],
+    ));
+    let (x, y) = (
+        a["loss_last"].as_f64().unwrap(),
+        c["loss_last"].as_f64().unwrap(),
+    );
+    assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+    // Export rebuilds the model from the shards: the same bytes as the snapshot's weights.
+    let hf = dir.join("hf");
+    let out = frugal(&["export", &s(&saved), "--hf", &s(&hf)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(weights(&hf) == weights(&saved.join("step-000006")));
+    assert!(hf.join("config.json").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Waits until `path` exists (the paused save has written its files).
+fn wait_for(path: &Path, child: &mut std::process::Child) {
+    let started = Instant::now();
+    while !path.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "frugal exited ({status}) before {} appeared",
+                path.display()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_run_killed_mid_save_leaves_the_previous_snapshot_and_resumes_from_it() {
+    let dir = temp_dir("kill");
+    let out = dir.join("run");
+    let args = train_args(
+        &dir,
+        &["--save-every", "2", "--keep", "1", "--out", &s(&out)],
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(&args)
+        // The save after step 4 pauses once its files are written, before its manifest.
+        .env("FRUGAL_TEST_SNAPSHOT_PAUSE", "4,60")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let partial = out.join("step-000004");
+    wait_for(&partial.join("train.json"), &mut child);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!partial.join("manifest.json").exists());
+    assert!(out.join("step-000002/manifest.json").exists());
+    // The previous snapshot is whole (every checksum) and is the one --resume picks.
+    let snap = engine::snapshot::Snapshot::open(&out).unwrap();
+    assert_eq!(snap.state.step, 2);
+    let resume = [
+        "--resume",
+        &s(&out),
+        "--save-every",
+        "2",
+        "--keep",
+        "1",
+        "--out",
+        &s(&out),
+    ];
+    let resumed = ok(&train(&dir, &resume));
+    assert_eq!(resumed["steps"], 4);
+    let straight = dir.join("straight");
+    let full = ok(&train(&dir, &["--out", &s(&straight)]));
+    assert_eq!(resumed["loss_last"], full["loss_last"]);
+    assert!(weights(&out) == weights(&straight));
+    // The partial folder was cleaned up; --keep 1 left the newest snapshot only.
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["step-000006"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_snapshot_flags_and_files_exit_2_saying_what_to_fix() {
+    let dir = temp_dir("bad");
+    let out = dir.join("run");
+    fails_with(
+        &train(&dir, &["--save-every", "2"]),
+        &["--save-every needs --out"],
+    );
+    fails_with(
+        &train(&dir, &["--save-every", "0", "--out", &s(&out)]),
+        &["--save-every 0"],
+    );
+    fails_with(
+        &train(
+            &dir,
+            &["--keep", "0", "--save-every", "1", "--out", &s(&out)],
+        ),
+        &["--keep 0"],
+    );
+    fails_with(
+        &train(&dir, &["--resume", &s(&dir.join("nothing"))]),
+        &["holds no committed snapshot"],
+    );
+    ok(&train(
+        &dir,
+        &["--steps", "4", "--save-every", "2", "--out", &s(&out)],
+    ));
+    fails_with(
+        &train(
+            &dir,
+            &["--steps", "4", "--resume", &s(&out), "--lr", "1e-3"],
+        ),
+        &["different run", "run.lr: snapshot 0.002 vs this run 0.001"],
+    );
+    fails_with(
+        &train(
+            &dir,
+            &[
+                "--steps",
+                "4",
+                "--resume",
+                &s(&out),
+                "--model",
+                "llama-tiny",
+            ],
+        ),
+        &["model.family: snapshot \"Gpt2\" vs this run \"Llama\""],
+    );
+    fails_with(
+        &train(&dir, &["--steps", "4", "--resume", &s(&out)]),
+        &["at step 4", "nothing is left to train"],
+    );
+    let shard = out.join("step-000004/optim-rank-00000-of-00001.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    fails_with(
+        &train(&dir, &["--steps", "4", "--resume", &s(&out)]),
+        &[
+            "optim-rank-00000-of-00001.safetensors",
+            "fails its checksum",
+        ],
+    );
+    fails_with(
+        &frugal(&["export", &s(&out), "--hf", &s(&dir.join("hf"))]),
+        &["fails its checksum"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
