@@ -243,6 +243,53 @@ impl Arena {
         }
     }
 
+    /// A shared view of a live 2-byte buffer (bf16 weights and gradients): `bytes / 2`
+    /// elements, not the slot's 4-byte-rounded length.
+    pub fn bf16(&self, id: BufId) -> View<'_, half::bf16> {
+        let v = self.f32(id);
+        let len = (self.slots[id.0].bytes / 2) as usize;
+        // SAFETY: bf16 is a repr(transparent) u16 (alignment 2 <= 4), every bit pattern is
+        // valid, and `len` 2-byte elements lie within the slot's bytes.
+        let data = unsafe { std::slice::from_raw_parts(v.data.as_ptr() as *const half::bf16, len) };
+        let flag = v.flag;
+        std::mem::forget(v);
+        View { data, flag }
+    }
+
+    /// A mutable view of a live 2-byte bf16 buffer.
+    pub fn bf16_mut(&self, id: BufId) -> ViewMut<'_, half::bf16> {
+        let mut v = self.f32_mut(id);
+        let len = (self.slots[id.0].bytes / 2) as usize;
+        // SAFETY: as in `bf16`.
+        let data =
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut half::bf16, len) };
+        let flag = v.flag;
+        std::mem::forget(v);
+        ViewMut { data, flag }
+    }
+
+    /// A shared view of a live 2-byte fp16 buffer.
+    pub fn f16(&self, id: BufId) -> View<'_, half::f16> {
+        let v = self.bf16(id);
+        // SAFETY: f16 and bf16 are both repr(transparent) u16 with every bit pattern valid.
+        let data =
+            unsafe { std::slice::from_raw_parts(v.data.as_ptr() as *const half::f16, v.len()) };
+        let flag = v.flag;
+        std::mem::forget(v);
+        View { data, flag }
+    }
+
+    /// A mutable view of a live 2-byte fp16 buffer.
+    pub fn f16_mut(&self, id: BufId) -> ViewMut<'_, half::f16> {
+        let mut v = self.bf16_mut(id);
+        let len = v.len();
+        // SAFETY: as in `f16`.
+        let data = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut half::f16, len) };
+        let flag = v.flag;
+        std::mem::forget(v);
+        ViewMut { data, flag }
+    }
+
     /// A shared view of a live u32 buffer (token ids share the f32 slab: same size and alignment).
     pub fn u32(&self, id: BufId) -> View<'_, u32> {
         let v = self.f32(id);

@@ -11,6 +11,12 @@ pub enum EngineError {
     /// The planner refused the model or setup (unsupported option, value out of range).
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// Mixed precision: the loss scale hit its minimum, or a scaler setting is out of range.
+    #[error(transparent)]
+    Precision(#[from] crate::precision::PrecisionError),
+    /// Optimizer offload: the host store could not be created, mapped or flushed.
+    #[error(transparent)]
+    Offload(#[from] crate::offload::OffloadError),
     /// The step's memory exceeds `--device-memory`; nothing was allocated.
     #[error(
         "the run needs {needed_bytes} bytes but the device holds {capacity_bytes} \

@@ -16,7 +16,9 @@ use crate::config::ModelConfig;
 use crate::error::EngineError;
 use crate::model::Model;
 use crate::optim::{self, OptimizerKind, Schedule};
-use crate::zero::{Pass, Sharding};
+use crate::precision::update::{self as half_update, MasterState};
+use crate::precision::{LossScaler, ScalerConfig, StepDecision};
+use crate::zero::{Half, Pass, Sharding};
 use crate::{backward, forward};
 use plan::buffer::{Device, MemoryPlan, Phase};
 use plan::frugal::ActShape;
@@ -87,6 +89,53 @@ impl TrainConfig {
     }
 }
 
+/// Weight precision and offload of a run (`Mixed::fp32()`: everything fp32, nothing offloaded).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mixed {
+    pub precision: Precision,
+    /// fp16 only: the dynamic loss scaler's settings (torch or DeepSpeed defaults).
+    pub loss_scaler: Option<ScalerConfig>,
+    pub offload: Offload,
+}
+
+impl Mixed {
+    pub fn fp32() -> Mixed {
+        Mixed {
+            precision: Precision::Fp32,
+            loss_scaler: None,
+            offload: Offload::None,
+        }
+    }
+
+    /// bf16 weights and gradients, fp32 master weights, no loss scaling.
+    pub fn bf16() -> Mixed {
+        Mixed {
+            precision: Precision::Bf16,
+            ..Mixed::fp32()
+        }
+    }
+
+    /// fp16 weights and gradients, fp32 master weights, `scaler`'s dynamic loss scaling.
+    pub fn fp16(scaler: ScalerConfig) -> Mixed {
+        Mixed {
+            precision: Precision::Fp16,
+            loss_scaler: Some(scaler),
+            offload: Offload::None,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The planner's view of this run at ZeRO stage `zero` with `mixed`'s precision and offload.
+    pub fn setup_mixed(&self, zero: ZeroStage, mixed: &Mixed) -> TrainSetup {
+        TrainSetup {
+            precision: mixed.precision,
+            offload: mixed.offload,
+            ..self.setup_at(zero)
+        }
+    }
+}
+
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepStats {
@@ -98,6 +147,10 @@ pub struct StepStats {
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
     pub tokens: u64,
+    /// fp16: the loss scale this step's backward used.
+    pub loss_scale: Option<f32>,
+    /// fp16: the step found an overflow and left the weights as they were.
+    pub skipped: bool,
 }
 
 pub struct Trainer {
@@ -115,6 +168,15 @@ pub struct Trainer {
     pub last_step_comm: comm::CommStats,
     /// This rank's link to the others; `None` for a single rank.
     pub(crate) comm: Option<Box<dyn comm::Collective>>,
+    /// Weight precision and offload.
+    pub mixed: Mixed,
+    /// fp16: the dynamic loss scaler.
+    pub scaler: Option<LossScaler>,
+    /// bf16/fp16: each unit's master weights and Adam moments.
+    pub(crate) masters: Vec<MasterState>,
+    /// Steps skipped on an overflow so far.
+    pub skipped_steps: u64,
+    last_skipped: bool,
 }
 
 /// Plans one rank's step and refuses it, before anything is allocated, when it exceeds
@@ -125,8 +187,17 @@ pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
 
 /// [`check_capacity`] at ZeRO stage `zero`.
 pub fn check_capacity_at(config: &TrainConfig, zero: ZeroStage) -> Result<MemoryPlan, EngineError> {
+    check_capacity_mixed(config, zero, &Mixed::fp32())
+}
+
+/// [`check_capacity_at`] with `mixed`'s precision and offload.
+pub fn check_capacity_mixed(
+    config: &TrainConfig,
+    zero: ZeroStage,
+    mixed: &Mixed,
+) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
-    let setup = config.setup_at(zero);
+    let setup = config.setup_mixed(zero, mixed);
     let plan = plan::frugal::training_plan(shape, &setup)?;
     let Some(capacity_bytes) = config.device_memory_bytes else {
         return Ok(plan);
@@ -162,12 +233,27 @@ impl Trainer {
         comm: Option<Box<dyn comm::Collective>>,
         zero: ZeroStage,
     ) -> Result<Trainer, EngineError> {
+        Trainer::mixed(config, comm, zero, Mixed::fp32())
+    }
+
+    /// [`Trainer::sharded`] with `mixed`'s weight precision and offload.
+    pub fn mixed(
+        config: TrainConfig,
+        comm: Option<Box<dyn comm::Collective>>,
+        zero: ZeroStage,
+        mixed: Mixed,
+    ) -> Result<Trainer, EngineError> {
         let world = comm.as_ref().map_or(1, |c| c.world_size());
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
         let rank = comm.as_ref().map_or(0, |c| c.rank());
-        let plan = check_capacity_at(&config, zero)?;
+        let plan = check_capacity_mixed(&config, zero, &mixed)?;
         let shape = &config.model.shape;
-        let setup = config.setup_at(zero);
+        let setup = config.setup_mixed(zero, &mixed);
+        let scaler = match (&mixed.loss_scaler, mixed.precision) {
+            (Some(c), Precision::Fp16) => Some(LossScaler::new(*c)?),
+            (None, Precision::Fp16) => Some(LossScaler::torch()),
+            _ => None,
+        };
         let arena = Arena::new(&plan, Device::Gpu, config.device_memory_bytes)?;
         let units = plan::frugal::param_units(shape, setup.dp)?;
         let act_shape = ActShape {
@@ -180,7 +266,12 @@ impl Trainer {
         for ids in &opt_state {
             ids.iter().for_each(|&id| arena.f32_mut(id).fill(0.0));
         }
-        let sharding = Sharding::new(zero, rank, world, &model, &arena);
+        let half = Half::of(mixed.precision);
+        let masters = match half {
+            Some(_) => master_states(&model, &arena),
+            None => Vec::new(),
+        };
+        let sharding = Sharding::new(zero, half, rank, world, &model, &arena);
         Ok(Trainer {
             config,
             plan,
@@ -192,6 +283,11 @@ impl Trainer {
             sharding,
             last_step_comm: comm::CommStats::default(),
             comm,
+            mixed,
+            scaler,
+            masters,
+            skipped_steps: 0,
+            last_skipped: false,
         })
     }
 
@@ -203,9 +299,9 @@ impl Trainer {
         Trainer::sharded(config, Some(comm), ZeroStage::Zero0)
     }
 
-    /// The planner's view of this trainer's run, its ZeRO stage included.
+    /// The planner's view of this trainer's run, its ZeRO stage and precision included.
     pub fn setup(&self) -> TrainSetup {
-        self.config.setup_at(self.sharding.stage)
+        self.config.setup_mixed(self.sharding.stage, &self.mixed)
     }
 
     /// This rank's index (0 without a communicator).
@@ -329,6 +425,9 @@ impl Trainer {
     /// Sets the gradients a step accumulates into to zero (start of a step): the full
     /// gradients at ZeRO stages 0-1, this rank's gradient shards at stages 2-3.
     pub fn zero_grads(&mut self) {
+        if self.sharding.half == Some(Half::F16) {
+            *self.sharding.underflow.borrow_mut() = Some(Default::default());
+        }
         self.sharding.zero_grads(&self.model, &self.arena);
     }
 
@@ -343,12 +442,16 @@ impl Trainer {
         // the mean over the global batch.
         let tokens = (n * k * self.config.ranks as usize) as u64;
         let comm_before = self.comm_stats();
+        let loss_scale = self.scaler.as_ref().map(|s| s.scale());
+        // fp16: every token's gradient is multiplied by the loss scale (the seed of the
+        // backward), so small gradients stay above fp16's smallest subnormal.
+        let dloss = loss_scale.unwrap_or(1.0) / tokens as f32;
         self.zero_grads();
         let (mut inputs, mut targets) = (vec![0u32; n], vec![0u32; n]);
         let mut loss_sum = 0.0f64;
         for _ in 0..k {
             next_batch(&mut inputs, &mut targets);
-            loss_sum += f64::from(self.forward_backward(&inputs, &targets, 1.0 / tokens as f32)?);
+            loss_sum += f64::from(self.forward_backward(&inputs, &targets, dloss)?);
         }
         let loss_sum = self.all_reduce(loss_sum)?;
         let loss = (loss_sum / tokens as f64) as f32;
@@ -368,6 +471,8 @@ impl Trainer {
             lr,
             grad_norm,
             tokens,
+            loss_scale,
+            skipped: self.last_skipped,
         };
         self.step += 1;
         Ok(stats)
@@ -377,6 +482,14 @@ impl Trainer {
     /// A non-finite gradient norm stops before any weight changes. The norm is global: each rank
     /// sums the squares of its shard of every unit, and the sums are all-reduced in rank order.
     pub fn apply_update(&mut self, lr: f32) -> Result<f32, EngineError> {
+        if let Some(half) = self.sharding.half {
+            self.arena.enter(Phase::Optimizer);
+            let started = Instant::now();
+            let result = self.apply_half_update(lr, half);
+            self.arena.leave(Phase::Optimizer);
+            self.timings.optimizer += started.elapsed();
+            return result;
+        }
         let started = Instant::now();
         self.arena.enter(Phase::Optimizer);
         let norm_slices = self.sharding.norm_slices(&self.model);
@@ -416,6 +529,82 @@ impl Trainer {
         Ok(norm)
     }
 
+    /// The bf16/fp16 update: norm and overflow over the 2-byte gradients (every rank agrees on
+    /// both), the scaler's verdict (fp16: skip the step on an overflow anywhere), then AdamW on
+    /// the fp32 master weights, rounding the working copy. Returns the unscaled norm (NaN when
+    /// the step was skipped).
+    fn apply_half_update(&mut self, lr: f32, half: Half) -> Result<f32, EngineError> {
+        self.last_skipped = false;
+        let norm_slices = self.sharding.norm_slices(&self.model);
+        let (mut sum_sq, mut found_inf) = half_update::grad_stats(&self.arena, half, &norm_slices);
+        if let Some(comm) = self.comm.as_mut() {
+            let hi = sum_sq as f32;
+            let mut words = [hi, (sum_sq - f64::from(hi)) as f32];
+            comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+            sum_sq = f64::from(words[0]) + f64::from(words[1]);
+            found_inf = comm.any(found_inf)?;
+        }
+        let used_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        if let Some(scaler) = self.scaler.as_mut() {
+            if scaler.update(found_inf)? == StepDecision::Skip {
+                self.skipped_steps += 1;
+                self.last_skipped = true;
+                return Ok(f32::NAN);
+            }
+        }
+        let norm = (sum_sq.sqrt() / f64::from(used_scale)) as f32;
+        if !norm.is_finite() {
+            return Err(EngineError::NonFiniteGradient {
+                step: self.step,
+                suggested_lr: self.config.schedule.lr / 10.0,
+            });
+        }
+        let clip = match self.config.grad_clip {
+            Some(max_norm) => (max_norm / (norm + 1e-6)).min(1.0),
+            None => 1.0,
+        };
+        let OptimizerKind::AdamW {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config.optimizer
+        else {
+            unreachable!("the plan refuses bf16/fp16 without AdamW");
+        };
+        let opt = kernels::adamw::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        };
+        let (model, arena) = (&self.model, &self.arena);
+        let slices: Vec<_> = (0..model.units.len())
+            .map(|u| self.sharding.update_slice(model, u))
+            .collect();
+        let t = (self.step + 1) as u32;
+        let multiplier = clip / used_scale;
+        half_update::master_update(
+            model,
+            arena,
+            half,
+            &self.masters,
+            &slices,
+            opt,
+            multiplier,
+            t,
+        );
+        let comm = self.comm.as_deref_mut();
+        self.sharding.after_update(model, arena, comm)?;
+        Ok(norm)
+    }
+
+    /// bf16/fp16: each unit's master weights and Adam moments (this rank's part).
+    pub fn masters(&self) -> &[MasterState] {
+        &self.masters
+    }
+
     /// Per-category peaks measured by the arena so far.
     pub fn measured(&self) -> Measured {
         self.arena.measured()
@@ -426,6 +615,13 @@ impl Trainer {
         self.comm.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
 
+    /// fp16: how this rank's fp32 gradients of the last step fared when rounded to fp16 at the
+    /// loss scale (measured on each unit's scaled fp32 gradient before it is added into the
+    /// fp16 accumulator): the fractions flushed to zero and left subnormal.
+    pub fn underflow(&self) -> Option<crate::precision::UnderflowStats> {
+        *self.sharding.underflow.borrow()
+    }
+
     /// Waits for every rank (a snapshot commits only after every rank's shard is on disk).
     pub fn barrier(&mut self) -> Result<(), EngineError> {
         match self.comm.as_mut() {
@@ -433,4 +629,21 @@ impl Trainer {
             None => Ok(()),
         }
     }
+}
+
+/// Arena ids of every unit's master weights and Adam moments (2-byte precisions).
+fn master_states(model: &Model, arena: &Arena) -> Vec<MasterState> {
+    let opt = plan::setup::Optimizer::AdamW;
+    model
+        .units
+        .iter()
+        .map(|u| {
+            let names = plan::frugal::optimizer_buffer_names(opt, &u.name);
+            MasterState {
+                master: arena.id(&plan::frugal::shards::master_name(&u.name)),
+                m: arena.id(&names[0]),
+                v: arena.id(&names[1]),
+            }
+        })
+        .collect()
 }

@@ -39,8 +39,19 @@ fn invalid(field: &str, reason: String) -> PlanError {
 /// Refuses what the engine cannot run (yet) and values out of range, naming the flag at fault.
 pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanError> {
     units::check_buildable(model)?;
-    if setup.precision != Precision::Fp32 {
-        return Err(unsupported("precisions other than fp32 (--precision fp32)"));
+    if !matches!(
+        setup.precision,
+        Precision::Fp32 | Precision::Bf16 | Precision::Fp16
+    ) {
+        return Err(unsupported(
+            "this precision policy (use --precision fp32, bf16 or fp16)",
+        ));
+    }
+    if setup.precision != Precision::Fp32 && setup.optimizer != Optimizer::AdamW {
+        return Err(unsupported(
+            "bf16/fp16 with an optimizer other than adamw (fp32 master weights are stepped \
+             by AdamW; use --optimizer adamw or --precision fp32)",
+        ));
     }
     if setup.optimizer == Optimizer::AdamW8bit {
         return Err(unsupported("8-bit Adam (use adamw or sgd)"));
@@ -92,6 +103,23 @@ pub fn optimizer_buffer_names(optimizer: Optimizer, unit: &str) -> Vec<String> {
     }
 }
 
+/// Bytes per element of the working weights and gradients: 4 for fp32, 2 for bf16 and fp16.
+pub fn elem_bytes(precision: Precision) -> u64 {
+    if precision == Precision::Fp32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// How `setup` stores model state (element size, where the optimizer state lives).
+pub fn state_format(setup: &TrainSetup) -> shards::StateFormat {
+    shards::StateFormat {
+        elem_bytes: elem_bytes(setup.precision),
+        optimizer_on_host: setup.offload == Offload::Optimizer,
+    }
+}
+
 /// Every buffer the engine allocates for one training step of `model` under `setup`, per rank.
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
     check_setup(model, setup)?;
@@ -100,7 +128,8 @@ pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPla
     shards::check_world(&units, setup.dp, setup.zero)?;
     let policy = ActPolicy::of(setup);
     let (world, zero, optimizer) = (setup.dp, setup.zero, setup.optimizer);
-    for buffer in shards::state_buffers(model, &units, world, zero, optimizer, policy) {
+    let format = state_format(setup);
+    for buffer in shards::state_buffers(model, &units, world, zero, optimizer, policy, format) {
         plan.push(buffer);
     }
     let shape = ActShape {
@@ -208,13 +237,58 @@ mod tests {
             Err(PlanError::Invalid { .. })
         ));
         s.seq = 64;
+        s.precision = Precision::PureBf16;
+        assert!(matches!(
+            training_plan(&model, &s),
+            Err(PlanError::Unsupported { .. })
+        ));
         s.precision = Precision::Bf16;
+        assert!(training_plan(&model, &s).is_ok());
+        s.optimizer = Optimizer::Sgd;
         assert!(matches!(
             training_plan(&model, &s),
             Err(PlanError::Unsupported { .. })
         ));
         let moe = presets::by_name("mixtral-8x7b").unwrap();
         assert!(training_plan(&moe, &setup(1, 64)).is_err());
+    }
+
+    #[test]
+    fn bf16_and_fp16_model_state_is_2_2_12_bytes_per_parameter_over_n() {
+        let model = presets::by_name("gpt2-tiny").unwrap();
+        for precision in [Precision::Bf16, Precision::Fp16] {
+            for world in [1u32, 2, 4] {
+                let units = param_units(&model, world).unwrap();
+                let psi: u64 = units.iter().map(|u| u.padded_numel).sum();
+                let n = u64::from(world);
+                for (zero, params, grads, opt) in [
+                    (ZeroStage::Zero0, 2 * psi, 2 * psi, 12 * psi),
+                    (ZeroStage::Zero1, 2 * psi, 2 * psi, 12 * psi / n),
+                    (ZeroStage::Zero2, 2 * psi, 2 * psi / n, 12 * psi / n),
+                    (ZeroStage::Zero3, 2 * psi / n, 2 * psi / n, 12 * psi / n),
+                ] {
+                    let mut s = setup(2, 32);
+                    (s.precision, s.dp, s.zero) = (precision, world, zero);
+                    let plan = training_plan(&model, &s).unwrap();
+                    let persistent = |c: Category| -> u64 {
+                        let b = plan.buffers.iter();
+                        b.filter(|b| b.category == c && b.lifetime == Lifetime::Persistent)
+                            .map(|b| b.bytes)
+                            .sum()
+                    };
+                    let got = (
+                        persistent(Category::Params),
+                        persistent(Category::Grads),
+                        persistent(Category::Optimizer),
+                    );
+                    assert_eq!(
+                        got,
+                        (params, grads, opt),
+                        "{precision:?} N={world} {zero:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

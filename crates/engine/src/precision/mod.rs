@@ -23,6 +23,7 @@ pub mod grads;
 pub mod master;
 pub mod scaler;
 pub mod underflow;
+pub mod update;
 
 pub use grads::{any_non_finite, any_non_finite_bf16, any_non_finite_f16, unscale_and_check};
 pub use master::{adamw_master_step, Grads, MasterStep, Working};

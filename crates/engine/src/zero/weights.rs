@@ -9,6 +9,7 @@
 //!
 //! Example: `trainer.init_weights(1337); ...; let units = trainer.full_params()?;`
 
+use super::Half;
 use crate::error::EngineError;
 use crate::init;
 use crate::train::Trainer;
@@ -18,6 +19,10 @@ use plan::setup::ZeroStage;
 impl Trainer {
     /// Initialises every weight from `seed` (identical on every rank and at every stage).
     pub fn init_weights(&mut self, seed: u64) {
+        if let Some(half) = self.sharding.half {
+            self.init_half(seed, half);
+            return;
+        }
         if self.sharding.stage != ZeroStage::Zero3 {
             init::fill(&self.model, &self.arena, seed);
             return;
@@ -31,9 +36,46 @@ impl Trainer {
         }
     }
 
-    /// Every unit's full (padded) weights, in unit order. At stage 3 this is a collective.
+    /// bf16/fp16: the fp32 master weights (this rank's part) from the seeded values, and the
+    /// 2-byte working copy rounded from them.
+    fn init_half(&mut self, seed: u64, half: Half) {
+        let stage = self.sharding.stage;
+        for u in 0..self.model.units.len() {
+            let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
+            init::fill_unit(&self.model, u, &mut full, seed);
+            let shard = self.sharding.shard_range(u);
+            let master = match stage {
+                ZeroStage::Zero0 => &full[..],
+                _ => &full[shard.clone()],
+            };
+            self.arena
+                .f32_mut(self.masters[u].master)
+                .copy_from_slice(master);
+            let (id, working) = match stage {
+                ZeroStage::Zero3 => (self.sharding.param_shards()[u], &full[shard]),
+                _ => (self.sharding.param_store[u], &full[..]),
+            };
+            half.narrow(&mut self.arena.bf16_mut(id), working);
+        }
+    }
+
+    /// Every unit's full (padded) weights, in unit order (bf16/fp16: the fp32 master weights).
+    /// Above stage 0 with 2-byte weights, and at stage 3, this is a collective.
     pub fn full_params(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
         let n_units = self.model.units.len();
+        if self.sharding.half.is_some() {
+            let mut out = Vec::with_capacity(n_units);
+            for u in 0..n_units {
+                let master = self.arena.f32(self.masters[u].master);
+                let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
+                match (self.sharding.stage, self.comm.as_deref_mut()) {
+                    (ZeroStage::Zero0, _) | (_, None) => full.copy_from_slice(&master),
+                    (_, Some(c)) => c.all_gather(Buf::F32(&master), BufMut::F32(&mut full))?,
+                }
+                out.push(full);
+            }
+            return Ok(out);
+        }
         if self.sharding.stage != ZeroStage::Zero3 {
             let units = (0..n_units).map(|u| self.arena.f32(self.model.params[u]).to_vec());
             return Ok(units.collect());

@@ -173,8 +173,40 @@ pub fn gathers(model: &ModelShape, policy: ActPolicy) -> Vec<Gather> {
     out
 }
 
+/// Name of a unit's fp32 master weights (2-byte precisions: the optimizer's copy).
+pub fn master_name(unit: &str) -> String {
+    format!("master.{unit}")
+}
+
+/// How model state is stored: element bytes of weights and gradients (4 for fp32, 2 for bf16
+/// and fp16, which add fp32 master weights), and whether the optimizer state lives on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateFormat {
+    pub elem_bytes: u64,
+    pub optimizer_on_host: bool,
+}
+
+impl StateFormat {
+    pub const FP32: StateFormat = StateFormat {
+        elem_bytes: 4,
+        optimizer_on_host: false,
+    };
+
+    /// Whether weights and gradients are 2-byte (with fp32 master weights).
+    pub fn is_half(&self) -> bool {
+        self.elem_bytes == 2
+    }
+}
+
 /// The model-state buffers (weights, gradients, optimizer state) of one rank at `zero`, and the
 /// stage-3 gathers, for `units` padded for `world` ranks.
+///
+/// With 2-byte weights (`format.is_half()`) at any stage, the kernels read fp32: every unit is
+/// widened into the fp32 `gather.*` buffers on the stage-3 schedule (from the 2-byte full copy
+/// at stages 0-2, all-gathered from the 2-byte shard at stage 3), the backward writes fp32
+/// `grads.<u>` spans as at stage 2, and each span ends added (rounded once) into the 2-byte
+/// accumulator `grads.shard.<u>` (full at stages 0-1, the shard at 2-3). Master weights
+/// `master.<u>` are fp32 optimizer state: 2 + 2 + 4 + 8 = 16 bytes per parameter at stage 0.
 pub fn state_buffers(
     model: &ModelShape,
     units: &[Unit],
@@ -182,13 +214,21 @@ pub fn state_buffers(
     zero: ZeroStage,
     optimizer: Optimizer,
     policy: ActPolicy,
+    format: StateFormat,
 ) -> Vec<Buffer> {
-    let buffer = |name: String, category: Category, numel: u64, lifetime: Lifetime| Buffer {
+    let w = format.elem_bytes;
+    let half = format.is_half();
+    let buffer = |name: String, category: Category, bytes: u64, lifetime: Lifetime| Buffer {
         name,
         category,
         device: Device::Gpu,
-        bytes: 4 * numel,
+        bytes,
         lifetime,
+    };
+    let opt_device = if format.optimizer_on_host {
+        Device::Host
+    } else {
+        Device::Gpu
     };
     let persistent = Lifetime::Persistent;
     let mut out = Vec::new();
@@ -199,28 +239,44 @@ pub fn state_buffers(
             out.push(buffer(
                 params_shard_name(name),
                 Category::Params,
-                shard,
+                w * shard,
                 persistent,
             ));
         } else {
             out.push(buffer(
                 params_name(name),
                 Category::Params,
-                full,
+                w * full,
                 persistent,
             ));
         }
-        if matches!(zero, ZeroStage::Zero0 | ZeroStage::Zero1) {
+        if half {
+            let (born, dies) = grad_span(model, unit.kind);
+            let span = Lifetime::Span { born, dies };
+            out.push(buffer(grads_name(name), Category::Grads, 4 * full, span));
+            let acc = if matches!(zero, ZeroStage::Zero0 | ZeroStage::Zero1) {
+                full
+            } else {
+                shard
+            };
+            let acc = buffer(grads_shard_name(name), Category::Grads, w * acc, persistent);
+            out.push(acc);
+        } else if matches!(zero, ZeroStage::Zero0 | ZeroStage::Zero1) {
             // Persistent: accumulation adds into them across micro-steps.
-            out.push(buffer(grads_name(name), Category::Grads, full, persistent));
+            out.push(buffer(
+                grads_name(name),
+                Category::Grads,
+                4 * full,
+                persistent,
+            ));
         } else {
             let (born, dies) = grad_span(model, unit.kind);
             let span = Lifetime::Span { born, dies };
-            out.push(buffer(grads_name(name), Category::Grads, full, span));
+            out.push(buffer(grads_name(name), Category::Grads, 4 * full, span));
             out.push(buffer(
                 grads_shard_name(name),
                 Category::Grads,
-                shard,
+                4 * shard,
                 persistent,
             ));
         }
@@ -229,11 +285,17 @@ pub fn state_buffers(
         } else {
             shard
         };
-        for opt in super::optimizer_buffer_names(optimizer, name) {
-            out.push(buffer(opt, Category::Optimizer, opt_numel, persistent));
+        let mut opt_names = super::optimizer_buffer_names(optimizer, name);
+        if half {
+            opt_names.insert(0, master_name(name));
+        }
+        for opt in opt_names {
+            let mut b = buffer(opt, Category::Optimizer, 4 * opt_numel, persistent);
+            b.device = opt_device;
+            out.push(b);
         }
     }
-    if zero == ZeroStage::Zero3 {
+    if zero == ZeroStage::Zero3 || half {
         for g in gathers(model, policy) {
             let span = Lifetime::Span {
                 born: g.born,
@@ -242,7 +304,7 @@ pub fn state_buffers(
             out.push(buffer(
                 g.name,
                 Category::Other,
-                units[g.unit].padded_numel,
+                4 * units[g.unit].padded_numel,
                 span,
             ));
         }
