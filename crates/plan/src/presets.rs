@@ -1,5 +1,6 @@
 //! Named model shapes: the published configs of GPT-2, Llama 2/3.1, Mistral, Mixtral, Qwen2.5,
-//! TinyLlama and DeepSeek-V2-Lite/V3, plus two tiny shapes the engine trains in tests.
+//! TinyLlama and DeepSeek-V2-Lite/V3, plus small shapes the engine trains: gpt2-tiny and
+//! llama-tiny (tests) and gpt2-mini (`frugal train`'s default).
 //!
 //! Values are copied from each model's HF `config.json`. Not here: weights, tokenizers, parsing
 //! (`hf_config`). Example: `presets::by_name("llama3-8b")` is Llama-3.1-8B (aliases resolve).
@@ -8,7 +9,7 @@ use crate::model::{Family, Mla, ModelShape, Moe};
 use crate::PlanError;
 
 /// Canonical preset names, in the order `frugal plan --help` lists them.
-pub const NAMES: [&str; 21] = [
+pub const NAMES: [&str; 22] = [
     "gpt2-124m",
     "gpt2-355m",
     "gpt2-774m",
@@ -29,6 +30,7 @@ pub const NAMES: [&str; 21] = [
     "deepseek-v2-lite",
     "deepseek-v3",
     "gpt2-tiny",
+    "gpt2-mini",
     "llama-tiny",
 ];
 
@@ -147,6 +149,12 @@ fn build(name: &str) -> Option<ModelShape> {
         "gpt2-tiny" => ModelShape {
             max_positions: 256,
             ..gpt2(2, 64, 4)
+        },
+        // `frugal train`'s default: GPT-2 blocks with the full vocabulary (the classifier
+        // dominates its step), small enough to train on a laptop CPU.
+        "gpt2-mini" => ModelShape {
+            max_positions: 256,
+            ..gpt2(4, 128, 4)
         },
         "llama2-7b" => llama(Llama, 32, 4096, (32, 32), 11008, 32000, 4096, false),
         "llama2-13b" => llama(Llama, 40, 5120, (40, 40), 13824, 32000, 4096, false),

@@ -7,7 +7,6 @@
 use super::Args;
 use anyhow::{bail, Context};
 use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
-use plan::model::Family;
 use plan::ModelShape;
 use std::path::{Path, PathBuf};
 
@@ -28,24 +27,10 @@ pub struct Rank {
     pub val: data::ValBatches,
 }
 
-/// The default training shape: GPT-2 blocks, 4 layers of width 128, the full GPT-2 vocabulary
-/// (the classifier dominates the step), 256 positions.
+/// The default training shape: the `gpt2-mini` preset (GPT-2 blocks, 4 layers of width 128, the
+/// full GPT-2 vocabulary, 256 positions).
 pub fn gpt2_mini() -> ModelShape {
-    ModelShape {
-        name: "gpt2-mini".into(),
-        family: Family::Gpt2,
-        n_layers: 4,
-        d_model: 128,
-        n_heads: 4,
-        n_kv_heads: 4,
-        d_head: 32,
-        d_ff: 512,
-        vocab: 50257,
-        max_positions: 256,
-        tied_embeddings: true,
-        moe: None,
-        mla: None,
-    }
+    plan::presets::by_name("gpt2-mini").expect("gpt2-mini is a preset")
 }
 
 /// The model config and, for a saved folder, the weights file to start from.
@@ -64,11 +49,7 @@ fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
             std::fs::read_to_string(path).with_context(|| format!("--model {spec}: reading it"))?;
         return Ok((ModelConfig::from_hf_json(&text, spec)?, None));
     }
-    let shape = if spec.eq_ignore_ascii_case("gpt2-mini") {
-        gpt2_mini()
-    } else {
-        plan::presets::by_name(spec).context("--model")?
-    };
+    let shape = plan::presets::by_name(spec).context("--model")?;
     Ok((ModelConfig::from_shape(shape)?, None))
 }
 
