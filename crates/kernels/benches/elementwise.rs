@@ -3,7 +3,10 @@
 //! chunk sizes against the logits GEMM alone, and GELU forward/backward against the plain
 //! reference loop (glibc's scalar `tanhf`). Prints a table; no assertions (speed is not a test).
 //!
-//! Run: `cargo bench -p kernels --bench elementwise` (`-- gelu` or `-- classifier` for one part).
+//! A third part times one AdamW step over 124M parameters (memory bound).
+//!
+//! Run: `cargo bench -p kernels --bench elementwise` (`-- gelu`, `-- classifier` or `-- adamw` for
+//! one part).
 
 use kernels::{classifier, gelu, matmul};
 use std::time::Instant;
@@ -39,7 +42,10 @@ fn fill(n: usize, seed: u32, scale: f32) -> Vec<f32> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let only = |name: &str| {
-        !args.iter().any(|a| a == "gelu" || a == "classifier") || args.iter().any(|a| a == name)
+        !args
+            .iter()
+            .any(|a| a == "gelu" || a == "classifier" || a == "adamw")
+            || args.iter().any(|a| a == name)
     };
     println!(
         "threads: {}, simd: {:?}",
@@ -51,6 +57,9 @@ fn main() {
     }
     if only("gelu") {
         bench_gelu();
+    }
+    if only("adamw") {
+        bench_adamw();
     }
 }
 
@@ -120,5 +129,24 @@ fn bench_gelu() {
         bwd * 1e3,
         bwd_ref * 1e3,
         bwd_ref / bwd
+    );
+}
+
+/// One AdamW step over GPT-2 124M's parameter count: memory bound (16 bytes read, 12 written per
+/// parameter), so reported as GB/s of that traffic.
+fn bench_adamw() {
+    let n = 124_439_808;
+    let g = fill(n, 5, 1e-3);
+    let (mut p, mut m, mut v) = (fill(n, 6, 0.1), vec![0.0f32; n], vec![0.0f32; n]);
+    let opt = kernels::adamw::AdamW::default();
+    let mut step = 0;
+    let t = time(3, || {
+        step += 1;
+        kernels::adamw::update(&mut p, &g, &mut m, &mut v, opt, step);
+    });
+    println!(
+        "\nadamw over {n} parameters: {:.1} ms, {:.1} GB/s",
+        t * 1e3,
+        28.0 * n as f64 / t / 1e9
     );
 }
