@@ -9,6 +9,7 @@
 //!
 //! Example: `frugal train --steps 50 --json --plot loss.svg --out run1`.
 
+mod precision;
 mod report;
 pub(crate) mod setup;
 mod snapshot;
@@ -101,9 +102,14 @@ pub struct Args {
     /// Activation recompute: none, full, every:K, sqrt or selective.
     #[arg(long, default_value = "none")]
     pub recompute: String,
-    /// fp32 (bf16 and fp16 come later).
+    /// fp32, bf16 (2-byte weights and gradients, fp32 master weights and Adam state) or fp16
+    /// (the same with dynamic loss scaling).
     #[arg(long, default_value = "fp32")]
     pub precision: String,
+    /// fp16's dynamic loss scaler: torch (GradScaler's defaults) or deepspeed (its fp16
+    /// block's defaults). Default torch; only with --precision fp16.
+    #[arg(long)]
+    pub loss_scaler: Option<String>,
     /// Attention kernel: naive (also spelled eager) or flash.
     #[arg(long, default_value = "naive")]
     pub attention: String,
@@ -129,15 +135,10 @@ fn check_not_yet(args: &Args) -> anyhow::Result<()> {
         bail!("{flag} {value} is not supported by the engine yet (supported: {ok})")
     };
     zero::check_flags(args)?;
-    let checks = [
-        ("--precision", &args.precision, "fp32"),
-        ("--offload", &args.offload, "none"),
-    ];
-    for (flag, value, ok) in checks {
-        if value != ok {
-            refuse(flag, value, ok)?;
-        }
+    if args.offload != "none" {
+        refuse("--offload", &args.offload, "none")?;
     }
+    precision::check_flags(args)?;
     snapshot::check_flags(args)
 }
 
@@ -239,10 +240,11 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         }
         let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64();
         bar.set_message(format!(
-            "loss {:.3} | {:.0} tok/s | peak {}",
+            "loss {:.3} | {:.0} tok/s | peak {}{}",
             stats.loss,
             tokens_per_s,
-            crate::output::human_bytes(trainer.measured().peak_bytes)
+            crate::output::human_bytes(trainer.measured().peak_bytes),
+            precision::bar(&stats, &trainer)
         ));
         bar.inc(1);
     }

@@ -223,8 +223,8 @@ fn options_of_later_issues_are_refused_not_ignored() {
     let dir = temp_dir("later");
     fails_with(&tiny_run(&dir, &["--zero", "4"]), "invalid --zero 4");
     fails_with(
-        &tiny_run(&dir, &["--precision", "bf16"]),
-        "--precision bf16",
+        &tiny_run(&dir, &["--offload", "params"]),
+        "--offload params",
     );
     fails_with(&tiny_run(&dir, &["--ranks", "0"]), "--ranks 0");
 }

@@ -148,6 +148,7 @@ pub fn json(s: &Summary<'_>) -> String {
         "tokens_per_s": s.tokens as f64 / s.seconds,
         "ranks": ranks,
         "zero": zero_json(&model_state(s.trainers[0])),
+        "precision": super::precision::json(s.trainers[0]),
         "sample": s.sample,
     });
     serde_json::to_string_pretty(&v).expect("a JSON value serialises")
@@ -248,6 +249,7 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         ));
     }
     out.push_str(&zero_lines(&model_state(t)));
+    out.push_str(&super::precision::line(t));
     if let Some(sample) = s.sample {
         out.push_str(&format!("\nsample:\n{sample}\n"));
     }

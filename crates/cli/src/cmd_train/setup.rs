@@ -130,6 +130,7 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
     let zero = super::zero::stage(args)?;
     engine::train::check_capacity_at(&config, zero)?;
     super::zero::check_weights(zero, weights.as_deref())?;
+    super::precision::check_weights(args, weights.as_deref())?;
     let snapshot = super::snapshot::open(args, &config)?;
     let corpus = corpus(args.data.as_deref())?;
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
@@ -169,7 +170,8 @@ pub fn build_rank(
         .val_batches(data::BatchShape::single(b, t))
         .context("the validation split is too short for one batch: lower --batch or --seq")?;
     let config = shared.config.clone();
-    let mut trainer = Trainer::sharded(config, comm, super::zero::stage(args)?)?;
+    let mixed = super::precision::mixed(args)?;
+    let mut trainer = Trainer::mixed(config, comm, super::zero::stage(args)?, mixed)?;
     trainer.init_weights(args.seed);
     if let Some(path) = &shared.weights {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

@@ -49,7 +49,8 @@ pub fn finish(
     tokenizer: &data::Tokenizer,
     args: &Args,
 ) -> anyhow::Result<Finished> {
-    if trainer.sharding.stage != ZeroStage::Zero3 {
+    // 2-byte runs save their fp32 master weights, sharded above stage 0: gather them.
+    if trainer.sharding.stage != ZeroStage::Zero3 && trainer.sharding.half.is_none() {
         return Ok(Finished::default());
     }
     let sample = if args.sample_tokens > 0 {

@@ -1,0 +1,121 @@
+//! `frugal train --precision bf16|fp16 [--loss-scaler torch|deepspeed]`: planned == measured
+//! per category and equal to `frugal plan --runtime frugal --precision P`, model state 16Ψ, the
+//! fp16 report's scale, skipped steps and underflow; bad values and combinations exit 2.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .expect("run frugal")
+}
+
+fn json(out: &Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn small_text(test: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("frugal-prec-cli-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = data::shakespeare_text().chars().take(20_000).collect();
+    let path = dir.join("small.txt");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+const SHAPE: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "1", "--seq", "16"];
+
+fn train(data: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["train", "--steps", "3", "--sample-tokens", "0"];
+    args.extend(["--val-batches", "1", "--data", data, "--json"]);
+    args.extend(SHAPE);
+    args.extend(extra);
+    json(&frugal(&args))
+}
+
+#[test]
+fn bf16_and_fp16_measure_their_plan_and_the_plan_command_agrees() {
+    let data = small_text("plan");
+    for (precision, scaler) in [("bf16", None), ("fp16", Some("deepspeed"))] {
+        let mut extra = vec!["--precision", precision];
+        extra.extend(scaler.iter().flat_map(|s| ["--loss-scaler", *s]));
+        let run = train(&data, &extra);
+        let rank = &run["ranks"][0];
+        assert_eq!(rank["planned"], rank["measured"], "{precision}");
+        let mut plan_args = vec!["plan", "--train", "--runtime", "frugal", "--json"];
+        plan_args.extend(SHAPE);
+        plan_args.extend(["--precision", precision, "--attention", "eager"]);
+        let plan = json(&frugal(&plan_args));
+        let fields = [
+            "params_bytes",
+            "grads_bytes",
+            "optimizer_bytes",
+            "peak_bytes",
+        ];
+        for f in fields {
+            assert_eq!(plan["per_device"][f], rank["planned"][f], "{precision} {f}");
+        }
+        let z = &run["zero"];
+        assert_eq!(
+            z["model_state_bytes"], z["sixteen_psi_over_n_bytes"],
+            "16 bytes/param"
+        );
+        let p = &run["precision"];
+        assert_eq!(p["precision"], precision);
+        if precision == "fp16" {
+            assert_eq!(p["loss_scaler"], "deepspeed");
+            assert_eq!(p["loss_scale"], 65536.0);
+            assert_eq!(p["skipped_steps"], 0);
+            let u = &p["underflow"];
+            assert!(u["values"].as_u64().unwrap() > 0, "{u}");
+            assert!(
+                u["flushed_to_zero_fraction"].as_f64().unwrap() < 0.01,
+                "{u}"
+            );
+        } else {
+            assert!(p["loss_scale"].is_null());
+        }
+    }
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = frugal(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+#[test]
+fn bad_precisions_and_scalers_exit_2() {
+    let base = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "1",
+        "--seq",
+        "8",
+    ];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    fails_with(&with(&["--precision", "fp8"]), "invalid --precision fp8");
+    let bad_scaler = ["--precision", "fp16", "--loss-scaler", "apex"];
+    fails_with(&with(&bad_scaler), "invalid --loss-scaler apex");
+    let bf16_scaler = ["--precision", "bf16", "--loss-scaler", "torch"];
+    fails_with(&with(&bf16_scaler), "needs --precision fp16");
+    fails_with(&with(&["--loss-scaler", "torch"]), "needs --precision fp16");
+    let snap = [
+        "--precision",
+        "bf16",
+        "--save-every",
+        "1",
+        "--out",
+        "/tmp/x",
+    ];
+    fails_with(&with(&snap), "not supported yet");
+    let sgd = ["--precision", "bf16", "--optimizer", "sgd"];
+    fails_with(&with(&sgd), "adamw");
+}
