@@ -17,6 +17,7 @@
 //! assert_eq!((out[0], att[0]), (2.5, 1.0));
 //! ```
 
+use crate::fastmath::{exp_shifted_sum, row_max};
 use crate::par::SyncPtr;
 use crate::Real;
 use faer::linalg::matmul::matmul;
@@ -117,12 +118,9 @@ pub fn forward(
 /// Softmax over `row[..=ti]` in place; zeroes the masked tail `row[ti+1..]`.
 fn causal_softmax_row(row: &mut [f32], ti: usize) {
     let (live, masked) = row.split_at_mut(ti + 1);
-    let max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let mut sum = 0.0f32;
-    for x in live.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
+    // Vectorised max and exp (fastmath::exp, <= 2 ulp), row sum in f64 lanes.
+    let max = row_max(live);
+    let sum = exp_shifted_sum(live, max) as f32;
     let inv = 1.0 / sum;
     live.iter_mut().for_each(|x| *x *= inv);
     masked.fill(0.0);

@@ -15,7 +15,7 @@
 //! assert!((sum - 2f32.ln()).abs() < 1e-6);
 //! ```
 
-use crate::fastmath::{self, simd_fn};
+use crate::fastmath::{exp_shifted_sum, row_max, simd_fn};
 use crate::matmul::{gemm, view, view_mut};
 use crate::Real;
 use faer::Accum;
@@ -177,55 +177,6 @@ fn softmax_xent_rows(
             *loss as f64
         })
         .sum()
-}
-
-/// SIMD lanes the row loops keep separate partial results in (a multiple of every width used).
-const LANES: usize = 16;
-
-simd_fn! {
-    /// Largest element of a row (NaNs skipped here; they surface through the exp sum).
-    fn row_max(row: &[f32]) -> f32 = row_max_body;
-}
-
-#[inline(always)]
-fn row_max_body<const FMA: bool>(row: &[f32]) -> f32 {
-    let larger = |a: f32, b: f32| if b > a { b } else { a };
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &x| larger(m, x));
-    for c in chunks {
-        for j in 0..LANES {
-            acc[j] = larger(acc[j], c[j]);
-        }
-    }
-    acc.iter().fold(tail, |m, &x| larger(m, x))
-}
-
-simd_fn! {
-    /// row[i] = exp(row[i] - max); returns the sum, accumulated in f64 lanes.
-    fn exp_shifted_sum(row: &mut [f32], max: f32) -> f64 = exp_shifted_sum_body;
-}
-
-#[inline(always)]
-fn exp_shifted_sum_body<const FMA: bool>(row: &mut [f32], max: f32) -> f64 {
-    let mut acc = [0.0f64; LANES];
-    let mut chunks = row.chunks_exact_mut(LANES);
-    for c in &mut chunks {
-        for j in 0..LANES {
-            let e = fastmath::exp_with::<FMA>(c[j] - max);
-            c[j] = e;
-            acc[j] += e as f64;
-        }
-    }
-    let mut sum = 0.0f64;
-    for x in chunks.into_remainder() {
-        *x = fastmath::exp_with::<FMA>(*x - max);
-        sum += *x as f64;
-    }
-    acc.iter().sum::<f64>() + sum
 }
 
 simd_fn! {

@@ -14,7 +14,8 @@
 //!   |x|; NaN stays NaN. (Eigen's 13/6 rational approximation, tried first, is a little cheaper
 //!   but measured 4.5e-7 and overshoots to 1.0000001.)
 //!
-//! Not here: reductions and kernels themselves (classifier, gelu call these).
+//! Also the two row reductions softmaxes share (`row_max`, `exp_shifted_sum`). Not here: the
+//! kernels themselves (classifier, attention, gelu call these).
 //!
 //! ```
 //! let e = kernels::fastmath::exp(1.0);
@@ -202,6 +203,55 @@ pub fn tanh_with<const FMA: bool>(x: f32) -> f32 {
     } else {
         large
     }
+}
+
+/// SIMD lanes the row loops keep separate partial results in (a multiple of every width used).
+const LANES: usize = 16;
+
+simd_fn! {
+    /// Largest element of a row (NaNs skipped here; they surface through the exp sum).
+    pub(crate) fn row_max(row: &[f32]) -> f32 = row_max_body;
+}
+
+#[inline(always)]
+fn row_max_body<const FMA: bool>(row: &[f32]) -> f32 {
+    let larger = |a: f32, b: f32| if b > a { b } else { a };
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| larger(m, x));
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] = larger(acc[j], c[j]);
+        }
+    }
+    acc.iter().fold(tail, |m, &x| larger(m, x))
+}
+
+simd_fn! {
+    /// row[i] = exp(row[i] - max); returns the sum, accumulated in f64 lanes.
+    pub(crate) fn exp_shifted_sum(row: &mut [f32], max: f32) -> f64 = exp_shifted_sum_body;
+}
+
+#[inline(always)]
+fn exp_shifted_sum_body<const FMA: bool>(row: &mut [f32], max: f32) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for j in 0..LANES {
+            let e = exp_with::<FMA>(c[j] - max);
+            c[j] = e;
+            acc[j] += e as f64;
+        }
+    }
+    let mut sum = 0.0f64;
+    for x in chunks.into_remainder() {
+        *x = exp_with::<FMA>(*x - max);
+        sum += *x as f64;
+    }
+    acc.iter().sum::<f64>() + sum
 }
 
 #[cfg(test)]
