@@ -113,7 +113,9 @@ pub struct Args {
     /// Attention kernel: naive (also spelled eager) or flash.
     #[arg(long, default_value = "naive")]
     pub attention: String,
-    /// Offload: none (optimizer comes later).
+    /// Offload: none, optimizer (bf16/fp16 master weights and Adam moments in host RAM, stepped
+    /// there) or optimizer:disk[=PATH] (in a memory-mapped file; default <--out>/ or the temp
+    /// directory).
     #[arg(long, default_value = "none")]
     pub offload: String,
     /// Save a snapshot every N steps into --out DIR/step-NNNNNN/ (weights, each rank's optimizer
@@ -131,13 +133,7 @@ pub struct Args {
 
 /// Refuses option values the engine does not run yet: never a silent downgrade.
 fn check_not_yet(args: &Args) -> anyhow::Result<()> {
-    let refuse = |flag: &str, value: &str, ok: &str| {
-        bail!("{flag} {value} is not supported by the engine yet (supported: {ok})")
-    };
     zero::check_flags(args)?;
-    if args.offload != "none" {
-        refuse("--offload", &args.offload, "none")?;
-    }
     precision::check_flags(args)?;
     snapshot::check_flags(args)
 }

@@ -82,6 +82,39 @@ fn bf16_and_fp16_measure_their_plan_and_the_plan_command_agrees() {
     }
 }
 
+#[test]
+fn offload_moves_the_optimizer_off_the_device_by_the_plans_bytes() {
+    let data = small_text("offload");
+    let base = train(&data, &["--precision", "bf16"]);
+    let device_peak = base["ranks"][0]["measured"]["peak_bytes"].as_u64().unwrap();
+    let dir = std::env::temp_dir().join(format!("frugal-prec-off-{}", std::process::id()));
+    let out = dir.display().to_string();
+    for mode in ["optimizer", "optimizer:disk"] {
+        let run = train(
+            &data,
+            &["--precision", "bf16", "--offload", mode, "--out", &out],
+        );
+        let rank = &run["ranks"][0];
+        assert_eq!(rank["planned"], rank["measured"], "{mode}");
+        let off = &run["offload"];
+        let host = off["planned_host_bytes"].as_u64().unwrap();
+        let peak = rank["measured"]["peak_bytes"].as_u64().unwrap();
+        assert_eq!(
+            device_peak - peak,
+            host,
+            "{mode}: the device drops the host's bytes"
+        );
+        assert_eq!(rank["measured"]["optimizer_bytes"], 0);
+        assert!(off["host_store_bytes"].as_u64().unwrap() >= host, "{off}");
+        assert_eq!(off["path"].is_null(), mode == "optimizer", "{off}");
+        assert_eq!(
+            run["loss_last"], base["loss_last"],
+            "{mode}: same arithmetic"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn fails_with(args: &[&str], needle: &str) {
     let out = frugal(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -116,6 +149,10 @@ fn bad_precisions_and_scalers_exit_2() {
         "/tmp/x",
     ];
     fails_with(&with(&snap), "not supported yet");
+    fails_with(&with(&["--offload", "optimizer"]), "needs --precision bf16");
+    let empty = ["--precision", "bf16", "--offload", "optimizer:disk="];
+    fails_with(&with(&empty), "invalid --offload optimizer:disk=");
+    fails_with(&with(&["--offload", "gpu"]), "invalid --offload gpu");
     let sgd = ["--precision", "bf16", "--optimizer", "sgd"];
     fails_with(&with(&sgd), "adamw");
 }

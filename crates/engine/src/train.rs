@@ -15,9 +15,10 @@ use crate::arena::{Arena, BufId, Measured};
 use crate::config::ModelConfig;
 use crate::error::EngineError;
 use crate::model::Model;
+use crate::offload::OffloadStore;
 use crate::optim::{self, OptimizerKind, Schedule};
 use crate::precision::update::{self as half_update, MasterState};
-use crate::precision::{LossScaler, ScalerConfig, StepDecision};
+use crate::precision::{LossScaler, MasterStep, ScalerConfig, StepDecision};
 use crate::zero::{Half, Pass, Sharding};
 use crate::{backward, forward};
 use plan::buffer::{Device, MemoryPlan, Phase};
@@ -95,7 +96,12 @@ pub struct Mixed {
     pub precision: Precision,
     /// fp16 only: the dynamic loss scaler's settings (torch or DeepSpeed defaults).
     pub loss_scaler: Option<ScalerConfig>,
+    /// `Offload::Optimizer` (bf16/fp16): master weights and Adam moments live on the host,
+    /// where the optimizer steps them.
     pub offload: Offload,
+    /// With `Offload::Optimizer`: keep them in a memory-mapped file created here (it must not
+    /// exist) instead of host RAM.
+    pub offload_path: Option<std::path::PathBuf>,
 }
 
 impl Mixed {
@@ -104,6 +110,7 @@ impl Mixed {
             precision: Precision::Fp32,
             loss_scaler: None,
             offload: Offload::None,
+            offload_path: None,
         }
     }
 
@@ -120,7 +127,7 @@ impl Mixed {
         Mixed {
             precision: Precision::Fp16,
             loss_scaler: Some(scaler),
-            offload: Offload::None,
+            ..Mixed::fp32()
         }
     }
 }
@@ -172,8 +179,10 @@ pub struct Trainer {
     pub mixed: Mixed,
     /// fp16: the dynamic loss scaler.
     pub scaler: Option<LossScaler>,
-    /// bf16/fp16: each unit's master weights and Adam moments.
+    /// bf16/fp16: each unit's master weights and Adam moments (empty when offloaded).
     pub(crate) masters: Vec<MasterState>,
+    /// `--offload optimizer`: master weights and Adam moments on the host (RAM or a file).
+    pub offload: Option<OffloadStore>,
     /// Steps skipped on an overflow so far.
     pub skipped_steps: u64,
     last_skipped: bool,
@@ -262,14 +271,21 @@ impl Trainer {
         };
         let policy = plan::frugal::ActPolicy::of(&setup);
         let model = Model::new(config.model.clone(), units, &arena, act_shape, policy);
-        let opt_state = optim::state_ids(&model, &arena, config.optimizer);
+        let opt_state = match mixed.offload {
+            Offload::None => optim::state_ids(&model, &arena, config.optimizer),
+            _ => Vec::new(),
+        };
         for ids in &opt_state {
             ids.iter().for_each(|&id| arena.f32_mut(id).fill(0.0));
         }
         let half = Half::of(mixed.precision);
-        let masters = match half {
-            Some(_) => master_states(&model, &arena),
-            None => Vec::new(),
+        let offload = match mixed.offload {
+            Offload::Optimizer => Some(offload_store(&model, zero, world, &mixed)?),
+            _ => None,
+        };
+        let masters = match (half, &offload) {
+            (Some(_), None) => master_states(&model, &arena),
+            _ => Vec::new(),
         };
         let sharding = Sharding::new(zero, half, rank, world, &model, &arena);
         Ok(Trainer {
@@ -286,6 +302,7 @@ impl Trainer {
             mixed,
             scaler,
             masters,
+            offload,
             skipped_steps: 0,
             last_skipped: false,
         })
@@ -583,18 +600,22 @@ impl Trainer {
         let slices: Vec<_> = (0..model.units.len())
             .map(|u| self.sharding.update_slice(model, u))
             .collect();
-        let t = (self.step + 1) as u32;
-        let multiplier = clip / used_scale;
-        half_update::master_update(
-            model,
-            arena,
-            half,
-            &self.masters,
-            &slices,
+        let k = MasterStep {
             opt,
-            multiplier,
-            t,
-        );
+            step: (self.step + 1) as u32,
+            grad_multiplier: clip / used_scale,
+        };
+        match self.offload.as_mut() {
+            // On a GPU the 2-byte gradient slice would be copied to the host here and the
+            // working copy back after; on this CPU engine both sides are RAM.
+            Some(store) => {
+                for (u, s) in slices.iter().enumerate() {
+                    let unit = &model.units[u];
+                    half_update::unit_update(unit, s, arena, half, store.unit(u), k);
+                }
+            }
+            None => half_update::master_update(model, arena, half, &self.masters, &slices, k),
+        }
         let comm = self.comm.as_deref_mut();
         self.sharding.after_update(model, arena, comm)?;
         Ok(norm)
@@ -646,4 +667,26 @@ fn master_states(model: &Model, arena: &Arena) -> Vec<MasterState> {
             }
         })
         .collect()
+}
+
+/// The host store of every unit's master weights and Adam moments (this rank's part: whole
+/// units at stage 0, shards above), in RAM or in `mixed.offload_path`'s file.
+fn offload_store(
+    model: &Model,
+    zero: ZeroStage,
+    world: usize,
+    mixed: &Mixed,
+) -> Result<OffloadStore, EngineError> {
+    let numels: Vec<u64> = model
+        .units
+        .iter()
+        .map(|u| match zero {
+            ZeroStage::Zero0 => u.padded_numel,
+            _ => plan::frugal::shards::shard_numel(u, world as u32),
+        })
+        .collect();
+    Ok(match &mixed.offload_path {
+        Some(path) => OffloadStore::on_disk(path, &numels)?,
+        None => OffloadStore::in_memory(&numels),
+    })
 }

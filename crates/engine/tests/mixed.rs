@@ -14,6 +14,10 @@
 //! these gradients far from its subnormals, hence its smaller gap. 0.01 leaves ~6× headroom. The stages of
 //! one precision on 2 ranks are bit-identical to each other (the same sums in the same order).
 //!
+//! Offload: master weights and Adam moments in host RAM or a memory-mapped file give the same
+//! bits as on the device; the device peak drops by exactly 12 bytes per optimizer element, which
+//! the plan then counts on the host.
+//!
 //! Overflow: an fp16 gradient forced to infinity skips the step on every rank, halves the scale
 //! (torch) and leaves master weights, Adam moments and the working copy as they were.
 
@@ -252,4 +256,83 @@ fn every_stage_measures_its_plan_and_agrees_bit_for_bit_on_two_ranks() {
         }
         run(&mixed, 1, ZeroStage::Zero0, 1);
     }
+}
+
+fn offloaded(mut m: Mixed, path: Option<std::path::PathBuf>) -> Mixed {
+    m.offload = plan::setup::Offload::Optimizer;
+    m.offload_path = path;
+    m
+}
+
+#[test]
+fn offloading_the_optimizer_moves_12_bytes_per_element_to_the_host_and_changes_no_bit() {
+    for zero in [ZeroStage::Zero0, ZeroStage::Zero1, ZeroStage::Zero3] {
+        let on_device = run(&Mixed::bf16(), 2, zero, 2);
+        let on_host = run(&offloaded(Mixed::bf16(), None), 2, zero, 2);
+        assert_eq!(
+            on_host, on_device,
+            "{zero:?}: offload is the same arithmetic"
+        );
+        let mut c = cfg();
+        (c.batch, c.ranks) = (ROWS / 2, 2);
+        let device = engine::train::check_capacity_mixed(&c, zero, &Mixed::bf16()).unwrap();
+        let mixed = offloaded(Mixed::bf16(), None);
+        let host = engine::train::check_capacity_mixed(&c, zero, &mixed).unwrap();
+        let units = plan::frugal::param_units(&c.model.shape, 2).unwrap();
+        let opt_elems: u64 = units
+            .iter()
+            .map(|u| match zero {
+                ZeroStage::Zero0 => u.padded_numel,
+                _ => plan::frugal::shards::shard_numel(u, 2),
+            })
+            .sum();
+        let drop = device.peak_bytes(Device::Gpu) - host.peak_bytes(Device::Gpu);
+        assert_eq!(
+            drop,
+            12 * opt_elems,
+            "{zero:?}: the device peak drops by 12 B/element"
+        );
+        assert_eq!(
+            host.peak_bytes(Device::Host),
+            12 * opt_elems,
+            "{zero:?}: host bytes"
+        );
+    }
+}
+
+#[test]
+fn the_optimizer_on_disk_gives_the_same_bits_and_refuses_an_existing_file() {
+    let dir = std::env::temp_dir().join(format!("frugal-mixed-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("optimizer_state.bin");
+    let _ = std::fs::remove_file(&path);
+    let fp16 = Mixed::fp16(torch());
+    let in_ram = run(&offloaded(fp16.clone(), None), 1, ZeroStage::Zero0, 3);
+    let on_disk = run(
+        &offloaded(fp16.clone(), Some(path.clone())),
+        1,
+        ZeroStage::Zero0,
+        3,
+    );
+    assert_eq!(on_disk, in_ram);
+    let t = Trainer::mixed(cfg(), None, ZeroStage::Zero0, offloaded(fp16.clone(), None)).unwrap();
+    let store = t.offload.as_ref().unwrap();
+    assert!(store.bytes() >= t.plan.peak_bytes(Device::Host));
+    assert!(!path.exists(), "the scratch file goes with its store");
+    std::fs::write(&path, b"someone's data").unwrap();
+    let err = Trainer::mixed(
+        cfg(),
+        None,
+        ZeroStage::Zero0,
+        offloaded(fp16, Some(path.clone())),
+    )
+    .err()
+    .expect("an existing file is never overwritten");
+    assert!(matches!(err, EngineError::Offload(_)), "{err}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone's data");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

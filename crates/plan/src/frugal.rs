@@ -65,8 +65,20 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
             "every:0 keeps no block input; use every:K with K >= 1".into(),
         ));
     }
-    if setup.offload != Offload::None {
-        return Err(unsupported("offload (--offload none)"));
+    match (setup.offload, setup.precision) {
+        (Offload::None, _) => {}
+        (Offload::Optimizer, Precision::Bf16 | Precision::Fp16) => {}
+        (Offload::Optimizer, _) => {
+            return Err(unsupported(
+                "optimizer offload with fp32 weights (the host steps fp32 master weights: use \
+                 --precision bf16 or fp16 with --offload optimizer)",
+            ))
+        }
+        (Offload::Params, _) => {
+            return Err(unsupported(
+                "parameter offload (use --offload none or optimizer)",
+            ))
+        }
     }
     if setup.lora.is_some() {
         return Err(unsupported("LoRA"));
@@ -242,8 +254,17 @@ mod tests {
             training_plan(&model, &s),
             Err(PlanError::Unsupported { .. })
         ));
+        (s.precision, s.offload) = (Precision::Fp32, Offload::Optimizer);
+        let fp32_offload = training_plan(&model, &s).unwrap_err().to_string();
+        assert!(fp32_offload.contains("--precision bf16"), "{fp32_offload}");
         s.precision = Precision::Bf16;
         assert!(training_plan(&model, &s).is_ok());
+        s.offload = Offload::Params;
+        assert!(matches!(
+            training_plan(&model, &s),
+            Err(PlanError::Unsupported { .. })
+        ));
+        s.offload = Offload::None;
         s.optimizer = Optimizer::Sgd;
         assert!(matches!(
             training_plan(&model, &s),

@@ -10,16 +10,17 @@
 //! fraction of gradient values fp16 flushed to zero or left subnormal.
 
 use super::Args;
-use anyhow::bail;
+use anyhow::{bail, Context};
 use engine::precision::{DeepSpeedScaling, ScalerConfig, TorchScaling};
 use engine::train::Mixed;
 use engine::{StepStats, Trainer};
 use plan::setup::{Offload, Precision};
 use serde_json::{json, Value};
+use std::path::PathBuf;
 
 /// The weight precision and loss scaler the flags ask for; bad values name the flag and the
 /// accepted ones.
-pub fn mixed(args: &Args) -> anyhow::Result<Mixed> {
+pub fn mixed(args: &Args, rank: usize) -> anyhow::Result<Mixed> {
     let precision = match args.precision.as_str() {
         "fp32" => Precision::Fp32,
         "bf16" => Precision::Bf16,
@@ -45,21 +46,92 @@ pub fn mixed(args: &Args) -> anyhow::Result<Mixed> {
         ),
         (None, _) => None,
     };
-    let offload = match args.offload.as_str() {
-        "none" => Offload::None,
-        other => bail!("--offload {other} is not supported by the engine yet (supported: none)"),
-    };
+    let (offload, offload_path) = offload(args, rank)?;
+    if offload != Offload::None && precision == Precision::Fp32 {
+        bail!(
+            "--offload {} needs --precision bf16 or fp16: the host steps fp32 master weights of \
+             2-byte working weights",
+            args.offload
+        );
+    }
     Ok(Mixed {
         precision,
         loss_scaler,
         offload,
+        offload_path,
     })
+}
+
+/// `--offload none|optimizer|optimizer:disk[=PATH]`: the disk file defaults to
+/// `<--out>/optimizer_state.rank<R>.bin`, or the temp directory without `--out`.
+fn offload(args: &Args, rank: usize) -> anyhow::Result<(Offload, Option<PathBuf>)> {
+    let name = format!("optimizer_state.rank{rank}.bin");
+    Ok(match args.offload.as_str() {
+        "none" => (Offload::None, None),
+        "optimizer" => (Offload::Optimizer, None),
+        "optimizer:disk" => {
+            let path = match &args.out {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("creating --out {}", dir.display()))?;
+                    dir.join(name)
+                }
+                None => std::env::temp_dir().join(format!("frugal-{}-{name}", std::process::id())),
+            };
+            (Offload::Optimizer, Some(path))
+        }
+        other => match other.strip_prefix("optimizer:disk=") {
+            Some(path) if !path.is_empty() => {
+                let path = PathBuf::from(path);
+                let path = if args.ranks > 1 {
+                    path.with_extension(format!("rank{rank}.bin"))
+                } else {
+                    path
+                };
+                (Offload::Optimizer, Some(path))
+            }
+            _ => bail!(
+                "invalid --offload {other}: use none, optimizer (host RAM) or optimizer:disk[=PATH] \
+                 (a memory-mapped file)"
+            ),
+        },
+    })
+}
+
+/// The report's `offload` object: the host bytes the plan counts and the store holds.
+pub fn offload_json(t: &Trainer) -> Value {
+    let Some(store) = t.offload.as_ref() else {
+        return Value::Null;
+    };
+    json!({
+        "planned_host_bytes": t.plan.peak_bytes(plan::buffer::Device::Host),
+        "host_store_bytes": store.bytes(),
+        "path": store.path().map(|p| p.display().to_string()),
+    })
+}
+
+/// The report's offload line (empty without offload).
+pub fn offload_line(t: &Trainer) -> String {
+    let Some(store) = t.offload.as_ref() else {
+        return String::new();
+    };
+    let planned = t.plan.peak_bytes(plan::buffer::Device::Host);
+    let place = match store.path() {
+        Some(p) => format!("in {}", p.display()),
+        None => "in host RAM".into(),
+    };
+    format!(
+        "optimizer offloaded {place}: master weights, m and v {} planned, {} held (each unit \
+         rounded up to 64 bytes)\n",
+        crate::output::human_bytes(planned),
+        crate::output::human_bytes(store.bytes())
+    )
 }
 
 /// Refuses what 2-byte runs cannot do yet: snapshots (they save fp32 weights and Adam state,
 /// not master weights) — never a silent fp32 fallback.
 pub fn check_flags(args: &Args) -> anyhow::Result<()> {
-    let m = mixed(args)?;
+    let m = mixed(args, 0)?;
     if m.precision != Precision::Fp32 && (args.save_every.is_some() || args.resume.is_some()) {
         bail!(
             "--precision {} with --save-every/--resume is not supported yet: snapshots hold fp32 \

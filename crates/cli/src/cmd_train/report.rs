@@ -149,6 +149,7 @@ pub fn json(s: &Summary<'_>) -> String {
         "ranks": ranks,
         "zero": zero_json(&model_state(s.trainers[0])),
         "precision": super::precision::json(s.trainers[0]),
+        "offload": super::precision::offload_json(s.trainers[0]),
         "sample": s.sample,
     });
     serde_json::to_string_pretty(&v).expect("a JSON value serialises")
@@ -250,6 +251,7 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
     }
     out.push_str(&zero_lines(&model_state(t)));
     out.push_str(&super::precision::line(t));
+    out.push_str(&super::precision::offload_line(t));
     if let Some(sample) = s.sample {
         out.push_str(&format!("\nsample:\n{sample}\n"));
     }

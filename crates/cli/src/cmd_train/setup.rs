@@ -170,7 +170,7 @@ pub fn build_rank(
         .val_batches(data::BatchShape::single(b, t))
         .context("the validation split is too short for one batch: lower --batch or --seq")?;
     let config = shared.config.clone();
-    let mixed = super::precision::mixed(args)?;
+    let mixed = super::precision::mixed(args, comm.as_ref().map_or(0, |c| c.rank()))?;
     let mut trainer = Trainer::mixed(config, comm, super::zero::stage(args)?, mixed)?;
     trainer.init_weights(args.seed);
     if let Some(path) = &shared.weights {

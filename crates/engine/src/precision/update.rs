@@ -6,14 +6,17 @@
 //! said whether it found an overflow) nor move bytes between ranks (`zero::Sharding`).
 //!
 //! Example: `let (sum_sq, inf) = grad_stats(arena, half, &slices);` then, unless skipped,
-//! `master_update(model, arena, half, &states, &slices, opt, multiplier, t)`.
+//! `master_update(model, arena, half, &states, &slices, step)` (or `unit_update` per unit with
+//! the offload store's `UnitState`).
 
 use super::master::{adamw_master_step, Grads, MasterStep, Working};
 use crate::arena::{Arena, BufId};
 use crate::model::{view_range, Model};
+use crate::offload::UnitState;
 use crate::optim::UnitSlice;
 use crate::zero::{as_f16, as_f16_mut, Half};
 use kernels::adamw::AdamW;
+use plan::frugal::units::Unit;
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 14;
@@ -57,29 +60,47 @@ pub struct MasterState {
     pub v: BufId,
 }
 
-/// One AdamW step of every slice: `master`, `m`, `v` cover the slice's elements; gradients are
-/// multiplied by `grad_multiplier` (1 / loss scale × clip factor) first; the working copy gets
-/// the new master weights rounded. Matrices decay, vectors do not (as `optim::update_slices`).
-#[allow(clippy::too_many_arguments)]
+/// One AdamW step of every slice, with master weights and moments in the device arena.
 pub fn master_update(
     model: &Model,
     arena: &Arena,
     half: Half,
     states: &[MasterState],
     slices: &[UnitSlice],
-    opt: AdamW,
-    grad_multiplier: f32,
-    step: u32,
+    k: MasterStep,
 ) {
     for (u, (unit, s)) in model.units.iter().zip(slices).enumerate() {
-        let mut params = arena.bf16_mut(s.params);
-        let grads = arena.bf16(s.grads);
         let st = states[u];
         let (mut master, mut m, mut v) = (
             arena.f32_mut(st.master),
             arena.f32_mut(st.m),
             arena.f32_mut(st.v),
         );
+        let state = UnitState {
+            master: &mut master,
+            m: &mut m,
+            v: &mut v,
+        };
+        unit_update(unit, s, arena, half, state, k);
+    }
+}
+
+/// One AdamW step of one unit's slice `s`: `state` covers the slice's elements (in the device
+/// arena or the host offload store); gradients are multiplied by `k.grad_multiplier`
+/// (1 / loss scale × clip factor) first; the working copy gets the new master weights rounded.
+/// Matrices decay, vectors do not (as `optim::update_slices`).
+pub fn unit_update(
+    unit: &Unit,
+    s: &UnitSlice,
+    arena: &Arena,
+    half: Half,
+    state: UnitState<'_>,
+    k: MasterStep,
+) {
+    let (master, m, v) = (state.master, state.m, state.v);
+    let mut params = arena.bf16_mut(s.params);
+    let grads = arena.bf16(s.grads);
+    {
         for view in &unit.views {
             let r = view_range(view);
             let (lo, hi) = (r.start.max(s.base), r.end.min(s.base + s.len));
@@ -91,14 +112,10 @@ pub fn master_update(
             let g = &grads[s.grads_at + l.start..s.grads_at + l.end];
             let decays = view.shape.len() == 2;
             let opt = AdamW {
-                weight_decay: if decays { opt.weight_decay } else { 0.0 },
-                ..opt
+                weight_decay: if decays { k.opt.weight_decay } else { 0.0 },
+                ..k.opt
             };
-            let step = MasterStep {
-                opt,
-                step,
-                grad_multiplier,
-            };
+            let step = MasterStep { opt, ..k };
             let (g, w) = match half {
                 Half::Bf16 => (Grads::Bf16(g), Working::Bf16(p)),
                 Half::F16 => (Grads::F16(as_f16(g)), Working::F16(as_f16_mut(p))),

@@ -48,9 +48,13 @@ impl Trainer {
                 ZeroStage::Zero0 => &full[..],
                 _ => &full[shard.clone()],
             };
-            self.arena
-                .f32_mut(self.masters[u].master)
-                .copy_from_slice(master);
+            match self.offload.as_mut() {
+                Some(store) => store.unit(u).master.copy_from_slice(master),
+                None => self
+                    .arena
+                    .f32_mut(self.masters[u].master)
+                    .copy_from_slice(master),
+            }
             let (id, working) = match stage {
                 ZeroStage::Zero3 => (self.sharding.param_shards()[u], &full[shard]),
                 _ => (self.sharding.param_store[u], &full[..]),
@@ -66,11 +70,18 @@ impl Trainer {
         if self.sharding.half.is_some() {
             let mut out = Vec::with_capacity(n_units);
             for u in 0..n_units {
-                let master = self.arena.f32(self.masters[u].master);
+                let in_arena;
+                let master: &[f32] = match self.offload.as_mut() {
+                    Some(store) => store.unit(u).master,
+                    None => {
+                        in_arena = self.arena.f32(self.masters[u].master);
+                        &in_arena
+                    }
+                };
                 let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
                 match (self.sharding.stage, self.comm.as_deref_mut()) {
-                    (ZeroStage::Zero0, _) | (_, None) => full.copy_from_slice(&master),
-                    (_, Some(c)) => c.all_gather(Buf::F32(&master), BufMut::F32(&mut full))?,
+                    (ZeroStage::Zero0, _) | (_, None) => full.copy_from_slice(master),
+                    (_, Some(c)) => c.all_gather(Buf::F32(master), BufMut::F32(&mut full))?,
                 }
                 out.push(full);
             }
