@@ -1,0 +1,188 @@
+//! Mixed precision and optimizer offload in the trainer: the run's `Mixed` settings, the
+//! bf16/fp16 optimizer step (norm and overflow over the 2-byte gradients, the loss scaler's
+//! verdict, AdamW on the fp32 master weights in the arena or the host offload store), and the
+//! construction of the master-weight state.
+//!
+//! It does not move gradients between ranks (`zero::Sharding`) or touch the fp32 path.
+//!
+//! Example: `Trainer::mixed(cfg, None, ZeroStage::Zero0, Mixed::fp16(scaler))?`.
+
+use super::{TrainConfig, Trainer};
+use crate::arena::Arena;
+use crate::error::EngineError;
+use crate::model::Model;
+use crate::offload::OffloadStore;
+use crate::optim::OptimizerKind;
+use crate::precision::update::{self as half_update, MasterState};
+use crate::precision::{MasterStep, ScalerConfig, StepDecision};
+use crate::zero::Half;
+use plan::setup::{Offload, Precision, TrainSetup, ZeroStage};
+
+/// Weight precision and offload of a run (`Mixed::fp32()`: everything fp32, nothing offloaded).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mixed {
+    pub precision: Precision,
+    /// fp16 only: the dynamic loss scaler's settings (torch or DeepSpeed defaults).
+    pub loss_scaler: Option<ScalerConfig>,
+    /// `Offload::Optimizer` (bf16/fp16): master weights and Adam moments live on the host,
+    /// where the optimizer steps them.
+    pub offload: Offload,
+    /// With `Offload::Optimizer`: keep them in a memory-mapped file created here (it must not
+    /// exist) instead of host RAM.
+    pub offload_path: Option<std::path::PathBuf>,
+}
+
+impl Mixed {
+    pub fn fp32() -> Mixed {
+        Mixed {
+            precision: Precision::Fp32,
+            loss_scaler: None,
+            offload: Offload::None,
+            offload_path: None,
+        }
+    }
+
+    /// bf16 weights and gradients, fp32 master weights, no loss scaling.
+    pub fn bf16() -> Mixed {
+        Mixed {
+            precision: Precision::Bf16,
+            ..Mixed::fp32()
+        }
+    }
+
+    /// fp16 weights and gradients, fp32 master weights, `scaler`'s dynamic loss scaling.
+    pub fn fp16(scaler: ScalerConfig) -> Mixed {
+        Mixed {
+            precision: Precision::Fp16,
+            loss_scaler: Some(scaler),
+            ..Mixed::fp32()
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The planner's view of this run at ZeRO stage `zero` with `mixed`'s precision and offload.
+    pub fn setup_mixed(&self, zero: ZeroStage, mixed: &Mixed) -> TrainSetup {
+        TrainSetup {
+            precision: mixed.precision,
+            offload: mixed.offload,
+            ..self.setup_at(zero)
+        }
+    }
+}
+
+impl Trainer {
+    /// The bf16/fp16 update: norm and overflow over the 2-byte gradients (every rank agrees on
+    /// both), the scaler's verdict (fp16: skip the step on an overflow anywhere), then AdamW on
+    /// the fp32 master weights, rounding the working copy. Returns the unscaled norm (NaN when
+    /// the step was skipped).
+    pub(super) fn apply_half_update(&mut self, lr: f32, half: Half) -> Result<f32, EngineError> {
+        self.last_skipped = false;
+        let norm_slices = self.sharding.norm_slices(&self.model);
+        let (mut sum_sq, mut found_inf) = half_update::grad_stats(&self.arena, half, &norm_slices);
+        if let Some(comm) = self.comm.as_mut() {
+            let hi = sum_sq as f32;
+            let mut words = [hi, (sum_sq - f64::from(hi)) as f32];
+            comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+            sum_sq = f64::from(words[0]) + f64::from(words[1]);
+            found_inf = comm.any(found_inf)?;
+        }
+        let used_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        if let Some(scaler) = self.scaler.as_mut() {
+            if scaler.update(found_inf)? == StepDecision::Skip {
+                self.skipped_steps += 1;
+                self.last_skipped = true;
+                return Ok(f32::NAN);
+            }
+        }
+        let norm = (sum_sq.sqrt() / f64::from(used_scale)) as f32;
+        if !norm.is_finite() {
+            return Err(EngineError::NonFiniteGradient {
+                step: self.step,
+                suggested_lr: self.config.schedule.lr / 10.0,
+            });
+        }
+        let clip = match self.config.grad_clip {
+            Some(max_norm) => (max_norm / (norm + 1e-6)).min(1.0),
+            None => 1.0,
+        };
+        let OptimizerKind::AdamW {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config.optimizer
+        else {
+            unreachable!("the plan refuses bf16/fp16 without AdamW");
+        };
+        let opt = kernels::adamw::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        };
+        let (model, arena) = (&self.model, &self.arena);
+        let slices: Vec<_> = (0..model.units.len())
+            .map(|u| self.sharding.update_slice(model, u))
+            .collect();
+        let k = MasterStep {
+            opt,
+            step: (self.step + 1) as u32,
+            grad_multiplier: clip / used_scale,
+        };
+        match self.offload.as_mut() {
+            // On a GPU the 2-byte gradient slice would be copied to the host here and the
+            // working copy back after; on this CPU engine both sides are RAM.
+            Some(store) => {
+                for (u, s) in slices.iter().enumerate() {
+                    let unit = &model.units[u];
+                    half_update::unit_update(unit, s, arena, half, store.unit(u), k);
+                }
+            }
+            None => half_update::master_update(model, arena, half, &self.masters, &slices, k),
+        }
+        let comm = self.comm.as_deref_mut();
+        self.sharding.after_update(model, arena, comm)?;
+        Ok(norm)
+    }
+}
+
+/// Arena ids of every unit's master weights and Adam moments (2-byte precisions).
+pub(super) fn master_states(model: &Model, arena: &Arena) -> Vec<MasterState> {
+    let opt = plan::setup::Optimizer::AdamW;
+    model
+        .units
+        .iter()
+        .map(|u| {
+            let names = plan::frugal::optimizer_buffer_names(opt, &u.name);
+            MasterState {
+                master: arena.id(&plan::frugal::shards::master_name(&u.name)),
+                m: arena.id(&names[0]),
+                v: arena.id(&names[1]),
+            }
+        })
+        .collect()
+}
+
+/// The host store of every unit's master weights and Adam moments (this rank's part: whole
+/// units at stage 0, shards above), in RAM or in `mixed.offload_path`'s file.
+pub(super) fn offload_store(
+    model: &Model,
+    zero: ZeroStage,
+    world: usize,
+    mixed: &Mixed,
+) -> Result<OffloadStore, EngineError> {
+    let numels: Vec<u64> = model
+        .units
+        .iter()
+        .map(|u| match zero {
+            ZeroStage::Zero0 => u.padded_numel,
+            _ => plan::frugal::shards::shard_numel(u, world as u32),
+        })
+        .collect();
+    Ok(match &mixed.offload_path {
+        Some(path) => OffloadStore::on_disk(path, &numels)?,
+        None => OffloadStore::in_memory(&numels),
+    })
+}
