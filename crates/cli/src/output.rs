@@ -118,7 +118,7 @@ mod tests {
         t.row(vec!["params".into(), "12".into()]);
         t.row(vec!["grads".into(), "1234".into()]);
         let text = t.render();
-        assert_eq!(text.lines().nth(2), Some("params    12"));
-        assert_eq!(text.lines().nth(3), Some("grads   1234"));
+        assert_eq!(text.lines().nth(2), Some("params     12"));
+        assert_eq!(text.lines().nth(3), Some("grads    1234"));
     }
 }
