@@ -6,11 +6,12 @@
 //! Example: inside `Head`, `backward::head(model, arena, dloss)` returns the summed loss; then
 //! `backward::block(model, arena, l)` in `Backward(l)` for l = L-1..0 and `backward::embed`.
 
-use crate::arena::Arena;
+use crate::arena::{Arena, BufId, View, ViewMut};
 use crate::forward::{block_input, final_norm};
 use crate::model::{split_ranges, view_range, Model};
 use kernels::{
-    attention, classifier, embedding, flash, gelu, layernorm, matmul, rmsnorm, rope, swiglu,
+    attention, classifier, convert, embedding, flash, gelu, layernorm, matmul, rmsnorm, rope,
+    swiglu,
 };
 use plan::frugal::units::{Role, Unit, UnitKind};
 
@@ -168,7 +169,8 @@ fn mlp<'a>(
         arena.f32_mut(h.dfch),
         arena.f32_mut(h.dfch_act),
     );
-    let (fch, fch_act, ln2) = (arena.f32(a.fch), arena.f32(a.fch_act), arena.f32(a.ln2));
+    let fch = arena.f32(a.fch);
+    let fch_act = matmul_input(model, arena, a.fch_act, n * f);
     dfch_act.fill(0.0);
     let (dw, db) = (g.take(Role::FcProjWeight), g.take_opt(Role::FcProjBias));
     matmul::backward(
@@ -182,6 +184,7 @@ fn mlp<'a>(
         f,
         c,
     );
+    drop(fch_act);
     dfch.fill(0.0);
     if model.is_gpt2() {
         gelu::backward(&mut dfch, &fch, &dfch_act);
@@ -190,7 +193,9 @@ fn mlp<'a>(
     }
     dln.fill(0.0);
     let (dw, db) = (g.take(Role::FcWeight), g.take_opt(Role::FcBias));
+    let ln2 = matmul_input(model, arena, a.ln2, n * c);
     matmul::backward(&mut dln, dw, db, &dfch, &ln2, w(Role::FcWeight), n, c, fc_w);
+    drop(ln2);
     let res2 = arena.f32(a.res2);
     let (mean, rstd) = (a.ln2_mean.map(|m| arena.f32(m)), arena.f32(a.ln2_rstd));
     let grad = NormGrad {
@@ -221,7 +226,10 @@ fn attention<'a>(
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
     let (a, h) = (model.blocks[layer], &model.head);
-    let (atty, qkv, ln1) = (arena.f32(a.atty), arena.f32(a.qkv), arena.f32(a.ln1));
+    let (atty, qkv) = (
+        matmul_input(model, arena, a.atty, n * atty_w),
+        arena.f32(a.qkv),
+    );
     let (mut datty, mut dqkv, mut dln) = (
         arena.f32_mut(h.datty),
         arena.f32_mut(h.dqkv),
@@ -263,8 +271,10 @@ fn attention<'a>(
             model.config.rope_theta,
         );
     }
+    drop(atty);
     dln.fill(0.0);
     let (dw, db) = (g.take(Role::QkvWeight), g.take_opt(Role::QkvBias));
+    let ln1 = matmul_input(model, arena, a.ln1, n * c);
     matmul::backward(
         &mut dln,
         dw,
@@ -289,6 +299,34 @@ fn attention<'a>(
         rstd: &rstd,
     };
     norm_backward(grad, n, c);
+}
+
+/// A saved matmul input as f32: the tensor itself, or (bf16 matmul inputs) widened into
+/// `work.f32`, which only one input may hold at a time.
+enum Input<'a> {
+    F32(View<'a, f32>),
+    Widened(ViewMut<'a, f32>, usize),
+}
+
+impl std::ops::Deref for Input<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Input::F32(v) => v,
+            Input::Widened(v, len) => &v[..*len],
+        }
+    }
+}
+
+fn matmul_input<'a>(model: &Model, arena: &'a Arena, id: BufId, len: usize) -> Input<'a> {
+    match model.head.work_f32 {
+        Some(work) if model.policy.bf16_matmul_inputs => {
+            let mut work = arena.f32_mut(work);
+            convert::bf16_to_f32(&mut work[..len], &arena.bf16(id)[..len]);
+            Input::Widened(work, len)
+        }
+        _ => Input::F32(arena.f32(id)),
+    }
 }
 
 /// Embedding backward: scatters `dact.residual` into the token (and position) table gradients.

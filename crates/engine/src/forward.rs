@@ -17,7 +17,8 @@
 use crate::arena::{Arena, BufId, View};
 use crate::model::{BlockActs, Model};
 use kernels::{
-    attention, embedding, flash, gelu, layernorm, matmul, residual, rmsnorm, rope, swiglu,
+    attention, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual, rmsnorm,
+    rope, swiglu,
 };
 use plan::frugal::acts::BlockDims;
 use plan::frugal::units::{Role, UnitKind};
@@ -151,10 +152,42 @@ impl<'a> Ctx<'a> {
             (Role::Norm2Weight, Role::Norm2Bias)
         };
         let inp = self.arena.f32(inp);
-        let mut out = self.arena.f32_mut(out);
         let (m, a, n, nc) = (self.model, self.arena, self.d.n as usize, self.nc());
         let (w, b) = (self.w(weight), self.bias(bias));
-        norm_forward(m, a, &mut out[..nc], stats, &inp[..nc], w, b, n);
+        self.produce(out, nc, |dst| {
+            norm_forward(m, a, dst, stats, &inp[..nc], w, b, n)
+        });
+    }
+
+    /// Runs the f32 kernel `write` into the first `len` elements of `out`: directly when `out` is
+    /// f32, else into `work.f32` and rounded once into the bf16 tensor.
+    fn produce(&self, out: BufId, len: usize, write: impl FnOnce(&mut [f32])) {
+        match self.model.head.work_f32 {
+            Some(work) if self.model.policy.bf16_matmul_inputs => {
+                let mut work = self.arena.f32_mut(work);
+                write(&mut work[..len]);
+                convert::f32_to_bf16(&mut self.arena.bf16_mut(out)[..len], &work[..len]);
+            }
+            _ => write(&mut self.arena.f32_mut(out)[..len]),
+        }
+    }
+
+    /// out (N,OC) = x (N,IC) W (+ b), where `x` is bf16 under bf16 matmul inputs: then the
+    /// GEMM is `gemm_bf16` (AVX-512 BF16 when the CPU has it) on W rounded to bf16, exact
+    /// because the f32 weights were widened from the bf16 working copy.
+    fn linear(&self, out: &mut [f32], x: BufId, roles: (Role, Role), n: usize, ic: usize) {
+        let oc = out.len() / n;
+        let (w, b) = (self.w(roles.0), self.bias(roles.1));
+        match self.model.head.work_w_bf16 {
+            Some(wb) if self.model.policy.bf16_matmul_inputs => {
+                let mut wb = self.arena.bf16_mut(wb);
+                let wb = &mut wb[..w.len()];
+                convert::f32_to_bf16(wb, w);
+                let x = self.arena.bf16(x);
+                gemm_bf16::forward(out, &x[..n * ic], wb, b, n, ic, oc);
+            }
+            _ => matmul::forward(out, &self.arena.f32(x)[..n * ic], w, b, n, ic, oc),
+        }
     }
 
     fn norm1(&self, inp: BufId, a: &BlockActs) {
@@ -177,11 +210,9 @@ impl<'a> Ctx<'a> {
     fn qkv(&self, a: &BlockActs) {
         let s = &self.model.config.shape;
         let (n, c, qkv_w) = (self.d.n as usize, self.d.c as usize, self.d.qkv as usize);
-        let ln1 = self.arena.f32(a.ln1);
         let mut qkv = self.arena.f32_mut(a.qkv);
         let qkv = &mut qkv[..n * qkv_w];
-        let (w, b) = (self.w(Role::QkvWeight), self.bias(Role::QkvBias));
-        matmul::forward(qkv, &ln1[..n * c], w, b, n, c, qkv_w);
+        self.linear(qkv, a.ln1, (Role::QkvWeight, Role::QkvBias), n, c);
         if !self.model.is_gpt2() {
             let (heads, hd) = ((s.n_heads + s.n_kv_heads) as usize, s.d_head as usize);
             let theta = self.model.config.rope_theta;
@@ -196,41 +227,38 @@ impl<'a> Ctx<'a> {
         let (n, b, t) = (self.d.n as usize, self.b, self.t);
         let qkv = self.arena.f32(a.qkv);
         let qkv = &qkv[..n * self.d.qkv as usize];
-        let mut atty = self.arena.f32_mut(a.atty);
-        let atty = &mut atty[..n * self.d.atty as usize];
-        match (a.att, a.lse) {
-            (Some(att), _) => {
-                let mut att = self.arena.f32_mut(att);
-                let att = &mut att[..self.d.att as usize];
-                attention::forward(atty, att, qkv, b, t, nh, nkv, hd);
+        self.produce(a.atty, n * self.d.atty as usize, |atty| {
+            match (a.att, a.lse) {
+                (Some(att), _) => {
+                    let mut att = self.arena.f32_mut(att);
+                    let att = &mut att[..self.d.att as usize];
+                    attention::forward(atty, att, qkv, b, t, nh, nkv, hd);
+                }
+                (None, Some(lse)) => {
+                    let mut lse = self.arena.f32_mut(lse);
+                    let lse = &mut lse[..self.d.lse as usize];
+                    flash::forward(atty, lse, qkv, b, t, nh, nkv, hd);
+                }
+                (None, None) => panic!("the plan keeps neither att nor lse"),
             }
-            (None, Some(lse)) => {
-                let mut lse = self.arena.f32_mut(lse);
-                let lse = &mut lse[..self.d.lse as usize];
-                flash::forward(atty, lse, qkv, b, t, nh, nkv, hd);
-            }
-            (None, None) => panic!("the plan keeps neither att nor lse"),
-        }
+        });
     }
 
     /// out = inp + x W (+ b): the projections back into the residual stream.
     fn project(&self, x: BufId, width: usize, inp: BufId, out: BufId, roles: (Role, Role)) {
-        let (n, c, nc) = (self.d.n as usize, self.d.c as usize, self.nc());
-        let x = self.arena.f32(x);
+        let (n, nc) = (self.d.n as usize, self.nc());
         let mut out = self.arena.f32_mut(out);
         let out = &mut out[..nc];
-        let (w, b) = (self.w(roles.0), self.bias(roles.1));
-        matmul::forward(out, &x[..n * width], w, b, n, width, c);
+        self.linear(out, x, roles, n, width);
         residual::accumulate(out, &self.arena.f32(inp)[..nc]);
     }
 
     /// fch = ln2 Wfc (+ b).
     fn fc(&self, a: &BlockActs) {
         let (n, c, fc_w) = (self.d.n as usize, self.d.c as usize, self.d.fc as usize);
-        let ln2 = self.arena.f32(a.ln2);
         let mut fch = self.arena.f32_mut(a.fch);
-        let (w, b) = (self.w(Role::FcWeight), self.bias(Role::FcBias));
-        matmul::forward(&mut fch[..n * fc_w], &ln2[..n * c], w, b, n, c, fc_w);
+        let roles = (Role::FcWeight, Role::FcBias);
+        self.linear(&mut fch[..n * fc_w], a.ln2, roles, n, c);
     }
 
     /// fch_act = GELU(fch) or SwiGLU(gate, up).
@@ -241,13 +269,15 @@ impl<'a> Ctx<'a> {
             self.d.fc_act as usize,
         );
         let fch = self.arena.f32(a.fch);
-        let mut act = self.arena.f32_mut(a.fch_act);
-        let (out, inp) = (&mut act[..n * f], &fch[..n * fc_w]);
-        if self.model.is_gpt2() {
-            gelu::forward(out, inp);
-        } else {
-            swiglu::forward(out, inp, n, f);
-        }
+        let inp = &fch[..n * fc_w];
+        let gpt2 = self.model.is_gpt2();
+        self.produce(a.fch_act, n * f, |out| {
+            if gpt2 {
+                gelu::forward(out, inp);
+            } else {
+                swiglu::forward(out, inp, n, f);
+            }
+        });
     }
 }
 

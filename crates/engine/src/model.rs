@@ -56,6 +56,11 @@ pub struct HeadActs {
     pub datty: BufId,
     pub dfch: BufId,
     pub dfch_act: BufId,
+    /// With bf16 matmul inputs: the f32 scratch their producers write before rounding, and
+    /// where the backward widens one back.
+    pub work_f32: Option<BufId>,
+    /// With bf16 matmul inputs: a block weight rounded to bf16 for `gemm_bf16`.
+    pub work_w_bf16: Option<BufId>,
 }
 
 /// Where everything of the model lives in the arena.
@@ -118,6 +123,8 @@ impl Model {
             datty: arena.id("dact.atty"),
             dfch: arena.id("dact.fch"),
             dfch_act: arena.id("dact.fch_act"),
+            work_f32: arena.try_id("work.f32"),
+            work_w_bf16: arena.try_id("work.w_bf16"),
         };
         Model {
             config,

@@ -5,13 +5,15 @@
 //! and the persistent model state is 2 + 2 + 12 = 16 bytes per parameter at stage 0 and the
 //! sharded counts above (params 2Ψ/N at stage 3, grads 2Ψ/N at 2-3, optimizer 12Ψ/N at 1-3).
 //!
-//! Accuracy: on gpt2-tiny with a fixed batch, 40 steps of bf16 and fp16 track fp32's losses
-//! within 0.01 nats at every step (measured: bf16 worst gap 0.0015, fp16 0.00026, from a loss
-//! falling from ~4.6 to ~3.09). Why 0.01: bf16 keeps 8 significant bits, so every weight the
-//! kernels read carries a relative error up to 2^-9 ≈ 0.2% and every gradient one more rounding;
-//! the master weights stay fp32, so the errors do not accumulate in the weights, and the loss
-//! gap stays near the per-step rounding noise; fp16 keeps 11 bits and a loss scale of 2^16 keeps
-//! these gradients far from its subnormals, hence its smaller gap. 0.01 leaves ~6× headroom. The stages of
+//! Accuracy: on gpt2-tiny with a fixed batch, 200 steps of bf16 and fp16 track fp32's losses
+//! within 0.02 nats at every step (measured: bf16 worst gap 0.0055, fp16 0.0044, from a loss
+//! falling from ~4.6 to ~0.13). bf16 also stores the matmul inputs (ln1, atty, ln2, fch_act) in
+//! bf16 and runs the forward GEMMs in bf16 (`gemm_bf16`). Why 0.02: bf16 keeps 8 significant
+//! bits, so every weight and matmul input carries a relative error up to 2^-9 ≈ 0.2% and every
+//! gradient one more rounding; the master weights stay fp32, so the errors do not accumulate in
+//! the weights, and the loss gap stays near the per-step rounding noise; fp16 keeps 11 bits and a
+//! loss scale of 2^16 keeps these gradients far from its subnormals. 0.02 leaves ~3.6× headroom.
+//! The stages of
 //! one precision on 2 ranks are bit-identical to each other (the same sums in the same order).
 //!
 //! Offload: master weights and Adam moments in host RAM or a memory-mapped file give the same
@@ -215,8 +217,8 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 }
 
 #[test]
-fn bf16_and_fp16_track_fp32_within_a_hundredth_of_a_nat() {
-    let steps = 40;
+fn bf16_and_fp16_track_fp32_within_two_hundredths_of_a_nat_over_200_steps() {
+    let steps = 200;
     let (fp32, _) = run(&Mixed::fp32(), 1, ZeroStage::Zero0, steps);
     assert!(fp32[steps - 1] < fp32[0] - 1.0, "fp32 learns: {fp32:?}");
     for mixed in [Mixed::bf16(), Mixed::fp16(torch())] {
@@ -233,7 +235,7 @@ fn bf16_and_fp16_track_fp32_within_a_hundredth_of_a_nat() {
             fp32[steps - 1]
         );
         assert!(
-            worst < 0.05,
+            worst < 0.02,
             "{:?} drifts {worst} from fp32",
             mixed.precision
         );

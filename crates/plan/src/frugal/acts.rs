@@ -25,7 +25,7 @@
 use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
 use crate::formula::segment_layers;
 use crate::model::Family;
-use crate::setup::{Attention, Recompute, TrainSetup};
+use crate::setup::{Attention, Precision, Recompute, TrainSetup};
 use crate::ModelShape;
 
 /// Rows of logits the fused classifier materialises at a time: enough rows for both cores to
@@ -45,6 +45,9 @@ pub struct ActShape {
 pub struct ActPolicy {
     pub recompute: Recompute,
     pub attention: Attention,
+    /// Whether the tensors that feed a matmul (`ln1`, `atty`, `ln2`, `fch_act`) are stored as
+    /// bf16 (`--precision bf16`): 2 bytes each, written through the f32 scratch `work.f32`.
+    pub bf16_matmul_inputs: bool,
 }
 
 impl ActPolicy {
@@ -52,12 +55,23 @@ impl ActPolicy {
     pub const PLAIN: ActPolicy = ActPolicy {
         recompute: Recompute::None,
         attention: Attention::Eager,
+        bf16_matmul_inputs: false,
     };
 
     pub fn of(setup: &TrainSetup) -> ActPolicy {
         ActPolicy {
             recompute: setup.recompute,
             attention: setup.attention,
+            bf16_matmul_inputs: setup.precision == Precision::Bf16,
+        }
+    }
+
+    /// Bytes per element of block tensor `t` under this policy.
+    pub fn elem_bytes(self, t: BlockTensor) -> u64 {
+        if self.bf16_matmul_inputs && t.is_matmul_input() {
+            2
+        } else {
+            4
         }
     }
 
@@ -180,6 +194,15 @@ impl BlockTensor {
         }
     }
 
+    /// Whether a matmul reads this tensor (stored as bf16 under `--precision bf16`); norms'
+    /// statistics, matmul outputs and attention's `att`/`lse` stay f32, as under torch autocast.
+    pub fn is_matmul_input(self) -> bool {
+        matches!(
+            self,
+            BlockTensor::Ln1 | BlockTensor::Atty | BlockTensor::Ln2 | BlockTensor::FchAct
+        )
+    }
+
     /// `selective` keeps the matmul outputs and recomputes everything cheap from them: the norms
     /// (from the block input and `res2`), the attention core (from `qkv`) and the activation.
     pub fn selective_recomputes(self) -> bool {
@@ -235,11 +258,15 @@ fn span(born: Phase, dies: Phase) -> Lifetime {
 }
 
 fn f32_buffer(name: &str, category: Category, numel: u64, lifetime: Lifetime) -> Buffer {
+    sized_buffer(name, category, 4 * numel, lifetime)
+}
+
+fn sized_buffer(name: &str, category: Category, bytes: u64, lifetime: Lifetime) -> Buffer {
     Buffer {
         name: name.into(),
         category,
         device: Device::Gpu,
-        bytes: 4 * numel,
+        bytes,
         lifetime,
     }
 }
@@ -266,7 +293,24 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     }
     out.extend(head_buffers(m, &d));
     out.extend(backward_scratch(m, &d, policy.attention));
+    if policy.bf16_matmul_inputs {
+        out.extend(bf16_scratch(&d));
+    }
     out
+}
+
+/// With bf16 matmul inputs: `work.f32`, where the f32 kernels producing a bf16 tensor write it
+/// before it is rounded (and where the backward widens one back for an f32 kernel), and
+/// `work.w_bf16`, where a block matmul's f32 weight is rounded for the bf16 GEMM. Both live from
+/// the embedding to its backward (recompute runs block forwards inside the backward).
+fn bf16_scratch(d: &BlockDims) -> [Buffer; 2] {
+    let life = span(Phase::Embed, Phase::EmbedBackward);
+    let rows = d.n * d.c.max(d.atty).max(d.fc_act);
+    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
+    [
+        f32_buffer("work.f32", Category::Other, rows, life),
+        sized_buffer("work.w_bf16", Category::Other, 2 * weight, life),
+    ]
 }
 
 /// Block `layer`'s saved (or recomputed) tensors and its output, with their lifetimes.
@@ -285,7 +329,8 @@ fn block_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy, layer: u32) -
                 Phase::Forward(layer)
             };
             let life = span(born, Phase::Backward(layer));
-            Some(f32_buffer(&block_tensor_name(layer, t), act, numel, life))
+            let bytes = policy.elem_bytes(t) * numel;
+            Some(sized_buffer(&block_tensor_name(layer, t), act, bytes, life))
         })
         .collect();
     // The output feeds the next block, whose backward reads it (norm backward, recompute).
@@ -323,7 +368,8 @@ fn forward_scratch(d: &BlockDims, policy: ActPolicy, layer: u32) -> Vec<Buffer> 
         .filter_map(|t| {
             let numel = t.numel(d, policy.attention)?;
             let name = forward_scratch_name(layer, t);
-            Some(f32_buffer(&name, Category::Activations, numel, life))
+            let bytes = policy.elem_bytes(t) * numel;
+            Some(sized_buffer(&name, Category::Activations, bytes, life))
         })
         .collect()
 }
@@ -499,6 +545,47 @@ mod tests {
                     "{r:?}"
                 );
             }
+        }
+    }
+
+    /// Under `--precision bf16` the four matmul inputs of every block take 2 bytes, so the
+    /// activation peak (all blocks' tensors live from the head to the last block's backward)
+    /// drops by exactly 2 bytes per element of them; the f32 and weight scratch are `Other`.
+    #[test]
+    fn bf16_halves_the_matmul_inputs_and_nothing_else() {
+        let model = presets::by_name("gpt2-tiny").unwrap();
+        let (b, t) = (2, 64);
+        let fp32 = setup(b, t, Recompute::None, Attention::Flash);
+        let bf16 = TrainSetup {
+            precision: Precision::Bf16,
+            ..fp32.clone()
+        };
+        let peaks = |s: &TrainSetup| {
+            let plan = training_plan(&model, s).unwrap();
+            let slab = assign_offsets(&plan, Device::Gpu).slab_bytes;
+            assert_eq!(slab, plan.peak_bytes(Device::Gpu));
+            (plan.category_peaks(Device::Gpu), plan)
+        };
+        let (p32, _) = peaks(&fp32);
+        let (p16, plan16) = peaks(&bf16);
+        let d = BlockDims::new(&model, ActShape { batch: b, seq: t });
+        let per_block = 2 * d.n * (d.c + d.atty + d.c + d.fc_act);
+        let saved = u64::from(model.n_layers) * per_block;
+        let act = Category::Activations as usize;
+        assert_eq!(p32[act] - p16[act], saved);
+        let ln1 = plan16.buffers.iter().find(|b| b.name == "act.h.0.ln1");
+        assert_eq!(ln1.unwrap().bytes, 2 * d.n * d.c);
+        let qkv = plan16.buffers.iter().find(|b| b.name == "act.h.0.qkv");
+        assert_eq!(qkv.unwrap().bytes, 4 * d.n * d.qkv);
+        let scratch = plan16.buffers.iter().find(|b| b.name == "work.f32");
+        assert_eq!(scratch.unwrap().bytes, 4 * d.n * d.c.max(d.fc_act));
+        for p in [Precision::Fp32, Precision::Fp16] {
+            let s = TrainSetup {
+                precision: p,
+                ..fp32.clone()
+            };
+            let plan = training_plan(&model, &s).unwrap();
+            assert!(plan.buffers.iter().all(|b| !b.name.starts_with("work.f32")));
         }
     }
 }
