@@ -7,11 +7,17 @@
 //! classifier), plus 12·L·(NH·HD)·T for attention scores and their weighted sum. Random token ids
 //! are used: throughput does not depend on the text.
 //!
-//! Example: `frugal bench train --model gpt2-124m --batch 4 --seq 256 --steps 5 --baseline pytorch`.
+//! `--precision bf16|fp16` times the mixed-precision step `frugal train --precision` runs (2-byte
+//! weights and gradients, fp32 master weights; bf16 matmuls through `kernels::gemm_bf16`).
+//!
+//! Example: `frugal bench train --model gpt2-124m --batch 4 --seq 256 --steps 5 --baseline pytorch`,
+//! or `frugal bench train --precision bf16` against `--precision fp32` for the bf16 speed-up.
 
 use anyhow::{bail, Context};
+use engine::train::Mixed;
 use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
 use plan::model::Family;
+use plan::setup::{Precision, ZeroStage};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -46,9 +52,26 @@ pub struct TrainArgs {
     /// Threads PyTorch may use (the engine uses rayon's pool: RAYON_NUM_THREADS).
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
+    /// Weight/gradient precision of the timed step: fp32, bf16 or fp16 (as `frugal train`).
+    #[arg(long, default_value = "fp32")]
+    pub precision: String,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--precision`'s value as the engine's `Mixed` (fp16 with torch's loss-scaler defaults).
+fn mixed(precision: &str) -> anyhow::Result<Mixed> {
+    let precision = match precision {
+        "fp32" => Precision::Fp32,
+        "bf16" => Precision::Bf16,
+        "fp16" => Precision::Fp16,
+        other => bail!("invalid --precision {other}: use fp32, bf16 or fp16"),
+    };
+    Ok(Mixed {
+        precision,
+        ..Mixed::fp32()
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -90,6 +113,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(other) = a.baseline.as_deref().filter(|b| *b != "pytorch") {
         bail!("--baseline {other}: the only baseline is pytorch");
     }
+    let mixed = mixed(&a.precision)?;
     let model = model_config(&a.model)?;
     let config = TrainConfig {
         model: model.clone(),
@@ -104,7 +128,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         recompute: plan::setup::Recompute::None,
         attention: plan::setup::Attention::Eager,
     };
-    let mut trainer = Trainer::new(config)?;
+    let mut trainer = Trainer::mixed(config, None, ZeroStage::Zero0, mixed)?;
     trainer.init_weights(1);
     let n = trainer.micro_tokens();
     let mut rng = data::SplitMix64::new(7);
@@ -145,6 +169,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             .collect();
         let v = json!({
             "model": model.shape.name, "batch": a.batch, "seq": a.seq, "steps": a.steps,
+            "precision": a.precision,
             "tokens_per_s": tokens_per_s, "gflops": gflops,
             "flops_per_token": flops_per_token(&model, a.seq),
             "step_seconds": profile,
@@ -167,8 +192,8 @@ fn print_human(
     baseline: Option<f64>,
 ) {
     println!(
-        "frugal train step, {} at batch {} x seq {} ({} timed steps, fp32, AdamW)",
-        model.shape.name, a.batch, a.seq, a.steps
+        "frugal train step, {} at batch {} x seq {} ({} timed steps, {}, AdamW)",
+        model.shape.name, a.batch, a.seq, a.steps, a.precision
     );
     println!(
         "  {tokens_per_s:.0} tokens/s, {gflops:.1} GFLOP/s achieved \

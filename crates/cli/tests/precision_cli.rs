@@ -1,6 +1,7 @@
 //! `frugal train --precision bf16|fp16 [--loss-scaler torch|deepspeed]`: planned == measured
 //! per category and equal to `frugal plan --runtime frugal --precision P`, model state 16Ψ, the
-//! fp16 report's scale, skipped steps and underflow; bad values and combinations exit 2.
+//! fp16 report's scale, skipped steps and underflow; bad values and combinations exit 2;
+//! `frugal bench train --precision` runs and reports the precision it is given.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -155,4 +156,20 @@ fn bad_precisions_and_scalers_exit_2() {
     fails_with(&with(&["--offload", "gpu"]), "invalid --offload gpu");
     let sgd = ["--precision", "bf16", "--optimizer", "sgd"];
     fails_with(&with(&sgd), "adamw");
+}
+
+/// `frugal bench train --precision` times the step `frugal train --precision` runs and says so.
+#[test]
+fn bench_train_times_the_precision_it_is_given() {
+    for precision in ["fp32", "bf16"] {
+        let mut args = vec!["bench", "train", "--steps", "1", "--json"];
+        args.extend(["--model", "gpt2-tiny", "--batch", "1", "--seq", "16"]);
+        args.extend(["--precision", precision]);
+        let v = json(&frugal(&args));
+        assert_eq!(v["precision"], precision);
+        assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{precision}");
+    }
+    let bad = ["bench", "train", "--model", "gpt2-tiny", "--steps", "1"];
+    let bad = [&bad[..], &["--precision", "fp8"]].concat();
+    fails_with(&bad, "invalid --precision fp8");
 }
