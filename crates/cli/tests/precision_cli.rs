@@ -141,15 +141,6 @@ fn bad_precisions_and_scalers_exit_2() {
     let bf16_scaler = ["--precision", "bf16", "--loss-scaler", "torch"];
     fails_with(&with(&bf16_scaler), "needs --precision fp16");
     fails_with(&with(&["--loss-scaler", "torch"]), "needs --precision fp16");
-    let snap = [
-        "--precision",
-        "bf16",
-        "--save-every",
-        "1",
-        "--out",
-        "/tmp/x",
-    ];
-    fails_with(&with(&snap), "not supported yet");
     fails_with(&with(&["--offload", "optimizer"]), "needs --precision bf16");
     let empty = ["--precision", "bf16", "--offload", "optimizer:disk="];
     fails_with(&with(&empty), "invalid --offload optimizer:disk=");

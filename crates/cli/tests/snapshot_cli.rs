@@ -121,6 +121,49 @@ fn a_resumed_run_ends_with_the_uninterrupted_runs_weights() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// bf16 (ZeRO-2 on 2 ranks) and fp16 (host-offloaded Adam state): a run resumed from its step-3
+/// snapshot ends with the uninterrupted run's loss, loss scale and master weights, byte for byte;
+/// resuming with another precision exits 2 naming it.
+#[test]
+fn bf16_and_fp16_runs_resume_exactly_and_only_with_their_precision() {
+    let dir = temp_dir("resume-mixed");
+    let cases: [(&str, &[&str]); 2] = [
+        (
+            "bf16",
+            &[
+                "--precision",
+                "bf16",
+                "--ranks",
+                "2",
+                "--batch",
+                "1",
+                "--zero",
+                "2",
+            ],
+        ),
+        ("fp16", &["--precision", "fp16", "--offload", "optimizer"]),
+    ];
+    for (name, flags) in cases {
+        let out = |what: &str| dir.join(format!("{name}-{what}"));
+        let run = |extra: &[&str]| ok(&train(&dir, &[flags, extra].concat()));
+        let a = run(&["--out", &s(&out("straight"))]);
+        run(&["--save-every", "3", "--out", &s(&out("saved"))]);
+        let from = s(&out("saved").join("step-000003"));
+        let b = run(&["--resume", &from, "--out", &s(&out("resumed"))]);
+        assert_eq!(b["steps"], 3, "{name}: the resumed run takes steps 4..6");
+        assert_eq!(a["loss_last"], b["loss_last"], "{name}");
+        assert_eq!(a["precision"], b["precision"], "{name}");
+        let (x, y) = (weights(&out("straight")), weights(&out("resumed")));
+        assert!(x == y, "{name}: weights differ");
+        let state = std::fs::read_to_string(out("saved").join("step-000003/train.json")).unwrap();
+        assert_eq!(state.contains("growth_tracker"), name == "fp16", "{state}");
+    }
+    let from = s(&dir.join("fp16-saved"));
+    let other = train(&dir, &["--precision", "bf16", "--resume", &from]);
+    fails_with(&other, &["run.precision", "\"fp16\" vs this run \"bf16\""]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Waits until `path` exists (the paused save has written its files).
 fn wait_for(path: &Path, child: &mut std::process::Child) {
     let started = Instant::now();

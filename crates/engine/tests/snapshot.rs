@@ -73,7 +73,7 @@ fn rank_run(
     if let Some(snap) = plan.resume {
         // Different starting weights prove the snapshot overwrites all of them.
         trainer.init_weights(SEED + 1);
-        snap.check_compatible(&trainer.config, SEED).unwrap();
+        snap.check_compatible(&trainer.config, &trainer.mixed, SEED).unwrap();
         let run = snap.restore(&mut trainer).unwrap();
         loader.seek(run.loader).unwrap();
     }
@@ -88,7 +88,6 @@ fn rank_run(
                 let run = RunState {
                     loader: loader.position(),
                     seed: SEED,
-                    loss_scaler: None,
                 };
                 snapshot::save(&mut trainer, out, &run, &SaveOptions::default()).unwrap();
             }
@@ -224,7 +223,6 @@ fn only_the_newest_k_snapshots_are_kept() {
     let run = RunState {
         loader: data::LoaderPosition::default(),
         seed: SEED,
-        loss_scaler: None,
     };
     let options = SaveOptions {
         keep: 2,

@@ -23,7 +23,6 @@ fn run_state() -> RunState {
             batch_in_epoch: 2,
         },
         seed: 1,
-        loss_scaler: None,
     }
 }
 
@@ -113,7 +112,7 @@ fn a_snapshot_of_another_model_or_setup_is_refused_listing_the_differences() {
     let mut cfg = config(shape, 2, 8);
     cfg.schedule.lr = 5e-4;
     let other = Trainer::new(cfg).unwrap();
-    let err = snap.check_compatible(&other.config, 1).unwrap_err();
+    let err = snap.check_compatible(&other.config, &other.mixed, 1).unwrap_err();
     let SnapshotError::Mismatch { differences, .. } = &err else {
         panic!("expected a mismatch, got {err}");
     };
@@ -130,8 +129,8 @@ fn a_snapshot_of_another_model_or_setup_is_refused_listing_the_differences() {
     );
     // Another seed is another data order: refused too. The same model and setup is accepted.
     let same = trained(0);
-    assert!(snap.check_compatible(&same.config, 2).is_err());
-    snap.check_compatible(&same.config, 1).unwrap();
+    assert!(snap.check_compatible(&same.config, &same.mixed, 2).is_err());
+    snap.check_compatible(&same.config, &same.mixed, 1).unwrap();
     // Restoring the other model (skipping the check) is refused by the shard layouts, and
     // changes nothing.
     let mut other = other;

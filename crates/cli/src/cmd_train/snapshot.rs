@@ -1,6 +1,8 @@
 //! `frugal train --save-every N --out DIR [--keep K]` and `--resume DIR`: the training loop's side
 //! of `engine::snapshot` — checking the flags, opening the snapshot once for every rank, restoring
-//! each rank's trainer and data loader, and saving after every N-th step.
+//! each rank's trainer and data loader, and saving after every N-th step. Every precision
+//! snapshots: bf16/fp16 runs save their fp32 master weights, Adam state (offloaded or not) and the
+//! fp16 loss scaler, and resume only with the same precision and scaler.
 //!
 //! What it does not do: any file format work (the engine's `snapshot` module does).
 //!
@@ -39,8 +41,10 @@ pub fn open(args: &Args, config: &engine::TrainConfig) -> anyhow::Result<Option<
         return Ok(None);
     };
     let snap = Snapshot::open(path).with_context(|| format!("--resume {}", path.display()))?;
-    // The run's identity (model, optimizer, schedule, global batch, seed) must be the snapshot's.
-    snap.check_compatible(config, args.seed)?;
+    // The run's identity (model, optimizer, schedule, global batch, seed, precision and loss
+    // scaler) must be the snapshot's; ranks, ZeRO stage and offload may differ.
+    let mixed = super::precision::mixed(args, 0)?;
+    snap.check_compatible(config, &mixed, args.seed)?;
     if snap.state.step >= args.steps {
         bail!(
             "--resume {}: the snapshot is at step {}, and --steps is {}: nothing is left to train",
@@ -76,7 +80,6 @@ pub fn maybe_save(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> 
     let run = RunState {
         loader: loader.position(),
         seed: args.seed,
-        loss_scaler: None,
     };
     let options = SaveOptions {
         keep: args.keep,

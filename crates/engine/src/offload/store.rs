@@ -140,6 +140,20 @@ impl OffloadStore {
         UnitState { master, m, v }
     }
 
+    /// Unit `i`'s `[master, m, v]`, read-only (for snapshots).
+    pub fn unit_view(&self, i: usize) -> [&[f32]; 3] {
+        let (offset, n) = self.spans[i];
+        let all: &[f32] = match &self.backing {
+            Backing::Ram(v) => v,
+            Backing::Disk { map, .. } => {
+                // SAFETY: as in `all_mut`, shared instead of exclusive.
+                unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<f32>(), map.len() / 4) }
+            }
+        };
+        let region = &all[offset..offset + 3 * n];
+        [&region[..n], &region[n..2 * n], &region[2 * n..]]
+    }
+
     /// One AdamW step of unit `i` on the host; writes the device's working copy if given.
     pub fn step_unit(
         &mut self,

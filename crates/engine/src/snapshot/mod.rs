@@ -28,10 +28,10 @@
 //! #     -> Result<(), engine::snapshot::SnapshotError> {
 //! use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
 //! use std::path::Path;
-//! let run = RunState { loader: data::LoaderPosition::default(), seed, loss_scaler: None };
+//! let run = RunState { loader: data::LoaderPosition::default(), seed };
 //! snapshot::save(trainer, Path::new("runs/a"), &run, &SaveOptions::default())?;
 //! let snap = Snapshot::open(Path::new("runs/a"))?; // the newest committed snapshot
-//! snap.check_compatible(&next.config, seed)?;
+//! snap.check_compatible(&next.config, &next.mixed, seed)?;
 //! let run = snap.restore(next)?; // weights, optimizer state, step; seek the loader to run.loader
 //! # Ok(()) }
 //! ```
@@ -45,7 +45,8 @@ pub use error::{Difference, SnapshotError};
 pub use files::{FileEntry, Manifest, FORMAT_VERSION};
 pub use state::{LossScalerState, RunState, TrainState};
 
-use crate::train::{TrainConfig, Trainer};
+use crate::precision::LossScaler;
+use crate::train::{Mixed, TrainConfig, Trainer};
 use plan::setup::ZeroStage;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -93,9 +94,13 @@ pub fn save(
     let shard_name = shards::rank_file_name(rank, world);
     let own = files::write_file(&dir, &shard_name, &shards::shard_bytes(trainer))?;
     trainer.barrier()?;
-    // Stage 3 keeps only shards of the weights: gathering them is a collective every rank joins.
-    let gathered = match (trainer.sharding.stage, rank) {
+    // Stage 3 keeps only shards of the weights, and stages 1-2 under bf16/fp16 only shards of
+    // the master weights: gathering them is a collective every rank joins.
+    let stage = trainer.sharding.stage;
+    let sharded_master = trainer.sharding.half.is_some() && stage != ZeroStage::Zero0;
+    let gathered = match (stage, rank) {
         (ZeroStage::Zero3, _) | (_, 0) => Some(trainer.full_params()?),
+        _ if sharded_master => Some(trainer.full_params()?),
         _ => None,
     };
     if let Some(units) = gathered.filter(|_| rank == 0) {
@@ -193,17 +198,21 @@ impl Snapshot {
         })
     }
 
-    /// Refuses a trainer whose model or training setup differs from the snapshot's, listing every
-    /// difference. The world (ranks, ZeRO stage, rows per rank) may differ.
-    pub fn check_compatible(&self, config: &TrainConfig, seed: u64) -> Result<(), SnapshotError> {
+    /// Refuses a trainer whose model or training setup (its weight precision and loss scaler
+    /// included) differs from the snapshot's, listing every difference. The world (ranks, ZeRO
+    /// stage, rows per rank, optimizer offload) may differ.
+    pub fn check_compatible(
+        &self,
+        config: &TrainConfig,
+        mixed: &Mixed,
+        seed: u64,
+    ) -> Result<(), SnapshotError> {
         let run = RunState {
             loader: self.state.loader_position(),
             seed,
-            loss_scaler: self.state.loss_scaler,
         };
-        let differences =
-            self.state
-                .differences(&TrainState::of_config(config, self.state.step, &run));
+        let this_run = TrainState::of_config(config, mixed, self.state.step, &run);
+        let differences = self.state.differences(&this_run);
         if differences.is_empty() {
             return Ok(());
         }
@@ -229,9 +238,11 @@ impl Snapshot {
         self.shards.len()
     }
 
-    /// Fills `trainer` (any world, any stage) with the snapshot's weights, optimizer state and
-    /// step; returns the loop's state (seek the data loader to `loader`).
+    /// Fills `trainer` (any world, any stage, offloaded or not) with the snapshot's weights
+    /// (bf16/fp16: the fp32 master weights and the 2-byte copy rounded from them), optimizer
+    /// state, loss scaler and step; returns the loop's state (seek the data loader to `loader`).
     pub fn restore(&self, trainer: &mut Trainer) -> Result<RunState, SnapshotError> {
+        let scaler = self.scaler_for(trainer)?;
         shards::restore(
             trainer,
             &self.dir,
@@ -239,10 +250,37 @@ impl Snapshot {
             shards::Parts::WeightsAndOptimizer,
         )?;
         trainer.step = self.state.step;
+        if let Some(scaler) = scaler {
+            trainer.skipped_steps = scaler.state().skipped_steps;
+            trainer.scaler = Some(scaler);
+        }
         Ok(RunState {
             loader: self.state.loader_position(),
             seed: self.state.run.seed,
-            loss_scaler: self.state.loss_scaler,
         })
+    }
+
+    /// The saved loss scaler with the trainer's settings, checked before anything is written:
+    /// an fp16 trainer needs the snapshot's scaler, any other trainer a snapshot without one.
+    fn scaler_for(&self, trainer: &Trainer) -> Result<Option<LossScaler>, SnapshotError> {
+        let bad = |reason: String| SnapshotError::BadContents {
+            path: self.dir.join(STATE_FILE),
+            reason,
+        };
+        match (&trainer.scaler, &self.state.loss_scaler) {
+            (None, None) => Ok(None),
+            (Some(ours), Some(saved)) => LossScaler::restore(*ours.config(), saved.state)
+                .map(Some)
+                .map_err(|e| bad(format!("its loss scaler: {e}"))),
+            (Some(_), None) => Err(bad(
+                "it holds no loss scaler state, and this fp16 run needs one: resume with the \
+                 snapshot's --precision"
+                    .into(),
+            )),
+            (None, Some(_)) => Err(bad(
+                "it holds an fp16 loss scaler, and this run has none: resume with --precision fp16"
+                    .into(),
+            )),
+        }
     }
 }

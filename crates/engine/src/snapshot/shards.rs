@@ -2,6 +2,11 @@
 //! unit's fp32 weights and optimizer state, and the reassembly that lets a snapshot from N ranks
 //! at any ZeRO stage resume on M ranks at any stage.
 //!
+//! Under bf16/fp16 the fp32 weights saved are the master weights and the state is AdamW's m and
+//! v, read from the device arena or the host offload store (`--offload optimizer`) alike; the
+//! 2-byte working copy is not saved: restoring rounds it from the master weights, which is what
+//! every optimizer step leaves in it.
+//!
 //! Every unit is padded to a multiple of the world size N, so rank r's shard is elements
 //! `r·S .. (r+1)·S` of the padded unit, S = padded / N — the slice ZeRO-1..3 ranks own. A rank
 //! that holds a whole unit (stage 0, or weights below stage 3) writes just that slice, so all
@@ -60,13 +65,65 @@ fn tensor_names(trainer: &Trainer, unit: &str) -> Vec<String> {
     names
 }
 
-/// Where this rank keeps unit `u`'s weights: the full `params.<u>`, or at ZeRO stage 3 its
-/// `params.shard.<u>` (`Model::params` then points at a gather buffer that lives only in a phase).
+/// Where this rank keeps unit `u`'s fp32 weights: the full `params.<u>`, or at ZeRO stage 3 its
+/// `params.shard.<u>` (`Model::params` then points at a gather buffer that lives only in a phase);
+/// under bf16/fp16 the master weights.
 fn param_id(trainer: &Trainer, u: usize) -> BufId {
+    if trainer.sharding.half.is_some() {
+        return trainer.masters[u].master;
+    }
     match trainer.sharding.stage {
         ZeroStage::Zero3 => trainer.sharding.param_shards()[u],
         _ => trainer.model.params[u],
     }
+}
+
+/// Arena ids of unit `u`'s weights then optimizer state (`tensor_names`' order); `None` when
+/// they live in the offload store.
+fn arena_ids(trainer: &Trainer, u: usize) -> Option<Vec<BufId>> {
+    if trainer.offload.is_some() {
+        return None;
+    }
+    let mut ids = vec![param_id(trainer, u)];
+    match trainer.sharding.half {
+        Some(_) => ids.extend([trainer.masters[u].m, trainer.masters[u].v]),
+        None => ids.extend(
+            optim::state_ids(&trainer.model, &trainer.arena, trainer.config.optimizer)[u]
+                .iter()
+                .copied(),
+        ),
+    }
+    Some(ids)
+}
+
+/// Calls `f(k, held)` for each of unit `u`'s tensors (k in `tensor_names`' order).
+fn for_each_held(trainer: &Trainer, u: usize, mut f: impl FnMut(usize, &[f32])) {
+    match (arena_ids(trainer, u), trainer.offload.as_ref()) {
+        (Some(ids), _) => ids
+            .iter()
+            .enumerate()
+            .for_each(|(k, &id)| f(k, &trainer.arena.f32(id))),
+        (None, Some(store)) => store
+            .unit_view(u)
+            .iter()
+            .enumerate()
+            .for_each(|(k, held)| f(k, held)),
+        (None, None) => unreachable!("state lives in the arena or the offload store"),
+    }
+}
+
+/// Calls `f(held)` on unit `u`'s tensor `k` (in `tensor_names`' order), writable.
+fn with_held_mut(trainer: &mut Trainer, u: usize, k: usize, f: impl FnOnce(&mut [f32])) {
+    if let Some(ids) = arena_ids(trainer, u) {
+        f(&mut trainer.arena.f32_mut(ids[k]));
+        return;
+    }
+    let store = trainer
+        .offload
+        .as_mut()
+        .expect("state lives in the arena or the offload store");
+    let s = store.unit(u);
+    f([s.master, s.m, s.v][k]);
 }
 
 /// Which elements of the padded unit a buffer of `len` elements holds on `rank`.
@@ -87,20 +144,19 @@ fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize>
 /// This rank's shard file: its slice of every unit's weights and optimizer state.
 pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
     let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
-    let (model, arena) = (&trainer.model, &trainer.arena);
-    let state = optim::state_ids(model, arena, trainer.config.optimizer);
+    let model = &trainer.model;
     let mut tensors: Vec<(String, Vec<u8>)> = Vec::new();
     let mut units = Vec::new();
     for (u, unit) in model.units.iter().enumerate() {
         let shard = unit.padded_numel as usize / world;
         let own = rank * shard..(rank + 1) * shard;
-        let ids = std::iter::once(param_id(trainer, u)).chain(state[u].iter().copied());
-        for (name, id) in tensor_names(trainer, &unit.name).into_iter().zip(ids) {
-            let buf = arena.f32(id);
+        let names = tensor_names(trainer, &unit.name);
+        for_each_held(trainer, u, |k, buf| {
             let held = held_span(buf.len(), unit, rank, world);
             let slice = &buf[own.start - held.start..own.end - held.start];
-            tensors.push((name, slice.iter().flat_map(|x| x.to_le_bytes()).collect()));
-        }
+            let bytes = slice.iter().flat_map(|x| x.to_le_bytes()).collect();
+            tensors.push((names[k].clone(), bytes));
+        });
         units.push(UnitLayout {
             name: unit.name.clone(),
             numel: unit.numel,
@@ -270,28 +326,46 @@ pub fn restore(
         .collect::<Result<Vec<_>, _>>()?;
     check_layouts(dir, &shards, trainer, parts)?;
     let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
-    let state = optim::state_ids(&trainer.model, &trainer.arena, trainer.config.optimizer);
     // Everything is read and checked before the first write, so a bad file changes nothing.
     let mut staged = Vec::new();
     for (u, unit) in trainer.model.units.iter().enumerate() {
-        let ids = std::iter::once(param_id(trainer, u)).chain(state[u].iter().copied());
         let names = tensor_names(trainer, &unit.name);
         let n_tensors = match parts {
             Parts::WeightsAndOptimizer => names.len(),
             Parts::Weights => 1,
         };
-        for (name, id) in names.into_iter().zip(ids).take(n_tensors) {
-            staged.push((u, id, assemble(dir, &shards, u, &name)?));
+        for (k, name) in names.iter().enumerate().take(n_tensors) {
+            staged.push((u, k, assemble(dir, &shards, u, name)?));
         }
     }
-    for (u, id, full) in staged {
-        let unit = &trainer.model.units[u];
-        let mut buf = trainer.arena.f32_mut(id);
-        let held = held_span(buf.len(), unit, rank, world);
-        for (i, slot) in held.zip(buf.iter_mut()) {
-            // Padding (past the unit's numel) is zero, as a fresh arena's is.
-            *slot = full.get(i).copied().unwrap_or(0.0);
+    for (u, k, full) in staged {
+        let unit = trainer.model.units[u].clone();
+        with_held_mut(trainer, u, k, |buf| {
+            let held = held_span(buf.len(), &unit, rank, world);
+            for (i, slot) in held.zip(buf.iter_mut()) {
+                // Padding (past the unit's numel) is zero, as a fresh arena's is.
+                *slot = full.get(i).copied().unwrap_or(0.0);
+            }
+        });
+        if k == 0 {
+            round_working_copy(trainer, u, &full);
         }
     }
     Ok(())
+}
+
+/// bf16/fp16: unit `u`'s 2-byte working copy (whole below stage 3, this rank's shard at stage 3)
+/// := its restored master weights `full` (unpadded) rounded, as each optimizer step leaves it.
+fn round_working_copy(trainer: &Trainer, u: usize, full: &[f32]) {
+    let Some(half) = trainer.sharding.half else {
+        return;
+    };
+    let unit = &trainer.model.units[u];
+    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let mut padded = full.to_vec();
+    padded.resize(unit.padded_numel as usize, 0.0);
+    let id = trainer.sharding.working_weights()[u];
+    let mut working = trainer.arena.bf16_mut(id);
+    let held = held_span(working.len(), unit, rank, world);
+    half.narrow(&mut working, &padded[held]);
 }

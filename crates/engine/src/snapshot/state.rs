@@ -1,10 +1,10 @@
 //! `train.json`: everything about a run a snapshot needs besides tensors — the step counter and
 //! the schedule's position, the data loader's position, the seed (the only source of randomness:
-//! weight init and the data order are pure functions of it), the loss scaler (fp16, when
-//! precision lands), the model's shape, the training setup and the world it ran on.
+//! weight init and the data order are pure functions of it), the fp16 loss scaler's settings and
+//! state, the model's shape, the training setup and the world it ran on.
 //!
 //! Fields split in two: the run's *identity* (model, optimizer, schedule, clipping, sequence
-//! length, global batch, accumulation, seed) must match for a resumed run to continue the same
+//! length, global batch, accumulation, seed, weight precision and loss scaler) must match for a resumed run to continue the same
 //! trajectory, and a mismatch is refused with every difference listed; the *world* (ranks, ZeRO
 //! stage, per-rank rows, recompute, attention kernel) may change, since the optimizer state is
 //! resharded on load.
@@ -14,27 +14,35 @@
 
 use super::error::Difference;
 use super::files::FORMAT_VERSION;
-use crate::train::{TrainConfig, Trainer};
+use crate::precision::{LossScaler, ScalerConfig, ScalerState};
+use crate::train::{Mixed, TrainConfig, Trainer};
 use serde::{Deserialize, Serialize};
 
-/// The dynamic loss scaler's state (fp16 training). `None` in fp32 runs, which have no scaler.
+/// The dynamic loss scaler (fp16 training): its settings and everything that moves per step.
+/// `None` in fp32 and bf16 runs, which have no scaler.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossScalerState {
-    pub scale: f32,
-    /// Consecutive steps without overflow (the growth counter).
-    pub clean_steps: u64,
-    /// Overflows left before the scale drops (DeepSpeed's hysteresis; PyTorch's is always 1).
-    pub hysteresis_left: u32,
+    pub config: ScalerConfig,
+    pub state: ScalerState,
 }
 
-/// What the training loop (not the trainer) knows and a snapshot must keep.
+impl LossScalerState {
+    pub fn of(scaler: &LossScaler) -> LossScalerState {
+        LossScalerState {
+            config: *scaler.config(),
+            state: *scaler.state(),
+        }
+    }
+}
+
+/// What the training loop (not the trainer) knows and a snapshot must keep. (The loss scaler is
+/// the trainer's: `save` takes it from there and `restore` puts it back.)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RunState {
     /// The batch the loader produces next.
     pub loader: data::LoaderPosition,
     /// Seed of the weights and the data order.
     pub seed: u64,
-    pub loss_scaler: Option<LossScalerState>,
 }
 
 /// The model's shape and numerics, field by field (so differences can be named).
@@ -69,6 +77,17 @@ pub struct RunFields {
     pub global_rows: u64,
     pub grad_accum: u32,
     pub seed: u64,
+    /// `fp32`, `bf16` or `fp16`: the master weights and Adam state mean the same only within one
+    /// (snapshots from before 2-byte snapshots are fp32).
+    #[serde(default = "fp32_name")]
+    pub precision: String,
+    /// fp16: the loss scaler's kind and settings (`null` otherwise).
+    #[serde(default)]
+    pub loss_scaler: serde_json::Value,
+}
+
+fn fp32_name() -> String {
+    "fp32".into()
 }
 
 /// The world the snapshot was taken on; a resumed run may use another.
@@ -137,15 +156,16 @@ impl ModelFields {
 
 impl TrainState {
     pub fn of(trainer: &Trainer, run: &RunState) -> TrainState {
-        let mut state = TrainState::of_config(&trainer.config, trainer.step, run);
+        let mut state = TrainState::of_config(&trainer.config, &trainer.mixed, trainer.step, run);
         state.world.zero = json(trainer.setup().zero);
+        state.loss_scaler = trainer.scaler.as_ref().map(LossScalerState::of);
         state
     }
 
-    /// The state of a run of `c` after `step` steps (at ZeRO stage 0: the stage is the
-    /// trainer's, see [`TrainState::of`]).
-    pub fn of_config(c: &TrainConfig, step: u64, run: &RunState) -> TrainState {
-        let setup = c.setup();
+    /// The state of a run of `c` with `mixed`'s precision after `step` steps (at ZeRO stage 0
+    /// and without a scaler state: both are the trainer's, see [`TrainState::of`]).
+    pub fn of_config(c: &TrainConfig, mixed: &Mixed, step: u64, run: &RunState) -> TrainState {
+        let setup = c.setup_mixed(plan::setup::ZeroStage::Zero0, mixed);
         TrainState {
             format_version: FORMAT_VERSION,
             step,
@@ -154,9 +174,9 @@ impl TrainState {
                 epoch: run.loader.epoch,
                 batch_in_epoch: run.loader.batch_in_epoch,
             },
-            loss_scaler: run.loss_scaler,
+            loss_scaler: None,
             model: ModelFields::of(c),
-            run: RunFields::of(c, run.seed),
+            run: RunFields::of(c, mixed, run.seed),
             world: WorldFields {
                 ranks: c.ranks,
                 zero: json(setup.zero),
@@ -197,7 +217,7 @@ impl TrainState {
 }
 
 impl RunFields {
-    fn of(c: &TrainConfig, seed: u64) -> RunFields {
+    fn of(c: &TrainConfig, mixed: &Mixed, seed: u64) -> RunFields {
         RunFields {
             optimizer: format!("{:?}", c.optimizer),
             lr: c.schedule.lr,
@@ -209,8 +229,18 @@ impl RunFields {
             global_rows: c.batch * u64::from(c.ranks),
             grad_accum: c.grad_accum,
             seed,
+            precision: format!("{:?}", mixed.precision).to_lowercase(),
+            loss_scaler: match mixed.precision {
+                plan::setup::Precision::Fp16 => json(mixed.loss_scaler.unwrap_or(default_scaler())),
+                _ => serde_json::Value::Null,
+            },
         }
     }
+}
+
+/// The scaler an fp16 trainer gets when `Mixed` names none (`Trainer::mixed`'s default).
+fn default_scaler() -> ScalerConfig {
+    *LossScaler::torch().config()
 }
 
 /// `prefix.key` = value for each field of a JSON object (sorted by key, the same for both sides).
