@@ -73,7 +73,8 @@ fn rank_run(
     if let Some(snap) = plan.resume {
         // Different starting weights prove the snapshot overwrites all of them.
         trainer.init_weights(SEED + 1);
-        snap.check_compatible(&trainer.config, &trainer.mixed, SEED).unwrap();
+        snap.check_compatible(&trainer.config, &trainer.mixed, SEED)
+            .unwrap();
         let run = snap.restore(&mut trainer).unwrap();
         loader.seek(run.loader).unwrap();
     }

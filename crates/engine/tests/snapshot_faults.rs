@@ -112,7 +112,9 @@ fn a_snapshot_of_another_model_or_setup_is_refused_listing_the_differences() {
     let mut cfg = config(shape, 2, 8);
     cfg.schedule.lr = 5e-4;
     let other = Trainer::new(cfg).unwrap();
-    let err = snap.check_compatible(&other.config, &other.mixed, 1).unwrap_err();
+    let err = snap
+        .check_compatible(&other.config, &other.mixed, 1)
+        .unwrap_err();
     let SnapshotError::Mismatch { differences, .. } = &err else {
         panic!("expected a mismatch, got {err}");
     };
