@@ -10,8 +10,8 @@ use crate::arena::{Arena, BufId, View, ViewMut};
 use crate::forward::{block_input, final_norm};
 use crate::model::{split_ranges, view_range, Model};
 use kernels::{
-    attention, classifier, convert, embedding, flash, gelu, layernorm, matmul, rmsnorm, rope,
-    swiglu,
+    attention, classifier, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, rmsnorm,
+    rope, swiglu,
 };
 use plan::frugal::units::{Role, Unit, UnitKind};
 
@@ -170,21 +170,16 @@ fn mlp<'a>(
         arena.f32_mut(h.dfch_act),
     );
     let fch = arena.f32(a.fch);
-    let fch_act = matmul_input(model, arena, a.fch_act, n * f);
     dfch_act.fill(0.0);
-    let (dw, db) = (g.take(Role::FcProjWeight), g.take_opt(Role::FcProjBias));
-    matmul::backward(
-        &mut dfch_act,
-        dw,
-        db,
-        dres,
-        &fch_act,
-        w(Role::FcProjWeight),
-        n,
-        f,
-        c,
-    );
-    drop(fch_act);
+    let lin = Linear {
+        dinp: &mut dfch_act,
+        dweight: g.take(Role::FcProjWeight),
+        dbias: g.take_opt(Role::FcProjBias),
+        dout: dres,
+        inp: a.fch_act,
+        weight: w(Role::FcProjWeight),
+    };
+    linear_backward(model, arena, lin, n, f);
     dfch.fill(0.0);
     if model.is_gpt2() {
         gelu::backward(&mut dfch, &fch, &dfch_act);
@@ -192,10 +187,15 @@ fn mlp<'a>(
         swiglu::backward(&mut dfch, &fch, &dfch_act, n, f);
     }
     dln.fill(0.0);
-    let (dw, db) = (g.take(Role::FcWeight), g.take_opt(Role::FcBias));
-    let ln2 = matmul_input(model, arena, a.ln2, n * c);
-    matmul::backward(&mut dln, dw, db, &dfch, &ln2, w(Role::FcWeight), n, c, fc_w);
-    drop(ln2);
+    let lin = Linear {
+        dinp: &mut dln,
+        dweight: g.take(Role::FcWeight),
+        dbias: g.take_opt(Role::FcBias),
+        dout: &dfch[..n * fc_w],
+        inp: a.ln2,
+        weight: w(Role::FcWeight),
+    };
+    linear_backward(model, arena, lin, n, c);
     let res2 = arena.f32(a.res2);
     let (mean, rstd) = (a.ln2_mean.map(|m| arena.f32(m)), arena.f32(a.ln2_rstd));
     let grad = NormGrad {
@@ -226,28 +226,22 @@ fn attention<'a>(
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
     let (a, h) = (model.blocks[layer], &model.head);
-    let (atty, qkv) = (
-        matmul_input(model, arena, a.atty, n * atty_w),
-        arena.f32(a.qkv),
-    );
+    let qkv = arena.f32(a.qkv);
     let (mut datty, mut dqkv, mut dln) = (
         arena.f32_mut(h.datty),
         arena.f32_mut(h.dqkv),
         arena.f32_mut(h.dln),
     );
     datty.fill(0.0);
-    let (dw, db) = (g.take(Role::AttnProjWeight), g.take_opt(Role::AttnProjBias));
-    matmul::backward(
-        &mut datty,
-        dw,
-        db,
-        dres,
-        &atty,
-        w(Role::AttnProjWeight),
-        n,
-        atty_w,
-        c,
-    );
+    let lin = Linear {
+        dinp: &mut datty,
+        dweight: g.take(Role::AttnProjWeight),
+        dbias: g.take_opt(Role::AttnProjBias),
+        dout: dres,
+        inp: a.atty,
+        weight: w(Role::AttnProjWeight),
+    };
+    linear_backward(model, arena, lin, n, atty_w);
     dqkv.fill(0.0);
     match (a.att, a.lse, h.datt) {
         (Some(att), _, Some(datt)) => {
@@ -256,6 +250,7 @@ fn attention<'a>(
         }
         (None, Some(lse), _) => {
             let lse = arena.f32(lse);
+            let atty = matmul_input(model, arena, a.atty, n * atty_w);
             flash::backward(&mut dqkv, &datty, &atty, &lse, &qkv, b, t, nh, nkv, hd);
         }
         _ => panic!("the plan keeps neither att (with dact.att) nor lse"),
@@ -271,21 +266,16 @@ fn attention<'a>(
             model.config.rope_theta,
         );
     }
-    drop(atty);
     dln.fill(0.0);
-    let (dw, db) = (g.take(Role::QkvWeight), g.take_opt(Role::QkvBias));
-    let ln1 = matmul_input(model, arena, a.ln1, n * c);
-    matmul::backward(
-        &mut dln,
-        dw,
-        db,
-        &dqkv,
-        &ln1,
-        w(Role::QkvWeight),
-        n,
-        c,
-        qkv_w,
-    );
+    let lin = Linear {
+        dinp: &mut dln,
+        dweight: g.take(Role::QkvWeight),
+        dbias: g.take_opt(Role::QkvBias),
+        dout: &dqkv[..n * qkv_w],
+        inp: a.ln1,
+        weight: w(Role::QkvWeight),
+    };
+    linear_backward(model, arena, lin, n, c);
     let inp = arena.f32(block_input(model, layer));
     let (mean, rstd) = (a.ln1_mean.map(|m| arena.f32(m)), arena.f32(a.ln1_rstd));
     let grad = NormGrad {
@@ -299,6 +289,60 @@ fn attention<'a>(
         rstd: &rstd,
     };
     norm_backward(grad, n, c);
+}
+
+/// One linear layer's backward: accumulates `dinp` (N,IC), `dweight` (OC,IC) and `dbias` (OC)
+/// from `dout` (N,OC), the saved input `inp` and `weight` (OC,IC).
+struct Linear<'s> {
+    dinp: &'s mut [f32],
+    dweight: &'s mut [f32],
+    dbias: Option<&'s mut [f32]>,
+    dout: &'s [f32],
+    inp: BufId,
+    weight: &'s [f32],
+}
+
+/// Runs `l` in fp32, or under bf16 matmul inputs as two `gemm_bf16` GEMMs (AVX-512 BF16 when the
+/// CPU has it) on bf16 operands: dinp += dout·W and dW += doutᵀ·inp, as torch autocast does
+/// (dout rounded to bf16, f32 accumulation into the f32 gradient span). `gemm_nt` wants both
+/// operands row-major over K, hence the transposes into the planned `work.bw.*` scratch.
+fn linear_backward(model: &Model, arena: &Arena, l: Linear<'_>, n: usize, ic: usize) {
+    let oc = l.dout.len() / n;
+    let h = &model.head;
+    let (Some(s), Some(wb)) = (h.work_bw, h.work_w_bf16) else {
+        let inp = matmul_input(model, arena, l.inp, n * ic);
+        return matmul::backward(
+            l.dinp, l.dweight, l.dbias, l.dout, &inp, l.weight, n, ic, oc,
+        );
+    };
+    let (mut g, mut gt) = (arena.bf16_mut(s.dout), arena.bf16_mut(s.dout_t));
+    let (g, gt) = (&mut g[..n * oc], &mut gt[..oc * n]);
+    convert::f32_to_bf16(g, l.dout);
+    let (mut w, mut wt) = (arena.bf16_mut(wb), arena.bf16_mut(s.w_t));
+    let (w, wt) = (&mut w[..oc * ic], &mut wt[..ic * oc]);
+    convert::f32_to_bf16(w, l.weight);
+    gemm_bf16::transpose(wt, w, oc, ic);
+    gemm_bf16::gemm_nt(
+        &mut l.dinp[..n * ic],
+        g,
+        wt,
+        n,
+        ic,
+        oc,
+        gemm_bf16::Accum::Add,
+    );
+    gemm_bf16::transpose(gt, g, n, oc);
+    let mut xt = arena.bf16_mut(s.inp_t);
+    let xt = &mut xt[..ic * n];
+    gemm_bf16::transpose(xt, &arena.bf16(l.inp)[..n * ic], n, ic);
+    gemm_bf16::gemm_nt(l.dweight, gt, xt, oc, ic, n, gemm_bf16::Accum::Add);
+    if let Some(db) = l.dbias {
+        for row in l.dout.chunks_exact(oc) {
+            for (d, &x) in db.iter_mut().zip(row) {
+                *d += x;
+            }
+        }
+    }
 }
 
 /// A saved matmul input as f32: the tensor itself, or (bf16 matmul inputs) widened into

@@ -61,6 +61,21 @@ pub struct HeadActs {
     pub work_f32: Option<BufId>,
     /// With bf16 matmul inputs: a block weight rounded to bf16 for `gemm_bf16`.
     pub work_w_bf16: Option<BufId>,
+    /// With bf16 matmul inputs: the backward GEMMs' bf16 operands.
+    pub work_bw: Option<BwScratch>,
+}
+
+/// Arena ids of the bf16 backward GEMMs' operands (`work.bw.*` in the plan).
+#[derive(Clone, Copy, Debug)]
+pub struct BwScratch {
+    /// A matmul's output gradient (N,OC) rounded to bf16.
+    pub dout: BufId,
+    /// Its transpose (OC,N).
+    pub dout_t: BufId,
+    /// The saved bf16 input transposed (IC,N).
+    pub inp_t: BufId,
+    /// The bf16 weight transposed (IC,OC).
+    pub w_t: BufId,
 }
 
 /// Where everything of the model lives in the arena.
@@ -125,6 +140,12 @@ impl Model {
             dfch_act: arena.id("dact.fch_act"),
             work_f32: arena.try_id("work.f32"),
             work_w_bf16: arena.try_id("work.w_bf16"),
+            work_bw: arena.try_id("work.bw.dout").map(|dout| BwScratch {
+                dout,
+                dout_t: arena.id("work.bw.dout_t"),
+                inp_t: arena.id("work.bw.inp_t"),
+                w_t: arena.id("work.bw.w_t"),
+            }),
         };
         Model {
             config,

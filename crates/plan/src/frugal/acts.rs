@@ -295,6 +295,7 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     out.extend(backward_scratch(m, &d, policy.attention));
     if policy.bf16_matmul_inputs {
         out.extend(bf16_scratch(&d));
+        out.extend(bf16_backward_scratch(m, &d));
     }
     out
 }
@@ -310,6 +311,24 @@ fn bf16_scratch(d: &BlockDims) -> [Buffer; 2] {
     [
         f32_buffer("work.f32", Category::Other, rows, life),
         sized_buffer("work.w_bf16", Category::Other, 2 * weight, life),
+    ]
+}
+
+/// With bf16 matmul inputs, the backward GEMMs' 2-byte operands (`gemm_bf16::gemm_nt` takes
+/// both operands row-major over K): `work.bw.dout` (a matmul's output gradient rounded),
+/// `work.bw.dout_t` (its transpose), `work.bw.inp_t` (the saved input transposed) and
+/// `work.bw.w_t` (the bf16 weight transposed). They live through the block backwards only.
+fn bf16_backward_scratch(m: &ModelShape, d: &BlockDims) -> [Buffer; 4] {
+    let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
+    let out_rows = d.n * d.c.max(d.qkv).max(d.fc);
+    let in_rows = d.n * d.c.max(d.atty).max(d.fc_act);
+    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
+    let other = Category::Other;
+    [
+        sized_buffer("work.bw.dout", other, 2 * out_rows, life),
+        sized_buffer("work.bw.dout_t", other, 2 * out_rows, life),
+        sized_buffer("work.bw.inp_t", other, 2 * in_rows, life),
+        sized_buffer("work.bw.w_t", other, 2 * weight, life),
     ]
 }
 
@@ -579,13 +598,19 @@ mod tests {
         assert_eq!(qkv.unwrap().bytes, 4 * d.n * d.qkv);
         let scratch = plan16.buffers.iter().find(|b| b.name == "work.f32");
         assert_eq!(scratch.unwrap().bytes, 4 * d.n * d.c.max(d.fc_act));
+        // The backward GEMMs' bf16 operands: the widest output gradient (fc), its transpose.
+        let dout = plan16.buffers.iter().find(|b| b.name == "work.bw.dout_t");
+        let dout = dout.unwrap();
+        assert_eq!(dout.bytes, 2 * d.n * d.fc);
+        assert_eq!(dout.category, Category::Other);
         for p in [Precision::Fp32, Precision::Fp16] {
             let s = TrainSetup {
                 precision: p,
                 ..fp32.clone()
             };
             let plan = training_plan(&model, &s).unwrap();
-            assert!(plan.buffers.iter().all(|b| !b.name.starts_with("work.f32")));
+            let work = |b: &Buffer| b.name.starts_with("work.f32") || b.name.starts_with("work.bw");
+            assert!(plan.buffers.iter().all(|b| !work(b)));
         }
     }
 }
