@@ -130,14 +130,30 @@ pub fn forward(
     gemm_nt(out, inp, weight, n, oc, ic, accum);
 }
 
-/// dst (C,R) = src (R,C)ᵀ.
+/// Rows and columns of `src` per transpose tile: 64 × 64 bf16 = 8 KiB read and 8 KiB written,
+/// so the strided side stays in L1 instead of missing cache on every element.
+const TB: usize = 64;
+
+/// dst (C,R) = src (R,C)ᵀ, in 64 × 64 tiles, one rayon task per 64 rows of `dst`.
 pub fn transpose(dst: &mut [bf16], src: &[bf16], rows: usize, cols: usize) {
     assert!(dst.len() == rows * cols && src.len() == rows * cols);
-    for (j, d) in dst.chunks_exact_mut(rows).enumerate() {
-        for (i, x) in d.iter_mut().enumerate() {
-            *x = src[i * cols + j];
-        }
+    if rows == 0 || cols == 0 {
+        return;
     }
+    dst.par_chunks_mut(TB * rows)
+        .enumerate()
+        .for_each(|(blk, d)| {
+            let (j0, nj) = (blk * TB, d.len() / rows);
+            for i0 in (0..rows).step_by(TB) {
+                let ni = TB.min(rows - i0);
+                for jj in 0..nj {
+                    let col = &mut d[jj * rows + i0..][..ni];
+                    for (ii, x) in col.iter_mut().enumerate() {
+                        *x = src[(i0 + ii) * cols + j0 + jj];
+                    }
+                }
+            }
+        });
 }
 
 /// A block of up to 4×4 outputs at (i0, jj) within a task's rows.

@@ -69,3 +69,22 @@ fn forward_adds_bias_and_transpose_round_trips() {
     assert_eq!(back, w);
     assert_eq!(wt[3 * oc + 2], w[2 * ic + 3]);
 }
+
+/// Shapes that cross the 64 × 64 tiles unevenly: every element lands at its transposed place.
+#[test]
+fn transpose_moves_every_element_across_tiles() {
+    for (rows, cols) in [(130, 70), (1, 200), (200, 1), (64, 129)] {
+        let src = bf(&Rng::new(19).vec(rows * cols));
+        let mut dst = vec![bf16::ZERO; rows * cols];
+        transpose(&mut dst, &src, rows, cols);
+        for i in 0..rows {
+            for j in 0..cols {
+                assert_eq!(
+                    dst[j * rows + i],
+                    src[i * cols + j],
+                    "({i},{j}) of {rows}x{cols}"
+                );
+            }
+        }
+    }
+}
