@@ -93,10 +93,12 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub save_val_logits: Option<PathBuf>,
     /// Data-parallel ranks, as threads in this process: each takes its share of every global
-    /// batch (--batch rows each) and gradients are all-reduced (ZeRO stage 0).
+    /// batch (--batch rows each); how gradients and state are shared is --zero's choice.
     #[arg(long, default_value_t = 1)]
     pub ranks: u32,
-    /// ZeRO stage 0-3 (above 0 comes with the ZeRO issue).
+    /// ZeRO stage: 0 all-reduces gradients; 1 shards the optimizer state; 2 also the gradients
+    /// (each unit's full gradient freed after its reduce-scatter); 3 also the weights (gathered
+    /// per unit for its forward and backward).
     #[arg(long, default_value_t = 0)]
     pub zero: u32,
     /// Activation recompute: none, full, every:K, sqrt or selective.
