@@ -7,6 +7,7 @@
 
 mod render;
 
+use crate::cmd_plan::{parse_optimizer, parse_precision};
 use anyhow::{bail, Context};
 use plan::fit::{self, FitRequest, Hardware, LoraChoice, Runtime};
 use plan::setup::{Attention, Optimizer, Precision};
@@ -121,27 +122,6 @@ pub struct Args {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_precision(s: &str) -> Result<Precision, String> {
-    Ok(match s {
-        "fp32" => Precision::Fp32,
-        "amp-bf16" => Precision::AmpBf16,
-        "amp-fp16" => Precision::AmpFp16,
-        "bf16" => Precision::Bf16,
-        "fp16" => Precision::Fp16,
-        "pure-bf16" => Precision::PureBf16,
-        _ => return Err("use fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16".into()),
-    })
-}
-
-fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
-    Ok(match s {
-        "adamw" | "adam" => Optimizer::AdamW,
-        "adamw8bit" => Optimizer::AdamW8bit,
-        "sgd" => Optimizer::Sgd,
-        _ => return Err("use adamw, adamw8bit or sgd".into()),
-    })
 }
 
 fn parse_attention(s: &str) -> Result<Attention, String> {

@@ -142,7 +142,7 @@ pub struct Args {
     device_memory: Option<String>,
 }
 
-fn parse_precision(s: &str) -> Result<Precision, String> {
+pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
     Ok(match s {
         "fp32" => Precision::Fp32,
         "amp-bf16" => Precision::AmpBf16,
@@ -154,7 +154,7 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
     })
 }
 
-fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     Ok(match s {
         "adamw" | "adam" => Optimizer::AdamW,
         "adamw8bit" => Optimizer::AdamW8bit,
