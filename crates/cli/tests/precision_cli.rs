@@ -3,29 +3,13 @@
 //! fp16 report's scale, skipped steps and underflow; bad values and combinations exit 2;
 //! `frugal bench train --precision` runs and reports the precision it is given.
 
+mod common;
+
+use common::{frugal, json};
 use serde_json::Value;
-use std::process::{Command, Output};
-
-fn frugal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(args)
-        .output()
-        .expect("run frugal")
-}
-
-fn json(out: &Output) -> Value {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
 
 fn small_text(test: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("frugal-prec-cli-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let text: String = data::shakespeare_text().chars().take(20_000).collect();
-    let path = dir.join("small.txt");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    common::small_text("prec-cli", test, 20_000)
 }
 
 const SHAPE: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "1", "--seq", "16"];

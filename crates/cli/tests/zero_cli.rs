@@ -2,30 +2,13 @@
 //! every rank's planned and measured bytes equal the plan command's, field by field; the report
 //! shows 16Ψ/N at stage 3 and the paper's communication volumes; bad stage and rank values exit 2.
 
+mod common;
+
+use common::{frugal, json};
 use serde_json::Value;
-use std::process::{Command, Output};
 
-fn frugal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(args)
-        .output()
-        .expect("run frugal")
-}
-
-fn json(out: &Output) -> Value {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
-
-/// A small slice of the shipped corpus, so no run tokenizes the whole of it.
 fn small_text(test: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("frugal-zero-cli-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let text: String = data::shakespeare_text().chars().take(20_000).collect();
-    let path = dir.join("small.txt");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    common::small_text("zero-cli", test, 20_000)
 }
 
 const SHAPE: [&str; 8] = [

@@ -1,0 +1,41 @@
+//! Helpers the CLI test files share: run the built `frugal` binary, read its one JSON object,
+//! and make per-test temp folders and small slices of the shipped corpus.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs the `frugal` binary built for this test run with `args`.
+pub fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .expect("run frugal")
+}
+
+/// The one JSON object a successful `--json` run prints; fails the test with stderr otherwise.
+pub fn json(out: &Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// A fresh, empty folder named after the test file (`group`) and the test.
+pub fn temp_dir(group: &str, test: &str) -> PathBuf {
+    let name = format!("frugal-{group}-{}-{test}", std::process::id());
+    let dir = std::env::temp_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The first `chars` characters of the shipped corpus in a text file, so no run pays for
+/// tokenizing all of it.
+pub fn small_text(group: &str, test: &str, chars: usize) -> String {
+    let path = temp_dir(group, test).join("small.txt");
+    let text: String = data::shakespeare_text().chars().take(chars).collect();
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
