@@ -169,7 +169,7 @@ fn mlp<'a>(
         arena.f32_mut(h.dfch),
         arena.f32_mut(h.dfch_act),
     );
-    let fch = arena.f32(a.fch);
+    let fch = matmul_output(model, arena, a.fch, n * fc_w);
     dfch_act.fill(0.0);
     let lin = Linear {
         dinp: &mut dfch_act,
@@ -226,7 +226,7 @@ fn attention<'a>(
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
     let (a, h) = (model.blocks[layer], &model.head);
-    let qkv = arena.f32(a.qkv);
+    let qkv = matmul_output(model, arena, a.qkv, n * qkv_w);
     let (mut datty, mut dqkv, mut dln) = (
         arena.f32_mut(h.datty),
         arena.f32_mut(h.dqkv),
@@ -347,7 +347,7 @@ fn linear_backward(model: &Model, arena: &Arena, l: Linear<'_>, n: usize, ic: us
 
 /// A saved matmul input as f32: the tensor itself, or (bf16 matmul inputs) widened into
 /// `work.f32`, which only one input may hold at a time.
-enum Input<'a> {
+pub(crate) enum Input<'a> {
     F32(View<'a, f32>),
     Widened(ViewMut<'a, f32>, usize),
 }
@@ -363,7 +363,29 @@ impl std::ops::Deref for Input<'_> {
 }
 
 fn matmul_input<'a>(model: &Model, arena: &'a Arena, id: BufId, len: usize) -> Input<'a> {
-    match model.head.work_f32 {
+    widened(model, arena, id, len, model.head.work_f32)
+}
+
+/// A saved matmul output (`qkv`, `fch`) as f32: the tensor itself, or (bf16 activations)
+/// widened into `work.f32_in`, so that `work.f32` stays free for a matmul input or for the
+/// kernel's own output.
+pub(crate) fn matmul_output<'a>(
+    model: &Model,
+    arena: &'a Arena,
+    id: BufId,
+    len: usize,
+) -> Input<'a> {
+    widened(model, arena, id, len, model.head.work_f32_in)
+}
+
+fn widened<'a>(
+    model: &Model,
+    arena: &'a Arena,
+    id: BufId,
+    len: usize,
+    scratch: Option<BufId>,
+) -> Input<'a> {
+    match scratch {
         Some(work) if model.policy.bf16_matmul_inputs => {
             let mut work = arena.f32_mut(work);
             convert::bf16_to_f32(&mut work[..len], &arena.bf16(id)[..len]);

@@ -15,6 +15,7 @@
 //! inside the arena's `Embed` and `Forward(l)` phases.
 
 use crate::arena::{Arena, BufId, View};
+use crate::backward;
 use crate::model::{BlockActs, Model};
 use kernels::{
     attention, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual, rmsnorm,
@@ -160,7 +161,8 @@ impl<'a> Ctx<'a> {
     }
 
     /// Runs the f32 kernel `write` into the first `len` elements of `out`: directly when `out` is
-    /// f32, else into `work.f32` and rounded once into the bf16 tensor.
+    /// f32, else (bf16 activations: a matmul input, `qkv` or `fch`) into `work.f32` and rounded
+    /// once into the bf16 tensor.
     fn produce(&self, out: BufId, len: usize, write: impl FnOnce(&mut [f32])) {
         match self.model.head.work_f32 {
             Some(work) if self.model.policy.bf16_matmul_inputs => {
@@ -210,14 +212,14 @@ impl<'a> Ctx<'a> {
     fn qkv(&self, a: &BlockActs) {
         let s = &self.model.config.shape;
         let (n, c, qkv_w) = (self.d.n as usize, self.d.c as usize, self.d.qkv as usize);
-        let mut qkv = self.arena.f32_mut(a.qkv);
-        let qkv = &mut qkv[..n * qkv_w];
-        self.linear(qkv, a.ln1, (Role::QkvWeight, Role::QkvBias), n, c);
-        if !self.model.is_gpt2() {
-            let (heads, hd) = ((s.n_heads + s.n_kv_heads) as usize, s.d_head as usize);
-            let theta = self.model.config.rope_theta;
-            rope::forward_rows(qkv, self.b, self.t, heads, hd, qkv_w, theta);
-        }
+        self.produce(a.qkv, n * qkv_w, |qkv| {
+            self.linear(qkv, a.ln1, (Role::QkvWeight, Role::QkvBias), n, c);
+            if !self.model.is_gpt2() {
+                let (heads, hd) = ((s.n_heads + s.n_kv_heads) as usize, s.d_head as usize);
+                let theta = self.model.config.rope_theta;
+                rope::forward_rows(qkv, self.b, self.t, heads, hd, qkv_w, theta);
+            }
+        });
     }
 
     /// The attention core: atty from qkv, keeping `att` (materialised) or `lse` (flash).
@@ -225,7 +227,7 @@ impl<'a> Ctx<'a> {
         let s = &self.model.config.shape;
         let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
         let (n, b, t) = (self.d.n as usize, self.b, self.t);
-        let qkv = self.arena.f32(a.qkv);
+        let qkv = backward::matmul_output(self.model, self.arena, a.qkv, n * self.d.qkv as usize);
         let qkv = &qkv[..n * self.d.qkv as usize];
         self.produce(a.atty, n * self.d.atty as usize, |atty| {
             match (a.att, a.lse) {
@@ -256,9 +258,8 @@ impl<'a> Ctx<'a> {
     /// fch = ln2 Wfc (+ b).
     fn fc(&self, a: &BlockActs) {
         let (n, c, fc_w) = (self.d.n as usize, self.d.c as usize, self.d.fc as usize);
-        let mut fch = self.arena.f32_mut(a.fch);
         let roles = (Role::FcWeight, Role::FcBias);
-        self.linear(&mut fch[..n * fc_w], a.ln2, roles, n, c);
+        self.produce(a.fch, n * fc_w, |fch| self.linear(fch, a.ln2, roles, n, c));
     }
 
     /// fch_act = GELU(fch) or SwiGLU(gate, up).
@@ -268,7 +269,7 @@ impl<'a> Ctx<'a> {
             self.d.fc as usize,
             self.d.fc_act as usize,
         );
-        let fch = self.arena.f32(a.fch);
+        let fch = backward::matmul_output(self.model, self.arena, a.fch, n * fc_w);
         let inp = &fch[..n * fc_w];
         let gpt2 = self.model.is_gpt2();
         self.produce(a.fch_act, n * f, |out| {

@@ -59,6 +59,9 @@ pub struct HeadActs {
     /// With bf16 matmul inputs: the f32 scratch their producers write before rounding, and
     /// where the backward widens one back.
     pub work_f32: Option<BufId>,
+    /// With bf16 activations: where a saved bf16 `qkv` or `fch` is widened for the f32
+    /// attention or activation kernel (which writes `work_f32` meanwhile).
+    pub work_f32_in: Option<BufId>,
     /// With bf16 matmul inputs: a block weight rounded to bf16 for `gemm_bf16`.
     pub work_w_bf16: Option<BufId>,
     /// With bf16 matmul inputs: the backward GEMMs' bf16 operands.
@@ -139,6 +142,7 @@ impl Model {
             dfch: arena.id("dact.fch"),
             dfch_act: arena.id("dact.fch_act"),
             work_f32: arena.try_id("work.f32"),
+            work_f32_in: arena.try_id("work.f32_in"),
             work_w_bf16: arena.try_id("work.w_bf16"),
             work_bw: arena.try_id("work.bw.dout").map(|dout| BwScratch {
                 dout,

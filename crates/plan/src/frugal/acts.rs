@@ -45,8 +45,11 @@ pub struct ActShape {
 pub struct ActPolicy {
     pub recompute: Recompute,
     pub attention: Attention,
-    /// Whether the tensors that feed a matmul (`ln1`, `atty`, `ln2`, `fch_act`) are stored as
-    /// bf16 (`--precision bf16`): 2 bytes each, written through the f32 scratch `work.f32`.
+    /// Whether the tensors that feed a matmul (`ln1`, `atty`, `ln2`, `fch_act`) and the matmul
+    /// outputs the backward re-reads (`qkv`, `fch`) are stored as bf16 (`--precision bf16`):
+    /// 2 bytes each, written through the f32 scratch `work.f32` and widened back into
+    /// `work.f32_in` for the f32 attention and activation kernels. The residual stream (block
+    /// outputs, `res2`) stays f32, as under torch autocast.
     pub bf16_matmul_inputs: bool,
 }
 
@@ -68,7 +71,7 @@ impl ActPolicy {
 
     /// Bytes per element of block tensor `t` under this policy.
     pub fn elem_bytes(self, t: BlockTensor) -> u64 {
-        if self.bf16_matmul_inputs && t.is_matmul_input() {
+        if self.bf16_matmul_inputs && (t.is_matmul_input() || t.is_matmul_output()) {
             2
         } else {
             4
@@ -203,6 +206,13 @@ impl BlockTensor {
         )
     }
 
+    /// Whether this tensor is a matmul's output that the backward re-reads (`qkv` by attention,
+    /// `fch` by the activation): stored as bf16 under `--precision bf16`. `res2` is a matmul
+    /// output too, but it is the residual stream, which stays f32.
+    pub fn is_matmul_output(self) -> bool {
+        matches!(self, BlockTensor::Qkv | BlockTensor::Fch)
+    }
+
     /// `selective` keeps the matmul outputs and recomputes everything cheap from them: the norms
     /// (from the block input and `res2`), the attention core (from `qkv`) and the activation.
     pub fn selective_recomputes(self) -> bool {
@@ -300,16 +310,20 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     out
 }
 
-/// With bf16 matmul inputs: `work.f32`, where the f32 kernels producing a bf16 tensor write it
-/// before it is rounded (and where the backward widens one back for an f32 kernel), and
-/// `work.w_bf16`, where a block matmul's f32 weight is rounded for the bf16 GEMM. Both live from
-/// the embedding to its backward (recompute runs block forwards inside the backward).
-fn bf16_scratch(d: &BlockDims) -> [Buffer; 2] {
+/// With bf16 activations: `work.f32`, where the f32 kernels producing a bf16 tensor write it
+/// before it is rounded (and where the backward widens a matmul input back for an f32 kernel),
+/// `work.f32_in`, where a saved bf16 `qkv` or `fch` is widened for the f32 attention or
+/// activation kernel while that kernel writes `work.f32`, and `work.w_bf16`, where a block
+/// matmul's f32 weight is rounded for the bf16 GEMM. All live from the embedding to its
+/// backward (recompute runs block forwards inside the backward).
+fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
     let life = span(Phase::Embed, Phase::EmbedBackward);
-    let rows = d.n * d.c.max(d.atty).max(d.fc_act);
+    let outputs = d.qkv.max(d.fc);
+    let rows = d.n * d.c.max(d.atty).max(d.fc_act).max(outputs);
     let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
     [
         f32_buffer("work.f32", Category::Other, rows, life),
+        f32_buffer("work.f32_in", Category::Other, d.n * outputs, life),
         sized_buffer("work.w_bf16", Category::Other, 2 * weight, life),
     ]
 }
@@ -567,11 +581,12 @@ mod tests {
         }
     }
 
-    /// Under `--precision bf16` the four matmul inputs of every block take 2 bytes, so the
-    /// activation peak (all blocks' tensors live from the head to the last block's backward)
-    /// drops by exactly 2 bytes per element of them; the f32 and weight scratch are `Other`.
+    /// Under `--precision bf16` the four matmul inputs of every block and the two matmul outputs
+    /// the backward re-reads (`qkv`, `fch`) take 2 bytes, so the activation peak (all blocks'
+    /// tensors live from the head to the last block's backward) drops by exactly 2 bytes per
+    /// element of them; the residual stream stays f32; the f32 and weight scratch are `Other`.
     #[test]
-    fn bf16_halves_the_matmul_inputs_and_nothing_else() {
+    fn bf16_halves_the_matmul_inputs_and_outputs_and_nothing_else() {
         let model = presets::by_name("gpt2-tiny").unwrap();
         let (b, t) = (2, 64);
         let fp32 = setup(b, t, Recompute::None, Attention::Flash);
@@ -588,16 +603,27 @@ mod tests {
         let (p32, _) = peaks(&fp32);
         let (p16, plan16) = peaks(&bf16);
         let d = BlockDims::new(&model, ActShape { batch: b, seq: t });
-        let per_block = 2 * d.n * (d.c + d.atty + d.c + d.fc_act);
+        let per_block = 2 * d.n * (d.c + d.atty + d.c + d.fc_act + d.qkv + d.fc);
         let saved = u64::from(model.n_layers) * per_block;
         let act = Category::Activations as usize;
         assert_eq!(p32[act] - p16[act], saved);
         let ln1 = plan16.buffers.iter().find(|b| b.name == "act.h.0.ln1");
         assert_eq!(ln1.unwrap().bytes, 2 * d.n * d.c);
-        let qkv = plan16.buffers.iter().find(|b| b.name == "act.h.0.qkv");
-        assert_eq!(qkv.unwrap().bytes, 4 * d.n * d.qkv);
-        let scratch = plan16.buffers.iter().find(|b| b.name == "work.f32");
-        assert_eq!(scratch.unwrap().bytes, 4 * d.n * d.c.max(d.fc_act));
+        let bytes = |name: &str| {
+            plan16
+                .buffers
+                .iter()
+                .find(|b| b.name == name)
+                .unwrap()
+                .bytes
+        };
+        assert_eq!(bytes("act.h.0.qkv"), 2 * d.n * d.qkv);
+        assert_eq!(bytes("act.h.0.fch"), 2 * d.n * d.fc);
+        assert_eq!(bytes("act.h.0.res2"), 4 * d.n * d.c);
+        assert_eq!(bytes("act.h.0.out"), 4 * d.n * d.c);
+        let widest = d.qkv.max(d.fc);
+        assert_eq!(bytes("work.f32"), 4 * d.n * d.c.max(d.fc_act).max(widest));
+        assert_eq!(bytes("work.f32_in"), 4 * d.n * widest);
         // The backward GEMMs' bf16 operands: the widest output gradient (fc), its transpose.
         let dout = plan16.buffers.iter().find(|b| b.name == "work.bw.dout_t");
         let dout = dout.unwrap();
