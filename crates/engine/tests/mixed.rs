@@ -29,7 +29,7 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, tokens};
+use common::{config, gpt2_tiny, llama_tiny, tokens};
 use engine::precision::{DeepSpeedScaling, PrecisionError, ScalerConfig, TorchScaling};
 use engine::train::Mixed;
 use engine::{EngineError, TrainConfig, Trainer};
@@ -257,20 +257,29 @@ fn bf16_and_fp16_track_fp32_within_two_hundredths_of_a_nat_over_200_steps() {
 }
 
 /// bf16 keeps `qkv` and `fch` in 2 bytes and widens them into `work.f32_in` for the f32
-/// attention and activation kernels: with either attention kernel and every kind of recompute
-/// (which re-runs those kernels from the saved bf16 tensors or from the f32 block input) the run
-/// measures its plan, and recompute changes no bit of the losses or the weights.
+/// attention and activation kernels: on GPT-2 (GELU) and Llama (RoPE inside the rounded `qkv`,
+/// SwiGLU), with either attention kernel and every kind of recompute (which re-runs those
+/// kernels from the saved bf16 tensors or from the f32 block input) the run measures its plan,
+/// recompute changes no bit of the losses or the weights, and the losses stay within 0.02 of
+/// fp32's.
 #[test]
 fn bf16_flash_and_recompute_measure_their_plans_and_recompute_changes_no_bit() {
-    for attention in [Attention::Eager, Attention::Flash] {
-        let mut first = None;
-        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
-            let mut c = cfg();
-            (c.attention, c.recompute) = (attention, recompute);
-            let got = run_with(c, &Mixed::bf16(), 1, ZeroStage::Zero0, 3);
-            match &first {
-                None => first = Some(got),
-                Some(want) => assert_eq!(&got, want, "{attention:?} with {recompute:?}"),
+    for shape in [gpt2_tiny(), llama_tiny()] {
+        for attention in [Attention::Eager, Attention::Flash] {
+            let mut c = config(shape.clone(), ROWS, SEQ);
+            c.attention = attention;
+            let (fp32, _) = run_with(c.clone(), &Mixed::fp32(), 1, ZeroStage::Zero0, 3);
+            let mut first = None;
+            for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+                c.recompute = recompute;
+                let got = run_with(c.clone(), &Mixed::bf16(), 1, ZeroStage::Zero0, 3);
+                let what = format!("{} {attention:?} {recompute:?}", shape.name);
+                let gap = max_diff(&[fp32.clone()], &[got.0.clone()]);
+                assert!(gap < 0.02, "{what}: bf16 drifts {gap} from fp32");
+                match &first {
+                    None => first = Some(got),
+                    Some(want) => assert_eq!(&got, want, "{what}"),
+                }
             }
         }
     }
