@@ -274,7 +274,7 @@ fn bf16_flash_and_recompute_measure_their_plans_and_recompute_changes_no_bit() {
                 c.recompute = recompute;
                 let got = run_with(c.clone(), &Mixed::bf16(), 1, ZeroStage::Zero0, 3);
                 let what = format!("{} {attention:?} {recompute:?}", shape.name);
-                let gap = max_diff(&[fp32.clone()], &[got.0.clone()]);
+                let gap = max_diff(std::slice::from_ref(&fp32), std::slice::from_ref(&got.0));
                 assert!(gap < 0.02, "{what}: bf16 drifts {gap} from fp32");
                 match &first {
                     None => first = Some(got),
