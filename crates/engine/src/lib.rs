@@ -28,20 +28,21 @@
 //! assert!(stats.loss.is_finite());
 //! ```
 
-// How the next issues fit this design (each keeps "the plan lists it, the arena carves it"):
-// - ZeRO (issue 5, done: `zero`): one `Trainer` per rank thread (`Trainer::sharded`), each with its
-//   own arena from `training_plan(model, setup { dp: N, zero })` (`plan::frugal::shards`). Stage 1
-//   plans `opt.*` as shards and reduce-scatters `grads.<unit>` in place; stage 2 plans
-//   `grads.<unit>` as a span plus a persistent `grads.shard.<unit>`; stage 3 plans
-//   `params.shard.<unit>` and `gather.fwd.*`/`gather.bwd.*` spans born one phase early (prefetch).
-//   `Model::params` is repointed per phase; kernels keep seeing whole-unit slices.
-// - Recompute (issue 6): the plan moves a block's saved tensors to `Backward(l)` births; the
-//   backward calls `forward::block` again (with an option not to rewrite the block's output).
-// - bf16/fp16 (issue 6): 2-byte buffers in the same slab (sizes rounded to `ALIGN_BYTES`), views
-//   reinterpret as u16 like `Arena::u32`; fp32 master weights are the `params.*` units.
-// - Offload (issue 6): a second `Arena` with `Device::Host` for `opt.*` and master weights.
-// - Snapshots (issue 7): `io::export` already names every tensor; optimizer state per unit and the
-//   loader's `LoaderPosition` plus `Trainer::step` complete the state.
+// How the memory savers keep "the plan lists it, the arena carves it":
+// - ZeRO (`zero`): one `Trainer` per rank thread (`Trainer::sharded`), each with its own arena from
+//   `training_plan(model, setup { dp: N, zero })` (`plan::frugal::shards`). Stage 1 plans `opt.*`
+//   as shards and reduce-scatters `grads.<unit>` in place; stage 2 plans `grads.<unit>` as a span
+//   plus a persistent `grads.shard.<unit>`; stage 3 plans `params.shard.<unit>` and
+//   `gather.fwd.*`/`gather.bwd.*` spans born one phase early (prefetch).
+// - Recompute (`recompute`): the plan moves a segment's saved tensors to `Backward(l)` births and
+//   the backward reruns the segment's forward; selective recomputes only the cheap tensors.
+// - bf16/fp16 (`train::mixed`, `precision`): 2-byte weights and gradient shards, fp32 `master.*`
+//   and Adam state (16 bytes per parameter); under bf16 the matmul inputs and saved matmul outputs
+//   are 2-byte too, written and read through planned f32 scratch (`work.f32`, `work.f32_in`).
+// - Offload (`offload`): master, m and v in host memory or a memory-mapped file; the plan puts
+//   them on `Device::Host`.
+// - Snapshots (`snapshot`): whole HF weights plus each rank's optimizer shard, the loader position
+//   and the loss scaler, committed by a manifest.
 
 pub mod arena;
 pub mod backward;
