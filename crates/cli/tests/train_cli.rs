@@ -159,6 +159,8 @@ fn too_little_memory_is_refused_before_step_one_with_the_breakdown() {
     let out = tiny_run(&dir, &["--device-memory", "1MiB"]);
     fails_with(&out, "the device holds 1048576");
     fails_with(&out, "activations");
+    // Nothing near this setup fits in 1 MiB: the error still says how to get there.
+    fails_with(&out, "give more --device-memory");
 }
 
 #[test]

@@ -26,7 +26,12 @@ pub enum EngineError {
         o = category_peak_bytes[2],
         a = category_peak_bytes[3],
         x = category_peak_bytes[5],
-        advice = advice.as_ref().map(|a| format!("; to fit: {a}")).unwrap_or_default()
+        advice = advice.as_ref().map_or_else(
+            || "; the advisor found no nearby setup that fits: give more --device-memory, \
+                 more --ranks with --zero 3, or a smaller --model"
+                .to_string(),
+            |a| format!("; to fit: {a}")
+        )
     )]
     DoesNotFit {
         needed_bytes: u64,
