@@ -25,7 +25,10 @@ fn dtype_es(d: Dtype) -> Result<u64, PlanError> {
         Dtype::F32 => Ok(4),
         Dtype::Bf16 | Dtype::F16 => Ok(2),
         other => Err(unsupported(&format!(
-            "a {other:?} KV cache in HF transformers (its QuantizedCache keeps int2/int4 through              quanto/HQQ with a 16-bit residual window; fp8 KV is a vLLM/TensorRT feature): use              bf16 or fp16, or --runtime frugal"
+            "a {} KV cache in HF transformers (its QuantizedCache keeps int2/int4 through \
+             quanto/HQQ with a 16-bit residual window; fp8 KV is a vLLM/TensorRT feature): use \
+             --kv-dtype bf16 or fp16, or --runtime formula",
+            format!("{other:?}").to_lowercase()
         ))),
     }
 }

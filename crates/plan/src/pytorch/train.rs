@@ -59,7 +59,7 @@ fn check(setup: &TrainSetup) -> Result<(), PlanError> {
     if setup.tp > 1 || setup.pp > 1 {
         return Err(unsupported(
             "tensor/pipeline parallelism in training (Megatron, not HF + DeepSpeed); use --tp 1 \
-             --pp 1 or --runtime frugal",
+             --pp 1 or --runtime formula",
         ));
     }
     if setup.offload == crate::setup::Offload::Params {
