@@ -47,7 +47,7 @@ fn weight_storage(setup: &InferSetup) -> Result<(u64, Option<Quant>), PlanError>
             }),
         )),
         Dtype::Fp8 => Err(unsupported(
-            "fp8 weights in HF transformers (FP8 checkpoints run through vLLM/TensorRT kernels);              use bf16, int8, int4 or nf4",
+            "fp8 weights in HF transformers (FP8 checkpoints run through vLLM/TensorRT kernels); use bf16, int8, int4 or nf4",
         )),
         d => Ok((dtype_es(d)?, None)),
     }

@@ -157,7 +157,7 @@ impl Params {
                     if crate::lora::is_target(&t, &l.targets) {
                         if t.count > 1 {
                             return Err(unsupported(
-                                "LoRA on MoE experts (PEFT targets nn.Linear modules; HF keeps                                  experts as 3-D parameters): target attention projections",
+                                "LoRA on MoE experts (PEFT targets nn.Linear modules; HF keeps experts as 3-D parameters): target attention projections",
                             ));
                         }
                         let r = l.rank as u64;
