@@ -6,35 +6,13 @@
 //!
 //! Run: `cargo bench -p kernels --bench attention [-- 256 4096]`.
 
+mod common;
+
 use kernels::{attention, flash};
-use std::time::Instant;
 
 const B: usize = 1;
 const NH: usize = 12;
 const HD: usize = 64;
-
-fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
-        })
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[reps / 2]
-}
-
-fn fill(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
-                / (1u32 << 24) as f32
-                - 0.5
-        })
-        .collect()
-}
 
 fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
@@ -58,17 +36,20 @@ fn main() {
     );
     for t in ts {
         let r = 3 * NH * HD;
-        let (qkv, dout) = (fill(B * t * r, 1), fill(B * t * NH * HD, 2));
+        let (qkv, dout) = (
+            common::fill(B * t * r, 1, 1.0),
+            common::fill(B * t * NH * HD, 2, 1.0),
+        );
         let (mut out, mut dqkv) = (vec![0.0f32; B * t * NH * HD], vec![0.0f32; qkv.len()]);
         let (mut att, mut datt) = (vec![0.0f32; B * NH * t * t], vec![0.0f32; B * NH * t * t]);
-        let naive = median_secs(3, || {
+        let naive = common::median_secs(3, || {
             attention::forward(&mut out, &mut att, &qkv, B, t, NH, NH, HD);
             attention::backward(&mut dqkv, &mut datt, &dout, &qkv, &att, B, t, NH, NH, HD);
         });
         let naive_bytes = (att.len() + datt.len()) * 4;
         drop((att, datt));
         let mut lse = vec![0.0f32; B * NH * t];
-        let fl = median_secs(3, || {
+        let fl = common::median_secs(3, || {
             flash::forward(&mut out, &mut lse, &qkv, B, t, NH, NH, HD);
             flash::backward(&mut dqkv, &dout, &out, &lse, &qkv, B, t, NH, NH, HD);
         });

@@ -8,36 +8,13 @@
 //! Run: `cargo bench -p kernels --bench elementwise` (`-- gelu`, `-- classifier` or `-- adamw` for
 //! one part).
 
+mod common;
+
 use kernels::{classifier, gelu, matmul};
-use std::time::Instant;
 
 const N: usize = 1024;
 const C: usize = 768;
 const V: usize = 50257;
-
-/// Median seconds of `reps` runs after one warm-up.
-fn time(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
-        })
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[reps / 2]
-}
-
-fn fill(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let u = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
-                / (1u32 << 24) as f32;
-            scale * (u - 0.5)
-        })
-        .collect()
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -64,10 +41,10 @@ fn main() {
 }
 
 fn bench_classifier() {
-    let (inp, wte) = (fill(N * C, 1, 2.0), fill(V * C, 2, 0.1));
+    let (inp, wte) = (common::fill(N * C, 1, 2.0), common::fill(V * C, 2, 0.1));
     let targets: Vec<u32> = (0..N).map(|i| (i * 7919 % V) as u32).collect();
     let mut logits = vec![0.0f32; N * V];
-    let gemm = time(3, || {
+    let gemm = common::median_secs(3, || {
         matmul::forward(&mut logits, &inp, &wte, None, N, C, V)
     });
     drop(logits);
@@ -82,10 +59,10 @@ fn bench_classifier() {
     let (mut dinp, mut dwte) = (vec![0.0f32; N * C], vec![0.0f32; V * C]);
     for rows in [64, 256, 1024] {
         let mut scratch = vec![0.0f32; rows * V];
-        let fwd = time(3, || {
+        let fwd = common::median_secs(3, || {
             classifier::loss(&mut losses, &inp, &wte, &targets, &mut scratch, N, C, V);
         });
-        let fb = time(3, || {
+        let fb = common::median_secs(3, || {
             classifier::forward_backward(
                 &mut losses,
                 &mut dinp,
@@ -110,13 +87,13 @@ fn bench_classifier() {
 
 fn bench_gelu() {
     let n = N * 4 * C;
-    let (x, g) = (fill(n, 3, 8.0), fill(n, 4, 1.0));
+    let (x, g) = (common::fill(n, 3, 8.0), common::fill(n, 4, 1.0));
     let mut out = vec![0.0f32; n];
     let mut d = vec![0.0f32; n];
-    let fwd = time(5, || gelu::forward(&mut out, &x));
-    let bwd = time(5, || gelu::backward(&mut d, &x, &g));
-    let fwd_ref = time(3, || gelu::reference::forward(&mut out, &x));
-    let bwd_ref = time(3, || gelu::reference::backward(&mut d, &x, &g));
+    let fwd = common::median_secs(5, || gelu::forward(&mut out, &x));
+    let bwd = common::median_secs(5, || gelu::backward(&mut d, &x, &g));
+    let fwd_ref = common::median_secs(3, || gelu::reference::forward(&mut out, &x));
+    let bwd_ref = common::median_secs(3, || gelu::reference::backward(&mut d, &x, &g));
     println!("\ngelu over {n} elements (N x 4C)");
     println!(
         "forward : kernel {:.2} ms, reference (1 thread) {:.2} ms, ratio {:.1}x",
@@ -136,11 +113,11 @@ fn bench_gelu() {
 /// parameter), so reported as GB/s of that traffic.
 fn bench_adamw() {
     let n = 124_439_808;
-    let g = fill(n, 5, 1e-3);
-    let (mut p, mut m, mut v) = (fill(n, 6, 0.1), vec![0.0f32; n], vec![0.0f32; n]);
+    let g = common::fill(n, 5, 1e-3);
+    let (mut p, mut m, mut v) = (common::fill(n, 6, 0.1), vec![0.0f32; n], vec![0.0f32; n]);
     let opt = kernels::adamw::AdamW::default();
     let mut step = 0;
-    let t = time(3, || {
+    let t = common::median_secs(3, || {
         step += 1;
         kernels::adamw::update(&mut p, &g, &mut m, &mut v, opt, step);
     });

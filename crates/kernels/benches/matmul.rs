@@ -16,36 +16,13 @@
 //! The reference loop runs on the first 32 rows only (its rate does not depend on the row count
 //! and the full classifier would take minutes); faer runs on all rows.
 
+mod common;
+
 use kernels::gemm_bf16::{self, bf16, Accum, Isa};
 use kernels::matmul;
-use std::time::Instant;
 
 const N: usize = 1024;
 const REF_ROWS: usize = 32;
-
-/// Median seconds of `reps` runs after one warm-up.
-fn time(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
-        })
-        .collect();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[reps / 2]
-}
-
-fn fill(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
-                / (1u32 << 24) as f32
-                - 0.5
-        })
-        .collect()
-}
 
 const SHAPES: [(&str, usize, usize); 5] = [
     ("qkv", 768, 2304),
@@ -88,15 +65,19 @@ fn main() {
         ("lm_head", 768, 50257),
     ];
     for (name, ic, oc) in shapes {
-        let (inp, w, bias) = (fill(N * ic, 1), fill(oc * ic, 2), fill(oc, 3));
+        let (inp, w, bias) = (
+            common::fill(N * ic, 1, 1.0),
+            common::fill(oc * ic, 2, 1.0),
+            common::fill(oc, 3, 1.0),
+        );
         let mut out = vec![0.0f32; N * oc];
         let flops = 2.0 * (N * ic * oc) as f64;
         let reps = if oc > 10_000 { 3 } else { 5 };
-        let fwd = time(reps, || {
+        let fwd = common::median_secs(reps, || {
             matmul::forward(&mut out, &inp, &w, Some(&bias), N, ic, oc)
         });
         // faer's own rayon split (what the kernel called before it cut slabs itself), no bias.
-        let faer_par = time(reps, || {
+        let faer_par = common::median_secs(reps, || {
             faer::linalg::matmul::matmul(
                 faer::MatMut::from_row_major_slice_mut(&mut out, N, oc),
                 faer::Accum::Replace,
@@ -111,11 +92,11 @@ fn main() {
             vec![0.0f32; oc * ic],
             vec![0.0f32; oc],
         );
-        let bwd = time(reps, || {
+        let bwd = common::median_secs(reps, || {
             matmul::backward(&mut dinp, &mut dw, Some(&mut db), &out, &inp, &w, N, ic, oc)
         });
         let mut out_ref = vec![0.0f32; REF_ROWS * oc];
-        let refs = time(1, || {
+        let refs = common::median_secs(1, || {
             matmul::reference::forward(
                 &mut out_ref,
                 &inp[..REF_ROWS * ic],
@@ -148,7 +129,7 @@ fn bench_bf16() {
         "layer", "f32 GF/s", "bf16 GF/s", "portable", "bf16/f32", "portable/f32"
     );
     for (name, ic, oc) in SHAPES {
-        let (inp, w) = (fill(N * ic, 1), fill(oc * ic, 2));
+        let (inp, w) = (common::fill(N * ic, 1, 1.0), common::fill(oc * ic, 2, 1.0));
         let (inp_h, w_h): (Vec<bf16>, Vec<bf16>) = (
             inp.iter().map(|&x| bf16::from_f32(x)).collect(),
             w.iter().map(|&x| bf16::from_f32(x)).collect(),
@@ -157,13 +138,13 @@ fn bench_bf16() {
         let flops = 2.0 * (N * ic * oc) as f64;
         let reps = if oc > 10_000 { 3 } else { 5 };
         let f32_gf = flops
-            / time(reps, || {
+            / common::median_secs(reps, || {
                 matmul::forward(&mut out, &inp, &w, None, N, ic, oc)
             })
             / 1e9;
         let mut run = |isa| {
             flops
-                / time(reps, || {
+                / common::median_secs(reps, || {
                     gemm_bf16::gemm_nt_on(isa, &mut out, &inp_h, &w_h, N, oc, ic, Accum::Replace)
                 })
                 / 1e9

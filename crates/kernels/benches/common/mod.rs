@@ -1,0 +1,29 @@
+//! Helpers the kernel benchmarks share: a median timer and deterministic test data.
+
+use std::time::Instant;
+
+/// Median seconds of `reps` runs of `f` after one warm-up run.
+pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[reps / 2]
+}
+
+/// `n` values spread over [-scale/2, scale/2) by a multiplicative hash of the index: the same
+/// data every run, no RNG dependency.
+pub fn fill(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let u = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                / (1u32 << 24) as f32;
+            scale * (u - 0.5)
+        })
+        .collect()
+}
