@@ -15,9 +15,9 @@
 
 use anyhow::{bail, Context};
 use engine::train::Mixed;
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{ModelConfig, Schedule, TrainConfig, Trainer};
 use plan::model::Family;
-use plan::setup::{Precision, ZeroStage};
+use plan::setup::{Attention, Precision, Recompute};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -53,25 +53,17 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
     /// Weight/gradient precision of the timed step: fp32, bf16 or fp16 (as `frugal train`).
-    #[arg(long, default_value = "fp32")]
-    pub precision: String,
+    #[arg(long, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+    /// Attention kernel: flash or eager (also spelled naive), as `frugal train`.
+    #[arg(long, default_value_t = Attention::DEFAULT)]
+    pub attention: Attention,
+    /// Activation recompute, as `frugal train`.
+    #[arg(long, default_value_t = Recompute::None)]
+    pub recompute: Recompute,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-}
-
-/// `--precision`'s value as the engine's `Mixed` (fp16 with torch's loss-scaler defaults).
-fn mixed(precision: &str) -> anyhow::Result<Mixed> {
-    let precision = match precision {
-        "fp32" => Precision::Fp32,
-        "bf16" => Precision::Bf16,
-        "fp16" => Precision::Fp16,
-        other => bail!("invalid --precision {other}: use fp32, bf16 or fp16"),
-    };
-    Ok(Mixed {
-        precision,
-        ..Mixed::fp32()
-    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -80,15 +72,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
-    if spec.ends_with(".json") {
-        let text = std::fs::read_to_string(spec).with_context(|| format!("--model {spec}"))?;
+/// A preset or an HF config.json (`--model` of `train` and `bench`).
+pub fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
+    let path = std::path::Path::new(spec);
+    if spec.ends_with(".json") || path.is_file() {
+        let text =
+            std::fs::read_to_string(spec).with_context(|| format!("--model {spec}: reading it"))?;
         return Ok(ModelConfig::from_hf_json(&text, spec)?);
-    }
-    if spec.eq_ignore_ascii_case("gpt2-mini") {
-        return Ok(ModelConfig::from_shape(
-            crate::cmd_train::setup::gpt2_mini(),
-        )?);
     }
     let shape = plan::presets::by_name(spec).context("--model")?;
     Ok(ModelConfig::from_shape(shape)?)
@@ -113,22 +103,18 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(other) = a.baseline.as_deref().filter(|b| *b != "pytorch") {
         bail!("--baseline {other}: the only baseline is pytorch");
     }
-    let mixed = mixed(&a.precision)?;
     let model = model_config(&a.model)?;
     let config = TrainConfig {
-        model: model.clone(),
-        batch: a.batch,
-        seq: a.seq,
-        grad_accum: 1,
-        optimizer: OptimizerKind::adamw_default(),
         schedule: Schedule::constant(1e-4),
-        grad_clip: Some(1.0),
-        device_memory_bytes: None,
-        ranks: 1,
-        recompute: plan::setup::Recompute::None,
-        attention: plan::setup::Attention::Eager,
+        recompute: a.recompute,
+        attention: a.attention,
+        mixed: Mixed {
+            precision: a.precision,
+            ..Mixed::fp32()
+        },
+        ..TrainConfig::new(model.clone(), a.batch, a.seq)
     };
-    let mut trainer = Trainer::mixed(config, None, ZeroStage::Zero0, mixed)?;
+    let mut trainer = Trainer::new(config)?;
     trainer.init_weights(1);
     let n = trainer.micro_tokens();
     let mut rng = data::SplitMix64::new(7);
@@ -169,7 +155,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             .collect();
         let v = json!({
             "model": model.shape.name, "batch": a.batch, "seq": a.seq, "steps": a.steps,
-            "precision": a.precision,
+            "precision": a.precision.to_string(),
+            "attention": a.attention.to_string(),
+            "recompute": a.recompute.to_string(),
             "tokens_per_s": tokens_per_s, "gflops": gflops,
             "flops_per_token": flops_per_token(&model, a.seq),
             "step_seconds": profile,
@@ -192,8 +180,8 @@ fn print_human(
     baseline: Option<f64>,
 ) {
     println!(
-        "frugal train step, {} at batch {} x seq {} ({} timed steps, {}, AdamW)",
-        model.shape.name, a.batch, a.seq, a.steps, a.precision
+        "frugal train step, {} at batch {} x seq {} ({} timed steps, {}, {} attention, recompute {}, AdamW)",
+        model.shape.name, a.batch, a.seq, a.steps, a.precision, a.attention, a.recompute
     );
     println!(
         "  {tokens_per_s:.0} tokens/s, {gflops:.1} GFLOP/s achieved \

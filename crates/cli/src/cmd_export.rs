@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context};
 use engine::snapshot::Snapshot;
-use engine::{OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{OptimizerKind, TrainConfig, Trainer};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -43,20 +43,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens = prompt_tokens(&args.prompt, &model)?;
     // One row of the prompt's length: the smallest arena that runs the logits.
     let config = TrainConfig {
-        model,
-        batch: 1,
-        seq: tokens.len() as u64,
-        grad_accum: 1,
         optimizer: OptimizerKind::Sgd {
             momentum: 0.0,
             weight_decay: 0.0,
         },
-        schedule: Schedule::constant(1e-3),
-        grad_clip: None,
-        device_memory_bytes: None,
-        ranks: 1,
-        recompute: plan::setup::Recompute::None,
-        attention: plan::setup::Attention::Eager,
+        ..TrainConfig::new(model, 1, tokens.len() as u64)
     };
     let mut trainer = Trainer::new(config)?;
     snap.restore_weights(&mut trainer)?;

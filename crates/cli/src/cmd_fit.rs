@@ -7,7 +7,6 @@
 
 mod render;
 
-use crate::cmd_plan::{parse_optimizer, parse_precision};
 use anyhow::{bail, Context};
 use plan::fit::{self, FitRequest, Hardware, LoraChoice, Runtime};
 use plan::setup::{Attention, Optimizer, Precision};
@@ -69,13 +68,13 @@ pub struct Args {
     #[arg(long)]
     seq: Option<u64>,
     /// fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16 (as `frugal plan`).
-    #[arg(long, default_value = "bf16", value_parser = parse_precision)]
+    #[arg(long, default_value_t = Precision::Bf16)]
     precision: Precision,
     /// adamw, adamw8bit or sgd.
-    #[arg(long, default_value = "adamw", value_parser = parse_optimizer)]
+    #[arg(long, default_value_t = Optimizer::AdamW)]
     optimizer: Optimizer,
     /// The attention you run today: with eager, flash counts as a remedy.
-    #[arg(long, default_value = "flash", value_parser = parse_attention)]
+    #[arg(long, default_value_t = Attention::DEFAULT)]
     attention: Attention,
     /// Memory model: formula (every setup), pytorch (one GPU, plain PyTorch), frugal (this engine).
     #[arg(long, default_value = "formula")]
@@ -124,15 +123,6 @@ pub struct Args {
     json: bool,
 }
 
-fn parse_attention(s: &str) -> Result<Attention, String> {
-    match s {
-        "flash" => Ok(Attention::Flash),
-        "eager" | "naive" => Ok(Attention::Eager),
-        _ => Err("use flash or eager".into()),
-    }
-}
-
-/// A rate such as `450GB/s` or `32GiB/s` in bytes per second.
 fn parse_rate(text: &str, field: &str) -> anyhow::Result<f64> {
     let bytes = text.trim().trim_end_matches("/s");
     Ok(units::parse_bytes(bytes, field)? as f64)

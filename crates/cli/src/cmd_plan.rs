@@ -68,16 +68,16 @@ pub struct Args {
     #[arg(long)]
     infer: bool,
     /// fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16.
-    #[arg(long, default_value = "bf16", value_parser = parse_precision)]
+    #[arg(long, default_value_t = Precision::Bf16)]
     precision: Precision,
     /// adamw, adamw8bit or sgd (with momentum).
-    #[arg(long, default_value = "adamw", value_parser = parse_optimizer)]
+    #[arg(long, default_value_t = Optimizer::AdamW)]
     optimizer: Optimizer,
     /// ZeRO stage 0-3: 1 shards optimizer state, 2 also gradients, 3 also parameters.
-    #[arg(long, default_value_t = 0)]
-    zero: u32,
-    /// Data-parallel GPUs (the ranks ZeRO shards over).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = ZeroStage::Zero0)]
+    zero: ZeroStage,
+    /// Data-parallel GPUs (the ranks ZeRO shards over; `--ranks` as `frugal train` says it).
+    #[arg(long, visible_alias = "ranks", default_value_t = 1)]
     gpus: u32,
     /// Tensor-parallel degree (divides heads and key/value heads).
     #[arg(long, default_value_t = 1)]
@@ -97,14 +97,15 @@ pub struct Args {
     /// Micro-batches accumulated per optimizer step.
     #[arg(long, default_value_t = 1)]
     grad_accum: u32,
-    /// none, full, every:K, sqrt or selective.
-    #[arg(long, default_value = "none", value_parser = parse_recompute)]
+    /// none, full, every:K, sqrt, selective (Megatron's: the attention core) or keep-matmuls
+    /// (keep the matmul outputs, recompute the rest).
+    #[arg(long, default_value_t = Recompute::None)]
     recompute: Recompute,
-    /// flash (no T×T matrix kept) or eager.
-    #[arg(long, default_value = "flash", value_parser = parse_attention)]
+    /// flash (no T×T matrix kept) or eager (also spelled naive).
+    #[arg(long, default_value_t = Attention::DEFAULT)]
     attention: Attention,
     /// none, optimizer (ZeRO-Offload: optimizer state in host memory) or params (also weights).
-    #[arg(long, default_value = "none", value_parser = parse_offload)]
+    #[arg(long, default_value_t = Offload::None)]
     offload: Offload,
     /// LoRA rank; enables LoRA (frozen base, trainable adapters).
     #[arg(long)]
@@ -113,16 +114,16 @@ pub struct Args {
     #[arg(long, default_value = "q_proj,v_proj", value_delimiter = ',')]
     lora_targets: Vec<String>,
     /// Frozen base weights: bf16, int8 (LLM.int8) or nf4 (QLoRA).
-    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    #[arg(long, default_value_t = Dtype::Bf16)]
     lora_base: Dtype,
     /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4.
-    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    #[arg(long, default_value_t = Dtype::Bf16)]
     weights: Dtype,
     /// Weights per quantization scale (default: one scale per output row; nf4: 64).
     #[arg(long)]
     weight_group: Option<u64>,
     /// KV-cache format: bf16, fp16, fp8 or int8.
-    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    #[arg(long, default_value_t = Dtype::Bf16)]
     kv_dtype: Dtype,
     /// Paged KV cache with blocks of this many tokens (vLLM uses 16); default contiguous.
     #[arg(long)]
@@ -142,83 +143,6 @@ pub struct Args {
     device_memory: Option<String>,
 }
 
-pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
-    Ok(match s {
-        "fp32" => Precision::Fp32,
-        "amp-bf16" => Precision::AmpBf16,
-        "amp-fp16" => Precision::AmpFp16,
-        "bf16" => Precision::Bf16,
-        "fp16" => Precision::Fp16,
-        "pure-bf16" => Precision::PureBf16,
-        _ => return Err("use fp32, amp-bf16, amp-fp16, bf16, fp16 or pure-bf16".into()),
-    })
-}
-
-pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
-    Ok(match s {
-        "adamw" | "adam" => Optimizer::AdamW,
-        "adamw8bit" => Optimizer::AdamW8bit,
-        "sgd" => Optimizer::Sgd,
-        _ => return Err("use adamw, adamw8bit or sgd".into()),
-    })
-}
-
-pub(crate) fn parse_recompute(s: &str) -> Result<Recompute, String> {
-    Ok(match s {
-        "none" => Recompute::None,
-        "full" => Recompute::Full,
-        "sqrt" => Recompute::Sqrt,
-        "selective" => Recompute::Selective,
-        _ => match s.strip_prefix("every:").map(str::parse::<u32>) {
-            Some(Ok(k)) if k >= 1 => Recompute::Every(k),
-            _ => return Err("use none, full, every:K (K >= 1), sqrt or selective".into()),
-        },
-    })
-}
-
-fn parse_attention(s: &str) -> Result<Attention, String> {
-    match s {
-        "flash" => Ok(Attention::Flash),
-        "eager" => Ok(Attention::Eager),
-        _ => Err("use flash or eager".into()),
-    }
-}
-
-fn parse_offload(s: &str) -> Result<Offload, String> {
-    match s {
-        "none" => Ok(Offload::None),
-        "optimizer" => Ok(Offload::Optimizer),
-        "params" => Ok(Offload::Params),
-        _ => Err("use none, optimizer or params".into()),
-    }
-}
-
-fn parse_dtype(s: &str) -> Result<Dtype, String> {
-    Ok(match s {
-        "fp32" | "f32" => Dtype::F32,
-        "fp16" | "f16" => Dtype::F16,
-        "bf16" => Dtype::Bf16,
-        "fp8" => Dtype::Fp8,
-        "int8" => Dtype::Int8,
-        "int4" => Dtype::Int4,
-        "nf4" => Dtype::Nf4,
-        _ => return Err("use fp32, fp16, bf16, fp8, int8, int4 or nf4".into()),
-    })
-}
-
-fn zero_stage(zero: u32) -> anyhow::Result<ZeroStage> {
-    Ok(match zero {
-        0 => ZeroStage::Zero0,
-        1 => ZeroStage::Zero1,
-        2 => ZeroStage::Zero2,
-        3 => ZeroStage::Zero3,
-        _ => bail!(
-            "invalid --zero: ZeRO has stages 0, 1, 2 and 3, not {zero}: use --zero 3 to shard \
-             parameters, gradients and optimizer state"
-        ),
-    })
-}
-
 /// A preset name, or a path to an HF config.json read here.
 fn load_model(spec: &str) -> anyhow::Result<ModelShape> {
     let path = std::path::Path::new(spec);
@@ -234,7 +158,7 @@ fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
     Ok(TrainSetup {
         precision: args.precision,
         optimizer: args.optimizer,
-        zero: zero_stage(args.zero)?,
+        zero: args.zero,
         dp: args.gpus,
         tp: args.tp,
         pp: args.pp,
@@ -273,18 +197,9 @@ fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Resu
             s.validate(m)?;
             plan::pytorch::training_estimate(m, s)?
         }
-        "frugal" => {
-            s.validate(m)?;
-            let plan = plan::frugal::training_plan(m, s)?;
-            let peak = plan.peak_bytes(plan::Device::Gpu);
-            Estimate {
-                peak_bytes: peak,
-                reserved_bytes: peak,
-                context_bytes: 0,
-                host_peak_bytes: plan.peak_bytes(plan::Device::Host),
-                plan,
-            }
-        }
+        // The engine's own checks: it runs what `frugal train` runs (optimizer offload at
+        // ZeRO 0 included), so DeepSpeed's rules do not apply.
+        "frugal" => plan::frugal::training_estimate(m, s)?,
         other => bail!(
             "invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"
         ),
@@ -347,8 +262,6 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
     if args.gpus == 0 {
         bail!("invalid --gpus: must be at least 1 (the data-parallel ranks ZeRO shards over)");
     }
-    // Checked up front so a bad stage is reported whatever else is wrong.
-    zero_stage(args.zero)?;
     let report = match (&args.model, &args.params) {
         (Some(spec), _) => {
             let model = load_model(spec)?;

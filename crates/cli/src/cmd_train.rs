@@ -3,22 +3,24 @@
 //! With no flags it trains a small GPT-2-style model on the shipped Shakespeare corpus for a few
 //! hundred steps (about two minutes on 2 cores), shows a progress bar (step, loss, tokens/s,
 //! memory), then prints planned vs measured memory per category (equal, or the run fails) and a
-//! generated sample. Flags that later issues implement (`--ranks`, `--zero`, `--recompute`,
-//! `--precision`, `--attention`, `--offload`, `--save-every`, `--resume`) are parsed now and any value
-//! the engine does not support yet is refused, never ignored.
+//! generated sample. The flags become one validated `engine::TrainConfig` in one step
+//! (`config::validate`), which every rank clones; a value the engine cannot run is refused
+//! there, before any data is read, never downgraded.
 //!
 //! Example: `frugal train --steps 50 --json --plot loss.svg --out run1`.
 
+pub(crate) mod config;
 mod precision;
 mod report;
 pub(crate) mod setup;
 mod snapshot;
 mod zero;
 
-use anyhow::bail;
 use comm::Collective;
+use engine::precision::ScalerConfig;
 use engine::{Sampling, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
+use plan::setup::{Attention, Optimizer, Precision, Recompute, ZeroStage};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -53,8 +55,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub grad_accum: u32,
     /// adamw or sgd (momentum 0.9).
-    #[arg(long, default_value = "adamw")]
-    pub optimizer: String,
+    #[arg(long, default_value_t = Optimizer::AdamW)]
+    pub optimizer: Optimizer,
     /// Clip the global gradient norm to this value (0 turns clipping off).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f32,
@@ -99,27 +101,29 @@ pub struct Args {
     /// ZeRO stage: 0 all-reduces gradients; 1 shards the optimizer state; 2 also the gradients
     /// (each unit's full gradient freed after its reduce-scatter); 3 also the weights (gathered
     /// per unit for its forward and backward).
-    #[arg(long, default_value_t = 0)]
-    pub zero: u32,
-    /// Activation recompute: none, full, every:K, sqrt or selective.
-    #[arg(long, default_value = "none")]
-    pub recompute: String,
+    #[arg(long, default_value_t = ZeroStage::Zero0)]
+    pub zero: ZeroStage,
+    /// Activation recompute: none, full, every:K, sqrt, selective (Megatron's: the attention
+    /// probabilities) or keep-matmuls (keep the matmul outputs, recompute norms, attention core
+    /// and activation).
+    #[arg(long, default_value_t = Recompute::None)]
+    pub recompute: Recompute,
     /// fp32, bf16 (2-byte weights and gradients, fp32 master weights and Adam state) or fp16
     /// (the same with dynamic loss scaling).
-    #[arg(long, default_value = "fp32")]
-    pub precision: String,
+    #[arg(long, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
     /// fp16's dynamic loss scaler: torch (GradScaler's defaults) or deepspeed (its fp16
     /// block's defaults). Default torch; only with --precision fp16.
     #[arg(long)]
-    pub loss_scaler: Option<String>,
-    /// Attention kernel: naive (also spelled eager) or flash.
-    #[arg(long, default_value = "naive")]
-    pub attention: String,
+    pub loss_scaler: Option<ScalerConfig>,
+    /// Attention kernel: flash (no T×T matrix kept) or eager (also spelled naive).
+    #[arg(long, default_value_t = Attention::DEFAULT)]
+    pub attention: Attention,
     /// Offload: none, optimizer (bf16/fp16 master weights and Adam moments in host RAM, stepped
     /// there) or optimizer:disk[=PATH] (in a memory-mapped file; default <--out>/ or the temp
     /// directory).
     #[arg(long, default_value = "none")]
-    pub offload: String,
+    pub offload: config::OffloadArg,
     /// Save a snapshot every N steps into --out DIR/step-NNNNNN/ (weights, each rank's optimizer
     /// shard, data position, config; committed by its manifest).
     #[arg(long)]
@@ -133,13 +137,6 @@ pub struct Args {
     pub resume: Option<PathBuf>,
 }
 
-/// Refuses option values the engine does not run yet: never a silent downgrade.
-fn check_not_yet(args: &Args) -> anyhow::Result<()> {
-    zero::check_flags(args)?;
-    precision::check_flags(args)?;
-    snapshot::check_flags(args)
-}
-
 /// One point of the loss curves.
 pub struct Curves {
     pub train: Vec<(u64, f32)>,
@@ -147,20 +144,25 @@ pub struct Curves {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    check_not_yet(&args)?;
-    if args.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
     let shared = setup::prepare(&args)?;
-    let mut results = if args.ranks == 1 {
-        let rank = setup::build_rank(&shared, &args, None)?;
-        let mut trained = train_loop(rank, &args, progress_bar(&args))?;
-        trained.finished = zero::finish(&mut trained.trainer, &shared.tokenizer, &args)?;
-        vec![trained]
-    } else {
-        run_ranks(&shared, &args)?
+    let ranks = args.ranks as usize;
+    let is_comm = |e: &anyhow::Error| {
+        matches!(
+            e.downcast_ref::<engine::EngineError>(),
+            Some(engine::EngineError::Comm(_))
+        )
     };
-    let mut first = results.remove(0);
+    let results = engine::world::launch(
+        ranks,
+        engine::world::DEFAULT_TIMEOUT,
+        |comm| run_rank(&shared, &args, comm),
+        is_comm,
+    )?;
+    let mut first = results
+        .into_iter()
+        .next()
+        .flatten()
+        .expect("rank 0 returns its run");
     let sample = match first.finished.sample.take() {
         Some(sample) => Some(sample),
         None if args.sample_tokens > 0 => {
@@ -177,13 +179,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.save_val_logits {
         setup::save_val_logits(&mut first.trainer, &first.val, path)?;
     }
-    let mut trainers = vec![&first.trainer];
-    trainers.extend(results.iter().map(|r| &r.trainer));
-    for t in &trainers {
-        report::check_planned_equals_measured(t)?;
+    for rank in &first.memory {
+        report::check_planned_equals_measured(rank)?;
     }
     let summary = report::Summary {
-        trainers: &trainers,
+        trainer: &first.trainer,
+        memory: &first.memory,
         curves: &first.curves,
         tokens: first.tokens,
         seconds: first.seconds,
@@ -207,6 +208,28 @@ struct Trained {
     seconds: f64,
     /// What ZeRO stage 3 computed with every rank before they ended.
     finished: zero::Finished,
+    /// Every rank's planned and measured bytes, gathered over the communicator.
+    memory: Vec<engine::train::RankMemory>,
+}
+
+/// One rank from start to end: build, train, the collective end of the run (stage 3's sample and
+/// weights, every rank's memory for the report). Rank 0 returns its run; the others nothing.
+fn run_rank(
+    shared: &setup::Shared,
+    args: &Args,
+    comm: Box<dyn Collective>,
+) -> anyhow::Result<Option<Trained>> {
+    let rank = comm.rank();
+    let built = setup::build_rank(shared, args, comm)?;
+    let bar = if rank == 0 {
+        progress_bar(args)
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut trained = train_loop(built, args, bar)?;
+    trained.finished = zero::finish(&mut trained.trainer, &shared.tokenizer, args)?;
+    trained.memory = trained.trainer.gather_memory()?;
+    Ok((rank == 0).then_some(trained))
 }
 
 /// The steps of one rank; rank 0 (or the only rank) drives the progress bar.
@@ -254,54 +277,8 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         tokens,
         seconds: started.elapsed().as_secs_f64(),
         finished: zero::Finished::default(),
+        memory: Vec::new(),
     })
-}
-
-/// Runs `--ranks` threads joined by the in-process communicator; returns them in rank order.
-/// When ranks fail, the error reported is the root cause, not the others' "rank k died".
-fn run_ranks(shared: &setup::Shared, args: &Args) -> anyhow::Result<Vec<Trained>> {
-    let comms = comm::InProcess::world(args.ranks as usize)?;
-    let results: Vec<anyhow::Result<Trained>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let show = c.rank() == 0;
-                    let rank = setup::build_rank(shared, args, Some(Box::new(c)))?;
-                    let bar = if show {
-                        progress_bar(args)
-                    } else {
-                        ProgressBar::hidden()
-                    };
-                    let mut trained = train_loop(rank, args, bar)?;
-                    let tokenizer = &shared.tokenizer;
-                    trained.finished = zero::finish(&mut trained.trainer, tokenizer, args)?;
-                    Ok(trained)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-            })
-            .collect()
-    });
-    let is_comm = |e: &anyhow::Error| {
-        matches!(
-            e.downcast_ref::<engine::EngineError>(),
-            Some(engine::EngineError::Comm(_))
-        )
-    };
-    if let Some(root) = results
-        .iter()
-        .filter_map(|r| r.as_ref().err())
-        .find(|e| !is_comm(e))
-    {
-        bail!("{root:#}");
-    }
-    results.into_iter().collect()
 }
 
 fn progress_bar(args: &Args) -> ProgressBar {

@@ -223,10 +223,13 @@ fn a_diverging_run_stops_with_the_step_and_a_lower_lr() {
 #[test]
 fn options_of_later_issues_are_refused_not_ignored() {
     let dir = temp_dir("later");
-    fails_with(&tiny_run(&dir, &["--zero", "4"]), "invalid --zero 4");
+    fails_with(
+        &tiny_run(&dir, &["--zero", "4"]),
+        "invalid value '4' for '--zero",
+    );
     fails_with(
         &tiny_run(&dir, &["--offload", "params"]),
-        "--offload params",
+        "invalid value 'params' for '--offload",
     );
     fails_with(&tiny_run(&dir, &["--ranks", "0"]), "--ranks 0");
 }

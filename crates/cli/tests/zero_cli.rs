@@ -147,7 +147,7 @@ fn bad_stages_and_rank_counts_exit_2_without_a_downgrade() {
     ];
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     fails_with(&with(&["--ranks", "0"]), "--ranks 0");
-    fails_with(&with(&["--zero", "4"]), "invalid --zero 4");
+    fails_with(&with(&["--zero", "4"]), "invalid value '4' for '--zero");
     // gpt2-tiny's smallest unit (the final norm) has 128 elements.
     fails_with(
         &with(&["--zero", "1", "--ranks", "129"]),

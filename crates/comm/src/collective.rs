@@ -24,7 +24,7 @@
 //! assert_eq!(sums, vec![3.0, 3.0]);
 //! ```
 
-use crate::{CommError, CommStats};
+use crate::CommError;
 use half::bf16;
 use std::fmt;
 
@@ -160,7 +160,7 @@ impl<'a> From<&'a mut [bf16]> for BufMut<'a> {
     }
 }
 
-/// The five collectives, for statistics and messages.
+/// The collectives, for statistics and messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CollectiveKind {
     AllReduce,
@@ -168,15 +168,18 @@ pub enum CollectiveKind {
     AllGather,
     Broadcast,
     Barrier,
+    /// `Collective::split`: every rank names its group; nothing is counted.
+    Split,
 }
 
 impl CollectiveKind {
-    pub const ALL: [CollectiveKind; 5] = [
+    pub const ALL: [CollectiveKind; 6] = [
         CollectiveKind::AllReduce,
         CollectiveKind::ReduceScatter,
         CollectiveKind::AllGather,
         CollectiveKind::Broadcast,
         CollectiveKind::Barrier,
+        CollectiveKind::Split,
     ];
 
     pub fn name(self) -> &'static str {
@@ -186,6 +189,7 @@ impl CollectiveKind {
             CollectiveKind::AllGather => "all_gather",
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::Barrier => "barrier",
+            CollectiveKind::Split => "split",
         }
     }
 }
@@ -239,8 +243,11 @@ pub trait Collective: Send {
     /// Fails the world: every rank's pending and future calls return `CommError::Aborted`.
     fn abort(&self, reason: &str);
 
-    /// Bytes this rank moved so far, per collective kind (ring model, see `CommStats`).
-    fn stats(&self) -> CommStats;
+    /// Splits the world into groups (MPI's `MPI_Comm_split`): a collective every rank calls,
+    /// each naming its group by `color`; inside a group ranks are ordered by `key`, then by
+    /// their rank here. Returns this rank's endpoint in its group, a world of its own (TP, PP
+    /// and DP groups are made this way). The parent stays usable.
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError>;
 
     /// One f32 reduced over all ranks, e.g. the squared gradient norm of each rank's shard.
     fn all_reduce_f32(&mut self, value: f32, op: ReduceOp) -> Result<f32, CommError> {
@@ -253,5 +260,63 @@ pub trait Collective: Send {
     fn any(&mut self, flag: bool) -> Result<bool, CommError> {
         let max = self.all_reduce_f32(if flag { 1.0 } else { 0.0 }, ReduceOp::Max)?;
         Ok(max > 0.0)
+    }
+
+    /// Every rank's `values` (the same length on every rank), in rank order: exact integers
+    /// (byte counts for a report), carried as the bits of bf16 words, which a gather copies and
+    /// never rounds. Allocates; not for a training step's hot path.
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<u64>, CommError> {
+        let words: Vec<bf16> = values
+            .iter()
+            .flat_map(|v| (0..4).map(move |i| bf16::from_bits((v >> (16 * i)) as u16)))
+            .collect();
+        let mut all = vec![bf16::ZERO; words.len() * self.world_size()];
+        self.all_gather(Buf::Bf16(&words), BufMut::Bf16(&mut all))?;
+        Ok(all
+            .chunks_exact(4)
+            .map(|w| (0..4).fold(0u64, |v, i| v | (u64::from(w[i].to_bits()) << (16 * i))))
+            .collect())
+    }
+}
+
+/// Boxed endpoints are collectives too (`Counted<Box<dyn Collective>>`, sub-groups).
+impl<C: Collective + ?Sized> Collective for Box<C> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        (**self).all_reduce(buf, op)
+    }
+    fn reduce_scatter(
+        &mut self,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        (**self).reduce_scatter(input, output, op)
+    }
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+        (**self).all_gather(input, output)
+    }
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        (**self).reduce_scatter_in_place(buf, op)
+    }
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+        (**self).all_gather_in_place(buf)
+    }
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+        (**self).broadcast(buf, root)
+    }
+    fn barrier(&mut self) -> Result<(), CommError> {
+        (**self).barrier()
+    }
+    fn abort(&self, reason: &str) {
+        (**self).abort(reason)
+    }
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+        (**self).split(color, key)
     }
 }

@@ -1,6 +1,7 @@
 //! Collective communication for data-parallel training: the `Collective` trait (all-reduce,
 //! reduce-scatter, all-gather, broadcast, barrier over f32 and bf16 buffers) and its backends.
-//! Today: `InProcess`, N ranks as threads sharing memory. Knows nothing about models.
+//! Today: `InProcess`, N ranks as threads sharing memory, and `Solo`, the world of one; `Counted`
+//! wraps any of them and counts the bytes it moves. Knows nothing about models.
 //!
 //! # Contract every backend keeps
 //! - **Deterministic reduction order.** Element i of a reduction is
@@ -11,9 +12,10 @@
 //!   dropped while unwinding), returns early, stalls, calls `abort`, passes bad arguments or
 //!   makes a different call than the others fails the world: every other rank's pending and
 //!   later calls return a `CommError` naming that rank.
-//! - **Bytes are counted as a ring moves them** (`CommStats`): per rank, all-reduce
-//!   2(N−1)/N·size, reduce-scatter and all-gather (N−1)/N·size of the full buffer, so a step's
-//!   count compares directly with the ZeRO paper's 2Ψ (stages 0-2) and 3Ψ (stage 3).
+//! - **Bytes are counted as a ring moves them**, by `Counted` for every backend (`CommStats`):
+//!   per rank, all-reduce 2(N−1)/N·size, reduce-scatter and all-gather (N−1)/N·size of the full
+//!   buffer, so a step's count compares directly with the ZeRO paper's 2Ψ (stages 0-2) and 3Ψ
+//!   (stage 3).
 //!
 //! # How MPI and NCCL backends fit without engine changes
 //! The trait is object-safe and speaks only plain slices (`Buf`/`BufMut` of f32 or bf16), a
@@ -54,13 +56,17 @@
 //! ```
 
 mod collective;
+mod counted;
 mod error;
 mod inprocess;
 mod reduce;
+mod solo;
 mod stats;
 
 pub use collective::{Buf, BufMut, Collective, CollectiveKind, DType, ReduceOp};
+pub use counted::Counted;
 pub use error::CommError;
 pub use inprocess::{InProcess, InProcessComm, InProcessOptions};
 pub use reduce::reference;
+pub use solo::Solo;
 pub use stats::{CommStats, KindStats};

@@ -1,7 +1,8 @@
 //! `CommStats`: bytes each rank sends and receives, per collective kind, counted as a ring
 //! implementation would move them, so numbers compare directly with the ZeRO paper's 2Ψ / 3Ψ.
 //!
-//! Holds counting only; backends call `record` once per successful call. With `size` the byte
+//! Holds counting only; `Counted` calls `record` once per successful call of the endpoint it
+//! wraps, so no backend counts for itself. With `size` the byte
 //! size of the full (world-sized) buffer and N ranks, each rank sends and receives:
 //!
 //! | kind | bytes sent = bytes received, per rank |
@@ -40,6 +41,7 @@ pub struct CommStats {
     pub all_gather: KindStats,
     pub broadcast: KindStats,
     pub barrier: KindStats,
+    pub split: KindStats,
 }
 
 impl CommStats {
@@ -55,7 +57,7 @@ impl CommStats {
             CollectiveKind::ReduceScatter
             | CollectiveKind::AllGather
             | CollectiveKind::Broadcast => (n - 1) * size_bytes / n,
-            CollectiveKind::Barrier => 0,
+            CollectiveKind::Barrier | CollectiveKind::Split => 0,
         }
     }
 
@@ -75,6 +77,7 @@ impl CommStats {
             CollectiveKind::AllGather => self.all_gather,
             CollectiveKind::Broadcast => self.broadcast,
             CollectiveKind::Barrier => self.barrier,
+            CollectiveKind::Split => self.split,
         }
     }
 
@@ -85,6 +88,7 @@ impl CommStats {
             CollectiveKind::AllGather => &mut self.all_gather,
             CollectiveKind::Broadcast => &mut self.broadcast,
             CollectiveKind::Barrier => &mut self.barrier,
+            CollectiveKind::Split => &mut self.split,
         }
     }
 
@@ -117,6 +121,7 @@ impl CommStats {
             all_gather: d(self.all_gather, earlier.all_gather),
             broadcast: d(self.broadcast, earlier.broadcast),
             barrier: d(self.barrier, earlier.barrier),
+            split: d(self.split, earlier.split),
         }
     }
 }

@@ -253,7 +253,8 @@ fn scalar_helpers_for_norms_and_overflow_flags() {
 
 #[test]
 fn bytes_are_counted_as_a_ring_moves_them() {
-    let got = run_ok(4, |mut c| {
+    let got = run_ok(4, |c| {
+        let mut c = comm::Counted::new(c);
         let mut grads = vec![1.0f32; 1000]; // 4000 bytes
         c.all_reduce(grads.as_mut_slice().into(), ReduceOp::Sum)
             .unwrap();
@@ -279,11 +280,62 @@ fn bytes_are_counted_as_a_ring_moves_them() {
         assert_eq!((s.barrier.calls, s.barrier.sent_bytes), (1, 0));
         assert_eq!(s.total_sent_bytes(), 13_500);
     }
-    let one = run_ok(1, |mut c| {
+    let one = run_ok(1, |c| {
+        let mut c = comm::Counted::new(c);
         let mut g = vec![1.0f32; 1000];
         c.all_reduce(g.as_mut_slice().into(), ReduceOp::Sum)
             .unwrap();
         c.stats()
     });
     assert_eq!(one[0].total_sent_bytes(), 0, "a world of one moves nothing");
+}
+
+#[test]
+fn split_makes_groups_that_reduce_among_themselves() {
+    // 4 ranks, colour = rank % 2, key reversing the order: groups {0, 2} and {1, 3}.
+    let got = run_ok(4, |mut c| {
+        let r = c.rank();
+        let mut group = c.split((r % 2) as u32, (10 - r) as u32).unwrap();
+        let mut v = [r as f32];
+        group
+            .all_reduce(v.as_mut_slice().into(), ReduceOp::Sum)
+            .unwrap();
+        // The parent still works after the split.
+        let mut all = [1.0f32];
+        c.all_reduce(all.as_mut_slice().into(), ReduceOp::Sum)
+            .unwrap();
+        (group.rank(), group.world_size(), v[0], all[0])
+    });
+    assert_eq!(
+        got[0],
+        (1, 2, 2.0, 4.0),
+        "rank 0: second by key in {{0, 2}}"
+    );
+    assert_eq!(got[2], (0, 2, 2.0, 4.0));
+    assert_eq!(got[1], (1, 2, 4.0, 4.0));
+    assert_eq!(got[3], (0, 2, 4.0, 4.0));
+}
+
+#[test]
+fn u64_values_gather_exactly_and_solo_is_a_world_of_one() {
+    let got = run_ok(3, |mut c| {
+        let v = [u64::MAX - c.rank() as u64, 151_073_024 + c.rank() as u64];
+        c.all_gather_u64(&v).unwrap()
+    });
+    let want: Vec<u64> = (0..3u64)
+        .flat_map(|r| [u64::MAX - r, 151_073_024 + r])
+        .collect();
+    assert!(got.iter().all(|g| *g == want), "{got:?}");
+    let mut solo = comm::Solo::new();
+    assert_eq!(solo.all_gather_u64(&[7, 8]).unwrap(), vec![7, 8]);
+    let mut out = [0.0f32; 3];
+    let err = solo
+        .all_gather([1.0f32; 2].as_slice().into(), out.as_mut_slice().into())
+        .unwrap_err();
+    assert!(err.to_string().contains("bad arguments"), "{err}");
+    solo.abort("test");
+    assert!(matches!(
+        solo.barrier(),
+        Err(comm::CommError::Aborted { .. })
+    ));
 }

@@ -7,7 +7,7 @@
 //! Prints a table; no assertions.
 //! Run: `cargo bench -p engine --bench attention [-- LAYERS T...]`.
 
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{ModelConfig, Schedule, TrainConfig, Trainer};
 use plan::buffer::Category;
 use plan::setup::{Attention, Recompute};
 use plan::ModelShape;
@@ -18,17 +18,10 @@ const STEPS: usize = 2;
 /// Median seconds of `STEPS` steps after a warm-up, and the measured activation peak in bytes.
 fn measure(shape: &ModelShape, seq: u64, attention: Attention) -> (f64, u64) {
     let cfg = TrainConfig {
-        model: ModelConfig::from_shape(shape.clone()).unwrap(),
-        batch: 1,
-        seq,
-        grad_accum: 1,
-        optimizer: OptimizerKind::adamw_default(),
         schedule: Schedule::constant(1e-4),
-        grad_clip: Some(1.0),
-        device_memory_bytes: None,
-        ranks: 1,
         recompute: Recompute::None,
         attention,
+        ..TrainConfig::new(ModelConfig::from_shape(shape.clone()).unwrap(), 1, seq)
     };
     let mut t = Trainer::new(cfg).expect("a runnable setup");
     t.init_weights(1);

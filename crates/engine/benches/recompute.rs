@@ -8,7 +8,7 @@
 //! assertions. Run: `cargo bench -p engine --bench recompute [-- MODEL BATCH SEQ STEPS ATTENTION]`
 //! (defaults: gpt2-124m 4 256 3 naive; ATTENTION is naive or flash).
 
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{ModelConfig, Schedule, TrainConfig, Trainer};
 use plan::buffer::Category;
 use plan::setup::{Attention, Recompute};
 use std::time::Instant;
@@ -79,17 +79,10 @@ fn main() {
     };
     let shape = plan::presets::by_name(&model).expect("a preset name");
     let config = |recompute| TrainConfig {
-        model: ModelConfig::from_shape(shape.clone()).unwrap(),
-        batch,
-        seq,
-        grad_accum: 1,
-        optimizer: OptimizerKind::adamw_default(),
         schedule: Schedule::constant(1e-4),
-        grad_clip: Some(1.0),
-        device_memory_bytes: None,
-        ranks: 1,
         recompute,
         attention,
+        ..TrainConfig::new(ModelConfig::from_shape(shape.clone()).unwrap(), batch, seq)
     };
     let threads = rayon::current_num_threads();
     println!(

@@ -8,7 +8,7 @@
 //! Run: `cargo bench -p engine --bench zero [-- RANKS ROUNDS]` (defaults 4 ranks, 5 rounds).
 
 use comm::Collective;
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{ModelConfig, TrainConfig, Trainer};
 use plan::model::Family;
 use plan::setup::ZeroStage;
 use plan::ModelShape;
@@ -40,52 +40,36 @@ fn shape() -> ModelShape {
     }
 }
 
-fn config(ranks: u32) -> TrainConfig {
+fn config(ranks: u32, zero: ZeroStage) -> TrainConfig {
     TrainConfig {
-        model: ModelConfig::from_shape(shape()).unwrap(),
-        batch: 2,
-        seq: 128,
-        grad_accum: 1,
-        optimizer: OptimizerKind::adamw_default(),
-        schedule: Schedule::constant(1e-3),
-        grad_clip: Some(1.0),
-        device_memory_bytes: None,
         ranks,
-        recompute: plan::setup::Recompute::None,
+        zero,
         attention: plan::setup::Attention::Eager,
+        ..TrainConfig::new(ModelConfig::from_shape(shape()).unwrap(), 2, 128)
     }
 }
 
 /// Seconds of one step (rank 0's wall time, after a warm-up) and rank 0's bytes sent in it.
 fn measure(ranks: u32, zero: ZeroStage) -> (f64, u64) {
-    let comms = comm::InProcess::world(ranks as usize).unwrap();
-    let out: Vec<(f64, u64)> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let rank = c.rank() as u32;
-                    let mut t = Trainer::sharded(config(ranks), Some(Box::new(c)), zero).unwrap();
-                    t.init_weights(1);
-                    let step = |t: &mut Trainer| {
-                        t.step(&mut |x, y| {
-                            let n = x.len() as u32;
-                            (0..n).for_each(|i| x[i as usize] = (i * 7919 + rank) % 4096);
-                            (0..n).for_each(|i| y[i as usize] = (i * 104_729 + rank) % 4096);
-                        })
-                        .unwrap();
-                    };
-                    step(&mut t);
-                    let started = Instant::now();
-                    step(&mut t);
-                    (
-                        started.elapsed().as_secs_f64(),
-                        t.last_step_comm.total_sent_bytes(),
-                    )
-                })
+    let out = engine::testkit::on_ranks(ranks as usize, |c| {
+        let rank = c.rank() as u32;
+        let mut t = Trainer::with_comm(config(ranks, zero), c).unwrap();
+        t.init_weights(1);
+        let step = |t: &mut Trainer| {
+            t.step(&mut |x, y| {
+                let n = x.len() as u32;
+                (0..n).for_each(|i| x[i as usize] = (i * 7919 + rank) % 4096);
+                (0..n).for_each(|i| y[i as usize] = (i * 104_729 + rank) % 4096);
             })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+            .unwrap();
+        };
+        step(&mut t);
+        let started = Instant::now();
+        step(&mut t);
+        (
+            started.elapsed().as_secs_f64(),
+            t.last_step_comm.total_sent_bytes(),
+        )
     });
     out[0]
 }

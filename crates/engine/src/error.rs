@@ -69,6 +69,9 @@ pub enum EngineError {
     /// A collective failed (another rank died, stalled or diverged).
     #[error("communication: {0}")]
     Comm(#[from] comm::CommError),
+    /// A rank's thread panicked (see `world::launch`).
+    #[error(transparent)]
+    RankPanicked(#[from] crate::world::RankPanicked),
     #[error("{context}: {source}")]
     Io {
         context: String,

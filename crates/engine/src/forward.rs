@@ -319,8 +319,25 @@ pub fn block_with(
     }
 }
 
-/// Selective recompute of block `layer`: the norms, the attention core and the activation, from
-/// the kept block input, `res2`, `qkv` and `fch`, into the buffers the backward reads.
+/// Megatron's selective recompute of block `layer`: the attention core again from the kept `qkv`
+/// (the kept `atty` is written with the same bits), so the probabilities `att` exist only from
+/// the block's backward on. A no-op under flash attention, which keeps no probabilities.
+pub fn recompute_attention_core(
+    model: &Model,
+    arena: &Arena,
+    layer: usize,
+    batch: usize,
+    seq: usize,
+) {
+    let a = &model.blocks[layer];
+    if a.att.is_none() {
+        return;
+    }
+    Ctx::new(model, arena, layer, batch, seq).attention_core(a);
+}
+
+/// keep-matmuls recompute of block `layer`: the norms, the attention core and the activation,
+/// from the kept block input, `res2`, `qkv` and `fch`, into the buffers the backward reads.
 pub fn recompute_cheap(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usize) {
     let cx = Ctx::new(model, arena, layer, batch, seq);
     let a = &model.blocks[layer];

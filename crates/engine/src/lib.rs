@@ -8,18 +8,12 @@
 //!
 //! Example:
 //! ```no_run
-//! use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+//! use engine::{ModelConfig, TrainConfig, Trainer};
 //! # fn shape() -> plan::ModelShape { unimplemented!() }
+//! // fp32 on one rank, flash attention, AdamW: `TrainConfig::new`'s defaults; set any field.
 //! let config = TrainConfig {
-//!     model: ModelConfig::from_shape(shape()).unwrap(),
-//!     batch: 4, seq: 64, grad_accum: 1,
-//!     optimizer: OptimizerKind::adamw_default(),
-//!     schedule: Schedule::constant(3e-4),
-//!     grad_clip: Some(1.0),
-//!     device_memory_bytes: None,
-//!     ranks: 1,
-//!     recompute: plan::setup::Recompute::None,
-//!     attention: plan::setup::Attention::Eager,
+//!     recompute: plan::setup::Recompute::Full,
+//!     ..TrainConfig::new(ModelConfig::from_shape(shape()).unwrap(), 4, 64)
 //! };
 //! let mut trainer = Trainer::new(config).unwrap();
 //! trainer.init_weights(1337);
@@ -29,7 +23,7 @@
 //! ```
 
 // How the memory savers keep "the plan lists it, the arena carves it":
-// - ZeRO (`zero`): one `Trainer` per rank thread (`Trainer::sharded`), each with its own arena from
+// - ZeRO (`zero`): one `Trainer` per rank (`Trainer::with_comm`, ranks from `world::launch`), each with its own arena from
 //   `training_plan(model, setup { dp: N, zero })` (`plan::frugal::shards`). Stage 1 plans `opt.*`
 //   as shards and reduce-scatters `grads.<unit>` in place; stage 2 plans `grads.<unit>` as a span
 //   plus a persistent `grads.shard.<unit>`; stage 3 plans `params.shard.<unit>` and
@@ -58,7 +52,9 @@ pub mod optim;
 pub mod precision;
 pub mod recompute;
 pub mod snapshot;
+pub mod testkit;
 pub mod train;
+pub mod world;
 pub mod zero;
 
 pub use arena::{Arena, Measured};

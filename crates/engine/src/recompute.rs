@@ -6,9 +6,9 @@
 //! segment again at the start of the backward of its last block, from the segment's kept input,
 //! with the same kernels in the same order, so every recomputed value, and therefore every
 //! gradient, is bit-identical to a run without recompute. The segment's last output is kept from
-//! the forward pass and not written again. `selective` recomputes, in each block's own backward,
-//! the norms (from the block input and `res2`), the attention core (from `qkv`) and the MLP
-//! activation (from `fch`).
+//! the forward pass and not written again. `keep-matmuls` recomputes, in each block's own
+//! backward, the norms (from the block input and `res2`), the attention core (from `qkv`) and the
+//! MLP activation (from `fch`); `selective` (Megatron's) only the attention probabilities.
 //!
 //! What it does not do: decide lifetimes or sizes (the plan), or enter phases (the trainer).
 //!
@@ -22,7 +22,7 @@ use plan::frugal::acts::{
     block_out_forward_name, block_out_name, block_tensor_name, forward_scratch_name, ActPolicy,
     BlockTensor,
 };
-use plan::setup::Recompute;
+use plan::recompute::{Kept, RecomputePlan};
 
 /// Arena ids of every block's tensors: what the backward reads, and where the forward writes.
 pub fn wire(arena: &Arena, n_layers: u32, policy: ActPolicy) -> (Vec<BlockActs>, Vec<BlockActs>) {
@@ -71,14 +71,14 @@ fn block_acts(id: &dyn Fn(BlockTensor) -> Option<BufId>, out: BufId) -> BlockAct
 pub fn before_backward(model: &Model, arena: &Arena, layer: usize) {
     let n_layers = model.config.shape.n_layers;
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
-    match model.policy.recompute {
-        Recompute::None => {}
-        Recompute::Selective => forward::recompute_cheap(model, arena, layer, b, t),
-        Recompute::Full | Recompute::Every(_) | Recompute::Sqrt => {
-            let (first, last) = model
-                .policy
-                .segment(n_layers, layer as u32)
-                .expect("segment policies have segments");
+    let plan = RecomputePlan::of(model.policy.recompute, n_layers);
+    match (plan.segment(layer as u32), plan.kept) {
+        (None, Kept::Everything) => {}
+        (None, Kept::AllButAttentionCore) => {
+            forward::recompute_attention_core(model, arena, layer, b, t)
+        }
+        (None, Kept::MatmulOutputs) => forward::recompute_cheap(model, arena, layer, b, t),
+        (Some((first, last)), _) => {
             if last as usize != layer {
                 return;
             }

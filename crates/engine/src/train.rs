@@ -25,12 +25,15 @@ use crate::precision::update::MasterState;
 use crate::precision::LossScaler;
 use crate::zero::{Half, Pass, Sharding};
 use crate::{backward, forward};
+use comm::Collective;
 use plan::buffer::{Device, MemoryPlan, Phase};
 use plan::frugal::ActShape;
 use plan::setup::{Attention, Offload, Precision, Recompute, TrainSetup, ZeroStage};
 use std::time::{Duration, Instant};
 
+mod memory;
 mod mixed;
+pub use memory::{MemoryBreakdown, RankMemory};
 pub use mixed::Mixed;
 use mixed::{master_states, offload_store};
 
@@ -62,27 +65,47 @@ pub struct TrainConfig {
     pub grad_clip: Option<f32>,
     /// Refuse to start when the arena's slab would exceed this many bytes.
     pub device_memory_bytes: Option<u64>,
-    /// Data-parallel ranks; the ZeRO stage is given to [`Trainer::sharded`] (stage 0 otherwise:
-    /// every rank holds everything, gradients all-reduced).
+    /// Data-parallel ranks (one `Trainer` each, built with [`Trainer::with_comm`]).
     pub ranks: u32,
+    /// What the ranks share: 0 every rank holds everything and gradients are all-reduced; 1-3
+    /// shard the optimizer state, then the gradients, then the weights.
+    pub zero: ZeroStage,
     /// Activation recompute policy (the plan says what is kept and when the rest is rebuilt).
     pub recompute: Recompute,
     /// Attention kernel: materialised (`Eager`) or flash.
     pub attention: Attention,
+    /// Weight precision, fp16's loss scaler and optimizer offload.
+    pub mixed: Mixed,
 }
 
 impl TrainConfig {
-    /// The planner's view of this run at ZeRO stage 0 (per rank, fp32).
-    pub fn setup(&self) -> TrainSetup {
-        self.setup_at(ZeroStage::Zero0)
+    /// A run of `model` with the defaults every command shares: fp32, ZeRO 0 on one rank, no
+    /// recompute, flash attention, AdamW at a constant 1e-3 clipped at 1, one micro-batch.
+    pub fn new(model: ModelConfig, batch: u64, seq: u64) -> TrainConfig {
+        TrainConfig {
+            model,
+            batch,
+            seq,
+            grad_accum: 1,
+            optimizer: OptimizerKind::adamw_default(),
+            schedule: Schedule::constant(1e-3),
+            grad_clip: Some(1.0),
+            device_memory_bytes: None,
+            ranks: 1,
+            zero: ZeroStage::Zero0,
+            recompute: Recompute::None,
+            attention: Attention::DEFAULT,
+            mixed: Mixed::fp32(),
+        }
     }
 
-    /// The planner's view of this run at ZeRO stage `zero` (per rank, fp32).
-    pub fn setup_at(&self, zero: ZeroStage) -> TrainSetup {
+    /// The planner's view of this run, per rank: the one setup the capacity check, the arena and
+    /// `frugal plan --runtime frugal` all plan.
+    pub fn setup(&self) -> TrainSetup {
         TrainSetup {
-            precision: Precision::Fp32,
+            precision: self.mixed.precision,
             optimizer: self.optimizer.plan_optimizer(),
-            zero,
+            zero: self.zero,
             dp: self.ranks,
             tp: 1,
             pp: 1,
@@ -92,7 +115,7 @@ impl TrainConfig {
             grad_accum: self.grad_accum,
             recompute: self.recompute,
             attention: self.attention,
-            offload: Offload::None,
+            offload: self.mixed.offload,
             lora: None,
         }
     }
@@ -128,10 +151,8 @@ pub struct Trainer {
     pub sharding: Sharding,
     /// Bytes this rank moved in its last optimizer step (ring model; zero on a single rank).
     pub last_step_comm: comm::CommStats,
-    /// This rank's link to the others; `None` for a single rank.
-    pub(crate) comm: Option<Box<dyn comm::Collective>>,
-    /// Weight precision and offload.
-    pub mixed: Mixed,
+    /// This rank's link to the others (`comm::Solo` for a world of one), counting its bytes.
+    pub(crate) comm: comm::Counted<Box<dyn comm::Collective>>,
     /// fp16: the dynamic loss scaler.
     pub scaler: Option<LossScaler>,
     /// bf16/fp16: each unit's master weights and Adam moments (empty when offloaded).
@@ -143,25 +164,12 @@ pub struct Trainer {
     last_skipped: bool,
 }
 
-/// Plans one rank's step and refuses it, before anything is allocated, when it exceeds
-/// `device_memory_bytes`, with the plan's breakdown and the `fit` advisor's cheapest fix.
+/// Plans one rank's step exactly as it will run (precision, ZeRO stage and offload included)
+/// and refuses it, before anything is allocated, when it exceeds `device_memory_bytes`, with the
+/// plan's breakdown and the `fit` advisor's cheapest fix.
 pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
-    check_capacity_at(config, ZeroStage::Zero0)
-}
-
-/// [`check_capacity`] at ZeRO stage `zero`.
-pub fn check_capacity_at(config: &TrainConfig, zero: ZeroStage) -> Result<MemoryPlan, EngineError> {
-    check_capacity_mixed(config, zero, &Mixed::fp32())
-}
-
-/// [`check_capacity_at`] with `mixed`'s precision and offload.
-pub fn check_capacity_mixed(
-    config: &TrainConfig,
-    zero: ZeroStage,
-    mixed: &Mixed,
-) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
-    let setup = config.setup_mixed(zero, mixed);
+    let setup = config.setup();
     let plan = plan::frugal::training_plan(shape, &setup)?;
     let Some(capacity_bytes) = config.device_memory_bytes else {
         return Ok(plan);
@@ -184,35 +192,24 @@ pub fn check_capacity_mixed(
 }
 
 impl Trainer {
-    /// Plans the run, refuses it if it does not fit, then carves the arena (zeroed weights).
+    /// A trainer for a world of one rank: plans the run, refuses it if it does not fit, then
+    /// carves the arena (zeroed weights).
     pub fn new(config: TrainConfig) -> Result<Trainer, EngineError> {
-        Trainer::sharded(config, None, ZeroStage::Zero0)
+        Trainer::with_comm(config, Box::new(comm::Solo::new()))
     }
 
-    /// A trainer for one rank of a data-parallel world at ZeRO stage `zero`: `comm`'s world
-    /// size must equal `config.ranks` (`None`: a world of one). Every rank starts from the same
-    /// weights when given the same seed.
-    pub fn sharded(
+    /// A trainer for one rank of a data-parallel world: `comm`'s world size must equal
+    /// `config.ranks`. Every rank starts from the same weights when given the same seed.
+    pub fn with_comm(
         config: TrainConfig,
-        comm: Option<Box<dyn comm::Collective>>,
-        zero: ZeroStage,
+        comm: Box<dyn comm::Collective>,
     ) -> Result<Trainer, EngineError> {
-        Trainer::mixed(config, comm, zero, Mixed::fp32())
-    }
-
-    /// [`Trainer::sharded`] with `mixed`'s weight precision and offload.
-    pub fn mixed(
-        config: TrainConfig,
-        comm: Option<Box<dyn comm::Collective>>,
-        zero: ZeroStage,
-        mixed: Mixed,
-    ) -> Result<Trainer, EngineError> {
-        let world = comm.as_ref().map_or(1, |c| c.world_size());
+        let (rank, world) = (comm.rank(), comm.world_size());
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
-        let rank = comm.as_ref().map_or(0, |c| c.rank());
-        let plan = check_capacity_mixed(&config, zero, &mixed)?;
+        let plan = check_capacity(&config)?;
+        let (zero, mixed) = (config.zero, config.mixed.clone());
         let shape = &config.model.shape;
-        let setup = config.setup_mixed(zero, &mixed);
+        let setup = config.setup();
         let scaler = match (&mixed.loss_scaler, mixed.precision) {
             (Some(c), Precision::Fp16) => Some(LossScaler::new(*c)?),
             (None, Precision::Fp16) => Some(LossScaler::torch()),
@@ -235,7 +232,7 @@ impl Trainer {
         }
         let half = Half::of(mixed.precision);
         let offload = match mixed.offload {
-            Offload::Optimizer => Some(offload_store(&model, zero, world, &mixed)?),
+            Offload::Optimizer => Some(offload_store(&model, zero, rank, world, &mixed)?),
             _ => None,
         };
         let masters = match (half, &offload) {
@@ -253,8 +250,7 @@ impl Trainer {
             timings: Timings::default(),
             sharding,
             last_step_comm: comm::CommStats::default(),
-            comm,
-            mixed,
+            comm: comm::Counted::new(comm),
             scaler,
             masters,
             offload,
@@ -263,52 +259,49 @@ impl Trainer {
         })
     }
 
-    /// A trainer for one rank of a data-parallel world at ZeRO stage 0.
-    pub fn with_comm(
-        config: TrainConfig,
-        comm: Box<dyn comm::Collective>,
-    ) -> Result<Trainer, EngineError> {
-        Trainer::sharded(config, Some(comm), ZeroStage::Zero0)
-    }
-
     /// The planner's view of this trainer's run, its ZeRO stage and precision included.
     pub fn setup(&self) -> TrainSetup {
-        self.config.setup_mixed(self.sharding.stage, &self.mixed)
+        self.config.setup()
+    }
+
+    /// Weight precision, loss scaler and offload of this run.
+    pub fn mixed(&self) -> &Mixed {
+        &self.config.mixed
     }
 
     /// This rank's index (0 without a communicator).
     pub fn rank(&self) -> usize {
-        self.comm.as_ref().map_or(0, |c| c.rank())
+        self.comm.rank()
     }
 
     /// Sums `loss_sum` over the ranks (so every rank sees the same, NaN included), then
     /// reduces the gradients as the ZeRO stage says, in the comm crate's fixed rank order.
     fn all_reduce(&mut self, loss_sum: f64) -> Result<f64, EngineError> {
-        let Some(comm) = self.comm.as_mut() else {
-            return Ok(loss_sum);
+        // One rank keeps its f64 sum; several agree on the f32 sum in rank order.
+        let loss = if self.comm.world_size() == 1 {
+            loss_sum
+        } else {
+            let mut loss = [loss_sum as f32];
+            (self.comm).all_reduce(loss.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+            f64::from(loss[0])
         };
-        let mut loss = [loss_sum as f32];
-        comm.all_reduce(loss.as_mut_slice().into(), comm::ReduceOp::Sum)?;
-        if loss[0].is_finite() {
-            self.sharding
-                .reduce_grads(&self.model, &self.arena, comm.as_mut())?;
+        if loss.is_finite() {
+            (self.sharding).reduce_grads(&self.model, &self.arena, &mut self.comm)?;
         }
-        Ok(f64::from(loss[0]))
+        Ok(loss)
     }
 
     /// Enters `phase`: the arena makes its buffers live, then the ZeRO stage gathers weights and
     /// zeroes gradients born there.
     pub fn enter_phase(&mut self, phase: Phase, pass: Pass) -> Result<(), EngineError> {
         self.arena.enter(phase);
-        let comm = self.comm.as_deref_mut();
-        (self.sharding).enter(phase, pass, &mut self.model, &self.arena, comm)
+        (self.sharding).enter(phase, pass, &mut self.model, &self.arena, &mut self.comm)
     }
 
     /// Leaves `phase`: the ZeRO stage reduce-scatters gradients finished there, then the arena
     /// frees what dies there.
     pub fn leave_phase(&mut self, phase: Phase) -> Result<(), EngineError> {
-        let comm = self.comm.as_deref_mut();
-        (self.sharding).leave(phase, &self.model, &self.arena, comm)?;
+        (self.sharding).leave(phase, &self.model, &self.arena, &mut self.comm)?;
         self.arena.leave(phase);
         Ok(())
     }
@@ -465,14 +458,8 @@ impl Trainer {
         let started = Instant::now();
         self.arena.enter(Phase::Optimizer);
         let norm_slices = self.sharding.norm_slices(&self.model);
-        let mut sum_sq = optim::grad_sum_sq(&self.arena, &norm_slices);
-        if let Some(comm) = self.comm.as_mut() {
-            // Two f32 words (value and rounding residue) keep ~48 bits of each rank's f64 sum.
-            let hi = sum_sq as f32;
-            let mut words = [hi, (sum_sq - f64::from(hi)) as f32];
-            comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
-            sum_sq = f64::from(words[0]) + f64::from(words[1]);
-        }
+        let sum_sq = optim::grad_sum_sq(&self.arena, &norm_slices);
+        let sum_sq = sum_f64(&mut self.comm, sum_sq)?;
         let norm = sum_sq.sqrt() as f32;
         if !norm.is_finite() {
             self.arena.leave(Phase::Optimizer);
@@ -494,8 +481,7 @@ impl Trainer {
         let t = (self.step + 1) as u32;
         let (state, kind) = (&self.opt_state, self.config.optimizer);
         optim::update_slices(model, arena, state, &slices, kind, lr, t);
-        let comm = self.comm.as_deref_mut();
-        self.sharding.after_update(model, arena, comm)?;
+        self.sharding.after_update(model, arena, &mut self.comm)?;
         self.arena.leave(Phase::Optimizer);
         self.timings.optimizer += started.elapsed();
         Ok(norm)
@@ -513,7 +499,7 @@ impl Trainer {
 
     /// Bytes this rank has moved so far, per collective (zero without a communicator).
     pub fn comm_stats(&self) -> comm::CommStats {
-        self.comm.as_ref().map(|c| c.stats()).unwrap_or_default()
+        self.comm.stats()
     }
 
     /// fp16: how this rank's fp32 gradients of the last step fared when rounded to fp16 at the
@@ -525,9 +511,18 @@ impl Trainer {
 
     /// Waits for every rank (a snapshot commits only after every rank's shard is on disk).
     pub fn barrier(&mut self) -> Result<(), EngineError> {
-        match self.comm.as_mut() {
-            Some(comm) => Ok(comm.barrier()?),
-            None => Ok(()),
-        }
+        Ok(self.comm.barrier()?)
     }
+}
+
+/// `x` summed over the ranks in rank order; one rank keeps its f64 as it is. Two f32 words (value
+/// and rounding residue) carry ~48 bits of each rank's f64 sum.
+pub(crate) fn sum_f64(comm: &mut dyn comm::Collective, x: f64) -> Result<f64, EngineError> {
+    if comm.world_size() == 1 {
+        return Ok(x);
+    }
+    let hi = x as f32;
+    let mut words = [hi, (x - f64::from(hi)) as f32];
+    comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+    Ok(f64::from(words[0]) + f64::from(words[1]))
 }

@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, llama_tiny, tokens};
+use comm::Collective;
+use common::{assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, on_ranks, tokens};
 use engine::io::{export, HfTensor, Which};
 use engine::Trainer;
-use plan::buffer::Device;
 use plan::ModelShape;
 
 const SEQ: u64 = 16;
@@ -19,45 +19,24 @@ fn run(shape: &ModelShape, ranks: u32, rows: u64) -> (Vec<f32>, Vec<HfTensor>) {
     let local = rows / u64::from(ranks);
     let mut cfg = config(shape.clone(), local, SEQ);
     cfg.ranks = ranks;
-    let comms = comm::InProcess::world(ranks as usize).unwrap();
-    let mut out: Vec<(Vec<f32>, Vec<HfTensor>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, c)| {
-                let (cfg, x, y) = (cfg.clone(), &x, &y);
-                s.spawn(move || {
-                    let mut t = Trainer::with_comm(cfg, Box::new(c)).unwrap();
-                    t.init_weights(5);
-                    // Rank r takes rows r*B..(r+1)*B of the global batch.
-                    let span = (rank as u64 * local * SEQ) as usize
-                        ..((rank as u64 + 1) * local * SEQ) as usize;
-                    let mut losses = Vec::new();
-                    for _ in 0..3 {
-                        let s = t
-                            .step(&mut |i, o| {
-                                i.copy_from_slice(&x[span.clone()]);
-                                o.copy_from_slice(&y[span.clone()]);
-                            })
-                            .unwrap();
-                        losses.push(s.loss);
-                    }
-                    let m = t.measured();
-                    assert_eq!(
-                        m.peak_bytes,
-                        t.plan.peak_bytes(Device::Gpu),
-                        "rank {rank} peak"
-                    );
-                    assert_eq!(
-                        m.at_peak_bytes,
-                        t.plan.at_peak(Device::Gpu).1,
-                        "rank {rank}"
-                    );
-                    (losses, export(&t.model, &t.arena, Which::Params))
+    let mut out: Vec<(Vec<f32>, Vec<HfTensor>)> = on_ranks(ranks as usize, |c| {
+        let rank = c.rank();
+        let mut t = Trainer::with_comm(cfg.clone(), c).unwrap();
+        t.init_weights(5);
+        // Rank r takes rows r*B..(r+1)*B of the global batch.
+        let span = (rank as u64 * local * SEQ) as usize..((rank as u64 + 1) * local * SEQ) as usize;
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            let s = t
+                .step(&mut |i, o| {
+                    i.copy_from_slice(&x[span.clone()]);
+                    o.copy_from_slice(&y[span.clone()]);
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+                .unwrap();
+            losses.push(s.loss);
+        }
+        assert_measured_equals_planned(&t, &format!("rank {rank}"));
+        (losses, export(&t.model, &t.arena, Which::Params))
     });
     for (rank, (losses, weights)) in out.iter().enumerate().skip(1) {
         assert_eq!(losses, &out[0].0, "rank {rank} saw another loss");
@@ -94,27 +73,17 @@ fn two_and_four_ranks_follow_the_single_rank_trajectory() {
 fn a_rank_that_fails_stops_the_others_with_an_error_not_a_hang() {
     let mut cfg = config(gpt2_tiny(), 1, SEQ);
     cfg.ranks = 2;
-    let comms = comm::InProcess::world(2).unwrap();
-    let results: Vec<Result<(), engine::EngineError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, c)| {
-                let cfg = cfg.clone();
-                s.spawn(move || {
-                    let mut t = Trainer::with_comm(cfg, Box::new(c))?;
-                    t.init_weights(1);
-                    // Rank 1's batch holds an id beyond the vocabulary.
-                    let bad = if rank == 1 { 96 } else { 3 };
-                    t.step(&mut |i, o| {
-                        i.fill(bad);
-                        o.fill(1);
-                    })
-                    .map(|_| ())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results: Vec<Result<(), engine::EngineError>> = on_ranks(2, |c| {
+        let rank = c.rank();
+        let mut t = Trainer::with_comm(cfg.clone(), c)?;
+        t.init_weights(1);
+        // Rank 1's batch holds an id beyond the vocabulary.
+        let bad = if rank == 1 { 96 } else { 3 };
+        t.step(&mut |i, o| {
+            i.fill(bad);
+            o.fill(1);
+        })
+        .map(|_| ())
     });
     assert!(
         matches!(results[1], Err(engine::EngineError::Data(_))),

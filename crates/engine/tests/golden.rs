@@ -9,7 +9,7 @@
 //! (AdamW divides by sqrt(v), which amplifies differences in tiny gradients over 10 steps).
 
 use engine::io::{export, load_prefixed, Which};
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{ModelConfig, TrainConfig, Trainer};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
 
@@ -74,17 +74,8 @@ fn run(file: &str) {
         g.meta["seq"].parse().unwrap(),
     );
     let config = TrainConfig {
-        model,
-        batch,
-        seq,
-        grad_accum: 1,
-        optimizer: OptimizerKind::adamw_default(),
-        schedule: Schedule::constant(1e-3),
-        grad_clip: Some(1.0),
-        device_memory_bytes: None,
-        ranks: 1,
-        recompute: plan::setup::Recompute::None,
         attention: plan::setup::Attention::Eager,
+        ..TrainConfig::new(model, batch, seq)
     };
     let mut t = Trainer::new(config).unwrap();
     load_prefixed(&t.model, &t.arena, &g.bytes, file, "weights.").unwrap();

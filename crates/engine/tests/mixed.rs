@@ -29,7 +29,8 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, llama_tiny, tokens};
+use comm::Collective;
+use common::{config, gpt2_tiny, llama_tiny, max_diff, on_ranks, tokens};
 use engine::precision::{DeepSpeedScaling, PrecisionError, ScalerConfig, TorchScaling};
 use engine::train::Mixed;
 use engine::{EngineError, TrainConfig, Trainer};
@@ -67,41 +68,25 @@ fn run_with(
     let vocab = c.model.shape.vocab;
     let (x, y) = (tokens(n, vocab, 31), tokens(n, vocab, 32));
     let local = ROWS / u64::from(ranks);
-    (c.batch, c.ranks) = (local, ranks);
-    let comms: Vec<Option<comm::InProcessComm>> = if ranks == 1 {
-        vec![None]
-    } else {
-        let world = comm::InProcess::world(ranks as usize).unwrap();
-        world.into_iter().map(Some).collect()
-    };
-    let out: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let (c, x, y, mixed) = (c.clone(), &x, &y, mixed.clone());
-                s.spawn(move || {
-                    let comm = comm.map(|c| Box::new(c) as Box<dyn comm::Collective>);
-                    let mut t = Trainer::mixed(c, comm, zero, mixed).unwrap();
-                    t.init_weights(5);
-                    let rows = (local * SEQ) as usize;
-                    let at = rank * rows;
-                    let mut losses = Vec::new();
-                    for _ in 0..steps {
-                        let stats = t
-                            .step(&mut |i, o| {
-                                i.copy_from_slice(&x[at..at + rows]);
-                                o.copy_from_slice(&y[at..at + rows]);
-                            })
-                            .unwrap();
-                        losses.push(stats.loss);
-                    }
-                    check_memory(&t);
-                    (losses, t.full_params().unwrap())
+    (c.batch, c.ranks, c.zero, c.mixed) = (local, ranks, zero, mixed.clone());
+    let out: Vec<_> = on_ranks(ranks as usize, |comm| {
+        let rank = comm.rank();
+        let mut t = Trainer::with_comm(c.clone(), comm).unwrap();
+        t.init_weights(5);
+        let rows = (local * SEQ) as usize;
+        let at = rank * rows;
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            let stats = t
+                .step(&mut |i, o| {
+                    i.copy_from_slice(&x[at..at + rows]);
+                    o.copy_from_slice(&y[at..at + rows]);
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+                .unwrap();
+            losses.push(stats.loss);
+        }
+        check_memory(&t);
+        (losses, t.full_params().unwrap())
     });
     for r in &out[1..] {
         assert_eq!(r, &out[0], "ranks disagree");
@@ -111,7 +96,7 @@ fn run_with(
 
 fn check_memory(t: &Trainer) {
     let (m, plan) = (t.measured(), &t.plan);
-    let what = format!("{:?} at {:?}", t.mixed.precision, t.sharding.stage);
+    let what = format!("{:?} at {:?}", t.mixed().precision, t.sharding.stage);
     assert_eq!(m.peak_bytes, plan.peak_bytes(Device::Gpu), "{what}: peak");
     assert_eq!(m.at_peak_bytes, plan.at_peak(Device::Gpu).1, "{what}");
     let peaks = plan.category_peaks(Device::Gpu);
@@ -177,7 +162,7 @@ fn overflowing_step(t: &mut Trainer, x: &[u32], y: &[u32]) -> Result<f32, Engine
 fn an_fp16_overflow_skips_the_step_halves_the_scale_and_leaves_the_weights() {
     let n = (ROWS * SEQ) as usize;
     let (x, y) = (tokens(n, 96, 1), tokens(n, 96, 2));
-    let mut t = Trainer::mixed(cfg(), None, ZeroStage::Zero0, Mixed::fp16(torch())).unwrap();
+    let mut t = Trainer::new(with_mixed(cfg(), Mixed::fp16(torch()))).unwrap();
     t.init_weights(5);
     let stats = t
         .step(&mut |i, o| {
@@ -210,7 +195,7 @@ fn a_scale_stuck_at_its_minimum_is_a_clear_error() {
         ..DeepSpeedScaling::default()
     };
     let mixed = Mixed::fp16(ScalerConfig::DeepSpeed(ds));
-    let mut t = Trainer::mixed(cfg(), None, ZeroStage::Zero0, mixed).unwrap();
+    let mut t = Trainer::new(with_mixed(cfg(), mixed)).unwrap();
     t.init_weights(5);
     let err = (0..3)
         .find_map(|_| overflowing_step(&mut t, &x, &y).err())
@@ -225,9 +210,9 @@ fn a_scale_stuck_at_its_minimum_is_a_clear_error() {
     assert!(err.to_string().contains("minimum"), "{err}");
 }
 
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    let pairs = a.iter().zip(b).flat_map(|(p, q)| p.iter().zip(q));
-    pairs.map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+/// `c` with `mixed`'s precision, loss scaler and offload.
+fn with_mixed(c: TrainConfig, mixed: Mixed) -> TrainConfig {
+    TrainConfig { mixed, ..c }
 }
 
 #[test]
@@ -320,9 +305,10 @@ fn offloading_the_optimizer_moves_12_bytes_per_element_to_the_host_and_changes_n
         );
         let mut c = cfg();
         (c.batch, c.ranks) = (ROWS / 2, 2);
-        let device = engine::train::check_capacity_mixed(&c, zero, &Mixed::bf16()).unwrap();
+        c.zero = zero;
+        let device = engine::train::check_capacity(&with_mixed(c.clone(), Mixed::bf16())).unwrap();
         let mixed = offloaded(Mixed::bf16(), None);
-        let host = engine::train::check_capacity_mixed(&c, zero, &mixed).unwrap();
+        let host = engine::train::check_capacity(&with_mixed(c.clone(), mixed)).unwrap();
         let units = plan::frugal::param_units(&c.model.shape, 2).unwrap();
         let opt_elems: u64 = units
             .iter()
@@ -360,19 +346,14 @@ fn the_optimizer_on_disk_gives_the_same_bits_and_refuses_an_existing_file() {
         3,
     );
     assert_eq!(on_disk, in_ram);
-    let t = Trainer::mixed(cfg(), None, ZeroStage::Zero0, offloaded(fp16.clone(), None)).unwrap();
+    let t = Trainer::new(with_mixed(cfg(), offloaded(fp16.clone(), None))).unwrap();
     let store = t.offload.as_ref().unwrap();
     assert!(store.bytes() >= t.plan.peak_bytes(Device::Host));
     assert!(!path.exists(), "the scratch file goes with its store");
     std::fs::write(&path, b"someone's data").unwrap();
-    let err = Trainer::mixed(
-        cfg(),
-        None,
-        ZeroStage::Zero0,
-        offloaded(fp16, Some(path.clone())),
-    )
-    .err()
-    .expect("an existing file is never overwritten");
+    let err = Trainer::new(with_mixed(cfg(), offloaded(fp16, Some(path.clone()))))
+        .err()
+        .expect("an existing file is never overwritten");
     assert!(matches!(err, EngineError::Offload(_)), "{err}");
     assert!(
         err.to_string().contains(&path.display().to_string()),

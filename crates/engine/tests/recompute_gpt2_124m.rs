@@ -7,7 +7,7 @@
 //! measures exactly the plan's peak, classifier chunk included. `frugal train --model gpt2-124m
 //! --batch 8 --seq 1024 --recompute full --attention flash --steps 1` measures the big one.
 
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
+use engine::{ModelConfig, Schedule, TrainConfig, Trainer};
 use plan::buffer::{Category, Device, MemoryPlan};
 use plan::frugal::CLASSIFIER_CHUNK_ROWS;
 use plan::setup::{Attention, Recompute};
@@ -15,17 +15,10 @@ use plan::setup::{Attention, Recompute};
 fn config(batch: u64, seq: u64, recompute: Recompute, attention: Attention) -> TrainConfig {
     let shape = plan::presets::by_name("gpt2-124m").unwrap();
     TrainConfig {
-        model: ModelConfig::from_shape(shape).unwrap(),
-        batch,
-        seq,
-        grad_accum: 1,
-        optimizer: OptimizerKind::adamw_default(),
         schedule: Schedule::constant(1e-4),
-        grad_clip: Some(1.0),
-        device_memory_bytes: None,
-        ranks: 1,
         recompute,
         attention,
+        ..TrainConfig::new(ModelConfig::from_shape(shape).unwrap(), batch, seq)
     }
 }
 

@@ -55,17 +55,15 @@ struct Plan<'a> {
 
 /// One rank's run; returns its losses and final weights.
 fn rank_run(
-    cfg: TrainConfig,
-    comm: Option<comm::InProcessComm>,
+    mut cfg: TrainConfig,
+    comm: Box<dyn comm::Collective>,
     plan: &Plan<'_>,
 ) -> (Vec<f32>, Vec<HfTensor>) {
     let ds = dataset(cfg.model.shape.vocab);
     let mut shape = data::BatchShape::single(cfg.batch as usize, SEQ);
-    if let Some(c) = &comm {
-        (shape.rank, shape.world_size) = (comm::Collective::rank(c), cfg.ranks as usize);
-    }
-    let comm = comm.map(|c| Box::new(c) as Box<dyn comm::Collective>);
-    let mut trainer = Trainer::sharded(cfg, comm, plan.zero).unwrap();
+    (shape.rank, shape.world_size) = (comm.rank(), comm.world_size());
+    cfg.zero = plan.zero;
+    let mut trainer = Trainer::with_comm(cfg, comm).unwrap();
     let mut loader = ds
         .train_loader(data::LoaderConfig::shuffled(shape, SEED))
         .unwrap();
@@ -73,8 +71,7 @@ fn rank_run(
     if let Some(snap) = plan.resume {
         // Different starting weights prove the snapshot overwrites all of them.
         trainer.init_weights(SEED + 1);
-        snap.check_compatible(&trainer.config, &trainer.mixed, SEED)
-            .unwrap();
+        snap.check_compatible(&trainer.config, SEED).unwrap();
         let run = snap.restore(&mut trainer).unwrap();
         loader.seek(run.loader).unwrap();
     }
@@ -108,20 +105,7 @@ fn run(
     plan: &Plan<'_>,
 ) -> (Vec<f32>, Vec<HfTensor>) {
     let cfg = run_config(shape, ranks, optimizer);
-    if ranks == 1 {
-        return rank_run(cfg, None, plan);
-    }
-    let comms = comm::InProcess::world(ranks as usize).unwrap();
-    let mut out: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|c| {
-                let cfg = cfg.clone();
-                s.spawn(move || rank_run(cfg, Some(c), plan))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let mut out = common::on_ranks(ranks as usize, |c| rank_run(cfg.clone(), c, plan));
     out.swap_remove(0)
 }
 

@@ -61,28 +61,21 @@ struct Plan<'a> {
 }
 
 /// One rank's run: its losses, final master weights (as bits) and loss scale.
-fn rank_run(cfg: TrainConfig, comm: Option<comm::InProcessComm>, plan: &Plan<'_>) -> Outcome {
+fn rank_run(mut cfg: TrainConfig, comm: Box<dyn comm::Collective>, plan: &Plan<'_>) -> Outcome {
     let vocab = cfg.model.shape.vocab;
     let ds = data::Dataset::new(tokens(4000, vocab, 3), vocab as u32, 0.1).unwrap();
     let mut shape = data::BatchShape::single(cfg.batch as usize, SEQ);
-    let mut mixed = plan.mixed.clone();
-    if let Some(c) = &comm {
-        (shape.rank, shape.world_size) = (comm::Collective::rank(c), cfg.ranks as usize);
-        let rank = comm::Collective::rank(c);
-        mixed.offload_path = mixed
-            .offload_path
-            .map(|p| p.with_extension(format!("{rank}")));
-    }
-    let comm = comm.map(|c| Box::new(c) as Box<dyn comm::Collective>);
-    let mut trainer = Trainer::mixed(cfg, comm, plan.zero, mixed).unwrap();
+    (shape.rank, shape.world_size) = (comm.rank(), comm.world_size());
+    // Each rank's offload file is the plan's path with its rank in the name (`Mixed::store_path`).
+    (cfg.zero, cfg.mixed) = (plan.zero, plan.mixed.clone());
+    let mut trainer = Trainer::with_comm(cfg, comm).unwrap();
     let config = data::LoaderConfig::shuffled(shape, SEED);
     let mut loader = ds.train_loader(config).unwrap();
     trainer.init_weights(SEED);
     if let Some(snap) = plan.resume {
         // Different starting weights prove the snapshot overwrites all of them.
         trainer.init_weights(SEED + 1);
-        snap.check_compatible(&trainer.config, &trainer.mixed, SEED)
-            .unwrap();
+        snap.check_compatible(&trainer.config, SEED).unwrap();
         let run = snap.restore(&mut trainer).unwrap();
         loader.seek(run.loader).unwrap();
     }
@@ -119,20 +112,7 @@ struct Outcome {
 
 fn run(shape: &ModelShape, ranks: u32, plan: &Plan<'_>) -> Outcome {
     let cfg = run_config(shape, ranks);
-    if ranks == 1 {
-        return rank_run(cfg, None, plan);
-    }
-    let comms = comm::InProcess::world(ranks as usize).unwrap();
-    let mut out: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|c| {
-                let cfg = cfg.clone();
-                s.spawn(move || rank_run(cfg, Some(c), plan))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let mut out = common::on_ranks(ranks as usize, |c| rank_run(cfg.clone(), c, plan));
     out.swap_remove(0)
 }
 
@@ -203,17 +183,25 @@ fn a_snapshot_resumes_only_with_its_precision() {
     assert!(text.contains("\"growth_tracker\""), "{text}");
     let cfg = run_config(&gpt2_tiny(), 1);
     for other in [Mixed::bf16(), Mixed::fp32()] {
-        let err = snap.check_compatible(&cfg, &other, SEED).unwrap_err();
+        let other_cfg = TrainConfig {
+            mixed: other,
+            ..cfg.clone()
+        };
+        let err = snap.check_compatible(&other_cfg, SEED).unwrap_err();
         let SnapshotError::Mismatch { differences, .. } = &err else {
             panic!("expected a mismatch, got {err}");
         };
         let fields: Vec<_> = differences.iter().map(|d| d.field.as_str()).collect();
         assert_eq!(fields, ["run.loss_scaler", "run.precision"], "{err}");
         // Skipping the check, restore refuses the scaler mismatch and writes nothing.
-        let mut trainer = Trainer::mixed(cfg.clone(), None, ZeroStage::Zero0, other).unwrap();
+        let mut trainer = Trainer::new(other_cfg).unwrap();
         assert!(snap.restore(&mut trainer).is_err());
         assert_eq!(trainer.step, 0);
     }
-    snap.check_compatible(&cfg, &fp16(), SEED).unwrap();
+    let fp16_cfg = TrainConfig {
+        mixed: fp16(),
+        ..cfg
+    };
+    snap.check_compatible(&fp16_cfg, SEED).unwrap();
     std::fs::remove_dir_all(&out).unwrap();
 }

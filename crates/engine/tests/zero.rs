@@ -17,10 +17,12 @@
 
 mod common;
 
-use comm::{CollectiveKind, CommStats};
-use common::{config, gpt2_tiny, llama_tiny, tokens};
+use comm::{Collective, CollectiveKind, CommStats};
+use common::{
+    assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, max_diff, on_ranks, tokens,
+};
 use engine::{TrainConfig, Trainer};
-use plan::buffer::{Category, Device, Lifetime};
+use plan::buffer::{Category, Lifetime};
 use plan::setup::{Recompute, ZeroStage};
 use plan::ModelShape;
 
@@ -52,54 +54,38 @@ fn run(cfg: &TrainConfig, ranks: u32, zero: ZeroStage) -> Run {
     let (x, y) = (tokens(n, vocab, 31), tokens(n, vocab, 32));
     let local = ROWS / u64::from(ranks);
     let mut cfg = cfg.clone();
-    (cfg.batch, cfg.seq, cfg.ranks) = (local, SEQ, ranks);
-    let comms: Vec<Option<comm::InProcessComm>> = if ranks == 1 {
-        vec![None]
-    } else {
-        let world = comm::InProcess::world(ranks as usize).unwrap();
-        world.into_iter().map(Some).collect()
-    };
-    let mut out: Vec<Run> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, c)| {
-                let (cfg, x, y) = (cfg.clone(), &x, &y);
-                s.spawn(move || {
-                    let c = c.map(|c| Box::new(c) as Box<dyn comm::Collective>);
-                    let mut t = Trainer::sharded(cfg, c, zero).unwrap();
-                    t.init_weights(5);
-                    // Micro-step j of rank r takes rows (j·N + r)·B .. of the global batch.
-                    let rows = (local * SEQ) as usize;
-                    let mut micro = 0usize;
-                    let mut losses = Vec::new();
-                    let mut step_comm = CommStats::default();
-                    for _ in 0..STEPS {
-                        let before = t.comm_stats();
-                        let stats = t
-                            .step(&mut |i, o| {
-                                let at = (micro % k as usize * ranks as usize + rank) * rows;
-                                i.copy_from_slice(&x[at..at + rows]);
-                                o.copy_from_slice(&y[at..at + rows]);
-                                micro += 1;
-                            })
-                            .unwrap();
-                        step_comm = t.comm_stats().since(&before);
-                        losses.push(stats.loss);
-                    }
-                    check_memory(&t, rank);
-                    let val_loss = t.eval_loss(&x[..rows], &y[..rows]).unwrap();
-                    let weights = t.full_params().unwrap();
-                    Run {
-                        losses,
-                        val_loss,
-                        weights,
-                        step_comm,
-                    }
+    (cfg.batch, cfg.seq, cfg.ranks, cfg.zero) = (local, SEQ, ranks, zero);
+    let mut out: Vec<Run> = on_ranks(ranks as usize, |c| {
+        let rank = c.rank();
+        let mut t = Trainer::with_comm(cfg.clone(), c).unwrap();
+        t.init_weights(5);
+        // Micro-step j of rank r takes rows (j·N + r)·B .. of the global batch.
+        let rows = (local * SEQ) as usize;
+        let mut micro = 0usize;
+        let mut losses = Vec::new();
+        let mut step_comm = CommStats::default();
+        for _ in 0..STEPS {
+            let before = t.comm_stats();
+            let stats = t
+                .step(&mut |i, o| {
+                    let at = (micro % k as usize * ranks as usize + rank) * rows;
+                    i.copy_from_slice(&x[at..at + rows]);
+                    o.copy_from_slice(&y[at..at + rows]);
+                    micro += 1;
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+                .unwrap();
+            step_comm = t.comm_stats().since(&before);
+            losses.push(stats.loss);
+        }
+        check_memory(&t, rank);
+        let val_loss = t.eval_loss(&x[..rows], &y[..rows]).unwrap();
+        let weights = t.full_params().unwrap();
+        Run {
+            losses,
+            val_loss,
+            weights,
+            step_comm,
+        }
     });
     let l = &out[0].losses;
     assert!(l[STEPS - 1] < l[0], "training moves: {l:?}");
@@ -111,13 +97,9 @@ fn run(cfg: &TrainConfig, ranks: u32, zero: ZeroStage) -> Run {
 }
 
 fn check_memory(t: &Trainer, rank: usize) {
-    let m = t.measured();
     let plan = &t.plan;
     let what = format!("rank {rank} at {:?}", t.sharding.stage);
-    assert_eq!(m.peak_bytes, plan.peak_bytes(Device::Gpu), "{what}: peak");
-    assert_eq!(m.at_peak_bytes, plan.at_peak(Device::Gpu).1, "{what}");
-    let peaks = plan.category_peaks(Device::Gpu);
-    assert_eq!(m.category_peak_bytes, peaks, "{what}: category peaks");
+    assert_measured_equals_planned(t, &what);
     if t.sharding.stage == ZeroStage::Zero3 {
         let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
         let state: u64 = plan
@@ -134,11 +116,6 @@ fn check_memory(t: &Trainer, rank: usize) {
             .sum();
         assert_eq!(state, 16 * psi / t.sharding.world as u64, "{what}: 16Ψ/N");
     }
-}
-
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    let pairs = a.iter().zip(b).flat_map(|(p, q)| p.iter().zip(q));
-    pairs.map(|(p, q)| (p - q).abs()).fold(0.0, f32::max)
 }
 
 fn close(a: &Run, b: &Run, what: &str) {
@@ -274,31 +251,21 @@ fn check_comm(shape: &ModelShape, got: &CommStats, ranks: u32, zero: ZeroStage, 
 #[test]
 fn a_rank_that_fails_mid_gather_stops_the_others() {
     let mut cfg = config(gpt2_tiny(), 1, SEQ);
-    cfg.ranks = 2;
-    let comms = comm::InProcess::world(2).unwrap();
-    let results: Vec<Result<(), engine::EngineError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, c)| {
-                let cfg = cfg.clone();
-                s.spawn(move || {
-                    let mut t = Trainer::sharded(cfg, Some(Box::new(c)), ZeroStage::Zero3)?;
-                    t.init_weights(1);
-                    let step = |t: &mut Trainer, bad: u32| {
-                        t.step(&mut |i, o| {
-                            i.fill(bad);
-                            o.fill(1);
-                        })
-                    };
-                    step(&mut t, 3)?;
-                    // In step 2, rank 1's batch holds an id beyond the vocabulary: it returns
-                    // before its first gather, while rank 0 waits in it.
-                    step(&mut t, if rank == 1 { 96 } else { 3 }).map(|_| ())
-                })
+    (cfg.ranks, cfg.zero) = (2, ZeroStage::Zero3);
+    let results: Vec<Result<(), engine::EngineError>> = on_ranks(2, |c| {
+        let rank = c.rank();
+        let mut t = Trainer::with_comm(cfg.clone(), c)?;
+        t.init_weights(1);
+        let step = |t: &mut Trainer, bad: u32| {
+            t.step(&mut |i, o| {
+                i.fill(bad);
+                o.fill(1);
             })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        step(&mut t, 3)?;
+        // In step 2, rank 1's batch holds an id beyond the vocabulary: it returns before its
+        // first gather, while rank 0 waits in it.
+        step(&mut t, if rank == 1 { 96 } else { 3 }).map(|_| ())
     });
     assert!(
         matches!(results[1], Err(engine::EngineError::Data(_))),

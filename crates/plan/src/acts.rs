@@ -19,6 +19,9 @@ pub struct LayerActs {
     pub saved_bytes: u64,
     /// Saved with selective recomputation (the attention core's T×T tensors recomputed).
     pub selective_bytes: u64,
+    /// Saved under keep-matmuls: the block's input, q|k|v, the attention block's output (the
+    /// residual stream after it) and the MLP's first matmul output.
+    pub keep_matmuls_bytes: u64,
     /// The block's input, which full recomputation keeps.
     pub input_bytes: u64,
     /// Largest activation gradient inside the block (backward workspace).
@@ -90,7 +93,16 @@ impl LayerActs {
         } else {
             0
         };
+        let mlp_in = match (&model.moe, model.family) {
+            (Some(m), _) if model.is_moe_layer(layer_idx) => {
+                m.n_active as u64 * 2 * m.d_ff_expert + 2 * m.d_ff_expert * m.n_shared as u64
+            }
+            (_, Family::Gpt2) => model.d_ff,
+            _ => 2 * model.d_ff,
+        };
+        let matmul_outputs = a * sb * (q_dim + k_dim + v_dim + mlp_in) / t;
         LayerActs {
+            keep_matmuls_bytes: 2 * a * sb * h / sp_div + matmul_outputs + router,
             saved_bytes: base + core / t,
             selective_bytes: base + flash_core,
             input_bytes: a * sb * h / sp_div,

@@ -14,7 +14,7 @@
 use crate::acts::{act_bytes, LayerActs};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::params::TensorKind;
-use crate::setup::{Offload, Recompute, TrainSetup, ZeroStage};
+use crate::setup::{Offload, TrainSetup, ZeroStage};
 use crate::{lora, Estimate, ModelShape, PlanError};
 
 /// CUDA context and libraries, from the seed's "CUDA Context: ~0.5-1 GB" (the `pytorch` profile
@@ -493,16 +493,6 @@ impl StagePlan<'_> {
                 life,
             );
         }
-    }
-}
-
-/// The recompute segment length K for `policy` over `n_layers` blocks (0: nothing recomputed).
-pub fn segment_layers(policy: Recompute, n_layers: u32) -> u32 {
-    match policy {
-        Recompute::None | Recompute::Selective => 0,
-        Recompute::Full => 1,
-        Recompute::Every(k) => k.min(n_layers.max(1)),
-        Recompute::Sqrt => ((n_layers as f64).sqrt().round() as u32).max(1),
     }
 }
 

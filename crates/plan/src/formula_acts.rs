@@ -10,8 +10,9 @@
 
 use crate::acts::{act_bytes, LayerActs};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
-use crate::formula::{segment_layers, Policy};
-use crate::setup::{Recompute, TrainSetup};
+use crate::formula::Policy;
+use crate::recompute::{Kept, RecomputePlan};
+use crate::setup::TrainSetup;
 use crate::{lora, ModelShape};
 
 /// What the activation timeline needs to know about a pipeline stage.
@@ -77,16 +78,17 @@ fn autocast_bytes(model: &ModelShape, setup: &TrainSetup, layer_idx: u32) -> u64
 /// Pushes every activation and workspace buffer of stage `st` onto `plan`.
 pub fn activations(plan: &mut MemoryPlan, model: &ModelShape, setup: &TrainSetup, st: &StageView) {
     let n = st.n_layers;
-    let k = segment_layers(setup.recompute, n);
+    let recompute = RecomputePlan::of(setup.recompute, n);
+    let k = recompute.segment_len.unwrap_or(0);
     let autocast = Policy::of(setup.precision).autocast_copy && setup.lora.is_none();
     let kinds = block_kinds(model, setup);
     for i in 0..n {
         let layer = st.first_layer + i;
         let (acts, extra, copy) = kinds[usize::from(model.is_moe_layer(layer))];
-        let saved = if setup.recompute == Recompute::Selective {
-            acts.selective_bytes
-        } else {
-            acts.saved_bytes
+        let saved = match recompute.kept {
+            Kept::Everything => acts.saved_bytes,
+            Kept::AllButAttentionCore => acts.selective_bytes,
+            Kept::MatmulOutputs => acts.keep_matmuls_bytes,
         } + extra;
         let (fwd, bwd) = (Phase::Forward(i), Phase::Backward(i));
         if let Some(seg_first) = i.checked_div(k).map(|q| q * k) {

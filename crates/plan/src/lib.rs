@@ -23,6 +23,7 @@ pub mod params;
 pub mod policy;
 pub mod presets;
 pub mod pytorch;
+pub mod recompute;
 pub mod report;
 pub mod runtime;
 pub mod setup;

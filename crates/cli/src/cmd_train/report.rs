@@ -7,43 +7,38 @@
 use super::{Args, Curves};
 use crate::output::{human_bytes, Table};
 use anyhow::{bail, Context};
+use engine::train::{MemoryBreakdown, RankMemory};
 use engine::Trainer;
 use plan::buffer::{Category, Device};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
 pub struct Summary<'a> {
-    /// One trainer per rank, rank 0 first.
-    pub trainers: &'a [&'a Trainer],
+    /// Rank 0's trainer.
+    pub trainer: &'a Trainer,
+    /// Every rank's planned and measured bytes, rank 0 first (gathered over the communicator).
+    pub memory: &'a [RankMemory],
     pub curves: &'a Curves,
     pub tokens: u64,
     pub seconds: f64,
     pub sample: Option<&'a str>,
 }
 
-/// `(planned, measured)` per-device byte counts, in the JSON contract's fields.
-fn per_device(trainer: &Trainer) -> (Map<String, Value>, Map<String, Value>) {
-    // The JSON contract's categories are the breakdown at the peak (they sum to peak_bytes), as
-    // `frugal plan` prints them.
-    let (_, plan_peaks) = trainer.plan.at_peak(Device::Gpu);
-    let planned_peak = trainer.plan.peak_bytes(Device::Gpu);
-    let planned_reserved = plan::frugal::assign_offsets(&trainer.plan, Device::Gpu).slab_bytes;
-    let m = trainer.measured();
-    let fill = |peaks: [u64; 6], peak: u64, reserved: u64| {
+/// `(planned, measured)` per-device byte counts of one rank, in the JSON contract's fields. The
+/// categories are the breakdown at the peak (they sum to peak_bytes), as `frugal plan` prints them.
+fn per_device(rank: &RankMemory) -> (Map<String, Value>, Map<String, Value>) {
+    let fill = |m: &MemoryBreakdown| {
         let mut obj = Map::new();
         for c in Category::ALL {
-            obj.insert(c.json_field().into(), json!(peaks[c as usize]));
+            obj.insert(c.json_field().into(), json!(m.at_peak_bytes[c as usize]));
         }
-        obj.insert("peak_bytes".into(), json!(peak));
-        obj.insert("reserved_bytes".into(), json!(reserved));
+        obj.insert("peak_bytes".into(), json!(m.peak_bytes));
+        obj.insert("reserved_bytes".into(), json!(m.reserved_bytes));
         obj.insert("context_bytes".into(), json!(0));
-        obj.insert("total_bytes".into(), json!(reserved));
+        obj.insert("total_bytes".into(), json!(m.reserved_bytes));
         obj
     };
-    (
-        fill(plan_peaks, planned_peak, planned_reserved),
-        fill(m.at_peak_bytes, m.peak_bytes, m.reserved_bytes),
-    )
+    (fill(&rank.planned), fill(&rank.measured))
 }
 
 /// ZeRO's claim on one rank: persistent model state (weights, gradients, optimizer state) against
@@ -104,13 +99,14 @@ pub fn model_state(t: &Trainer) -> ModelState {
     }
 }
 
-/// Fails the run if the arena's measured bytes differ from the plan's in any field.
-pub fn check_planned_equals_measured(trainer: &Trainer) -> anyhow::Result<()> {
-    let (planned, measured) = per_device(trainer);
+/// Fails the run if a rank's measured bytes differ from its plan's in any field.
+pub fn check_planned_equals_measured(rank: &RankMemory) -> anyhow::Result<()> {
+    let (planned, measured) = per_device(rank);
     for (field, p) in &planned {
         if measured.get(field) != Some(p) {
             bail!(
-                "internal error: measured {field} {} differs from the plan's {p}",
+                "internal error: rank {}'s measured {field} {} differs from the plan's {p}",
+                rank.rank,
                 measured[field]
             );
         }
@@ -126,18 +122,17 @@ fn first_last(points: &[(u64, f32)]) -> (f32, f32) {
 
 pub fn json(s: &Summary<'_>) -> String {
     let ranks: Vec<Value> = s
-        .trainers
+        .memory
         .iter()
-        .enumerate()
-        .map(|(rank, t)| {
-            let (planned, measured) = per_device(t);
-            json!({"rank": rank, "planned": planned, "measured": measured})
+        .map(|r| {
+            let (planned, measured) = per_device(r);
+            json!({"rank": r.rank, "planned": planned, "measured": measured})
         })
         .collect();
     let (loss_first, loss_last) = first_last(&s.curves.train);
     let val_loss = s.curves.val.last().map(|p| p.1);
     let v = json!({
-        "model": s.trainers[0].config.model.shape.name,
+        "model": s.trainer.config.model.shape.name,
         "steps": s.curves.train.len(),
         "tokens": s.tokens,
         "loss_first": loss_first,
@@ -147,9 +142,9 @@ pub fn json(s: &Summary<'_>) -> String {
         "seconds": s.seconds,
         "tokens_per_s": s.tokens as f64 / s.seconds,
         "ranks": ranks,
-        "zero": zero_json(&model_state(s.trainers[0])),
-        "precision": super::precision::json(s.trainers[0]),
-        "offload": super::precision::offload_json(s.trainers[0]),
+        "zero": zero_json(&model_state(s.trainer)),
+        "precision": super::precision::json(s.trainer),
+        "offload": super::precision::offload_json(s.trainer),
         "sample": s.sample,
     });
     serde_json::to_string_pretty(&v).expect("a JSON value serialises")
@@ -202,9 +197,9 @@ fn zero_lines(m: &ModelState) -> String {
 }
 
 pub fn human(s: &Summary<'_>, args: &Args) -> String {
-    let t = s.trainers[0];
+    let t = s.trainer;
     let shape = &t.config.model.shape;
-    let (planned, measured) = per_device(t);
+    let (planned, measured) = per_device(&s.memory[0]);
     let mut table = Table::new(&["memory (rank 0)", "planned", "measured", "bytes"]);
     let fields = Category::ALL
         .iter()
@@ -230,7 +225,7 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         args.batch,
         args.seq,
         args.grad_accum,
-        s.trainers.len()
+        s.memory.len()
     );
     out.push_str(&format!(
         "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",
@@ -243,10 +238,10 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         plan::report::phase_name(phase)
     ));
     out.push_str(&table.render());
-    if s.trainers.len() > 1 {
+    if s.memory.len() > 1 {
         out.push_str(&format!(
             "(each of the {} ranks measured exactly its plan)\n",
-            s.trainers.len()
+            s.memory.len()
         ));
     }
     out.push_str(&zero_lines(&model_state(t)));

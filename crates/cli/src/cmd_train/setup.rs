@@ -5,9 +5,8 @@
 //! Example: `setup::prepare(&args)?` then `run.trainer.step(...)`.
 
 use super::Args;
-use anyhow::{bail, Context};
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig, Trainer};
-use plan::ModelShape;
+use anyhow::Context;
+use engine::{TrainConfig, Trainer};
 use std::path::{Path, PathBuf};
 
 /// What every rank builds from: the validated config, the tokenized data, the weights to load.
@@ -27,43 +26,6 @@ pub struct Rank {
     pub val: data::ValBatches,
 }
 
-/// The default training shape: the `gpt2-mini` preset (GPT-2 blocks, 4 layers of width 128, the
-/// full GPT-2 vocabulary, 256 positions).
-pub fn gpt2_mini() -> ModelShape {
-    plan::presets::by_name("gpt2-mini").expect("gpt2-mini is a preset")
-}
-
-/// The model config and, for a saved folder, the weights file to start from.
-fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
-    let path = Path::new(spec);
-    if path.is_dir() {
-        let config = path.join("config.json");
-        let text = std::fs::read_to_string(&config)
-            .with_context(|| format!("--model {spec}: reading {}", config.display()))?;
-        let model = ModelConfig::from_hf_json(&text, &config.display().to_string())?;
-        let weights = path.join("model.safetensors");
-        return Ok((model, weights.exists().then_some(weights)));
-    }
-    if spec.ends_with(".json") || path.exists() {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("--model {spec}: reading it"))?;
-        return Ok((ModelConfig::from_hf_json(&text, spec)?, None));
-    }
-    let shape = plan::presets::by_name(spec).context("--model")?;
-    Ok((ModelConfig::from_shape(shape)?, None))
-}
-
-fn optimizer(name: &str) -> anyhow::Result<OptimizerKind> {
-    Ok(match name {
-        "adamw" => OptimizerKind::adamw_default(),
-        "sgd" => OptimizerKind::Sgd {
-            momentum: 0.9,
-            weight_decay: 0.0,
-        },
-        other => bail!("--optimizer {other}: choose adamw or sgd"),
-    })
-}
-
 fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
     Ok(match path {
         Some(p) => data::load_text_path(p).with_context(|| format!("--data {}", p.display()))?,
@@ -71,66 +33,11 @@ fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
     })
 }
 
-/// Validates `args` and loads the data; the plan is checked against `--device-memory` here, so a
-/// run that does not fit is refused before any data is read.
+/// Validates `args` into the one run config (refusing a run that does not fit before any data
+/// is read), opens `--resume`'s snapshot and loads the data.
 pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
-    if args.ranks == 0 {
-        bail!("--ranks 0: at least one rank is needed");
-    }
-    let (model, weights) = resolve_model(&args.model)?;
-    if args.lr <= 0.0 || !args.lr.is_finite() {
-        bail!("--lr {} must be a positive number", args.lr);
-    }
+    let super::config::Validated { config, weights } = super::config::validate(args)?;
     let tokenizer = data::Tokenizer::gpt2();
-    if u64::from(tokenizer.vocab_size()) > model.shape.vocab {
-        bail!(
-            "the model's vocabulary ({}) is smaller than the GPT-2 tokenizer's ({}): token ids \
-             would fall outside the embedding; use a model with vocab_size >= {}",
-            model.shape.vocab,
-            tokenizer.vocab_size(),
-            tokenizer.vocab_size()
-        );
-    }
-    if args.seq > model.shape.max_positions {
-        bail!(
-            "--seq {} is longer than the model's {} positions: use --seq {} or less",
-            args.seq,
-            model.shape.max_positions,
-            model.shape.max_positions
-        );
-    }
-    let device_memory_bytes = match &args.device_memory {
-        Some(text) => Some(plan::units::parse_bytes(text, "--device-memory")?),
-        None => None,
-    };
-    let config = TrainConfig {
-        model,
-        batch: args.batch,
-        seq: args.seq,
-        grad_accum: args.grad_accum,
-        optimizer: optimizer(&args.optimizer)?,
-        schedule: Schedule {
-            lr: args.lr,
-            warmup_steps: args.warmup.min(args.steps),
-            total_steps: args.steps,
-            min_lr_ratio: 0.1,
-        },
-        grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
-        device_memory_bytes,
-        ranks: args.ranks,
-        recompute: crate::cmd_plan::parse_recompute(&args.recompute)
-            .map_err(|e| anyhow::anyhow!("invalid --recompute {}: {e}", args.recompute))?,
-        attention: match args.attention.as_str() {
-            "naive" | "eager" => plan::setup::Attention::Eager,
-            "flash" => plan::setup::Attention::Flash,
-            other => bail!("invalid --attention {other}: use naive (or eager) or flash"),
-        },
-    };
-    // Refuses what does not fit before reading any data.
-    let zero = super::zero::stage(args)?;
-    engine::train::check_capacity_at(&config, zero)?;
-    super::zero::check_weights(zero, weights.as_deref())?;
-    super::precision::check_weights(args, weights.as_deref())?;
     let snapshot = super::snapshot::open(args, &config)?;
     let corpus = corpus(args.data.as_deref())?;
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
@@ -154,13 +61,11 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
 pub fn build_rank(
     shared: &Shared,
     args: &Args,
-    comm: Option<Box<dyn comm::Collective>>,
+    comm: Box<dyn comm::Collective>,
 ) -> anyhow::Result<Rank> {
     let (b, t) = (args.batch as usize, args.seq as usize);
     let mut shape = data::BatchShape::single(b, t);
-    if let Some(c) = &comm {
-        (shape.rank, shape.world_size) = (c.rank(), c.world_size());
-    }
+    (shape.rank, shape.world_size) = (comm.rank(), comm.world_size());
     let loader = shared
         .dataset
         .train_loader(data::LoaderConfig::shuffled(shape, args.seed))
@@ -170,8 +75,7 @@ pub fn build_rank(
         .val_batches(data::BatchShape::single(b, t))
         .context("the validation split is too short for one batch: lower --batch or --seq")?;
     let config = shared.config.clone();
-    let mixed = super::precision::mixed(args, comm.as_ref().map_or(0, |c| c.rank()))?;
-    let mut trainer = Trainer::mixed(config, comm, super::zero::stage(args)?, mixed)?;
+    let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);
     if let Some(path) = &shared.weights {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

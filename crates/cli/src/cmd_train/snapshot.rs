@@ -19,22 +19,6 @@ use std::time::Duration;
 /// commits it, so a test can kill the process mid-save.
 const PAUSE_ENV: &str = "FRUGAL_TEST_SNAPSHOT_PAUSE";
 
-/// Refuses snapshot flags that cannot work together.
-pub fn check_flags(args: &Args) -> anyhow::Result<()> {
-    if let Some(every) = args.save_every {
-        if every == 0 {
-            bail!("--save-every 0: save every N >= 1 steps, or leave the flag out");
-        }
-        if args.out.is_none() {
-            bail!("--save-every needs --out DIR: snapshots are written to DIR/step-NNNNNN/");
-        }
-    }
-    if args.keep == 0 {
-        bail!("--keep 0: keep at least the newest snapshot (--keep 1)");
-    }
-    Ok(())
-}
-
 /// Opens `--resume`'s snapshot (every file checked) and refuses it if this run differs.
 pub fn open(args: &Args, config: &engine::TrainConfig) -> anyhow::Result<Option<Snapshot>> {
     let Some(path) = &args.resume else {
@@ -43,8 +27,7 @@ pub fn open(args: &Args, config: &engine::TrainConfig) -> anyhow::Result<Option<
     let snap = Snapshot::open(path).with_context(|| format!("--resume {}", path.display()))?;
     // The run's identity (model, optimizer, schedule, global batch, seed, precision and loss
     // scaler) must be the snapshot's; ranks, ZeRO stage and offload may differ.
-    let mixed = super::precision::mixed(args, 0)?;
-    snap.check_compatible(config, &mixed, args.seed)?;
+    snap.check_compatible(config, args.seed)?;
     if snap.state.step >= args.steps {
         bail!(
             "--resume {}: the snapshot is at step {}, and --steps is {}: nothing is left to train",

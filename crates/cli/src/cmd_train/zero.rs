@@ -9,31 +9,9 @@
 //! Example: `frugal train --ranks 4 --zero 3 --steps 20`.
 
 use super::Args;
-use anyhow::{bail, Context};
+use anyhow::Context;
 use engine::Trainer;
 use plan::setup::ZeroStage;
-
-/// The stage `--zero` asks for; above 3 is an error, never a lower stage.
-pub fn stage(args: &Args) -> anyhow::Result<ZeroStage> {
-    Ok(match args.zero {
-        0 => ZeroStage::Zero0,
-        1 => ZeroStage::Zero1,
-        2 => ZeroStage::Zero2,
-        3 => ZeroStage::Zero3,
-        other => bail!(
-            "invalid --zero {other}: ZeRO has stages 0, 1, 2 and 3 (3 shards weights, gradients \
-             and optimizer state over the --ranks)"
-        ),
-    })
-}
-
-/// Refuses flag combinations a stage cannot honour.
-pub fn check_flags(args: &Args) -> anyhow::Result<()> {
-    if stage(args)? == ZeroStage::Zero3 && args.ranks > 1 && args.save_val_logits.is_some() {
-        bail!("--save-val-logits needs whole weights on rank 0: use --zero 2 or less with --ranks > 1");
-    }
-    Ok(())
-}
 
 /// What rank 0 needs after training that, at stage 3, every rank must help compute.
 #[derive(Default)]
@@ -78,17 +56,4 @@ pub fn save(trainer: &Trainer, finished: &Finished, dir: &std::path::Path) -> an
             engine::io::save_pretrained(&trainer.model, &trainer.arena, dir).with_context(context)
         }
     }
-}
-
-/// Refuses starting stage 3 from a saved model's weights (loading writes whole units, which
-/// stage 3 never holds; a later change can load and cut them into shards).
-pub fn check_weights(zero: ZeroStage, weights: Option<&std::path::Path>) -> anyhow::Result<()> {
-    if let (ZeroStage::Zero3, Some(path)) = (zero, weights) {
-        bail!(
-            "--zero 3 cannot start from the saved weights in {} yet: train with --zero 2 or \
-             less, or from a preset or a config.json without weights",
-            path.display()
-        );
-    }
-    Ok(())
 }

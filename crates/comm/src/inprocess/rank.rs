@@ -20,7 +20,7 @@
 
 use super::world::{Call, Post, World};
 use crate::reduce::{reduce_into, Elem};
-use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, CommStats, DType, ReduceOp};
+use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, DType, ReduceOp};
 use std::sync::Arc;
 
 pub struct InProcessComm {
@@ -32,7 +32,6 @@ pub struct InProcessComm {
     posts: Vec<Post>,
     /// Source addresses handed to the reduction kernel (reused).
     srcs: Vec<usize>,
-    stats: CommStats,
 }
 
 /// Aborts the process if dropped while a panic unwinds out of a region where other ranks
@@ -70,7 +69,6 @@ impl InProcessComm {
             n_calls: 0,
             posts: Vec::with_capacity(n),
             srcs: Vec::with_capacity(n),
-            stats: CommStats::default(),
         }
     }
 
@@ -266,15 +264,12 @@ impl Collective for InProcessComm {
     }
 
     fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
-        let size_bytes = buf.size_bytes() as u64;
         let mut call = self.call(CollectiveKind::AllReduce, buf.dtype(), buf.len(), buf.len());
         call.op = Some(op);
         match buf {
             BufMut::F32(b) => self.all_reduce_t(b, call)?,
             BufMut::Bf16(b) => self.all_reduce_t(b, call)?,
         }
-        self.stats
-            .record(CollectiveKind::AllReduce, size_bytes, self.world.n_ranks);
         Ok(())
     }
 
@@ -295,7 +290,6 @@ impl Collective for InProcessComm {
             ),
             ));
         }
-        let size_bytes = input.size_bytes() as u64;
         let mut call = self.call(
             CollectiveKind::ReduceScatter,
             input.dtype(),
@@ -308,8 +302,6 @@ impl Collective for InProcessComm {
             (Buf::Bf16(i), BufMut::Bf16(o)) => self.reduce_scatter_t(i, o, call)?,
             (i, o) => return Err(self.mixed_dtypes(OP, i.dtype(), o.dtype())),
         }
-        self.stats
-            .record(CollectiveKind::ReduceScatter, size_bytes, n);
         Ok(())
     }
 
@@ -325,7 +317,6 @@ impl Collective for InProcessComm {
             ),
             ));
         }
-        let size_bytes = output.size_bytes() as u64;
         let call = self.call(
             CollectiveKind::AllGather,
             input.dtype(),
@@ -337,7 +328,6 @@ impl Collective for InProcessComm {
             (Buf::Bf16(i), BufMut::Bf16(o)) => self.all_gather_t(i, o, call)?,
             (i, o) => return Err(self.mixed_dtypes(OP, i.dtype(), o.dtype())),
         }
-        self.stats.record(CollectiveKind::AllGather, size_bytes, n);
         Ok(())
     }
 
@@ -345,7 +335,6 @@ impl Collective for InProcessComm {
         const OP: &str = "reduce_scatter_in_place";
         let n = self.world.n_ranks;
         self.check_divisible(OP, buf.len())?;
-        let size_bytes = buf.size_bytes() as u64;
         let mut call = self.call(
             CollectiveKind::ReduceScatter,
             buf.dtype(),
@@ -357,8 +346,6 @@ impl Collective for InProcessComm {
             BufMut::F32(b) => self.reduce_scatter_in_place_t(b, call)?,
             BufMut::Bf16(b) => self.reduce_scatter_in_place_t(b, call)?,
         }
-        self.stats
-            .record(CollectiveKind::ReduceScatter, size_bytes, n);
         Ok(())
     }
 
@@ -366,7 +353,6 @@ impl Collective for InProcessComm {
         const OP: &str = "all_gather_in_place";
         let n = self.world.n_ranks;
         self.check_divisible(OP, buf.len())?;
-        let size_bytes = buf.size_bytes() as u64;
         let call = self.call(
             CollectiveKind::AllGather,
             buf.dtype(),
@@ -377,7 +363,6 @@ impl Collective for InProcessComm {
             BufMut::F32(b) => self.all_gather_in_place_t(b, call)?,
             BufMut::Bf16(b) => self.all_gather_in_place_t(b, call)?,
         }
-        self.stats.record(CollectiveKind::AllGather, size_bytes, n);
         Ok(())
     }
 
@@ -389,22 +374,18 @@ impl Collective for InProcessComm {
                 format!("root {root} is not a rank of this world of {n} (ranks are 0..{n})"),
             ));
         }
-        let size_bytes = buf.size_bytes() as u64;
         let mut call = self.call(CollectiveKind::Broadcast, buf.dtype(), buf.len(), buf.len());
         call.root = Some(root);
         match buf {
             BufMut::F32(b) => self.broadcast_t(b, call)?,
             BufMut::Bf16(b) => self.broadcast_t(b, call)?,
         }
-        self.stats.record(CollectiveKind::Broadcast, size_bytes, n);
         Ok(())
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
         let call = self.call(CollectiveKind::Barrier, DType::F32, 0, 0);
         self.arrive(call, 0)?;
-        self.stats
-            .record(CollectiveKind::Barrier, 0, self.world.n_ranks);
         Ok(())
     }
 
@@ -415,8 +396,31 @@ impl Collective for InProcessComm {
         });
     }
 
-    fn stats(&self) -> CommStats {
-        self.stats
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+        let ask = [color, key];
+        let call = self.call(CollectiveKind::Split, DType::F32, 0, 0);
+        let idx = call.idx;
+        self.arrive(call, ask.as_ptr() as usize)?;
+        let guard = AbortOnPanic::new();
+        let mut members: Vec<(u32, usize)> = Vec::new();
+        for (r, post) in self.posts.iter().enumerate() {
+            // SAFETY: every rank posted the address of its own `[u32; 2]`, which lives until
+            // its final `sync` below; nobody writes it.
+            let [c, k] = unsafe { *(post.src as *const [u32; 2]) };
+            if c == color {
+                members.push((k, r));
+            }
+        }
+        members.sort_unstable();
+        let new_rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .expect("a rank is in its own group");
+        let group = self.world.group(idx, color, members.len());
+        self.world.sync();
+        self.world.forget_group(idx, color);
+        drop(guard);
+        Ok(Box::new(InProcessComm::new(group, new_rank)))
     }
 }
 

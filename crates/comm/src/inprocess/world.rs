@@ -14,8 +14,9 @@
 //! ```
 
 use crate::{CollectiveKind, CommError, DType, ReduceOp};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// What a rank asked for, compared across ranks before any data moves.
@@ -34,7 +35,7 @@ impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} #{} (", self.kind, self.idx)?;
         match self.kind {
-            CollectiveKind::Barrier => {}
+            CollectiveKind::Barrier | CollectiveKind::Split => {}
             CollectiveKind::AllReduce | CollectiveKind::Broadcast => {
                 write!(f, "{} × {}", self.dtype.name(), self.in_len)?
             }
@@ -81,6 +82,9 @@ pub(crate) struct World {
     pub timeout: Duration,
     state: Mutex<State>,
     changed: Condvar,
+    /// Sub-worlds being made by a `split`, by (call index, color): the first rank of a group in
+    /// creates it, the others join it.
+    groups: Mutex<HashMap<(u64, u32), Arc<World>>>,
 }
 
 impl World {
@@ -97,7 +101,25 @@ impl World {
                 round: vec![None; n_ranks],
             }),
             changed: Condvar::new(),
+            groups: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The sub-world of `size` ranks that split call `idx` makes for `color`.
+    pub fn group(&self, idx: u64, color: u32, size: usize) -> Arc<World> {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let timeout = self.timeout;
+        Arc::clone(
+            groups
+                .entry((idx, color))
+                .or_insert_with(|| Arc::new(World::new(size, timeout))),
+        )
+    }
+
+    /// Drops the registry's handle once every rank of the split holds its own.
+    pub fn forget_group(&self, idx: u64, color: u32) {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        groups.remove(&(idx, color));
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -101,6 +101,24 @@ impl ScalerConfig {
     }
 }
 
+/// `torch` or `deepspeed`, each with its library's defaults.
+impl std::str::FromStr for ScalerConfig {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "torch" => Ok(ScalerConfig::Torch(TorchScaling::default())),
+            "deepspeed" => Ok(ScalerConfig::DeepSpeed(DeepSpeedScaling::default())),
+            _ => Err("use torch (GradScaler's defaults) or deepspeed (its fp16 block's)".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for ScalerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Everything that changes from step to step; restoring it resumes the scaler exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScalerState {

@@ -31,7 +31,7 @@
 //! let run = RunState { loader: data::LoaderPosition::default(), seed };
 //! snapshot::save(trainer, Path::new("runs/a"), &run, &SaveOptions::default())?;
 //! let snap = Snapshot::open(Path::new("runs/a"))?; // the newest committed snapshot
-//! snap.check_compatible(&next.config, &next.mixed, seed)?;
+//! snap.check_compatible(&next.config, seed)?;
 //! let run = snap.restore(next)?; // weights, optimizer state, step; seek the loader to run.loader
 //! # Ok(()) }
 //! ```
@@ -46,7 +46,7 @@ pub use files::{FileEntry, Manifest, FORMAT_VERSION};
 pub use state::{LossScalerState, RunState, TrainState};
 
 use crate::precision::LossScaler;
-use crate::train::{Mixed, TrainConfig, Trainer};
+use crate::train::{TrainConfig, Trainer};
 use plan::setup::ZeroStage;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -201,17 +201,12 @@ impl Snapshot {
     /// Refuses a trainer whose model or training setup (its weight precision and loss scaler
     /// included) differs from the snapshot's, listing every difference. The world (ranks, ZeRO
     /// stage, rows per rank, optimizer offload) may differ.
-    pub fn check_compatible(
-        &self,
-        config: &TrainConfig,
-        mixed: &Mixed,
-        seed: u64,
-    ) -> Result<(), SnapshotError> {
+    pub fn check_compatible(&self, config: &TrainConfig, seed: u64) -> Result<(), SnapshotError> {
         let run = RunState {
             loader: self.state.loader_position(),
             seed,
         };
-        let this_run = TrainState::of_config(config, mixed, self.state.step, &run);
+        let this_run = TrainState::of_config(config, self.state.step, &run);
         let differences = self.state.differences(&this_run);
         if differences.is_empty() {
             return Ok(());

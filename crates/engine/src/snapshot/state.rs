@@ -156,16 +156,15 @@ impl ModelFields {
 
 impl TrainState {
     pub fn of(trainer: &Trainer, run: &RunState) -> TrainState {
-        let mut state = TrainState::of_config(&trainer.config, &trainer.mixed, trainer.step, run);
-        state.world.zero = json(trainer.setup().zero);
+        let mut state = TrainState::of_config(&trainer.config, trainer.step, run);
         state.loss_scaler = trainer.scaler.as_ref().map(LossScalerState::of);
         state
     }
 
-    /// The state of a run of `c` with `mixed`'s precision after `step` steps (at ZeRO stage 0
-    /// and without a scaler state: both are the trainer's, see [`TrainState::of`]).
-    pub fn of_config(c: &TrainConfig, mixed: &Mixed, step: u64, run: &RunState) -> TrainState {
-        let setup = c.setup_mixed(plan::setup::ZeroStage::Zero0, mixed);
+    /// The state of a run of `c` after `step` steps (without a scaler state: that is the
+    /// trainer's, see [`TrainState::of`]).
+    pub fn of_config(c: &TrainConfig, step: u64, run: &RunState) -> TrainState {
+        let setup = c.setup();
         TrainState {
             format_version: FORMAT_VERSION,
             step,
@@ -176,7 +175,7 @@ impl TrainState {
             },
             loss_scaler: None,
             model: ModelFields::of(c),
-            run: RunFields::of(c, mixed, run.seed),
+            run: RunFields::of(c, &c.mixed, run.seed),
             world: WorldFields {
                 ranks: c.ranks,
                 zero: json(setup.zero),

@@ -5,9 +5,9 @@
 //!
 //! It does not move gradients between ranks (`zero::Sharding`) or touch the fp32 path.
 //!
-//! Example: `Trainer::mixed(cfg, None, ZeroStage::Zero0, Mixed::fp16(scaler))?`.
+//! Example: `Trainer::new(TrainConfig { mixed: Mixed::fp16(scaler), ..cfg })?`.
 
-use super::{TrainConfig, Trainer};
+use super::Trainer;
 use crate::arena::Arena;
 use crate::error::EngineError;
 use crate::model::Model;
@@ -16,7 +16,8 @@ use crate::optim::OptimizerKind;
 use crate::precision::update::{self as half_update, MasterState};
 use crate::precision::{MasterStep, ScalerConfig, StepDecision};
 use crate::zero::Half;
-use plan::setup::{Offload, Precision, TrainSetup, ZeroStage};
+use comm::Collective;
+use plan::setup::{Offload, Precision, ZeroStage};
 
 /// Weight precision and offload of a run (`Mixed::fp32()`: everything fp32, nothing offloaded).
 #[derive(Clone, Debug, PartialEq)]
@@ -60,14 +61,24 @@ impl Mixed {
     }
 }
 
-impl TrainConfig {
-    /// The planner's view of this run at ZeRO stage `zero` with `mixed`'s precision and offload.
-    pub fn setup_mixed(&self, zero: ZeroStage, mixed: &Mixed) -> TrainSetup {
-        TrainSetup {
-            precision: mixed.precision,
-            offload: mixed.offload,
-            ..self.setup_at(zero)
+impl Mixed {
+    /// Rank `rank`'s store file: `offload_path` itself in a world of one, else with the rank
+    /// before the extension (`state.bin` → `state.rank1.bin`), so ranks never share a file.
+    pub fn store_path(&self, rank: usize, world: usize) -> Option<std::path::PathBuf> {
+        let path = self.offload_path.as_ref()?;
+        if world == 1 {
+            return Some(path.clone());
         }
+        let stem = path
+            .file_stem()
+            .map_or_else(Default::default, |s| s.to_os_string());
+        let mut name = stem;
+        name.push(format!(".rank{rank}"));
+        if let Some(ext) = path.extension() {
+            name.push(".");
+            name.push(ext);
+        }
+        Some(path.with_file_name(name))
     }
 }
 
@@ -79,14 +90,9 @@ impl Trainer {
     pub(super) fn apply_half_update(&mut self, lr: f32, half: Half) -> Result<f32, EngineError> {
         self.last_skipped = false;
         let norm_slices = self.sharding.norm_slices(&self.model);
-        let (mut sum_sq, mut found_inf) = half_update::grad_stats(&self.arena, half, &norm_slices);
-        if let Some(comm) = self.comm.as_mut() {
-            let hi = sum_sq as f32;
-            let mut words = [hi, (sum_sq - f64::from(hi)) as f32];
-            comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
-            sum_sq = f64::from(words[0]) + f64::from(words[1]);
-            found_inf = comm.any(found_inf)?;
-        }
+        let (sum_sq, found_inf) = half_update::grad_stats(&self.arena, half, &norm_slices);
+        let sum_sq = super::sum_f64(&mut self.comm, sum_sq)?;
+        let found_inf = self.comm.any(found_inf)?;
         let used_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         if let Some(scaler) = self.scaler.as_mut() {
             if scaler.update(found_inf)? == StepDecision::Skip {
@@ -142,8 +148,7 @@ impl Trainer {
             }
             None => half_update::master_update(model, arena, half, &self.masters, &slices, k),
         }
-        let comm = self.comm.as_deref_mut();
-        self.sharding.after_update(model, arena, comm)?;
+        self.sharding.after_update(model, arena, &mut self.comm)?;
         Ok(norm)
     }
 }
@@ -166,10 +171,11 @@ pub(super) fn master_states(model: &Model, arena: &Arena) -> Vec<MasterState> {
 }
 
 /// The host store of every unit's master weights and Adam moments (this rank's part: whole
-/// units at stage 0, shards above), in RAM or in `mixed.offload_path`'s file.
+/// units at stage 0, shards above), in RAM or in rank `rank`'s file (`Mixed::store_path`).
 pub(super) fn offload_store(
     model: &Model,
     zero: ZeroStage,
+    rank: usize,
     world: usize,
     mixed: &Mixed,
 ) -> Result<OffloadStore, EngineError> {
@@ -181,7 +187,7 @@ pub(super) fn offload_store(
             _ => plan::frugal::shards::shard_numel(u, world as u32),
         })
         .collect();
-    Ok(match &mixed.offload_path {
+    Ok(match &mixed.store_path(rank, world) {
         Some(path) => OffloadStore::on_disk(path, &numels)?,
         None => OffloadStore::in_memory(&numels),
     })

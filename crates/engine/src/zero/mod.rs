@@ -155,7 +155,7 @@ pub struct Sharding {
     grad_spans: Vec<(Phase, Phase)>,
 }
 
-type Comm<'a> = Option<&'a mut (dyn Collective + 'static)>;
+type Comm<'a> = &'a mut dyn Collective;
 
 impl Sharding {
     /// Resolves the stage's buffers in `arena` (planned for `world` ranks).
@@ -231,10 +231,7 @@ impl Sharding {
         let Some(half) = self.half else {
             let shard = arena.f32(self.param_shards[u]);
             let mut full = arena.f32_mut(id);
-            match comm {
-                Some(c) => c.all_gather(Buf::F32(&shard), BufMut::F32(&mut full))?,
-                None => full.copy_from_slice(&shard),
-            }
+            comm.all_gather(Buf::F32(&shard), BufMut::F32(&mut full))?;
             return Ok(());
         };
         if self.stage != ZeroStage::Zero3 {
@@ -246,10 +243,7 @@ impl Sharding {
         {
             let shard = arena.bf16(self.param_shards[u]);
             let mut bits = arena.bf16_mut(id);
-            match comm {
-                Some(c) => c.all_gather(Buf::Bf16(&shard), BufMut::Bf16(&mut bits[..n]))?,
-                None => bits[..n].copy_from_slice(&shard),
-            }
+            comm.all_gather(Buf::Bf16(&shard), BufMut::Bf16(&mut bits[..n]))?;
         }
         // Widen in place from the back: element i's 2 bytes sit in word i / 2 <= i, which
         // the descending loop has not overwritten yet.
@@ -291,13 +285,13 @@ impl Sharding {
         pass: Pass,
         model: &mut Model,
         arena: &Arena,
-        mut comm: Comm<'_>,
+        comm: Comm<'_>,
     ) -> Result<(), EngineError> {
         let at = phase.ordinal(self.n_layers);
         for (g, id) in &self.gathers {
             let backward = g.used_from.ordinal(self.n_layers) > Phase::Head.ordinal(self.n_layers);
             if g.born == phase && !(backward && pass == Pass::ForwardOnly) {
-                self.fill_gather(g.unit, *id, arena, comm.as_deref_mut())?;
+                self.fill_gather(g.unit, *id, arena, comm)?;
             }
             let (from, to) = (
                 g.used_from.ordinal(self.n_layers),
@@ -324,7 +318,7 @@ impl Sharding {
         phase: Phase,
         model: &Model,
         arena: &Arena,
-        mut comm: Comm<'_>,
+        comm: Comm<'_>,
     ) -> Result<(), EngineError> {
         if !self.sharded_grads() {
             return Ok(());
@@ -334,11 +328,9 @@ impl Sharding {
                 continue;
             }
             let mut full = arena.f32_mut(model.grads[u]);
-            if let Some(c) = comm.as_deref_mut() {
-                match self.stage {
-                    ZeroStage::Zero0 => c.all_reduce(BufMut::F32(&mut full), ReduceOp::Sum)?,
-                    _ => c.reduce_scatter_in_place(BufMut::F32(&mut full), ReduceOp::Sum)?,
-                }
+            match self.stage {
+                ZeroStage::Zero0 => comm.all_reduce(BufMut::F32(&mut full), ReduceOp::Sum)?,
+                _ => comm.reduce_scatter_in_place(BufMut::F32(&mut full), ReduceOp::Sum)?,
             }
             if let Some(half) = self.half {
                 let range = match self.stage {
@@ -456,7 +448,7 @@ impl Sharding {
         arena: &Arena,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
-        let (ZeroStage::Zero1 | ZeroStage::Zero2, Some(c)) = (self.stage, comm) else {
+        let (ZeroStage::Zero1 | ZeroStage::Zero2, c) = (self.stage, comm) else {
             return Ok(());
         };
         if self.half.is_some() {

@@ -13,7 +13,7 @@ use super::Half;
 use crate::error::EngineError;
 use crate::init;
 use crate::train::Trainer;
-use comm::{Buf, BufMut};
+use comm::{Buf, BufMut, Collective};
 use plan::setup::ZeroStage;
 
 impl Trainer {
@@ -79,9 +79,11 @@ impl Trainer {
                     }
                 };
                 let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
-                match (self.sharding.stage, self.comm.as_deref_mut()) {
-                    (ZeroStage::Zero0, _) | (_, None) => full.copy_from_slice(master),
-                    (_, Some(c)) => c.all_gather(Buf::F32(master), BufMut::F32(&mut full))?,
+                match self.sharding.stage {
+                    ZeroStage::Zero0 => full.copy_from_slice(master),
+                    _ => self
+                        .comm
+                        .all_gather(Buf::F32(master), BufMut::F32(&mut full))?,
                 }
                 out.push(full);
             }
@@ -95,10 +97,8 @@ impl Trainer {
         for u in 0..n_units {
             let shard = self.arena.f32(self.sharding.param_shards()[u]);
             let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
-            match self.comm.as_deref_mut() {
-                Some(c) => c.all_gather(Buf::F32(&shard), BufMut::F32(&mut full))?,
-                None => full.copy_from_slice(&shard),
-            }
+            self.comm
+                .all_gather(Buf::F32(&shard), BufMut::F32(&mut full))?;
             out.push(full);
         }
         Ok(out)

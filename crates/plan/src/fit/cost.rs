@@ -195,10 +195,11 @@ pub fn step_time(model: &ModelShape, setup: &TrainSetup, hw: &Hardware) -> StepT
     // Compute of this rank: its 1/(tp·pp) share of the replica's work.
     let mm_factor = if s.lora.is_some() { 4.0 } else { 6.0 };
     let mut flops_tok = mm_factor * (w.block_mm + w.head_mm) + 3.0 * w.attn_fwd + 6.0 * w.adapters;
-    let reruns_blocks = !matches!(s.recompute, Recompute::None | Recompute::Selective);
+    let recompute = crate::recompute::RecomputePlan::of(s.recompute, model.n_layers);
+    let reruns_blocks = recompute.reruns_blocks();
     if reruns_blocks {
         flops_tok += 2.0 * w.block_mm + w.attn_fwd;
-    } else if s.recompute == Recompute::Selective {
+    } else if recompute.recomputes_attention_core() {
         flops_tok += w.attn_fwd;
     }
     let flops_per_rank = flops_tok * tokens_rank / (tp * pp);
@@ -280,10 +281,8 @@ fn model_parallel_comm_s(model: &ModelShape, s: &TrainSetup, hw: &Hardware) -> f
     let mut secs = 0.0;
     if s.tp > 1 {
         let t = s.tp as f64;
-        let per_layer = match s.recompute {
-            Recompute::None | Recompute::Selective => 4.0,
-            _ => 6.0,
-        };
+        let reruns = crate::recompute::RecomputePlan::of(s.recompute, model.n_layers);
+        let per_layer = if reruns.reruns_blocks() { 6.0 } else { 4.0 };
         let layers = (model.n_layers as f64 / s.pp as f64).ceil();
         let bytes = per_layer * layers * m * 2.0 * (t - 1.0) / t * bsh;
         secs += bytes / hw.gpu.intra_node_bytes_per_s;

@@ -87,9 +87,10 @@ pub fn weight(remedy: Remedy, s: &TrainSetup) -> u64 {
         Remedy::Recompute => match s.recompute {
             Recompute::None => 0,
             Recompute::Selective => 1,
-            Recompute::Full => 2,
-            Recompute::Sqrt => 3,
-            Recompute::Every(k) => 3 + k as u64,
+            Recompute::KeepMatmuls => 2,
+            Recompute::Full => 3,
+            Recompute::Sqrt => 4,
+            Recompute::Every(k) => 4 + k as u64,
         },
         Remedy::Zero => s.zero as u64,
         Remedy::Offload => match s.offload {
@@ -140,13 +141,7 @@ pub fn flags(s: &TrainSetup, remedies: &[Remedy]) -> String {
 }
 
 pub fn recompute_name(r: Recompute) -> String {
-    match r {
-        Recompute::None => "none".into(),
-        Recompute::Full => "full".into(),
-        Recompute::Sqrt => "sqrt".into(),
-        Recompute::Selective => "selective".into(),
-        Recompute::Every(k) => format!("every:{k}"),
-    }
+    r.to_string()
 }
 
 pub fn offload_name(o: Offload) -> &'static str {

@@ -48,16 +48,20 @@ pub fn layouts(model: &ModelShape, gpus: u32, gpus_per_node: u32, b: &Bounds) ->
     out
 }
 
-/// The recompute policies tried for `n_layers` blocks per stage: none, selective, full, sqrt,
+/// The recompute policies tried for `n_layers` blocks per stage: none, selective, keep-matmuls,
+/// full, sqrt,
 /// and every:2 / every:4 where they differ from those.
 pub fn recompute_policies(n_layers: u32) -> Vec<Recompute> {
     let mut out = vec![
         Recompute::None,
         Recompute::Selective,
+        Recompute::KeepMatmuls,
         Recompute::Full,
         Recompute::Sqrt,
     ];
-    let sqrt_k = crate::formula::segment_layers(Recompute::Sqrt, n_layers);
+    let sqrt_k = crate::recompute::RecomputePlan::of(Recompute::Sqrt, n_layers)
+        .segment_len
+        .unwrap_or(1);
     for k in [2, 4] {
         if k < n_layers && k != sqrt_k {
             out.push(Recompute::Every(k));

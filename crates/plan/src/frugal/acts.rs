@@ -10,8 +10,10 @@
 //! of K from block 0; only each segment's input is kept (the previous segment's last output, or
 //! `act.encoded`). The backward of a segment's last block recomputes the whole segment at once, so
 //! all its tensors are born in that `Backward(last)` and each dies after its own block's backward.
-//! `selective` keeps the matmul outputs (`qkv`, `res2`, `fch`) and recomputes the norms, the
-//! attention core and the MLP activation in each block's own backward. In the forward pass a
+//! `keep-matmuls` keeps the matmul outputs (`qkv`, `res2`, `fch`) and recomputes the norms, the
+//! attention core and the MLP activation in each block's own backward; `selective` (Megatron's)
+//! recomputes only the attention probabilities `att`, so under flash attention it keeps what
+//! `none` keeps (see `crate::recompute`). In the forward pass a
 //! block writes the tensors that will be recomputed into `act.h.l.fwd.*`, live in `Forward(l)`
 //! only, and an output inside a segment into `act.h.l.out_fwd`, live until the next block has
 //! read it. Flash attention keeps `lse` (B, NH, T) instead of the probabilities `att` (B, NH, T, T),
@@ -23,8 +25,8 @@
 //! `every:2` on 4 blocks, `act.h.0.qkv` lives from `Backward(1)` to `Backward(0)`.
 
 use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
-use crate::formula::segment_layers;
 use crate::model::Family;
+use crate::recompute::{Kept, RecomputePlan};
 use crate::setup::{Attention, Precision, Recompute, TrainSetup};
 use crate::ModelShape;
 
@@ -79,21 +81,21 @@ impl ActPolicy {
     }
 
     /// First and last block of the recompute segment holding `layer`, for the segment policies
-    /// (`full`, `every:K`, `sqrt`); `None` for `none` and `selective`.
+    /// (`full`, `every:K`, `sqrt`); `None` for `none`, `selective` and `keep-matmuls`.
     pub fn segment(self, n_layers: u32, layer: u32) -> Option<(u32, u32)> {
-        let k = segment_layers(self.recompute, n_layers);
-        (k > 0).then(|| {
-            let first = layer / k * k;
-            (first, (first + k - 1).min(n_layers - 1))
-        })
+        RecomputePlan::of(self.recompute, n_layers).segment(layer)
     }
 
     /// Whether the backward recomputes `tensor` rather than reading what the forward saved.
     pub fn recomputes(self, tensor: BlockTensor) -> bool {
-        match self.recompute {
-            Recompute::None => false,
-            Recompute::Selective => tensor.selective_recomputes(),
-            Recompute::Full | Recompute::Every(_) | Recompute::Sqrt => true,
+        let plan = RecomputePlan::of(self.recompute, 1);
+        if plan.reruns_blocks() {
+            return true;
+        }
+        match plan.kept {
+            Kept::Everything => false,
+            Kept::AllButAttentionCore => tensor == BlockTensor::Att,
+            Kept::MatmulOutputs => tensor.keep_matmuls_recomputes(),
         }
     }
 }
@@ -213,9 +215,10 @@ impl BlockTensor {
         matches!(self, BlockTensor::Qkv | BlockTensor::Fch)
     }
 
-    /// `selective` keeps the matmul outputs and recomputes everything cheap from them: the norms
-    /// (from the block input and `res2`), the attention core (from `qkv`) and the activation.
-    pub fn selective_recomputes(self) -> bool {
+    /// `keep-matmuls` keeps the matmul outputs and recomputes everything cheap from them: the
+    /// norms (from the block input and `res2`), the attention core (from `qkv`) and the
+    /// activation.
+    pub fn keep_matmuls_recomputes(self) -> bool {
         !matches!(
             self,
             BlockTensor::Qkv | BlockTensor::Res2 | BlockTensor::Fch
@@ -466,13 +469,14 @@ mod tests {
     use crate::presets;
     use crate::setup::{Offload, Optimizer, Precision, ZeroStage};
 
-    const POLICIES: [Recompute; 6] = [
+    const POLICIES: [Recompute; 7] = [
         Recompute::None,
         Recompute::Full,
         Recompute::Every(2),
         Recompute::Every(3),
         Recompute::Sqrt,
         Recompute::Selective,
+        Recompute::KeepMatmuls,
     ];
 
     fn setup(batch: u64, seq: u64, recompute: Recompute, attention: Attention) -> TrainSetup {
@@ -522,13 +526,22 @@ mod tests {
         assert_eq!(life(&plan, "act.h.3.fwd.att"), scratch);
         let sel = training_plan(
             &model,
-            &setup(2, 16, Recompute::Selective, Attention::Flash),
+            &setup(2, 16, Recompute::KeepMatmuls, Attention::Flash),
         );
         let sel = sel.unwrap();
         assert_eq!(life(&sel, "act.h.3.lse"), bwd(3, 3));
         let saved = span(Phase::Forward(3), Phase::Backward(3));
         assert_eq!(life(&sel, "act.h.3.fch"), saved);
         assert!(sel.buffers.iter().all(|b| !b.name.ends_with("att")));
+        // Megatron's selective: only the probabilities are rebuilt, in the block's backward.
+        let megatron = training_plan(
+            &model,
+            &setup(2, 16, Recompute::Selective, Attention::Eager),
+        );
+        let megatron = megatron.unwrap();
+        assert_eq!(life(&megatron, "act.h.3.att"), bwd(3, 3));
+        assert_eq!(life(&megatron, "act.h.3.ln1"), saved);
+        assert_eq!(life(&megatron, "act.h.3.fwd.att"), scratch);
     }
 
     #[test]
@@ -547,6 +560,12 @@ mod tests {
                 };
                 let none = peak(Recompute::None);
                 for r in POLICIES[1..].iter() {
+                    // Megatron's selective drops only the T×T probabilities, which flash never
+                    // keeps.
+                    if *r == Recompute::Selective && attention == Attention::Flash {
+                        assert_eq!(peak(*r), none, "{name}");
+                        continue;
+                    }
                     assert!(peak(*r) < none, "{name} {r:?} {attention:?}");
                 }
             }

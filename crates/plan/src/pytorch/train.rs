@@ -73,9 +73,12 @@ fn check(setup: &TrainSetup) -> Result<(), PlanError> {
             "LoRA with DeepSpeed master weights (PEFT keeps fp32 adapters); use amp-bf16",
         ));
     }
-    if setup.recompute == Recompute::Selective {
+    if matches!(
+        setup.recompute,
+        Recompute::Selective | Recompute::KeepMatmuls
+    ) {
         return Err(unsupported(
-            "selective recompute (a Megatron policy; HF checkpoints whole blocks, and SDPA \
+            "selective or keep-matmuls recompute (HF checkpoints whole blocks, and SDPA \
              already keeps no attention scores); use full, every:K or sqrt",
         ));
     }
@@ -84,12 +87,8 @@ fn check(setup: &TrainSetup) -> Result<(), PlanError> {
 
 /// Blocks per checkpointed segment (`None`: no recompute).
 fn segment_len(setup: &TrainSetup, n_layers: u32) -> Option<usize> {
-    match setup.recompute {
-        Recompute::None | Recompute::Selective => None,
-        Recompute::Full => Some(1),
-        Recompute::Every(k) => Some(k.max(1) as usize),
-        Recompute::Sqrt => Some(((n_layers as f64).sqrt().round() as usize).max(1)),
-    }
+    let plan = crate::recompute::RecomputePlan::of(setup.recompute, n_layers);
+    plan.segment_len.map(|k| k as usize)
 }
 
 /// ZeRO-3's partitioned parameters: each block's (and the embedding's and head's) are released

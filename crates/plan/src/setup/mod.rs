@@ -5,6 +5,8 @@
 
 use serde::Serialize;
 
+mod names;
+
 /// Number formats a tensor can be stored in; bytes per element via [`Dtype::bits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -78,8 +80,14 @@ pub enum Recompute {
     Every(u32),
     /// `Every(round(sqrt(L)))`.
     Sqrt,
-    /// Keep matmul outputs; recompute element-wise ops and the attention core.
+    /// Megatron's selective recompute (Korthikanti et al. 2022): keep everything but the
+    /// attention core's T×T tensors (scores, softmax, dropout), recomputed in each block's
+    /// backward. With flash attention there are none, so it keeps what `None` keeps.
     Selective,
+    /// Keep only the matmul outputs (and the residual stream); recompute the norms, the
+    /// attention core and the MLP activation in each block's backward (PyTorch's selective
+    /// checkpointing with a save-matmuls policy).
+    KeepMatmuls,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -87,8 +95,13 @@ pub enum Recompute {
 pub enum Attention {
     /// Tiled, online softmax: no T×T matrix kept.
     Flash,
-    /// Materialised T×T scores and probabilities.
+    /// Materialised T×T scores and probabilities (`eager`, also spelled `naive`).
     Eager,
+}
+
+impl Attention {
+    /// The one default of every command: the seed's "FlashAttention: no cost, always on".
+    pub const DEFAULT: Attention = Attention::Flash;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

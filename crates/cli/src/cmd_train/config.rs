@@ -1,0 +1,229 @@
+//! `frugal train`'s flags to one validated `engine::TrainConfig`, in one step (ripgrep's raw →
+//! validated args): clap has already parsed every value into the `plan::setup` enums (one
+//! spelling set with `plan`, `fit` and `bench`); this module checks what depends on several flags
+//! or on the model, resolves the model and the offload file, and plans the run exactly as it will
+//! run, refusing it before any data is read if it does not fit `--device-memory`. Every rank
+//! clones the result; nothing is parsed twice.
+//!
+//! Example: `let run = config::validate(&args)?; Trainer::new(run.config.clone())?`.
+
+use super::Args;
+use anyhow::{bail, Context};
+use engine::train::Mixed;
+use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig};
+use plan::setup::{Offload, Optimizer, Precision, ZeroStage};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// `--offload none|optimizer|optimizer:disk[=PATH]`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OffloadArg {
+    None,
+    /// Master weights and Adam moments in host RAM.
+    Ram,
+    /// In a memory-mapped file: PATH, or `<--out>/optimizer_state.bin` (the temp directory
+    /// without `--out`); with several ranks each gets its own (`Mixed::store_path`).
+    Disk(Option<PathBuf>),
+}
+
+impl FromStr for OffloadArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" => OffloadArg::None,
+            "optimizer" => OffloadArg::Ram,
+            "optimizer:disk" => OffloadArg::Disk(None),
+            _ => match s.strip_prefix("optimizer:disk=") {
+                Some(path) if !path.is_empty() => OffloadArg::Disk(Some(PathBuf::from(path))),
+                _ => {
+                    return Err(
+                        "use none, optimizer (host RAM) or optimizer:disk[=PATH] (a \
+                         memory-mapped file)"
+                            .into(),
+                    )
+                }
+            },
+        })
+    }
+}
+
+/// The run every rank builds, and the weights file it starts from (a saved model folder).
+pub struct Validated {
+    pub config: TrainConfig,
+    pub weights: Option<PathBuf>,
+}
+
+/// The model config and, for a saved folder, the weights file to start from.
+fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
+    let path = Path::new(spec);
+    if path.is_dir() {
+        let config = path.join("config.json");
+        let text = std::fs::read_to_string(&config)
+            .with_context(|| format!("--model {spec}: reading {}", config.display()))?;
+        let model = ModelConfig::from_hf_json(&text, &config.display().to_string())?;
+        let weights = path.join("model.safetensors");
+        return Ok((model, weights.exists().then_some(weights)));
+    }
+    Ok((crate::cmd_bench::model_config(spec)?, None))
+}
+
+/// The engine's optimizer for `--optimizer` (SGD with nanoGPT-style momentum 0.9).
+fn optimizer(kind: Optimizer) -> OptimizerKind {
+    match kind {
+        Optimizer::Sgd => OptimizerKind::Sgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
+        // 8-bit Adam is refused by the engine's plan, naming the flag.
+        Optimizer::AdamW | Optimizer::AdamW8bit => OptimizerKind::adamw_default(),
+    }
+}
+
+/// Precision, loss scaler and offload as the engine takes them; bad combinations name the flags.
+fn mixed(args: &Args) -> anyhow::Result<Mixed> {
+    let loss_scaler = match (args.loss_scaler, args.precision) {
+        (None, Precision::Fp16) => Some("torch".parse().expect("a scaler name")),
+        (Some(s), Precision::Fp16) => Some(s),
+        (Some(s), _) => bail!(
+            "--loss-scaler {s} needs --precision fp16: fp32 and bf16 have fp32's exponent range \
+             and are not loss-scaled"
+        ),
+        (None, _) => None,
+    };
+    let (offload, offload_path) = match &args.offload {
+        OffloadArg::None => (Offload::None, None),
+        OffloadArg::Ram => (Offload::Optimizer, None),
+        OffloadArg::Disk(path) => (Offload::Optimizer, Some(disk_path(path.as_deref(), args)?)),
+    };
+    if offload != Offload::None && args.precision == Precision::Fp32 {
+        bail!(
+            "--offload optimizer needs --precision bf16 or fp16: the host steps fp32 master \
+             weights of 2-byte working weights"
+        );
+    }
+    if args.optimizer == Optimizer::AdamW8bit {
+        bail!("--optimizer adamw8bit: the engine trains with adamw or sgd");
+    }
+    Ok(Mixed {
+        precision: args.precision,
+        loss_scaler,
+        offload,
+        offload_path,
+    })
+}
+
+/// Where `optimizer:disk` keeps its file: PATH, `<--out>/optimizer_state.bin`, or the temp
+/// directory (named after this process).
+fn disk_path(path: Option<&Path>, args: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(path) = path {
+        return Ok(path.to_path_buf());
+    }
+    Ok(match &args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating --out {}", dir.display()))?;
+            dir.join("optimizer_state.bin")
+        }
+        None => {
+            std::env::temp_dir().join(format!("frugal-{}-optimizer_state.bin", std::process::id()))
+        }
+    })
+}
+
+/// Refuses flags that cannot work together, before anything is built.
+fn check_flags(args: &Args) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    if args.ranks == 0 {
+        bail!("--ranks 0: at least one rank is needed");
+    }
+    if args.lr <= 0.0 || !args.lr.is_finite() {
+        bail!("--lr {} must be a positive number", args.lr);
+    }
+    if args.zero == ZeroStage::Zero3 && args.ranks > 1 && args.save_val_logits.is_some() {
+        bail!("--save-val-logits needs whole weights on rank 0: use --zero 2 or less with --ranks > 1");
+    }
+    if let Some(every) = args.save_every {
+        if every == 0 {
+            bail!("--save-every 0: save every N >= 1 steps, or leave the flag out");
+        }
+        if args.out.is_none() {
+            bail!("--save-every needs --out DIR: snapshots are written to DIR/step-NNNNNN/");
+        }
+    }
+    if args.keep == 0 {
+        bail!("--keep 0: keep at least the newest snapshot (--keep 1)");
+    }
+    Ok(())
+}
+
+/// Refuses starting from saved weights where loading cannot honour the run yet: loading writes
+/// whole fp32 units, which stage 3 never holds and which are not bf16/fp16 master weights.
+fn check_weights(args: &Args, weights: Option<&Path>) -> anyhow::Result<()> {
+    let Some(path) = weights else { return Ok(()) };
+    if args.zero == ZeroStage::Zero3 {
+        bail!(
+            "--zero 3 cannot start from the saved weights in {} yet: train with --zero 2 or \
+             less, or from a preset or a config.json without weights",
+            path.display()
+        );
+    }
+    if args.precision != Precision::Fp32 {
+        bail!(
+            "--precision {} cannot start from the saved weights in {} yet: use --precision fp32, \
+             or a preset or a config.json without weights",
+            args.precision,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The one validated run of `args`; refuses it before any data is read if it does not fit.
+pub fn validate(args: &Args) -> anyhow::Result<Validated> {
+    check_flags(args)?;
+    let (model, weights) = resolve_model(&args.model)?;
+    let vocab = data::GPT2_VOCAB_SIZE;
+    if u64::from(vocab) > model.shape.vocab {
+        bail!(
+            "the model's vocabulary ({}) is smaller than the GPT-2 tokenizer's ({vocab}): token \
+             ids would fall outside the embedding; use a model with vocab_size >= {vocab}",
+            model.shape.vocab
+        );
+    }
+    if args.seq > model.shape.max_positions {
+        bail!(
+            "--seq {} is longer than the model's {} positions: use --seq {} or less",
+            args.seq,
+            model.shape.max_positions,
+            model.shape.max_positions
+        );
+    }
+    let device_memory_bytes = match &args.device_memory {
+        Some(text) => Some(plan::units::parse_bytes(text, "--device-memory")?),
+        None => None,
+    };
+    let config = TrainConfig {
+        grad_accum: args.grad_accum,
+        optimizer: optimizer(args.optimizer),
+        schedule: Schedule {
+            lr: args.lr,
+            warmup_steps: args.warmup.min(args.steps),
+            total_steps: args.steps,
+            min_lr_ratio: 0.1,
+        },
+        grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
+        device_memory_bytes,
+        ranks: args.ranks,
+        zero: args.zero,
+        recompute: args.recompute,
+        attention: args.attention,
+        mixed: mixed(args)?,
+        ..TrainConfig::new(model, args.batch, args.seq)
+    };
+    // The run exactly as it will run: a bf16 run is refused on its own bf16 peak.
+    engine::train::check_capacity(&config)?;
+    check_weights(args, weights.as_deref())?;
+    Ok(Validated { config, weights })
+}

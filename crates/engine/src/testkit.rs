@@ -1,0 +1,127 @@
+//! What the engine's tests and benches share instead of copies: toy model shapes, the run config
+//! builder, seeded tokens, the rank harness and loud comparisons. Public so integration tests,
+//! benches and the CLI's tests reach it; nothing in the engine itself uses it.
+//!
+//! Example:
+//! ```
+//! use engine::testkit::{config, gpt2_tiny, on_ranks};
+//! let losses = on_ranks(2, |comm| {
+//!     let cfg = engine::TrainConfig { ranks: 2, ..config(gpt2_tiny(), 1, 8) };
+//!     let mut t = engine::Trainer::with_comm(cfg, comm).unwrap();
+//!     t.init_weights(1);
+//!     let tokens = engine::testkit::tokens(8, 96, 3);
+//!     t.step(&mut |i, o| { i.copy_from_slice(&tokens); o.copy_from_slice(&tokens) }).unwrap().loss
+//! });
+//! assert_eq!(losses[0], losses[1]);
+//! ```
+
+use crate::train::{TrainConfig, Trainer};
+use crate::ModelConfig;
+use comm::Collective;
+use plan::buffer::Device;
+use plan::model::Family;
+use plan::setup::Attention;
+use plan::ModelShape;
+use std::time::Duration;
+
+/// A GPT-2 block design at toy size (the golden files use the same shape).
+pub fn gpt2_tiny() -> ModelShape {
+    ModelShape {
+        name: "gpt2-test".into(),
+        family: Family::Gpt2,
+        n_layers: 2,
+        d_model: 32,
+        n_heads: 4,
+        n_kv_heads: 4,
+        d_head: 8,
+        d_ff: 128,
+        vocab: 96,
+        max_positions: 32,
+        tied_embeddings: true,
+        moe: None,
+        mla: None,
+    }
+}
+
+/// A Llama block design at toy size: GQA (4 query heads over 2 kv heads), untied head.
+pub fn llama_tiny() -> ModelShape {
+    ModelShape {
+        name: "llama-test".into(),
+        family: Family::Llama,
+        n_kv_heads: 2,
+        d_ff: 64,
+        tied_embeddings: false,
+        ..gpt2_tiny()
+    }
+}
+
+/// The tests' run: `TrainConfig::new`'s defaults with materialised attention (the golden files
+/// were written with it).
+pub fn config(shape: ModelShape, batch: u64, seq: u64) -> TrainConfig {
+    TrainConfig {
+        attention: Attention::Eager,
+        ..TrainConfig::new(ModelConfig::from_shape(shape).unwrap(), batch, seq)
+    }
+}
+
+/// A one-rank trainer of [`config`], weights from seed 1337.
+pub fn trainer(shape: ModelShape, batch: u64, seq: u64) -> Trainer {
+    let mut t = Trainer::new(config(shape, batch, seq)).unwrap();
+    t.init_weights(1337);
+    t
+}
+
+/// Deterministic pseudo-random tokens below `vocab`.
+pub fn tokens(n: usize, vocab: u64, seed: u64) -> Vec<u32> {
+    let mut rng = data::SplitMix64::new(seed);
+    (0..n).map(|_| rng.next_below(vocab) as u32).collect()
+}
+
+/// Runs `f` on every rank of a world of `ranks` (threads, through `world::launch`) and returns
+/// the results in rank order; a rank's panic fails the test with its message.
+pub fn on_ranks<T: Send>(ranks: usize, f: impl Fn(Box<dyn Collective>) -> T + Sync) -> Vec<T> {
+    let run = crate::world::launch(
+        ranks,
+        Duration::from_secs(60),
+        |c| Ok::<T, crate::EngineError>(f(c)),
+        crate::world::comm_failure,
+    );
+    run.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The largest absolute difference between two lists of equal-length vectors.
+pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "as many vectors");
+    let pairs = a.iter().zip(b).flat_map(|(p, q)| {
+        assert_eq!(p.len(), q.len(), "vectors of equal length");
+        p.iter().zip(q)
+    });
+    pairs.map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Fails with `what`, the index and both values unless `|got - want| <= tol · max(1, |want|)`.
+pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let bound = tol * w.abs().max(1.0);
+        assert!(
+            (g - w).abs() <= bound,
+            "{what}[{i}]: got {g}, want {w} (tolerance {tol}, relative above 1)"
+        );
+    }
+}
+
+/// Asserts the arena measured exactly its plan: the peak, the breakdown at the peak and every
+/// category's own peak.
+pub fn assert_measured_equals_planned(t: &Trainer, what: &str) {
+    let m = t.measured();
+    let plan = &t.plan;
+    assert_eq!(m.peak_bytes, plan.peak_bytes(Device::Gpu), "{what}: peak");
+    assert_eq!(
+        m.at_peak_bytes,
+        plan.at_peak(Device::Gpu).1,
+        "{what}: at peak"
+    );
+    let peaks = plan.category_peaks(Device::Gpu);
+    assert_eq!(m.category_peak_bytes, peaks, "{what}: category peaks");
+}

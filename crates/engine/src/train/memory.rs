@@ -1,0 +1,86 @@
+//! Planned against measured memory, per rank, and the collective that brings every rank's to
+//! every rank: the report reduces over the communicator instead of reading other ranks' memory,
+//! so it works the same when ranks are processes.
+//!
+//! Example: `let all = trainer.gather_memory()?; assert!(all.iter().all(|r| r.planned == r.measured));`
+
+use super::Trainer;
+use crate::error::EngineError;
+use comm::Collective;
+use plan::buffer::Device;
+
+/// One side of the comparison: live bytes per category at the peak (they sum to the peak, the
+/// breakdown `frugal plan` prints), the peak, and what the slab reserves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryBreakdown {
+    pub at_peak_bytes: [u64; 6],
+    pub peak_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+impl MemoryBreakdown {
+    fn words(&self) -> [u64; 8] {
+        let mut w = [0u64; 8];
+        w[..6].copy_from_slice(&self.at_peak_bytes);
+        (w[6], w[7]) = (self.peak_bytes, self.reserved_bytes);
+        w
+    }
+
+    fn from_words(w: &[u64]) -> MemoryBreakdown {
+        let mut at_peak_bytes = [0u64; 6];
+        at_peak_bytes.copy_from_slice(&w[..6]);
+        MemoryBreakdown {
+            at_peak_bytes,
+            peak_bytes: w[6],
+            reserved_bytes: w[7],
+        }
+    }
+}
+
+/// One rank's plan and what its arena measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankMemory {
+    pub rank: usize,
+    pub planned: MemoryBreakdown,
+    pub measured: MemoryBreakdown,
+}
+
+impl Trainer {
+    /// This rank's planned and measured bytes.
+    pub fn memory(&self) -> RankMemory {
+        let (_, at_peak_bytes) = self.plan.at_peak(Device::Gpu);
+        let planned = MemoryBreakdown {
+            at_peak_bytes,
+            peak_bytes: self.plan.peak_bytes(Device::Gpu),
+            reserved_bytes: plan::frugal::assign_offsets(&self.plan, Device::Gpu).slab_bytes,
+        };
+        let m = self.measured();
+        let measured = MemoryBreakdown {
+            at_peak_bytes: m.at_peak_bytes,
+            peak_bytes: m.peak_bytes,
+            reserved_bytes: m.reserved_bytes,
+        };
+        RankMemory {
+            rank: self.rank(),
+            planned,
+            measured,
+        }
+    }
+
+    /// Every rank's [`RankMemory`], in rank order: a collective every rank calls.
+    pub fn gather_memory(&mut self) -> Result<Vec<RankMemory>, EngineError> {
+        let mine = self.memory();
+        let mut words = mine.planned.words().to_vec();
+        words.extend(mine.measured.words());
+        let all = self.comm.all_gather_u64(&words)?;
+        Ok(all
+            .chunks_exact(16)
+            .enumerate()
+            .map(|(rank, w)| RankMemory {
+                rank,
+                planned: MemoryBreakdown::from_words(&w[..8]),
+                measured: MemoryBreakdown::from_words(&w[8..]),
+            })
+            .collect())
+    }
+}
