@@ -2,8 +2,9 @@
 //! (`config.json` + `model.safetensors`) that `AutoModelForCausalLM.from_pretrained(OUT)` loads.
 //!
 //! The weights are rebuilt from the snapshot's per-rank shard files (whatever rank count and ZeRO
-//! stage wrote them) into a one-rank model, then written with HF names by the engine's `io`, so
-//! an export also proves the shards reassemble. `--logits FILE` adds frugal's own logits on a
+//! stage wrote them) into a forward-only model (`engine::Runner`: weights and one pass's
+//! activations, no trainer), then written with HF names by the engine's `io`, so an export also
+//! proves the shards reassemble. `--logits FILE` adds frugal's own logits on a
 //! prompt (`tokens` int32 (1, T), `logits` f32 (1, T, V)) for `dev/check_export.py` to compare
 //! with transformers'. Nothing here trains or prints beyond one summary line.
 //!
@@ -11,7 +12,8 @@
 
 use anyhow::{bail, Context};
 use engine::snapshot::Snapshot;
-use engine::{OptimizerKind, TrainConfig, Trainer};
+use engine::Runner;
+use plan::frugal::ForwardSetup;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -42,19 +44,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = snap.model_config()?;
     let tokens = prompt_tokens(&args.prompt, &model)?;
     // One row of the prompt's length: the smallest arena that runs the logits.
-    let config = TrainConfig {
-        optimizer: OptimizerKind::Sgd {
-            momentum: 0.0,
-            weight_decay: 0.0,
-        },
-        ..TrainConfig::new(model, 1, tokens.len() as u64)
+    let setup = ForwardSetup {
+        batch: 1,
+        seq: tokens.len() as u64,
+        attention: plan::setup::Attention::DEFAULT,
     };
-    let mut trainer = Trainer::new(config)?;
-    snap.restore_weights(&mut trainer)?;
-    engine::io::save_pretrained(&trainer.model, &trainer.arena, &args.hf)
+    let mut runner = Runner::new(model, setup)?;
+    let weights = snap.weights(&runner.model.units)?;
+    for (u, unit) in weights.iter().enumerate() {
+        runner.load_unit(u, unit);
+    }
+    engine::io::save_pretrained(&runner.model, &runner.arena, &args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;
     if let Some(path) = &args.logits {
-        write_logits(&mut trainer, &tokens, path)?;
+        write_logits(&mut runner, &tokens, path)?;
     }
     println!(
         "exported {} (step {}, {} ranks) to {}",
@@ -85,11 +88,11 @@ fn prompt_tokens(prompt: &str, model: &engine::ModelConfig) -> anyhow::Result<Ve
     Ok(tokens)
 }
 
-fn write_logits(trainer: &mut Trainer, tokens: &[u32], path: &Path) -> anyhow::Result<()> {
+fn write_logits(runner: &mut Runner, tokens: &[u32], path: &Path) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
     let t = tokens.len();
-    let logits = trainer.logits(tokens, 1, t)?;
-    let v = trainer.config.model.shape.vocab as usize;
+    let logits = runner.logits(tokens, 1, t)?;
+    let v = runner.model.config.shape.vocab as usize;
     let token_bytes: Vec<u8> = tokens
         .iter()
         .flat_map(|&id| (id as i32).to_le_bytes())

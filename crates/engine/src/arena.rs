@@ -1,28 +1,32 @@
-//! The arena: one slab per device, carved at start-up into the plan's buffers, with byte-exact
-//! accounting of what is live per category and the running peak.
+//! The arena: one slab of a backend's memory per device, carved at start-up into the plan's
+//! buffers, with byte-exact accounting of what is live per category and the running peak.
 //!
-//! Offsets come from `plan::frugal::layout` (buffers whose lifetimes overlap never share bytes),
-//! so nothing is allocated inside a step. Entering a phase makes the buffers born in it live;
-//! leaving it frees those that die in it. Touching a buffer that is not live is a programmer error
-//! and panics: the plan's lifetimes are enforced, not just reported. Views are borrowed through
-//! guards with RefCell-style flags, so two live buffers (disjoint bytes) can be borrowed mutably
-//! at once while a buffer borrowed twice mutably panics.
+//! Offsets come from `plan::frugal::layout` at the backend's alignment (buffers whose lifetimes
+//! overlap never share bytes), so nothing is allocated inside a step. Buffers are found by their
+//! typed `plan::frugal::Key`. Entering a phase makes the buffers born in it live; leaving it
+//! frees those that die in it. Touching a buffer that is not live is a programmer error and
+//! panics: the plan's lifetimes are enforced, not just reported. Tensors ([`Tensor`]) name a
+//! buffer, an element type and a range; the CPU backend borrows them as slices through guards
+//! with RefCell-style flags (see `backend::cpu`), so two live buffers (disjoint bytes) can be
+//! borrowed mutably at once while one buffer borrowed twice mutably panics.
 //!
-//! What it does not do: decide sizes (the plan does) or know what the bytes mean (the models do).
+//! What it does not do: decide sizes (the plan does), know what the bytes mean (the models do)
+//! or touch them (the backend does).
 //!
-//! Example: `arena.enter(Phase::Forward(0)); let mut qkv = arena.f32_mut(ids.qkv); ...;
-//! arena.leave(Phase::Forward(0));` then `arena.measured()` holds the per-category peaks.
+//! Example: `arena.enter(Phase::Forward(0)); let qkv = arena.tensor(arena.id(key), DType::F32);
+//! ...; arena.leave(Phase::Forward(0));` then `arena.measured()` holds the per-category peaks.
 
+use crate::backend::cpu::Cpu;
+use crate::backend::{Backend, DType, Tensor};
 use crate::error::EngineError;
 use plan::buffer::{Category, Device, Lifetime, MemoryPlan, Phase};
-use plan::frugal::assign_offsets;
-use std::cell::{Cell, UnsafeCell};
+use plan::frugal::{assign_offsets_aligned, Key};
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
 
 /// Index of a buffer in its arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BufId(usize);
+pub struct BufId(pub(crate) usize);
 
 /// Peak live bytes per category and in total, as measured while running.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,40 +42,41 @@ pub struct Measured {
     pub reserved_bytes: u64,
 }
 
-struct Slot {
-    name: String,
+pub(crate) struct Slot {
+    pub(crate) key: Key,
     category: Category,
-    /// Offset and length in f32 elements.
-    offset: usize,
-    len: usize,
-    bytes: u64,
+    /// Offset of the buffer in the slab, in bytes.
+    pub(crate) offset_bytes: u64,
+    pub(crate) bytes: u64,
     born: u32,
     dies: u32,
     live: Cell<bool>,
     /// 0 free, > 0 shared borrows, -1 borrowed mutably.
-    borrow: Cell<i32>,
+    pub(crate) borrow: Cell<i32>,
 }
 
 /// One device's slab and its live-buffer bookkeeping.
-pub struct Arena {
+pub struct Arena<B: Backend = Cpu> {
+    backend: B,
     device: Device,
     n_layers: u32,
-    slab: UnsafeCell<Vec<f32>>,
-    slots: Vec<Slot>,
-    by_name: HashMap<String, BufId>,
+    pub(crate) slab: B::Slab,
+    pub(crate) slots: Vec<Slot>,
+    by_key: HashMap<Key, BufId>,
     live_bytes: [u64; 6],
     measured: Measured,
 }
 
-impl Arena {
-    /// Carves the slab for `device` from `plan`; refuses before allocating when the slab would
-    /// exceed `capacity_bytes`.
+impl<B: Backend> Arena<B> {
+    /// Carves `backend`'s slab for `device` from `plan`; refuses before allocating when the
+    /// slab would exceed `capacity_bytes`.
     pub fn new(
+        backend: B,
         plan: &MemoryPlan,
         device: Device,
         capacity_bytes: Option<u64>,
-    ) -> Result<Arena, EngineError> {
-        let layout = assign_offsets(plan, device);
+    ) -> Result<Arena<B>, EngineError> {
+        let layout = assign_offsets_aligned(plan, device, backend.align_bytes());
         if let Some(capacity) = capacity_bytes {
             let needed = layout.slab_bytes.max(plan.peak_bytes(device));
             if needed > capacity {
@@ -84,21 +89,23 @@ impl Arena {
             }
         }
         let mut slots = Vec::with_capacity(layout.offsets.len());
-        let mut by_name = HashMap::new();
+        let mut by_key = HashMap::new();
         for &(index, offset) in &layout.offsets {
             let b = &plan.buffers[index];
+            let key = b
+                .key
+                .unwrap_or_else(|| panic!("buffer {} has no key: not a frugal plan", b.name));
             let (born, dies) = match b.lifetime {
                 Lifetime::Persistent => (0, u32::MAX),
                 Lifetime::Span { born, dies } => {
                     (born.ordinal(plan.n_layers), dies.ordinal(plan.n_layers))
                 }
             };
-            by_name.insert(b.name.clone(), BufId(slots.len()));
+            by_key.insert(key, BufId(slots.len()));
             slots.push(Slot {
-                name: b.name.clone(),
+                key,
                 category: b.category,
-                offset: (offset / 4) as usize,
-                len: b.bytes.div_ceil(4) as usize,
+                offset_bytes: offset,
                 bytes: b.bytes,
                 born,
                 dies,
@@ -106,13 +113,14 @@ impl Arena {
                 borrow: Cell::new(0),
             });
         }
-        let slab = vec![0.0f32; (layout.slab_bytes / 4) as usize];
+        let slab = backend.alloc(layout.slab_bytes)?;
         let mut arena = Arena {
+            backend,
             device,
             n_layers: plan.n_layers,
-            slab: UnsafeCell::new(slab),
+            slab,
             slots,
-            by_name,
+            by_key,
             live_bytes: [0; 6],
             measured: Measured {
                 reserved_bytes: layout.slab_bytes,
@@ -130,23 +138,49 @@ impl Arena {
         self.device
     }
 
-    /// The buffer called `name`; panics when the plan has none (the engine and plan disagree).
-    pub fn id(&self, name: &str) -> BufId {
-        *self
-            .by_name
-            .get(name)
-            .unwrap_or_else(|| panic!("the plan has no buffer {name:?} on {:?}", self.device))
+    /// The backend that owns the slab and runs the ops.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
-    /// The buffer called `name`, when the plan holds one.
-    pub fn try_id(&self, name: &str) -> Option<BufId> {
-        self.by_name.get(name).copied()
+    /// The buffer of `key`; panics when the plan has none (the engine and plan disagree).
+    pub fn id(&self, key: Key) -> BufId {
+        *self
+            .by_key
+            .get(&key)
+            .unwrap_or_else(|| panic!("the plan has no buffer {key} on {:?}", self.device))
+    }
+
+    /// The buffer of `key`, when the plan holds one.
+    pub fn try_id(&self, key: Key) -> Option<BufId> {
+        self.by_key.get(&key).copied()
+    }
+
+    /// The whole buffer `id` read as `dtype` (its bytes / the element size, rounded down).
+    pub fn tensor(&self, id: BufId, dtype: DType) -> Tensor {
+        let len = (self.slots[id.0].bytes / dtype.size_bytes() as u64) as usize;
+        Tensor {
+            buf: id,
+            dtype,
+            offset: 0,
+            len,
+        }
+    }
+
+    /// The whole buffer of `key` read as `dtype`.
+    pub fn key_tensor(&self, key: Key, dtype: DType) -> Tensor {
+        self.tensor(self.id(key), dtype)
+    }
+
+    /// The buffer of `key` as `dtype`, when the plan holds one.
+    pub fn try_tensor(&self, key: Key, dtype: DType) -> Option<Tensor> {
+        self.try_id(key).map(|id| self.tensor(id, dtype))
     }
 
     fn make_live(&mut self, slots: &[usize]) {
         for &i in slots {
             let s = &self.slots[i];
-            assert!(!s.live.get(), "buffer {} born twice", s.name);
+            assert!(!s.live.get(), "buffer {} born twice", s.key);
             s.live.set(true);
             self.live_bytes[s.category as usize] += s.bytes;
         }
@@ -174,7 +208,7 @@ impl Arena {
     pub fn leave(&mut self, phase: Phase) {
         let ordinal = phase.ordinal(self.n_layers);
         for s in self.slots.iter().filter(|s| s.dies == ordinal) {
-            assert_eq!(s.borrow.get(), 0, "buffer {} freed while borrowed", s.name);
+            assert_eq!(s.borrow.get(), 0, "buffer {} freed while borrowed", s.key);
             if s.live.replace(false) {
                 self.live_bytes[s.category as usize] -= s.bytes;
             }
@@ -199,160 +233,30 @@ impl Arena {
         self.measured
     }
 
-    fn check_live(&self, id: BufId) -> &Slot {
-        let s = &self.slots[id.0];
+    /// The slot of a tensor about to be touched: live, and the tensor inside its bytes.
+    pub(crate) fn checked(&self, t: Tensor) -> &Slot {
+        let s = &self.slots[t.buf.0];
         assert!(
             s.live.get(),
             "buffer {} used outside its planned lifetime",
-            s.name
+            s.key
+        );
+        let end = ((t.offset + t.len) * t.dtype.size_bytes()) as u64;
+        assert!(
+            end <= s.bytes.next_multiple_of(4),
+            "{:?} elements {}..{} lie beyond buffer {} of {} bytes",
+            t.dtype,
+            t.offset,
+            t.offset + t.len,
+            s.key,
+            s.bytes
         );
         s
     }
 
-    fn raw(&self, s: &Slot) -> *mut f32 {
-        // SAFETY: the slab is never resized after construction, so the pointer stays valid for
-        // the arena's life; `offset + len` is within the slab by construction of the layout.
-        unsafe { (*self.slab.get()).as_mut_ptr().add(s.offset) }
-    }
-
-    /// A shared view of a live f32 buffer.
-    pub fn f32(&self, id: BufId) -> View<'_, f32> {
-        let s = self.check_live(id);
-        let b = s.borrow.get();
-        assert!(b >= 0, "buffer {} already borrowed mutably", s.name);
-        s.borrow.set(b + 1);
-        // SAFETY: live buffers with overlapping lifetimes have disjoint bytes (layout), and the
-        // borrow flag forbids a mutable view of this buffer while this one exists.
-        let data = unsafe { std::slice::from_raw_parts(self.raw(s), s.len) };
-        View {
-            data,
-            flag: &s.borrow,
-        }
-    }
-
-    /// A mutable view of a live f32 buffer.
-    pub fn f32_mut(&self, id: BufId) -> ViewMut<'_, f32> {
-        let s = self.check_live(id);
-        assert_eq!(s.borrow.get(), 0, "buffer {} already borrowed", s.name);
-        s.borrow.set(-1);
-        // SAFETY: as in `f32`; the flag makes this the only view of the buffer.
-        let data = unsafe { std::slice::from_raw_parts_mut(self.raw(s), s.len) };
-        ViewMut {
-            data,
-            flag: &s.borrow,
-        }
-    }
-
-    /// A shared view of a live 2-byte buffer (bf16 weights and gradients): `bytes / 2`
-    /// elements, not the slot's 4-byte-rounded length.
-    pub fn bf16(&self, id: BufId) -> View<'_, half::bf16> {
-        let v = self.f32(id);
-        let len = (self.slots[id.0].bytes / 2) as usize;
-        // SAFETY: bf16 is a repr(transparent) u16 (alignment 2 <= 4), every bit pattern is
-        // valid, and `len` 2-byte elements lie within the slot's bytes.
-        let data = unsafe { std::slice::from_raw_parts(v.data.as_ptr() as *const half::bf16, len) };
-        let flag = v.flag;
-        std::mem::forget(v);
-        View { data, flag }
-    }
-
-    /// A mutable view of a live 2-byte bf16 buffer.
-    pub fn bf16_mut(&self, id: BufId) -> ViewMut<'_, half::bf16> {
-        let mut v = self.f32_mut(id);
-        let len = (self.slots[id.0].bytes / 2) as usize;
-        // SAFETY: as in `bf16`.
-        let data =
-            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut half::bf16, len) };
-        let flag = v.flag;
-        std::mem::forget(v);
-        ViewMut { data, flag }
-    }
-
-    /// A shared view of a live 2-byte fp16 buffer.
-    pub fn f16(&self, id: BufId) -> View<'_, half::f16> {
-        let v = self.bf16(id);
-        // SAFETY: f16 and bf16 are both repr(transparent) u16 with every bit pattern valid.
-        let data =
-            unsafe { std::slice::from_raw_parts(v.data.as_ptr() as *const half::f16, v.len()) };
-        let flag = v.flag;
-        std::mem::forget(v);
-        View { data, flag }
-    }
-
-    /// A mutable view of a live 2-byte fp16 buffer.
-    pub fn f16_mut(&self, id: BufId) -> ViewMut<'_, half::f16> {
-        let mut v = self.bf16_mut(id);
-        let len = v.len();
-        // SAFETY: as in `f16`.
-        let data = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut half::f16, len) };
-        let flag = v.flag;
-        std::mem::forget(v);
-        ViewMut { data, flag }
-    }
-
-    /// A shared view of a live u32 buffer (token ids share the f32 slab: same size and alignment).
-    pub fn u32(&self, id: BufId) -> View<'_, u32> {
-        let v = self.f32(id);
-        // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
-        let data = unsafe { std::slice::from_raw_parts(v.data.as_ptr() as *const u32, v.len()) };
-        let flag = v.flag;
-        std::mem::forget(v);
-        View { data, flag }
-    }
-
-    /// A mutable view of a live u32 buffer.
-    pub fn u32_mut(&self, id: BufId) -> ViewMut<'_, u32> {
-        let mut v = self.f32_mut(id);
-        let len = v.len();
-        // SAFETY: as in `u32`.
-        let data = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u32, len) };
-        let flag = v.flag;
-        std::mem::forget(v);
-        ViewMut { data, flag }
-    }
-}
-
-/// A shared borrow of one buffer; released on drop.
-pub struct View<'a, T> {
-    data: &'a [T],
-    flag: &'a Cell<i32>,
-}
-
-impl<T> Deref for View<'_, T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        self.data
-    }
-}
-
-impl<T> Drop for View<'_, T> {
-    fn drop(&mut self) {
-        self.flag.set(self.flag.get() - 1);
-    }
-}
-
-/// A mutable borrow of one buffer; released on drop.
-pub struct ViewMut<'a, T> {
-    data: &'a mut [T],
-    flag: &'a Cell<i32>,
-}
-
-impl<T> Deref for ViewMut<'_, T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        self.data
-    }
-}
-
-impl<T> DerefMut for ViewMut<'_, T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        self.data
-    }
-}
-
-impl<T> Drop for ViewMut<'_, T> {
-    fn drop(&mut self) {
-        self.flag.set(0);
+    /// Whether `id` is live now.
+    pub fn is_live(&self, id: BufId) -> bool {
+        self.slots[id.0].live.get()
     }
 }
 
@@ -360,49 +264,61 @@ impl<T> Drop for ViewMut<'_, T> {
 mod tests {
     use super::*;
     use plan::buffer::Buffer;
+    use plan::frugal::UnitKind;
 
     fn plan() -> MemoryPlan {
         let mut plan = MemoryPlan::new(1);
-        let buf = |name: &str, lifetime| Buffer {
-            name: name.into(),
-            category: Category::Activations,
-            device: Device::Gpu,
-            bytes: 16,
-            lifetime,
+        let buf = |key: Key, lifetime| {
+            Buffer::keyed(key, Category::Activations, Device::Gpu, 16, lifetime)
         };
-        plan.push(buf("w", Lifetime::Persistent));
+        plan.push(buf(Key::Params(UnitKind::Embed), Lifetime::Persistent));
         let span = Lifetime::Span {
             born: Phase::Forward(0),
             dies: Phase::Backward(0),
         };
-        plan.push(buf("a", span));
+        plan.push(buf(Key::Encoded, span));
         plan
+    }
+
+    fn arena() -> Arena {
+        Arena::new(Cpu::new(), &plan(), Device::Gpu, None).unwrap()
     }
 
     #[test]
     #[should_panic(expected = "used outside its planned lifetime")]
     fn a_buffer_used_before_it_is_born_panics() {
-        let arena = Arena::new(&plan(), Device::Gpu, None).unwrap();
-        let _ = arena.f32(arena.id("a"));
+        let arena = arena();
+        let _ = arena.f32(arena.id(Key::Encoded));
     }
 
     #[test]
     #[should_panic(expected = "already borrowed")]
     fn a_buffer_borrowed_twice_mutably_panics() {
-        let arena = Arena::new(&plan(), Device::Gpu, None).unwrap();
-        let id = arena.id("w");
+        let arena = arena();
+        let id = arena.id(Key::Params(UnitKind::Embed));
         let _a = arena.f32_mut(id);
         let _b = arena.f32_mut(id);
     }
 
     #[test]
+    #[should_panic(expected = "beyond buffer")]
+    fn a_tensor_past_its_buffer_panics() {
+        let arena = arena();
+        let t = arena.key_tensor(Key::Params(UnitKind::Embed), DType::F32);
+        let _ = arena.view::<f32>(Tensor {
+            len: t.len + 1,
+            ..t
+        });
+    }
+
+    #[test]
     fn live_bytes_follow_the_phases() {
-        let mut arena = Arena::new(&plan(), Device::Gpu, None).unwrap();
+        let mut arena = arena();
         let act = Category::Activations as usize;
         assert_eq!(arena.live_bytes()[act], 16);
         arena.enter(Phase::Forward(0));
         assert_eq!(arena.live_bytes()[act], 32);
-        arena.f32_mut(arena.id("a")).fill(1.0);
+        arena.f32_mut(arena.id(Key::Encoded)).fill(1.0);
         arena.leave(Phase::Forward(0));
         arena.enter(Phase::Backward(0));
         arena.leave(Phase::Backward(0));

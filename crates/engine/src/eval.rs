@@ -1,20 +1,23 @@
-//! Forward-only passes on the training arena: validation loss, full logits (for tests and the HF
-//! comparison) and text generation, greedy or top-k with a seed.
+//! Forward-only passes: validation loss, full logits (for tests and the HF comparison) and text
+//! generation, greedy or top-k with a seed, on any model that can run its phases ([`Forward`]:
+//! a `Trainer`, whose ZeRO-3 units are gathered as phases begin, or a `Runner`, a model with no
+//! training state).
 //!
-//! These reuse the step's buffers (a pass covers at most the planned micro-batch), entering the
-//! same phases, and end with `Arena::end_pass` which frees what the backward would have. Logits
-//! are computed a chunk of rows at a time in the classifier's scratch, so no B×T×V tensor exists
-//! in the arena; `logits` returns them in a Vec because its callers (tests, dev scripts) want them.
+//! A pass covers at most the planned micro-batch, entering the same phases, and ends with
+//! `Arena::end_pass`, which frees what the backward would have. Logits are computed a chunk of
+//! rows at a time in the classifier's scratch, so no B×T×V tensor exists in the arena; each chunk
+//! is copied to the host for the caller (`logits` returns them in a Vec because its callers,
+//! tests and dev scripts, want them).
 //!
 //! Example: `trainer.generate(&prompt, 100, Sampling { top_k: Some(40), temperature: 1.0, seed: 7,
 //! vocab_limit: None })`.
 
+use crate::arena::Arena;
+use crate::backend::{Backend, Linear, LinearKind, LinearShape};
 use crate::error::EngineError;
 use crate::forward;
-use crate::train::Trainer;
-use crate::zero::Pass;
+use crate::model::Model;
 use data::SplitMix64;
-use kernels::matmul;
 use plan::buffer::Phase;
 
 /// How to pick the next token.
@@ -28,136 +31,154 @@ pub struct Sampling {
     pub vocab_limit: Option<usize>,
 }
 
-impl Trainer {
-    /// Runs the forward pass over `batch` rows of `seq` tokens already in `batch.tokens`, then
-    /// calls `per_chunk(first_row, logits of a chunk of rows)` for the final positions.
-    fn forward_chunks(
-        &mut self,
-        batch: usize,
-        seq: usize,
-        per_chunk: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<(), EngineError> {
-        let n_layers = self.config.model.shape.n_layers;
-        // Phases are entered through the trainer so ZeRO stage 3 gathers each unit (a
-        // collective: every rank runs the same forward-only passes).
-        // Leaving each phase frees what dies in it (stage 3's gathered units), so a forward-only
-        // pass never holds more than the training step planned.
-        self.enter_phase(Phase::Embed, Pass::ForwardOnly)?;
-        forward::embed(&self.model, &self.arena, batch, seq);
-        self.leave_phase(Phase::Embed)?;
-        for l in 0..n_layers {
-            self.enter_phase(Phase::Forward(l), Pass::ForwardOnly)?;
-            forward::block(&self.model, &self.arena, l as usize, batch, seq);
-            self.leave_phase(Phase::Forward(l))?;
-        }
-        self.enter_phase(Phase::Head, Pass::ForwardOnly)?;
-        let (model, arena) = (&self.model, &mut self.arena);
-        forward::final_norm(model, arena, batch, seq);
-        let (c, v) = (
-            model.config.shape.d_model as usize,
-            model.config.shape.vocab as usize,
-        );
-        let (lm_unit, lm_range) = model.lm_head();
-        let params = arena.f32(model.params[lm_unit]);
-        let wte = &params[lm_range];
-        let lnf = arena.f32(model.head.lnf);
-        let mut scratch = arena.f32_mut(model.head.classifier);
-        let chunk_rows = scratch.len() / v;
-        let n = batch * seq;
-        let mut row = 0;
-        while row < n {
-            let rows = chunk_rows.min(n - row);
-            let logits = &mut scratch[..rows * v];
-            matmul::forward(
-                logits,
-                &lnf[row * c..(row + rows) * c],
-                wte,
-                None,
-                rows,
-                c,
-                v,
-            );
-            per_chunk(row, logits);
-            row += rows;
-        }
-        drop((params, lnf, scratch));
-        arena.end_pass();
-        Ok(())
-    }
+/// A model that runs forward-only passes: its parts, and what happens at each phase boundary.
+pub trait Forward<B: Backend> {
+    fn parts(&self) -> (&Model, &Arena<B>);
+    /// Makes the phase's buffers live (and gathers what the phase reads).
+    fn enter(&mut self, phase: Phase) -> Result<(), EngineError>;
+    /// Frees what dies in the phase.
+    fn leave(&mut self, phase: Phase) -> Result<(), EngineError>;
+    /// Frees every non-persistent buffer.
+    fn end_pass(&mut self);
+}
 
-    fn load_tokens(&mut self, inputs: &[u32]) -> Result<(), EngineError> {
-        let vocab = self.config.model.shape.vocab;
-        if let Some(&id) = inputs.iter().find(|&&id| u64::from(id) >= vocab) {
-            return Err(EngineError::Data(format!(
-                "token id {id} is beyond the model's vocabulary of {vocab}"
-            )));
-        }
-        self.arena.u32_mut(self.model.head.tokens)[..inputs.len()].copy_from_slice(inputs);
-        Ok(())
+/// Runs the forward pass over `batch` rows of `seq` tokens already in `batch.tokens`, then
+/// calls `per_chunk(first_row, logits of a chunk of rows)` for the final positions.
+pub fn forward_chunks<B: Backend>(
+    f: &mut dyn Forward<B>,
+    batch: usize,
+    seq: usize,
+    per_chunk: &mut dyn FnMut(usize, &[f32]),
+) -> Result<(), EngineError> {
+    let n_layers = f.parts().0.config.shape.n_layers;
+    f.enter(Phase::Embed)?;
+    let (model, arena) = f.parts();
+    forward::embed(model, arena, batch, seq);
+    f.leave(Phase::Embed)?;
+    for l in 0..n_layers {
+        f.enter(Phase::Forward(l))?;
+        let (model, arena) = f.parts();
+        forward::block(model, arena, l as usize, batch, seq);
+        f.leave(Phase::Forward(l))?;
     }
+    f.enter(Phase::Head)?;
+    let (model, arena) = f.parts();
+    forward::final_norm(model, arena, batch, seq);
+    let s = &model.config.shape;
+    let (c, v) = (s.d_model as usize, s.vocab as usize);
+    let (lm_kind, lm_role) = model.lm_head();
+    let weight = model.weight(arena, lm_kind, lm_role);
+    let scratch = model.head.classifier;
+    let chunk_rows = scratch.len / v;
+    let n = batch * seq;
+    let mut host = vec![0.0f32; chunk_rows.min(n) * v];
+    let be = arena.backend();
+    let mut row = 0;
+    while row < n {
+        let rows = chunk_rows.min(n - row);
+        let out = scratch.prefix(rows * v);
+        let op = Linear {
+            kind: LinearKind::Dense,
+            out,
+            inp: model.head.lnf.slice(row * c..(row + rows) * c),
+            weight,
+            bias: None,
+            shape: LinearShape {
+                n: rows,
+                ic: c,
+                oc: v,
+            },
+        };
+        be.linear(arena, &op);
+        be.download(arena, out, &mut host[..rows * v]);
+        per_chunk(row, &host[..rows * v]);
+        row += rows;
+    }
+    f.end_pass();
+    Ok(())
+}
 
-    /// Mean cross-entropy of one micro-batch, without touching gradients.
-    pub fn eval_loss(&mut self, inputs: &[u32], targets: &[u32]) -> Result<f32, EngineError> {
-        let (b, t) = (self.config.batch as usize, self.config.seq as usize);
-        assert!(inputs.len() == b * t && targets.len() == b * t);
-        self.load_tokens(inputs)?;
-        let v = self.config.model.shape.vocab as usize;
-        let mut sum = 0.0f64;
-        self.forward_chunks(b, t, &mut |first, logits| {
-            for (i, row) in logits.chunks_exact(v).enumerate() {
-                sum += f64::from(cross_entropy(row, targets[first + i] as usize));
+fn load_tokens<B: Backend>(f: &dyn Forward<B>, inputs: &[u32]) -> Result<(), EngineError> {
+    let (model, arena) = f.parts();
+    let vocab = model.config.shape.vocab;
+    if let Some(&id) = inputs.iter().find(|&&id| u64::from(id) >= vocab) {
+        return Err(EngineError::Data(format!(
+            "token id {id} is beyond the model's vocabulary of {vocab}"
+        )));
+    }
+    let tokens = model.head.tokens.prefix(inputs.len());
+    arena.backend().upload_ids(arena, tokens, inputs);
+    Ok(())
+}
+
+/// Mean cross-entropy of `batch` rows of `seq` tokens, without touching gradients.
+pub fn eval_loss<B: Backend>(
+    f: &mut dyn Forward<B>,
+    inputs: &[u32],
+    targets: &[u32],
+    (batch, seq): (usize, usize),
+) -> Result<f32, EngineError> {
+    assert!(inputs.len() == batch * seq && targets.len() == batch * seq);
+    load_tokens(f, inputs)?;
+    let v = f.parts().0.config.shape.vocab as usize;
+    let mut sum = 0.0f64;
+    forward_chunks(f, batch, seq, &mut |first, logits| {
+        for (i, row) in logits.chunks_exact(v).enumerate() {
+            sum += f64::from(cross_entropy(row, targets[first + i] as usize));
+        }
+    })?;
+    Ok((sum / (batch * seq) as f64) as f32)
+}
+
+/// Logits (batch, seq, V) of `inputs` (batch ≤ the planned rows, seq ≤ the planned sequence).
+pub fn logits<B: Backend>(
+    f: &mut dyn Forward<B>,
+    inputs: &[u32],
+    batch: usize,
+    seq: usize,
+) -> Result<Vec<f32>, EngineError> {
+    assert_eq!(inputs.len(), batch * seq);
+    load_tokens(f, inputs)?;
+    let v = f.parts().0.config.shape.vocab as usize;
+    let mut out = Vec::with_capacity(inputs.len() * v);
+    forward_chunks(f, batch, seq, &mut |_, logits| {
+        out.extend_from_slice(logits)
+    })?;
+    Ok(out)
+}
+
+/// Continues `prompt` by `n_new` tokens; the context is cropped to `max_seq`.
+pub fn generate<B: Backend>(
+    f: &mut dyn Forward<B>,
+    prompt: &[u32],
+    n_new: usize,
+    max_seq: usize,
+    sampling: Sampling,
+) -> Result<Vec<u32>, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::Data(
+            "generation needs a prompt of at least one token".into(),
+        ));
+    }
+    let v = f.parts().0.config.shape.vocab as usize;
+    let mut rng = SplitMix64::new(sampling.seed);
+    let mut tokens = prompt.to_vec();
+    let mut last = vec![0.0f32; v];
+    for _ in 0..n_new {
+        let context = &tokens[tokens.len().saturating_sub(max_seq)..];
+        let seq = context.len();
+        let context = context.to_vec();
+        load_tokens(f, &context)?;
+        forward_chunks(f, 1, seq, &mut |first, logits| {
+            let rows = logits.len() / v;
+            if first + rows == seq {
+                last.copy_from_slice(&logits[(rows - 1) * v..]);
             }
         })?;
-        Ok((sum / (b * t) as f64) as f32)
+        let limit = sampling.vocab_limit.unwrap_or(v).clamp(1, v);
+        tokens.push(pick(&last[..limit], sampling, &mut rng));
     }
-
-    /// Logits (batch, seq, V) of `inputs` (batch ≤ micro-batch, seq ≤ planned sequence).
-    pub fn logits(
-        &mut self,
-        inputs: &[u32],
-        batch: usize,
-        seq: usize,
-    ) -> Result<Vec<f32>, EngineError> {
-        assert_eq!(inputs.len(), batch * seq);
-        self.load_tokens(inputs)?;
-        let mut out = Vec::with_capacity(inputs.len() * self.config.model.shape.vocab as usize);
-        self.forward_chunks(batch, seq, &mut |_, logits| out.extend_from_slice(logits))?;
-        Ok(out)
-    }
-
-    /// Continues `prompt` by `n_new` tokens; the context is cropped to the planned sequence.
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        n_new: usize,
-        sampling: Sampling,
-    ) -> Result<Vec<u32>, EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::Data(
-                "generation needs a prompt of at least one token".into(),
-            ));
-        }
-        let max_seq = self.config.seq as usize;
-        let v = self.config.model.shape.vocab as usize;
-        let mut rng = SplitMix64::new(sampling.seed);
-        let mut tokens = prompt.to_vec();
-        let mut last = vec![0.0f32; v];
-        for _ in 0..n_new {
-            let context = &tokens[tokens.len().saturating_sub(max_seq)..];
-            let seq = context.len();
-            let context = context.to_vec();
-            self.load_tokens(&context)?;
-            self.forward_chunks(1, seq, &mut |first, logits| {
-                let rows = logits.len() / v;
-                if first + rows == seq {
-                    last.copy_from_slice(&logits[(rows - 1) * v..]);
-                }
-            })?;
-            let limit = sampling.vocab_limit.unwrap_or(v).clamp(1, v);
-            tokens.push(pick(&last[..limit], sampling, &mut rng));
-        }
-        Ok(tokens[prompt.len()..].to_vec())
-    }
+    Ok(tokens[prompt.len()..].to_vec())
 }
 
 /// -log softmax(row)[target], computed stably.

@@ -1,102 +1,59 @@
-//! The forward pass, block by block, with the kernels: embedding, GPT-2 and Llama blocks, final
-//! norm, and the pieces of a block the backward recomputes. Every tensor lives in the arena; this
-//! file only calls kernels on views of it.
+//! The forward pass, block by block, as backend ops: embedding, a transformer block of the
+//! model's family design, final norm, and the pieces of a block the backward recomputes. Every
+//! tensor lives in the arena; this file only names which ops run on which tensors.
 //!
 //! A pass may cover fewer rows than the buffers were planned for (`batch` ≤ micro-batch,
-//! `seq` ≤ planned sequence: sampling runs one row of a growing prefix), so every view is cut to
-//! the pass's length. GPT-2 blocks: LayerNorm, fused qkv with bias, attention, projection, GELU MLP.
-//! Llama blocks: RMSNorm, fused q|k|v, RoPE on q and k, GQA attention, SwiGLU with fused gate|up.
-//! Attention is materialised (`att`, B·NH·T·T) or flash (`lse`, B·NH·T), as the plan chose.
-//! A block is a fixed sequence of steps (norm1, qkv, attention core, projection, norm2, fc,
-//! activation, fc projection); recompute (see `recompute`) reruns all or some of them into the
-//! buffers the backward reads, with the same kernels, so the values are bit-identical.
+//! `seq` ≤ planned sequence: sampling runs one row of a growing prefix), so every tensor is cut
+//! to the pass's length. A block is a fixed sequence of steps (norm1, qkv (+ RoPE), attention
+//! core, projection, norm2, fc, activation, fc projection), whatever the family: the design
+//! says which norm, positions and MLP activation. Attention is materialised (`att`, B·NH·T·T) or
+//! flash (`lse`, B·NH·T), as the plan chose. Recompute (see `recompute`) reruns all or some of
+//! the steps into the buffers the backward reads, with the same ops, so the values are
+//! bit-identical. Under bf16 a step that produces a bf16 tensor writes f32 into `work.f32` and
+//! rounds once; a bf16 `qkv`/`fch` is widened into `work.f32_in` for the f32 kernels.
 //!
 //! Example: `forward::embed(model, arena, b, t); for l in 0..L { forward::block(model, arena, l, b, t) }`
 //! inside the arena's `Embed` and `Forward(l)` phases.
 
-use crate::arena::{Arena, BufId, View};
-use crate::backward;
+use crate::arena::Arena;
+use crate::backend::ops::*;
+use crate::backend::{Backend, DType, Tensor};
 use crate::model::{BlockActs, Model};
-use kernels::{
-    attention, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual, rmsnorm,
-    rope, swiglu,
-};
 use plan::frugal::acts::BlockDims;
+use plan::frugal::family::{Norm, Positions};
 use plan::frugal::units::{Role, UnitKind};
 
 /// Token (and position) embedding into `act.encoded`.
-pub fn embed(model: &Model, arena: &Arena, batch: usize, seq: usize) {
-    let h = &model.head;
+pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usize) {
     let (n, c) = (batch * seq, model.config.shape.d_model as usize);
-    let tokens = arena.u32(h.tokens);
-    let mut enc = arena.f32_mut(h.encoded);
-    let p = arena.f32(model.params[0]);
-    let wte = &p[model.unit_range(UnitKind::Embed, Role::TokenEmbedding)];
-    let wpe = model
-        .is_gpt2()
-        .then(|| &p[model.unit_range(UnitKind::Embed, Role::PositionEmbedding)]);
-    embedding::forward(&mut enc[..n * c], &tokens[..n], wte, wpe, batch, seq, c);
+    let h = &model.head;
+    let op = Embedding {
+        out: h.encoded.prefix(n * c),
+        tokens: h.tokens.prefix(n),
+        wte: model.weight(arena, UnitKind::Embed, Role::TokenEmbedding),
+        wpe: (model.design.positions == Positions::Learned)
+            .then(|| model.weight(arena, UnitKind::Embed, Role::PositionEmbedding)),
+        batch,
+        seq,
+        c,
+    };
+    arena.backend().embedding(arena, &op);
 }
 
-/// The residual stream entering block `layer`, as its backward (and recompute) reads it.
-pub fn block_input(model: &Model, layer: usize) -> BufId {
+/// The residual stream entering block `layer` as `blocks` hold it: `act.encoded`, or the
+/// previous block's output.
+pub fn block_input(model: &Model, blocks: &[BlockActs], layer: usize) -> Tensor {
     if layer == 0 {
         model.head.encoded
     } else {
-        model.blocks[layer - 1].out
-    }
-}
-
-/// The residual stream entering block `layer` during the forward pass.
-fn forward_input(model: &Model, layer: usize) -> BufId {
-    if layer == 0 {
-        model.head.encoded
-    } else {
-        model.forward_blocks[layer - 1].out
-    }
-}
-
-/// Norm forward: LayerNorm when `mean` is planned (GPT-2), RMSNorm otherwise.
-pub struct NormBufs {
-    pub mean: Option<BufId>,
-    pub rstd: BufId,
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn norm_forward(
-    model: &Model,
-    arena: &Arena,
-    out: &mut [f32],
-    bufs: NormBufs,
-    inp: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    n: usize,
-) {
-    let c = model.config.shape.d_model as usize;
-    let mut rstd = arena.f32_mut(bufs.rstd);
-    match bufs.mean {
-        Some(mean) => {
-            let mut mean = arena.f32_mut(mean);
-            let bias = bias.expect("LayerNorm has a bias");
-            layernorm::forward(out, &mut mean[..n], &mut rstd[..n], inp, weight, bias, n, c);
-        }
-        None => rmsnorm::forward(
-            out,
-            &mut rstd[..n],
-            inp,
-            weight,
-            n,
-            c,
-            model.config.norm_eps,
-        ),
+        blocks[layer - 1].out
     }
 }
 
 /// The buffers one run of a block reads and writes.
 pub struct BlockPass {
     /// The block's input (the residual stream).
-    pub inp: BufId,
+    pub inp: Tensor,
     /// Where its tensors go.
     pub acts: BlockActs,
     /// Whether to compute the output (not when recomputing a segment's last block, whose output
@@ -105,39 +62,41 @@ pub struct BlockPass {
 }
 
 /// One block's weights and the pass's sizes, shared by the steps below.
-struct Ctx<'a> {
+pub(crate) struct Ctx<'a, B: Backend> {
     model: &'a Model,
-    arena: &'a Arena,
+    arena: &'a Arena<B>,
+    be: &'a B,
     kind: UnitKind,
-    params: View<'a, f32>,
     b: usize,
     t: usize,
     d: BlockDims,
 }
 
-impl<'a> Ctx<'a> {
-    fn new(model: &'a Model, arena: &'a Arena, layer: usize, b: usize, t: usize) -> Ctx<'a> {
-        let kind = UnitKind::Block(layer as u32);
-        let params = arena.f32(model.params[model.unit_index(kind)]);
-        let d = model.dims(b, t);
+impl<'a, B: Backend> Ctx<'a, B> {
+    pub(crate) fn new(
+        model: &'a Model,
+        arena: &'a Arena<B>,
+        layer: usize,
+        b: usize,
+        t: usize,
+    ) -> Ctx<'a, B> {
         Ctx {
             model,
             arena,
-            kind,
-            params,
+            be: arena.backend(),
+            kind: UnitKind::Block(layer as u32),
             b,
             t,
-            d,
+            d: model.dims(b, t),
         }
     }
 
-    fn w(&self, role: Role) -> &[f32] {
-        &self.params[self.model.unit_range(self.kind, role)]
+    fn w(&self, role: Role) -> Tensor {
+        self.model.weight(self.arena, self.kind, role)
     }
 
-    fn bias(&self, role: Role) -> Option<&[f32]> {
-        let unit = &self.model.units[self.model.unit_index(self.kind)];
-        unit.has(role).then(|| self.w(role))
+    fn bias(&self, role: Role) -> Option<Tensor> {
+        self.model.try_weight(self.arena, self.kind, role)
     }
 
     /// Rows × d_model.
@@ -145,147 +104,222 @@ impl<'a> Ctx<'a> {
         (self.d.n * self.d.c) as usize
     }
 
+    fn n(&self) -> usize {
+        self.d.n as usize
+    }
+
     /// Norm of `inp` into `out` (with its statistics); `first` picks norm1 or norm2's weights.
-    fn norm(&self, inp: BufId, out: BufId, stats: NormBufs, first: bool) {
-        let (weight, bias) = if first {
-            (Role::Norm1Weight, Role::Norm1Bias)
-        } else {
-            (Role::Norm2Weight, Role::Norm2Bias)
+    fn norm(&self, inp: Tensor, out: Tensor, mean: Option<Tensor>, rstd: Tensor, first: bool) {
+        let (weight, bias) = match first {
+            true => (Role::Norm1Weight, Role::Norm1Bias),
+            false => (Role::Norm2Weight, Role::Norm2Bias),
         };
-        let inp = self.arena.f32(inp);
-        let (m, a, n, nc) = (self.model, self.arena, self.d.n as usize, self.nc());
-        let (w, b) = (self.w(weight), self.bias(bias));
+        let (n, c, nc) = (self.n(), self.d.c as usize, self.nc());
+        let kind = norm_kind(self.model, mean.map(|m| m.prefix(n)), self.bias(bias));
+        let weight = self.w(weight);
         self.produce(out, nc, |dst| {
-            norm_forward(m, a, dst, stats, &inp[..nc], w, b, n)
+            let op = NormOp {
+                out: dst,
+                rstd: rstd.prefix(n),
+                inp: inp.prefix(nc),
+                weight,
+                kind,
+                n,
+                c,
+            };
+            self.be.norm(self.arena, &op);
         });
     }
 
-    /// Runs the f32 kernel `write` into the first `len` elements of `out`: directly when `out` is
-    /// f32, else (bf16 activations: a matmul input, `qkv` or `fch`) into `work.f32` and rounded
-    /// once into the bf16 tensor.
-    fn produce(&self, out: BufId, len: usize, write: impl FnOnce(&mut [f32])) {
-        match self.model.head.work_f32 {
-            Some(work) if self.model.policy.bf16_matmul_inputs => {
-                let mut work = self.arena.f32_mut(work);
-                write(&mut work[..len]);
-                convert::f32_to_bf16(&mut self.arena.bf16_mut(out)[..len], &work[..len]);
-            }
-            _ => write(&mut self.arena.f32_mut(out)[..len]),
+    /// Runs the f32 op `write` into the first `len` elements of `out`: directly when `out` is
+    /// f32, else (a bf16 matmul input, `qkv` or `fch`) into `work.f32` and rounded once.
+    fn produce(&self, out: Tensor, len: usize, write: impl FnOnce(Tensor)) {
+        if out.dtype == DType::F32 {
+            return write(out.prefix(len));
         }
+        let work = self
+            .model
+            .work
+            .f32
+            .expect("bf16 tensors have an f32 workspace");
+        write(work.prefix(len));
+        self.be
+            .convert(self.arena, out.prefix(len), work.prefix(len));
     }
 
-    /// out (N,OC) = x (N,IC) W (+ b), where `x` is bf16 under bf16 matmul inputs: then the
-    /// GEMM is `gemm_bf16` (AVX-512 BF16 when the CPU has it) on W rounded to bf16, exact
-    /// because the f32 weights were widened from the bf16 working copy.
-    fn linear(&self, out: &mut [f32], x: BufId, roles: (Role, Role), n: usize, ic: usize) {
-        let oc = out.len() / n;
-        let (w, b) = (self.w(roles.0), self.bias(roles.1));
-        match self.model.head.work_w_bf16 {
-            Some(wb) if self.model.policy.bf16_matmul_inputs => {
-                let mut wb = self.arena.bf16_mut(wb);
-                let wb = &mut wb[..w.len()];
-                convert::f32_to_bf16(wb, w);
-                let x = self.arena.bf16(x);
-                gemm_bf16::forward(out, &x[..n * ic], wb, b, n, ic, oc);
-            }
-            _ => matmul::forward(out, &self.arena.f32(x)[..n * ic], w, b, n, ic, oc),
-        }
+    /// A saved matmul output (`qkv`, `fch`) as f32: itself, or widened into `work.f32_in`.
+    fn matmul_output(&self, t: Tensor, len: usize) -> Tensor {
+        widened(self.arena, t, len, self.model.work.f32_in)
     }
 
-    fn norm1(&self, inp: BufId, a: &BlockActs) {
-        let stats = NormBufs {
-            mean: a.ln1_mean,
-            rstd: a.ln1_rstd,
+    /// out (N,OC) = x (N,IC) W (+ b): the one choke point of the block's projections. A bf16
+    /// `x` runs the bf16 GEMM on W rounded to bf16 (exact: the f32 weights were widened from
+    /// the bf16 working copy).
+    fn linear(&self, out: Tensor, x: Tensor, roles: (Role, Role), ic: usize) {
+        let n = self.n();
+        let shape = LinearShape {
+            n,
+            ic,
+            oc: out.len / n,
         };
-        self.norm(inp, a.ln1, stats, true);
+        let weight = match x.dtype {
+            DType::Bf16 => {
+                let w = self.w(roles.0);
+                let rounded = self
+                    .model
+                    .work
+                    .weight
+                    .expect("bf16 weights have a workspace");
+                let rounded = rounded.prefix(w.len);
+                self.be.convert(self.arena, rounded, w);
+                rounded
+            }
+            _ => self.w(roles.0),
+        };
+        let op = Linear {
+            kind: LinearKind::Dense,
+            out,
+            inp: x.prefix(n * ic),
+            weight,
+            bias: self.bias(roles.1),
+            shape,
+        };
+        self.be.linear(self.arena, &op);
+    }
+
+    fn norm1(&self, inp: Tensor, a: &BlockActs) {
+        self.norm(inp, a.ln1, a.ln1_mean, a.ln1_rstd, true);
     }
 
     fn norm2(&self, a: &BlockActs) {
-        let stats = NormBufs {
-            mean: a.ln2_mean,
-            rstd: a.ln2_rstd,
-        };
-        self.norm(a.res2, a.ln2, stats, false);
+        self.norm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, false);
     }
 
-    /// qkv = ln1 Wqkv (+ b), then RoPE on q and k for Llama.
+    /// qkv = ln1 Wqkv (+ b), then RoPE on q and k where the family rotates positions.
     fn qkv(&self, a: &BlockActs) {
-        let s = &self.model.config.shape;
-        let (n, c, qkv_w) = (self.d.n as usize, self.d.c as usize, self.d.qkv as usize);
+        let (n, c, qkv_w) = (self.n(), self.d.c as usize, self.d.qkv as usize);
         self.produce(a.qkv, n * qkv_w, |qkv| {
-            self.linear(qkv, a.ln1, (Role::QkvWeight, Role::QkvBias), n, c);
-            if !self.model.is_gpt2() {
-                let (heads, hd) = ((s.n_heads + s.n_kv_heads) as usize, s.d_head as usize);
-                let theta = self.model.config.rope_theta;
-                rope::forward_rows(qkv, self.b, self.t, heads, hd, qkv_w, theta);
+            self.linear(qkv, a.ln1, (Role::QkvWeight, Role::QkvBias), c);
+            if self.model.design.positions == Positions::Rope {
+                self.be
+                    .rope(self.arena, qkv, rope_shape(self.model, self.b, self.t));
             }
         });
     }
 
     /// The attention core: atty from qkv, keeping `att` (materialised) or `lse` (flash).
-    fn attention_core(&self, a: &BlockActs) {
-        let s = &self.model.config.shape;
-        let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
-        let (n, b, t) = (self.d.n as usize, self.b, self.t);
-        let qkv = backward::matmul_output(self.model, self.arena, a.qkv, n * self.d.qkv as usize);
-        let qkv = &qkv[..n * self.d.qkv as usize];
-        self.produce(a.atty, n * self.d.atty as usize, |atty| {
-            match (a.att, a.lse) {
-                (Some(att), _) => {
-                    let mut att = self.arena.f32_mut(att);
-                    let att = &mut att[..self.d.att as usize];
-                    attention::forward(atty, att, qkv, b, t, nh, nkv, hd);
-                }
-                (None, Some(lse)) => {
-                    let mut lse = self.arena.f32_mut(lse);
-                    let lse = &mut lse[..self.d.lse as usize];
-                    flash::forward(atty, lse, qkv, b, t, nh, nkv, hd);
-                }
-                (None, None) => panic!("the plan keeps neither att nor lse"),
-            }
+    pub(crate) fn attention_core(&self, a: &BlockActs) {
+        let n = self.n();
+        let qkv = self.matmul_output(a.qkv, n * self.d.qkv as usize);
+        let kernel = match (a.att, a.lse) {
+            (Some(att), _) => AttnKernel::Materialised {
+                att: att.prefix(self.d.att as usize),
+            },
+            (None, Some(lse)) => AttnKernel::Flash {
+                lse: lse.prefix(self.d.lse as usize),
+            },
+            (None, None) => panic!("the plan keeps neither att nor lse"),
+        };
+        self.produce(a.atty, n * self.d.atty as usize, |out| {
+            let op = Attention {
+                out,
+                qkv,
+                kernel,
+                shape: attn_shape(self.model, self.b, self.t),
+            };
+            self.be.attention(self.arena, &op);
         });
     }
 
     /// out = inp + x W (+ b): the projections back into the residual stream.
-    fn project(&self, x: BufId, width: usize, inp: BufId, out: BufId, roles: (Role, Role)) {
-        let (n, nc) = (self.d.n as usize, self.nc());
-        let mut out = self.arena.f32_mut(out);
-        let out = &mut out[..nc];
-        self.linear(out, x, roles, n, width);
-        residual::accumulate(out, &self.arena.f32(inp)[..nc]);
+    fn project(&self, x: Tensor, width: usize, inp: Tensor, out: Tensor, roles: (Role, Role)) {
+        let nc = self.nc();
+        let out = out.prefix(nc);
+        self.linear(out, x, roles, width);
+        self.be.residual_add(self.arena, out, inp.prefix(nc));
     }
 
     /// fch = ln2 Wfc (+ b).
     fn fc(&self, a: &BlockActs) {
-        let (n, c, fc_w) = (self.d.n as usize, self.d.c as usize, self.d.fc as usize);
+        let (n, c, fc_w) = (self.n(), self.d.c as usize, self.d.fc as usize);
         let roles = (Role::FcWeight, Role::FcBias);
-        self.produce(a.fch, n * fc_w, |fch| self.linear(fch, a.ln2, roles, n, c));
+        self.produce(a.fch, n * fc_w, |fch| self.linear(fch, a.ln2, roles, c));
     }
 
-    /// fch_act = GELU(fch) or SwiGLU(gate, up).
+    /// fch_act = GELU(fch) or SwiGLU(gate, up), as the family's MLP says.
     fn activation(&self, a: &BlockActs) {
-        let (n, fc_w, f) = (
-            self.d.n as usize,
-            self.d.fc as usize,
-            self.d.fc_act as usize,
-        );
-        let fch = backward::matmul_output(self.model, self.arena, a.fch, n * fc_w);
-        let inp = &fch[..n * fc_w];
-        let gpt2 = self.model.is_gpt2();
+        let (n, fc_w, f) = (self.n(), self.d.fc as usize, self.d.fc_act as usize);
+        let inp = self.matmul_output(a.fch, n * fc_w);
         self.produce(a.fch_act, n * f, |out| {
-            if gpt2 {
-                gelu::forward(out, inp);
-            } else {
-                swiglu::forward(out, inp, n, f);
-            }
+            let op = Activation {
+                out,
+                inp,
+                kind: self.model.design.mlp,
+                n,
+                width: f,
+            };
+            self.be.activation(self.arena, &op);
         });
     }
 }
 
+/// A bf16 tensor widened into `scratch` (its first `len` elements), or the f32 tensor itself.
+pub(crate) fn widened<B: Backend>(
+    arena: &Arena<B>,
+    t: Tensor,
+    len: usize,
+    scratch: Option<Tensor>,
+) -> Tensor {
+    if t.dtype == DType::F32 {
+        return t.prefix(len);
+    }
+    let work = scratch
+        .expect("a bf16 tensor has an f32 workspace")
+        .prefix(len);
+    arena.backend().convert(arena, work, t.prefix(len));
+    work
+}
+
+/// The family's norm, with LayerNorm's saved mean and bias.
+pub(crate) fn norm_kind(model: &Model, mean: Option<Tensor>, bias: Option<Tensor>) -> NormKind {
+    match model.design.norm {
+        Norm::LayerNorm => NormKind::Layer {
+            mean: mean.expect("LayerNorm keeps a mean"),
+            bias: bias.expect("LayerNorm has a bias"),
+        },
+        Norm::RmsNorm => NormKind::Rms {
+            eps: model.config.norm_eps,
+        },
+    }
+}
+
+pub(crate) fn attn_shape(model: &Model, batch: usize, seq: usize) -> AttnShape {
+    let s = &model.config.shape;
+    AttnShape {
+        batch,
+        seq,
+        n_heads: s.n_heads as usize,
+        n_kv_heads: s.n_kv_heads as usize,
+        head_dim: s.d_head as usize,
+    }
+}
+
+pub(crate) fn rope_shape(model: &Model, batch: usize, seq: usize) -> RopeShape {
+    let s = &model.config.shape;
+    RopeShape {
+        batch,
+        seq,
+        heads: (s.n_heads + s.n_kv_heads) as usize,
+        head_dim: s.d_head as usize,
+        row_width: ((s.n_heads + 2 * s.n_kv_heads) as u64 * s.d_head) as usize,
+        theta: model.config.rope_theta,
+    }
+}
+
 /// Transformer block `layer` forward in the forward pass: writes what the plan has it write.
-pub fn block(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usize) {
+pub fn block<B: Backend>(model: &Model, arena: &Arena<B>, layer: usize, batch: usize, seq: usize) {
     let pass = BlockPass {
-        inp: forward_input(model, layer),
+        inp: block_input(model, &model.forward_blocks, layer),
         acts: model.forward_blocks[layer],
         write_out: true,
     };
@@ -293,9 +327,9 @@ pub fn block(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usiz
 }
 
 /// Block `layer` forward into the buffers of `pass`.
-pub fn block_with(
+pub fn block_with<B: Backend>(
     model: &Model,
-    arena: &Arena,
+    arena: &Arena<B>,
     layer: usize,
     batch: usize,
     seq: usize,
@@ -319,58 +353,38 @@ pub fn block_with(
     }
 }
 
-/// Megatron's selective recompute of block `layer`: the attention core again from the kept `qkv`
-/// (the kept `atty` is written with the same bits), so the probabilities `att` exist only from
-/// the block's backward on. A no-op under flash attention, which keeps no probabilities.
-pub fn recompute_attention_core(
-    model: &Model,
-    arena: &Arena,
-    layer: usize,
-    batch: usize,
-    seq: usize,
-) {
-    let a = &model.blocks[layer];
-    if a.att.is_none() {
-        return;
-    }
-    Ctx::new(model, arena, layer, batch, seq).attention_core(a);
-}
-
 /// keep-matmuls recompute of block `layer`: the norms, the attention core and the activation,
-/// from the kept block input, `res2`, `qkv` and `fch`, into the buffers the backward reads.
-pub fn recompute_cheap(model: &Model, arena: &Arena, layer: usize, batch: usize, seq: usize) {
+/// from the kept block input, `res2`, `qkv` and `fch`, into the tensors `blocks` hold.
+pub fn recompute_cheap<B: Backend>(
+    model: &Model,
+    arena: &Arena<B>,
+    blocks: &[BlockActs],
+    layer: usize,
+    (batch, seq): (usize, usize),
+) {
     let cx = Ctx::new(model, arena, layer, batch, seq);
-    let a = &model.blocks[layer];
-    cx.norm1(block_input(model, layer), a);
+    let a = &blocks[layer];
+    cx.norm1(block_input(model, blocks, layer), a);
     cx.attention_core(a);
     cx.norm2(a);
     cx.activation(a);
 }
 
 /// Final norm of the last block's output into `act.lnf`.
-pub fn final_norm(model: &Model, arena: &Arena, batch: usize, seq: usize) {
+pub fn final_norm<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usize) {
     let (n, c) = (batch * seq, model.config.shape.d_model as usize);
     let h = &model.head;
-    let head = model.unit_index(UnitKind::Head);
-    let p = arena.f32(model.params[head]);
-    let weight = &p[model.unit_range(UnitKind::Head, Role::FinalNormWeight)];
-    let bias = model
-        .is_gpt2()
-        .then(|| &p[model.unit_range(UnitKind::Head, Role::FinalNormBias)]);
-    let last = arena.f32(model.blocks[model.blocks.len() - 1].out);
-    let mut lnf = arena.f32_mut(h.lnf);
-    let bufs = NormBufs {
-        mean: h.lnf_mean,
-        rstd: h.lnf_rstd,
-    };
-    norm_forward(
-        model,
-        arena,
-        &mut lnf[..n * c],
-        bufs,
-        &last[..n * c],
+    let weight = model.weight(arena, UnitKind::Head, Role::FinalNormWeight);
+    let bias = model.try_weight(arena, UnitKind::Head, Role::FinalNormBias);
+    let last = model.forward_blocks[model.forward_blocks.len() - 1].out;
+    let op = NormOp {
+        out: h.lnf.prefix(n * c),
+        rstd: h.lnf_rstd.prefix(n),
+        inp: last.prefix(n * c),
         weight,
-        bias,
+        kind: norm_kind(model, h.lnf_mean.map(|m| m.prefix(n)), bias),
         n,
-    );
+        c,
+    };
+    arena.backend().norm(arena, &op);
 }

@@ -7,9 +7,9 @@
 //! weights instead). Each unit draws from its own stream (seed, unit index), so a unit's values do
 //! not depend on the others' sizes.
 //!
-//! Example: `init::fill(&model, &arena, 1337)`.
+//! Example: `init::fill_unit(&model, 0, &mut host_buffer, 1337)`; the trainer and the runner
+//! upload each unit where they keep it.
 
-use crate::arena::Arena;
 use crate::model::{view_range, Model};
 use data::SplitMix64;
 use plan::frugal::units::Role;
@@ -42,13 +42,6 @@ impl Normal {
         let angle = 2.0 * std::f64::consts::PI * u2;
         self.spare = Some(r * angle.sin());
         r * angle.cos()
-    }
-}
-
-/// Initialises every parameter of `model` from `seed`.
-pub fn fill(model: &Model, arena: &Arena, seed: u64) {
-    for u in 0..model.units.len() {
-        fill_unit(model, u, &mut arena.f32_mut(model.params[u]), seed);
     }
 }
 

@@ -9,7 +9,8 @@
 //!
 //! Example: `io::save_pretrained(&trainer.model, &trainer.arena, Path::new("out"))?`.
 
-use crate::arena::Arena;
+use crate::arena::{Arena, BufId};
+use crate::backend::{Backend, DType};
 use crate::error::EngineError;
 use crate::model::{view_range, Model};
 use plan::frugal::units::{HfPart, ParamView};
@@ -75,14 +76,18 @@ fn hf_to_part(view_data: &mut [f32], view: &ParamView, part: &HfPart, hf: &[f32]
     }
 }
 
-/// Every parameter (or gradient) tensor under its HF name, in HF layout.
-pub fn export(model: &Model, arena: &Arena, which: Which) -> Vec<HfTensor> {
-    let bufs: Vec<_> = (0..model.units.len())
-        .map(|u| match which {
-            Which::Params => arena.f32(model.params[u]),
-            Which::Grads => arena.f32(model.grads[u]),
-        })
-        .collect();
+/// A whole fp32 buffer, copied to the host.
+fn download<B: Backend>(arena: &Arena<B>, id: BufId) -> Vec<f32> {
+    let t = arena.tensor(id, DType::F32);
+    let mut host = vec![0.0f32; t.len];
+    arena.backend().download(arena, t, &mut host);
+    host
+}
+
+/// Every tensor under its HF name, in HF layout, from the whole fp32 unit buffers `ids` (one
+/// per unit: a model's weights, or a trainer's gradients).
+pub fn export_ids<B: Backend>(model: &Model, arena: &Arena<B>, ids: &[BufId]) -> Vec<HfTensor> {
+    let bufs: Vec<Vec<f32>> = ids.iter().map(|&id| download(arena, id)).collect();
     let units: Vec<&[f32]> = bufs.iter().map(|b| &b[..]).collect();
     export_units(model, &units)
 }
@@ -107,8 +112,8 @@ pub fn export_units(model: &Model, units: &[&[f32]]) -> Vec<HfTensor> {
 }
 
 /// The safetensors bytes of the model's weights.
-pub fn to_safetensors(model: &Model, arena: &Arena) -> Vec<u8> {
-    tensors_to_safetensors(export(model, arena, Which::Params))
+pub fn to_safetensors<B: Backend>(model: &Model, arena: &Arena<B>) -> Vec<u8> {
+    tensors_to_safetensors(export_ids(model, arena, &model.params))
 }
 
 /// The safetensors bytes of `tensors` (f32, HF layout).
@@ -153,9 +158,9 @@ fn to_f32(view: &TensorView<'_>) -> Option<Vec<f32>> {
 
 /// Loads HF-named weights from safetensors `bytes` (`path` names the file in errors). Every
 /// tensor is checked before any weight changes.
-pub fn load_safetensors(
+pub fn load_safetensors<B: Backend>(
     model: &Model,
-    arena: &Arena,
+    arena: &Arena<B>,
     bytes: &[u8],
     path: &str,
 ) -> Result<(), EngineError> {
@@ -164,9 +169,9 @@ pub fn load_safetensors(
 
 /// As [`load_safetensors`], for files that store each HF name behind `prefix` (golden files keep
 /// `weights.<name>` beside `grad.<name>`).
-pub fn load_prefixed(
+pub fn load_prefixed<B: Backend>(
     model: &Model,
-    arena: &Arena,
+    arena: &Arena<B>,
     bytes: &[u8],
     path: &str,
     prefix: &str,
@@ -205,10 +210,17 @@ pub fn load_prefixed(
             }
         }
     }
+    let mut units: Vec<Option<Vec<f32>>> = vec![None; model.units.len()];
     for (u, vi, pi, data) in staged {
         let view = &model.units[u].views[vi];
-        let mut params = arena.f32_mut(model.params[u]);
+        let params = units[u].get_or_insert_with(|| download(arena, model.params[u]));
         hf_to_part(&mut params[view_range(view)], view, &view.parts[pi], &data);
+    }
+    for (u, params) in units.into_iter().enumerate() {
+        if let Some(params) = params {
+            let t = arena.tensor(model.params[u], DType::F32);
+            arena.backend().upload(arena, t, &params);
+        }
     }
     Ok(())
 }
@@ -221,8 +233,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
 }
 
 /// Writes `dir/model.safetensors` and `dir/config.json` (transformers' `from_pretrained` layout).
-pub fn save_pretrained(model: &Model, arena: &Arena, dir: &Path) -> Result<(), EngineError> {
-    save_pretrained_tensors(model, export(model, arena, Which::Params), dir)
+pub fn save_pretrained<B: Backend>(
+    model: &Model,
+    arena: &Arena<B>,
+    dir: &Path,
+) -> Result<(), EngineError> {
+    save_pretrained_tensors(model, export_ids(model, arena, &model.params), dir)
 }
 
 /// [`save_pretrained`] from tensors already exported (e.g. with [`export_units`]).

@@ -39,6 +39,7 @@
 //   and the loss scaler, committed by a manifest.
 
 pub mod arena;
+pub mod backend;
 pub mod backward;
 pub mod config;
 pub mod error;
@@ -51,6 +52,7 @@ pub mod offload;
 pub mod optim;
 pub mod precision;
 pub mod recompute;
+pub mod runner;
 pub mod snapshot;
 pub mod testkit;
 pub mod train;
@@ -58,8 +60,11 @@ pub mod world;
 pub mod zero;
 
 pub use arena::{Arena, Measured};
+pub use backend::cpu::Cpu;
+pub use backend::Backend;
 pub use config::ModelConfig;
 pub use error::EngineError;
 pub use eval::Sampling;
 pub use optim::{OptimizerKind, Schedule};
-pub use train::{StepStats, Timings, TrainConfig, Trainer};
+pub use runner::Runner;
+pub use train::{StepStats, Timings, TrainConfig, TrainState, Trainer};

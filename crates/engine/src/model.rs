@@ -1,174 +1,154 @@
-//! The model's wiring: which arena buffers hold each unit's weights, gradients and optimizer
-//! state, and each block's saved activations, resolved once at start-up from the plan's names.
+//! The model: its config and family design, its parameter units, where its weights are and
+//! where its forward pass writes, resolved once from the plan's keys. No gradient or optimizer
+//! state lives here (that is `train::TrainState`), so the same `Model` runs a forward-only arena
+//! (`Runner`: export, logits, generation) or a training one.
 //!
-//! The forward and backward passes live in `forward.rs` and `backward.rs`; this file only knows
-//! where things are. Parameter views are ranges into a unit's flat buffer ([`Unit`]).
+//! The forward pass itself is `forward.rs`; this file only knows where things are. Weight views
+//! are ranges of a unit's flat buffer ([`Model::weight`]).
 //!
-//! Example: `model.unit_range(UnitKind::Block(0), Role::QkvWeight)` is the fused q|k|v weight's
-//! element range inside `params.h.0`.
+//! Example: `model.weight(&arena, UnitKind::Block(0), Role::QkvWeight)` is the fused q|k|v weight
+//! inside `params.h.0`.
 
 use crate::arena::{Arena, BufId};
+use crate::backend::{Backend, DType, Tensor};
 use crate::config::ModelConfig;
-use plan::frugal::acts::{ActPolicy, BlockDims};
-use plan::frugal::shards;
+use plan::frugal::acts::{ActPolicy, BlockDims, BlockTensor};
+use plan::frugal::family::BlockDesign;
+use plan::frugal::key::Work;
 use plan::frugal::units::{ParamView, Role, Unit, UnitKind};
-use plan::frugal::ActShape;
-use plan::model::Family;
+use plan::frugal::{ActShape, Key};
 use std::ops::Range;
 
-/// Arena ids of one block's saved activations.
+/// One block's tensors (saved for the backward, recomputed, or the forward's scratch).
 #[derive(Clone, Copy, Debug)]
 pub struct BlockActs {
-    pub ln1: BufId,
-    pub ln1_mean: Option<BufId>,
-    pub ln1_rstd: BufId,
-    pub qkv: BufId,
+    pub ln1: Tensor,
+    pub ln1_mean: Option<Tensor>,
+    pub ln1_rstd: Tensor,
+    pub qkv: Tensor,
     /// Attention probabilities (materialised attention) or flash attention's log-sum-exp.
-    pub att: Option<BufId>,
-    pub lse: Option<BufId>,
-    pub atty: BufId,
-    pub res2: BufId,
-    pub ln2: BufId,
-    pub ln2_mean: Option<BufId>,
-    pub ln2_rstd: BufId,
-    pub fch: BufId,
-    pub fch_act: BufId,
-    pub out: BufId,
+    pub att: Option<Tensor>,
+    pub lse: Option<Tensor>,
+    pub atty: Tensor,
+    pub res2: Tensor,
+    pub ln2: Tensor,
+    pub ln2_mean: Option<Tensor>,
+    pub ln2_rstd: Tensor,
+    pub fch: Tensor,
+    pub fch_act: Tensor,
+    pub out: Tensor,
 }
 
-/// Arena ids of the head's buffers and the shared backward scratch.
+/// The embedding's and the head's forward tensors.
 #[derive(Clone, Copy, Debug)]
 pub struct HeadActs {
-    pub tokens: BufId,
-    pub targets: BufId,
-    pub encoded: BufId,
-    pub lnf: BufId,
-    pub lnf_mean: Option<BufId>,
-    pub lnf_rstd: BufId,
-    pub losses: BufId,
-    pub dlnf: BufId,
-    pub classifier: BufId,
-    pub dresidual: BufId,
-    pub dln: BufId,
-    pub dqkv: BufId,
-    /// Materialised attention only.
-    pub datt: Option<BufId>,
-    pub datty: BufId,
-    pub dfch: BufId,
-    pub dfch_act: BufId,
-    /// With bf16 matmul inputs: the f32 scratch their producers write before rounding, and
-    /// where the backward widens one back.
-    pub work_f32: Option<BufId>,
-    /// With bf16 activations: where a saved bf16 `qkv` or `fch` is widened for the f32
-    /// attention or activation kernel (which writes `work_f32` meanwhile).
-    pub work_f32_in: Option<BufId>,
-    /// With bf16 matmul inputs: a block weight rounded to bf16 for `gemm_bf16`.
-    pub work_w_bf16: Option<BufId>,
-    /// With bf16 matmul inputs: the backward GEMMs' bf16 operands.
-    pub work_bw: Option<BwScratch>,
+    pub tokens: Tensor,
+    pub encoded: Tensor,
+    pub lnf: Tensor,
+    pub lnf_mean: Option<Tensor>,
+    pub lnf_rstd: Tensor,
+    /// The fused classifier's chunk of logits.
+    pub classifier: Tensor,
 }
 
-/// Arena ids of the bf16 backward GEMMs' operands (`work.bw.*` in the plan).
-#[derive(Clone, Copy, Debug)]
-pub struct BwScratch {
-    /// A matmul's output gradient (N,OC) rounded to bf16.
-    pub dout: BufId,
-    /// Its transpose (OC,N).
-    pub dout_t: BufId,
-    /// The saved bf16 input transposed (IC,N).
-    pub inp_t: BufId,
-    /// The bf16 weight transposed (IC,OC).
-    pub w_t: BufId,
+/// The bf16 forward's workspaces (`None` under fp32).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Bf16Work {
+    /// f32 output of a kernel before it is rounded into a bf16 tensor (and where the backward
+    /// widens a bf16 matmul input back).
+    pub f32: Option<Tensor>,
+    /// Where a saved bf16 `qkv` or `fch` is widened for the f32 attention/activation kernel.
+    pub f32_in: Option<Tensor>,
+    /// A block weight rounded to bf16 for the bf16 GEMM.
+    pub weight: Option<Tensor>,
+}
+
+/// Where the kernels read each unit's weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightSource {
+    /// The persistent fp32 `params.<u>`.
+    Params,
+    /// Each phase's gathered (widened) fp32 copy (ZeRO-3, 2-byte weights): `Model::params` is
+    /// repointed as phases begin.
+    Gathers,
 }
 
 /// Where everything of the model lives in the arena.
 pub struct Model {
     pub config: ModelConfig,
+    pub design: BlockDesign,
     pub units: Vec<Unit>,
-    /// Each unit's full weights as the kernels read them: `params.<u>` at ZeRO stages 0-2, the
-    /// unit's gather buffer of the current phase at stage 3.
+    /// Each unit's full fp32 weights as the kernels read them now.
     pub params: Vec<BufId>,
-    /// Each unit's full gradient (live only while the backward writes it at stages 2-3).
-    pub grads: Vec<BufId>,
-    /// What each block's backward reads (saved by the forward or recomputed, per `policy`).
-    pub blocks: Vec<BlockActs>,
-    /// Where each block's forward writes (the same as `blocks` without recompute).
+    /// Where each block's forward writes.
     pub forward_blocks: Vec<BlockActs>,
-    pub policy: ActPolicy,
     pub head: HeadActs,
+    pub work: Bf16Work,
+    pub policy: ActPolicy,
     /// Micro-batch rows and sequence length the activation buffers are sized for.
     pub shape: ActShape,
 }
 
 impl Model {
-    /// Resolves every buffer of the plan the model uses; panics if the plan lacks one.
-    pub fn new(
+    /// Resolves every buffer of the plan the forward pass uses; panics if the plan lacks one.
+    pub fn new<B: Backend>(
         config: ModelConfig,
         units: Vec<Unit>,
-        arena: &Arena,
+        arena: &Arena<B>,
         shape: ActShape,
         policy: ActPolicy,
+        weights: WeightSource,
     ) -> Model {
-        // At ZeRO stage 3 no full copy persists: a unit's weights are wherever it was gathered
-        // for the current phase (`zero::Sharding` repoints `params` as phases begin).
         let params = units
             .iter()
-            .map(|u| {
-                arena
-                    .try_id(&shards::params_name(&u.name))
-                    .unwrap_or_else(|| arena.id(&format!("gather.fwd.{}", u.name)))
+            .map(|u| match weights {
+                WeightSource::Params => arena.id(Key::Params(u.kind)),
+                WeightSource::Gathers => arena.id(Key::GatherFwd(u.kind)),
             })
             .collect();
-        let grads = units
-            .iter()
-            .map(|u| arena.id(&shards::grads_name(&u.name)))
+        let forward_blocks = (0..config.shape.n_layers)
+            .map(|l| {
+                let written = |t: BlockTensor| {
+                    let key = match policy.recomputes(t) {
+                        true => Key::ActFwd(l, t),
+                        false => Key::Act(l, t),
+                    };
+                    act_tensor(arena, policy, key, t)
+                };
+                let out = arena
+                    .try_id(Key::BlockOutFwd(l))
+                    .unwrap_or_else(|| arena.id(Key::BlockOut(l)));
+                block_acts(&written, arena.tensor(out, DType::F32))
+            })
             .collect();
-        let (blocks, forward_blocks) = crate::recompute::wire(arena, config.shape.n_layers, policy);
+        let f32_of = |key: Key| arena.key_tensor(key, DType::F32);
         let head = HeadActs {
-            tokens: arena.id("batch.tokens"),
-            targets: arena.id("batch.targets"),
-            encoded: arena.id("act.encoded"),
-            lnf: arena.id("act.lnf"),
-            lnf_mean: arena.try_id("act.lnf_mean"),
-            lnf_rstd: arena.id("act.lnf_rstd"),
-            losses: arena.id("act.losses"),
-            dlnf: arena.id("dact.lnf"),
-            classifier: arena.id("work.classifier"),
-            dresidual: arena.id("dact.residual"),
-            dln: arena.id("dact.ln"),
-            dqkv: arena.id("dact.qkv"),
-            datt: arena.try_id("dact.att"),
-            datty: arena.id("dact.atty"),
-            dfch: arena.id("dact.fch"),
-            dfch_act: arena.id("dact.fch_act"),
-            work_f32: arena.try_id("work.f32"),
-            work_f32_in: arena.try_id("work.f32_in"),
-            work_w_bf16: arena.try_id("work.w_bf16"),
-            work_bw: arena.try_id("work.bw.dout").map(|dout| BwScratch {
-                dout,
-                dout_t: arena.id("work.bw.dout_t"),
-                inp_t: arena.id("work.bw.inp_t"),
-                w_t: arena.id("work.bw.w_t"),
-            }),
+            tokens: arena.key_tensor(Key::Tokens, DType::U32),
+            encoded: f32_of(Key::Encoded),
+            lnf: f32_of(Key::Lnf),
+            lnf_mean: arena.try_tensor(Key::LnfMean, DType::F32),
+            lnf_rstd: f32_of(Key::LnfRstd),
+            classifier: f32_of(Key::Classifier),
+        };
+        let work = Bf16Work {
+            f32: arena.try_tensor(Key::Work(Work::F32), DType::F32),
+            f32_in: arena.try_tensor(Key::Work(Work::F32In), DType::F32),
+            weight: arena.try_tensor(Key::Work(Work::WeightBf16), DType::Bf16),
         };
         Model {
+            design: plan::frugal::family::design(&config.shape),
             config,
             units,
             params,
-            grads,
-            blocks,
             forward_blocks,
-            policy,
             head,
+            work,
+            policy,
             shape,
         }
     }
 
-    pub fn is_gpt2(&self) -> bool {
-        self.config.shape.family == Family::Gpt2
-    }
-
-    /// Index of the unit of `kind` in `units`, `params` and `grads`.
+    /// Index of the unit of `kind` in `units` and `params`.
     pub fn unit_index(&self, kind: UnitKind) -> usize {
         match kind {
             UnitKind::Embed => 0,
@@ -182,13 +162,35 @@ impl Model {
         view_range(self.units[self.unit_index(kind)].view(role))
     }
 
+    /// Whether the unit of `kind` has a `role` view (biases are family-dependent).
+    pub fn has(&self, kind: UnitKind, role: Role) -> bool {
+        self.units[self.unit_index(kind)].has(role)
+    }
+
+    /// The fp32 weight `role` of the unit of `kind`, where the kernels read it now.
+    pub fn weight<B: Backend>(&self, arena: &Arena<B>, kind: UnitKind, role: Role) -> Tensor {
+        let u = self.unit_index(kind);
+        arena
+            .tensor(self.params[u], DType::F32)
+            .slice(self.unit_range(kind, role))
+    }
+
+    /// [`Model::weight`] when the unit has that view.
+    pub fn try_weight<B: Backend>(
+        &self,
+        arena: &Arena<B>,
+        kind: UnitKind,
+        role: Role,
+    ) -> Option<Tensor> {
+        self.has(kind, role).then(|| self.weight(arena, kind, role))
+    }
+
     /// The unit and range of the output projection (the token embedding when tied).
-    pub fn lm_head(&self) -> (usize, Range<usize>) {
+    pub fn lm_head(&self) -> (UnitKind, Role) {
         if self.config.shape.tied_embeddings {
-            (0, self.unit_range(UnitKind::Embed, Role::TokenEmbedding))
+            (UnitKind::Embed, Role::TokenEmbedding)
         } else {
-            let head = self.unit_index(UnitKind::Head);
-            (head, self.unit_range(UnitKind::Head, Role::LmHead))
+            (UnitKind::Head, Role::LmHead)
         }
     }
 
@@ -203,22 +205,42 @@ impl Model {
     }
 }
 
+/// The tensor of block tensor `t` at `key`, in the type the policy stores it in.
+pub(crate) fn act_tensor<B: Backend>(
+    arena: &Arena<B>,
+    policy: ActPolicy,
+    key: Key,
+    t: BlockTensor,
+) -> Option<Tensor> {
+    let dtype = match policy.elem_bytes(t) {
+        2 => DType::Bf16,
+        _ => DType::F32,
+    };
+    arena.try_tensor(key, dtype)
+}
+
+/// A block's tensors from `id` (`None` where the model or attention kernel has none).
+pub(crate) fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor) -> BlockActs {
+    let must = |t: BlockTensor| id(t).unwrap_or_else(|| panic!("the plan has no {t:?} buffer"));
+    BlockActs {
+        ln1: must(BlockTensor::Ln1),
+        ln1_mean: id(BlockTensor::Ln1Mean),
+        ln1_rstd: must(BlockTensor::Ln1Rstd),
+        qkv: must(BlockTensor::Qkv),
+        att: id(BlockTensor::Att),
+        lse: id(BlockTensor::Lse),
+        atty: must(BlockTensor::Atty),
+        res2: must(BlockTensor::Res2),
+        ln2: must(BlockTensor::Ln2),
+        ln2_mean: id(BlockTensor::Ln2Mean),
+        ln2_rstd: must(BlockTensor::Ln2Rstd),
+        fch: must(BlockTensor::Fch),
+        fch_act: must(BlockTensor::FchAct),
+        out,
+    }
+}
+
 pub fn view_range(v: &ParamView) -> Range<usize> {
     let start = v.offset as usize;
     start..start + v.numel() as usize
-}
-
-/// Splits `buf` into mutable sub-slices for each of `ranges` (sorted, disjoint).
-pub fn split_ranges<'a>(mut buf: &'a mut [f32], ranges: &[Range<usize>]) -> Vec<&'a mut [f32]> {
-    let mut out = Vec::with_capacity(ranges.len());
-    let mut consumed = 0;
-    for r in ranges {
-        assert!(r.start >= consumed, "ranges must be sorted and disjoint");
-        let (_, rest) = std::mem::take(&mut buf).split_at_mut(r.start - consumed);
-        let (this, rest) = rest.split_at_mut(r.len());
-        out.push(this);
-        buf = rest;
-        consumed = r.end;
-    }
-    out
 }

@@ -15,27 +15,30 @@
 //!
 //! Example: `let mut t = Trainer::new(cfg)?; t.init_weights(1337); let stats = t.step(&mut next)?;`
 
-use crate::arena::{Arena, BufId, Measured};
+use crate::arena::{Arena, Measured};
+use crate::backend::cpu::Cpu;
+use crate::backend::{Backend, DType};
 use crate::config::ModelConfig;
 use crate::error::EngineError;
-use crate::model::Model;
+use crate::model::{Model, WeightSource};
 use crate::offload::OffloadStore;
-use crate::optim::{self, OptimizerKind, Schedule};
-use crate::precision::update::MasterState;
+use crate::optim::{self, OptimizerKind, Schedule, UnitSlice};
 use crate::precision::LossScaler;
-use crate::zero::{Half, Pass, Sharding};
+use crate::zero::{Pass, Sharding};
 use crate::{backward, forward};
 use comm::Collective;
 use plan::buffer::{Device, MemoryPlan, Phase};
-use plan::frugal::ActShape;
+use plan::frugal::{ActShape, StateRule};
 use plan::setup::{Attention, Offload, Precision, Recompute, TrainSetup, ZeroStage};
 use std::time::{Duration, Instant};
 
 mod memory;
 mod mixed;
+mod passes;
+mod state;
 pub use memory::{MemoryBreakdown, RankMemory};
 pub use mixed::Mixed;
-use mixed::{master_states, offload_store};
+pub use state::{MasterState, TrainState};
 
 /// Wall time spent in each part of the step, summed over the run: where the time goes.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -138,12 +141,14 @@ pub struct StepStats {
     pub skipped: bool,
 }
 
-pub struct Trainer {
+pub struct Trainer<B: Backend = Cpu> {
     pub config: TrainConfig,
     pub plan: MemoryPlan,
-    pub arena: Arena,
+    pub arena: Arena<B>,
+    /// Weights and the forward's wiring.
     pub model: Model,
-    opt_state: Vec<Vec<BufId>>,
+    /// Gradients, the backward's tensors and the optimizer state.
+    pub state: TrainState,
     /// Optimizer steps taken.
     pub step: u64,
     pub timings: Timings,
@@ -152,16 +157,18 @@ pub struct Trainer {
     /// Bytes this rank moved in its last optimizer step (ring model; zero on a single rank).
     pub last_step_comm: comm::CommStats,
     /// This rank's link to the others (`comm::Solo` for a world of one), counting its bytes.
-    pub(crate) comm: comm::Counted<Box<dyn comm::Collective>>,
+    pub(crate) comm: comm::Counted<Box<dyn Collective>>,
     /// fp16: the dynamic loss scaler.
     pub scaler: Option<LossScaler>,
-    /// bf16/fp16: each unit's master weights and Adam moments (empty when offloaded).
-    pub(crate) masters: Vec<MasterState>,
     /// `--offload optimizer`: master weights and Adam moments on the host (RAM or a file).
     pub offload: Option<OffloadStore>,
     /// Steps skipped on an overflow so far.
     pub skipped_steps: u64,
     last_skipped: bool,
+    /// The micro-batch's inputs and targets, reused by every step.
+    batch: (Vec<u32>, Vec<u32>),
+    /// Each unit's slice of the update, reused by every step.
+    slices: Vec<UnitSlice>,
 }
 
 /// Plans one rank's step exactly as it will run (precision, ZeRO stage and offload included)
@@ -191,23 +198,34 @@ pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
     })
 }
 
-impl Trainer {
-    /// A trainer for a world of one rank: plans the run, refuses it if it does not fit, then
-    /// carves the arena (zeroed weights).
+impl Trainer<Cpu> {
+    /// A trainer for a world of one rank on the CPU: plans the run, refuses it if it does not
+    /// fit, then carves the arena (zeroed weights).
     pub fn new(config: TrainConfig) -> Result<Trainer, EngineError> {
         Trainer::with_comm(config, Box::new(comm::Solo::new()))
     }
 
-    /// A trainer for one rank of a data-parallel world: `comm`'s world size must equal
-    /// `config.ranks`. Every rank starts from the same weights when given the same seed.
+    /// A trainer for one rank of a data-parallel world on the CPU: `comm`'s world size must
+    /// equal `config.ranks`. Every rank starts from the same weights when given the same seed.
     pub fn with_comm(
         config: TrainConfig,
-        comm: Box<dyn comm::Collective>,
+        comm: Box<dyn Collective>,
     ) -> Result<Trainer, EngineError> {
+        Trainer::on(Cpu::new(), config, comm)
+    }
+}
+
+impl<B: Backend> Trainer<B> {
+    /// A trainer for one rank on `backend`.
+    pub fn on(
+        backend: B,
+        config: TrainConfig,
+        comm: Box<dyn Collective>,
+    ) -> Result<Trainer<B>, EngineError> {
         let (rank, world) = (comm.rank(), comm.world_size());
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
         let plan = check_capacity(&config)?;
-        let (zero, mixed) = (config.zero, config.mixed.clone());
+        let mixed = config.mixed.clone();
         let shape = &config.model.shape;
         let setup = config.setup();
         let scaler = match (&mixed.loss_scaler, mixed.precision) {
@@ -215,47 +233,60 @@ impl Trainer {
             (None, Precision::Fp16) => Some(LossScaler::torch()),
             _ => None,
         };
-        let arena = Arena::new(&plan, Device::Gpu, config.device_memory_bytes)?;
+        let arena = Arena::new(backend, &plan, Device::Gpu, config.device_memory_bytes)?;
         let units = plan::frugal::param_units(shape, setup.dp)?;
         let act_shape = ActShape {
             batch: config.batch,
             seq: config.seq,
         };
         let policy = plan::frugal::ActPolicy::of(&setup);
-        let model = Model::new(config.model.clone(), units, &arena, act_shape, policy);
-        let opt_state = match mixed.offload {
-            Offload::None => optim::state_ids(&model, &arena, config.optimizer),
-            _ => Vec::new(),
+        let rule = StateRule::of(&setup);
+        let source = match rule.gathers() {
+            true => WeightSource::Gathers,
+            false => WeightSource::Params,
         };
-        for ids in &opt_state {
-            ids.iter().for_each(|&id| arena.f32_mut(id).fill(0.0));
+        let model = Model::new(
+            config.model.clone(),
+            units,
+            &arena,
+            act_shape,
+            policy,
+            source,
+        );
+        let offloaded = mixed.offload == Offload::Optimizer;
+        let half = DType::half_of(mixed.precision);
+        let fp32_opt = !offloaded && half.is_none();
+        let masters = !offloaded && half.is_some();
+        let state = TrainState::new(&model, &arena, setup.optimizer, fp32_opt, masters);
+        for ids in &state.opt {
+            let be = arena.backend();
+            ids.iter()
+                .for_each(|&id| be.fill(&arena, arena.tensor(id, DType::F32), 0.0));
         }
-        let half = Half::of(mixed.precision);
         let offload = match mixed.offload {
-            Offload::Optimizer => Some(offload_store(&model, zero, rank, world, &mixed)?),
+            Offload::Optimizer => Some(mixed::offload_store(&model, rule, rank, &mixed)?),
             _ => None,
         };
-        let masters = match (half, &offload) {
-            (Some(_), None) => master_states(&model, &arena),
-            _ => Vec::new(),
-        };
-        let sharding = Sharding::new(zero, half, rank, world, &model, &arena);
+        let sharding = Sharding::new(rule, half, rank, &model, &arena);
+        let n = (config.batch * config.seq) as usize;
+        let n_units = model.units.len();
         Ok(Trainer {
             config,
             plan,
             arena,
             model,
-            opt_state,
+            state,
             step: 0,
             timings: Timings::default(),
             sharding,
             last_step_comm: comm::CommStats::default(),
             comm: comm::Counted::new(comm),
             scaler,
-            masters,
             offload,
             skipped_steps: 0,
             last_skipped: false,
+            batch: (vec![0; n], vec![0; n]),
+            slices: Vec::with_capacity(n_units),
         })
     }
 
@@ -286,7 +317,7 @@ impl Trainer {
             f64::from(loss[0])
         };
         if loss.is_finite() {
-            (self.sharding).reduce_grads(&self.model, &self.arena, &mut self.comm)?;
+            (self.sharding).reduce_grads(&self.state.grads, &self.arena, &mut self.comm)?;
         }
         Ok(loss)
     }
@@ -295,13 +326,16 @@ impl Trainer {
     /// zeroes gradients born there.
     pub fn enter_phase(&mut self, phase: Phase, pass: Pass) -> Result<(), EngineError> {
         self.arena.enter(phase);
-        (self.sharding).enter(phase, pass, &mut self.model, &self.arena, &mut self.comm)
+        let grads = &self.state.grads;
+        let (model, arena, comm) = (&mut self.model, &self.arena, &mut self.comm);
+        (self.sharding).enter(phase, pass, model, grads, arena, comm)
     }
 
     /// Leaves `phase`: the ZeRO stage reduce-scatters gradients finished there, then the arena
     /// frees what dies there.
     pub fn leave_phase(&mut self, phase: Phase) -> Result<(), EngineError> {
-        (self.sharding).leave(phase, &self.model, &self.arena, &mut self.comm)?;
+        let grads = &self.state.grads;
+        (self.sharding).leave(phase, grads, &self.arena, &mut self.comm)?;
         self.arena.leave(phase);
         Ok(())
     }
@@ -331,12 +365,9 @@ impl Trainer {
                 i % n
             )));
         }
-        self.arena
-            .u32_mut(self.model.head.tokens)
-            .copy_from_slice(inputs);
-        self.arena
-            .u32_mut(self.model.head.targets)
-            .copy_from_slice(targets);
+        let be = self.arena.backend();
+        be.upload_ids(&self.arena, self.model.head.tokens, inputs);
+        be.upload_ids(&self.arena, self.state.targets, targets);
         Ok(())
     }
 
@@ -370,17 +401,17 @@ impl Trainer {
         }
         lap(&mut times.forward_blocks);
         self.enter_phase(Phase::Head, pass)?;
-        let loss_sum = backward::head(&self.model, &self.arena, dloss);
+        let loss_sum = backward::head(&self.model, &self.state, &self.arena, dloss);
         self.leave_phase(Phase::Head)?;
         lap(&mut times.head);
         for l in (0..n_layers).rev() {
             self.enter_phase(Phase::Backward(l), pass)?;
-            backward::block(&self.model, &self.arena, l as usize);
+            backward::block(&self.model, &self.state, &self.arena, l as usize);
             self.leave_phase(Phase::Backward(l))?;
         }
         lap(&mut times.backward_blocks);
         self.enter_phase(Phase::EmbedBackward, pass)?;
-        backward::embed(&self.model, &self.arena);
+        backward::embed(&self.model, &self.state, &self.arena);
         self.leave_phase(Phase::EmbedBackward)?;
         lap(&mut times.embed_backward);
         self.timings = times;
@@ -390,10 +421,10 @@ impl Trainer {
     /// Sets the gradients a step accumulates into to zero (start of a step): the full
     /// gradients at ZeRO stages 0-1, this rank's gradient shards at stages 2-3.
     pub fn zero_grads(&mut self) {
-        if self.sharding.half == Some(Half::F16) {
+        if self.sharding.half == Some(DType::F16) {
             *self.sharding.underflow.borrow_mut() = Some(Default::default());
         }
-        self.sharding.zero_grads(&self.model, &self.arena);
+        self.sharding.zero_grads(&self.state.grads, &self.arena);
     }
 
     /// One optimizer step over `grad_accum` micro-batches drawn from `next_batch`.
@@ -412,12 +443,20 @@ impl Trainer {
         // backward), so small gradients stay above fp16's smallest subnormal.
         let dloss = loss_scale.unwrap_or(1.0) / tokens as f32;
         self.zero_grads();
-        let (mut inputs, mut targets) = (vec![0u32; n], vec![0u32; n]);
+        let (mut inputs, mut targets) = std::mem::take(&mut self.batch);
         let mut loss_sum = 0.0f64;
         for _ in 0..k {
             next_batch(&mut inputs, &mut targets);
-            loss_sum += f64::from(self.forward_backward(&inputs, &targets, dloss)?);
+            let micro = self.forward_backward(&inputs, &targets, dloss);
+            match micro {
+                Ok(l) => loss_sum += f64::from(l),
+                Err(e) => {
+                    self.batch = (inputs, targets);
+                    return Err(e);
+                }
+            }
         }
+        self.batch = (inputs, targets);
         let loss_sum = self.all_reduce(loss_sum)?;
         let loss = (loss_sum / tokens as f64) as f32;
         let lr = self.config.schedule.lr_at(self.step);
@@ -447,49 +486,56 @@ impl Trainer {
     /// A non-finite gradient norm stops before any weight changes. The norm is global: each rank
     /// sums the squares of its shard of every unit, and the sums are all-reduced in rank order.
     pub fn apply_update(&mut self, lr: f32) -> Result<f32, EngineError> {
-        if let Some(half) = self.sharding.half {
-            self.arena.enter(Phase::Optimizer);
-            let started = Instant::now();
-            let result = self.apply_half_update(lr, half);
-            self.arena.leave(Phase::Optimizer);
-            self.timings.optimizer += started.elapsed();
-            return result;
-        }
         let started = Instant::now();
         self.arena.enter(Phase::Optimizer);
-        let norm_slices = self.sharding.norm_slices(&self.model);
-        let sum_sq = optim::grad_sum_sq(&self.arena, &norm_slices);
+        let result = match self.sharding.half {
+            Some(_) => self.apply_half_update(lr),
+            None => {
+                let mut slices = std::mem::take(&mut self.slices);
+                let result = self.fp32_update_on(lr, &mut slices);
+                self.slices = slices;
+                result
+            }
+        };
+        self.arena.leave(Phase::Optimizer);
+        self.timings.optimizer += started.elapsed();
+        result
+    }
+
+    fn fp32_update_on(&mut self, lr: f32, slices: &mut Vec<UnitSlice>) -> Result<f32, EngineError> {
+        let (model, grads, arena) = (&self.model, &self.state.grads, &self.arena);
+        self.sharding.norm_slices(model, grads, arena, slices);
+        let sum_sq = optim::grad_sum_sq(arena, slices);
         let sum_sq = sum_f64(&mut self.comm, sum_sq)?;
         let norm = sum_sq.sqrt() as f32;
         if !norm.is_finite() {
-            self.arena.leave(Phase::Optimizer);
             return Err(EngineError::NonFiniteGradient {
                 step: self.step,
                 suggested_lr: self.config.schedule.lr / 10.0,
             });
         }
+        self.update_slices(slices);
         let (model, arena) = (&self.model, &self.arena);
-        let slices: Vec<_> = (0..model.units.len())
-            .map(|u| self.sharding.update_slice(model, u))
-            .collect();
         if let Some(max_norm) = self.config.grad_clip {
             let scale = max_norm / (norm + 1e-6);
             if scale < 1.0 {
-                optim::scale_grads(arena, &slices, scale);
+                optim::scale_grads(arena, slices, scale);
             }
         }
         let t = (self.step + 1) as u32;
-        let (state, kind) = (&self.opt_state, self.config.optimizer);
-        optim::update_slices(model, arena, state, &slices, kind, lr, t);
+        let (state, kind) = (&self.state.opt, self.config.optimizer);
+        optim::update_slices(model, arena, state, slices, kind, lr, t);
         self.sharding.after_update(model, arena, &mut self.comm)?;
-        self.arena.leave(Phase::Optimizer);
-        self.timings.optimizer += started.elapsed();
         Ok(norm)
     }
 
-    /// bf16/fp16: each unit's master weights and Adam moments (this rank's part).
-    pub fn masters(&self) -> &[MasterState] {
-        &self.masters
+    /// Each unit's slice of the update into `out` (this rank's shard above stage 0).
+    pub(crate) fn update_slices(&self, out: &mut Vec<UnitSlice>) {
+        out.clear();
+        for u in 0..self.model.units.len() {
+            let s = (self.sharding).update_slice(&self.model, &self.state.grads, &self.arena, u);
+            out.push(s);
+        }
     }
 
     /// Per-category peaks measured by the arena so far.
@@ -497,7 +543,7 @@ impl Trainer {
         self.arena.measured()
     }
 
-    /// Bytes this rank has moved so far, per collective (zero without a communicator).
+    /// Bytes this rank has moved so far, per collective (zero on a single rank).
     pub fn comm_stats(&self) -> comm::CommStats {
         self.comm.stats()
     }
@@ -513,11 +559,17 @@ impl Trainer {
     pub fn barrier(&mut self) -> Result<(), EngineError> {
         Ok(self.comm.barrier()?)
     }
+
+    /// bf16/fp16: each unit's master weights and Adam moments (this rank's part; empty when
+    /// offloaded).
+    pub fn masters(&self) -> &[MasterState] {
+        &self.state.masters
+    }
 }
 
 /// `x` summed over the ranks in rank order; one rank keeps its f64 as it is. Two f32 words (value
 /// and rounding residue) carry ~48 bits of each rank's f64 sum.
-pub(crate) fn sum_f64(comm: &mut dyn comm::Collective, x: f64) -> Result<f64, EngineError> {
+pub(crate) fn sum_f64(comm: &mut dyn Collective, x: f64) -> Result<f64, EngineError> {
     if comm.world_size() == 1 {
         return Ok(x);
     }

@@ -11,7 +11,7 @@
 mod common;
 
 use common::{config, gpt2_tiny, llama_tiny, tokens};
-use engine::io::{export, Which};
+use engine::io::Which;
 use engine::Trainer;
 use plan::buffer::{Category, Device};
 use plan::setup::Attention;
@@ -53,7 +53,8 @@ fn run(shape: &ModelShape, attention: Attention) -> Out {
         t.plan.peak_bytes(Device::Gpu),
         "{what}"
     );
-    let grads = export(&t.model, &t.arena, Which::Grads)
+    let grads = t
+        .export(Which::Grads)
         .into_iter()
         .map(|h| (h.name, h.data))
         .collect();

@@ -6,7 +6,7 @@ mod common;
 
 use comm::Collective;
 use common::{assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, on_ranks, tokens};
-use engine::io::{export, HfTensor, Which};
+use engine::io::{HfTensor, Which};
 use engine::Trainer;
 use plan::ModelShape;
 
@@ -36,7 +36,7 @@ fn run(shape: &ModelShape, ranks: u32, rows: u64) -> (Vec<f32>, Vec<HfTensor>) {
             losses.push(s.loss);
         }
         assert_measured_equals_planned(&t, &format!("rank {rank}"));
-        (losses, export(&t.model, &t.arena, Which::Params))
+        (losses, t.export(Which::Params))
     });
     for (rank, (losses, weights)) in out.iter().enumerate().skip(1) {
         assert_eq!(losses, &out[0].0, "rank {rank} saw another loss");

@@ -8,7 +8,7 @@
 //! through softmax and norm backward, so errors compound more); the trajectory within 1e-3
 //! (AdamW divides by sqrt(v), which amplifies differences in tiny gradients over 10 steps).
 
-use engine::io::{export, load_prefixed, Which};
+use engine::io::{load_prefixed, Which};
 use engine::{ModelConfig, TrainConfig, Trainer};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
@@ -88,7 +88,7 @@ fn run(file: &str) {
     t.zero_grads();
     let loss = t.forward_backward(&x, &y, 1.0 / n as f32).unwrap() / n as f32;
     assert_close(&format!("{file}: loss"), &[loss], &g.f32s("loss"), 1e-4);
-    for grad in export(&t.model, &t.arena, Which::Grads) {
+    for grad in t.export(Which::Grads) {
         let want = g.f32s(&format!("grad.{}", grad.name));
         let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         assert_close(

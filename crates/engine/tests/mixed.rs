@@ -96,7 +96,7 @@ fn run_with(
 
 fn check_memory(t: &Trainer) {
     let (m, plan) = (t.measured(), &t.plan);
-    let what = format!("{:?} at {:?}", t.mixed().precision, t.sharding.stage);
+    let what = format!("{:?} at {:?}", t.mixed().precision, t.sharding.stage());
     assert_eq!(m.peak_bytes, plan.peak_bytes(Device::Gpu), "{what}: peak");
     assert_eq!(m.at_peak_bytes, plan.at_peak(Device::Gpu).1, "{what}");
     let peaks = plan.category_peaks(Device::Gpu);
@@ -112,7 +112,7 @@ fn check_memory(t: &Trainer) {
             .map(|b| b.bytes)
             .sum()
     };
-    let (params, grads, opt) = match t.sharding.stage {
+    let (params, grads, opt) = match t.sharding.stage() {
         ZeroStage::Zero0 => (2 * psi, 2 * psi, 12 * psi),
         ZeroStage::Zero1 => (2 * psi, 2 * psi, 12 * psi / n),
         ZeroStage::Zero2 => (2 * psi, 2 * psi / n, 12 * psi / n),

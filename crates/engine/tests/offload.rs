@@ -8,6 +8,7 @@ use engine::Arena;
 use half::bf16;
 use kernels::adamw::{self, AdamW};
 use plan::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan};
+use plan::frugal::{Key, UnitKind};
 use std::path::PathBuf;
 
 const OPT: AdamW = AdamW {
@@ -132,19 +133,17 @@ fn a_file_that_cannot_be_created_is_a_typed_error() {
 fn the_step_runs_on_a_host_arena_carved_from_a_plan() {
     let n = 50_000u64;
     let mut plan = MemoryPlan::new(1);
-    let host = |name: &str, category| Buffer {
-        name: name.into(),
-        category,
-        device: Device::Host,
-        bytes: 4 * n,
-        lifetime: Lifetime::Persistent,
+    let host = |key: Key, category| {
+        Buffer::keyed(key, category, Device::Host, 4 * n, Lifetime::Persistent)
     };
-    plan.push(host("master.h.0", Category::Params));
-    plan.push(host("opt.m.h.0", Category::Optimizer));
-    plan.push(host("opt.v.h.0", Category::Optimizer));
-    let arena = Arena::new(&plan, Device::Host, None).unwrap();
+    let unit = UnitKind::Block(0);
+    let keys = [Key::Master(unit), Key::OptM(unit), Key::OptV(unit)];
+    plan.push(host(keys[0], Category::Params));
+    plan.push(host(keys[1], Category::Optimizer));
+    plan.push(host(keys[2], Category::Optimizer));
+    let arena = Arena::new(engine::Cpu::new(), &plan, Device::Host, None).unwrap();
     assert_eq!(arena.measured().peak_bytes, 12 * n);
-    let ids = ["master.h.0", "opt.m.h.0", "opt.v.h.0"].map(|name| arena.id(name));
+    let ids = keys.map(|key| arena.id(key));
     let init = values(n as usize, 9);
     arena.f32_mut(ids[0]).copy_from_slice(&init);
     let (mut p, mut m, mut v) = (init, vec![0.0f32; n as usize], vec![0.0f32; n as usize]);

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{config, gpt2_tiny, llama_tiny, tokens};
-use engine::io::{export, Which};
+use engine::io::Which;
 use engine::Trainer;
 use plan::buffer::{Category, Device};
 use plan::setup::{Attention, Recompute};
@@ -57,7 +57,7 @@ fn run(shape: &ModelShape, recompute: Recompute, attention: Attention) -> Run {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let tensors = [Which::Grads, Which::Params]
         .into_iter()
-        .flat_map(|w| export(&t.model, &t.arena, w))
+        .flat_map(|w| t.export(w))
         .map(|h| (h.name, bits(&h.data)))
         .collect();
     Run { losses, tensors }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{config, gpt2_tiny, llama_tiny, tokens, trainer};
-use engine::io::{export, load_safetensors, to_safetensors, Which};
+use engine::io::{load_safetensors, to_safetensors, Which};
 use engine::{EngineError, ModelConfig, OptimizerKind, Schedule, Trainer};
 
 fn feed(x: Vec<u32>, y: Vec<u32>) -> impl FnMut(&mut [u32], &mut [u32]) {
@@ -42,10 +42,7 @@ fn accumulating_four_micro_batches_equals_one_batch_of_four() {
             );
             assert!((a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm.max(1.0));
         }
-        let (pa, pb) = (
-            export(&big.model, &big.arena, Which::Params),
-            export(&small.model, &small.arena, Which::Params),
-        );
+        let (pa, pb) = (big.export(Which::Params), small.export(Which::Params));
         for (ta, tb) in pa.iter().zip(&pb) {
             let err = ta
                 .data
@@ -70,10 +67,7 @@ fn weights_round_trip_through_safetensors() {
         let mut other = Trainer::new(config(shape, 1, 8)).unwrap();
         other.init_weights(99);
         load_safetensors(&other.model, &other.arena, &bytes, "mem").unwrap();
-        assert_eq!(
-            export(&t.model, &t.arena, Which::Params),
-            export(&other.model, &other.arena, Which::Params)
-        );
+        assert_eq!(t.export(Which::Params), other.export(Which::Params));
         let x = tokens(8, 96, 1);
         let mut t = t;
         assert_eq!(t.logits(&x, 1, 8).unwrap(), other.logits(&x, 1, 8).unwrap());
@@ -83,7 +77,7 @@ fn weights_round_trip_through_safetensors() {
 #[test]
 fn weights_of_another_shape_are_refused_and_change_nothing() {
     let t = trainer(gpt2_tiny(), 1, 8);
-    let before = export(&t.model, &t.arena, Which::Params);
+    let before = t.export(Which::Params);
     let mut wider = gpt2_tiny();
     wider.d_model = 64;
     wider.d_head = 16;
@@ -96,11 +90,7 @@ fn weights_of_another_shape_are_refused_and_change_nothing() {
         }
         other => panic!("expected a shape error, got {other:?}"),
     }
-    assert_eq!(
-        before,
-        export(&t.model, &t.arena, Which::Params),
-        "weights untouched"
-    );
+    assert_eq!(before, t.export(Which::Params), "weights untouched");
     let err = load_safetensors(&t.model, &t.arena, b"not safetensors", "junk").unwrap_err();
     assert!(err.to_string().contains("not safetensors"), "{err}");
 }
@@ -146,15 +136,11 @@ fn a_diverging_loss_stops_before_the_update_with_the_step() {
     let (x, y) = (tokens(8, 96, 1), tokens(8, 96, 2));
     let mut result = Ok(());
     for _ in 0..10 {
-        let before = export(&t.model, &t.arena, Which::Params);
+        let before = t.export(Which::Params);
         match t.step(&mut feed(x.clone(), y.clone())) {
             Ok(_) => continue,
             Err(e) => {
-                assert_eq!(
-                    before,
-                    export(&t.model, &t.arena, Which::Params),
-                    "no update after NaN"
-                );
+                assert_eq!(before, t.export(Which::Params), "no update after NaN");
                 result = Err(e);
                 break;
             }

@@ -98,9 +98,9 @@ fn run(cfg: &TrainConfig, ranks: u32, zero: ZeroStage) -> Run {
 
 fn check_memory(t: &Trainer, rank: usize) {
     let plan = &t.plan;
-    let what = format!("rank {rank} at {:?}", t.sharding.stage);
+    let what = format!("rank {rank} at {:?}", t.sharding.stage());
     assert_measured_equals_planned(t, &what);
-    if t.sharding.stage == ZeroStage::Zero3 {
+    if t.sharding.stage() == ZeroStage::Zero3 {
         let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
         let state: u64 = plan
             .buffers

@@ -110,12 +110,50 @@ pub enum Lifetime {
 /// One named allocation of the plan.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Buffer {
-    /// Stable name, e.g. `"h.3.attn.qkv"`; the engine asks its arena for views by this name.
+    /// Stable name, e.g. `"act.h.3.qkv"`, for reports and timelines.
     pub name: String,
     pub category: Category,
     pub device: Device,
     pub bytes: u64,
     pub lifetime: Lifetime,
+    /// The `frugal` runtime's typed key (its name is the key's `Display`): the engine's arena
+    /// is indexed by it. `None` in the other runtimes' plans.
+    #[serde(skip)]
+    pub key: Option<crate::frugal::Key>,
+}
+
+impl Buffer {
+    /// A buffer of a runtime profile that only reports (no engine allocates it).
+    pub fn named(
+        name: impl Into<String>,
+        category: Category,
+        device: Device,
+        bytes: u64,
+        lifetime: Lifetime,
+    ) -> Buffer {
+        Buffer {
+            name: name.into(),
+            category,
+            device,
+            bytes,
+            lifetime,
+            key: None,
+        }
+    }
+
+    /// A buffer the engine allocates, found by `key`.
+    pub fn keyed(
+        key: crate::frugal::Key,
+        category: Category,
+        device: Device,
+        bytes: u64,
+        lifetime: Lifetime,
+    ) -> Buffer {
+        Buffer {
+            key: Some(key),
+            ..Buffer::named(key.to_string(), category, device, bytes, lifetime)
+        }
+    }
 }
 
 /// A step's buffers over a timeline of phases.
@@ -211,13 +249,7 @@ mod tests {
     use super::*;
 
     fn buf(name: &str, category: Category, bytes: u64, lifetime: Lifetime) -> Buffer {
-        Buffer {
-            name: name.into(),
-            category,
-            device: Device::Gpu,
-            bytes,
-            lifetime,
-        }
+        Buffer::named(name, category, Device::Gpu, bytes, lifetime)
     }
 
     #[test]

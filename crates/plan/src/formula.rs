@@ -143,13 +143,13 @@ pub fn model_states_estimate(n_params: u64, setup: &TrainSetup) -> Result<Estima
     let host = |on_host: bool| if on_host { Device::Host } else { Device::Gpu };
     let mut plan = MemoryPlan::new(1);
     let mut push = |name: &str, category, device, bytes| {
-        plan.push(Buffer {
-            name: name.into(),
+        plan.push(Buffer::named(
+            name,
             category,
             device,
             bytes,
-            lifetime: Lifetime::Persistent,
-        })
+            Lifetime::Persistent,
+        ))
     };
     let params_on_host = setup.offload == Offload::Params;
     let opt_on_host = setup.offload != Offload::None;
@@ -211,13 +211,8 @@ impl<'a> StagePlan<'a> {
         life: Lifetime,
     ) {
         if bytes > 0 {
-            self.plan.push(Buffer {
-                name,
-                category,
-                device,
-                bytes,
-                lifetime: life,
-            });
+            self.plan
+                .push(Buffer::named(name, category, device, bytes, life));
         }
     }
 

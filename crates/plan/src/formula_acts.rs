@@ -29,13 +29,7 @@ pub struct StageView {
 
 fn push(plan: &mut MemoryPlan, name: String, category: Category, bytes: u64, life: Lifetime) {
     if bytes > 0 {
-        plan.push(Buffer {
-            name,
-            category,
-            device: Device::Gpu,
-            bytes,
-            lifetime: life,
-        });
+        plan.push(Buffer::named(name, category, Device::Gpu, bytes, life));
     }
 }
 

@@ -1,16 +1,22 @@
 //! The `frugal` runtime profile: the exact buffer list of this project's engine.
 //!
-//! Owned by the engine: the engine carves its arena from this list (through [`layout`]), so the
-//! two agree to the byte. Parameters, their gradients and the optimizer state live in flat
-//! per-layer units ([`units`]); activations follow llm.c's layout ([`acts`]), under any recompute
-//! policy and either attention kernel. A setup the engine
-//! cannot run yet (mixed precision, offload, ...) is refused here with `PlanError::Unsupported`,
-//! never silently planned as something else. ZeRO stages 0-3 are planned per rank ([`shards`]).
+//! Owned by the engine: the engine carves its arena from this list (through [`layout`]) and
+//! finds each buffer by its typed [`Key`], so the two agree to the byte. Parameters, their
+//! gradients and the optimizer state live in flat per-layer units laid out by each model
+//! family's module ([`units`], [`family`]); activations follow llm.c's layout ([`acts`]), under
+//! any recompute policy and either attention kernel; what each ZeRO stage × precision × offload
+//! keeps where is one rule ([`shards::StateRule`]). Mixed precision (bf16, fp16 with master
+//! weights) and optimizer offload are planned; a setup the engine cannot run (TP/PP, LoRA,
+//! parameter offload, 8-bit Adam, ...) is refused with `PlanError::Unsupported`, never silently
+//! planned as something else. A forward-only model (export, evaluation) is [`forward_plan`].
 //!
 //! Example: `training_plan(&gpt2_tiny, &setup)?.peak_bytes(Device::Gpu)` is the engine's measured
 //! peak for that setup, and `training_estimate` adds the slab the arena reserves.
 
 pub mod acts;
+pub mod family;
+pub mod forward;
+pub mod key;
 pub mod layout;
 pub mod shards;
 pub mod units;
@@ -19,7 +25,10 @@ use crate::buffer::Device;
 use crate::setup::{Offload, Optimizer, Precision, Recompute};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
 pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
-pub use layout::{assign_offsets, SlabLayout};
+pub use forward::{forward_plan, ForwardSetup};
+pub use key::Key;
+pub use layout::{assign_offsets, assign_offsets_aligned, SlabLayout};
+pub use shards::StateRule;
 pub use units::{param_units, Role, Unit, UnitKind};
 
 fn unsupported(what: &str) -> PlanError {
@@ -105,33 +114,6 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     Ok(())
 }
 
-/// Names of the optimizer-state buffers of one unit for `optimizer`.
-pub fn optimizer_buffer_names(optimizer: Optimizer, unit: &str) -> Vec<String> {
-    match optimizer {
-        Optimizer::AdamW | Optimizer::AdamW8bit => {
-            vec![format!("opt.m.{unit}"), format!("opt.v.{unit}")]
-        }
-        Optimizer::Sgd => vec![format!("opt.momentum.{unit}")],
-    }
-}
-
-/// Bytes per element of the working weights and gradients: 4 for fp32, 2 for bf16 and fp16.
-pub fn elem_bytes(precision: Precision) -> u64 {
-    if precision == Precision::Fp32 {
-        4
-    } else {
-        2
-    }
-}
-
-/// How `setup` stores model state (element size, where the optimizer state lives).
-pub fn state_format(setup: &TrainSetup) -> shards::StateFormat {
-    shards::StateFormat {
-        elem_bytes: elem_bytes(setup.precision),
-        optimizer_on_host: setup.offload == Offload::Optimizer,
-    }
-}
-
 /// Every buffer the engine allocates for one training step of `model` under `setup`, per rank.
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
     check_setup(model, setup)?;
@@ -139,9 +121,8 @@ pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPla
     let units = param_units(model, setup.dp)?;
     shards::check_world(&units, setup.dp, setup.zero)?;
     let policy = ActPolicy::of(setup);
-    let (world, zero, optimizer) = (setup.dp, setup.zero, setup.optimizer);
-    let format = state_format(setup);
-    for buffer in shards::state_buffers(model, &units, world, zero, optimizer, policy, format) {
+    let rule = StateRule::of(setup);
+    for buffer in shards::state_buffers(model, &units, rule, policy) {
         plan.push(buffer);
     }
     let shape = ActShape {

@@ -89,7 +89,7 @@ pub fn model_state(t: &Trainer) -> ModelState {
         .map(|b| b.bytes)
         .sum();
     ModelState {
-        stage: t.sharding.stage as u8,
+        stage: t.sharding.stage() as u8,
         ranks,
         psi,
         state_bytes,

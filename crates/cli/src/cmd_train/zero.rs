@@ -28,7 +28,7 @@ pub fn finish(
     args: &Args,
 ) -> anyhow::Result<Finished> {
     // 2-byte runs save their fp32 master weights, sharded above stage 0: gather them.
-    if trainer.sharding.stage != ZeroStage::Zero3 && trainer.sharding.half.is_none() {
+    if trainer.sharding.stage() != ZeroStage::Zero3 && trainer.sharding.half.is_none() {
         return Ok(Finished::default());
     }
     let sample = if args.sample_tokens > 0 {

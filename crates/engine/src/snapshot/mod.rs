@@ -45,6 +45,7 @@ pub use error::{Difference, SnapshotError};
 pub use files::{FileEntry, Manifest, FORMAT_VERSION};
 pub use state::{LossScalerState, RunState, TrainState};
 
+use crate::backend::Backend;
 use crate::precision::LossScaler;
 use crate::train::{TrainConfig, Trainer};
 use plan::setup::ZeroStage;
@@ -76,8 +77,8 @@ impl Default for SaveOptions {
 
 /// Saves `trainer`'s state after its last step into `out/step-NNNNNN/`; every rank calls it.
 /// Returns the committed snapshot's folder.
-pub fn save(
-    trainer: &mut Trainer,
+pub fn save<B: Backend>(
+    trainer: &mut Trainer<B>,
     out: &Path,
     run: &RunState,
     options: &SaveOptions,
@@ -96,7 +97,7 @@ pub fn save(
     trainer.barrier()?;
     // Stage 3 keeps only shards of the weights, and stages 1-2 under bf16/fp16 only shards of
     // the master weights: gathering them is a collective every rank joins.
-    let stage = trainer.sharding.stage;
+    let stage = trainer.sharding.stage();
     let sharded_master = trainer.sharding.half.is_some() && stage != ZeroStage::Zero0;
     let gathered = match (stage, rank) {
         (ZeroStage::Zero3, _) | (_, 0) => Some(trainer.full_params()?),
@@ -129,8 +130,8 @@ pub fn save(
 
 /// The gathered model (HF names) from every unit's full weights, its config.json, and
 /// train.json.
-fn write_rank0_files(
-    trainer: &Trainer,
+fn write_rank0_files<B: Backend>(
+    trainer: &Trainer<B>,
     units: &[Vec<f32>],
     dir: &Path,
     run: &RunState,
@@ -217,9 +218,18 @@ impl Snapshot {
         })
     }
 
-    /// Fills `trainer`'s weights only (any world, stage and optimizer), for export or evaluation.
-    pub fn restore_weights(&self, trainer: &mut Trainer) -> Result<(), SnapshotError> {
+    /// Fills `trainer`'s weights only (any world, stage and optimizer), for evaluation.
+    pub fn restore_weights<B: Backend>(
+        &self,
+        trainer: &mut Trainer<B>,
+    ) -> Result<(), SnapshotError> {
         shards::restore(trainer, &self.dir, &self.shards, shards::Parts::Weights)
+    }
+
+    /// Every unit's whole fp32 weights (unpadded), reassembled from the shard files of any
+    /// world and checked against `units`: what a forward-only `Runner` loads (`frugal export`).
+    pub fn weights(&self, units: &[plan::frugal::Unit]) -> Result<Vec<Vec<f32>>, SnapshotError> {
+        shards::weights(&self.dir, &self.shards, units)
     }
 
     /// The model the snapshot holds, from its config.json.
@@ -236,7 +246,7 @@ impl Snapshot {
     /// Fills `trainer` (any world, any stage, offloaded or not) with the snapshot's weights
     /// (bf16/fp16: the fp32 master weights and the 2-byte copy rounded from them), optimizer
     /// state, loss scaler and step; returns the loop's state (seek the data loader to `loader`).
-    pub fn restore(&self, trainer: &mut Trainer) -> Result<RunState, SnapshotError> {
+    pub fn restore<B: Backend>(&self, trainer: &mut Trainer<B>) -> Result<RunState, SnapshotError> {
         let scaler = self.scaler_for(trainer)?;
         shards::restore(
             trainer,
@@ -257,7 +267,10 @@ impl Snapshot {
 
     /// The saved loss scaler with the trainer's settings, checked before anything is written:
     /// an fp16 trainer needs the snapshot's scaler, any other trainer a snapshot without one.
-    fn scaler_for(&self, trainer: &Trainer) -> Result<Option<LossScaler>, SnapshotError> {
+    fn scaler_for<B: Backend>(
+        &self,
+        trainer: &Trainer<B>,
+    ) -> Result<Option<LossScaler>, SnapshotError> {
         let bad = |reason: String| SnapshotError::BadContents {
             path: self.dir.join(STATE_FILE),
             reason,

@@ -20,10 +20,11 @@
 
 use super::error::SnapshotError;
 use crate::arena::BufId;
-use crate::optim;
+use crate::backend::{Backend, DType};
 use crate::train::Trainer;
-use plan::frugal::units::Unit;
-use plan::setup::ZeroStage;
+use plan::frugal::shards::optimizer_keys;
+use plan::frugal::units::{Unit, UnitKind};
+use plan::frugal::Key;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
@@ -55,54 +56,67 @@ pub struct ShardLayout {
     pub units: Vec<UnitLayout>,
 }
 
-/// The plan's buffer names of a unit: `params.<unit>` then its optimizer state.
-fn tensor_names(trainer: &Trainer, unit: &str) -> Vec<String> {
-    let mut names = vec![format!("params.{unit}")];
-    names.extend(plan::frugal::optimizer_buffer_names(
-        trainer.config.optimizer.plan_optimizer(),
-        unit,
-    ));
+/// The plan's buffer names of a unit: `params.<unit>` then its optimizer state (AdamW m, v or
+/// SGD momentum), the names the shard files store them under.
+fn tensor_names<B: Backend>(trainer: &Trainer<B>, unit: UnitKind) -> Vec<String> {
+    let mut names = vec![Key::Params(unit).to_string()];
+    let optimizer = trainer.config.optimizer.plan_optimizer();
+    names.extend(optimizer_keys(optimizer, unit).iter().map(Key::to_string));
     names
+}
+
+/// The optimizer state's short names (`m`, `v` or `momentum`), as the layout metadata lists them.
+fn state_names<B: Backend>(trainer: &Trainer<B>) -> Vec<String> {
+    let optimizer = trainer.config.optimizer.plan_optimizer();
+    let keys = optimizer_keys(optimizer, UnitKind::Embed);
+    keys.iter()
+        .map(|k| {
+            let name = k.to_string();
+            let name = name.trim_start_matches("opt.").trim_end_matches(".embed");
+            name.to_string()
+        })
+        .collect()
 }
 
 /// Where this rank keeps unit `u`'s fp32 weights: the full `params.<u>`, or at ZeRO stage 3 its
 /// `params.shard.<u>` (`Model::params` then points at a gather buffer that lives only in a phase);
 /// under bf16/fp16 the master weights.
-fn param_id(trainer: &Trainer, u: usize) -> BufId {
+fn param_id<B: Backend>(trainer: &Trainer<B>, u: usize) -> BufId {
     if trainer.sharding.half.is_some() {
-        return trainer.masters[u].master;
+        return trainer.state.masters[u].master;
     }
-    match trainer.sharding.stage {
-        ZeroStage::Zero3 => trainer.sharding.param_shards()[u],
-        _ => trainer.model.params[u],
+    match trainer.sharding.rule.params_sharded() {
+        true => trainer.sharding.param_shards()[u],
+        false => trainer.model.params[u],
     }
 }
 
 /// Arena ids of unit `u`'s weights then optimizer state (`tensor_names`' order); `None` when
 /// they live in the offload store.
-fn arena_ids(trainer: &Trainer, u: usize) -> Option<Vec<BufId>> {
+fn arena_ids<B: Backend>(trainer: &Trainer<B>, u: usize) -> Option<Vec<BufId>> {
     if trainer.offload.is_some() {
         return None;
     }
     let mut ids = vec![param_id(trainer, u)];
     match trainer.sharding.half {
-        Some(_) => ids.extend([trainer.masters[u].m, trainer.masters[u].v]),
-        None => ids.extend(
-            optim::state_ids(&trainer.model, &trainer.arena, trainer.config.optimizer)[u]
-                .iter()
-                .copied(),
-        ),
+        Some(_) => ids.extend([trainer.state.masters[u].m, trainer.state.masters[u].v]),
+        None => ids.extend(trainer.state.opt[u].iter().copied()),
     }
     Some(ids)
 }
 
 /// Calls `f(k, held)` for each of unit `u`'s tensors (k in `tensor_names`' order).
-fn for_each_held(trainer: &Trainer, u: usize, mut f: impl FnMut(usize, &[f32])) {
+fn for_each_held<B: Backend>(trainer: &Trainer<B>, u: usize, mut f: impl FnMut(usize, &[f32])) {
     match (arena_ids(trainer, u), trainer.offload.as_ref()) {
-        (Some(ids), _) => ids
-            .iter()
-            .enumerate()
-            .for_each(|(k, &id)| f(k, &trainer.arena.f32(id))),
+        (Some(ids), _) => ids.iter().enumerate().for_each(|(k, &id)| {
+            let t = trainer.arena.tensor(id, DType::F32);
+            let mut host = vec![0.0f32; t.len];
+            trainer
+                .arena
+                .backend()
+                .download(&trainer.arena, t, &mut host);
+            f(k, &host)
+        }),
         (None, Some(store)) => store
             .unit_view(u)
             .iter()
@@ -113,9 +127,19 @@ fn for_each_held(trainer: &Trainer, u: usize, mut f: impl FnMut(usize, &[f32])) 
 }
 
 /// Calls `f(held)` on unit `u`'s tensor `k` (in `tensor_names`' order), writable.
-fn with_held_mut(trainer: &mut Trainer, u: usize, k: usize, f: impl FnOnce(&mut [f32])) {
+fn with_held_mut<B: Backend>(
+    trainer: &mut Trainer<B>,
+    u: usize,
+    k: usize,
+    f: impl FnOnce(&mut [f32]),
+) {
     if let Some(ids) = arena_ids(trainer, u) {
-        f(&mut trainer.arena.f32_mut(ids[k]));
+        let (arena, be) = (&trainer.arena, trainer.arena.backend());
+        let t = arena.tensor(ids[k], DType::F32);
+        let mut host = vec![0.0f32; t.len];
+        be.download(arena, t, &mut host);
+        f(&mut host);
+        be.upload(arena, t, &host);
         return;
     }
     let store = trainer
@@ -142,7 +166,7 @@ fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize>
 }
 
 /// This rank's shard file: its slice of every unit's weights and optimizer state.
-pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
+pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>) -> Vec<u8> {
     let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
     let model = &trainer.model;
     let mut tensors: Vec<(String, Vec<u8>)> = Vec::new();
@@ -150,7 +174,7 @@ pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
     for (u, unit) in model.units.iter().enumerate() {
         let shard = unit.padded_numel as usize / world;
         let own = rank * shard..(rank + 1) * shard;
-        let names = tensor_names(trainer, &unit.name);
+        let names = tensor_names(trainer, unit.kind);
         for_each_held(trainer, u, |k, buf| {
             let held = held_span(buf.len(), unit, rank, world);
             let slice = &buf[own.start - held.start..own.end - held.start];
@@ -168,14 +192,7 @@ pub fn shard_bytes(trainer: &Trainer) -> Vec<u8> {
     let layout = ShardLayout {
         rank,
         world,
-        states: tensor_names(trainer, "")[1..]
-            .iter()
-            .map(|n| {
-                n.trim_start_matches("opt.")
-                    .trim_end_matches('.')
-                    .to_string()
-            })
-            .collect(),
+        states: state_names(trainer),
         units,
     };
     let views: Vec<(String, TensorView<'_>)> = tensors
@@ -233,11 +250,13 @@ fn parse<'a>(dir: &Path, name: &'a str, bytes: &'a [u8]) -> Result<Shard<'a>, Sn
 }
 
 /// Checks the shards against this trainer's units and optimizer before anything is written.
+/// `optimizer_states`: how many state tensors per unit this run's optimizer keeps, when the
+/// optimizer state is restored too.
 fn check_layouts(
     dir: &Path,
     shards: &[Shard<'_>],
-    trainer: &Trainer,
-    parts: Parts,
+    units: &[Unit],
+    optimizer_states: Option<usize>,
 ) -> Result<(), SnapshotError> {
     let world = shards.len();
     let expected_states = shards[0].layout.states.clone();
@@ -255,7 +274,6 @@ fn check_layouts(
         if s.layout.states != expected_states {
             return Err(bad("optimizer state differs from rank 0's".into()));
         }
-        let units = &trainer.model.units;
         let same = s.layout.units.len() == units.len()
             && s.layout.units.iter().zip(units).all(|(a, b)| {
                 a.name == b.name
@@ -266,8 +284,10 @@ fn check_layouts(
             return Err(bad("its parameter units differ from this model's".into()));
         }
     }
-    let ours = tensor_names(trainer, "").len() - 1;
-    if parts == Parts::WeightsAndOptimizer && expected_states.len() != ours {
+    let Some(ours) = optimizer_states else {
+        return Ok(());
+    };
+    if expected_states.len() != ours {
         return Err(SnapshotError::BadContents {
             path: dir.join(shards[0].name),
             reason: format!(
@@ -312,10 +332,27 @@ fn assemble(
     Ok(full)
 }
 
+/// Every unit's whole weights (unpadded) from the shard files (`(name, bytes)` in rank order),
+/// checked against `units` first.
+pub fn weights(
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+    units: &[Unit],
+) -> Result<Vec<Vec<f32>>, SnapshotError> {
+    let shards = files
+        .iter()
+        .map(|(name, bytes)| parse(dir, name, bytes))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_layouts(dir, &shards, units, None)?;
+    (0..units.len())
+        .map(|u| assemble(dir, &shards, u, &Key::Params(units[u].kind).to_string()))
+        .collect()
+}
+
 /// Fills this trainer's weights and optimizer state from the shard files (`(name, bytes)` in
 /// rank order), whatever world and stage they were written on.
-pub fn restore(
-    trainer: &mut Trainer,
+pub fn restore<B: Backend>(
+    trainer: &mut Trainer<B>,
     dir: &Path,
     files: &[(String, Vec<u8>)],
     parts: Parts,
@@ -324,12 +361,13 @@ pub fn restore(
         .iter()
         .map(|(name, bytes)| parse(dir, name, bytes))
         .collect::<Result<Vec<_>, _>>()?;
-    check_layouts(dir, &shards, trainer, parts)?;
+    let states = (parts == Parts::WeightsAndOptimizer).then(|| state_names(trainer).len());
+    check_layouts(dir, &shards, &trainer.model.units, states)?;
     let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
     // Everything is read and checked before the first write, so a bad file changes nothing.
     let mut staged = Vec::new();
     for (u, unit) in trainer.model.units.iter().enumerate() {
-        let names = tensor_names(trainer, &unit.name);
+        let names = tensor_names(trainer, unit.kind);
         let n_tensors = match parts {
             Parts::WeightsAndOptimizer => names.len(),
             Parts::Weights => 1,
@@ -356,7 +394,7 @@ pub fn restore(
 
 /// bf16/fp16: unit `u`'s 2-byte working copy (whole below stage 3, this rank's shard at stage 3)
 /// := its restored master weights `full` (unpadded) rounded, as each optimizer step leaves it.
-fn round_working_copy(trainer: &Trainer, u: usize, full: &[f32]) {
+fn round_working_copy<B: Backend>(trainer: &Trainer<B>, u: usize, full: &[f32]) {
     let Some(half) = trainer.sharding.half else {
         return;
     };
@@ -365,7 +403,10 @@ fn round_working_copy(trainer: &Trainer, u: usize, full: &[f32]) {
     let mut padded = full.to_vec();
     padded.resize(unit.padded_numel as usize, 0.0);
     let id = trainer.sharding.working_weights()[u];
-    let mut working = trainer.arena.bf16_mut(id);
-    let held = held_span(working.len(), unit, rank, world);
-    half.narrow(&mut working, &padded[held]);
+    let working = trainer.arena.tensor(id, half);
+    let held = held_span(working.len, unit, rank, world);
+    trainer
+        .arena
+        .backend()
+        .upload(&trainer.arena, working, &padded[held]);
 }

@@ -155,7 +155,7 @@ impl ModelFields {
 }
 
 impl TrainState {
-    pub fn of(trainer: &Trainer, run: &RunState) -> TrainState {
+    pub fn of<B: crate::backend::Backend>(trainer: &Trainer<B>, run: &RunState) -> TrainState {
         let mut state = TrainState::of_config(&trainer.config, trainer.step, run);
         state.loss_scaler = trainer.scaler.as_ref().map(LossScalerState::of);
         state

@@ -8,16 +8,16 @@
 //! Example: `Trainer::new(TrainConfig { mixed: Mixed::fp16(scaler), ..cfg })?`.
 
 use super::Trainer;
-use crate::arena::Arena;
+use crate::backend::Backend;
 use crate::error::EngineError;
 use crate::model::Model;
 use crate::offload::OffloadStore;
-use crate::optim::OptimizerKind;
-use crate::precision::update::{self as half_update, MasterState};
+use crate::optim::{OptimizerKind, UnitSlice};
+use crate::precision::update as half_update;
 use crate::precision::{MasterStep, ScalerConfig, StepDecision};
-use crate::zero::Half;
 use comm::Collective;
-use plan::setup::{Offload, Precision, ZeroStage};
+use plan::frugal::StateRule;
+use plan::setup::{Offload, Precision};
 
 /// Weight precision and offload of a run (`Mixed::fp32()`: everything fp32, nothing offloaded).
 #[derive(Clone, Debug, PartialEq)]
@@ -82,15 +82,23 @@ impl Mixed {
     }
 }
 
-impl Trainer {
+impl<B: Backend> Trainer<B> {
     /// The bf16/fp16 update: norm and overflow over the 2-byte gradients (every rank agrees on
     /// both), the scaler's verdict (fp16: skip the step on an overflow anywhere), then AdamW on
     /// the fp32 master weights, rounding the working copy. Returns the unscaled norm (NaN when
     /// the step was skipped).
-    pub(super) fn apply_half_update(&mut self, lr: f32, half: Half) -> Result<f32, EngineError> {
+    pub(super) fn apply_half_update(&mut self, lr: f32) -> Result<f32, EngineError> {
         self.last_skipped = false;
-        let norm_slices = self.sharding.norm_slices(&self.model);
-        let (sum_sq, found_inf) = half_update::grad_stats(&self.arena, half, &norm_slices);
+        let mut slices = std::mem::take(&mut self.slices);
+        let result = self.half_update_on(lr, &mut slices);
+        self.slices = slices;
+        result
+    }
+
+    fn half_update_on(&mut self, lr: f32, slices: &mut Vec<UnitSlice>) -> Result<f32, EngineError> {
+        let (model, grads, arena) = (&self.model, &self.state.grads, &self.arena);
+        self.sharding.norm_slices(model, grads, arena, slices);
+        let (sum_sq, found_inf) = half_update::grad_stats(arena, slices);
         let sum_sq = super::sum_f64(&mut self.comm, sum_sq)?;
         let found_inf = self.comm.any(found_inf)?;
         let used_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
@@ -128,10 +136,8 @@ impl Trainer {
             eps,
             weight_decay,
         };
+        self.update_slices(slices);
         let (model, arena) = (&self.model, &self.arena);
-        let slices: Vec<_> = (0..model.units.len())
-            .map(|u| self.sharding.update_slice(model, u))
-            .collect();
         let k = MasterStep {
             opt,
             step: (self.step + 1) as u32,
@@ -143,51 +149,33 @@ impl Trainer {
             Some(store) => {
                 for (u, s) in slices.iter().enumerate() {
                     let unit = &model.units[u];
-                    half_update::unit_update(unit, s, arena, half, store.unit(u), k);
+                    half_update::unit_update_host(unit, s, arena, store.unit(u), k);
                 }
             }
-            None => half_update::master_update(model, arena, half, &self.masters, &slices, k),
+            None => half_update::master_update(model, arena, &self.state.masters, slices, k),
         }
         self.sharding.after_update(model, arena, &mut self.comm)?;
         Ok(norm)
     }
 }
 
-/// Arena ids of every unit's master weights and Adam moments (2-byte precisions).
-pub(super) fn master_states(model: &Model, arena: &Arena) -> Vec<MasterState> {
-    let opt = plan::setup::Optimizer::AdamW;
-    model
-        .units
-        .iter()
-        .map(|u| {
-            let names = plan::frugal::optimizer_buffer_names(opt, &u.name);
-            MasterState {
-                master: arena.id(&plan::frugal::shards::master_name(&u.name)),
-                m: arena.id(&names[0]),
-                v: arena.id(&names[1]),
-            }
-        })
-        .collect()
-}
-
 /// The host store of every unit's master weights and Adam moments (this rank's part: whole
 /// units at stage 0, shards above), in RAM or in rank `rank`'s file (`Mixed::store_path`).
 pub(super) fn offload_store(
     model: &Model,
-    zero: ZeroStage,
+    rule: StateRule,
     rank: usize,
-    world: usize,
     mixed: &Mixed,
 ) -> Result<OffloadStore, EngineError> {
     let numels: Vec<u64> = model
         .units
         .iter()
-        .map(|u| match zero {
-            ZeroStage::Zero0 => u.padded_numel,
-            _ => plan::frugal::shards::shard_numel(u, world as u32),
+        .map(|u| match rule.optimizer_sharded() {
+            false => u.padded_numel,
+            true => plan::frugal::shards::shard_numel(u, rule.world),
         })
         .collect();
-    Ok(match &mixed.store_path(rank, world) {
+    Ok(match &mixed.store_path(rank, rule.world as usize) {
         Some(path) => OffloadStore::on_disk(path, &numels)?,
         None => OffloadStore::in_memory(&numels),
     })

@@ -35,18 +35,22 @@
 //! rounded once, into the 2-byte accumulator `grads.shard.<u>` (full at stages 0-1). fp16 bits
 //! travel through the collectives as bf16-typed words: gathers copy bits, they never add them.
 //!
+//! What each stage keeps where is `plan::frugal::StateRule`, the rule the plan emitted the
+//! buffers from; this module asks it rather than deciding again. Every byte moves through the
+//! backend's ops (collectives, conversions, accumulation), never through slices here.
+//!
 //! Example: the trainer calls `sharding.enter(phase, ..)` after `arena.enter(phase)` and
 //! `sharding.leave(phase, ..)` before `arena.leave(phase)`.
 
 use crate::arena::{Arena, BufId};
+use crate::backend::{Backend, CommOp, DType, Tensor};
 use crate::error::EngineError;
 use crate::model::Model;
 use crate::optim::UnitSlice;
-use comm::{Buf, BufMut, Collective, ReduceOp};
-use half::{bf16, f16};
+use comm::Collective;
 use plan::buffer::Phase;
-use plan::frugal::shards::{self, Gather};
-use plan::setup::{Precision, ZeroStage};
+use plan::frugal::shards::{self, Gather, StateRule};
+use plan::frugal::Key;
 use std::ops::Range;
 
 mod weights;
@@ -59,82 +63,12 @@ pub enum Pass {
     ForwardOnly,
 }
 
-/// The 2-byte format of weights and gradients, when not fp32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Half {
-    Bf16,
-    F16,
-}
-
-impl Half {
-    pub fn of(precision: Precision) -> Option<Half> {
-        match precision {
-            Precision::Bf16 => Some(Half::Bf16),
-            Precision::Fp16 => Some(Half::F16),
-            _ => None,
-        }
-    }
-
-    /// Widens 2-byte `bits` into `out`.
-    pub fn widen(self, out: &mut [f32], bits: &[bf16]) {
-        match self {
-            Half::Bf16 => kernels::convert::bf16_to_f32(out, bits),
-            Half::F16 => kernels::convert::f16_to_f32(out, as_f16(bits)),
-        }
-    }
-
-    /// Rounds `x` (round to nearest even) to this format's bits.
-    pub fn narrow(self, out: &mut [bf16], x: &[f32]) {
-        match self {
-            Half::Bf16 => kernels::convert::f32_to_bf16(out, x),
-            Half::F16 => kernels::convert::f32_to_f16(as_f16_mut(out), x),
-        }
-    }
-
-    /// `acc += g`, rounded once per element.
-    fn add_into(self, acc: &mut [bf16], g: &[f32]) {
-        use rayon::prelude::*;
-        let chunk = 1 << 14;
-        acc.par_chunks_mut(chunk)
-            .zip(g.par_chunks(chunk))
-            .for_each(|(a, g)| match self {
-                Half::Bf16 => a
-                    .iter_mut()
-                    .zip(g)
-                    .for_each(|(a, &g)| *a = bf16::from_f32(a.to_f32() + g)),
-                Half::F16 => as_f16_mut(a)
-                    .iter_mut()
-                    .zip(g)
-                    .for_each(|(a, &g)| *a = f16::from_f32(a.to_f32() + g)),
-            });
-    }
-
-    /// A 2-byte element's value.
-    fn value(self, bits: bf16) -> f32 {
-        match self {
-            Half::Bf16 => bits.to_f32(),
-            Half::F16 => f16::from_bits(bits.to_bits()).to_f32(),
-        }
-    }
-}
-
-/// fp16 bits held in a bf16-typed slice (both are repr(transparent) u16).
-pub fn as_f16(bits: &[bf16]) -> &[f16] {
-    // SAFETY: same size, alignment and validity (every u16 is a valid f16).
-    unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const f16, bits.len()) }
-}
-
-/// Mutable [`as_f16`].
-pub fn as_f16_mut(bits: &mut [bf16]) -> &mut [f16] {
-    // SAFETY: as in `as_f16`.
-    unsafe { std::slice::from_raw_parts_mut(bits.as_mut_ptr() as *mut f16, bits.len()) }
-}
-
 /// One rank's view of the sharded model state.
 pub struct Sharding {
-    pub stage: ZeroStage,
-    /// 2-byte weights and gradients (bf16, fp16); `None` for fp32.
-    pub half: Option<Half>,
+    /// What the stage, precision and offload keep where (the plan's rule).
+    pub rule: StateRule,
+    /// The 2-byte format of weights and gradients (bf16, fp16); `None` for fp32.
+    pub half: Option<DType>,
     /// 2-byte precisions at stages 0-2: each unit's full 2-byte weights `params.<u>`.
     param_store: Vec<BufId>,
     /// fp16: this step's gradients classified against fp16's range as they are rounded into
@@ -145,50 +79,47 @@ pub struct Sharding {
     n_layers: u32,
     /// Elements of each unit's shard.
     shard_len: Vec<usize>,
-    /// Stages 2-3: each unit's accumulated gradient shard.
+    /// Grad spans: each unit's accumulated gradient (`grads.shard.<u>`).
     grad_shards: Vec<BufId>,
     /// Stage 3: each unit's weight shard.
     param_shards: Vec<BufId>,
-    /// Stage 3: the plan's gathers and their buffers.
+    /// The plan's gathers and their buffers.
     gathers: Vec<(Gather, BufId)>,
-    /// Stages 2-3: the phases each unit's full gradient is first and last written in.
+    /// Grad spans: the phases each unit's full gradient is first and last written in.
     grad_spans: Vec<(Phase, Phase)>,
 }
 
 type Comm<'a> = &'a mut dyn Collective;
 
 impl Sharding {
-    /// Resolves the stage's buffers in `arena` (planned for `world` ranks).
-    pub fn new(
-        stage: ZeroStage,
-        half: Option<Half>,
+    /// Resolves the stage's buffers in `arena` (planned for `rule.world` ranks).
+    pub fn new<B: Backend>(
+        rule: StateRule,
+        half: Option<DType>,
         rank: usize,
-        world: usize,
         model: &Model,
-        arena: &Arena,
+        arena: &Arena<B>,
     ) -> Sharding {
         let shape = &model.config.shape;
-        let sharded_grads = matches!(stage, ZeroStage::Zero2 | ZeroStage::Zero3) || half.is_some();
-        let ids = |name: fn(&str) -> String, on: bool| -> Vec<BufId> {
+        let ids = |key: fn(plan::frugal::UnitKind) -> Key, on: bool| -> Vec<BufId> {
             let units = model.units.iter().filter(|_| on);
-            units.map(|u| arena.id(&name(&u.name))).collect()
+            units.map(|u| arena.id(key(u.kind))).collect()
         };
-        let gathers = if stage == ZeroStage::Zero3 || half.is_some() {
-            let g = shards::gathers(shape, model.policy);
-            g.into_iter()
+        let gathers = match rule.gathers() {
+            true => shards::gathers(shape, model.policy)
+                .into_iter()
                 .map(|g| {
-                    let id = arena.id(&g.name);
+                    let id = arena.id(g.key);
                     (g, id)
                 })
-                .collect()
-        } else {
-            Vec::new()
+                .collect(),
+            false => Vec::new(),
         };
-        let stored_params = half.is_some() && stage != ZeroStage::Zero3;
+        let world = rule.world as usize;
         Sharding {
-            stage,
+            rule,
             half,
-            param_store: ids(shards::params_name, stored_params),
+            param_store: ids(Key::Params, rule.is_half() && !rule.params_sharded()),
             underflow: Default::default(),
             rank,
             world,
@@ -196,10 +127,10 @@ impl Sharding {
             shard_len: model
                 .units
                 .iter()
-                .map(|u| shards::shard_numel(u, world as u32) as usize)
+                .map(|u| shards::shard_numel(u, rule.world) as usize)
                 .collect(),
-            grad_shards: ids(shards::grads_shard_name, sharded_grads),
-            param_shards: ids(shards::params_shard_name, stage == ZeroStage::Zero3),
+            grad_shards: ids(Key::GradsShard, rule.grad_spans()),
+            param_shards: ids(Key::ParamsShard, rule.params_sharded()),
             gathers,
             grad_spans: model
                 .units
@@ -209,10 +140,9 @@ impl Sharding {
         }
     }
 
-    /// Whether full gradients are fp32 spans reduced into `grad_shards` as each unit finishes
-    /// (stages 2-3, and every stage with 2-byte gradients).
-    fn sharded_grads(&self) -> bool {
-        matches!(self.stage, ZeroStage::Zero2 | ZeroStage::Zero3) || self.half.is_some()
+    /// The ZeRO stage.
+    pub fn stage(&self) -> plan::setup::ZeroStage {
+        self.rule.zero
     }
 
     /// Each unit's accumulated gradient (fp32 shard at stages 2-3; 2-byte, full at stages 0-1).
@@ -220,39 +150,38 @@ impl Sharding {
         &self.grad_shards
     }
 
+    /// The element type of the working weights and the gradient accumulators.
+    fn elem(&self) -> DType {
+        self.half.unwrap_or(DType::F32)
+    }
+
     /// Fills gather buffer `id` with unit `u`'s full fp32 weights.
-    fn fill_gather(
+    fn fill_gather<B: Backend>(
         &self,
         u: usize,
         id: BufId,
-        arena: &Arena,
+        arena: &Arena<B>,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
+        let be = arena.backend();
+        let full = arena.tensor(id, DType::F32);
         let Some(half) = self.half else {
-            let shard = arena.f32(self.param_shards[u]);
-            let mut full = arena.f32_mut(id);
-            comm.all_gather(Buf::F32(&shard), BufMut::F32(&mut full))?;
+            let src = arena.tensor(self.param_shards[u], DType::F32);
+            be.collective(arena, comm, CommOp::AllGather { src, dst: full })?;
             return Ok(());
         };
-        if self.stage != ZeroStage::Zero3 {
-            let store = arena.bf16(self.param_store[u]);
-            half.widen(&mut arena.f32_mut(id), &store);
+        if !self.rule.params_sharded() {
+            be.convert(arena, full, arena.tensor(self.param_store[u], half));
             return Ok(());
         }
-        let n = arena.f32(id).len();
-        {
-            let shard = arena.bf16(self.param_shards[u]);
-            let mut bits = arena.bf16_mut(id);
-            comm.all_gather(Buf::Bf16(&shard), BufMut::Bf16(&mut bits[..n]))?;
-        }
-        // Widen in place from the back: element i's 2 bytes sit in word i / 2 <= i, which
-        // the descending loop has not overwritten yet.
-        let mut words = arena.u32_mut(id);
-        for i in (0..n).rev() {
-            let w = words[i / 2];
-            let b = if i % 2 == 0 { w & 0xffff } else { w >> 16 };
-            words[i] = half.value(bf16::from_bits(b as u16)).to_bits();
-        }
+        // The 2-byte shards gather into the buffer's first half, then widen in place.
+        let src = arena.tensor(self.param_shards[u], half);
+        let bits = Tensor {
+            dtype: half,
+            ..full
+        };
+        be.collective(arena, comm, CommOp::AllGather { src, dst: bits })?;
+        be.widen_in_place(arena, full, half);
         Ok(())
     }
 
@@ -265,7 +194,7 @@ impl Sharding {
     /// The weights the optimizer writes: 2-byte `params.<u>` (bf16/fp16 at stages 0-2) or
     /// the stage-3 shards; empty for fp32 below stage 3 (those live in `Model::params`).
     pub fn working_weights(&self) -> &[BufId] {
-        if self.stage == ZeroStage::Zero3 {
+        if self.rule.params_sharded() {
             &self.param_shards
         } else {
             &self.param_store
@@ -277,14 +206,15 @@ impl Sharding {
         &self.param_shards
     }
 
-    /// After `arena.enter(phase)`: stage 3 gathers what is born here and repoints the model's
-    /// weights; stages 2-3 zero the full gradients born here.
-    pub fn enter(
+    /// After `arena.enter(phase)`: gathers what is born here and repoints the model's weights;
+    /// with gradient spans, zeroes the full gradients born here.
+    pub fn enter<B: Backend>(
         &self,
         phase: Phase,
         pass: Pass,
         model: &mut Model,
-        arena: &Arena,
+        grads: &[BufId],
+        arena: &Arena<B>,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
         let at = phase.ordinal(self.n_layers);
@@ -301,164 +231,173 @@ impl Sharding {
                 model.params[g.unit] = *id;
             }
         }
-        if self.sharded_grads() && pass == Pass::Training {
+        if self.rule.grad_spans() && pass == Pass::Training {
             for (u, &(first, _)) in self.grad_spans.iter().enumerate() {
                 if first == phase {
-                    arena.f32_mut(model.grads[u]).fill(0.0);
+                    arena
+                        .backend()
+                        .fill(arena, arena.tensor(grads[u], DType::F32), 0.0);
                 }
             }
         }
         Ok(())
     }
 
-    /// Before `arena.leave(phase)`: stages 2-3 reduce-scatter the full gradients that die here
-    /// and add this rank's shard into the unit's gradient shard.
-    pub fn leave(
+    /// Before `arena.leave(phase)`: with gradient spans, reduces the full gradients that die
+    /// here (all-reduce at stage 0, reduce-scatter above) and adds this rank's part into the
+    /// unit's accumulator (rounded once into 2 bytes under bf16/fp16).
+    pub fn leave<B: Backend>(
         &self,
         phase: Phase,
-        model: &Model,
-        arena: &Arena,
+        grads: &[BufId],
+        arena: &Arena<B>,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
-        if !self.sharded_grads() {
+        if !self.rule.grad_spans() {
             return Ok(());
         }
+        let be = arena.backend();
         for (u, &(_, last)) in self.grad_spans.iter().enumerate() {
             if last != phase {
                 continue;
             }
-            let mut full = arena.f32_mut(model.grads[u]);
-            match self.stage {
-                ZeroStage::Zero0 => comm.all_reduce(BufMut::F32(&mut full), ReduceOp::Sum)?,
-                _ => comm.reduce_scatter_in_place(BufMut::F32(&mut full), ReduceOp::Sum)?,
+            let full = arena.tensor(grads[u], DType::F32);
+            match self.rule.optimizer_sharded() {
+                false => be.collective(arena, comm, CommOp::AllReduce(full))?,
+                true => be.collective(arena, comm, CommOp::ReduceScatterInPlace(full))?,
             }
-            if let Some(half) = self.half {
-                let range = match self.stage {
-                    ZeroStage::Zero0 => 0..full.len(),
-                    _ => self.shard_range(u),
-                };
-                let mut acc = arena.bf16_mut(self.grad_shards[u]);
-                let at = match self.stage {
-                    ZeroStage::Zero0 | ZeroStage::Zero1 => range.start,
-                    _ => 0,
-                };
-                if let Some(stats) = self.underflow.borrow_mut().as_mut() {
-                    // Scaled already (the loss scale seeded the backward): measure at 1.
-                    let s = crate::precision::UnderflowStats::measure(&full[range.clone()], 1.0);
-                    stats.merge(&s);
-                }
-                half.add_into(&mut acc[at..at + range.len()], &full[range]);
-                continue;
+            let range = match self.rule.optimizer_sharded() {
+                false => 0..full.len,
+                true => self.shard_range(u),
+            };
+            let acc = arena.tensor(self.grad_shards[u], self.elem());
+            let at = match self.rule.grad_acc_sharded() {
+                false => range.start,
+                true => 0,
+            };
+            let mine = full.slice(range.clone());
+            if let Some(stats) = self.underflow.borrow_mut().as_mut() {
+                stats.merge(&be.underflow(arena, mine));
             }
-            let mut acc = arena.f32_mut(self.grad_shards[u]);
-            let mine = &full[self.shard_range(u)];
-            acc.iter_mut().zip(mine).for_each(|(a, &g)| *a += g);
+            be.accumulate(arena, acc.slice(at..at + range.len()), mine);
         }
         Ok(())
     }
 
-    /// After the micro-steps: stage 0 all-reduces, stage 1 reduce-scatters every full gradient
-    /// (stages 2-3 reduced during the backward).
-    pub fn reduce_grads(
+    /// After the micro-steps: without gradient spans, stage 0 all-reduces and stage 1
+    /// reduce-scatters every full gradient (spans were reduced during the backward).
+    pub fn reduce_grads<B: Backend>(
         &self,
-        model: &Model,
-        arena: &Arena,
-        comm: &mut dyn Collective,
+        grads: &[BufId],
+        arena: &Arena<B>,
+        comm: Comm<'_>,
     ) -> Result<(), EngineError> {
-        if self.sharded_grads() {
+        if self.rule.grad_spans() {
             return Ok(());
         }
-        for &id in &model.grads {
-            let grads = BufMut::F32(&mut arena.f32_mut(id));
-            match self.stage {
-                ZeroStage::Zero0 => comm.all_reduce(grads, ReduceOp::Sum)?,
-                _ => comm.reduce_scatter_in_place(grads, ReduceOp::Sum)?,
-            }
+        for &id in grads {
+            let t = arena.tensor(id, DType::F32);
+            let op = match self.rule.optimizer_sharded() {
+                false => CommOp::AllReduce(t),
+                true => CommOp::ReduceScatterInPlace(t),
+            };
+            arena.backend().collective(arena, comm, op)?;
         }
         Ok(())
     }
 
     /// Sets the gradients a step accumulates into to zero.
-    pub fn zero_grads(&self, model: &Model, arena: &Arena) {
-        use rayon::prelude::*;
-        let ids = if self.sharded_grads() {
-            &self.grad_shards
-        } else {
-            &model.grads
+    pub fn zero_grads<B: Backend>(&self, grads: &[BufId], arena: &Arena<B>) {
+        let (ids, dtype) = match self.rule.grad_spans() {
+            true => (&self.grad_shards[..], self.elem()),
+            false => (grads, DType::F32),
         };
         for &id in ids {
-            // 0.0f32 is all-zero bits: it zeroes 2-byte buffers too (their slot's words).
-            arena
-                .f32_mut(id)
-                .par_chunks_mut(1 << 16)
-                .for_each(|c| c.fill(0.0));
+            arena.backend().fill(arena, arena.tensor(id, dtype), 0.0);
         }
     }
 
     /// The elements of each unit this rank's norm sums over: its shard (at stage 0 too, so the
     /// norm is computed alike at every stage).
-    pub fn norm_slices(&self, model: &Model) -> Vec<UnitSlice> {
-        (0..model.units.len())
-            .map(|u| {
-                let mut s = self.update_slice(model, u);
-                if self.stage == ZeroStage::Zero0 {
-                    let r = self.shard_range(u);
-                    (s.params_at, s.grads_at, s.base, s.len) = (r.start, r.start, r.start, r.len());
-                }
-                s
-            })
-            .collect()
+    pub fn norm_slices<B: Backend>(
+        &self,
+        model: &Model,
+        grads: &[BufId],
+        arena: &Arena<B>,
+        out: &mut Vec<UnitSlice>,
+    ) {
+        out.clear();
+        for u in 0..model.units.len() {
+            let mut s = self.update_slice(model, grads, arena, u);
+            if !self.rule.optimizer_sharded() {
+                let r = self.shard_range(u);
+                s.params = s.params.slice(r.clone());
+                s.grads = s.grads.slice(r.clone());
+                s.base = r.start;
+            }
+            out.push(s);
+        }
     }
 
     /// What this rank's optimizer updates in unit `u`: everything at stage 0, its shard above.
-    pub fn update_slice(&self, model: &Model, u: usize) -> UnitSlice {
+    pub fn update_slice<B: Backend>(
+        &self,
+        model: &Model,
+        grads: &[BufId],
+        arena: &Arena<B>,
+        u: usize,
+    ) -> UnitSlice {
         let r = self.shard_range(u);
         let full = self.shard_len[u] * self.world;
-        let (base, len) = match self.stage {
-            ZeroStage::Zero0 => (0, full),
-            _ => (r.start, r.len()),
+        let (base, len) = match self.rule.optimizer_sharded() {
+            false => (0, full),
+            true => (r.start, r.len()),
         };
-        let (params, params_at) = match self.stage {
-            ZeroStage::Zero3 => (self.param_shards[u], 0),
-            _ if self.half.is_some() => (self.param_store[u], base),
-            _ => (model.params[u], base),
-        };
-        let stage01 = matches!(self.stage, ZeroStage::Zero0 | ZeroStage::Zero1);
-        let (grads, grads_at) = if self.half.is_some() && stage01 {
-            (self.grad_shards[u], base)
-        } else if self.sharded_grads() {
-            (self.grad_shards[u], 0)
+        let elem = self.elem();
+        let params = if self.rule.params_sharded() {
+            arena.tensor(self.param_shards[u], elem).prefix(len)
+        } else if self.half.is_some() {
+            arena
+                .tensor(self.param_store[u], elem)
+                .slice(base..base + len)
         } else {
-            (model.grads[u], base)
+            arena.tensor(model.params[u], elem).slice(base..base + len)
+        };
+        let grads = if !self.rule.grad_spans() {
+            arena.tensor(grads[u], DType::F32).slice(base..base + len)
+        } else if self.rule.grad_acc_sharded() {
+            arena.tensor(self.grad_shards[u], elem).prefix(len)
+        } else {
+            arena
+                .tensor(self.grad_shards[u], elem)
+                .slice(base..base + len)
         };
         UnitSlice {
             params,
-            params_at,
             grads,
-            grads_at,
             base,
-            len,
         }
     }
 
     /// After the update: stages 1-2 all-gather every updated unit in place.
-    pub fn after_update(
+    pub fn after_update<B: Backend>(
         &self,
         model: &Model,
-        arena: &Arena,
+        arena: &Arena<B>,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
-        let (ZeroStage::Zero1 | ZeroStage::Zero2, c) = (self.stage, comm) else {
-            return Ok(());
-        };
-        if self.half.is_some() {
-            for &id in &self.param_store {
-                c.all_gather_in_place(BufMut::Bf16(&mut arena.bf16_mut(id)))?;
-            }
+        if !self.rule.gathers_after_update() {
             return Ok(());
         }
-        for &id in &model.params {
-            c.all_gather_in_place(BufMut::F32(&mut arena.f32_mut(id)))?;
+        let ids = match self.half {
+            Some(_) => &self.param_store[..],
+            None => &model.params[..],
+        };
+        for &id in ids {
+            let t = arena.tensor(id, self.elem());
+            arena
+                .backend()
+                .collective(arena, comm, CommOp::AllGatherInPlace(t))?;
         }
         Ok(())
     }

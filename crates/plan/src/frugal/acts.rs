@@ -24,8 +24,9 @@
 //! Example: GPT-2 tiny at batch 2, seq 8 saves `act.h.0.att` of 2·NH·8·8 f32; under
 //! `every:2` on 4 blocks, `act.h.0.qkv` lives from `Backward(1)` to `Backward(0)`.
 
+use super::family::{self, Mlp, Norm};
+use super::key::{DAct, Key, Work};
 use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
-use crate::model::Family;
 use crate::recompute::{Kept, RecomputePlan};
 use crate::setup::{Attention, Precision, Recompute, TrainSetup};
 use crate::ModelShape;
@@ -127,17 +128,20 @@ impl BlockDims {
         let n = s.batch * s.seq;
         let atty = u64::from(m.n_heads) * m.d_head;
         let qkv = atty + 2 * u64::from(m.n_kv_heads) * m.d_head;
-        let gpt2 = m.family == Family::Gpt2;
+        let design = family::design(m);
         BlockDims {
             n,
             c: m.d_model,
             qkv,
             atty,
-            fc: if gpt2 { m.d_ff } else { 2 * m.d_ff },
+            fc: match design.mlp {
+                Mlp::Gelu => m.d_ff,
+                Mlp::SwiGlu => 2 * m.d_ff,
+            },
             fc_act: m.d_ff,
             att: s.batch * u64::from(m.n_heads) * s.seq * s.seq,
             lse: s.batch * u64::from(m.n_heads) * s.seq,
-            has_mean: gpt2,
+            has_mean: design.norm == Norm::LayerNorm,
         }
     }
 }
@@ -245,43 +249,16 @@ impl BlockTensor {
     }
 }
 
-/// Name of block `layer`'s `tensor` as its backward reads it.
-pub fn block_tensor_name(layer: u32, tensor: BlockTensor) -> String {
-    format!("act.h.{layer}.{}", tensor.suffix())
-}
-
-/// Name of the forward pass's copy of block `layer`'s `tensor` when the backward recomputes it.
-pub fn forward_scratch_name(layer: u32, tensor: BlockTensor) -> String {
-    format!("act.h.{layer}.fwd.{}", tensor.suffix())
-}
-
-/// Name of block `layer`'s output (the next block's input) as the backward reads it.
-pub fn block_out_name(layer: u32) -> String {
-    format!("act.h.{layer}.out")
-}
-
-/// Name of the forward pass's copy of an output inside a recompute segment, read by the next
-/// block's forward only (the backward reads the recomputed `act.h.l.out`).
-pub fn block_out_forward_name(layer: u32) -> String {
-    format!("act.h.{layer}.out_fwd")
-}
-
 fn span(born: Phase, dies: Phase) -> Lifetime {
     Lifetime::Span { born, dies }
 }
 
-fn f32_buffer(name: &str, category: Category, numel: u64, lifetime: Lifetime) -> Buffer {
-    sized_buffer(name, category, 4 * numel, lifetime)
+fn f32_buffer(key: Key, category: Category, numel: u64, lifetime: Lifetime) -> Buffer {
+    sized_buffer(key, category, 4 * numel, lifetime)
 }
 
-fn sized_buffer(name: &str, category: Category, bytes: u64, lifetime: Lifetime) -> Buffer {
-    Buffer {
-        name: name.into(),
-        category,
-        device: Device::Gpu,
-        bytes,
-        lifetime,
-    }
+fn sized_buffer(key: Key, category: Category, bytes: u64, lifetime: Lifetime) -> Buffer {
+    Buffer::keyed(key, category, Device::Gpu, bytes, lifetime)
 }
 
 /// Every activation-side buffer of one micro-step under `policy`, on the device.
@@ -290,11 +267,11 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     let act = Category::Activations;
     let mut out = vec![
         // Token ids are u32: the same 4 bytes as an f32.
-        f32_buffer("batch.tokens", act, d.n, Lifetime::Persistent),
-        f32_buffer("batch.targets", act, d.n, Lifetime::Persistent),
+        f32_buffer(Key::Tokens, act, d.n, Lifetime::Persistent),
+        f32_buffer(Key::Targets, act, d.n, Lifetime::Persistent),
         // Block 0's input: the first recompute segment's kept input too.
         f32_buffer(
-            "act.encoded",
+            Key::Encoded,
             act,
             d.n * d.c,
             span(Phase::Embed, Phase::Backward(0)),
@@ -325,9 +302,14 @@ fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
     let rows = d.n * d.c.max(d.atty).max(d.fc_act).max(outputs);
     let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
     [
-        f32_buffer("work.f32", Category::Other, rows, life),
-        f32_buffer("work.f32_in", Category::Other, d.n * outputs, life),
-        sized_buffer("work.w_bf16", Category::Other, 2 * weight, life),
+        f32_buffer(Key::Work(Work::F32), Category::Other, rows, life),
+        f32_buffer(Key::Work(Work::F32In), Category::Other, d.n * outputs, life),
+        sized_buffer(
+            Key::Work(Work::WeightBf16),
+            Category::Other,
+            2 * weight,
+            life,
+        ),
     ]
 }
 
@@ -342,10 +324,10 @@ fn bf16_backward_scratch(m: &ModelShape, d: &BlockDims) -> [Buffer; 4] {
     let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
     let other = Category::Other;
     [
-        sized_buffer("work.bw.dout", other, 2 * out_rows, life),
-        sized_buffer("work.bw.dout_t", other, 2 * out_rows, life),
-        sized_buffer("work.bw.inp_t", other, 2 * in_rows, life),
-        sized_buffer("work.bw.w_t", other, 2 * weight, life),
+        sized_buffer(Key::Work(Work::BwDout), other, 2 * out_rows, life),
+        sized_buffer(Key::Work(Work::BwDoutT), other, 2 * out_rows, life),
+        sized_buffer(Key::Work(Work::BwInpT), other, 2 * in_rows, life),
+        sized_buffer(Key::Work(Work::BwWeightT), other, 2 * weight, life),
     ]
 }
 
@@ -366,7 +348,7 @@ fn block_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy, layer: u32) -
             };
             let life = span(born, Phase::Backward(layer));
             let bytes = policy.elem_bytes(t) * numel;
-            Some(sized_buffer(&block_tensor_name(layer, t), act, bytes, life))
+            Some(sized_buffer(Key::Act(layer, t), act, bytes, life))
         })
         .collect();
     // The output feeds the next block, whose backward reads it (norm backward, recompute).
@@ -375,20 +357,19 @@ fn block_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy, layer: u32) -
     } else {
         Phase::Backward(layer + 1)
     };
-    let name = block_out_name(layer);
+    let key = Key::BlockOut(layer);
     match segment {
         Some((_, last)) if last != layer => {
             // Inside a segment: the forward's copy lives until the next block has read it;
             // the backward's is recomputed with the rest of the segment.
             let fwd = span(Phase::Forward(layer), Phase::Forward(layer + 1));
-            let name_fwd = block_out_forward_name(layer);
-            out.push(f32_buffer(&name_fwd, act, d.n * d.c, fwd));
+            out.push(f32_buffer(Key::BlockOutFwd(layer), act, d.n * d.c, fwd));
             let bwd = span(Phase::Backward(last), read_until);
-            out.push(f32_buffer(&name, act, d.n * d.c, bwd));
+            out.push(f32_buffer(key, act, d.n * d.c, bwd));
         }
         _ => {
             let life = span(Phase::Forward(layer), read_until);
-            out.push(f32_buffer(&name, act, d.n * d.c, life));
+            out.push(f32_buffer(key, act, d.n * d.c, life));
         }
     }
     out
@@ -403,9 +384,13 @@ fn forward_scratch(d: &BlockDims, policy: ActPolicy, layer: u32) -> Vec<Buffer> 
         .filter(|&t| policy.recomputes(t))
         .filter_map(|t| {
             let numel = t.numel(d, policy.attention)?;
-            let name = forward_scratch_name(layer, t);
             let bytes = policy.elem_bytes(t) * numel;
-            Some(sized_buffer(&name, Category::Activations, bytes, life))
+            Some(sized_buffer(
+                Key::ActFwd(layer, t),
+                Category::Activations,
+                bytes,
+                life,
+            ))
         })
         .collect()
 }
@@ -417,26 +402,21 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
     let head = span(Phase::Head, Phase::Head);
     let chunk_rows = CLASSIFIER_CHUNK_ROWS.min(d.n);
     let mut out = vec![
-        f32_buffer("act.lnf", act, d.n * d.c, head),
-        f32_buffer("act.lnf_rstd", act, d.n, head),
-        f32_buffer("act.losses", act, d.n, head),
-        f32_buffer("dact.lnf", act, d.n * d.c, head),
-        f32_buffer(
-            "work.classifier",
-            Category::Other,
-            chunk_rows * m.vocab,
-            head,
-        ),
+        f32_buffer(Key::Lnf, act, d.n * d.c, head),
+        f32_buffer(Key::LnfRstd, act, d.n, head),
+        f32_buffer(Key::Losses, act, d.n, head),
+        f32_buffer(Key::DLnf, act, d.n * d.c, head),
+        f32_buffer(Key::Classifier, Category::Other, chunk_rows * m.vocab, head),
         // The residual stream's gradient, from the head down to the embedding.
         f32_buffer(
-            "dact.residual",
+            Key::DResidual,
             act,
             d.n * d.c,
             span(Phase::Head, Phase::EmbedBackward),
         ),
     ];
     if d.has_mean {
-        out.push(f32_buffer("act.lnf_mean", act, d.n, head));
+        out.push(f32_buffer(Key::LnfMean, act, d.n, head));
     }
     out
 }
@@ -446,18 +426,18 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
 fn backward_scratch(m: &ModelShape, d: &BlockDims, attention: Attention) -> Vec<Buffer> {
     let act = Category::Activations;
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
-    let datt = (attention == Attention::Eager).then_some(("dact.att", d.att));
+    let datt = (attention == Attention::Eager).then_some((DAct::Att, d.att));
     [
-        Some(("dact.ln", d.n * d.c)),
-        Some(("dact.qkv", d.n * d.qkv)),
+        Some((DAct::Ln, d.n * d.c)),
+        Some((DAct::Qkv, d.n * d.qkv)),
         datt,
-        Some(("dact.atty", d.n * d.atty)),
-        Some(("dact.fch", d.n * d.fc)),
-        Some(("dact.fch_act", d.n * d.fc_act)),
+        Some((DAct::Atty, d.n * d.atty)),
+        Some((DAct::Fch, d.n * d.fc)),
+        Some((DAct::FchAct, d.n * d.fc_act)),
     ]
     .into_iter()
     .flatten()
-    .map(|(n, e)| f32_buffer(n, act, e, life))
+    .map(|(k, e)| f32_buffer(Key::DAct(k), act, e, life))
     .collect()
 }
 

@@ -20,7 +20,8 @@ pub struct SlabLayout {
     pub slab_bytes: u64,
 }
 
-/// Offsets are multiples of this (every buffer is f32 or u32 today; bf16 buffers round up).
+/// The CPU engine's alignment: offsets are multiples of this (buffers hold f32, u32 or bf16,
+/// 2-byte buffers round up). A device backend names its own (`assign_offsets_aligned`).
 pub const ALIGN_BYTES: u64 = 4;
 
 fn interval(plan: &MemoryPlan, lifetime: Lifetime) -> (u32, u32) {
@@ -35,6 +36,15 @@ fn interval(plan: &MemoryPlan, lifetime: Lifetime) -> (u32, u32) {
 /// exactly; largest-first packs ZeRO-3's chains of overlapping gathers where birth order leaves
 /// gaps. Both are deterministic, so the engine and the plan always agree on the offsets.
 pub fn assign_offsets(plan: &MemoryPlan, device: Device) -> SlabLayout {
+    assign_offsets_aligned(plan, device, ALIGN_BYTES)
+}
+
+/// [`assign_offsets`] with every offset a multiple of `align` bytes (a power of two).
+pub fn assign_offsets_aligned(plan: &MemoryPlan, device: Device, align: u64) -> SlabLayout {
+    assert!(
+        align.is_power_of_two(),
+        "alignment {align} is a power of two"
+    );
     let order: Vec<usize> = (0..plan.buffers.len())
         .filter(|&i| plan.buffers[i].device == device)
         .collect();
@@ -46,8 +56,15 @@ pub fn assign_offsets(plan: &MemoryPlan, device: Device) -> SlabLayout {
         let bytes = plan.buffers[i].bytes;
         (!persistent(i), born, u32::MAX - dies, u64::MAX - bytes)
     });
-    let first = first_fit(plan, device, &by_birth);
-    if plan.buffers.iter().all(|b| !b.name.starts_with("gather.")) {
+    let first = first_fit(plan, device, &by_birth, align);
+    let gathers = |b: &crate::buffer::Buffer| {
+        use super::key::Key;
+        matches!(
+            b.key,
+            Some(Key::GatherFwd(_) | Key::GatherBwd(_) | Key::GatherHeadEmbed)
+        )
+    };
+    if !plan.buffers.iter().any(gathers) {
         return first;
     }
     let mut by_size = order;
@@ -55,7 +72,7 @@ pub fn assign_offsets(plan: &MemoryPlan, device: Device) -> SlabLayout {
         let (born, _) = span(i);
         (!persistent(i), u64::MAX - plan.buffers[i].bytes, born)
     });
-    let second = first_fit(plan, device, &by_size);
+    let second = first_fit(plan, device, &by_size, align);
     if second.slab_bytes < first.slab_bytes {
         second
     } else {
@@ -65,12 +82,12 @@ pub fn assign_offsets(plan: &MemoryPlan, device: Device) -> SlabLayout {
 
 /// Places the buffers in `order`, each at the lowest offset free of every placed buffer it
 /// overlaps in time.
-fn first_fit(plan: &MemoryPlan, device: Device, order: &[usize]) -> SlabLayout {
+fn first_fit(plan: &MemoryPlan, device: Device, order: &[usize], align: u64) -> SlabLayout {
     let span = |i: usize| interval(plan, plan.buffers[i].lifetime);
     let mut placed: Vec<(usize, u64)> = Vec::with_capacity(order.len());
     let mut slab_bytes = 0;
     for &i in order {
-        let bytes = plan.buffers[i].bytes.next_multiple_of(ALIGN_BYTES);
+        let bytes = plan.buffers[i].bytes.next_multiple_of(align);
         let (born, dies) = span(i);
         let mut busy: Vec<(u64, u64)> = placed
             .iter()
@@ -78,12 +95,7 @@ fn first_fit(plan: &MemoryPlan, device: Device, order: &[usize]) -> SlabLayout {
                 let (b2, d2) = span(j);
                 born <= d2 && b2 <= dies
             })
-            .map(|&(j, off)| {
-                (
-                    off,
-                    off + plan.buffers[j].bytes.next_multiple_of(ALIGN_BYTES),
-                )
-            })
+            .map(|&(j, off)| (off, off + plan.buffers[j].bytes.next_multiple_of(align)))
             .collect();
         busy.sort_unstable();
         let mut offset = 0;
@@ -110,13 +122,13 @@ mod tests {
     use crate::buffer::{Buffer, Category, Phase};
 
     fn buf(bytes: u64, lifetime: Lifetime) -> Buffer {
-        Buffer {
-            name: format!("b{bytes}"),
-            category: Category::Activations,
-            device: Device::Gpu,
+        Buffer::named(
+            format!("b{bytes}"),
+            Category::Activations,
+            Device::Gpu,
             bytes,
             lifetime,
-        }
+        )
     }
 
     #[test]

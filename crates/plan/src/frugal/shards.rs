@@ -35,29 +35,84 @@
 //! dying in `Forward(0)`, and `gather.bwd.h.1` born in `Head`, dying in `Backward(1)`.
 
 use super::acts::ActPolicy;
+use super::key::Key;
 use super::units::{Unit, UnitKind};
 use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
-use crate::setup::{Optimizer, ZeroStage};
+use crate::setup::{Optimizer, Precision, TrainSetup, ZeroStage};
 use crate::{ModelShape, PlanError};
 
-/// Name of a unit's full working weights (stages 0-2).
-pub fn params_name(unit: &str) -> String {
-    format!("params.{unit}")
+/// How a ZeRO stage, the weight precision and optimizer offload store one unit's model state:
+/// the one rule the plan emits buffers from and the engine's `zero::Sharding` obeys.
+///
+/// | question | fp32 | bf16/fp16 |
+/// |---|---|---|
+/// | weights | `params.<u>` whole at 0-2, `params.shard.<u>` at 3 | the same, 2-byte |
+/// | what the kernels read | `params.<u>`; stage 3 `gather.*` | fp32 `gather.*` at every stage |
+/// | full gradient | persistent at 0-1; a span at 2-3 | an fp32 span at every stage |
+/// | accumulator | the full gradient at 0-1; `grads.shard.<u>` at 2-3 | 2-byte `grads.shard.<u>`, whole at 0-1 |
+/// | optimizer state | whole at 0, shard at 1-3 | + fp32 `master.<u>`; on the host with offload |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateRule {
+    pub zero: ZeroStage,
+    pub world: u32,
+    /// Bytes per element of the working weights and the gradient accumulator: 4 or 2.
+    pub elem_bytes: u64,
+    pub optimizer: Optimizer,
+    /// Master weights and optimizer moments live on the host (`--offload optimizer`).
+    pub optimizer_on_host: bool,
 }
 
-/// Name of a rank's shard of a unit's weights (stage 3).
-pub fn params_shard_name(unit: &str) -> String {
-    format!("params.shard.{unit}")
-}
+impl StateRule {
+    pub fn of(setup: &TrainSetup) -> StateRule {
+        StateRule {
+            zero: setup.zero,
+            world: setup.dp,
+            elem_bytes: if setup.precision == Precision::Fp32 {
+                4
+            } else {
+                2
+            },
+            optimizer: setup.optimizer,
+            optimizer_on_host: setup.offload == crate::setup::Offload::Optimizer,
+        }
+    }
 
-/// Name of a unit's full gradient (persistent at stages 0-1, a span at 2-3).
-pub fn grads_name(unit: &str) -> String {
-    format!("grads.{unit}")
-}
+    /// 2-byte weights and gradients with fp32 master weights.
+    pub fn is_half(&self) -> bool {
+        self.elem_bytes == 2
+    }
 
-/// Name of a rank's accumulated gradient shard (stages 2-3).
-pub fn grads_shard_name(unit: &str) -> String {
-    format!("grads.shard.{unit}")
+    /// Only a shard of each unit's weights persists (stage 3).
+    pub fn params_sharded(&self) -> bool {
+        self.zero == ZeroStage::Zero3
+    }
+
+    /// The kernels read fp32 copies gathered (and widened) on the stage-3 schedule: at stage 3,
+    /// and at every stage with 2-byte weights.
+    pub fn gathers(&self) -> bool {
+        self.params_sharded() || self.is_half()
+    }
+
+    /// A unit's full gradient lives only while the backward writes it, and is reduced into the
+    /// accumulator at the end of its last phase (stages 2-3, and every stage with 2-byte weights).
+    pub fn grad_spans(&self) -> bool {
+        matches!(self.zero, ZeroStage::Zero2 | ZeroStage::Zero3) || self.is_half()
+    }
+
+    /// The gradient accumulator holds this rank's shard (stages 2-3), not the whole unit.
+    pub fn grad_acc_sharded(&self) -> bool {
+        matches!(self.zero, ZeroStage::Zero2 | ZeroStage::Zero3)
+    }
+
+    /// The optimizer state (and master weights) hold this rank's shard (stages 1-3).
+    pub fn optimizer_sharded(&self) -> bool {
+        self.zero != ZeroStage::Zero0
+    }
+
+    /// Updated shards are all-gathered back into the whole weights (stages 1-2).
+    pub fn gathers_after_update(&self) -> bool {
+        matches!(self.zero, ZeroStage::Zero1 | ZeroStage::Zero2)
+    }
 }
 
 /// Elements of one rank's shard of `unit` in a world of `world` ranks.
@@ -99,12 +154,12 @@ pub fn grad_span(model: &ModelShape, kind: UnitKind) -> (Phase, Phase) {
     }
 }
 
-/// One stage-3 gather: unit `unit` (index into the units) all-gathered into buffer `name`,
+/// One stage-3 gather: unit `unit` (index into the units) all-gathered into buffer `key`,
 /// live from `born` to `dies`, read by the kernels in the phases `used_from ..= dies`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gather {
     pub unit: usize,
-    pub name: String,
+    pub key: Key,
     pub born: Phase,
     pub used_from: Phase,
     pub dies: Phase,
@@ -127,105 +182,62 @@ fn previous(phase: Phase, n_layers: u32) -> Phase {
 pub fn gathers(model: &ModelShape, policy: ActPolicy) -> Vec<Gather> {
     let n = model.n_layers;
     let head = n as usize + 1;
-    let gather = |unit: usize, name: String, used_from: Phase, dies: Phase| Gather {
+    let gather = |unit: usize, key: Key, used_from: Phase, dies: Phase| Gather {
         unit,
-        name,
+        key,
         born: previous(used_from, n),
         used_from,
         dies,
     };
-    let mut out = vec![gather(
-        0,
-        "gather.fwd.embed".into(),
-        Phase::Embed,
-        Phase::Embed,
-    )];
+    let embed = Key::GatherFwd(UnitKind::Embed);
+    let mut out = vec![gather(0, embed, Phase::Embed, Phase::Embed)];
     for l in 0..n {
         let f = Phase::Forward(l);
-        out.push(gather(1 + l as usize, format!("gather.fwd.h.{l}"), f, f));
-    }
-    out.push(gather(
-        head,
-        "gather.fwd.head".into(),
-        Phase::Head,
-        Phase::Head,
-    ));
-    if model.tied_embeddings {
         out.push(gather(
-            0,
-            "gather.head.embed".into(),
-            Phase::Head,
-            Phase::Head,
+            1 + l as usize,
+            Key::GatherFwd(UnitKind::Block(l)),
+            f,
+            f,
         ));
+    }
+    let head_key = Key::GatherFwd(UnitKind::Head);
+    out.push(gather(head, head_key, Phase::Head, Phase::Head));
+    if model.tied_embeddings {
+        out.push(gather(0, Key::GatherHeadEmbed, Phase::Head, Phase::Head));
     }
     for l in (0..n).rev() {
         // A segment's recompute runs in the backward of its last block and reads every block
         // of the segment: gather there once, keep until the block's own backward.
         let last = policy.segment(n, l).map_or(l, |(_, last)| last);
         let (used, dies) = (Phase::Backward(last), Phase::Backward(l));
-        out.push(gather(
-            1 + l as usize,
-            format!("gather.bwd.h.{l}"),
-            used,
-            dies,
-        ));
+        out.push(gather(1 + l as usize, Key::GatherBwd(l), used, dies));
     }
     out
 }
 
-/// Name of a unit's fp32 master weights (2-byte precisions: the optimizer's copy).
-pub fn master_name(unit: &str) -> String {
-    format!("master.{unit}")
-}
-
-/// How model state is stored: element bytes of weights and gradients (4 for fp32, 2 for bf16
-/// and fp16, which add fp32 master weights), and whether the optimizer state lives on the host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StateFormat {
-    pub elem_bytes: u64,
-    pub optimizer_on_host: bool,
-}
-
-impl StateFormat {
-    pub const FP32: StateFormat = StateFormat {
-        elem_bytes: 4,
-        optimizer_on_host: false,
-    };
-
-    /// Whether weights and gradients are 2-byte (with fp32 master weights).
-    pub fn is_half(&self) -> bool {
-        self.elem_bytes == 2
+/// The optimizer-state keys of one unit for `optimizer` (AdamW m, v; SGD momentum).
+pub fn optimizer_keys(optimizer: Optimizer, unit: UnitKind) -> Vec<Key> {
+    match optimizer {
+        Optimizer::AdamW | Optimizer::AdamW8bit => vec![Key::OptM(unit), Key::OptV(unit)],
+        Optimizer::Sgd => vec![Key::OptMomentum(unit)],
     }
 }
 
-/// The model-state buffers (weights, gradients, optimizer state) of one rank at `zero`, and the
-/// stage-3 gathers, for `units` padded for `world` ranks.
-///
-/// With 2-byte weights (`format.is_half()`) at any stage, the kernels read fp32: every unit is
-/// widened into the fp32 `gather.*` buffers on the stage-3 schedule (from the 2-byte full copy
-/// at stages 0-2, all-gathered from the 2-byte shard at stage 3), the backward writes fp32
-/// `grads.<u>` spans as at stage 2, and each span ends added (rounded once) into the 2-byte
-/// accumulator `grads.shard.<u>` (full at stages 0-1, the shard at 2-3). Master weights
-/// `master.<u>` are fp32 optimizer state: 2 + 2 + 4 + 8 = 16 bytes per parameter at stage 0.
+/// The model-state buffers (weights, gradients, optimizer state) of one rank under `rule`, and
+/// the gathers, for `units` padded for `rule.world` ranks (see [`StateRule`] for what is where).
+/// Master weights `master.<u>` are fp32 optimizer state: 2 + 2 + 4 + 8 = 16 bytes per parameter
+/// at stage 0 with bf16/fp16.
 pub fn state_buffers(
     model: &ModelShape,
     units: &[Unit],
-    world: u32,
-    zero: ZeroStage,
-    optimizer: Optimizer,
+    rule: StateRule,
     policy: ActPolicy,
-    format: StateFormat,
 ) -> Vec<Buffer> {
-    let w = format.elem_bytes;
-    let half = format.is_half();
-    let buffer = |name: String, category: Category, bytes: u64, lifetime: Lifetime| Buffer {
-        name,
-        category,
-        device: Device::Gpu,
-        bytes,
-        lifetime,
+    let w = rule.elem_bytes;
+    let dev = |key: Key, category: Category, bytes: u64, lifetime: Lifetime| {
+        Buffer::keyed(key, category, Device::Gpu, bytes, lifetime)
     };
-    let opt_device = if format.optimizer_on_host {
+    let opt_device = if rule.optimizer_on_host {
         Device::Host
     } else {
         Device::Gpu
@@ -233,80 +245,61 @@ pub fn state_buffers(
     let persistent = Lifetime::Persistent;
     let mut out = Vec::new();
     for unit in units {
-        let (full, shard) = (unit.padded_numel, shard_numel(unit, world));
-        let name = &unit.name;
-        if zero == ZeroStage::Zero3 {
-            out.push(buffer(
-                params_shard_name(name),
+        let (full, shard) = (unit.padded_numel, shard_numel(unit, rule.world));
+        let u = unit.kind;
+        if rule.params_sharded() {
+            out.push(dev(
+                Key::ParamsShard(u),
                 Category::Params,
                 w * shard,
                 persistent,
             ));
         } else {
-            out.push(buffer(
-                params_name(name),
-                Category::Params,
-                w * full,
+            out.push(dev(Key::Params(u), Category::Params, w * full, persistent));
+        }
+        if rule.grad_spans() {
+            let (born, dies) = grad_span(model, u);
+            let span = Lifetime::Span { born, dies };
+            out.push(dev(Key::Grads(u), Category::Grads, 4 * full, span));
+            let acc = if rule.grad_acc_sharded() { shard } else { full };
+            out.push(dev(
+                Key::GradsShard(u),
+                Category::Grads,
+                w * acc,
                 persistent,
             ));
-        }
-        if half {
-            let (born, dies) = grad_span(model, unit.kind);
-            let span = Lifetime::Span { born, dies };
-            out.push(buffer(grads_name(name), Category::Grads, 4 * full, span));
-            let acc = if matches!(zero, ZeroStage::Zero0 | ZeroStage::Zero1) {
-                full
-            } else {
-                shard
-            };
-            let acc = buffer(grads_shard_name(name), Category::Grads, w * acc, persistent);
-            out.push(acc);
-        } else if matches!(zero, ZeroStage::Zero0 | ZeroStage::Zero1) {
+        } else {
             // Persistent: accumulation adds into them across micro-steps.
-            out.push(buffer(
-                grads_name(name),
-                Category::Grads,
-                4 * full,
-                persistent,
-            ));
-        } else {
-            let (born, dies) = grad_span(model, unit.kind);
-            let span = Lifetime::Span { born, dies };
-            out.push(buffer(grads_name(name), Category::Grads, 4 * full, span));
-            out.push(buffer(
-                grads_shard_name(name),
-                Category::Grads,
-                4 * shard,
-                persistent,
-            ));
+            out.push(dev(Key::Grads(u), Category::Grads, 4 * full, persistent));
         }
-        let opt_numel = if zero == ZeroStage::Zero0 {
-            full
-        } else {
+        let opt_numel = if rule.optimizer_sharded() {
             shard
+        } else {
+            full
         };
-        let mut opt_names = super::optimizer_buffer_names(optimizer, name);
-        if half {
-            opt_names.insert(0, master_name(name));
+        let mut keys = optimizer_keys(rule.optimizer, u);
+        if rule.is_half() {
+            keys.insert(0, Key::Master(u));
         }
-        for opt in opt_names {
-            let mut b = buffer(opt, Category::Optimizer, 4 * opt_numel, persistent);
-            b.device = opt_device;
-            out.push(b);
+        for key in keys {
+            let bytes = 4 * opt_numel;
+            out.push(Buffer::keyed(
+                key,
+                Category::Optimizer,
+                opt_device,
+                bytes,
+                persistent,
+            ));
         }
     }
-    if zero == ZeroStage::Zero3 || half {
+    if rule.gathers() {
         for g in gathers(model, policy) {
             let span = Lifetime::Span {
                 born: g.born,
                 dies: g.dies,
             };
-            out.push(buffer(
-                g.name,
-                Category::Other,
-                4 * units[g.unit].padded_numel,
-                span,
-            ));
+            let bytes = 4 * units[g.unit].padded_numel;
+            out.push(dev(g.key, Category::Other, bytes, span));
         }
     }
     out
@@ -328,7 +321,12 @@ mod tests {
             ..ActPolicy::PLAIN
         };
         let g = gathers(&model, policy);
-        let find = |name: &str| g.iter().find(|g| g.name == name).unwrap().clone();
+        let find = |name: &str| {
+            g.iter()
+                .find(|g| g.key.to_string() == name)
+                .unwrap()
+                .clone()
+        };
         let b0 = find("gather.bwd.h.0");
         assert_eq!(
             (b0.born, b0.used_from, b0.dies),
@@ -336,7 +334,8 @@ mod tests {
         );
         let b3 = find("gather.bwd.h.3");
         assert_eq!((b3.born, b3.dies), (Phase::Head, Phase::Backward(3)));
-        assert_eq!(g.iter().filter(|g| g.name.contains("bwd")).count(), 4);
+        let backward = g.iter().filter(|g| matches!(g.key, Key::GatherBwd(_)));
+        assert_eq!(backward.count(), 4);
         let f0 = find("gather.fwd.h.0");
         assert_eq!((f0.born, f0.dies), (Phase::Embed, Phase::Forward(0)));
     }

@@ -12,7 +12,7 @@
 //! Example: GPT-2's block unit 0 holds `Role::QkvWeight` with one part
 //! `transformer.h.0.attn.c_attn.weight`, shape (768, 2304) in HF, (2304, 768) here.
 
-use crate::model::Family;
+use super::family::arch;
 use crate::{ModelShape, PlanError};
 
 /// What a parameter tensor is for, as the engine's kernels see it.
@@ -109,8 +109,8 @@ impl Unit {
     }
 }
 
-/// Builds a unit's views one after another.
-struct UnitBuilder {
+/// Builds a unit's views one after another (the family modules fill it).
+pub struct UnitBuilder {
     views: Vec<ParamView>,
     numel: u64,
 }
@@ -124,7 +124,7 @@ impl UnitBuilder {
     }
 
     /// A view of `shape` filled by `parts` as (name, rows, transposed).
-    fn view(&mut self, role: Role, shape: &[u64], parts: &[(String, u64, bool)]) {
+    pub fn view(&mut self, role: Role, shape: &[u64], parts: &[(String, u64, bool)]) {
         let cols = if shape.len() == 2 { shape[1] } else { 1 };
         let mut row = 0;
         let parts = parts
@@ -157,15 +157,15 @@ impl UnitBuilder {
     }
 
     /// A view filled by one HF tensor.
-    fn one(&mut self, role: Role, shape: &[u64], name: String, transposed: bool) {
-        self.view(role, shape, &[(name, shape[0], transposed)]);
+    pub fn one(&mut self, role: Role, shape: &[u64], name: &str, transposed: bool) {
+        self.view(role, shape, &[(name.to_string(), shape[0], transposed)]);
     }
 
-    fn finish(self, kind: UnitKind, name: &str, world: u32) -> Unit {
+    fn finish(self, kind: UnitKind, world: u32) -> Unit {
         let world = u64::from(world.max(1));
         Unit {
             kind,
-            name: name.into(),
+            name: kind.to_string(),
             padded_numel: self.numel.div_ceil(world) * world,
             numel: self.numel,
             views: self.views,
@@ -175,18 +175,12 @@ impl UnitBuilder {
 
 /// Checks that the engine can build `model`; the reason names the field at fault.
 pub fn check_buildable(model: &ModelShape) -> Result<(), PlanError> {
-    let unsupported = |what: String| {
-        Err(PlanError::Unsupported {
-            runtime: "frugal",
-            what,
-        })
-    };
-    match model.family {
-        Family::Gpt2 | Family::Llama => {}
-        other => return unsupported(format!("the {other:?} model family (GPT-2 and Llama only)")),
-    }
+    let arch = arch(model)?;
     if model.moe.is_some() || model.mla.is_some() {
-        return unsupported("mixture-of-experts or latent-attention layers".into());
+        return Err(PlanError::Unsupported {
+            runtime: "frugal",
+            what: "mixture-of-experts or latent-attention layers".into(),
+        });
     }
     let invalid = |field: &str, reason: String| {
         Err(PlanError::Invalid {
@@ -209,146 +203,27 @@ pub fn check_buildable(model: &ModelShape) -> Result<(), PlanError> {
             ),
         );
     }
-    if model.d_head == 0 || model.d_head % 2 != 0 && model.family == Family::Llama {
-        return invalid(
-            "d_head",
-            format!("{} must be positive and even for RoPE", model.d_head),
-        );
+    if model.d_head == 0 {
+        return invalid("d_head", "must be positive".into());
     }
-    if model.family == Family::Gpt2 {
-        if u64::from(model.n_heads) * model.d_head != model.d_model {
-            return invalid("d_head", "GPT-2 needs n_heads * d_head == d_model".into());
-        }
-        if model.n_kv_heads != model.n_heads || !model.tied_embeddings {
-            return invalid("model", "GPT-2 has no GQA and ties its embeddings".into());
-        }
-    }
-    Ok(())
+    arch.check(model)
 }
 
-/// The parameter units of `model`, padded for a data-parallel world of `world` ranks.
+/// The parameter units of `model`, padded for a data-parallel world of `world` ranks: the
+/// embedding, one per block, the head, each laid out by the model's family module.
 pub fn param_units(model: &ModelShape, world: u32) -> Result<Vec<Unit>, PlanError> {
     check_buildable(model)?;
-    let mut units = vec![embed_unit(model, world)];
+    let arch = arch(model)?;
+    let mut embed = UnitBuilder::new();
+    arch.embed(model, &mut embed);
+    let mut units = vec![embed.finish(UnitKind::Embed, world)];
     for layer in 0..model.n_layers {
-        units.push(match model.family {
-            Family::Gpt2 => gpt2_block(model, layer, world),
-            _ => llama_block(model, layer, world),
-        });
+        let mut block = UnitBuilder::new();
+        arch.block(model, layer, &mut block);
+        units.push(block.finish(UnitKind::Block(layer), world));
     }
-    units.push(head_unit(model, world));
+    let mut head = UnitBuilder::new();
+    arch.head(model, &mut head);
+    units.push(head.finish(UnitKind::Head, world));
     Ok(units)
-}
-
-fn embed_unit(m: &ModelShape, world: u32) -> Unit {
-    let mut u = UnitBuilder::new();
-    let (v, c) = (m.vocab, m.d_model);
-    if m.family == Family::Gpt2 {
-        u.one(
-            Role::TokenEmbedding,
-            &[v, c],
-            "transformer.wte.weight".into(),
-            false,
-        );
-        let wpe = "transformer.wpe.weight".to_string();
-        u.one(Role::PositionEmbedding, &[m.max_positions, c], wpe, false);
-    } else {
-        u.one(
-            Role::TokenEmbedding,
-            &[v, c],
-            "model.embed_tokens.weight".into(),
-            false,
-        );
-    }
-    u.finish(UnitKind::Embed, "embed", world)
-}
-
-fn gpt2_block(m: &ModelShape, layer: u32, world: u32) -> Unit {
-    let c = m.d_model;
-    let f = m.d_ff;
-    let p = |s: &str| format!("transformer.h.{layer}.{s}");
-    let mut u = UnitBuilder::new();
-    u.one(Role::Norm1Weight, &[c], p("ln_1.weight"), false);
-    u.one(Role::Norm1Bias, &[c], p("ln_1.bias"), false);
-    u.one(Role::QkvWeight, &[3 * c, c], p("attn.c_attn.weight"), true);
-    u.one(Role::QkvBias, &[3 * c], p("attn.c_attn.bias"), false);
-    u.one(Role::AttnProjWeight, &[c, c], p("attn.c_proj.weight"), true);
-    u.one(Role::AttnProjBias, &[c], p("attn.c_proj.bias"), false);
-    u.one(Role::Norm2Weight, &[c], p("ln_2.weight"), false);
-    u.one(Role::Norm2Bias, &[c], p("ln_2.bias"), false);
-    u.one(Role::FcWeight, &[f, c], p("mlp.c_fc.weight"), true);
-    u.one(Role::FcBias, &[f], p("mlp.c_fc.bias"), false);
-    u.one(Role::FcProjWeight, &[c, f], p("mlp.c_proj.weight"), true);
-    u.one(Role::FcProjBias, &[c], p("mlp.c_proj.bias"), false);
-    u.finish(UnitKind::Block(layer), &format!("h.{layer}"), world)
-}
-
-fn llama_block(m: &ModelShape, layer: u32, world: u32) -> Unit {
-    let c = m.d_model;
-    let f = m.d_ff;
-    let q_rows = u64::from(m.n_heads) * m.d_head;
-    let kv_rows = u64::from(m.n_kv_heads) * m.d_head;
-    let p = |s: &str| format!("model.layers.{layer}.{s}");
-    let mut u = UnitBuilder::new();
-    u.one(Role::Norm1Weight, &[c], p("input_layernorm.weight"), false);
-    let qkv = [
-        (p("self_attn.q_proj.weight"), q_rows, false),
-        (p("self_attn.k_proj.weight"), kv_rows, false),
-        (p("self_attn.v_proj.weight"), kv_rows, false),
-    ];
-    u.view(Role::QkvWeight, &[q_rows + 2 * kv_rows, c], &qkv);
-    u.one(
-        Role::AttnProjWeight,
-        &[c, q_rows],
-        p("self_attn.o_proj.weight"),
-        false,
-    );
-    u.one(
-        Role::Norm2Weight,
-        &[c],
-        p("post_attention_layernorm.weight"),
-        false,
-    );
-    let gate_up = [
-        (p("mlp.gate_proj.weight"), f, false),
-        (p("mlp.up_proj.weight"), f, false),
-    ];
-    u.view(Role::FcWeight, &[2 * f, c], &gate_up);
-    u.one(
-        Role::FcProjWeight,
-        &[c, f],
-        p("mlp.down_proj.weight"),
-        false,
-    );
-    u.finish(UnitKind::Block(layer), &format!("h.{layer}"), world)
-}
-
-fn head_unit(m: &ModelShape, world: u32) -> Unit {
-    let c = m.d_model;
-    let mut u = UnitBuilder::new();
-    if m.family == Family::Gpt2 {
-        u.one(
-            Role::FinalNormWeight,
-            &[c],
-            "transformer.ln_f.weight".into(),
-            false,
-        );
-        u.one(
-            Role::FinalNormBias,
-            &[c],
-            "transformer.ln_f.bias".into(),
-            false,
-        );
-    } else {
-        u.one(
-            Role::FinalNormWeight,
-            &[c],
-            "model.norm.weight".into(),
-            false,
-        );
-    }
-    if !m.tied_embeddings {
-        u.one(Role::LmHead, &[m.vocab, c], "lm_head.weight".into(), false);
-    }
-    u.finish(UnitKind::Head, "head", world)
 }

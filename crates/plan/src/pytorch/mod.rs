@@ -90,13 +90,13 @@ pub fn training_detail(
     if sim.host_bytes > 0 {
         // DeepSpeed's CPU offload keeps master weights, moments and the fp32 gradient partition
         // in pinned host memory for the whole run.
-        plan.push(Buffer {
-            name: "host.offloaded_optimizer".into(),
-            category: Category::Optimizer,
-            device: Device::Host,
-            bytes: sim.host_bytes,
-            lifetime: Lifetime::Persistent,
-        });
+        plan.push(Buffer::named(
+            "host.offloaded_optimizer",
+            Category::Optimizer,
+            Device::Host,
+            sim.host_bytes,
+            Lifetime::Persistent,
+        ));
     }
     Ok(TrainDetail {
         estimate: Estimate {
@@ -151,13 +151,13 @@ pub fn inference_estimate(
 }
 
 fn workspace_buffer(bytes: u64) -> Buffer {
-    Buffer {
-        name: "cublas.workspace".into(),
-        category: Category::Other,
-        device: Device::Gpu,
+    Buffer::named(
+        "cublas.workspace",
+        Category::Other,
+        Device::Gpu,
         bytes,
-        lifetime: Lifetime::Persistent,
-    }
+        Lifetime::Persistent,
+    )
 }
 
 /// Folds the tape's tensors into plan buffers: one per (category, birth phase, death phase).
@@ -188,23 +188,19 @@ fn to_plan(tape: &Tape, n_layers: u32) -> MemoryPlan {
     let mut plan = MemoryPlan::new(n_layers);
     for c in Category::ALL {
         if persistent[c as usize] > 0 {
-            plan.push(Buffer {
-                name: format!("{c:?}").to_lowercase(),
-                category: c,
-                device: Device::Gpu,
-                bytes: persistent[c as usize],
-                lifetime: Lifetime::Persistent,
-            });
+            plan.push(Buffer::named(
+                format!("{c:?}").to_lowercase(),
+                c,
+                Device::Gpu,
+                persistent[c as usize],
+                Lifetime::Persistent,
+            ));
         }
     }
     for ((c, _, _), (b, d, bytes)) in spans {
-        plan.push(Buffer {
-            name: format!("{c:?}.{b:?}-{d:?}").to_lowercase(),
-            category: c,
-            device: Device::Gpu,
-            bytes,
-            lifetime: Lifetime::Span { born: b, dies: d },
-        });
+        let name = format!("{c:?}.{b:?}-{d:?}").to_lowercase();
+        let life = Lifetime::Span { born: b, dies: d };
+        plan.push(Buffer::named(name, c, Device::Gpu, bytes, life));
     }
     plan
 }

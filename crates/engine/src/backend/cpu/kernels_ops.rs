@@ -1,0 +1,262 @@
+//! The CPU backend's forward and backward ops: each borrows its tensors as slices and calls the
+//! `kernels` crate, exactly as the engine's model code did before the backend seam.
+//!
+//! Example: `linear(arena, &op)` runs `matmul::forward` on an f32 input and `gemm_bf16::forward`
+//! on a bf16 one.
+
+use super::Cpu;
+use crate::arena::Arena;
+use crate::backend::ops::*;
+use crate::backend::{DType, Tensor};
+use half::{bf16, f16};
+use kernels::{
+    attention, classifier, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual,
+    rmsnorm, rope, swiglu,
+};
+use plan::frugal::family::Mlp;
+
+type A = Arena<Cpu>;
+
+pub fn embedding_forward(a: &A, op: &Embedding) {
+    let tokens = a.view::<u32>(op.tokens);
+    let wte = a.view::<f32>(op.wte);
+    let wpe = op.wpe.map(|t| a.view::<f32>(t));
+    let mut out = a.view_mut::<f32>(op.out);
+    let (b, t, c) = (op.batch, op.seq, op.c);
+    embedding::forward(&mut out, &tokens, &wte, wpe.as_deref(), b, t, c);
+}
+
+pub fn norm(a: &A, op: &NormOp) {
+    let inp = a.view::<f32>(op.inp);
+    let weight = a.view::<f32>(op.weight);
+    let mut out = a.view_mut::<f32>(op.out);
+    let mut rstd = a.view_mut::<f32>(op.rstd);
+    let (n, c) = (op.n, op.c);
+    match op.kind {
+        NormKind::Layer { mean, bias } => {
+            let mut mean = a.view_mut::<f32>(mean);
+            let bias = a.view::<f32>(bias);
+            layernorm::forward(&mut out, &mut mean, &mut rstd, &inp, &weight, &bias, n, c);
+        }
+        NormKind::Rms { eps } => rmsnorm::forward(&mut out, &mut rstd, &inp, &weight, n, c, eps),
+    }
+}
+
+pub fn linear(a: &A, op: &Linear) {
+    let LinearKind::Dense = op.kind;
+    let s = op.shape;
+    let bias = op.bias.map(|t| a.view::<f32>(t));
+    let mut out = a.view_mut::<f32>(op.out);
+    match op.inp.dtype {
+        DType::Bf16 => {
+            let (x, w) = (a.view::<bf16>(op.inp), a.view::<bf16>(op.weight));
+            gemm_bf16::forward(&mut out, &x, &w, bias.as_deref(), s.n, s.ic, s.oc);
+        }
+        _ => {
+            let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(op.weight));
+            matmul::forward(&mut out, &x, &w, bias.as_deref(), s.n, s.ic, s.oc);
+        }
+    }
+}
+
+pub fn rope_rows(a: &A, qkv: Tensor, s: RopeShape, backward: bool) {
+    let mut x = a.view_mut::<f32>(qkv);
+    let (b, t, h, hd, w) = (s.batch, s.seq, s.heads, s.head_dim, s.row_width);
+    if backward {
+        rope::backward_rows(&mut x, b, t, h, hd, w, s.theta);
+    } else {
+        rope::forward_rows(&mut x, b, t, h, hd, w, s.theta);
+    }
+}
+
+pub fn attention_forward(a: &A, op: &Attention) {
+    let s = op.shape;
+    let (b, t, nh, nkv, hd) = (s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
+    let qkv = a.view::<f32>(op.qkv);
+    let mut out = a.view_mut::<f32>(op.out);
+    match op.kernel {
+        AttnKernel::Materialised { att } => {
+            let mut att = a.view_mut::<f32>(att);
+            attention::forward(&mut out, &mut att, &qkv, b, t, nh, nkv, hd);
+        }
+        AttnKernel::Flash { lse } => {
+            let mut lse = a.view_mut::<f32>(lse);
+            flash::forward(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd);
+        }
+    }
+}
+
+pub fn activation_forward(a: &A, op: &Activation) {
+    let inp = a.view::<f32>(op.inp);
+    let mut out = a.view_mut::<f32>(op.out);
+    match op.kind {
+        Mlp::Gelu => gelu::forward(&mut out, &inp),
+        Mlp::SwiGlu => swiglu::forward(&mut out, &inp, op.n, op.width),
+    }
+}
+
+pub fn residual_add(a: &A, out: Tensor, inp: Tensor) {
+    let inp = a.view::<f32>(inp);
+    residual::accumulate(&mut a.view_mut::<f32>(out), &inp);
+}
+
+pub fn convert(a: &A, dst: Tensor, src: Tensor) {
+    assert_eq!(dst.len, src.len, "convert keeps the element count");
+    match (dst.dtype, src.dtype) {
+        (DType::Bf16, DType::F32) => {
+            let src = a.view::<f32>(src);
+            convert::f32_to_bf16(&mut a.view_mut::<bf16>(dst), &src);
+        }
+        (DType::F16, DType::F32) => {
+            let src = a.view::<f32>(src);
+            convert::f32_to_f16(&mut a.view_mut::<f16>(dst), &src);
+        }
+        (DType::F32, DType::Bf16) => {
+            let src = a.view::<bf16>(src);
+            convert::bf16_to_f32(&mut a.view_mut::<f32>(dst), &src);
+        }
+        (DType::F32, DType::F16) => {
+            let src = a.view::<f16>(src);
+            convert::f16_to_f32(&mut a.view_mut::<f32>(dst), &src);
+        }
+        (d, s) => panic!("no conversion from {s:?} to {d:?}"),
+    }
+}
+
+pub fn classifier_fwd_bwd(a: &A, op: &Classifier) -> f32 {
+    let (lnf, weight, targets) = (
+        a.view::<f32>(op.lnf),
+        a.view::<f32>(op.weight),
+        a.view::<u32>(op.targets),
+    );
+    let mut losses = a.view_mut::<f32>(op.losses);
+    let mut dlnf = a.view_mut::<f32>(op.dlnf);
+    let mut scratch = a.view_mut::<f32>(op.scratch);
+    let mut dweight = a.view_mut::<f32>(op.dweight);
+    classifier::forward_backward(
+        &mut losses,
+        &mut dlnf,
+        &mut dweight,
+        &lnf,
+        &weight,
+        &targets,
+        &mut scratch,
+        op.n,
+        op.c,
+        op.v,
+        op.dloss,
+    )
+}
+
+pub fn embedding_backward(a: &A, op: &EmbeddingBackward) {
+    let (dout, tokens) = (a.view::<f32>(op.dout), a.view::<u32>(op.tokens));
+    let mut parts = a.parts_mut::<f32, 2>([Some(op.dwte), op.dwpe]);
+    let [dwte, dwpe] = &mut parts.parts;
+    let dwte = dwte.as_deref_mut().expect("a token table");
+    let (b, t, c) = (op.batch, op.seq, op.c);
+    embedding::backward(dwte, dwpe.as_deref_mut(), &dout, &tokens, b, t, c);
+}
+
+pub fn norm_backward(a: &A, op: &NormBackward) {
+    let (dout, inp, weight, rstd) = (
+        a.view::<f32>(op.dout),
+        a.view::<f32>(op.inp),
+        a.view::<f32>(op.weight),
+        a.view::<f32>(op.rstd),
+    );
+    let mut dinp = a.view_mut::<f32>(op.dinp);
+    let (n, c) = (op.n, op.c);
+    match op.kind {
+        NormGradKind::Layer { mean, dbias } => {
+            let mean = a.view::<f32>(mean);
+            let mut parts = a.parts_mut::<f32, 2>([Some(op.dweight), Some(dbias)]);
+            let [Some(dw), Some(db)] = &mut parts.parts else {
+                unreachable!("both parts are given")
+            };
+            layernorm::backward(&mut dinp, dw, db, &dout, &inp, &weight, &mean, &rstd, n, c);
+        }
+        NormGradKind::Rms => {
+            let mut dw = a.view_mut::<f32>(op.dweight);
+            rmsnorm::backward(&mut dinp, &mut dw, &dout, &inp, &weight, &rstd, n, c);
+        }
+    }
+}
+
+pub fn linear_backward(a: &A, op: &LinearBackward) {
+    let LinearKind::Dense = op.kind;
+    let s = op.shape;
+    let dout = a.view::<f32>(op.dout);
+    let weight = a.view::<f32>(op.weight);
+    let mut dinp = a.view_mut::<f32>(op.dinp);
+    let mut parts = a.parts_mut::<f32, 2>([Some(op.dweight), op.dbias]);
+    let [dw, db] = &mut parts.parts;
+    let dw = dw.as_deref_mut().expect("a weight gradient");
+    let Some(scratch) = op.bf16 else {
+        let inp = a.view::<f32>(op.inp);
+        let db = db.as_deref_mut();
+        return matmul::backward(&mut dinp, dw, db, &dout, &inp, &weight, s.n, s.ic, s.oc);
+    };
+    bf16_linear_backward(a, &scratch, s, (&mut dinp, dw), &dout, op.inp, &weight);
+    if let Some(db) = db.as_deref_mut() {
+        for row in dout.chunks_exact(s.oc) {
+            for (d, &x) in db.iter_mut().zip(row) {
+                *d += x;
+            }
+        }
+    }
+}
+
+/// dinp += dout·W and dW += doutᵀ·inp as two `gemm_bf16` GEMMs (AVX-512 BF16 when the CPU has
+/// it) on bf16 operands, as torch autocast does (dout rounded to bf16, f32 accumulation into the
+/// f32 gradient span). `gemm_nt` wants both operands row-major over K, hence the transposes into
+/// the planned scratch.
+fn bf16_linear_backward(
+    a: &A,
+    s: &Bf16Scratch,
+    shape: LinearShape,
+    (dinp, dweight): (&mut [f32], &mut [f32]),
+    dout: &[f32],
+    inp: Tensor,
+    weight: &[f32],
+) {
+    let (n, ic, oc) = (shape.n, shape.ic, shape.oc);
+    let (mut g, mut gt) = (a.view_mut::<bf16>(s.dout), a.view_mut::<bf16>(s.dout_t));
+    let (g, gt) = (&mut g[..n * oc], &mut gt[..oc * n]);
+    convert::f32_to_bf16(g, dout);
+    let (mut w, mut wt) = (a.view_mut::<bf16>(s.weight), a.view_mut::<bf16>(s.weight_t));
+    let (w, wt) = (&mut w[..oc * ic], &mut wt[..ic * oc]);
+    convert::f32_to_bf16(w, weight);
+    gemm_bf16::transpose(wt, w, oc, ic);
+    gemm_bf16::gemm_nt(&mut dinp[..n * ic], g, wt, n, ic, oc, gemm_bf16::Accum::Add);
+    gemm_bf16::transpose(gt, g, n, oc);
+    let mut xt = a.view_mut::<bf16>(s.inp_t);
+    let xt = &mut xt[..ic * n];
+    gemm_bf16::transpose(xt, &a.view::<bf16>(inp), n, ic);
+    gemm_bf16::gemm_nt(dweight, gt, xt, oc, ic, n, gemm_bf16::Accum::Add);
+}
+
+pub fn attention_backward(a: &A, op: &AttentionBackward) {
+    let s = op.shape;
+    let (b, t, nh, nkv, hd) = (s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
+    let (dout, qkv) = (a.view::<f32>(op.dout), a.view::<f32>(op.qkv));
+    let mut dqkv = a.view_mut::<f32>(op.dqkv);
+    match op.kernel {
+        AttnGradKernel::Materialised { att, datt } => {
+            let (att, mut datt) = (a.view::<f32>(att), a.view_mut::<f32>(datt));
+            attention::backward(&mut dqkv, &mut datt, &dout, &qkv, &att, b, t, nh, nkv, hd);
+        }
+        AttnGradKernel::Flash { out, lse } => {
+            let (out, lse) = (a.view::<f32>(out), a.view::<f32>(lse));
+            flash::backward(&mut dqkv, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd);
+        }
+    }
+}
+
+pub fn activation_backward(a: &A, op: &ActivationBackward) {
+    let (inp, dout) = (a.view::<f32>(op.inp), a.view::<f32>(op.dout));
+    let mut dinp = a.view_mut::<f32>(op.dinp);
+    match op.kind {
+        Mlp::Gelu => gelu::backward(&mut dinp, &inp, &dout),
+        Mlp::SwiGlu => swiglu::backward(&mut dinp, &inp, &dout, op.n, op.width),
+    }
+}

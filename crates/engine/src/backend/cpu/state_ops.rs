@@ -1,0 +1,239 @@
+//! The CPU backend's training-state ops: zeroing, sums of squares, scaling, accumulation into
+//! 2-byte gradients, AdamW / SGD / the fp32-master AdamW (on the arena or on host memory),
+//! fp16 underflow statistics, host transfers and the collectives over arena tensors. Each is the
+//! loop the engine ran before the backend seam, with the same chunking, so results are
+//! bit-identical and independent of the thread count.
+//!
+//! Example: `sum_squares(cpu, arena, grads, 0.0)` is the f64 sum of squares in 2^16-element
+//! chunks, added in chunk order.
+
+use super::Cpu;
+use crate::arena::Arena;
+use crate::backend::ops::*;
+use crate::backend::{DType, Tensor};
+use crate::precision::{adamw_master_step, Grads, UnderflowStats, Working};
+use comm::{Buf, BufMut, Collective, CommError, ReduceOp};
+use half::{bf16, f16};
+use kernels::{adamw, convert, sgd};
+use rayon::prelude::*;
+
+type A = Arena<Cpu>;
+
+/// Elements per rayon task of the memory-bound f32 passes.
+const CHUNK: usize = 1 << 16;
+/// Elements per task of the 2-byte passes (and per block of a 2-byte sum of squares).
+const HALF_CHUNK: usize = 1 << 14;
+
+pub fn fill(a: &A, t: Tensor, value: f32) {
+    match t.dtype {
+        DType::F32 => a
+            .view_mut::<f32>(t)
+            .par_chunks_mut(CHUNK)
+            .for_each(|c| c.fill(value)),
+        DType::U32 => a.view_mut::<u32>(t).fill(value as u32),
+        DType::Bf16 => a.view_mut::<bf16>(t).fill(bf16::from_f32(value)),
+        DType::F16 => a.view_mut::<f16>(t).fill(f16::from_f32(value)),
+    }
+}
+
+pub fn sum_squares(cpu: &Cpu, a: &A, t: Tensor, start: f64) -> (f64, bool) {
+    let sq = |c: &[f32]| c.iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>();
+    if t.dtype == DType::F32 {
+        let g = a.view::<f32>(t);
+        let mut partials = cpu.partials.lock().unwrap_or_else(|e| e.into_inner());
+        g.par_chunks(CHUNK).map(sq).collect_into_vec(&mut partials);
+        let sum = start + partials.iter().sum::<f64>();
+        // A non-finite element makes the sum non-finite.
+        return (sum, !sum.is_finite());
+    }
+    let mut buf = cpu.widened.lock().unwrap_or_else(|e| e.into_inner());
+    buf.resize(HALF_CHUNK, 0.0);
+    let (mut sum, mut found_inf) = (start, false);
+    let widen = |x: &mut [f32], range: std::ops::Range<usize>| match t.dtype {
+        DType::Bf16 => convert::bf16_to_f32(x, &a.view::<bf16>(t)[range]),
+        _ => convert::f16_to_f32(x, &a.view::<f16>(t)[range]),
+    };
+    let mut at = 0;
+    while at < t.len {
+        let end = (at + HALF_CHUNK).min(t.len);
+        let x = &mut buf[..end - at];
+        widen(x, at..end);
+        found_inf |= x.iter().any(|v| !v.is_finite());
+        sum += sq(x);
+        at = end;
+    }
+    (sum, found_inf)
+}
+
+pub fn scale(a: &A, t: Tensor, factor: f32) {
+    a.view_mut::<f32>(t)
+        .par_chunks_mut(CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|g| *g *= factor));
+}
+
+pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
+    let g = a.view::<f32>(x);
+    match acc.dtype {
+        DType::F32 => {
+            let mut acc = a.view_mut::<f32>(acc);
+            acc.iter_mut().zip(g.iter()).for_each(|(a, &g)| *a += g);
+        }
+        DType::Bf16 => a
+            .view_mut::<bf16>(acc)
+            .par_chunks_mut(HALF_CHUNK)
+            .zip(g.par_chunks(HALF_CHUNK))
+            .for_each(|(a, g)| {
+                a.iter_mut()
+                    .zip(g)
+                    .for_each(|(a, &g)| *a = bf16::from_f32(a.to_f32() + g))
+            }),
+        DType::F16 => a
+            .view_mut::<f16>(acc)
+            .par_chunks_mut(HALF_CHUNK)
+            .zip(g.par_chunks(HALF_CHUNK))
+            .for_each(|(a, g)| {
+                a.iter_mut()
+                    .zip(g)
+                    .for_each(|(a, &g)| *a = f16::from_f32(a.to_f32() + g))
+            }),
+        DType::U32 => panic!("gradients are not token ids"),
+    }
+}
+
+pub fn adamw_step(a: &A, op: &AdamW) {
+    let g = a.view::<f32>(op.grads);
+    let mut p = a.view_mut::<f32>(op.params);
+    let (mut m, mut v) = (a.view_mut::<f32>(op.m), a.view_mut::<f32>(op.v));
+    adamw::update(&mut p, &g, &mut m, &mut v, op.opt, op.step);
+}
+
+pub fn sgd_step(a: &A, op: &Sgd) {
+    let g = a.view::<f32>(op.grads);
+    let mut p = a.view_mut::<f32>(op.params);
+    let mut buf = a.view_mut::<f32>(op.momentum);
+    sgd::update(&mut p, &g, &mut buf, op.opt);
+}
+
+/// The 2-byte gradients and working copy of a master step, borrowed from the arena.
+fn with_half<R>(
+    a: &A,
+    grads: Tensor,
+    working: Tensor,
+    f: impl FnOnce(Grads<'_>, Working<'_>) -> R,
+) -> R {
+    match grads.dtype {
+        DType::Bf16 => {
+            let g = a.view::<bf16>(grads);
+            let mut w = a.view_mut::<bf16>(working);
+            f(Grads::Bf16(&g), Working::Bf16(&mut w))
+        }
+        DType::F16 => {
+            let g = a.view::<f16>(grads);
+            let mut w = a.view_mut::<f16>(working);
+            f(Grads::F16(&g), Working::F16(&mut w))
+        }
+        other => panic!("master weights step 2-byte gradients, not {other:?}"),
+    }
+}
+
+pub fn master_adamw(a: &A, op: &MasterAdamW) {
+    let mut master = a.view_mut::<f32>(op.master);
+    let (mut m, mut v) = (a.view_mut::<f32>(op.m), a.view_mut::<f32>(op.v));
+    with_half(a, op.grads, op.working, |g, w| {
+        adamw_master_step(&mut master, &mut m, &mut v, g, Some(w), op.step)
+    });
+}
+
+pub fn master_adamw_host(a: &A, op: MasterAdamWHost<'_>) {
+    let (master, m, v) = (op.master, op.m, op.v);
+    with_half(a, op.grads, op.working, |g, w| {
+        adamw_master_step(master, m, v, g, Some(w), op.step)
+    });
+}
+
+pub fn underflow(a: &A, t: Tensor) -> UnderflowStats {
+    // Scaled already (the loss scale seeded the backward): measure at 1.
+    UnderflowStats::measure(&a.view::<f32>(t), 1.0)
+}
+
+pub fn widen_in_place(a: &A, t: Tensor, half: DType) {
+    let mut words = a.view_mut::<u32>(Tensor {
+        dtype: DType::U32,
+        ..t
+    });
+    // Element i's 2 bytes sit in word i / 2 <= i, which the descending loop has not
+    // overwritten yet.
+    for i in (0..t.len).rev() {
+        let w = words[i / 2];
+        let b = (if i % 2 == 0 { w & 0xffff } else { w >> 16 }) as u16;
+        let x = match half {
+            DType::Bf16 => bf16::from_bits(b).to_f32(),
+            _ => f16::from_bits(b).to_f32(),
+        };
+        words[i] = x.to_bits();
+    }
+}
+
+pub fn upload(a: &A, dst: Tensor, src: &[f32]) {
+    match dst.dtype {
+        DType::F32 => a.view_mut::<f32>(dst).copy_from_slice(src),
+        DType::Bf16 => convert::f32_to_bf16(&mut a.view_mut::<bf16>(dst), src),
+        DType::F16 => convert::f32_to_f16(&mut a.view_mut::<f16>(dst), src),
+        DType::U32 => panic!("upload ids with upload_ids"),
+    }
+}
+
+pub fn download(a: &A, src: Tensor, dst: &mut [f32]) {
+    match src.dtype {
+        DType::F32 => dst.copy_from_slice(&a.view::<f32>(src)),
+        DType::Bf16 => convert::bf16_to_f32(dst, &a.view::<bf16>(src)),
+        DType::F16 => convert::f16_to_f32(dst, &a.view::<f16>(src)),
+        DType::U32 => panic!("token ids are not weights"),
+    }
+}
+
+/// fp16 bits travel through the collectives as bf16-typed words: gathers copy bits and never
+/// add them, and the engine reduces 2-byte values only as fp32.
+fn as_bf16(x: &[f16]) -> &[bf16] {
+    // SAFETY: same size, alignment and validity (every u16 is a valid bf16).
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const bf16, x.len()) }
+}
+
+fn as_bf16_mut(x: &mut [f16]) -> &mut [bf16] {
+    // SAFETY: as in `as_bf16`.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut bf16, x.len()) }
+}
+
+fn with_buf_mut<R>(a: &A, t: Tensor, f: impl FnOnce(BufMut<'_>) -> R) -> R {
+    match t.dtype {
+        DType::F32 => f(BufMut::F32(&mut a.view_mut::<f32>(t))),
+        DType::Bf16 => f(BufMut::Bf16(&mut a.view_mut::<bf16>(t))),
+        DType::F16 => f(BufMut::Bf16(as_bf16_mut(&mut a.view_mut::<f16>(t)))),
+        DType::U32 => panic!("collectives carry weights and gradients"),
+    }
+}
+
+pub fn collective(a: &A, comm: &mut dyn Collective, op: CommOp) -> Result<(), CommError> {
+    match op {
+        CommOp::AllReduce(t) => with_buf_mut(a, t, |b| comm.all_reduce(b, ReduceOp::Sum)),
+        CommOp::ReduceScatterInPlace(t) => {
+            with_buf_mut(a, t, |b| comm.reduce_scatter_in_place(b, ReduceOp::Sum))
+        }
+        CommOp::AllGatherInPlace(t) => with_buf_mut(a, t, |b| comm.all_gather_in_place(b)),
+        CommOp::AllGather { src, dst } => match src.dtype {
+            DType::F32 => {
+                let s = a.view::<f32>(src);
+                with_buf_mut(a, dst, |d| comm.all_gather(Buf::F32(&s), d))
+            }
+            DType::Bf16 => {
+                let s = a.view::<bf16>(src);
+                with_buf_mut(a, dst, |d| comm.all_gather(Buf::Bf16(&s), d))
+            }
+            DType::F16 => {
+                let s = a.view::<f16>(src);
+                with_buf_mut(a, dst, |d| comm.all_gather(Buf::Bf16(as_bf16(&s)), d))
+            }
+            DType::U32 => panic!("collectives carry weights and gradients"),
+        },
+    }
+}

@@ -1,0 +1,157 @@
+//! The device seam: a [`Backend`] owns one slab of device memory per arena and runs every
+//! operation the engine performs on tensors in it, from kernels (a block's linear layers,
+//! attention, norms) to the bookkeeping loops of training (zeroing, gradient norms, AdamW on
+//! master weights, ZeRO's copies and collectives). The engine above speaks only in [`Tensor`]s
+//! (a buffer, an element type, an element range) and op descriptors ([`LinearShape`],
+//! [`AttnShape`], ...), never in slices, so a CUDA backend implements this trait and nothing
+//! above it changes. [`cpu::Cpu`] is today's kernels, unchanged in numerics.
+//!
+//! What it does not do: decide what exists or when (the plan and the arena), or which op follows
+//! which (the model's forward and backward).
+//!
+//! Example: `arena.backend().linear(&arena, &Linear { out, inp, weight, bias, shape })`.
+
+pub mod cpu;
+pub mod ops;
+
+pub use ops::*;
+
+use crate::arena::{Arena, BufId};
+use crate::error::EngineError;
+use std::ops::Range;
+
+/// Element types a tensor holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+    /// Token ids.
+    U32,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    /// The 2-byte format of a precision's weights and gradients (`None` for fp32).
+    pub fn half_of(precision: plan::setup::Precision) -> Option<DType> {
+        match precision {
+            plan::setup::Precision::Bf16 => Some(DType::Bf16),
+            plan::setup::Precision::Fp16 => Some(DType::F16),
+            _ => None,
+        }
+    }
+}
+
+/// Elements `offset .. offset + len` of one arena buffer, read as `dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    pub buf: BufId,
+    pub dtype: DType,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Tensor {
+    /// The first `len` elements (a pass shorter than the planned shape).
+    pub fn prefix(self, len: usize) -> Tensor {
+        assert!(len <= self.len, "prefix of {len} > {} elements", self.len);
+        Tensor { len, ..self }
+    }
+
+    /// Elements `r` of this tensor.
+    pub fn slice(self, r: Range<usize>) -> Tensor {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "slice {r:?} of {}",
+            self.len
+        );
+        Tensor {
+            offset: self.offset + r.start,
+            len: r.len(),
+            ..self
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A device the engine runs on. Every op reads and writes tensors of `arena`, which it must
+/// only touch inside the tensors' ranges and planned lifetimes (the arena checks both).
+pub trait Backend: Sized + Send + 'static {
+    /// One arena's device memory.
+    type Slab: Send;
+
+    /// `cpu`, `cuda`: for messages.
+    fn name(&self) -> &'static str;
+    /// Buffer offsets in a slab are multiples of this.
+    fn align_bytes(&self) -> u64;
+    /// A zeroed slab of `bytes`, or the device's refusal.
+    fn alloc(&self, bytes: u64) -> Result<Self::Slab, EngineError>;
+
+    // Host transfers, outside the step (initialisation, IO, snapshots, sampling).
+    /// Writes `src` into `dst` (f32, or rounded to a 2-byte `dst`).
+    fn upload(&self, a: &Arena<Self>, dst: Tensor, src: &[f32]);
+    /// Reads `src` (f32, or widened from 2 bytes) into `dst`.
+    fn download(&self, a: &Arena<Self>, src: Tensor, dst: &mut [f32]);
+    /// Writes token ids.
+    fn upload_ids(&self, a: &Arena<Self>, dst: Tensor, src: &[u32]);
+
+    // The forward pass.
+    fn embedding(&self, a: &Arena<Self>, op: &Embedding);
+    fn norm(&self, a: &Arena<Self>, op: &NormOp);
+    fn linear(&self, a: &Arena<Self>, op: &Linear);
+    /// Rotary embeddings on the q and k heads of fused q|k|v rows, in place.
+    fn rope(&self, a: &Arena<Self>, qkv: Tensor, shape: RopeShape);
+    fn attention(&self, a: &Arena<Self>, op: &Attention);
+    fn activation(&self, a: &Arena<Self>, op: &Activation);
+    /// `out += inp` (the residual stream).
+    fn residual_add(&self, a: &Arena<Self>, out: Tensor, inp: Tensor);
+    /// Element-wise conversion between `src`'s and `dst`'s types (round to nearest even).
+    fn convert(&self, a: &Arena<Self>, dst: Tensor, src: Tensor);
+    /// The fused classifier and cross-entropy, forward and backward; returns the loss sum.
+    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32;
+
+    // The backward pass (every gradient is accumulated into: `+=`).
+    fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward);
+    fn norm_backward(&self, a: &Arena<Self>, op: &NormBackward);
+    fn linear_backward(&self, a: &Arena<Self>, op: &LinearBackward);
+    fn rope_backward(&self, a: &Arena<Self>, dqkv: Tensor, shape: RopeShape);
+    fn attention_backward(&self, a: &Arena<Self>, op: &AttentionBackward);
+    fn activation_backward(&self, a: &Arena<Self>, op: &ActivationBackward);
+    /// Every element := `value` (zero is all-zero bits in every type).
+    fn fill(&self, a: &Arena<Self>, t: Tensor, value: f32);
+
+    // Optimizer and model state.
+    /// `start` plus the sum of squares of `t` (f64), and whether any element is inf or NaN;
+    /// chunked in a fixed order, so the result does not depend on the thread count.
+    fn sum_squares(&self, a: &Arena<Self>, t: Tensor, start: f64) -> (f64, bool);
+    /// `t *= factor`.
+    fn scale(&self, a: &Arena<Self>, t: Tensor, factor: f32);
+    /// `acc += x`, `x` f32, rounded once into a 2-byte `acc`.
+    fn accumulate(&self, a: &Arena<Self>, acc: Tensor, x: Tensor);
+    fn adamw(&self, a: &Arena<Self>, op: &AdamW);
+    fn sgd(&self, a: &Arena<Self>, op: &Sgd);
+    /// AdamW on fp32 master weights in the arena, fed 2-byte gradients, writing the working copy.
+    fn master_adamw(&self, a: &Arena<Self>, op: &MasterAdamW);
+    /// The same with the master weights and moments in host memory (optimizer offload).
+    fn master_adamw_host(&self, a: &Arena<Self>, op: MasterAdamWHost<'_>);
+    /// fp16's view of f32 gradients about to be rounded: flushed, subnormal, overflowing.
+    fn underflow(&self, a: &Arena<Self>, t: Tensor) -> crate::precision::UnderflowStats;
+    /// The first `t.len` 2-byte elements stored at `t`'s start, widened in place to f32.
+    fn widen_in_place(&self, a: &Arena<Self>, t: Tensor, half: DType);
+    /// One collective of this rank's `comm` over arena tensors.
+    fn collective(
+        &self,
+        a: &Arena<Self>,
+        comm: &mut dyn comm::Collective,
+        op: CommOp,
+    ) -> Result<(), comm::CommError>;
+}

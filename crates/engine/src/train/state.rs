@@ -1,0 +1,149 @@
+//! Training state, apart from the model: each unit's gradient, what each block's backward reads
+//! (saved by the forward or recomputed, per the plan), the backward's scratch, and the
+//! optimizer's state (AdamW moments or SGD momentum; fp32 master weights under bf16/fp16). A
+//! forward-only model has none of it.
+//!
+//! Example: `state.grad(&model, &arena, UnitKind::Head, Role::FinalNormWeight)` is the final
+//! norm weight's gradient inside `grads.head`.
+
+use crate::arena::{Arena, BufId};
+use crate::backend::ops::Bf16Scratch;
+use crate::backend::{Backend, DType, Tensor};
+use crate::model::{act_tensor, block_acts, BlockActs, Model};
+use plan::frugal::key::{DAct, Work};
+use plan::frugal::shards::optimizer_keys;
+use plan::frugal::units::{Role, UnitKind};
+use plan::frugal::Key;
+use plan::setup::Optimizer;
+
+/// Arena ids of one unit's master weights and Adam moments (2-byte precisions).
+#[derive(Clone, Copy, Debug)]
+pub struct MasterState {
+    pub master: BufId,
+    pub m: BufId,
+    pub v: BufId,
+}
+
+/// The gradients, the backward's tensors and the optimizer state of one rank.
+pub struct TrainState {
+    /// Each unit's full fp32 gradient (live only while the backward writes it when it is a span).
+    pub grads: Vec<BufId>,
+    /// What each block's backward reads.
+    pub blocks: Vec<BlockActs>,
+    pub targets: Tensor,
+    pub losses: Tensor,
+    pub dlnf: Tensor,
+    /// The residual stream's gradient, carried down through every block.
+    pub dresidual: Tensor,
+    pub dln: Tensor,
+    pub dqkv: Tensor,
+    /// Materialised attention only.
+    pub datt: Option<Tensor>,
+    pub datty: Tensor,
+    pub dfch: Tensor,
+    pub dfch_act: Tensor,
+    /// With bf16 matmul inputs: the backward GEMMs' bf16 operands.
+    pub bf16: Option<Bf16Scratch>,
+    /// Each unit's optimizer-state buffers in the arena (fp32: AdamW m, v or SGD momentum).
+    pub opt: Vec<Vec<BufId>>,
+    /// bf16/fp16 without offload: each unit's master weights and moments in the arena.
+    pub masters: Vec<MasterState>,
+}
+
+impl TrainState {
+    /// Resolves the training buffers of `arena`'s plan for `model`. `fp32_optimizer`: the
+    /// optimizer state of fp32 weights lives in the arena; `masters`: 2-byte weights keep fp32
+    /// master weights and moments in the arena (neither when offloaded).
+    pub fn new<B: Backend>(
+        model: &Model,
+        arena: &Arena<B>,
+        optimizer: Optimizer,
+        fp32_optimizer: bool,
+        masters: bool,
+    ) -> TrainState {
+        let f32_of = |key: Key| arena.key_tensor(key, DType::F32);
+        let blocks = (0..model.config.shape.n_layers)
+            .map(|l| {
+                let read = |t| act_tensor(arena, model.policy, Key::Act(l, t), t);
+                block_acts(&read, f32_of(Key::BlockOut(l)))
+            })
+            .collect();
+        let bf16 = |w: Work| arena.try_tensor(Key::Work(w), DType::Bf16);
+        let bf16_scratch = bf16(Work::BwDout).map(|dout| Bf16Scratch {
+            dout,
+            dout_t: bf16(Work::BwDoutT).expect("with work.bw.dout"),
+            inp_t: bf16(Work::BwInpT).expect("with work.bw.dout"),
+            weight: model
+                .work
+                .weight
+                .expect("bf16 scratch has a weight workspace"),
+            weight_t: bf16(Work::BwWeightT).expect("with work.bw.dout"),
+        });
+        let units = &model.units;
+        let opt = match fp32_optimizer {
+            true => units
+                .iter()
+                .map(|u| {
+                    let keys = optimizer_keys(optimizer, u.kind);
+                    keys.into_iter().map(|k| arena.id(k)).collect()
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        let masters = match masters {
+            true => units
+                .iter()
+                .map(|u| MasterState {
+                    master: arena.id(Key::Master(u.kind)),
+                    m: arena.id(Key::OptM(u.kind)),
+                    v: arena.id(Key::OptV(u.kind)),
+                })
+                .collect(),
+            false => Vec::new(),
+        };
+        TrainState {
+            grads: units.iter().map(|u| arena.id(Key::Grads(u.kind))).collect(),
+            blocks,
+            targets: arena.key_tensor(Key::Targets, DType::U32),
+            losses: f32_of(Key::Losses),
+            dlnf: f32_of(Key::DLnf),
+            dresidual: f32_of(Key::DResidual),
+            dln: f32_of(Key::DAct(DAct::Ln)),
+            dqkv: f32_of(Key::DAct(DAct::Qkv)),
+            datt: arena.try_tensor(Key::DAct(DAct::Att), DType::F32),
+            datty: f32_of(Key::DAct(DAct::Atty)),
+            dfch: f32_of(Key::DAct(DAct::Fch)),
+            dfch_act: f32_of(Key::DAct(DAct::FchAct)),
+            bf16: bf16_scratch,
+            opt,
+            masters,
+        }
+    }
+
+    /// The gradient of `role` in the unit of `kind` (fp32).
+    pub fn grad<B: Backend>(
+        &self,
+        model: &Model,
+        arena: &Arena<B>,
+        kind: UnitKind,
+        role: Role,
+    ) -> Tensor {
+        let u = model.unit_index(kind);
+        arena
+            .tensor(self.grads[u], DType::F32)
+            .slice(model.unit_range(kind, role))
+    }
+
+    /// [`TrainState::grad`] when the unit has that view.
+    pub fn try_grad<B: Backend>(
+        &self,
+        model: &Model,
+        arena: &Arena<B>,
+        kind: UnitKind,
+        role: Role,
+    ) -> Option<Tensor> {
+        model
+            .has(kind, role)
+            .then(|| self.grad(model, arena, kind, role))
+    }
+}
