@@ -44,6 +44,7 @@ pub mod backward;
 pub mod config;
 pub mod error;
 pub mod eval;
+pub mod family;
 pub mod forward;
 pub mod init;
 pub mod io;

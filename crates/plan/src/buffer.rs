@@ -70,14 +70,33 @@ pub enum Phase {
     EmbedBackward,
     /// Gradient reduction tail and the optimizer step.
     Optimizer,
+    /// Inference: the prompt's whole forward pass (its scratch shared by every layer), filling
+    /// the KV cache.
+    Prefill,
+    /// Inference: one decode step's forward pass over every layer, reading and extending the
+    /// KV cache.
+    Decode,
+}
+
+/// Which kind of step a plan's phases describe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Timeline {
+    /// Embed, Forward(0..L), Head, Backward(L-1..0), EmbedBackward, Optimizer (a forward-only
+    /// pass uses its first phases).
+    #[default]
+    Training,
+    /// Prefill, then Decode: a serving step.
+    Inference,
 }
 
 impl Phase {
-    /// Position of this phase on a step's timeline for a model of `n_layers` blocks.
+    /// Position of this phase on its timeline for a model of `n_layers` blocks.
     pub fn ordinal(self, n_layers: u32) -> u32 {
         match self {
-            Phase::Embed => 0,
+            Phase::Embed | Phase::Prefill => 0,
             Phase::Forward(l) => 1 + l,
+            Phase::Decode => 1,
             Phase::Head => 1 + n_layers,
             Phase::Backward(l) => 2 + n_layers + (n_layers - 1 - l),
             Phase::EmbedBackward => 2 + 2 * n_layers,
@@ -94,6 +113,14 @@ impl Phase {
         phases.push(Phase::EmbedBackward);
         phases.push(Phase::Optimizer);
         phases
+    }
+
+    /// The phases of `timeline`, in order.
+    pub fn timeline(timeline: Timeline, n_layers: u32) -> Vec<Phase> {
+        match timeline {
+            Timeline::Training => Phase::training_timeline(n_layers),
+            Timeline::Inference => vec![Phase::Prefill, Phase::Decode],
+        }
     }
 }
 
@@ -162,6 +189,8 @@ pub struct MemoryPlan {
     pub buffers: Vec<Buffer>,
     /// Number of transformer blocks, which fixes the phase ordinals.
     pub n_layers: u32,
+    /// Which phases the buffers' lifetimes name.
+    pub timeline: Timeline,
 }
 
 impl MemoryPlan {
@@ -169,6 +198,15 @@ impl MemoryPlan {
         MemoryPlan {
             buffers: Vec::new(),
             n_layers,
+            timeline: Timeline::Training,
+        }
+    }
+
+    /// An empty plan over the inference timeline (prefill, decode).
+    pub fn inference(n_layers: u32) -> MemoryPlan {
+        MemoryPlan {
+            timeline: Timeline::Inference,
+            ..MemoryPlan::new(n_layers)
         }
     }
 
@@ -176,12 +214,12 @@ impl MemoryPlan {
         self.buffers.push(buffer);
     }
 
-    /// Live bytes per category on `device` at each phase of the training timeline.
+    /// Live bytes per category on `device` at each phase of the plan's timeline.
     ///
     /// A sweep over birth and death ordinals: O(buffers + phases), so the advisor can plan
     /// thousands of setups a second.
     pub fn timeline(&self, device: Device) -> Vec<(Phase, [u64; 6])> {
-        let phases = Phase::training_timeline(self.n_layers);
+        let phases = Phase::timeline(self.timeline, self.n_layers);
         let mut delta = vec![[0i128; 6]; phases.len() + 1];
         for b in self.buffers.iter().filter(|b| b.device == device) {
             let (born, dies) = match b.lifetime {
@@ -253,11 +291,37 @@ mod tests {
     }
 
     #[test]
-    fn ordinals_follow_the_training_timeline() {
-        let phases = Phase::training_timeline(3);
-        for (i, p) in phases.iter().enumerate() {
-            assert_eq!(p.ordinal(3), i as u32, "{p:?}");
+    fn ordinals_follow_their_timelines() {
+        for timeline in [Timeline::Training, Timeline::Inference] {
+            for (i, p) in Phase::timeline(timeline, 3).iter().enumerate() {
+                assert_eq!(p.ordinal(3), i as u32, "{p:?}");
+            }
         }
+    }
+
+    #[test]
+    fn an_inference_plan_peaks_at_the_larger_pass() {
+        let mut plan = MemoryPlan::inference(2);
+        plan.push(buf("weights", Category::Params, 100, Lifetime::Persistent));
+        plan.push(buf("kv", Category::KvCache, 40, Lifetime::Persistent));
+        let span = |p| Lifetime::Span { born: p, dies: p };
+        plan.push(buf(
+            "prefill",
+            Category::Activations,
+            30,
+            span(Phase::Prefill),
+        ));
+        plan.push(buf("decode", Category::Activations, 5, span(Phase::Decode)));
+        assert_eq!(plan.peak_bytes(Device::Gpu), 170);
+        let (phase, at) = plan.at_peak(Device::Gpu);
+        assert_eq!(
+            (phase, at[Category::KvCache as usize]),
+            (Phase::Prefill, 40)
+        );
+        assert_eq!(
+            plan.timeline(Device::Gpu)[1].1[Category::Activations as usize],
+            5
+        );
     }
 
     #[test]

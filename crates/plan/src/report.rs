@@ -131,6 +131,8 @@ pub fn phase_name(phase: Phase) -> String {
         Phase::Backward(l) => format!("backward.{l}"),
         Phase::EmbedBackward => "embed_backward".into(),
         Phase::Optimizer => "optimizer".into(),
+        Phase::Prefill => "prefill".into(),
+        Phase::Decode => "decode".into(),
     }
 }
 

@@ -175,6 +175,7 @@ fn previous(phase: Phase, n_layers: u32) -> Phase {
         Phase::Backward(l) => Phase::Backward(l + 1),
         Phase::EmbedBackward => Phase::Backward(0),
         Phase::Optimizer => Phase::EmbedBackward,
+        Phase::Prefill | Phase::Decode => unreachable!("training gathers"),
     }
 }
 

@@ -1,0 +1,65 @@
+//! Llama's numerics: RMSNorm epsilon and RoPE base from the config (HF's defaults 1e-6 and
+//! 10000); refused: another activation than SiLU, scaled RoPE, biases on the projections. Its
+//! config.json is HF's `LlamaForCausalLM`; Mistral configs without a sliding window read as
+//! Llama.
+//!
+//! Example: `rope_scaling: {"type": "linear"}` is refused, naming the field.
+
+use super::{Family, Numerics};
+use crate::config::ModelConfig;
+use serde_json::{json, Map, Value};
+
+pub struct Llama;
+
+impl Family for Llama {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["llama", "mistral"]
+    }
+
+    fn numerics(&self, obj: &Map<String, Value>) -> Result<Numerics, String> {
+        let act = obj
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("silu");
+        if act != "silu" {
+            return Err(format!("hidden_act {act:?}: only SwiGLU (silu) is built"));
+        }
+        if obj.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+            return Err("rope_scaling is set: scaled RoPE is not built".into());
+        }
+        for key in ["attention_bias", "mlp_bias"] {
+            if obj.get(key).and_then(Value::as_bool) == Some(true) {
+                return Err(format!(
+                    "{key} is true: Llama projections here have no biases"
+                ));
+            }
+        }
+        let f = |key: &str, default: f64| obj.get(key).and_then(Value::as_f64).unwrap_or(default);
+        Ok(Numerics {
+            norm_eps: f("rms_norm_eps", 1e-6) as f32,
+            rope_theta: f("rope_theta", 10_000.0) as f32,
+        })
+    }
+
+    fn to_hf(&self, config: &ModelConfig) -> Value {
+        let s = &config.shape;
+        json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": s.vocab,
+            "hidden_size": s.d_model,
+            "intermediate_size": s.d_ff,
+            "num_hidden_layers": s.n_layers,
+            "num_attention_heads": s.n_heads,
+            "num_key_value_heads": s.n_kv_heads,
+            "head_dim": s.d_head,
+            "max_position_embeddings": s.max_positions,
+            "rms_norm_eps": config.norm_eps,
+            "rope_theta": config.rope_theta,
+            "hidden_act": "silu",
+            "attention_bias": false, "mlp_bias": false,
+            "tie_word_embeddings": s.tied_embeddings,
+            "torch_dtype": "float32",
+        })
+    }
+}

@@ -1,0 +1,57 @@
+//! Model families' numerics, each a module behind [`Family`]: which HF `model_type`s it reads,
+//! the numeric facts the memory model does not need (norm epsilon, RoPE base) and the options
+//! it refuses, and the `config.json` that makes transformers build the same model. The shape,
+//! parameter units and block design are the planner's (`plan::frugal::family`); the forward and
+//! backward follow the design, so a family needs no code in them.
+//!
+//! Example: `family::by_model_type("mistral")` is the Llama family (Mistral without a sliding
+//! window is a Llama block).
+
+mod gpt2;
+mod llama;
+
+use crate::config::ModelConfig;
+use serde_json::{Map, Value};
+
+/// A config's numerics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Numerics {
+    pub norm_eps: f32,
+    pub rope_theta: f32,
+}
+
+/// One family's config.json in and out.
+pub trait Family: Sync {
+    /// The HF `model_type`s it builds.
+    fn model_types(&self) -> &'static [&'static str];
+    /// The numerics of an HF config, or why the engine cannot build it (naming the field).
+    fn numerics(&self, config: &Map<String, Value>) -> Result<Numerics, String>;
+    /// The `config.json` of `config`.
+    fn to_hf(&self, config: &ModelConfig) -> Value;
+}
+
+const FAMILIES: [&dyn Family; 2] = [&gpt2::Gpt2, &llama::Llama];
+
+/// The family that reads `model_type`.
+pub fn by_model_type(model_type: &str) -> Option<&'static dyn Family> {
+    FAMILIES
+        .into_iter()
+        .find(|f| f.model_types().contains(&model_type))
+}
+
+/// The family of a planner shape.
+pub fn of(family: plan::model::Family) -> &'static dyn Family {
+    match family {
+        plan::model::Family::Gpt2 => &gpt2::Gpt2,
+        _ => &llama::Llama,
+    }
+}
+
+/// Every `model_type` the engine builds, for messages.
+pub fn model_types() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.model_types())
+        .copied()
+        .collect()
+}
