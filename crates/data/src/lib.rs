@@ -30,7 +30,6 @@ mod corpus;
 mod dataset;
 mod error;
 mod loader;
-mod rng;
 mod text_files;
 mod token_file;
 mod tokenizer;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::dataset::BatchShape;
 use crate::error::{DataError, Result};
-use crate::rng::SplitMix64;
+use rng::SplitMix64;
 
 /// The order windows are visited in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,13 +1,14 @@
-//! A small seeded random number generator (SplitMix64) with uniform and Gaussian draws, for
+//! A small seeded random number generator (the `rng` crate's SplitMix64) with uniform and
+//! Gaussian draws, for
 //! reproducible synthetic weights (`frugal formats --random N`) and tests.
 //!
 //! Not cryptographic, and not meant to match any other library's stream. Example:
 //! `let mut rng = Rng::new(42); let x = rng.gaussian();` gives the same `x` on every machine.
 
-/// SplitMix64 (Steele, Lea, Flood 2014): a 64-bit state advanced by a constant, then mixed.
+/// The project's SplitMix64 stream with uniform and Gaussian draws on top.
 #[derive(Clone, Debug)]
 pub struct Rng {
-    state: u64,
+    core: rng::SplitMix64,
     /// The second Box-Muller value, kept for the next call.
     spare: Option<f64>,
 }
@@ -15,17 +16,13 @@ pub struct Rng {
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng {
-            state: seed,
+            core: rng::SplitMix64::new(seed),
             spare: None,
         }
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.core.next_u64()
     }
 
     /// Uniform in (0, 1): 53 random bits, offset by half a step so 0 never comes out.

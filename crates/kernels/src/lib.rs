@@ -47,6 +47,8 @@ pub mod sgd;
 pub mod swiglu;
 
 #[cfg(test)]
+mod accumulates;
+#[cfg(test)]
 mod testutil;
 
 pub use real::Real;

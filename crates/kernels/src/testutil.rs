@@ -17,19 +17,15 @@ pub const FD_TOL_F64: f64 = 1e-6;
 /// margin without hiding a wrong index (which shows as O(1) errors).
 pub const F32_TOL: f64 = 2e-4;
 
-/// splitmix64: deterministic, dependency-free randomness for tests.
-pub struct Rng(u64);
+/// The project's SplitMix64 with the tests' draws on top.
+pub struct Rng(rng::SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(rng::SplitMix64::new(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in [-1, 1).
     pub fn uniform(&mut self) -> f64 {

@@ -11,7 +11,6 @@
 //! gradients; the CUDA context is [`CONTEXT_BYTES`]; the allocator reserves exactly the peak.
 //! Example: `formula::training_estimate(&presets::by_name("llama2-7b")?, &setup)?.peak_bytes`.
 
-use crate::acts::{act_bytes, LayerActs};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::params::TensorKind;
 use crate::setup::{Offload, TrainSetup, ZeroStage};
@@ -489,14 +488,4 @@ impl StagePlan<'_> {
             );
         }
     }
-}
-
-/// Bytes per activation element of `setup` (re-exported for the activation timeline).
-pub fn activation_elem_bytes(setup: &TrainSetup) -> u64 {
-    act_bytes(setup.precision)
-}
-
-/// Activations of every block of a stage (dense and MoE blocks differ).
-pub fn layer_acts(model: &ModelShape, setup: &TrainSetup, layer_idx: u32) -> LayerActs {
-    LayerActs::of(model, setup, layer_idx)
 }

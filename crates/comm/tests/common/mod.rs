@@ -45,19 +45,16 @@ pub fn run_ok<R: Send>(n_ranks: usize, f: impl Fn(InProcessComm) -> R + Sync) ->
         .collect()
 }
 
-/// xorshift64*: deterministic, dependency-free.
-pub struct Rng(u64);
+/// The project's SplitMix64 with the value distribution these tests want.
+pub struct Rng(rng::SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Rng(rng::SplitMix64::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
 
     /// Values spread over 2^-12 .. 2^12 with random signs, so rounding depends on the order.

@@ -1,14 +1,16 @@
-//! A tiny, fully specified PRNG for shuffling: SplitMix64 (Steele, Lea, Flood 2014; the generator
-//! `java.util.SplittableRandom` uses and xoshiro's recommended seeder). Written out here so the
-//! shuffle order is a property of this file, not of a crate version: the same seed gives the same
-//! batches on every machine and every release.
+//! The project's one pseudo-random generator: SplitMix64 (Steele, Lea, Flood 2014; the
+//! generator `java.util.SplittableRandom` uses and xoshiro's recommended seeder), shared by the
+//! data loader's shuffles, synthetic weights (`formats`), weight initialisation (`engine`) and
+//! every test and bench. Written out here so a stream is a property of this file, not of a crate
+//! version: the same seed gives the same batches and weights on every machine and every release.
+//! Distributions (uniform, Gaussian) stay with their users, which fix them for their own outputs.
 //!
 //! Not for cryptography. Not for statistics that need more than 64 bits of state.
 //!
 //! ```
-//! let mut rng = data::SplitMix64::new(42);
+//! let mut rng = rng::SplitMix64::new(42);
 //! let a = rng.next_u64();
-//! assert_eq!(data::SplitMix64::new(42).next_u64(), a);
+//! assert_eq!(rng::SplitMix64::new(42).next_u64(), a);
 //! assert!(rng.next_below(10) < 10);
 //! ```
 

@@ -1,0 +1,196 @@
+//! Tests of `acts`.
+use super::*;
+use crate::buffer::MemoryPlan;
+use crate::frugal::{assign_offsets, training_plan};
+use crate::presets;
+use crate::setup::{Offload, Optimizer, Precision, ZeroStage};
+
+const POLICIES: [Recompute; 7] = [
+    Recompute::None,
+    Recompute::Full,
+    Recompute::Every(2),
+    Recompute::Every(3),
+    Recompute::Sqrt,
+    Recompute::Selective,
+    Recompute::KeepMatmuls,
+];
+
+fn setup(batch: u64, seq: u64, recompute: Recompute, attention: Attention) -> TrainSetup {
+    TrainSetup {
+        precision: Precision::Fp32,
+        optimizer: Optimizer::AdamW,
+        zero: ZeroStage::Zero0,
+        dp: 1,
+        tp: 1,
+        pp: 1,
+        sp: false,
+        micro_batch: batch,
+        seq,
+        grad_accum: 1,
+        recompute,
+        attention,
+        offload: Offload::None,
+        lora: None,
+    }
+}
+
+fn life(plan: &MemoryPlan, name: &str) -> Lifetime {
+    let b = plan.buffers.iter().find(|b| b.name == name);
+    b.unwrap_or_else(|| panic!("no {name}")).lifetime
+}
+
+#[test]
+fn a_segment_is_recomputed_in_its_last_blocks_backward() {
+    let mut model = presets::by_name("gpt2-tiny").unwrap();
+    model.n_layers = 5;
+    let plan = training_plan(&model, &setup(2, 16, Recompute::Every(2), Attention::Eager));
+    let plan = plan.unwrap();
+    let bwd = |b, d| span(Phase::Backward(b), Phase::Backward(d));
+    assert_eq!(life(&plan, "act.h.0.qkv"), bwd(1, 0));
+    assert_eq!(life(&plan, "act.h.1.qkv"), bwd(1, 1));
+    assert_eq!(life(&plan, "act.h.0.out"), bwd(1, 1));
+    assert_eq!(life(&plan, "act.h.4.qkv"), bwd(4, 4));
+    let kept = span(Phase::Forward(1), Phase::Backward(2));
+    assert_eq!(life(&plan, "act.h.1.out"), kept);
+    let fwd = span(Phase::Forward(2), Phase::Forward(3));
+    assert_eq!(life(&plan, "act.h.2.out_fwd"), fwd);
+    assert_eq!(
+        life(&plan, "act.h.4.out"),
+        span(Phase::Forward(4), Phase::Head)
+    );
+    let scratch = span(Phase::Forward(3), Phase::Forward(3));
+    assert_eq!(life(&plan, "act.h.3.fwd.att"), scratch);
+    let sel = training_plan(
+        &model,
+        &setup(2, 16, Recompute::KeepMatmuls, Attention::Flash),
+    );
+    let sel = sel.unwrap();
+    assert_eq!(life(&sel, "act.h.3.lse"), bwd(3, 3));
+    let saved = span(Phase::Forward(3), Phase::Backward(3));
+    assert_eq!(life(&sel, "act.h.3.fch"), saved);
+    assert!(sel.buffers.iter().all(|b| !b.name.ends_with("att")));
+    // Megatron's selective: only the probabilities are rebuilt, in the block's backward.
+    let megatron = training_plan(
+        &model,
+        &setup(2, 16, Recompute::Selective, Attention::Eager),
+    );
+    let megatron = megatron.unwrap();
+    assert_eq!(life(&megatron, "act.h.3.att"), bwd(3, 3));
+    assert_eq!(life(&megatron, "act.h.3.ln1"), saved);
+    assert_eq!(life(&megatron, "act.h.3.fwd.att"), scratch);
+}
+
+#[test]
+fn every_policy_packs_to_its_peak_and_saves_memory() {
+    for name in ["gpt2-124m", "gpt2-tiny", "llama-tiny"] {
+        let mut model = presets::by_name(name).unwrap();
+        // Enough blocks that every:3 and sqrt form more than one segment.
+        model.n_layers = model.n_layers.max(6);
+        for attention in [Attention::Eager, Attention::Flash] {
+            let peak = |r| {
+                let plan = training_plan(&model, &setup(2, 64, r, attention)).unwrap();
+                let slab = assign_offsets(&plan, Device::Gpu).slab_bytes;
+                let peak = plan.peak_bytes(Device::Gpu);
+                assert_eq!(slab, peak, "{name} {r:?} {attention:?}");
+                plan.category_peaks(Device::Gpu)[Category::Activations as usize]
+            };
+            let none = peak(Recompute::None);
+            for r in POLICIES[1..].iter() {
+                // Megatron's selective drops only the T×T probabilities, which flash never
+                // keeps.
+                if *r == Recompute::Selective && attention == Attention::Flash {
+                    assert_eq!(peak(*r), none, "{name}");
+                    continue;
+                }
+                assert!(peak(*r) < none, "{name} {r:?} {attention:?}");
+            }
+        }
+    }
+}
+
+/// Issue 6 item 6: the loss holds `CLASSIFIER_CHUNK_ROWS` × V logits, never B×T×V.
+#[test]
+fn no_plan_holds_full_logits_or_flash_probabilities() {
+    let model = presets::by_name("gpt2-124m").unwrap();
+    let (b, t) = (8, 1024);
+    let logits_bytes = b * t * model.vocab * 4;
+    let probs_bytes = b * u64::from(model.n_heads) * t * t * 4;
+    for r in POLICIES {
+        for attention in [Attention::Eager, Attention::Flash] {
+            let plan = training_plan(&model, &setup(b, t, r, attention)).unwrap();
+            let largest = plan.buffers.iter().max_by_key(|b| b.bytes).unwrap();
+            assert!(largest.bytes < logits_bytes, "{r:?}: {}", largest.name);
+            let chunk = plan.buffers.iter().find(|b| b.name == "work.classifier");
+            assert_eq!(
+                chunk.unwrap().bytes,
+                CLASSIFIER_CHUNK_ROWS * model.vocab * 4
+            );
+            let acts = plan.buffers.iter().filter(|b| b.name.contains("act"));
+            let widest = acts.map(|b| b.bytes).max().unwrap();
+            assert_eq!(
+                attention == Attention::Eager,
+                widest >= probs_bytes,
+                "{r:?}"
+            );
+        }
+    }
+}
+
+/// Under `--precision bf16` the four matmul inputs of every block and the two matmul outputs
+/// the backward re-reads (`qkv`, `fch`) take 2 bytes, so the activation peak (all blocks'
+/// tensors live from the head to the last block's backward) drops by exactly 2 bytes per
+/// element of them; the residual stream stays f32; the f32 and weight scratch are `Other`.
+#[test]
+fn bf16_halves_the_matmul_inputs_and_outputs_and_nothing_else() {
+    let model = presets::by_name("gpt2-tiny").unwrap();
+    let (b, t) = (2, 64);
+    let fp32 = setup(b, t, Recompute::None, Attention::Flash);
+    let bf16 = TrainSetup {
+        precision: Precision::Bf16,
+        ..fp32.clone()
+    };
+    let peaks = |s: &TrainSetup| {
+        let plan = training_plan(&model, s).unwrap();
+        let slab = assign_offsets(&plan, Device::Gpu).slab_bytes;
+        assert_eq!(slab, plan.peak_bytes(Device::Gpu));
+        (plan.category_peaks(Device::Gpu), plan)
+    };
+    let (p32, _) = peaks(&fp32);
+    let (p16, plan16) = peaks(&bf16);
+    let d = BlockDims::new(&model, ActShape { batch: b, seq: t });
+    let per_block = 2 * d.n * (d.c + d.atty + d.c + d.fc_act + d.qkv + d.fc);
+    let saved = u64::from(model.n_layers) * per_block;
+    let act = Category::Activations as usize;
+    assert_eq!(p32[act] - p16[act], saved);
+    let ln1 = plan16.buffers.iter().find(|b| b.name == "act.h.0.ln1");
+    assert_eq!(ln1.unwrap().bytes, 2 * d.n * d.c);
+    let bytes = |name: &str| {
+        plan16
+            .buffers
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap()
+            .bytes
+    };
+    assert_eq!(bytes("act.h.0.qkv"), 2 * d.n * d.qkv);
+    assert_eq!(bytes("act.h.0.fch"), 2 * d.n * d.fc);
+    assert_eq!(bytes("act.h.0.res2"), 4 * d.n * d.c);
+    assert_eq!(bytes("act.h.0.out"), 4 * d.n * d.c);
+    let widest = d.qkv.max(d.fc);
+    assert_eq!(bytes("work.f32"), 4 * d.n * d.c.max(d.fc_act).max(widest));
+    assert_eq!(bytes("work.f32_in"), 4 * d.n * widest);
+    // The backward GEMMs' bf16 operands: the widest output gradient (fc), its transpose.
+    let dout = plan16.buffers.iter().find(|b| b.name == "work.bw.dout_t");
+    let dout = dout.unwrap();
+    assert_eq!(dout.bytes, 2 * d.n * d.fc);
+    assert_eq!(dout.category, Category::Other);
+    for p in [Precision::Fp32, Precision::Fp16] {
+        let s = TrainSetup {
+            precision: p,
+            ..fp32.clone()
+        };
+        let plan = training_plan(&model, &s).unwrap();
+        let work = |b: &Buffer| b.name.starts_with("work.f32") || b.name.starts_with("work.bw");
+        assert!(plan.buffers.iter().all(|b| !work(b)));
+    }
+}
