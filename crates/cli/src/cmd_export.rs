@@ -91,7 +91,7 @@ fn prompt_tokens(prompt: &str, model: &engine::ModelConfig) -> anyhow::Result<Ve
 fn write_logits(runner: &mut Runner, tokens: &[u32], path: &Path) -> anyhow::Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
     let t = tokens.len();
-    let logits = runner.logits(tokens, 1, t)?;
+    let logits = engine::eval::logits(runner, tokens, 1, t)?;
     let v = runner.model.config.shape.vocab as usize;
     let token_bytes: Vec<u8> = tokens
         .iter()

@@ -1,6 +1,8 @@
 //! `frugal fit` end to end: the table and the JSON object for the seed's cases, and every bad
 //! input ending with exit code 2 and a message naming the flag and the fix.
 
+mod common;
+
 use serde_json::Value;
 use std::process::{Command, Output};
 
@@ -16,13 +18,7 @@ fn frugal(args: &[&str]) -> Output {
 fn json(args: &[&str]) -> Value {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
-    let out = frugal(&all);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    common::json(&frugal(&all))
 }
 
 const LLAMA2_8X80: [&str; 12] = [
@@ -86,17 +82,10 @@ fn json_holds_the_contract() {
         let total = pd["total_bytes"].as_u64().unwrap();
         assert!(total <= cap);
         assert_eq!(b["headroom_bytes"].as_u64().unwrap(), cap - total);
-        let sum: u64 = [
-            "params_bytes",
-            "grads_bytes",
-            "optimizer_bytes",
-            "activations_bytes",
-            "kv_cache_bytes",
-            "other_bytes",
-        ]
-        .iter()
-        .map(|k| pd[k].as_u64().unwrap())
-        .sum();
+        let sum: u64 = common::CATEGORY_FIELDS
+            .iter()
+            .map(|k| pd[k].as_u64().unwrap())
+            .sum();
         assert_eq!(sum, pd["peak_bytes"].as_u64().unwrap());
         let s = &b["setup"];
         let batch = s["dp"].as_u64().unwrap()

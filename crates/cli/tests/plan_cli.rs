@@ -1,6 +1,8 @@
 //! `frugal plan` end to end: the seed's numbers through the CLI, the JSON contract, the plot, and
 //! every bad input ending with exit code 2 and a message naming the field and the fix.
 
+mod common;
+
 use serde_json::Value;
 use std::process::{Command, Output};
 
@@ -14,13 +16,7 @@ fn frugal(args: &[&str]) -> Output {
 fn json(args: &[&str]) -> Value {
     let mut all = vec!["plan", "--json"];
     all.extend_from_slice(args);
-    let out = frugal(&all);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    common::json(&frugal(&all))
 }
 
 fn peak_gb(v: &Value) -> f64 {
@@ -68,17 +64,7 @@ fn json_contract_holds() {
     ]);
     let d = &v["per_device"];
     let field = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("per_device.{k}"));
-    let sum: u64 = [
-        "params_bytes",
-        "grads_bytes",
-        "optimizer_bytes",
-        "activations_bytes",
-        "kv_cache_bytes",
-        "other_bytes",
-    ]
-    .iter()
-    .map(|k| field(k))
-    .sum();
+    let sum: u64 = common::CATEGORY_FIELDS.iter().map(|k| field(k)).sum();
     assert_eq!(sum, field("peak_bytes"));
     assert_eq!(
         field("total_bytes"),
@@ -218,7 +204,7 @@ fn human_output_writes_gib_and_gb() {
 
 #[test]
 fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
-    let v = json(&[
+    let tp2 = [
         "--model",
         "llama2-7b",
         "--train",
@@ -228,7 +214,8 @@ fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
         "8",
         "--tp",
         "2",
-    ]);
+    ];
+    let v = json(&tp2);
     assert_eq!(v["runtime"].as_str(), Some("formula"));
     assert!(v["runtime_note"].as_str().unwrap().contains("pytorch"));
     let p = json(&[
@@ -242,19 +229,6 @@ fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
     ]);
     assert_eq!(p["runtime"].as_str(), Some("pytorch"));
     assert!(p["runtime_note"].is_null());
-    let out = frugal(&[
-        "plan",
-        "--model",
-        "llama2-7b",
-        "--train",
-        "--zero",
-        "3",
-        "--gpus",
-        "8",
-        "--tp",
-        "2",
-        "--runtime",
-        "pytorch",
-    ]);
+    let out = frugal(&[&["plan"][..], &tp2, &["--runtime", "pytorch"]].concat());
     assert_eq!(out.status.code(), Some(2));
 }

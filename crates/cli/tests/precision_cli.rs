@@ -101,10 +101,7 @@ fn offload_moves_the_optimizer_off_the_device_by_the_plans_bytes() {
 }
 
 fn fails_with(args: &[&str], needle: &str) {
-    let out = frugal(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
-    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+    common::fails_with(&frugal(args), needle);
 }
 
 #[test]

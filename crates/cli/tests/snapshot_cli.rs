@@ -3,23 +3,17 @@
 //! of a save leaves the previous snapshot whole, and resuming from the folder continues from it;
 //! bad flags, damaged files and mismatched runs exit 2 with a message saying what to fix.
 
+mod common;
+
+use common::frugal;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn frugal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(args)
-        .output()
-        .expect("run frugal")
-}
-
+/// A fresh folder for one test.
 fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("frugal-snap-cli-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::temp_dir("snap-cli", test)
 }
 
 fn s(p: &Path) -> String {
@@ -66,10 +60,8 @@ fn ok(out: &Output) -> Value {
 }
 
 fn fails_with(out: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
     for needle in needles {
-        assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+        common::fails_with(out, needle);
     }
 }
 

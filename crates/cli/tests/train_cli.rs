@@ -3,23 +3,16 @@
 //! that says what is wrong. Runs use a small slice of the shipped corpus written to a temp file,
 //! so no test pays for tokenizing the whole corpus.
 
+mod common;
+
+use common::frugal;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn frugal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(args)
-        .output()
-        .expect("run frugal")
-}
+use std::process::Output;
 
 /// A fresh folder for one test.
 fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("frugal-train-cli-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::temp_dir("train-cli", test)
 }
 
 /// About 40 KB of Shakespeare: enough tokens for tiny batches and a validation split.
@@ -53,11 +46,7 @@ fn tiny_run(dir: &std::path::Path, extra: &[&str]) -> Output {
     frugal(&args)
 }
 
-fn fails_with(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
-    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
-}
+use common::fails_with;
 
 #[test]
 fn tiny_run_prints_the_json_contract_with_planned_equal_to_measured() {
@@ -90,19 +79,13 @@ fn tiny_run_prints_the_json_contract_with_planned_equal_to_measured() {
     }
     let rank = &v["ranks"][0];
     assert_eq!(rank["rank"], 0);
-    let fields = [
-        "params_bytes",
-        "grads_bytes",
-        "optimizer_bytes",
-        "activations_bytes",
-        "kv_cache_bytes",
-        "other_bytes",
+    let totals = [
         "peak_bytes",
         "reserved_bytes",
         "context_bytes",
         "total_bytes",
     ];
-    for field in fields {
+    for field in common::CATEGORY_FIELDS.into_iter().chain(totals) {
         let planned = rank["planned"][field].as_u64().expect(field);
         assert_eq!(rank["measured"][field].as_u64(), Some(planned), "{field}");
     }

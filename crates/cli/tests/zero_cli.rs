@@ -38,15 +38,18 @@ fn train(data: &str, zero: &str, ranks: &str) -> Value {
     json(&frugal(&args))
 }
 
+/// `frugal plan` for the engine's own runtime in fp32 (train's precision).
+const PLAN_FRUGAL: [&str; 6] = [
+    "plan",
+    "--train",
+    "--runtime",
+    "frugal",
+    "--precision",
+    "fp32",
+];
+
 fn plan(zero: &str, gpus: &str) -> Value {
-    let mut args = vec![
-        "plan",
-        "--train",
-        "--runtime",
-        "frugal",
-        "--precision",
-        "fp32",
-    ];
+    let mut args = PLAN_FRUGAL.to_vec();
     args.extend(SHAPE);
     args.extend([
         "--attention",
@@ -126,25 +129,13 @@ fn the_report_shows_16_psi_over_n_and_the_papers_volume() {
 }
 
 fn fails_with(args: &[&str], needle: &str) {
-    let out = frugal(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
-    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+    common::fails_with(&frugal(args), needle);
 }
 
 #[test]
 fn bad_stages_and_rank_counts_exit_2_without_a_downgrade() {
-    let base = [
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--batch",
-        "1",
-        "--seq",
-        "8",
-    ];
+    #[rustfmt::skip]
+    let base = ["train", "--model", "gpt2-tiny", "--steps", "1", "--batch", "1", "--seq", "8"];
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     fails_with(&with(&["--ranks", "0"]), "--ranks 0");
     fails_with(&with(&["--zero", "4"]), "invalid value '4' for '--zero");
@@ -153,15 +144,8 @@ fn bad_stages_and_rank_counts_exit_2_without_a_downgrade() {
         &with(&["--zero", "1", "--ranks", "129"]),
         "use at most 128 ranks",
     );
-    let plan = [
-        "plan",
-        "--train",
-        "--runtime",
-        "frugal",
-        "--precision",
-        "fp32",
-    ];
-    let plan_with = |extra: &[&'static str]| [&plan[..], &["--model", "gpt2-tiny"], extra].concat();
+    let plan_with =
+        |extra: &[&'static str]| [&PLAN_FRUGAL[..], &["--model", "gpt2-tiny"], extra].concat();
     fails_with(
         &plan_with(&["--zero", "3", "--gpus", "129"]),
         "use at most 128 ranks",

@@ -10,7 +10,7 @@
 //! let setup = ForwardSetup { batch: 1, seq: 8, attention: plan::setup::Attention::Flash };
 //! let mut runner = Runner::new(config, setup).unwrap();
 //! runner.init_weights(1);
-//! let logits = runner.logits(&[1, 2, 3], 1, 3).unwrap();
+//! let logits = engine::eval::logits(&mut runner, &[1, 2, 3], 1, 3).unwrap();
 //! assert_eq!(logits.len(), 3 * 96);
 //! assert_eq!(runner.measured().category_peak_bytes[1], 0); // no gradient bytes
 //! ```
@@ -20,7 +20,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, DType};
 use crate::config::ModelConfig;
 use crate::error::EngineError;
-use crate::eval::{self, Forward, Sampling};
+use crate::eval::Forward;
 use crate::model::{Model, WeightSource};
 use plan::buffer::{Device, MemoryPlan, Phase};
 use plan::frugal::{forward_plan, ActShape, ForwardSetup};
@@ -84,27 +84,6 @@ impl<B: Backend> Runner<B> {
 
     pub fn measured(&self) -> Measured {
         self.arena.measured()
-    }
-
-    /// Logits (batch, seq, V) of `inputs`.
-    pub fn logits(
-        &mut self,
-        inputs: &[u32],
-        batch: usize,
-        seq: usize,
-    ) -> Result<Vec<f32>, EngineError> {
-        eval::logits(self, inputs, batch, seq)
-    }
-
-    /// Continues `prompt` by `n_new` tokens; the context is cropped to the planned sequence.
-    pub fn generate(
-        &mut self,
-        prompt: &[u32],
-        n_new: usize,
-        sampling: Sampling,
-    ) -> Result<Vec<u32>, EngineError> {
-        let max_seq = self.setup.seq as usize;
-        eval::generate(self, prompt, n_new, max_seq, sampling)
     }
 }
 

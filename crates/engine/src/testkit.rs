@@ -77,6 +77,45 @@ pub fn tokens(n: usize, vocab: u64, seed: u64) -> Vec<u32> {
     (0..n).map(|_| rng.next_below(vocab) as u32).collect()
 }
 
+/// `n` values uniform in [-scale/2, scale/2) from `seed` (the project's SplitMix64).
+pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut rng = data::SplitMix64::new(seed);
+    let unit = |x: u64| (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+    (0..n).map(|_| scale * unit(rng.next_u64())).collect()
+}
+
+/// Asserts rank `failing` ended with its own data error and every other rank with a
+/// communication error naming it (a dead rank stops the others; it never hangs them).
+pub fn assert_rank_failure_named<T: std::fmt::Debug>(
+    results: &[Result<T, crate::EngineError>],
+    failing: usize,
+) {
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(crate::EngineError::Data(_)) if rank == failing => {}
+            Err(crate::EngineError::Comm(e)) if rank != failing => {
+                let name = format!("rank {failing}");
+                assert!(e.to_string().contains(&name), "rank {rank}: {e}");
+            }
+            other => panic!("rank {rank} should fail naming rank {failing}, got {other:?}"),
+        }
+    }
+}
+
+/// Restores `trainer` and `loader` from `snap` the way a resumed run does, after first giving
+/// the trainer different weights (so the snapshot must overwrite all of them).
+pub fn resume_from(
+    snap: &crate::snapshot::Snapshot,
+    trainer: &mut Trainer,
+    loader: &mut data::Loader,
+    seed: u64,
+) {
+    trainer.init_weights(seed + 1);
+    snap.check_compatible(&trainer.config, seed).unwrap();
+    let run = snap.restore(trainer).unwrap();
+    loader.seek(run.loader).unwrap();
+}
+
 /// Runs `f` on every rank of a world of `ranks` (threads, through `world::launch`) and returns
 /// the results in rank order; a rank's panic fails the test with its message.
 pub fn on_ranks<T: Send>(ranks: usize, f: impl Fn(Box<dyn Collective>) -> T + Sync) -> Vec<T> {

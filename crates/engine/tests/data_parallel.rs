@@ -85,13 +85,5 @@ fn a_rank_that_fails_stops_the_others_with_an_error_not_a_hang() {
         })
         .map(|_| ())
     });
-    assert!(
-        matches!(results[1], Err(engine::EngineError::Data(_))),
-        "{:?}",
-        results[1]
-    );
-    match &results[0] {
-        Err(engine::EngineError::Comm(e)) => assert!(e.to_string().contains("rank 1"), "{e}"),
-        other => panic!("rank 0 should fail naming rank 1, got {other:?}"),
-    }
+    common::assert_rank_failure_named(&results, 1);
 }

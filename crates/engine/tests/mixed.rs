@@ -34,7 +34,7 @@ use common::{config, gpt2_tiny, llama_tiny, max_diff, on_ranks, tokens};
 use engine::precision::{DeepSpeedScaling, PrecisionError, ScalerConfig, TorchScaling};
 use engine::train::Mixed;
 use engine::{EngineError, TrainConfig, Trainer};
-use plan::buffer::{Category, Device, Lifetime};
+use plan::buffer::Device;
 use plan::setup::{Attention, Recompute, ZeroStage};
 
 const SEQ: u64 = 16;
@@ -106,26 +106,16 @@ fn check_memory(t: &Trainer) {
     }
     let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
     let n = u64::from(t.sharding.world as u32);
-    let persistent = |c: Category| -> u64 {
-        let b = plan.buffers.iter();
-        b.filter(|b| b.category == c && b.lifetime == Lifetime::Persistent)
-            .map(|b| b.bytes)
-            .sum()
-    };
     let (params, grads, opt) = match t.sharding.stage() {
         ZeroStage::Zero0 => (2 * psi, 2 * psi, 12 * psi),
         ZeroStage::Zero1 => (2 * psi, 2 * psi, 12 * psi / n),
         ZeroStage::Zero2 => (2 * psi, 2 * psi / n, 12 * psi / n),
         ZeroStage::Zero3 => (2 * psi / n, 2 * psi / n, 12 * psi / n),
     };
-    let got = (
-        persistent(Category::Params),
-        persistent(Category::Grads),
-        persistent(Category::Optimizer),
-    );
+    let want = (params, grads, opt);
     assert_eq!(
-        got,
-        (params, grads, opt),
+        plan.persistent_state(),
+        want,
         "{what}: 2+2+12 bytes per parameter"
     );
 }

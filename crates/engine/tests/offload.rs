@@ -20,15 +20,7 @@ const OPT: AdamW = AdamW {
 };
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as f32 / u32::MAX as f32 - 0.5
-        })
-        .collect()
+    engine::testkit::values(n, u64::from(seed), 1.0)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -288,15 +288,7 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
 }
 
 fn vec_of(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x as f32 / u32::MAX as f32 - 0.5) * 0.02
-        })
-        .collect()
+    engine::testkit::values(n, u64::from(seed), 0.02)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -73,11 +73,7 @@ fn rank_run(mut cfg: TrainConfig, comm: Box<dyn comm::Collective>, plan: &Plan<'
     let mut loader = ds.train_loader(config).unwrap();
     trainer.init_weights(SEED);
     if let Some(snap) = plan.resume {
-        // Different starting weights prove the snapshot overwrites all of them.
-        trainer.init_weights(SEED + 1);
-        snap.check_compatible(&trainer.config, SEED).unwrap();
-        let run = snap.restore(&mut trainer).unwrap();
-        loader.seek(run.loader).unwrap();
+        common::resume_from(snap, &mut trainer, &mut loader, SEED);
     }
     let mut losses = Vec::new();
     while trainer.step < plan.until_step {

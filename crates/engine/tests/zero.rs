@@ -22,7 +22,6 @@ use common::{
     assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, max_diff, on_ranks, tokens,
 };
 use engine::{TrainConfig, Trainer};
-use plan::buffer::{Category, Lifetime};
 use plan::setup::{Recompute, ZeroStage};
 use plan::ModelShape;
 
@@ -102,18 +101,7 @@ fn check_memory(t: &Trainer, rank: usize) {
     assert_measured_equals_planned(t, &what);
     if t.sharding.stage() == ZeroStage::Zero3 {
         let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
-        let state: u64 = plan
-            .buffers
-            .iter()
-            .filter(|b| b.lifetime == Lifetime::Persistent)
-            .filter(|b| {
-                matches!(
-                    b.category,
-                    Category::Params | Category::Grads | Category::Optimizer
-                )
-            })
-            .map(|b| b.bytes)
-            .sum();
+        let state = plan.model_state_bytes();
         assert_eq!(state, 16 * psi / t.sharding.world as u64, "{what}: 16Ψ/N");
     }
 }
@@ -267,13 +255,5 @@ fn a_rank_that_fails_mid_gather_stops_the_others() {
         // first gather, while rank 0 waits in it.
         step(&mut t, if rank == 1 { 96 } else { 3 }).map(|_| ())
     });
-    assert!(
-        matches!(results[1], Err(engine::EngineError::Data(_))),
-        "{:?}",
-        results[1]
-    );
-    match &results[0] {
-        Err(engine::EngineError::Comm(e)) => assert!(e.to_string().contains("rank 1"), "{e}"),
-        other => panic!("rank 0 should fail naming rank 1, got {other:?}"),
-    }
+    common::assert_rank_failure_named(&results, 1);
 }

@@ -11,20 +11,10 @@ use std::time::Instant;
 
 fn setup() -> TrainSetup {
     TrainSetup {
-        precision: Precision::Bf16,
-        optimizer: Optimizer::AdamW,
         zero: ZeroStage::Zero3,
         dp: 8,
-        tp: 1,
-        pp: 1,
-        sp: false,
-        micro_batch: 4,
-        seq: 2048,
-        grad_accum: 1,
         recompute: Recompute::Sqrt,
-        attention: Attention::Flash,
-        offload: Offload::None,
-        lora: None,
+        ..TrainSetup::new(4, 2048)
     }
 }
 

@@ -136,24 +136,13 @@ fn mlp_bytes(model: &ModelShape, layer_idx: u32, a: u64, sb: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::presets;
-    use crate::setup::{Offload, Optimizer, Recompute, ZeroStage};
 
     fn setup(tp: u32, sp: bool, attention: Attention) -> TrainSetup {
         TrainSetup {
-            precision: Precision::Bf16,
-            optimizer: Optimizer::AdamW,
-            zero: ZeroStage::Zero0,
-            dp: 1,
             tp,
-            pp: 1,
             sp,
-            micro_batch: 2,
-            seq: 1024,
-            grad_accum: 1,
-            recompute: Recompute::None,
             attention,
-            offload: Offload::None,
-            lora: None,
+            ..TrainSetup::new(2, 1024)
         }
     }
 

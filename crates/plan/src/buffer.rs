@@ -270,6 +270,32 @@ impl MemoryPlan {
             .unwrap_or(0)
     }
 
+    /// Bytes of `category` held all step long (on any device): weights, gradient
+    /// accumulators, optimizer state.
+    pub fn persistent_bytes(&self, category: Category) -> u64 {
+        let held = self
+            .buffers
+            .iter()
+            .filter(|b| b.lifetime == Lifetime::Persistent);
+        held.filter(|b| b.category == category)
+            .map(|b| b.bytes)
+            .sum()
+    }
+
+    /// Persistent (parameters, gradients, optimizer state) bytes.
+    pub fn persistent_state(&self) -> (u64, u64, u64) {
+        let [p, g, o] = [Category::Params, Category::Grads, Category::Optimizer]
+            .map(|c| self.persistent_bytes(c));
+        (p, g, o)
+    }
+
+    /// Model state held all step long: parameters, gradients and optimizer state (ZeRO's
+    /// 16Ψ/N for fp32 or mixed-precision AdamW).
+    pub fn model_state_bytes(&self) -> u64 {
+        let (p, g, o) = self.persistent_state();
+        p + g + o
+    }
+
     /// The largest live bytes of each category on `device` over the step (each at its own peak).
     pub fn category_peaks(&self, device: Device) -> [u64; 6] {
         let mut peaks = [0u64; 6];

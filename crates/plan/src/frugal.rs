@@ -155,24 +155,13 @@ mod tests {
     use super::*;
     use crate::buffer::{Category, Lifetime};
     use crate::presets;
-    use crate::setup::{Attention, Offload, Optimizer, Precision, Recompute, ZeroStage};
+    use crate::setup::{Attention, Offload, Optimizer, Precision, ZeroStage};
 
     fn setup(batch: u64, seq: u64) -> TrainSetup {
         TrainSetup {
             precision: Precision::Fp32,
-            optimizer: Optimizer::AdamW,
-            zero: ZeroStage::Zero0,
-            dp: 1,
-            tp: 1,
-            pp: 1,
-            sp: false,
-            micro_batch: batch,
-            seq,
-            grad_accum: 1,
-            recompute: Recompute::None,
             attention: Attention::Eager,
-            offload: Offload::None,
-            lora: None,
+            ..TrainSetup::new(batch, seq)
         }
     }
 
@@ -272,22 +261,9 @@ mod tests {
                     let mut s = setup(2, 32);
                     (s.precision, s.dp, s.zero) = (precision, world, zero);
                     let plan = training_plan(&model, &s).unwrap();
-                    let persistent = |c: Category| -> u64 {
-                        let b = plan.buffers.iter();
-                        b.filter(|b| b.category == c && b.lifetime == Lifetime::Persistent)
-                            .map(|b| b.bytes)
-                            .sum()
-                    };
-                    let got = (
-                        persistent(Category::Params),
-                        persistent(Category::Grads),
-                        persistent(Category::Optimizer),
-                    );
-                    assert_eq!(
-                        got,
-                        (params, grads, opt),
-                        "{precision:?} N={world} {zero:?}"
-                    );
+                    let want = (params, grads, opt);
+                    let what = format!("{precision:?} N={world} {zero:?}");
+                    assert_eq!(plan.persistent_state(), want, "{what}");
                 }
             }
         }
@@ -311,12 +287,7 @@ mod tests {
                 let plan = training_plan(&model, &s).unwrap();
                 let layout = assign_offsets(&plan, Device::Gpu);
                 assert_eq!(layout.slab_bytes, plan.peak_bytes(Device::Gpu), "{zero:?}");
-                let persistent = |c: Category| -> u64 {
-                    let b = plan.buffers.iter().filter(|b| b.category == c);
-                    b.filter(|b| b.lifetime == Lifetime::Persistent)
-                        .map(|b| b.bytes)
-                        .sum()
-                };
+                let persistent = |c: Category| plan.persistent_bytes(c);
                 let n = u64::from(world);
                 let (p, g, o) = match zero {
                     ZeroStage::Zero0 => (4 * psi, 4 * psi, 8 * psi),

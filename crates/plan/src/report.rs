@@ -55,6 +55,20 @@ pub struct PerDevice {
     pub total_bytes: u64,
 }
 
+impl PerDevice {
+    /// The breakdown `at_peak` with the process totals: `total` is the reserve plus the context
+    /// (what `nvidia-smi` shows).
+    fn of(at_peak: [u64; 6], peak: u64, reserved: u64, context: u64) -> PerDevice {
+        PerDevice {
+            categories: Breakdown::from_categories(at_peak),
+            peak_bytes: peak,
+            reserved_bytes: reserved,
+            context_bytes: context,
+            total_bytes: reserved + context,
+        }
+    }
+}
+
 /// `host`: what offload keeps in host memory, at the host's peak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Host {
@@ -174,13 +188,12 @@ pub fn training(
         model: model.cloned(),
         param_count: model.map_or(n_params, ModelShape::param_count),
         setup: serde_json::to_value(setup).unwrap_or_default(),
-        per_device: PerDevice {
-            categories: Breakdown::from_categories(at_peak),
-            peak_bytes: est.peak_bytes,
-            reserved_bytes: est.reserved_bytes,
-            context_bytes: est.context_bytes,
-            total_bytes: est.total_bytes(),
-        },
+        per_device: PerDevice::of(
+            at_peak,
+            est.peak_bytes,
+            est.reserved_bytes,
+            est.context_bytes,
+        ),
         host,
         peak_phase: phase_name(phase),
         timeline,
@@ -208,13 +221,12 @@ pub fn inference(
         model: model.cloned(),
         param_count: model.map_or(n_params, ModelShape::param_count),
         setup: serde_json::to_value(setup).unwrap_or_default(),
-        per_device: PerDevice {
-            categories: Breakdown::from_categories(at_peak),
-            peak_bytes: est.peak_bytes,
-            reserved_bytes: est.reserved_bytes,
-            context_bytes: est.context_bytes,
-            total_bytes: est.total_bytes(),
-        },
+        per_device: PerDevice::of(
+            at_peak,
+            est.peak_bytes,
+            est.reserved_bytes,
+            est.context_bytes,
+        ),
         host: None,
         peak_phase: if prefill_peak >= decode_peak {
             "prefill"

@@ -1,6 +1,9 @@
 //! The `pytorch` profile's inference with quantized weights (bitsandbytes int8/nf4, GPTQ-style
 //! int4), a paged KV cache and tensor parallelism: sizes derivable by hand.
 
+mod common;
+
+use common::L2_LINEARS;
 use plan::presets::by_name;
 use plan::pytorch::{inference_estimate, InferDetail};
 use plan::setup::{Attention, Dtype, InferSetup};
@@ -26,15 +29,6 @@ fn r512(b: u64) -> u64 {
     b.div_ceil(512) * 512
 }
 
-const L2_LINEARS: [(u64, u64); 7] = [
-    (4096, 4096),
-    (4096, 4096),
-    (4096, 4096),
-    (4096, 4096),
-    (4096, 11008),
-    (4096, 11008),
-    (11008, 4096),
-];
 /// Llama-2-7B's embeddings, head and norms in bf16.
 const L2_DENSE: u64 = 2 * (2 * 32000 * 4096 + 65 * 4096);
 

@@ -4,26 +4,16 @@
 
 use plan::presets::by_name;
 use plan::pytorch::{training_detail, OptimizerImpl, TrainDetail};
-use plan::setup::{Attention, Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage};
+use plan::setup::{Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage};
 
 const P: u64 = 6_738_415_616; // Llama-2-7B
 
 fn setup(zero: ZeroStage, dp: u32) -> TrainSetup {
     TrainSetup {
-        precision: Precision::Bf16,
-        optimizer: Optimizer::AdamW,
         zero,
         dp,
-        tp: 1,
-        pp: 1,
-        sp: false,
-        micro_batch: 1,
-        seq: 1024,
-        grad_accum: 1,
         recompute: Recompute::Full,
-        attention: Attention::Flash,
-        offload: Offload::None,
-        lora: None,
+        ..TrainSetup::new(1, 1024)
     }
 }
 

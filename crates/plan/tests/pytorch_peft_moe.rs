@@ -1,29 +1,19 @@
 //! The `pytorch` profile on LoRA/QLoRA (PEFT + bitsandbytes), MoE (Mixtral, DeepSeek) and MLA:
 //! properties derivable by hand from the libraries' storage and autograd rules.
 
+mod common;
+
+use common::L2_LINEARS;
 use plan::presets::by_name;
 use plan::pytorch::{inference_estimate, training_detail, OptimizerImpl};
-use plan::setup::{
-    Attention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute, TrainSetup,
-    ZeroStage,
-};
+use plan::setup::{Attention, Dtype, InferSetup, Lora, Precision, Recompute, TrainSetup};
 
 fn setup(precision: Precision, lora: Option<Lora>) -> TrainSetup {
     TrainSetup {
         precision,
-        optimizer: Optimizer::AdamW,
-        zero: ZeroStage::Zero0,
-        dp: 1,
-        tp: 1,
-        pp: 1,
-        sp: false,
-        micro_batch: 1,
-        seq: 512,
-        grad_accum: 1,
         recompute: Recompute::Full,
-        attention: Attention::Flash,
-        offload: Offload::None,
         lora,
+        ..TrainSetup::new(1, 512)
     }
 }
 
@@ -34,16 +24,6 @@ fn lora(rank: u32, targets: &[&str], base: Dtype) -> Option<Lora> {
         base,
     })
 }
-
-const L2_LINEARS: [(u64, u64); 7] = [
-    (4096, 4096),
-    (4096, 4096),
-    (4096, 4096),
-    (4096, 4096),
-    (4096, 11008),
-    (4096, 11008),
-    (11008, 4096),
-];
 
 #[test]
 fn lora_rank_adds_adapter_bytes_times_param_grad_and_two_moments() {

@@ -6,20 +6,9 @@ use plan::{formula, presets, Category, Device, PlanError};
 
 fn setup(zero: ZeroStage, dp: u32) -> TrainSetup {
     TrainSetup {
-        precision: Precision::Bf16,
-        optimizer: Optimizer::AdamW,
         zero,
         dp,
-        tp: 1,
-        pp: 1,
-        sp: false,
-        micro_batch: 4,
-        seq: 2048,
-        grad_accum: 1,
-        recompute: Recompute::None,
-        attention: Attention::Flash,
-        offload: Offload::None,
-        lora: None,
+        ..TrainSetup::new(4, 2048)
     }
 }
 

@@ -59,19 +59,7 @@ pub fn model_state(t: &Trainer) -> ModelState {
     use plan::buffer::Lifetime;
     let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
     let ranks = t.sharding.world as u64;
-    let state_bytes = t
-        .plan
-        .buffers
-        .iter()
-        .filter(|b| b.lifetime == Lifetime::Persistent)
-        .filter(|b| {
-            matches!(
-                b.category,
-                Category::Params | Category::Grads | Category::Optimizer
-            )
-        })
-        .map(|b| b.bytes)
-        .sum();
+    let state_bytes = t.plan.model_state_bytes();
     let (peak_phase, _) = t.plan.at_peak(Device::Gpu);
     let n_layers = t.plan.n_layers;
     let at = peak_phase.ordinal(n_layers);

@@ -39,3 +39,20 @@ pub fn small_text(group: &str, test: &str, chars: usize) -> String {
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
 }
+
+/// The JSON contract's per-category byte fields, in order (they sum to `peak_bytes`).
+pub const CATEGORY_FIELDS: [&str; 6] = [
+    "params_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "activations_bytes",
+    "kv_cache_bytes",
+    "other_bytes",
+];
+
+/// Asserts `out` exited with code 2 and its stderr names `needle`.
+pub fn fails_with(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}

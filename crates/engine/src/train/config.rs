@@ -82,16 +82,11 @@ impl TrainConfig {
             optimizer: self.optimizer.plan_optimizer(),
             zero: self.zero,
             dp: self.ranks,
-            tp: 1,
-            pp: 1,
-            sp: false,
-            micro_batch: self.batch,
-            seq: self.seq,
             grad_accum: self.grad_accum,
             recompute: self.recompute,
             attention: self.attention,
             offload: self.mixed.offload,
-            lora: None,
+            ..TrainSetup::new(self.batch, self.seq)
         }
     }
 }

@@ -154,18 +154,12 @@ impl FitRequest {
         TrainSetup {
             precision: self.precision,
             optimizer: self.optimizer,
-            zero: ZeroStage::Zero0,
             dp: self.gpus,
-            tp: 1,
-            pp: 1,
-            sp: false,
-            micro_batch: (self.global_batch / self.gpus.max(1) as u64).max(1),
-            seq: self.seq,
-            grad_accum: 1,
-            recompute: Recompute::None,
             attention: self.attention,
-            offload: Offload::None,
-            lora: None,
+            ..TrainSetup::new(
+                (self.global_batch / self.gpus.max(1) as u64).max(1),
+                self.seq,
+            )
         }
     }
 }

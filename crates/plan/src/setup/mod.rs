@@ -147,6 +147,30 @@ pub struct TrainSetup {
     pub lora: Option<Lora>,
 }
 
+impl TrainSetup {
+    /// `micro_batch` rows of `seq` tokens with the planner's defaults, `frugal plan`'s: bf16 with
+    /// fp32 master weights, AdamW, one GPU (ZeRO 0, no TP/PP/SP), no accumulation, no recompute,
+    /// flash attention, no offload, no LoRA. Set any field with `..TrainSetup::new(b, s)`.
+    pub fn new(micro_batch: u64, seq: u64) -> TrainSetup {
+        TrainSetup {
+            precision: Precision::Bf16,
+            optimizer: Optimizer::AdamW,
+            zero: ZeroStage::Zero0,
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            micro_batch,
+            seq,
+            grad_accum: 1,
+            recompute: Recompute::None,
+            attention: Attention::DEFAULT,
+            offload: Offload::None,
+            lora: None,
+        }
+    }
+}
+
 /// An inference setup.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct InferSetup {

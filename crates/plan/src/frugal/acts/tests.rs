@@ -3,7 +3,7 @@ use super::*;
 use crate::buffer::MemoryPlan;
 use crate::frugal::{assign_offsets, training_plan};
 use crate::presets;
-use crate::setup::{Offload, Optimizer, Precision, ZeroStage};
+use crate::setup::Precision;
 
 const POLICIES: [Recompute; 7] = [
     Recompute::None,
@@ -18,19 +18,9 @@ const POLICIES: [Recompute; 7] = [
 fn setup(batch: u64, seq: u64, recompute: Recompute, attention: Attention) -> TrainSetup {
     TrainSetup {
         precision: Precision::Fp32,
-        optimizer: Optimizer::AdamW,
-        zero: ZeroStage::Zero0,
-        dp: 1,
-        tp: 1,
-        pp: 1,
-        sp: false,
-        micro_batch: batch,
-        seq,
-        grad_accum: 1,
         recompute,
         attention,
-        offload: Offload::None,
-        lora: None,
+        ..TrainSetup::new(batch, seq)
     }
 }
 
