@@ -1,5 +1,6 @@
-//! The training engine: arenas carved from the memory plan, GPT-2 and Llama-style models built
-//! from explicit forward/backward kernels, optimizers, and weights in and out as HF safetensors.
+//! The training engine: arenas carved from the memory plan on a device backend, GPT-2 and
+//! Llama-style models built from explicit forward/backward ops, optimizers, ranks, and weights in
+//! and out as HF safetensors.
 //!
 //! One source of truth for bytes: `plan::frugal::training_plan` lists every buffer; [`Arena`]
 //! allocates exactly those (one slab per device, offsets from the buffers' lifetimes) and measures
@@ -22,19 +23,18 @@
 //! assert!(stats.loss.is_finite());
 //! ```
 
-// How the memory savers keep "the plan lists it, the arena carves it":
-// - ZeRO (`zero`): one `Trainer` per rank (`Trainer::with_comm`, ranks from `world::launch`), each with its own arena from
-//   `training_plan(model, setup { dp: N, zero })` (`plan::frugal::shards`). Stage 1 plans `opt.*`
-//   as shards and reduce-scatters `grads.<unit>` in place; stage 2 plans `grads.<unit>` as a span
-//   plus a persistent `grads.shard.<unit>`; stage 3 plans `params.shard.<unit>` and
-//   `gather.fwd.*`/`gather.bwd.*` spans born one phase early (prefetch).
-// - Recompute (`recompute`): the plan moves a segment's saved tensors to `Backward(l)` births and
-//   the backward reruns the segment's forward; selective recomputes only the cheap tensors.
-// - bf16/fp16 (`train::mixed`, `precision`): 2-byte weights and gradient shards, fp32 `master.*`
-//   and Adam state (16 bytes per parameter); under bf16 the matmul inputs and saved matmul outputs
-//   are 2-byte too, written and read through planned f32 scratch (`work.f32`, `work.f32_in`).
-// - Offload (`offload`): master, m and v in host memory or a memory-mapped file; the plan puts
-//   them on `Device::Host`.
+// How the pieces fit (ARCHITECTURE.md has the map):
+// - `backend`: the device seam. `Backend` runs every op on arena tensors; `backend::cpu::Cpu` is
+//   the kernels crate. Nothing above it touches slices.
+// - `arena`: one slab per device from the plan, buffers found by `plan::frugal::Key`.
+// - `model` (weights + forward wiring) and `train::TrainState` (gradients, backward wiring,
+//   optimizer state) apart; `runner::Runner` is a model with no training state.
+// - `forward`, `backward`, `recompute`: the passes as ops, following the family's block design.
+// - ZeRO (`zero`): one `Trainer` per rank (`Trainer::with_comm`, ranks from `world::launch`),
+//   obeying the plan's `StateRule` for what each stage shards and gathers.
+// - bf16/fp16 (`train::mixed`, `precision`): 2-byte weights and gradients, fp32 master weights
+//   and Adam state; bf16 matmul inputs and outputs through planned f32 scratch.
+// - Offload (`offload`): master, m and v in host memory or a memory-mapped file.
 // - Snapshots (`snapshot`): whole HF weights plus each rank's optimizer shard, the loader position
 //   and the loss scaler, committed by a manifest.
 

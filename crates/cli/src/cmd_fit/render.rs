@@ -1,5 +1,5 @@
 //! `frugal fit`'s output: the table of the best setups, the seed's remedies they apply, why the
-//! rest don't fit, and the `--json` object (DESIGN.md's `per_device` for each setup shown).
+//! rest don't fit, and the `--json` object (ARCHITECTURE.md's `per_device` for each setup shown).
 //!
 //! Not here: flags and the search. Example: `print!("{}", text(&model, &r, &res, &misses, &u, 5))`.
 
@@ -18,7 +18,7 @@ fn optimizer_name(o: Optimizer) -> &'static str {
     }
 }
 
-/// `per_device` (DESIGN.md's contract) and `host` of a candidate, re-estimated for the report.
+/// `per_device` (ARCHITECTURE.md's JSON contract) and `host` of a candidate, re-estimated for the report.
 fn per_device(
     model: &ModelShape,
     r: &FitRequest,
