@@ -115,9 +115,9 @@ pub struct Args {
     /// Optimizer elements the host's CPU Adam updates per second per node (offload).
     #[arg(long, value_name = "COUNT", default_value = "2B")]
     host_adam_rate: String,
-    /// How many of the best setups to show.
-    #[arg(long, default_value_t = 5)]
-    top: usize,
+    /// How many of the best setups to show (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    top: u64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -216,12 +216,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let misses = fit::why_not(&model, &request, &result);
     let unsupported = fit::why::unsupported_groups(&result);
     if args.json {
-        let v = render::to_json(&model, &request, &result, &misses, &unsupported, args.top);
+        let v = render::to_json(
+            &model,
+            &request,
+            &result,
+            &misses,
+            &unsupported,
+            args.top as usize,
+        );
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!(
             "{}",
-            render::text(&model, &request, &result, &misses, &unsupported, args.top)
+            render::text(
+                &model,
+                &request,
+                &result,
+                &misses,
+                &unsupported,
+                args.top as usize
+            )
         );
     }
     Ok(())

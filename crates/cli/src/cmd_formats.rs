@@ -36,7 +36,7 @@ size must divide the row length; scales are rounded up to the scale dtype so not
 ))]
 pub struct Args {
     /// A number to show in every format: 3.14159, -6.1e-5, 1e30, inf, nan.
-    #[arg(value_name = "VALUE")]
+    #[arg(value_name = "VALUE", allow_hyphen_values = true)]
     value: Option<String>,
     /// Print the properties of every format (bits, bias, range, epsilon, digits, overflow rule).
     #[arg(long)]

@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long, value_name = "NAME|PATH")]
     model: Option<String>,
     /// A bare parameter count (7B, 1.5B, 124M) for the seed's model-state formulas.
-    #[arg(long, value_name = "COUNT")]
+    #[arg(long, value_name = "COUNT", allow_hyphen_values = true)]
     params: Option<String>,
     /// Plan a training step (the default).
     #[arg(long)]
@@ -284,6 +284,11 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
         }
         (None, Some(count)) => {
             let n = units::parse_count(count, "--params")?;
+            if n == 0 {
+                return Err(anyhow!(
+                    "--params {count}: a model has at least one parameter; write e.g. 7B or 124M"
+                ));
+            }
             if args.infer {
                 let est = infer::weights_only_estimate(n, args.weights);
                 report::inference(

@@ -10,6 +10,7 @@
 //! Example: `frugal train --steps 50 --json --plot loss.svg --out run1`.
 
 pub(crate) mod config;
+mod guard;
 mod precision;
 mod report;
 pub(crate) mod setup;
@@ -135,6 +136,10 @@ pub struct Args {
     /// --zero, the same model, optimizer, schedule, global batch and seed.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start a new run in an --out folder that holds another run's snapshots, deleting them
+    /// (without it such a folder is refused: continue it with --resume instead).
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 /// One point of the loss curves.
@@ -145,6 +150,7 @@ pub struct Curves {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let shared = setup::prepare(&args)?;
+    guard::install_signal_handlers()?;
     let ranks = args.ranks as usize;
     let is_comm = |e: &anyhow::Error| {
         matches!(
@@ -253,7 +259,11 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         tokens += stats.tokens;
         curves.train.push((step + 1, stats.loss));
         snapshot::maybe_save(args, &mut trainer, &loader)?;
-        if (step + 1) % args.val_every.max(1) == 0 || step + 1 == args.steps {
+        if trainer.any_rank(guard::stop_requested())? && step + 1 < args.steps {
+            bar.finish_and_clear();
+            return Err(interrupted(args, &mut trainer, &loader));
+        }
+        if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
             // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
             let batches = args.val_batches * args.ranks as usize;
             let loss = setup::val_loss(&mut trainer, &val, batches)?;
@@ -279,6 +289,29 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         finished: zero::Finished::default(),
         memory: Vec::new(),
     })
+}
+
+/// The error of a run stopped by SIGTERM/Ctrl-C after its step, with a snapshot saved to
+/// `--out` (every rank joins the save) and the command that continues it.
+fn interrupted(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> anyhow::Error {
+    let step = trainer.step;
+    let Some(out) = &args.out else {
+        return anyhow::anyhow!(
+            "interrupted after step {step}; nothing was saved (give --out DIR to keep a \
+             snapshot on interruption)"
+        );
+    };
+    match snapshot::save_now(args, trainer, loader, out) {
+        Ok(dir) => anyhow::anyhow!(
+            "interrupted after step {step}; snapshot saved to {}: continue with the same flags \
+             and --resume {}",
+            dir.display(),
+            out.display()
+        ),
+        Err(e) => e.context(format!(
+            "interrupted after step {step}; the snapshot failed"
+        )),
+    }
 }
 
 fn progress_bar(args: &Args) -> ProgressBar {

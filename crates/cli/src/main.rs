@@ -54,13 +54,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    silence_overflow_panics();
+    let result = std::panic::catch_unwind(|| match cli.command {
         Command::Formats(args) => cmd_formats::run(args),
         Command::Plan(args) => cmd_plan::run(args),
         Command::Fit(args) => cmd_fit::run(args),
         Command::Train(args) => cmd_train::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Export(args) => cmd_export::run(args),
+    });
+    let result = match result {
+        Ok(result) => result,
+        Err(payload) if overflow_message(&*payload).is_some() => Err(overflowed(&*payload)),
+        Err(payload) => std::panic::resume_unwind(payload),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -69,4 +75,36 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The planner's arithmetic is overflow-checked in every profile (Cargo.toml): such a panic
+/// means the inputs are too large for 64-bit byte counts, which `main` reports as an error; every
+/// other panic is a bug and prints as usual.
+fn silence_overflow_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let overflow = overflow_message(info.payload()).is_some();
+        if !overflow {
+            default(info);
+        }
+    }));
+}
+
+fn overflow_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    let text = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))?;
+    text.contains("with overflow").then_some(text)
+}
+
+/// The error for an overflowed byte count, naming the inputs (this command line).
+fn overflowed(payload: &(dyn std::any::Any + Send)) -> anyhow::Error {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    anyhow::anyhow!(
+        "the sizes asked for overflow 64-bit byte counts ({}): `frugal {}` describes more than \
+         2^64 bytes; use a smaller --batch, --seq or model",
+        overflow_message(payload).unwrap_or("overflow"),
+        args.join(" ")
+    )
 }

@@ -5,21 +5,7 @@
 
 #![allow(dead_code)]
 
-/// Bytes in the largest binary unit that keeps the number at or above 1: B, KiB, MiB, GiB, TiB.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
-}
+pub use plan::units::human_bytes;
 
 /// Bytes in decimal gigabytes (10^9), as the seed's worked examples write them.
 pub fn gigabytes(bytes: u64) -> String {

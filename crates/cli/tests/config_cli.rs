@@ -65,7 +65,7 @@ fn a_bf16_run_is_refused_on_its_own_peak_and_accepted_when_it_fits() {
     let out = train(&data, &["--precision", "bf16", "--device-memory", &short]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains(&format!("needs {bf16} bytes")), "{err}");
+    assert!(err.contains(&format!("({bf16} bytes)")), "{err}");
     let exact = bf16.to_string();
     let run = json(&train(
         &data,

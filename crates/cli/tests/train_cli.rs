@@ -140,7 +140,7 @@ fn a_sequence_longer_than_the_positions_is_refused() {
 fn too_little_memory_is_refused_before_step_one_with_the_breakdown() {
     let dir = temp_dir("mem");
     let out = tiny_run(&dir, &["--device-memory", "1MiB"]);
-    fails_with(&out, "the device holds 1048576");
+    fails_with(&out, "the device holds 1.00 MiB (1048576 bytes)");
     fails_with(&out, "activations");
     // Nothing near this setup fits in 1 MiB: the error still says how to get there.
     fails_with(&out, "give more --device-memory");

@@ -80,12 +80,18 @@ impl<B: Backend> Arena<B> {
         if let Some(capacity) = capacity_bytes {
             let needed = layout.slab_bytes.max(plan.peak_bytes(device));
             if needed > capacity {
-                return Err(EngineError::DoesNotFit {
+                let (phase, at_peak) = plan.at_peak(device);
+                return Err(EngineError::DoesNotFit(Box::new(crate::capacity::NoFit {
+                    limit: crate::capacity::Limit::Device,
                     needed_bytes: needed,
                     capacity_bytes: capacity,
-                    category_peak_bytes: plan.category_peaks(device),
+                    ranks: 1,
+                    at_peak,
+                    phase,
+                    layout_bytes: needed - at_peak.iter().sum::<u64>(),
+                    host_bytes: 0,
                     advice: None,
-                });
+                })));
             }
         }
         let mut slots = Vec::with_capacity(layout.offsets.len());

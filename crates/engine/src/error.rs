@@ -17,30 +17,15 @@ pub enum EngineError {
     /// Optimizer offload: the host store could not be created, mapped or flushed.
     #[error(transparent)]
     Offload(#[from] crate::offload::OffloadError),
-    /// The step's memory exceeds `--device-memory`; nothing was allocated.
+    /// The run does not fit `--device-memory` or the host's RAM; nothing was allocated.
+    #[error("{0}")]
+    DoesNotFit(Box<crate::capacity::NoFit>),
+    /// The backend could not allocate a slab the plan said fits (the OS refused).
     #[error(
-        "the run needs {needed_bytes} bytes but the device holds {capacity_bytes} \
-         (params {p}, grads {g}, optimizer {o}, activations {a}, other {x} bytes){advice}",
-        p = category_peak_bytes[0],
-        g = category_peak_bytes[1],
-        o = category_peak_bytes[2],
-        a = category_peak_bytes[3],
-        x = category_peak_bytes[5],
-        advice = advice.as_ref().map_or_else(
-            || "; the advisor found no nearby setup that fits: give more --device-memory, \
-                 more --ranks with --zero 3, or a smaller --model"
-                .to_string(),
-            |a| format!("; to fit: {a}")
-        )
+        "could not allocate {bytes} bytes for the {what}: the operating system refused; free \
+         memory, use fewer --ranks or a smaller --model, --batch or --seq"
     )]
-    DoesNotFit {
-        needed_bytes: u64,
-        capacity_bytes: u64,
-        /// Each category at its own peak, indexed by `Category as usize`.
-        category_peak_bytes: [u64; 6],
-        /// The `fit` advisor's cheapest way to fit, when it has one.
-        advice: Option<String>,
-    },
+    OutOfMemory { what: String, bytes: u64 },
     /// A model config (HF `config.json` or preset) the engine cannot build.
     #[error("cannot build the model from {source_name}: {reason}")]
     Config { source_name: String, reason: String },

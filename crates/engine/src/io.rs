@@ -225,11 +225,28 @@ pub fn load_prefixed<B: Backend>(
     Ok(())
 }
 
+/// Writes `path` durably: a temporary file, fsynced, renamed into place, the folder synced; a
+/// failed write leaves no temporary file behind.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
     let io = |context: String| move |source| EngineError::Io { context, source };
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io(format!("renaming into {}", path.display())))
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        use std::io::Write;
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(format!("writing {}", tmp.display()))(e));
+    }
+    std::fs::rename(&tmp, path).map_err(io(format!("renaming into {}", path.display())))?;
+    // The rename durable too, as the snapshots' is.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(format!("syncing the folder {}", dir.display())))?;
+    }
+    Ok(())
 }
 
 /// Writes `dir/model.safetensors` and `dir/config.json` (transformers' `from_pretrained` layout).

@@ -41,6 +41,7 @@
 pub mod arena;
 pub mod backend;
 pub mod backward;
+pub mod capacity;
 pub mod config;
 pub mod error;
 pub mod eval;

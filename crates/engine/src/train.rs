@@ -433,6 +433,15 @@ impl<B: Backend> Trainer<B> {
         Ok(self.comm.barrier()?)
     }
 
+    /// Whether `flag` is true on any rank; every rank calls it after the same step, so all
+    /// agree (e.g. to stop on a signal only one thread saw first).
+    pub fn any_rank(&mut self, flag: bool) -> Result<bool, EngineError> {
+        if self.comm.world_size() == 1 {
+            return Ok(flag);
+        }
+        Ok(self.comm.all_gather_u64(&[u64::from(flag)])?.contains(&1))
+    }
+
     /// bf16/fp16: each unit's master weights and Adam moments (this rank's part; empty when
     /// offloaded).
     pub fn masters(&self) -> &[MasterState] {

@@ -59,14 +59,14 @@ fn a_run_over_capacity_is_refused_with_the_breakdown() {
     let peak = plan.peak_bytes(Device::Gpu);
     cfg.device_memory_bytes = Some(peak - 1);
     match Trainer::new(cfg.clone()) {
-        Err(EngineError::DoesNotFit {
-            needed_bytes,
-            capacity_bytes,
-            category_peak_bytes,
-            ..
-        }) => {
-            assert_eq!((needed_bytes, capacity_bytes), (peak, peak - 1));
-            assert_eq!(category_peak_bytes, plan.category_peaks(Device::Gpu));
+        Err(EngineError::DoesNotFit(no)) => {
+            assert_eq!((no.needed_bytes, no.capacity_bytes), (peak, peak - 1));
+            let (phase, at_peak) = plan.at_peak(Device::Gpu);
+            assert_eq!((no.phase, no.at_peak), (phase, at_peak));
+            assert_eq!(
+                at_peak.iter().sum::<u64>() + no.layout_bytes,
+                no.needed_bytes
+            );
         }
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("a run over capacity was accepted"),

@@ -43,6 +43,18 @@ impl Category {
             Category::Other => "other_bytes",
         }
     }
+
+    /// The category as a person reads it, e.g. `"kv cache"`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Params => "params",
+            Category::Grads => "grads",
+            Category::Optimizer => "optimizer",
+            Category::Activations => "activations",
+            Category::KvCache => "kv cache",
+            Category::Other => "other",
+        }
+    }
 }
 
 /// Where a buffer lives: the accelerator (or the CPU arena that stands for it), or host memory

@@ -17,6 +17,18 @@ fn invalid(field: &str, reason: impl Into<String>) -> PlanError {
 }
 
 /// The JSON object with typed getters that name the missing or mistyped field.
+fn narrow(key: &str, v: u64) -> Result<u32, PlanError> {
+    u32::try_from(v).map_err(|_| {
+        invalid(
+            key,
+            format!(
+                "config.json has {v}: more than {} is not a real model",
+                u32::MAX
+            ),
+        )
+    })
+}
+
 struct Fields<'a>(&'a Map<String, Value>);
 
 impl Fields<'_> {
@@ -43,7 +55,12 @@ impl Fields<'_> {
 
     fn u32(&self, key: &str) -> Result<u32, PlanError> {
         let v = self.u64(key)?;
-        u32::try_from(v).map_err(|_| invalid(key, format!("{v} is too large")))
+        narrow(key, v)
+    }
+
+    /// An optional count held as `u32`: a value past `u32::MAX` is refused, never truncated.
+    fn opt_u32(&self, key: &str) -> Result<Option<u32>, PlanError> {
+        self.opt_u64(key)?.map(|v| narrow(key, v)).transpose()
     }
 
     fn bool_or(&self, key: &str, default: bool) -> Result<bool, PlanError> {
@@ -129,8 +146,8 @@ fn gpt2(f: &Fields) -> Result<ModelShape, PlanError> {
 /// then divide evenly (as HF's attention modules require).
 fn heads(f: &Fields, d_model: u64) -> Result<(u32, u32, u64), PlanError> {
     let n_heads = f.u32("num_attention_heads")?;
-    let n_kv_heads = match f.opt_u64("num_key_value_heads")? {
-        Some(v) => u32::try_from(v).map_err(|_| invalid("num_key_value_heads", "too large"))?,
+    let n_kv_heads = match f.opt_u32("num_key_value_heads")? {
+        Some(v) => v,
         None => n_heads,
     };
     let d_head = match f.opt_u64("head_dim")? {
@@ -193,11 +210,11 @@ fn deepseek(f: &Fields) -> Result<ModelShape, PlanError> {
     let is_v3 = f.0.get("model_type").and_then(Value::as_str) == Some("deepseek_v3");
     let moe = match f.opt_u64("n_routed_experts")? {
         Some(n) if n > 0 => Some(Moe {
-            n_experts: u32::try_from(n).map_err(|_| invalid("n_routed_experts", "too large"))?,
+            n_experts: narrow("n_routed_experts", n)?,
             n_active: f.u32("num_experts_per_tok")?,
-            n_shared: f.opt_u64("n_shared_experts")?.unwrap_or(0) as u32,
+            n_shared: f.opt_u32("n_shared_experts")?.unwrap_or(0),
             d_ff_expert: f.u64("moe_intermediate_size")?,
-            first_dense: f.opt_u64("first_k_dense_replace")?.unwrap_or(0) as u32,
+            first_dense: f.opt_u32("first_k_dense_replace")?.unwrap_or(0),
             router_bias: is_v3,
         }),
         _ => None,
@@ -208,7 +225,7 @@ fn deepseek(f: &Fields) -> Result<ModelShape, PlanError> {
         n_layers: f.u32("num_hidden_layers")?,
         d_model,
         n_heads,
-        n_kv_heads: f.opt_u64("num_key_value_heads")?.unwrap_or(n_heads as u64) as u32,
+        n_kv_heads: f.opt_u32("num_key_value_heads")?.unwrap_or(n_heads),
         d_head: v_head_dim,
         d_ff: f.u64("intermediate_size")?,
         vocab: f.u64("vocab_size")?,

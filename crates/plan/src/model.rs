@@ -77,6 +77,32 @@ pub struct ModelShape {
     pub mla: Option<Mla>,
 }
 
+/// The largest value of each dimension the planner takes: far past every published model (the
+/// largest have under 200 layers, hidden sizes near 2^15, vocabularies near 2^18 and contexts
+/// near 2^24), and small enough that per-layer lists stay small and byte counts of sane setups
+/// stay far from `u64::MAX`.
+type Get = fn(&ModelShape) -> u64;
+const LIMITS: [(&str, Get, u64); 10] = [
+    ("num_hidden_layers", |m| m.n_layers.into(), 1_000),
+    ("hidden_size", |m| m.d_model, 1 << 24),
+    ("num_attention_heads", |m| m.n_heads.into(), 1 << 20),
+    ("num_key_value_heads", |m| m.n_kv_heads.into(), 1 << 20),
+    ("head_dim", |m| m.d_head, 1 << 20),
+    ("intermediate_size", |m| m.d_ff, 1 << 26),
+    ("vocab_size", |m| m.vocab, 1 << 30),
+    ("max_position_embeddings", |m| m.max_positions, 1 << 40),
+    (
+        "n_routed_experts",
+        |m| m.moe.as_ref().map_or(0, |e| e.n_experts.into()),
+        1 << 20,
+    ),
+    (
+        "moe_intermediate_size",
+        |m| m.moe.as_ref().map_or(0, |e| e.d_ff_expert),
+        1 << 26,
+    ),
+];
+
 fn invalid(field: &str, reason: String) -> PlanError {
     PlanError::Invalid {
         field: field.into(),
@@ -100,6 +126,16 @@ impl ModelShape {
         for (field, value) in positive {
             if value == 0 {
                 return Err(invalid(field, "must be at least 1".into()));
+            }
+        }
+        for (field, value, max) in LIMITS.iter().map(|&(f, get, max)| (f, get(self), max)) {
+            if value > max {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{value} is beyond any real model (at most {max} here): check the config"
+                    ),
+                ));
             }
         }
         if self.n_heads % self.n_kv_heads != 0 {

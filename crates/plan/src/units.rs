@@ -33,6 +33,12 @@ pub fn parse_count(text: &str, field: &str) -> Result<u64, PlanError> {
         field: field.into(),
         reason: format!("'{text}' is not a count: write e.g. 7B, 1.5B, 124M or 7000000000"),
     };
+    if text.trim().starts_with('-') {
+        return Err(PlanError::Invalid {
+            field: field.into(),
+            reason: format!("'{text}' is negative: a count is 0 or more"),
+        });
+    }
     let (value, suffix) = split_number(text).ok_or_else(bad)?;
     let scale = match suffix.to_ascii_uppercase().as_str() {
         "" => 1.0,
@@ -42,6 +48,13 @@ pub fn parse_count(text: &str, field: &str) -> Result<u64, PlanError> {
         "T" => 1e12,
         _ => return Err(bad()),
     };
+    let x = value * scale;
+    if (x - x.round()).abs() > 1e-9 * x.max(1.0) {
+        return Err(PlanError::Invalid {
+            field: field.into(),
+            reason: format!("'{text}' is not a whole number of items: write e.g. 1.5B or 124M"),
+        });
+    }
     scaled(value, scale, field, text)
 }
 
@@ -65,6 +78,23 @@ pub fn parse_bytes(text: &str, field: &str) -> Result<u64, PlanError> {
         _ => return Err(bad()),
     };
     scaled(value, scale, field, text)
+}
+
+/// Bytes in the largest binary unit that keeps the number at or above 1: B, KiB, MiB, GiB, TiB,
+/// PiB, EiB. Example: `human_bytes(1536 * 1024 * 1024)` is `"1.50 GiB"`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
 }
 
 #[cfg(test)]

@@ -133,6 +133,29 @@ pub(super) fn decode_le(bytes: &[u8], width: usize, to_f32: impl Fn(u32) -> f32)
         .collect()
 }
 
+/// Bytes per value `--random` holds at once (the f32 values, their round trip and the codes):
+/// peak RSS measured 9.2 bytes a value at 50,331,648 values for int8, nf4 and fp8-e4m3.
+const RANDOM_BYTES_PER_VALUE: u64 = 10;
+
+/// Refuses `--random N` that would not fit this machine's RAM, before allocating it.
+fn check_ram(n: usize) -> anyhow::Result<()> {
+    let Some(host) = engine::capacity::host_available() else {
+        return Ok(());
+    };
+    let needed = (n as u64).saturating_mul(RANDOM_BYTES_PER_VALUE);
+    if needed > host.bytes {
+        bail!(
+            "--random {n} needs about {} of RAM (the values, their round trip and codes) but this \
+             machine has {} available ({}): use --random {} or less",
+            crate::output::human_bytes(needed),
+            crate::output::human_bytes(host.bytes),
+            host.source,
+            host.bytes / RANDOM_BYTES_PER_VALUE
+        );
+    }
+    Ok(())
+}
+
 pub(super) fn quantize_random(
     n: usize,
     args: &Args,
@@ -153,6 +176,7 @@ pub(super) fn quantize_random(
             "--random {n} does not fill rows of width {width}; pass --width W with W dividing {n}"
         );
     }
+    check_ram(n)?;
     let data = formats::rng::Rng::new(args.seed).gaussian_vec(n, args.std);
     let shape = [n / width, width];
     let name = format!("gaussian(std {}, seed {})", args.std, args.seed);

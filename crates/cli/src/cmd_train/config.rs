@@ -130,6 +130,9 @@ fn disk_path(path: Option<&Path>, args: &Args) -> anyhow::Result<PathBuf> {
     })
 }
 
+/// The most in-process ranks: each is a thread with its own stack and slab.
+pub const MAX_RANKS: u32 = 1024;
+
 /// Refuses flags that cannot work together, before anything is built.
 fn check_flags(args: &Args) -> anyhow::Result<()> {
     if args.steps == 0 {
@@ -137,6 +140,33 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
     }
     if args.ranks == 0 {
         bail!("--ranks 0: at least one rank is needed");
+    }
+    if args.ranks > MAX_RANKS {
+        bail!(
+            "--ranks {}: in-process ranks are threads of this process, at most {MAX_RANKS}; \
+             use fewer ranks",
+            args.ranks
+        );
+    }
+    for (flag, value) in [("--batch", args.batch), ("--seq", args.seq)] {
+        if value == 0 {
+            bail!("{flag} 0: use {flag} 1 or more");
+        }
+    }
+    if args.grad_accum == 0 {
+        bail!("--grad-accum 0: use --grad-accum 1 or more (1 is no accumulation)");
+    }
+    if !(args.grad_clip.is_finite() && args.grad_clip >= 0.0) {
+        bail!(
+            "--grad-clip {}: use a positive norm such as 1.0, or 0 to turn clipping off",
+            args.grad_clip
+        );
+    }
+    if args.val_every == 0 {
+        bail!("--val-every 0: evaluate every N >= 1 steps (the run's end is always evaluated)");
+    }
+    if args.val_batches == 0 {
+        bail!("--val-batches 0: evaluate on at least one batch");
     }
     if args.lr <= 0.0 || !args.lr.is_finite() {
         bail!("--lr {} must be a positive number", args.lr);

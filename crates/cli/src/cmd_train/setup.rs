@@ -17,6 +17,8 @@ pub struct Shared {
     pub weights: Option<PathBuf>,
     /// `--resume`'s snapshot, checked against this run; every rank restores from it.
     pub snapshot: Option<engine::snapshot::Snapshot>,
+    /// `--out`'s lock, held until the run ends.
+    pub _lock: Option<super::guard::Lock>,
 }
 
 /// One rank's trainer and data.
@@ -37,8 +39,12 @@ fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
 /// is read), opens `--resume`'s snapshot and loads the data.
 pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
     let super::config::Validated { config, weights } = super::config::validate(args)?;
+    let lock = super::guard::check_outputs(args, snapshot_bytes(&config))?;
     let tokenizer = data::Tokenizer::gpt2();
     let snapshot = super::snapshot::open(args, &config)?;
+    if let (true, Some(out)) = (args.overwrite, &args.out) {
+        super::guard::remove_snapshots(out)?;
+    }
     let corpus = corpus(args.data.as_deref())?;
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
     let cached = data::load_or_tokenize(&corpus, &tokenizer, &cache_dir)?;
@@ -53,7 +59,21 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         tokenizer,
         weights,
         snapshot,
+        _lock: lock,
     })
+}
+
+/// About what one snapshot takes on disk: the fp32 model, every rank's slice of the fp32
+/// weights, and the optimizer state (AdamW's m and v, or SGD's momentum).
+fn snapshot_bytes(config: &TrainConfig) -> u64 {
+    let numel: u64 = plan::frugal::param_units(&config.model.shape, 1)
+        .map(|units| units.iter().map(|u| u.numel).sum())
+        .unwrap_or(0);
+    let state_per_param = match config.optimizer {
+        engine::OptimizerKind::Sgd { .. } => 4,
+        _ => 8,
+    };
+    numel.saturating_mul(8 + state_per_param)
 }
 
 /// Rank `rank`'s trainer (same seed, same weights on every rank), its shard of each global

@@ -60,6 +60,16 @@ pub fn maybe_save(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> 
     if trainer.step % every != 0 {
         return Ok(());
     }
+    save_now(args, trainer, loader, out).map(|_| ())
+}
+
+/// Saves a snapshot of the step just taken into `out` (every rank calls it); its folder.
+pub fn save_now(
+    args: &Args,
+    trainer: &mut Trainer,
+    loader: &data::Loader,
+    out: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
     let run = RunState {
         loader: loader.position(),
         seed: args.seed,
@@ -69,8 +79,7 @@ pub fn maybe_save(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> 
         pause_before_commit: test_pause(trainer.step),
     };
     snapshot::save(trainer, out, &run, &options)
-        .with_context(|| format!("saving the snapshot of step {}", trainer.step))?;
-    Ok(())
+        .with_context(|| format!("saving the snapshot of step {}", trainer.step))
 }
 
 fn test_pause(step: u64) -> Option<Duration> {

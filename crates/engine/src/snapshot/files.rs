@@ -55,9 +55,12 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<FileEntry, Sna
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
     let mut file = std::fs::File::create(&tmp)
         .map_err(SnapshotError::io(format!("creating {}", tmp.display())))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(SnapshotError::io(format!("writing {}", tmp.display())))?;
+    if let Err(e) = file.write_all(bytes).and_then(|()| file.sync_all()) {
+        // A full disk must not leave a partial file of the snapshot's size behind.
+        drop(file);
+        let _ = std::fs::remove_file(&tmp);
+        return Err(SnapshotError::io(format!("writing {}", tmp.display()))(e));
+    }
     drop(file);
     std::fs::rename(&tmp, &path).map_err(SnapshotError::io(format!(
         "renaming into {}",

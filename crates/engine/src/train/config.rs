@@ -5,6 +5,7 @@
 //! Example: `let plan = check_capacity(&TrainConfig { device_memory_bytes: Some(1 << 30), ..cfg })?;`
 
 use super::Mixed;
+use crate::capacity::{HostMemory, Limit, NoFit};
 use crate::config::ModelConfig;
 use crate::error::EngineError;
 use crate::optim::{OptimizerKind, Schedule};
@@ -40,6 +41,10 @@ pub struct TrainConfig {
     pub grad_clip: Option<f32>,
     /// Refuse to start when the arena's slab would exceed this many bytes.
     pub device_memory_bytes: Option<u64>,
+    /// The RAM this process may take (the CPU backend's slabs are host RAM): refuse to start
+    /// when every rank's slab and host-offloaded state together exceed it. `TrainConfig::new`
+    /// reads it from the machine (`capacity::host_available`).
+    pub host_memory: Option<HostMemory>,
     /// Data-parallel ranks (one `Trainer` each, built with [`Trainer::with_comm`]).
     pub ranks: u32,
     /// What the ranks share: 0 every rank holds everything and gradients are all-reduced; 1-3
@@ -66,6 +71,7 @@ impl TrainConfig {
             schedule: Schedule::constant(1e-3),
             grad_clip: Some(1.0),
             device_memory_bytes: None,
+            host_memory: crate::capacity::host_available(),
             ranks: 1,
             zero: ZeroStage::Zero0,
             recompute: Recompute::None,
@@ -109,28 +115,57 @@ pub struct StepStats {
 }
 
 /// Plans one rank's step exactly as it will run (precision, ZeRO stage and offload included)
-/// and refuses it, before anything is allocated, when it exceeds `device_memory_bytes`, with the
-/// plan's breakdown and the `fit` advisor's cheapest fix.
+/// and refuses it, before anything is allocated, when one rank's slab exceeds
+/// `device_memory_bytes` or every rank's slab and host-offloaded state together exceed
+/// `host_memory_bytes`, with the plan's breakdown at its peak and the `fit` advisor's cheapest
+/// fix.
 pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
     let setup = config.setup();
     let plan = plan::frugal::training_plan(shape, &setup)?;
-    let Some(capacity_bytes) = config.device_memory_bytes else {
-        return Ok(plan);
-    };
-    let needed_bytes = plan::frugal::assign_offsets(&plan, Device::Gpu)
+    // One rank's slab: at least the peak (the sum of `at_peak`), more where the layout leaves gaps.
+    let slab_bytes = plan::frugal::assign_offsets(&plan, Device::Gpu)
         .slab_bytes
         .max(plan.peak_bytes(Device::Gpu));
-    if needed_bytes <= capacity_bytes {
-        return Ok(plan);
+    let host_bytes = match config.mixed.offload_path {
+        // A memory-mapped file: the page cache, not this process's RAM, holds it.
+        Some(_) => 0,
+        None => plan.peak_bytes(Device::Host),
+    };
+    let (phase, at_peak) = plan.at_peak(Device::Gpu);
+    let no_fit = |limit: Limit, needed_bytes: u64, capacity_bytes: u64, ranks: u32| {
+        // The advisor searches setups this engine runs (its `frugal` runtime), for one rank's
+        // share of the capacity.
+        let per_rank = capacity_bytes / u64::from(ranks);
+        // No remedy in reach saves a factor of 100; skip the search (seconds on huge models).
+        let fix = (needed_bytes / 100 <= capacity_bytes)
+            .then(|| plan::fit::cheapest_fix(shape, &setup, per_rank, plan::fit::Runtime::Frugal))
+            .flatten();
+        EngineError::DoesNotFit(Box::new(NoFit {
+            limit,
+            needed_bytes,
+            capacity_bytes,
+            ranks,
+            at_peak,
+            phase,
+            layout_bytes: slab_bytes - at_peak.iter().sum::<u64>(),
+            host_bytes,
+            advice: fix.map(|s| s.description),
+        }))
+    };
+    if let Some(capacity_bytes) = config.device_memory_bytes {
+        if slab_bytes > capacity_bytes {
+            return Err(no_fit(Limit::Device, slab_bytes, capacity_bytes, 1));
+        }
     }
-    // The advisor searches setups this engine runs (its `frugal` runtime).
-    let runtime = plan::fit::Runtime::Frugal;
-    let fix = plan::fit::cheapest_fix(shape, &setup, capacity_bytes, runtime);
-    Err(EngineError::DoesNotFit {
-        needed_bytes,
-        capacity_bytes,
-        category_peak_bytes: plan.category_peaks(Device::Gpu),
-        advice: fix.map(|s| s.description),
-    })
+    if let Some(host) = &config.host_memory {
+        let total = (slab_bytes + host_bytes).saturating_mul(u64::from(config.ranks));
+        if total > host.bytes {
+            let limit = Limit::HostRam {
+                source: host.source.clone(),
+            };
+            return Err(no_fit(limit, total, host.bytes, config.ranks));
+        }
+    }
+    Ok(plan)
 }

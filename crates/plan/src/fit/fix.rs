@@ -26,17 +26,7 @@ pub struct Suggestion {
     pub description: String,
 }
 
-/// Bytes in the largest binary unit that keeps the number at or above 1 (`41.20 GiB`).
-fn human(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", units[unit])
-}
+use crate::units::human_bytes as human;
 
 /// The nearest setup to `setup` whose total memory under `runtime` is at most `capacity_bytes`,
 /// or `None` when no setup in reach fits (or `setup` is invalid for `model`).

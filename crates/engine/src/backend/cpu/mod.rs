@@ -51,7 +51,16 @@ impl CpuSlab {
 
 impl Cpu {
     fn alloc_slab(bytes: u64) -> Result<CpuSlab, EngineError> {
-        Ok(CpuSlab(UnsafeCell::new(vec![0.0f32; (bytes / 4) as usize])))
+        // Fallible: an OS refusal is an error naming the size, not an abort.
+        let oom = || EngineError::OutOfMemory {
+            what: "arena slab".into(),
+            bytes,
+        };
+        let n = usize::try_from(bytes / 4).map_err(|_| oom())?;
+        let mut v: Vec<f32> = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| oom())?;
+        v.resize(n, 0.0);
+        Ok(CpuSlab(UnsafeCell::new(v)))
     }
 }
 
