@@ -334,11 +334,11 @@ fn describe(report: &Report) -> String {
         Some(m) => format!(
             "{} ({} parameters)",
             m.name,
-            group_digits(report.param_count)
+            crate::output::group_digits(report.param_count)
         ),
         None => format!(
             "{} parameters (model states only)",
-            group_digits(report.param_count)
+            crate::output::group_digits(report.param_count)
         ),
     };
     let note = match &report.runtime_note {
@@ -349,18 +349,6 @@ fn describe(report: &Report) -> String {
         "{what}, {}, runtime {}\n{note}",
         report.mode, report.runtime
     )
-}
-
-fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The human-readable answer: the breakdown at the peak, then the process totals.

@@ -242,6 +242,7 @@ fn run_rank(
 fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Result<Trained> {
     let setup::Rank {
         mut trainer,
+        data_id,
         mut loader,
         val,
     } = rank;
@@ -258,10 +259,10 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         })?;
         tokens += stats.tokens;
         curves.train.push((step + 1, stats.loss));
-        snapshot::maybe_save(args, &mut trainer, &loader)?;
+        snapshot::maybe_save(args, &mut trainer, &loader, data_id)?;
         if trainer.any_rank(guard::stop_requested())? && step + 1 < args.steps {
             bar.finish_and_clear();
-            return Err(interrupted(args, &mut trainer, &loader));
+            return Err(interrupted(args, &mut trainer, &loader, data_id));
         }
         if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
             // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
@@ -293,7 +294,12 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
 
 /// The error of a run stopped by SIGTERM/Ctrl-C after its step, with a snapshot saved to
 /// `--out` (every rank joins the save) and the command that continues it.
-fn interrupted(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> anyhow::Error {
+fn interrupted(
+    args: &Args,
+    trainer: &mut Trainer,
+    loader: &data::Loader,
+    data_id: u64,
+) -> anyhow::Error {
     let step = trainer.step;
     let Some(out) = &args.out else {
         return anyhow::anyhow!(
@@ -301,7 +307,7 @@ fn interrupted(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> any
              snapshot on interruption)"
         );
     };
-    match snapshot::save_now(args, trainer, loader, out) {
+    match snapshot::save_now(args, trainer, loader, data_id, out) {
         Ok(dir) => anyhow::anyhow!(
             "interrupted after step {step}; snapshot saved to {}: continue with the same flags \
              and --resume {}",

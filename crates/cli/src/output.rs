@@ -7,6 +7,27 @@
 
 pub use plan::units::human_bytes;
 
+/// `8030261248` as `8,030,261,248`.
+pub fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `1 rank`, `2 ranks`: a count and its noun, plural when the count is not 1.
+pub fn plural(n: u64, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ => format!("{} {noun}s", group_digits(n)),
+    }
+}
+
 /// Bytes in decimal gigabytes (10^9), as the seed's worked examples write them.
 pub fn gigabytes(bytes: u64) -> String {
     format!("{:.2} GB", bytes as f64 / 1e9)

@@ -188,3 +188,108 @@ fn sigterm_saves_a_snapshot_that_resume_continues() {
     let second = interrupted_step(&terminated_after(&resumed, Duration::from_secs(3)));
     assert!(second > first, "resumed at {first}, stopped at {second}");
 }
+
+#[test]
+fn absurd_sizes_exit_2_never_an_overflowed_number_or_an_abort() {
+    let dir = common::temp_dir("robust", "absurd");
+    let gpt2 = |field: &str, value: u64| {
+        let path = dir.join(format!("{field}.json"));
+        let mut c = serde_json::json!({"model_type": "gpt2", "n_layer": 12, "n_embd": 768,
+            "n_head": 12, "vocab_size": 50257, "n_positions": 1024});
+        c[field] = value.into();
+        std::fs::write(&path, c.to_string()).unwrap();
+        path.display().to_string()
+    };
+    let layers = gpt2("n_layer", 4_000_000_000);
+    for cmd in ["plan", "fit", "train"] {
+        let mut args = vec![cmd, "--model", &layers];
+        if cmd == "fit" {
+            args.extend(["--device-memory", "80GiB"]);
+        }
+        fails_with(&frugal(&args), "4000000000 is beyond any real model");
+    }
+    let huge = [
+        "--model",
+        "llama3-8b",
+        "--train",
+        "--batch",
+        "1000000000000",
+    ];
+    let out = frugal(&[&["plan"][..], &huge, &["--seq", "131072"]].concat());
+    fails_with(&out, "overflow 64-bit byte counts");
+    fails_with(&out, "--batch 1000000000000");
+    fails_with(&frugal(&["plan", "--params", "0.5"]), "not a whole number");
+    fails_with(
+        &frugal(&["plan", "--params", "0"]),
+        "at least one parameter",
+    );
+    fails_with(&frugal(&["plan", "--params", "-7B"]), "negative");
+    fails_with(
+        &frugal(&["fit", "--model", "gpt2-124m", "--top", "0"]),
+        "--top",
+    );
+    fails_with(&frugal(&["formats", "--random", "102400000000"]), "of RAM");
+}
+
+#[test]
+fn the_help_example_of_a_negative_value_works() {
+    let out = frugal(&["formats", "-6.1e-5"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("-6.1e-5 in every format"));
+}
+
+#[test]
+fn resuming_on_other_data_is_refused() {
+    let dir = common::temp_dir("robust", "data");
+    let out_dir = dir.join("run").display().to_string();
+    let first = tiny(
+        &dir,
+        &["--steps", "6", "--save-every", "2", "--out", &out_dir],
+    );
+    assert!(run(&first).status.success());
+    let step4 = dir.join("run/step-000004").display().to_string();
+    let other = dir.join("other.txt");
+    let text: String = data::shakespeare_text()
+        .chars()
+        .skip(100_000)
+        .take(40_000)
+        .collect();
+    std::fs::write(&other, text).unwrap();
+    let other = other.display().to_string();
+    let resume = ["--steps", "6", "--out", &out_dir, "--resume", &step4];
+    fails_with(
+        &run(&tiny(&dir, &[&resume[..], &["--data", &other]].concat())),
+        "run.data",
+    );
+    let same = run(&tiny(&dir, &resume));
+    assert!(
+        same.status.success(),
+        "{}",
+        String::from_utf8_lossy(&same.stderr)
+    );
+}
+
+#[test]
+fn a_diverging_run_stops_naming_the_learning_rate_and_a_bad_config_is_blamed() {
+    let dir = common::temp_dir("robust", "diverge");
+    let out = run(&tiny(&dir, &["--steps", "200", "--lr", "1e6"]));
+    fails_with(&out, "the loss diverged");
+    fails_with(&out, "--lr");
+    for (field, value) in [("rope_theta", -1.0), ("rms_norm_eps", 0.0)] {
+        let path = dir.join(format!("{field}.json"));
+        let mut c = serde_json::json!({"model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "num_key_value_heads": 2, "vocab_size": 50304, "max_position_embeddings": 256});
+        c[field] = value.into();
+        std::fs::write(&path, c.to_string()).unwrap();
+        let out = run(&tiny(
+            &dir,
+            &["--steps", "2", "--model", path.to_str().unwrap()],
+        ));
+        fails_with(&out, field);
+    }
+}

@@ -130,6 +130,17 @@ impl Dataset {
         self.vocab_size
     }
 
+    /// The data's identity: a 64-bit FNV-1a hash of every token and the count (snapshots record
+    /// it so a resume refuses other data).
+    pub fn id(&self) -> u64 {
+        // FNV-1a over every token's bytes, then the count: stable across runs and platforms.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for t in self.tokens.iter().flat_map(|t| t.to_le_bytes()) {
+            h = (h ^ u64::from(t)).wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^ self.tokens.len() as u64
+    }
+
     /// All tokens, training then validation.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens

@@ -109,10 +109,14 @@ pub enum DataError {
 
     /// Not enough tokens for one global batch of windows of `seq_len + 1` tokens.
     #[error(
-        "the {split} split has {have_tokens} tokens, but one batch of {world_size} rank(s) × \
-         {batch_size} rows × (seq_len {seq_len} + 1) needs at least {needed_tokens}; use a larger \
-         corpus, a smaller --batch-size or --seq-len{}",
-        if *split == "validation" { ", or a larger validation fraction" } else { "" }
+        "the {split} split has {have_tokens} tokens, but one batch of {world_size} x {batch_size} \
+         rows (ranks x --batch) x (--seq {seq_len} + 1) needs at least {needed_tokens}; use a \
+         larger --data, a smaller --batch or --seq, or fewer --ranks{}",
+        if *split == "validation" {
+            " (the validation split is the last tenth of the tokens)"
+        } else {
+            ""
+        }
     )]
     TooShort {
         split: &'static str,

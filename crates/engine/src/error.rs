@@ -35,10 +35,11 @@ pub enum EngineError {
     /// Data the engine cannot train on.
     #[error("data: {0}")]
     Data(String),
-    /// The loss stopped being a finite number.
+    /// The loss diverged: NaN, infinite, or past three times a uniform guess's ln(vocab).
     #[error(
-        "the loss became {loss} at step {step}; training stopped. Try a lower learning rate \
-         (--lr {suggested_lr:e}) or more warmup"
+        "the loss diverged to {loss} at step {step} (a uniform guess scores ln(vocab)); training \
+         stopped. The likely cause is the learning rate: try a lower learning rate (--lr \
+         {suggested_lr:e}) or more --warmup"
     )]
     NonFiniteLoss {
         step: u64,

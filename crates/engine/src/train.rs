@@ -333,7 +333,10 @@ impl<B: Backend> Trainer<B> {
         let loss_sum = self.all_reduce(loss_sum)?;
         let loss = (loss_sum / tokens as f64) as f32;
         let lr = self.config.schedule.lr_at(self.step);
-        if !loss.is_finite() {
+        // Uniform guessing scores ln(V); a loss three times that is a diverged run, not
+        // training (nanoGPT's runs start near ln(V) and only fall).
+        let bound = 3.0 * (self.config.model.shape.vocab as f32).ln();
+        if !loss.is_finite() || loss > bound {
             return Err(EngineError::NonFiniteLoss {
                 step: self.step,
                 loss,

@@ -82,6 +82,7 @@ fn rank_run(
                 let run = RunState {
                     loader: loader.position(),
                     seed: SEED,
+                    data: None,
                 };
                 snapshot::save(&mut trainer, out, &run, &SaveOptions::default()).unwrap();
             }
@@ -204,6 +205,7 @@ fn only_the_newest_k_snapshots_are_kept() {
     let run = RunState {
         loader: data::LoaderPosition::default(),
         seed: SEED,
+        data: None,
     };
     let options = SaveOptions {
         keep: 2,

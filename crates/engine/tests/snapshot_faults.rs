@@ -24,6 +24,7 @@ fn run_state() -> RunState {
             batch_in_epoch: 2,
         },
         seed: 1,
+        data: None,
     }
 }
 

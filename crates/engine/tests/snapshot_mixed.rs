@@ -88,6 +88,7 @@ fn rank_run(mut cfg: TrainConfig, comm: Box<dyn comm::Collective>, plan: &Plan<'
         let run = RunState {
             loader: loader.position(),
             seed: SEED,
+            data: None,
         };
         snapshot::save(&mut trainer, out, &run, &SaveOptions::default()).unwrap();
     }

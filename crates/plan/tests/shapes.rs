@@ -137,3 +137,36 @@ fn bad_configs_name_the_field() {
         "hidden_size"
     );
 }
+
+#[test]
+fn fields_past_u32_are_refused_not_truncated() {
+    for (field, from, to) in [
+        (
+            "n_shared_experts",
+            "\"n_shared_experts\": 2",
+            "\"n_shared_experts\": 4294967297",
+        ),
+        (
+            "num_key_value_heads",
+            "\"num_key_value_heads\": 16",
+            "\"num_key_value_heads\": 4294967304",
+        ),
+        (
+            "first_k_dense_replace",
+            "\"first_k_dense_replace\": 1",
+            "\"first_k_dense_replace\": 4294967296",
+        ),
+    ] {
+        let json = V2_LITE.replace(from, to);
+        match hf_config::parse(&json, "c") {
+            Err(PlanError::Invalid { field: f, reason }) => {
+                assert_eq!(f, field);
+                assert!(
+                    reason.contains(&to[to.find(": ").unwrap() + 2..]),
+                    "{reason}"
+                );
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+}

@@ -198,7 +198,7 @@ pub fn text(
          global batch {} x {} tokens; {:.0} TFLOP/s peak x MFU {:.2}\n\
          weighed {} candidates: {} fit, {} too big, {} unsupported by the runtime\n\n",
         model.name,
-        model.param_count(),
+        crate::output::group_digits(model.param_count()),
         r.gpus,
         hw.gpu.name,
         human_bytes(r.capacity_bytes),

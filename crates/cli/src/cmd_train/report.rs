@@ -153,10 +153,10 @@ fn zero_json(m: &ModelState) -> Value {
 /// The lines under the memory table that show ZeRO's claim.
 fn zero_lines(m: &ModelState) -> String {
     let mut out = format!(
-        "ZeRO stage {} on {} rank(s): model state per rank {} (params + grads + optimizer) \
+        "ZeRO stage {} on {}: model state per rank {} (params + grads + optimizer) \
          vs 16Ψ/N = {} (Ψ = {} parameters, padded)\n",
         m.stage,
-        m.ranks,
+        crate::output::plural(m.ranks, "rank"),
         human_bytes(m.state_bytes),
         human_bytes(m.sixteen_psi_over_n_bytes),
         m.psi
@@ -204,16 +204,16 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
     let (first, last) = first_last(&s.curves.train);
     let val = s.curves.val.last().map_or(f32::NAN, |p| p.1);
     let mut out = format!(
-        "trained {} ({} layers, d_model {}, vocab {}) for {} steps of {} x {} tokens (x{} accumulation, {} rank(s))\n",
+        "trained {} ({} layers, d_model {}, vocab {}) for {} of {} x {} tokens (x{} accumulation, {})\n",
         shape.name,
         shape.n_layers,
         shape.d_model,
         shape.vocab,
-        s.curves.train.len(),
+        crate::output::plural(s.curves.train.len() as u64, "step"),
         args.batch,
         args.seq,
         args.grad_accum,
-        s.memory.len()
+        crate::output::plural(s.memory.len() as u64, "rank")
     );
     out.push_str(&format!(
         "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",

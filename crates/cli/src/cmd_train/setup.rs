@@ -24,6 +24,8 @@ pub struct Shared {
 /// One rank's trainer and data.
 pub struct Rank {
     pub trainer: Trainer,
+    /// The training data's identity, recorded in snapshots.
+    pub data_id: u64,
     pub loader: data::Loader,
     pub val: data::ValBatches,
 }
@@ -53,6 +55,11 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         tokenizer.vocab_size(),
         data::DEFAULT_VAL_FRACTION,
     )?;
+    if let Some(snap) = &snapshot {
+        // The same data too (older snapshots recorded none and accept any).
+        snap.check_run(&config, args.seed, Some(dataset.id()))
+            .with_context(|| format!("--resume {} with --data", snap.dir.display()))?;
+    }
     Ok(Shared {
         config,
         dataset,
@@ -108,6 +115,7 @@ pub fn build_rank(
     }
     Ok(Rank {
         trainer,
+        data_id: shared.dataset.id(),
         loader,
         val,
     })

@@ -53,14 +53,19 @@ pub fn restore(
 }
 
 /// Saves a snapshot when the step just taken is a multiple of `--save-every`.
-pub fn maybe_save(args: &Args, trainer: &mut Trainer, loader: &data::Loader) -> anyhow::Result<()> {
+pub fn maybe_save(
+    args: &Args,
+    trainer: &mut Trainer,
+    loader: &data::Loader,
+    data_id: u64,
+) -> anyhow::Result<()> {
     let (Some(every), Some(out)) = (args.save_every, &args.out) else {
         return Ok(());
     };
     if trainer.step % every != 0 {
         return Ok(());
     }
-    save_now(args, trainer, loader, out).map(|_| ())
+    save_now(args, trainer, loader, data_id, out).map(|_| ())
 }
 
 /// Saves a snapshot of the step just taken into `out` (every rank calls it); its folder.
@@ -68,11 +73,13 @@ pub fn save_now(
     args: &Args,
     trainer: &mut Trainer,
     loader: &data::Loader,
+    data_id: u64,
     out: &std::path::Path,
 ) -> anyhow::Result<std::path::PathBuf> {
     let run = RunState {
         loader: loader.position(),
         seed: args.seed,
+        data: Some(data_id),
     };
     let options = SaveOptions {
         keep: args.keep,

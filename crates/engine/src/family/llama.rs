@@ -35,10 +35,25 @@ impl Family for Llama {
             }
         }
         let f = |key: &str, default: f64| obj.get(key).and_then(Value::as_f64).unwrap_or(default);
-        Ok(Numerics {
+        let numerics = Numerics {
             norm_eps: f("rms_norm_eps", 1e-6) as f32,
             rope_theta: f("rope_theta", 10_000.0) as f32,
-        })
+        };
+        // Either would make every loss NaN: refused here, where the config is to blame.
+        if !(numerics.norm_eps.is_finite() && numerics.norm_eps > 0.0) {
+            return Err(format!(
+                "rms_norm_eps {}: use a small positive number such as 1e-5 (0 divides by zero \
+                 on an all-zero row)",
+                f("rms_norm_eps", 1e-6)
+            ));
+        }
+        if !(numerics.rope_theta.is_finite() && numerics.rope_theta > 1.0) {
+            return Err(format!(
+                "rope_theta {}: use a base above 1 such as 10000 or 500000",
+                f("rope_theta", 10_000.0)
+            ));
+        }
+        Ok(numerics)
     }
 
     fn to_hf(&self, config: &ModelConfig) -> Value {

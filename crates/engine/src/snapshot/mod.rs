@@ -28,7 +28,7 @@
 //! #     -> Result<(), engine::snapshot::SnapshotError> {
 //! use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
 //! use std::path::Path;
-//! let run = RunState { loader: data::LoaderPosition::default(), seed };
+//! let run = RunState { loader: data::LoaderPosition::default(), seed, data: None };
 //! snapshot::save(trainer, Path::new("runs/a"), &run, &SaveOptions::default())?;
 //! let snap = Snapshot::open(Path::new("runs/a"))?; // the newest committed snapshot
 //! snap.check_compatible(&next.config, seed)?;
@@ -203,9 +203,22 @@ impl Snapshot {
     /// included) differs from the snapshot's, listing every difference. The world (ranks, ZeRO
     /// stage, rows per rank, optimizer offload) may differ.
     pub fn check_compatible(&self, config: &TrainConfig, seed: u64) -> Result<(), SnapshotError> {
+        self.check_run(config, seed, self.state.run.data)
+    }
+
+    /// [`Snapshot::check_compatible`], and the training data's identity (`RunState::data`) too:
+    /// a snapshot that recorded one refuses other data.
+    pub fn check_run(
+        &self,
+        config: &TrainConfig,
+        seed: u64,
+        data: Option<u64>,
+    ) -> Result<(), SnapshotError> {
         let run = RunState {
             loader: self.state.loader_position(),
             seed,
+            // A snapshot from before data identities were recorded accepts any data.
+            data: self.state.run.data.and(data),
         };
         let this_run = TrainState::of_config(config, self.state.step, &run);
         let differences = self.state.differences(&this_run);
@@ -262,6 +275,7 @@ impl Snapshot {
         Ok(RunState {
             loader: self.state.loader_position(),
             seed: self.state.run.seed,
+            data: self.state.run.data,
         })
     }
 

@@ -43,6 +43,8 @@ pub struct RunState {
     pub loader: data::LoaderPosition,
     /// Seed of the weights and the data order.
     pub seed: u64,
+    /// The training data's identity (`data::tokens_id` of its token stream), when known.
+    pub data: Option<u64>,
 }
 
 /// The model's shape and numerics, field by field (so differences can be named).
@@ -84,6 +86,9 @@ pub struct RunFields {
     /// fp16: the loss scaler's kind and settings (`null` otherwise).
     #[serde(default)]
     pub loss_scaler: serde_json::Value,
+    /// The training data's identity: a hash of its token stream (absent in older snapshots).
+    #[serde(default)]
+    pub data: Option<u64>,
 }
 
 fn fp32_name() -> String {
@@ -175,7 +180,7 @@ impl TrainState {
             },
             loss_scaler: None,
             model: ModelFields::of(c),
-            run: RunFields::of(c, &c.mixed, run.seed),
+            run: RunFields::of(c, &c.mixed, run.seed, run.data),
             world: WorldFields {
                 ranks: c.ranks,
                 zero: json(setup.zero),
@@ -216,7 +221,7 @@ impl TrainState {
 }
 
 impl RunFields {
-    fn of(c: &TrainConfig, mixed: &Mixed, seed: u64) -> RunFields {
+    fn of(c: &TrainConfig, mixed: &Mixed, seed: u64, data: Option<u64>) -> RunFields {
         RunFields {
             optimizer: format!("{:?}", c.optimizer),
             lr: c.schedule.lr,
@@ -233,6 +238,7 @@ impl RunFields {
                 plan::setup::Precision::Fp16 => json(mixed.loss_scaler.unwrap_or(default_scaler())),
                 _ => serde_json::Value::Null,
             },
+            data,
         }
     }
 }
