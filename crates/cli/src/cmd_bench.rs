@@ -34,7 +34,14 @@ pub enum What {
     Train(TrainArgs),
 }
 
+const TRAIN_EXAMPLES: &str = "\
+Examples:
+  frugal bench train                                        gpt2-124m, 4 x 256 tokens, 5 steps
+  frugal bench train --model gpt2-124m --baseline pytorch   against PyTorch in the same run
+  frugal bench train --precision bf16 --recompute full --json";
+
 #[derive(clap::Args, Clone, Debug)]
+#[command(after_help = TRAIN_EXAMPLES)]
 pub struct TrainArgs {
     /// A preset (gpt2-124m, gpt2-tiny, llama-tiny, ...) or an HF config.json.
     #[arg(long, default_value = "gpt2-124m")]
@@ -103,6 +110,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(other) = a.baseline.as_deref().filter(|b| *b != "pytorch") {
         bail!("--baseline {other}: the only baseline is pytorch");
     }
+    if a.baseline.is_some() {
+        check_pytorch()?;
+    }
     let model = model_config(&a.model)?;
     let config = TrainConfig {
         schedule: Schedule::constant(1e-4),
@@ -128,8 +138,10 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     trainer.step(&mut feed)?;
     trainer.timings = engine::Timings::default();
     let started = Instant::now();
-    for _ in 0..a.steps {
+    let mut progress = crate::output::PlainProgress::new("bench train", a.steps, a.json);
+    for step in 0..a.steps {
         trainer.step(&mut feed)?;
+        progress.tick(step + 1, "");
     }
     let seconds = started.elapsed().as_secs_f64();
     let tokens_per_s = (n as u64 * a.steps) as f64 / seconds;
@@ -209,6 +221,23 @@ fn print_human(
 }
 
 /// Runs dev/bench_pytorch.py on the same model and shape; returns its tokens/s.
+/// Before frugal's own benchmark runs: python3 imports torch and transformers, or the error says
+/// which is missing.
+fn check_pytorch() -> anyhow::Result<()> {
+    let out = Command::new("python3")
+        .args(["-c", "import torch, transformers"])
+        .output()
+        .context("--baseline pytorch: running python3 (is it installed and on PATH?)")?;
+    if !out.status.success() {
+        bail!(
+            "--baseline pytorch: python3 cannot import torch and transformers (pip install torch \
+             transformers), checked before the benchmark:\n{}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 fn pytorch(model: &ModelConfig, a: &TrainArgs) -> anyhow::Result<f64> {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dev/bench_pytorch.py");

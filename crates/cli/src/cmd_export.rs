@@ -36,6 +36,9 @@ pub struct Args {
         default_value = "ROMEO: But soft, what light through yonder window breaks?"
     )]
     pub prompt: String,
+    /// Print one JSON object (snapshot, step, ranks, the folder and files written).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -59,13 +62,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.logits {
         write_logits(&mut runner, &tokens, path)?;
     }
-    println!(
-        "exported {} (step {}, {} ranks) to {}",
-        snap.dir.display(),
-        snap.state.step,
-        snap.shard_count(),
-        args.hf.display()
-    );
+    if args.json {
+        let v = serde_json::json!({
+            "snapshot": snap.dir.display().to_string(),
+            "step": snap.state.step,
+            "ranks": snap.shard_count(),
+            "hf": args.hf.display().to_string(),
+            "files": [engine::snapshot::CONFIG_FILE, engine::snapshot::WEIGHTS_FILE],
+            "logits": args.logits.as_ref().map(|p| p.display().to_string()),
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "exported {} (step {}, {}) to {}",
+            snap.dir.display(),
+            snap.state.step,
+            crate::output::plural(snap.shard_count() as u64, "rank"),
+            args.hf.display()
+        );
+    }
     Ok(())
 }
 

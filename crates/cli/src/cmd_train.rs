@@ -9,6 +9,17 @@
 //!
 //! Example: `frugal train --steps 50 --json --plot loss.svg --out run1`.
 
+/// `frugal train --help`'s examples.
+const EXAMPLES: &str = "\
+Examples:
+  frugal train                                    the default: gpt2-mini on Shakespeare, 500 steps
+  frugal train --steps 50 --json --plot loss.svg  one JSON object and an SVG of the losses
+  frugal train --model llama-tiny --precision bf16 --recompute sqrt
+  frugal train --ranks 4 --zero 3                 four in-process ranks, everything sharded
+  frugal train --save-every 100 --out run1        snapshots; SIGTERM/Ctrl-C saves one and stops
+  frugal train --out run1 --resume run1           continue from run1's newest snapshot
+  frugal train --data my.txt --device-memory 512MiB   refused before step one if it won't fit";
+
 pub(crate) mod config;
 mod guard;
 mod precision;
@@ -32,6 +43,7 @@ use std::time::Instant;
 pub const DEFAULT_MODEL: &str = "gpt2-mini";
 
 #[derive(clap::Args, Clone, Debug)]
+#[command(after_help = EXAMPLES)]
 pub struct Args {
     /// Model: a preset (gpt2-mini, gpt2-tiny, llama-tiny, gpt2-124m, ...), an HF config.json, or
     /// a folder with config.json (and model.safetensors, to continue from its weights).
@@ -253,6 +265,8 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
     let started = Instant::now();
     let mut tokens = 0u64;
     bar.set_position(trainer.step);
+    let quiet = args.json || trainer.rank() != 0;
+    let mut plain = crate::output::PlainProgress::new("train", args.steps, quiet);
     for step in trainer.step..args.steps {
         let stats = trainer.step(&mut |x, y| {
             loader.next_batch(x, y);
@@ -271,13 +285,15 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
             curves.val.push((step + 1, loss));
         }
         let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64();
-        bar.set_message(format!(
+        let message = format!(
             "loss {:.3} | {:.0} tok/s | peak {}{}",
             stats.loss,
             tokens_per_s,
             crate::output::human_bytes(trainer.measured().peak_bytes),
             precision::bar(&stats, &trainer)
-        ));
+        );
+        plain.tick(step + 1, &format!("| {message} "));
+        bar.set_message(message);
         bar.inc(1);
     }
     bar.finish_and_clear();

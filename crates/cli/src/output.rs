@@ -20,6 +20,55 @@ pub fn group_digits(n: u64) -> String {
     out
 }
 
+/// With stderr not a terminal (CI, nohup, a redirected log) the progress bar draws nothing:
+/// this prints a plain line there every few seconds instead (nothing with `--json` or on a
+/// terminal, where the bar shows).
+pub struct PlainProgress {
+    what: &'static str,
+    total: u64,
+    on: bool,
+    started: std::time::Instant,
+    last: std::time::Instant,
+}
+
+impl PlainProgress {
+    /// Seconds between two lines (`FRUGAL_PROGRESS_EVERY_S` overrides it, for tests).
+    pub const EVERY_S: f64 = 5.0;
+
+    fn every_s() -> f64 {
+        std::env::var("FRUGAL_PROGRESS_EVERY_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(Self::EVERY_S)
+    }
+
+    pub fn new(what: &'static str, total: u64, quiet: bool) -> PlainProgress {
+        use std::io::IsTerminal;
+        let now = std::time::Instant::now();
+        PlainProgress {
+            what,
+            total,
+            on: !quiet && !std::io::stderr().is_terminal(),
+            started: now,
+            last: now,
+        }
+    }
+
+    /// After step `done` of `total`; `detail` follows the count (e.g. the loss).
+    pub fn tick(&mut self, done: u64, detail: &str) {
+        if !self.on || self.last.elapsed().as_secs_f64() < Self::every_s() {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        eprintln!(
+            "{}: step {done}/{} {detail}({:.0} s)",
+            self.what,
+            self.total,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
 /// `1 rank`, `2 ranks`: a count and its noun, plural when the count is not 1.
 pub fn plural(n: u64, noun: &str) -> String {
     match n {

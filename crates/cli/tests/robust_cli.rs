@@ -293,3 +293,32 @@ fn a_diverging_run_stops_naming_the_learning_rate_and_a_bad_config_is_blamed() {
         fails_with(&out, field);
     }
 }
+
+#[test]
+fn without_a_terminal_train_prints_plain_progress_lines() {
+    let dir = common::temp_dir("robust", "plain");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(tiny(&dir, &["--steps", "20"]))
+        .env("FRUGAL_PROGRESS_EVERY_S", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("train: step 20/20 | loss "), "{stderr}");
+}
+
+#[test]
+fn a_missing_pytorch_baseline_is_reported_before_the_benchmark() {
+    let started = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(["bench", "train", "--model", "gpt2-124m", "--steps", "50"])
+        .args(["--baseline", "pytorch"])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    fails_with(&out, "--baseline pytorch: running python3");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the benchmark ran first"
+    );
+}

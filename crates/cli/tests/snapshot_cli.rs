@@ -110,6 +110,11 @@ fn a_resumed_run_ends_with_the_uninterrupted_runs_weights() {
     );
     assert!(weights(&hf) == weights(&saved.join("step-000006")));
     assert!(hf.join("config.json").exists());
+    let v = ok(&frugal(&["export", &s(&saved), "--hf", &s(&hf), "--json"]));
+    assert_eq!(
+        (v["step"].as_u64(), v["hf"].as_str()),
+        (Some(6), Some(s(&hf).as_str()))
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
