@@ -44,6 +44,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let snap = Snapshot::open(&args.snapshot)
         .with_context(|| format!("exporting {}", args.snapshot.display()))?;
+    for (dir, why) in &snap.skipped {
+        eprintln!(
+            "warning: {} is damaged ({why}); exporting the newest intact snapshot, {}",
+            dir.display(),
+            snap.dir.display()
+        );
+    }
     let model = snap.model_config()?;
     let tokens = prompt_tokens(&args.prompt, &model)?;
     // One row of the prompt's length: the smallest arena that runs the logits.

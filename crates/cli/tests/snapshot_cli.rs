@@ -288,15 +288,28 @@ fn bad_snapshot_flags_and_files_exit_2_saying_what_to_fix() {
     let mut bytes = std::fs::read(&shard).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&shard, bytes).unwrap();
+    let step4 = out.join("step-000004");
     fails_with(
-        &train(&dir, &["--steps", "4", "--resume", &s(&out)]),
+        &train(&dir, &["--steps", "4", "--resume", &s(&step4)]),
         &[
             "optim-rank-00000-of-00001.safetensors",
             "fails its checksum",
         ],
     );
+    // From the run's folder the damaged newest snapshot is named and the older one resumed.
+    let fallback = train(
+        &dir,
+        &["--steps", "4", "--out", &s(&out), "--resume", &s(&out)],
+    );
+    let stderr = String::from_utf8_lossy(&fallback.stderr);
+    assert!(fallback.status.success(), "{stderr}");
+    assert!(stderr.contains("step-000004 is damaged"), "{stderr}");
+    assert!(
+        stderr.contains("resuming from the newest intact snapshot"),
+        "{stderr}"
+    );
     fails_with(
-        &frugal(&["export", &s(&out), "--hf", &s(&dir.join("hf"))]),
+        &frugal(&["export", &s(&step4), "--hf", &s(&dir.join("hf"))]),
         &["fails its checksum"],
     );
     std::fs::remove_dir_all(&dir).unwrap();

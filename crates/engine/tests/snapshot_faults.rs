@@ -66,14 +66,20 @@ fn a_truncated_file_is_found_and_named() {
     let shard = step_dir(&out, 2).join("optim-rank-00000-of-00001.safetensors");
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
-    match Snapshot::open(&out) {
+    match Snapshot::open(&step_dir(&out, 2)) {
         Err(e @ SnapshotError::SizeMismatch { .. }) => {
             assert!(e.to_string().contains("optim-rank-00000-of-00001"), "{e}")
         }
         other => panic!("expected a size mismatch, got {:?}", other.err()),
     }
-    // The older snapshot is whole and still opens.
+    // The older snapshot is whole and still opens; from the run's folder it is the one taken,
+    // naming the damaged newer one.
     assert_eq!(Snapshot::open(&step_dir(&out, 1)).unwrap().state.step, 1);
+    let fallback = Snapshot::open(&out).unwrap();
+    assert_eq!(fallback.state.step, 1);
+    assert_eq!(fallback.skipped.len(), 1);
+    assert_eq!(fallback.skipped[0].0, step_dir(&out, 2));
+    assert!(fallback.skipped[0].1.contains("optim-rank-00000-of-00001"));
     std::fs::remove_dir_all(&out).unwrap();
 }
 
@@ -91,7 +97,7 @@ fn a_flipped_bit_is_found_by_the_checksum_and_named() {
         let at = bytes.len() - 3;
         bytes[at] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
-        match Snapshot::open(&out) {
+        match Snapshot::open(&step_dir(&out, 2)) {
             Err(e @ SnapshotError::ChecksumMismatch { .. }) => {
                 assert!(e.to_string().contains(name), "{e}")
             }
@@ -157,7 +163,7 @@ fn an_unknown_format_version_is_refused() {
     let future = text.replace("\"format_version\": 1", "\"format_version\": 99");
     assert_ne!(text, future);
     std::fs::write(&manifest, future).unwrap();
-    match Snapshot::open(&out) {
+    match Snapshot::open(&step_dir(&out, 2)) {
         Err(e @ SnapshotError::UnknownVersion { found: 99, .. }) => {
             assert!(e.to_string().contains("version 99"), "{e}")
         }

@@ -25,6 +25,15 @@ pub fn open(args: &Args, config: &engine::TrainConfig) -> anyhow::Result<Option<
         return Ok(None);
     };
     let snap = Snapshot::open(path).with_context(|| format!("--resume {}", path.display()))?;
+    for (dir, why) in &snap.skipped {
+        eprintln!(
+            "warning: --resume {}: {} is damaged ({why}); resuming from the newest intact \
+             snapshot, {}",
+            path.display(),
+            dir.display(),
+            snap.dir.display()
+        );
+    }
     // The run's identity (model, optimizer, schedule, global batch, seed, precision and loss
     // scaler) must be the snapshot's; ranks, ZeRO stage and offload may differ.
     snap.check_compatible(config, args.seed)?;

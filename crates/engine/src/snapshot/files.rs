@@ -186,18 +186,6 @@ pub fn prune(out: &Path, keep: usize) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// The snapshot folder `path` names: itself when committed, else the newest committed snapshot
-/// inside it (a run's `--out` folder).
-pub fn resolve(path: &Path) -> Result<PathBuf, SnapshotError> {
-    if is_committed(path) {
-        return Ok(path.to_path_buf());
-    }
-    committed(path)?
-        .pop()
-        .map(|(_, dir)| dir)
-        .ok_or_else(|| SnapshotError::NotFound { path: path.into() })
-}
-
 /// Reads and checks `dir`'s manifest: a format version this code knows, file names that stay
 /// inside the folder.
 pub fn read_manifest(dir: &Path) -> Result<Manifest, SnapshotError> {

@@ -157,13 +157,41 @@ pub struct Snapshot {
     pub hf_config: String,
     /// Shard files in rank order: (name, bytes).
     shards: Vec<(String, Vec<u8>)>,
+    /// Newer snapshots of the folder that were damaged and passed over: (folder, why).
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 impl Snapshot {
     /// Opens the snapshot `path` names (a snapshot folder, or a run's `--out` folder: its newest
     /// committed snapshot) and checks the format version and every file's size and crc32.
+    ///
+    /// From a run's folder a damaged newest snapshot is passed over for the newest intact one,
+    /// which lists it in [`Snapshot::skipped`]; when none is intact the newest one's error is
+    /// returned. A snapshot folder named itself is opened as it is or refused.
     pub fn open(path: &Path) -> Result<Snapshot, SnapshotError> {
-        let dir = files::resolve(path)?;
+        if files::is_committed(path) {
+            return Snapshot::open_dir(path.to_path_buf());
+        }
+        let mut skipped: Vec<(PathBuf, SnapshotError)> = Vec::new();
+        for (_, dir) in files::committed(path)?.into_iter().rev() {
+            match Snapshot::open_dir(dir.clone()) {
+                Ok(mut snap) => {
+                    snap.skipped = skipped
+                        .into_iter()
+                        .map(|(d, e)| (d, e.to_string()))
+                        .collect();
+                    return Ok(snap);
+                }
+                Err(e) => skipped.push((dir, e)),
+            }
+        }
+        match skipped.into_iter().next() {
+            Some((_, newest_error)) => Err(newest_error),
+            None => Err(SnapshotError::NotFound { path: path.into() }),
+        }
+    }
+
+    fn open_dir(dir: PathBuf) -> Result<Snapshot, SnapshotError> {
         let manifest = files::read_manifest(&dir)?;
         let mut read = std::collections::HashMap::new();
         for entry in &manifest.files {
@@ -196,6 +224,7 @@ impl Snapshot {
             state,
             hf_config,
             shards,
+            skipped: Vec::new(),
         })
     }
 
