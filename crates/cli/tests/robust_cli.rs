@@ -322,3 +322,82 @@ fn a_missing_pytorch_baseline_is_reported_before_the_benchmark() {
         "the benchmark ran first"
     );
 }
+
+#[test]
+fn an_inference_plot_labels_each_phase_once_and_groups_the_count() {
+    let dir = common::temp_dir("robust", "plot");
+    let svg = dir.join("p.svg");
+    let out = frugal(&[
+        "plan",
+        "--params",
+        "7B",
+        "--infer",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for label in ["\nprefill\n", "\ndecode\n"] {
+        assert_eq!(text.matches(label).count(), 1, "{label} in {text}");
+    }
+    assert!(text.contains("7,000,000,000 parameters"));
+    // Only the categories that hold bytes are in the legend.
+    assert!(!text.contains("\ngradients\n"));
+    assert!(text.contains("\nparameters\n"));
+}
+
+#[test]
+fn a_snapshot_write_that_fails_leaves_no_temporary_file() {
+    use std::os::unix::process::CommandExt;
+    let dir = common::temp_dir("robust", "diskfull");
+    let out_dir = dir.join("run");
+    let args = tiny(
+        &dir,
+        &[
+            "--steps",
+            "2",
+            "--save-every",
+            "1",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"));
+    cmd.args(&args);
+    // SAFETY: only async-signal-safe calls between fork and exec. Files may grow to 1 MiB (as on
+    // a full disk, writes past it fail with EFBIG instead of killing the process).
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    fails_with(&out, "writing");
+    let leftovers: Vec<_> = walk(&out_dir)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            all.extend(walk(&path));
+        }
+        all.push(path);
+    }
+    all
+}

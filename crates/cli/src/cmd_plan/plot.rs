@@ -51,13 +51,24 @@ pub fn write_svg(report: &Report, path: &Path) -> anyhow::Result<()> {
         })
         .collect();
     let n = tops.len().max(2);
-    let y_max = tops.iter().map(|t| t[5]).fold(0.0, f64::max).max(1e-6) * 1.1;
+    // Headroom above the highest band for the legend, so it covers no data.
+    let y_max = tops.iter().map(|t| t[5]).fold(0.0, f64::max).max(1e-6) * 1.45;
+    // Bands that hold bytes somewhere (an inference plan has no gradients or optimizer state).
+    let used: Vec<usize> = (0..6)
+        .filter(|&band| {
+            tops.iter()
+                .any(|t| t[band] - if band == 0 { 0.0 } else { t[band - 1] } > 0.0)
+        })
+        .collect();
     let title = match &report.model {
         Some(m) => format!(
             "{} {}: memory per device over the step (GiB)",
             m.name, report.mode
         ),
-        None => format!("{} parameters: memory per device (GiB)", report.param_count),
+        None => format!(
+            "{} parameters: memory per device (GiB)",
+            crate::output::group_digits(report.param_count)
+        ),
     };
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
@@ -65,6 +76,7 @@ pub fn write_svg(report: &Report, path: &Path) -> anyhow::Result<()> {
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 20))
             .margin(12)
+            .margin_right(48)
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(0f64..(n - 1) as f64, 0f64..y_max)?;
@@ -73,9 +85,17 @@ pub fn write_svg(report: &Report, path: &Path) -> anyhow::Result<()> {
             .configure_mesh()
             .x_desc("phase")
             .y_desc("GiB")
-            .x_label_formatter(&|x| labels.get(x.round() as usize).cloned().unwrap_or_default())
+            // One label a phase, at its own point: none between (they would repeat).
+            .x_labels(n.min(12))
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                match (x - i).abs() < 1e-6 {
+                    true => labels.get(i as usize).cloned().unwrap_or_default(),
+                    false => String::new(),
+                }
+            })
             .draw()?;
-        for band in (0..6).rev() {
+        for &band in used.iter().rev() {
             let points: Vec<(f64, f64)> = tops
                 .iter()
                 .enumerate()
