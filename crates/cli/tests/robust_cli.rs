@@ -401,3 +401,15 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     all
 }
+
+#[test]
+fn an_os_error_is_printed_once() {
+    let out = frugal(&["train", "--data", "/nonexistent/corpus.txt"]);
+    fails_with(&out, "/nonexistent/corpus.txt");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -12,12 +12,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// A file or folder could not be read or written.
-    #[error("{action} {path}: {source}")]
+    /// (The OS error is in the message, not a `source`, so a chain prints it once.)
+    #[error("{action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// A text file is not UTF-8.
@@ -161,7 +161,7 @@ impl DataError {
         DataError::Io {
             action,
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 }

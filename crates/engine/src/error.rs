@@ -58,10 +58,10 @@ pub enum EngineError {
     /// A rank's thread panicked (see `world::launch`).
     #[error(transparent)]
     RankPanicked(#[from] crate::world::RankPanicked),
-    #[error("{context}: {source}")]
+    /// (The OS error is in the message, not a `source`, so a chain prints it once.)
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }

@@ -228,7 +228,7 @@ pub fn load_prefixed<B: Backend>(
 /// Writes `path` durably: a temporary file, fsynced, renamed into place, the folder synced; a
 /// failed write leaves no temporary file behind.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
-    let io = |context: String| move |source| EngineError::Io { context, source };
+    let io = |context: String| move |cause| EngineError::Io { context, cause };
     let tmp = path.with_extension("tmp");
     let written = std::fs::File::create(&tmp).and_then(|mut f| {
         use std::io::Write;
@@ -264,9 +264,9 @@ pub fn save_pretrained_tensors(
     tensors: Vec<HfTensor>,
     dir: &Path,
 ) -> Result<(), EngineError> {
-    std::fs::create_dir_all(dir).map_err(|source| EngineError::Io {
+    std::fs::create_dir_all(dir).map_err(|cause| EngineError::Io {
         context: format!("creating {}", dir.display()),
-        source,
+        cause,
     })?;
     write_atomically(
         &dir.join("model.safetensors"),

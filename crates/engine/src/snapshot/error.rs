@@ -34,11 +34,11 @@ fn list(differences: &[Difference]) -> String {
 
 #[derive(Debug, Error)]
 pub enum SnapshotError {
-    #[error("{context}: {source}")]
+    /// (The OS error is in the message, not a `source`, so a chain prints it once.)
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// `--resume` named a folder holding no committed snapshot.
     #[error(
@@ -97,6 +97,6 @@ pub enum SnapshotError {
 impl SnapshotError {
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> SnapshotError {
         let context = context.into();
-        move |source| SnapshotError::Io { context, source }
+        move |cause| SnapshotError::Io { context, cause }
     }
 }
