@@ -413,3 +413,56 @@ fn an_os_error_is_printed_once() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_second_sigterm_exits_at_once_leaving_the_last_snapshot_whole() {
+    let dir = common::temp_dir("robust", "second-signal");
+    let out_dir = dir.join("run");
+    let args = tiny(
+        &dir,
+        &[
+            "--steps",
+            "100",
+            "--save-every",
+            "1",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    // The save after step 2 pauses for a minute before its manifest: the first SIGTERM finds the
+    // run busy saving, the second must not wait for it.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(&args)
+        .env("FRUGAL_TEST_SNAPSHOT_PAUSE", "2,60")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let written = out_dir.join("step-000002/train.json");
+    let started = Instant::now();
+    while !written.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the save never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let signalled = Instant::now();
+    for _ in 0..2 {
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "waited for the save"
+    );
+    assert_eq!(status.code(), Some(130));
+    let committed = engine::snapshot::files::committed(&out_dir).unwrap();
+    assert_eq!(
+        committed.last().map(|c| c.0),
+        Some(1),
+        "step 1 stays the newest whole one"
+    );
+}
