@@ -466,3 +466,50 @@ fn a_second_sigterm_exits_at_once_leaving_the_last_snapshot_whole() {
         "step 1 stays the newest whole one"
     );
 }
+
+#[test]
+fn resuming_another_folder_into_an_out_with_snapshots_is_refused() {
+    let dir = common::temp_dir("robust", "resume-elsewhere");
+    let (a, b) = (
+        dir.join("a").display().to_string(),
+        dir.join("b").display().to_string(),
+    );
+    for out in [&a, &b] {
+        let first = tiny(&dir, &["--steps", "4", "--save-every", "2", "--out", out]);
+        assert!(run(&first).status.success());
+    }
+    let a2 = format!("{a}/step-000002");
+    let into_b = tiny(
+        &dir,
+        &[
+            "--steps",
+            "4",
+            "--save-every",
+            "1",
+            "--out",
+            &b,
+            "--resume",
+            &a2,
+        ],
+    );
+    fails_with(&run(&into_b), "holds another run's snapshots");
+    let into_a = tiny(
+        &dir,
+        &[
+            "--steps",
+            "4",
+            "--save-every",
+            "1",
+            "--out",
+            &a,
+            "--resume",
+            &a2,
+        ],
+    );
+    let out = run(&into_a);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

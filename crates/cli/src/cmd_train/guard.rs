@@ -130,8 +130,9 @@ fn process_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Refuses an `--out` holding committed snapshots of another run: a new run's snapshots would
-/// be pruned in favour of the older run's higher step numbers.
+/// Refuses an `--out` holding committed snapshots of another run (one `--resume` does not name:
+/// the folder or one of its snapshots): a new run's snapshots would be pruned in favour of the
+/// older run's higher step numbers.
 fn check_foreign_snapshots(args: &Args, out: &Path) -> anyhow::Result<()> {
     if args.overwrite {
         return Ok(());
@@ -140,8 +141,15 @@ fn check_foreign_snapshots(args: &Args, out: &Path) -> anyhow::Result<()> {
     let Some((step, _)) = committed.last() else {
         return Ok(());
     };
-    if args.resume.is_some() {
-        // Resuming from this folder (or one of its snapshots) continues that run.
+    // Resuming from this folder (or one of its snapshots) continues that run.
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let here = canonical(out);
+    let continues = args
+        .resume
+        .as_deref()
+        .and_then(canonical)
+        .is_some_and(|r| Some(r.clone()) == here || r.parent().map(Path::to_path_buf) == here);
+    if continues {
         return Ok(());
     }
     bail!(
