@@ -149,6 +149,11 @@ fn a_second_run_into_one_out_is_refused_naming_the_holder_and_a_stale_lock_is_ta
     assert!(!lock.exists(), "the lock is removed when the run ends");
 }
 
+fn sigterm(child: &std::process::Child) {
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
 /// Starts `args`, waits, sends SIGTERM, and returns what the run printed.
 fn terminated_after(args: &[String], wait: Duration) -> std::process::Output {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
@@ -158,8 +163,7 @@ fn terminated_after(args: &[String], wait: Duration) -> std::process::Output {
         .spawn()
         .unwrap();
     std::thread::sleep(wait);
-    // SAFETY: signalling our own child by its pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    sigterm(&child);
     child.wait_with_output().unwrap()
 }
 
@@ -449,8 +453,7 @@ fn a_second_sigterm_exits_at_once_leaving_the_last_snapshot_whole() {
     }
     let signalled = Instant::now();
     for _ in 0..2 {
-        // SAFETY: signalling our own child by its pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        sigterm(&child);
         std::thread::sleep(Duration::from_millis(100));
     }
     let status = child.wait().unwrap();

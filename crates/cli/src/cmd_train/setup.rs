@@ -17,6 +17,8 @@ pub struct Shared {
     pub weights: Option<PathBuf>,
     /// `--resume`'s snapshot, checked against this run; every rank restores from it.
     pub snapshot: Option<engine::snapshot::Snapshot>,
+    /// The training data's identity (`Dataset::id`, hashed once), recorded in snapshots.
+    pub data_id: u64,
     /// `--out`'s lock, held until the run ends.
     pub _lock: Option<super::guard::Lock>,
 }
@@ -55,9 +57,10 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         tokenizer.vocab_size(),
         data::DEFAULT_VAL_FRACTION,
     )?;
+    let data_id = dataset.id();
     if let Some(snap) = &snapshot {
         // The same data too (older snapshots recorded none and accept any).
-        snap.check_run(&config, args.seed, Some(dataset.id()))
+        snap.check_run(&config, args.seed, Some(data_id))
             .with_context(|| format!("--resume {} with --data", snap.dir.display()))?;
     }
     Ok(Shared {
@@ -66,6 +69,7 @@ pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
         tokenizer,
         weights,
         snapshot,
+        data_id,
         _lock: lock,
     })
 }
@@ -115,7 +119,7 @@ pub fn build_rank(
     }
     Ok(Rank {
         trainer,
-        data_id: shared.dataset.id(),
+        data_id: shared.data_id,
         loader,
         val,
     })

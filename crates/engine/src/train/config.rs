@@ -117,7 +117,7 @@ pub struct StepStats {
 /// Plans one rank's step exactly as it will run (precision, ZeRO stage and offload included)
 /// and refuses it, before anything is allocated, when one rank's slab exceeds
 /// `device_memory_bytes` or every rank's slab and host-offloaded state together exceed
-/// `host_memory_bytes`, with the plan's breakdown at its peak and the `fit` advisor's cheapest
+/// `host_memory`, with the plan's breakdown at its peak and the `fit` advisor's cheapest
 /// fix.
 pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
