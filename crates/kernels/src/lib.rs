@@ -34,16 +34,20 @@ pub mod convert;
 pub mod embedding;
 pub mod fastmath;
 pub mod flash;
+pub mod fp8;
 pub mod gelu;
 pub mod gemm_bf16;
 pub mod layernorm;
 pub mod matmul;
+pub mod paged_attention;
 mod par;
+pub mod qmatmul;
 pub mod real;
 pub mod residual;
 pub mod rmsnorm;
 pub mod rope;
 pub mod sgd;
+pub mod stream;
 pub mod swiglu;
 
 #[cfg(test)]

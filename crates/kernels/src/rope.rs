@@ -53,6 +53,22 @@ pub fn backward_rows<F: Real>(
     rotate(dx, b, t, n_heads, hd, row_len, theta, -F::one());
 }
 
+/// Rotates the first `n_heads` heads of each row of `x` (rows of `row_len`) for the position
+/// `positions[row]` (inference: a row's place in its own sequence).
+pub fn forward_at<F: Real>(
+    x: &mut [F],
+    positions: &[u32],
+    n_heads: usize,
+    hd: usize,
+    row_len: usize,
+    theta: F,
+) {
+    assert_eq!(x.len(), positions.len() * row_len, "one position per row");
+    rotate_rows(x, n_heads, hd, row_len, theta, F::one(), |r| {
+        positions[r] as usize
+    });
+}
+
 #[allow(clippy::too_many_arguments)]
 fn rotate<F: Real>(
     x: &mut [F],
@@ -64,14 +80,27 @@ fn rotate<F: Real>(
     theta: F,
     sign: F,
 ) {
+    assert!(x.len() == b * t * row_len);
+    rotate_rows(x, n_heads, hd, row_len, theta, sign, |r| r % t);
+}
+
+fn rotate_rows<F: Real>(
+    x: &mut [F],
+    n_heads: usize,
+    hd: usize,
+    row_len: usize,
+    theta: F,
+    sign: F,
+    position: impl Fn(usize) -> usize,
+) {
     assert!(
         hd.is_multiple_of(2),
         "RoPE needs an even head dim, got {hd}"
     );
-    assert!(n_heads * hd <= row_len && x.len() == b * t * row_len);
+    assert!(n_heads * hd <= row_len);
     let half = hd / 2;
     for (row_idx, row) in x.chunks_exact_mut(row_len).enumerate() {
-        let pos = F::from_f64((row_idx % t) as f64);
+        let pos = F::from_f64(position(row_idx) as f64);
         for i in 0..half {
             let inv_freq = F::one() / theta.powf(F::from_f64((2 * i) as f64 / hd as f64));
             let angle = pos * inv_freq;
@@ -124,5 +153,19 @@ mod tests {
             4.0 * c1 + 2.0 * s1,
         ];
         assert_close("rotated", &x[4..], &want, 1e-12);
+    }
+
+    #[test]
+    fn rows_at_their_positions_match_the_sequence_form() {
+        let (t, nh, hd, row_len) = (6, 2, 4, 12);
+        let mut rng = Rng::new(4);
+        let x = to_f32(&rng.vec(t * row_len));
+        let mut whole = x.clone();
+        forward_rows(&mut whole, 1, t, nh, hd, row_len, 10000.0f32);
+        // Rows 3 and 5 alone, at their positions.
+        let mut two: Vec<f32> = [&x[3 * row_len..4 * row_len], &x[5 * row_len..]].concat();
+        forward_at(&mut two, &[3, 5], nh, hd, row_len, 10000.0f32);
+        assert_eq!(&two[..row_len], &whole[3 * row_len..4 * row_len]);
+        assert_eq!(&two[row_len..], &whole[5 * row_len..]);
     }
 }

@@ -1,0 +1,103 @@
+//! Weight-only quantized GEMV/GEMM at Llama-2-7B's layer shapes (4096 → 11008 and back), every
+//! stored layout on every path this CPU runs, at 1 and 8 activation rows, against a streaming
+//! read of a 1 GiB buffer timed in the same run: each line reports the weight bytes read per
+//! second and that as a fraction of the measured bandwidth. No assertions (speed is not a test).
+//!
+//! Run: `cargo bench -p kernels --bench qmatmul`.
+
+mod common;
+
+use half::{bf16, f16};
+use kernels::qmatmul::{self, best_isa, matmul_on, Isa, QWeight};
+
+const IC: usize = 4096;
+const OC: usize = 11008;
+
+fn main() {
+    println!(
+        "threads: {}, best isa: {:?}",
+        rayon::current_num_threads(),
+        best_isa()
+    );
+    let big = common::fill(1 << 28, 3, 1.0);
+    let t = common::median_secs(5, || {
+        std::hint::black_box(kernels::stream::read_all(&big));
+    });
+    let bw = (4usize << 28) as f64 / t;
+    drop(big);
+    println!("streaming read: {:.2} GB/s", bw / 1e9);
+    let n = OC * IC;
+    let f32s = common::fill(n, 1, 0.1);
+    let bf16s: Vec<bf16> = f32s.iter().map(|&x| bf16::from_f32(x)).collect();
+    let i8s: Vec<i8> = (0..n).map(|i| (i % 255) as i8).collect();
+    let u8s: Vec<u8> = (0..n / 2).map(|i| (i * 7 % 256) as u8).collect();
+    let h_row: Vec<f16> = (0..OC).map(|_| f16::from_f32(0.01)).collect();
+    let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 8.0 - 1.0);
+    let mut isas = vec![Isa::Portable];
+    if best_isa() != Isa::Portable {
+        if std::is_x86_feature_detected!("avx2") {
+            isas.push(Isa::Avx2);
+        }
+        if best_isa() == Isa::Avx512 {
+            isas.push(Isa::Avx512);
+        }
+    }
+    for group in [32usize, 128] {
+        let h_g: Vec<f16> = (0..n / group).map(|_| f16::from_f32(0.01)).collect();
+        let f_g: Vec<f32> = vec![0.01; n / group];
+        let formats: Vec<(String, QWeight)> = vec![
+            ("f32".into(), QWeight::F32(&f32s)),
+            ("bf16".into(), QWeight::Bf16(&bf16s)),
+            (
+                "int8".into(),
+                QWeight::Int8 {
+                    codes: &i8s,
+                    scales: &h_row,
+                },
+            ),
+            (
+                format!("int4 g{group}"),
+                QWeight::Int4 {
+                    codes: &u8s,
+                    scales: &h_g,
+                    zeros: None,
+                    group,
+                },
+            ),
+            (
+                format!("nf4 g{group}"),
+                QWeight::Nf4 {
+                    codes: &u8s,
+                    scales: &f_g,
+                    levels: &levels,
+                    group,
+                },
+            ),
+        ];
+        for (name, w) in &formats {
+            if group != 32 && !name.contains('g') {
+                continue;
+            }
+            for &isa in &isas {
+                for rows in [1usize, 8] {
+                    let inp = common::fill(rows * IC, 2, 1.0);
+                    let mut out = vec![0.0f32; rows * OC];
+                    let reps = if isa == Isa::Portable { 1 } else { 7 };
+                    let t = common::median_secs(reps, || {
+                        matmul_on(isa, &mut out, &inp, w, rows, IC, OC)
+                    });
+                    let bytes = w.bytes() as f64;
+                    println!(
+                        "{name:<10} {:<9} rows {rows}  {:>8.2} ms  {:>6.2} GB/s  {:>5.1}% of read  {:>7.1} GFLOP/s",
+                        isa.name(),
+                        t * 1e3,
+                        bytes / t / 1e9,
+                        100.0 * bytes / t / bw,
+                        2.0 * (rows * n) as f64 / t / 1e9
+                    );
+                }
+            }
+        }
+    }
+    let _ = qmatmul::ROWS;
+}

@@ -1,0 +1,336 @@
+//! Weight-only quantized matrix products for inference: `out (N,OC) = inp (N,IC) · Wᵀ`, with the
+//! weight `W (OC,IC)` stored as fp32, bf16, int8, int4 or nf4 and dequantized inside the dot
+//! product (fused: no f32 copy of the weight exists), activations and accumulation in f32.
+//!
+//! Stored layouts (what the engine's packer writes and the kernels read):
+//! - `F32`, `Bf16`: row-major (OC, IC).
+//! - `Int8`: one signed code per weight, row-major, and one fp16 scale per output row:
+//!   w = scale[o] × code.
+//! - `Int4`: groups of `group` weights along a row (32, 64 or 128), one fp16 scale and one zero
+//!   point (0..15; 8 when symmetric) per group: w = scale × (q − zero). Codes are packed two per
+//!   byte in sub-blocks of 32 weights (llama.cpp's Q4_0 order): byte j of a sub-block holds
+//!   weight j in its low nibble and weight j + 16 in its high nibble.
+//! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
+//!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
+//!
+//! Paths, chosen at run time ([`best_isa`], `is_x86_feature_detected!`, never a compile-time
+//! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`), AVX2 + FMA (8 lanes), and
+//! portable loops. Up to [`ROWS`] activation rows share one pass over the weights (a decode batch
+//! reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is split over
+//! rayon by output rows. [`reference`] is the plain loop every path is tested against.
+//!
+//! ```
+//! use kernels::qmatmul::{matmul, QWeight};
+//! let w = [1.0f32, 2.0, 3.0, 4.0]; // (OC = 2, IC = 2)
+//! let mut out = [0.0f32; 2];
+//! matmul(&mut out, &[1.0, 1.0], &QWeight::F32(&w), 1, 2, 2);
+//! assert_eq!(out, [3.0, 7.0]);
+//! ```
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use crate::par::SyncPtr;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Activation rows per pass over the weights.
+pub const ROWS: usize = 8;
+
+/// Weights per nibble sub-block (int4, nf4).
+pub const SUB: usize = 32;
+
+/// A weight matrix (OC, IC) in one of the stored layouts (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub enum QWeight<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    Int8 {
+        codes: &'a [i8],
+        scales: &'a [f16],
+    },
+    Int4 {
+        codes: &'a [u8],
+        scales: &'a [f16],
+        /// One zero point per group; `None`: symmetric (8).
+        zeros: Option<&'a [u8]>,
+        group: usize,
+    },
+    Nf4 {
+        codes: &'a [u8],
+        scales: &'a [f32],
+        levels: &'a [f32; 16],
+        group: usize,
+    },
+}
+
+/// Which instruction set runs the product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+/// The fastest path this CPU supports.
+pub fn best_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
+            return Isa::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+        {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Portable
+}
+
+impl QWeight<'_> {
+    /// Checks the stored sizes against (OC, IC); panics on a mismatch (a programmer error).
+    pub fn check(&self, oc: usize, ic: usize) {
+        let n = oc * ic;
+        match *self {
+            QWeight::F32(w) => assert_eq!(w.len(), n, "f32 weight"),
+            QWeight::Bf16(w) => assert_eq!(w.len(), n, "bf16 weight"),
+            QWeight::Int8 { codes, scales } => {
+                assert!(codes.len() == n && scales.len() == oc, "int8 weight");
+            }
+            QWeight::Int4 {
+                codes,
+                scales,
+                zeros,
+                group,
+            } => {
+                check_groups(codes.len(), scales.len(), oc, ic, group);
+                if let Some(z) = zeros {
+                    assert_eq!(z.len(), scales.len(), "one zero point per group");
+                }
+            }
+            QWeight::Nf4 {
+                codes,
+                scales,
+                group,
+                ..
+            } => check_groups(codes.len(), scales.len(), oc, ic, group),
+        }
+    }
+
+    /// Weight (o, i), dequantized (the reference's view, and the embedding's row lookup).
+    pub fn at(&self, o: usize, i: usize, ic: usize) -> f32 {
+        match *self {
+            QWeight::F32(w) => w[o * ic + i],
+            QWeight::Bf16(w) => w[o * ic + i].to_f32(),
+            QWeight::Int8 { codes, scales } => scales[o].to_f32() * codes[o * ic + i] as f32,
+            QWeight::Int4 {
+                codes,
+                scales,
+                zeros,
+                group,
+            } => {
+                let g = (o * ic + i) / group;
+                let z = zeros.map_or(8, |z| z[g]) as i32;
+                scales[g].to_f32() * (nibble(codes, o * ic + i) as i32 - z) as f32
+            }
+            QWeight::Nf4 {
+                codes,
+                scales,
+                levels,
+                group,
+            } => {
+                let g = (o * ic + i) / group;
+                scales[g] * levels[nibble(codes, o * ic + i) as usize]
+            }
+        }
+    }
+
+    /// Row `o` dequantized into `out` (IC).
+    pub fn row(&self, o: usize, out: &mut [f32]) {
+        let ic = out.len();
+        for (i, x) in out.iter_mut().enumerate() {
+            *x = self.at(o, i, ic);
+        }
+    }
+
+    /// Bytes of weight data (codes, scales, zero points) one full product reads.
+    pub fn bytes(&self) -> usize {
+        match *self {
+            QWeight::F32(w) => 4 * w.len(),
+            QWeight::Bf16(w) => 2 * w.len(),
+            QWeight::Int8 { codes, scales } => codes.len() + 2 * scales.len(),
+            QWeight::Int4 {
+                codes,
+                scales,
+                zeros,
+                ..
+            } => codes.len() + 2 * scales.len() + zeros.map_or(0, |z| z.len()),
+            QWeight::Nf4 { codes, scales, .. } => codes.len() + 4 * scales.len(),
+        }
+    }
+}
+
+fn check_groups(codes: usize, scales: usize, oc: usize, ic: usize, group: usize) {
+    assert!(
+        group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group),
+        "group {group} must be a multiple of {SUB} dividing IC = {ic}"
+    );
+    assert_eq!(codes, oc * ic / 2, "two codes per byte");
+    assert_eq!(scales, oc * ic / group, "one scale per group");
+}
+
+/// The nibble of weight `idx` (flat index in a row-major matrix whose rows are whole sub-blocks).
+#[inline(always)]
+pub fn nibble(codes: &[u8], idx: usize) -> u8 {
+    let (sub, j) = (idx / SUB, idx % SUB);
+    let byte = codes[sub * (SUB / 2) + j % (SUB / 2)];
+    if j < SUB / 2 {
+        byte & 0xF
+    } else {
+        byte >> 4
+    }
+}
+
+/// Packs 4-bit codes (one per weight, in row-major order) into the sub-block nibble order.
+pub fn pack_nibbles(codes: &[u8]) -> Vec<u8> {
+    assert!(codes.len().is_multiple_of(SUB), "whole sub-blocks of {SUB}");
+    let mut out = vec![0u8; codes.len() / 2];
+    for (sub, c) in codes.chunks_exact(SUB).enumerate() {
+        for j in 0..SUB / 2 {
+            out[sub * SUB / 2 + j] = (c[j] & 0xF) | (c[j + SUB / 2] << 4);
+        }
+    }
+    out
+}
+
+/// out (N,OC) = inp (N,IC) · Wᵀ on the best path for this CPU.
+pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc: usize) {
+    matmul_on(best_isa(), out, inp, w, n, ic, oc);
+}
+
+/// Output rows per rayon task: enough to amortise the task, few enough to balance two cores.
+fn task_rows(oc: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    (oc / (8 * threads)).clamp(4, 256)
+}
+
+/// As [`matmul`] on a chosen path (tests and benchmarks compare them).
+pub fn matmul_on(
+    isa: Isa,
+    out: &mut [f32],
+    inp: &[f32],
+    w: &QWeight,
+    n: usize,
+    ic: usize,
+    oc: usize,
+) {
+    assert!(
+        out.len() == n * oc && inp.len() == n * ic,
+        "out (N,OC), inp (N,IC)"
+    );
+    w.check(oc, ic);
+    if isa != Isa::Portable {
+        assert!(
+            matches!(best_isa(), Isa::Avx512) || best_isa() == isa,
+            "this CPU cannot run the {} path",
+            isa.name()
+        );
+    }
+    let chunk = task_rows(oc);
+    for r0 in (0..n).step_by(ROWS) {
+        let rows = ROWS.min(n - r0);
+        let a = &inp[r0 * ic..(r0 + rows) * ic];
+        let dst = SyncPtr(out[r0 * oc..(r0 + rows) * oc].as_mut_ptr());
+        (0..oc.div_ceil(chunk)).into_par_iter().for_each(|t| {
+            let o0 = t * chunk;
+            let o1 = oc.min(o0 + chunk);
+            // SAFETY: task t writes only columns o0..o1 of the `rows` output rows, disjoint
+            // from every other task's; `out` outlives the parallel loop.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.get(), rows * oc) };
+            run_rows(isa, out, a, w, rows, ic, oc, o0..o1);
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_rows(
+    isa: Isa,
+    out: &mut [f32],
+    a: &[f32],
+    w: &QWeight,
+    rows: usize,
+    ic: usize,
+    oc: usize,
+    range: std::ops::Range<usize>,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: matmul_on checked that this CPU has AVX-512 F and BW.
+        Isa::Avx512 => unsafe { avx512::rows(out, a, w, rows, ic, oc, range) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: matmul_on checked that this CPU has AVX2, FMA and F16C.
+        Isa::Avx2 => unsafe { avx2::rows(out, a, w, rows, ic, oc, range) },
+        _ => portable_rows(out, a, w, rows, ic, oc, range),
+    }
+}
+
+/// Portable path: 16 partial sums per dot product, dequantizing as it goes.
+fn portable_rows(
+    out: &mut [f32],
+    a: &[f32],
+    w: &QWeight,
+    rows: usize,
+    ic: usize,
+    oc: usize,
+    range: std::ops::Range<usize>,
+) {
+    let mut wrow = [0.0f32; 256];
+    for o in range {
+        let mut acc = [[0.0f32; 16]; ROWS];
+        for c0 in (0..ic).step_by(256) {
+            let len = 256.min(ic - c0);
+            for (j, x) in wrow[..len].iter_mut().enumerate() {
+                *x = w.at(o, c0 + j, ic);
+            }
+            for r in 0..rows {
+                let ar = &a[r * ic + c0..][..len];
+                for (j, (x, y)) in wrow[..len].iter().zip(ar).enumerate() {
+                    acc[r][j % 16] += x * y;
+                }
+            }
+        }
+        for r in 0..rows {
+            out[r * oc + o] = acc[r].iter().sum();
+        }
+    }
+}
+
+/// The plain loop: out[r][o] = Σ_i W(o, i) · inp[r][i], in f64.
+pub fn reference(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc: usize) {
+    w.check(oc, ic);
+    for r in 0..n {
+        for o in 0..oc {
+            let s: f64 = (0..ic)
+                .map(|i| f64::from(w.at(o, i, ic)) * f64::from(inp[r * ic + i]))
+                .sum();
+            out[r * oc + o] = s as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! The AVX2 + FMA path of [`super::matmul`]: as the AVX-512 one with 8 lanes. A 32-weight
+//! sub-block is two 8-byte halves, each giving 8 low and 8 high nibbles; nf4's 16-entry table is
+//! two 8-entry `vpermps` lookups blended on the code's top bit.
+
+use super::QWeight;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows(
+    out: &mut [f32],
+    a: &[f32],
+    w: &QWeight,
+    rows: usize,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    match rows {
+        1 => rows_n::<1>(out, a, w, ic, oc, range),
+        2 => rows_n::<2>(out, a, w, ic, oc, range),
+        3 => rows_n::<3>(out, a, w, ic, oc, range),
+        4 => rows_n::<4>(out, a, w, ic, oc, range),
+        5 => rows_n::<5>(out, a, w, ic, oc, range),
+        6 => rows_n::<6>(out, a, w, ic, oc, range),
+        7 => rows_n::<7>(out, a, w, ic, oc, range),
+        _ => rows_n::<8>(out, a, w, ic, oc, range),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_n<const R: usize>(
+    out: &mut [f32],
+    a: &[f32],
+    w: &QWeight,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    let ap = a.as_ptr();
+    for o in range {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut tail = [0.0f32; R];
+        let mut row_scale = 1.0f32;
+        let body = ic / 8 * 8;
+        match *w {
+            QWeight::F32(wt) => {
+                let wp = wt.as_ptr().add(o * ic);
+                for i in (0..body).step_by(8) {
+                    fma_rows::<R>(&mut acc, _mm256_loadu_ps(wp.add(i)), ap, ic, i);
+                }
+                scalar_tail::<R>(&mut tail, a, ic, body, |i| wt[o * ic + i]);
+            }
+            QWeight::Bf16(wt) => {
+                let wp = wt.as_ptr().add(o * ic) as *const __m128i;
+                for i in (0..body).step_by(8) {
+                    let h = _mm_loadu_si128(wp.byte_add(2 * i));
+                    let x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+                    fma_rows::<R>(&mut acc, x, ap, ic, i);
+                }
+                scalar_tail::<R>(&mut tail, a, ic, body, |i| wt[o * ic + i].to_f32());
+            }
+            QWeight::Int8 { codes, scales } => {
+                let cp = codes.as_ptr().add(o * ic);
+                for i in (0..body).step_by(8) {
+                    let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(cp.add(i) as *const __m128i));
+                    fma_rows::<R>(&mut acc, _mm256_cvtepi32_ps(q), ap, ic, i);
+                }
+                scalar_tail::<R>(&mut tail, a, ic, body, |i| codes[o * ic + i] as f32);
+                row_scale = scales[o].to_f32();
+            }
+            QWeight::Int4 {
+                codes,
+                scales,
+                zeros,
+                group,
+            } => {
+                let groups = ic / group;
+                let g0 = o * groups;
+                let mask = _mm256_set1_epi32(0xF);
+                for g in 0..groups {
+                    let d = _mm256_set1_ps(scales[g0 + g].to_f32());
+                    let z = _mm256_set1_epi32(zeros.map_or(8, |z| z[g0 + g]) as i32);
+                    for s in (0..group).step_by(32) {
+                        let col = g * group + s;
+                        let p = codes.as_ptr().add((o * ic + col) / 2);
+                        for half in 0..2 {
+                            let b = _mm_loadl_epi64(p.add(8 * half) as *const __m128i);
+                            let q = _mm256_cvtepu8_epi32(b);
+                            let lo = _mm256_sub_epi32(_mm256_and_si256(q, mask), z);
+                            let hi = _mm256_sub_epi32(_mm256_srli_epi32(q, 4), z);
+                            let (lo, hi) = (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
+                            half_block::<R>(&mut acc, lo, hi, d, ap, ic, col + 8 * half);
+                        }
+                    }
+                }
+            }
+            QWeight::Nf4 {
+                codes,
+                scales,
+                levels,
+                group,
+            } => {
+                let groups = ic / group;
+                let (lut_lo, lut_hi) = (
+                    _mm256_loadu_ps(levels.as_ptr()),
+                    _mm256_loadu_ps(levels.as_ptr().add(8)),
+                );
+                let mask = _mm256_set1_epi32(0xF);
+                let look = |idx: __m256i| {
+                    let top = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+                    let a = _mm256_permutevar8x32_ps(lut_lo, idx);
+                    let b = _mm256_permutevar8x32_ps(lut_hi, idx);
+                    _mm256_blendv_ps(a, b, top)
+                };
+                for g in 0..groups {
+                    let d = _mm256_set1_ps(scales[o * groups + g]);
+                    for s in (0..group).step_by(32) {
+                        let col = g * group + s;
+                        let p = codes.as_ptr().add((o * ic + col) / 2);
+                        for half in 0..2 {
+                            let b = _mm_loadl_epi64(p.add(8 * half) as *const __m128i);
+                            let q = _mm256_cvtepu8_epi32(b);
+                            let lo = look(_mm256_and_si256(q, mask));
+                            let hi = look(_mm256_srli_epi32(q, 4));
+                            half_block::<R>(&mut acc, lo, hi, d, ap, ic, col + 8 * half);
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            out[r * oc + o] = row_scale * (hsum(acc[r]) + tail[r]);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+#[inline(always)]
+unsafe fn fma_rows<const R: usize>(
+    acc: &mut [__m256; R],
+    x: __m256,
+    ap: *const f32,
+    ic: usize,
+    i: usize,
+) {
+    for (r, acc) in acc.iter_mut().enumerate() {
+        *acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(ap.add(r * ic + i)), *acc);
+    }
+}
+
+/// acc[r] += d · (lo · a[r][col..col+8] + hi · a[r][col+16..col+24]).
+#[inline(always)]
+unsafe fn half_block<const R: usize>(
+    acc: &mut [__m256; R],
+    lo: __m256,
+    hi: __m256,
+    d: __m256,
+    ap: *const f32,
+    ic: usize,
+    col: usize,
+) {
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let p = ap.add(r * ic + col);
+        let t = _mm256_mul_ps(lo, _mm256_loadu_ps(p));
+        let t = _mm256_fmadd_ps(hi, _mm256_loadu_ps(p.add(16)), t);
+        *acc = _mm256_fmadd_ps(t, d, *acc);
+    }
+}
+
+#[inline(always)]
+fn scalar_tail<const R: usize>(
+    tail: &mut [f32; R],
+    a: &[f32],
+    ic: usize,
+    body: usize,
+    w: impl Fn(usize) -> f32,
+) {
+    for i in body..ic {
+        let x = w(i);
+        for (r, t) in tail.iter_mut().enumerate() {
+            *t += x * a[r * ic + i];
+        }
+    }
+}

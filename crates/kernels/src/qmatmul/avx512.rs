@@ -1,0 +1,260 @@
+//! The AVX-512 path of [`super::matmul`]: 16 f32 lanes, up to [`super::ROWS`] accumulators (one
+//! per activation row) fed by each dequantized weight vector, a horizontal sum per output. Int4
+//! and nf4 expand 16 bytes (one 32-weight sub-block) to 16 lanes of codes, split into low and high
+//! nibbles; int4 subtracts the zero point in integers, nf4 looks its level up with one `vpermps`.
+
+use super::QWeight;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Independent accumulator chains per row: an FMA's 4-cycle latency would otherwise bound a
+/// single chain to one sub-block per 4 cycles, below the memory's rate.
+const CH: usize = 4;
+
+/// Chains in use for `r` rows: more rows are independent chains already (and registers run out).
+const fn chains(r: usize) -> usize {
+    match r {
+        1 => 4,
+        2 | 3 => 2,
+        _ => 1,
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F and BW; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
+#[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
+pub(super) unsafe fn rows(
+    out: &mut [f32],
+    a: &[f32],
+    w: &QWeight,
+    rows: usize,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    match rows {
+        1 => rows_n::<1>(out, a, w, ic, oc, range),
+        2 => rows_n::<2>(out, a, w, ic, oc, range),
+        3 => rows_n::<3>(out, a, w, ic, oc, range),
+        4 => rows_n::<4>(out, a, w, ic, oc, range),
+        5 => rows_n::<5>(out, a, w, ic, oc, range),
+        6 => rows_n::<6>(out, a, w, ic, oc, range),
+        7 => rows_n::<7>(out, a, w, ic, oc, range),
+        _ => rows_n::<8>(out, a, w, ic, oc, range),
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
+unsafe fn rows_n<const R: usize>(
+    out: &mut [f32],
+    a: &[f32],
+    w: &QWeight,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    let ap = a.as_ptr();
+    for o in range {
+        let mut acc = [[_mm512_setzero_ps(); CH]; R];
+        let mut k = 0usize;
+        let mut tail = [0.0f32; R];
+        let mut row_scale = 1.0f32;
+        let body = ic / 16 * 16;
+        match *w {
+            QWeight::F32(wt) => {
+                let wp = wt.as_ptr().add(o * ic);
+                for i in (0..body).step_by(16) {
+                    let x = _mm512_loadu_ps(wp.add(i));
+                    fma_rows::<R>(&mut acc, &mut k, x, ap, ic, i);
+                }
+                scalar_tail::<R>(&mut tail, a, ic, body, |i| wt[o * ic + i]);
+            }
+            QWeight::Bf16(wt) => {
+                let wp = wt.as_ptr().add(o * ic) as *const __m256i;
+                for i in (0..body).step_by(16) {
+                    let h = _mm256_loadu_si256(wp.byte_add(2 * i));
+                    let x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                    fma_rows::<R>(&mut acc, &mut k, x, ap, ic, i);
+                }
+                scalar_tail::<R>(&mut tail, a, ic, body, |i| wt[o * ic + i].to_f32());
+            }
+            QWeight::Int8 { codes, scales } => {
+                let cp = codes.as_ptr().add(o * ic) as *const __m128i;
+                for i in (0..body).step_by(16) {
+                    let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(cp.byte_add(i)));
+                    fma_rows::<R>(&mut acc, &mut k, _mm512_cvtepi32_ps(q), ap, ic, i);
+                }
+                scalar_tail::<R>(&mut tail, a, ic, body, |i| codes[o * ic + i] as f32);
+                row_scale = scales[o].to_f32();
+            }
+            QWeight::Int4 {
+                codes,
+                scales,
+                zeros: Some(zeros),
+                group,
+            } => {
+                let groups = ic / group;
+                let g0 = o * groups;
+                let mask = _mm512_set1_epi32(0xF);
+                let mut sc = [0.0f32; 16];
+                for g in 0..groups {
+                    if g % 16 == 0 {
+                        load_scales_f16(&mut sc, &scales[g0 + g..g0 + groups.min(g + 16)]);
+                    }
+                    let d = _mm512_set1_ps(sc[g % 16]);
+                    let z = _mm512_set1_epi32(zeros[g0 + g] as i32);
+                    for s in (0..group).step_by(32) {
+                        let col = g * group + s;
+                        let bytes = codes.as_ptr().add((o * ic + col) / 2) as *const __m128i;
+                        let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
+                        let lo = _mm512_sub_epi32(_mm512_and_si512(q, mask), z);
+                        let hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), z);
+                        let (lo, hi) = (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(hi));
+                        sub_block::<R>(&mut acc, &mut k, lo, hi, d, ap, ic, col);
+                    }
+                }
+            }
+            QWeight::Int4 {
+                codes,
+                scales,
+                zeros: None,
+                group,
+            } => {
+                // Symmetric: the codes' values q − 8 are a 16-entry table, scaled per group.
+                let levels: [f32; 16] = std::array::from_fn(|i| i as f32 - 8.0);
+                let groups = ic / group;
+                let g0 = o * groups;
+                let mut sc = [0.0f32; 16];
+                for g in 0..groups {
+                    if g % 16 == 0 {
+                        load_scales_f16(&mut sc, &scales[g0 + g..g0 + groups.min(g + 16)]);
+                    }
+                    let lut =
+                        _mm512_mul_ps(_mm512_loadu_ps(levels.as_ptr()), _mm512_set1_ps(sc[g % 16]));
+                    table_group::<R>(&mut acc, &mut k, codes, lut, ap, o, ic, g * group, group);
+                }
+            }
+            QWeight::Nf4 {
+                codes,
+                scales,
+                levels,
+                group,
+            } => {
+                let groups = ic / group;
+                let table = _mm512_loadu_ps(levels.as_ptr());
+                for g in 0..groups {
+                    let lut = _mm512_mul_ps(table, _mm512_set1_ps(scales[o * groups + g]));
+                    table_group::<R>(&mut acc, &mut k, codes, lut, ap, o, ic, g * group, group);
+                }
+            }
+        }
+        for r in 0..R {
+            let mut sum = acc[r][0];
+            for c in &acc[r][1..] {
+                sum = _mm512_add_ps(sum, *c);
+            }
+            out[r * oc + o] = row_scale * (_mm512_reduce_add_ps(sum) + tail[r]);
+        }
+    }
+}
+
+/// acc[r] += Σ over the group's sub-blocks of lut[code] · a[r], the group's scale already in
+/// the table.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn table_group<const R: usize>(
+    acc: &mut [[__m512; CH]; R],
+    k: &mut usize,
+    codes: &[u8],
+    lut: __m512,
+    ap: *const f32,
+    o: usize,
+    ic: usize,
+    start: usize,
+    group: usize,
+) {
+    let mask = _mm512_set1_epi32(0xF);
+    for col in (start..start + group).step_by(32) {
+        let bytes = codes.as_ptr().add((o * ic + col) / 2) as *const __m128i;
+        let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
+        let lo = _mm512_permutexvar_ps(_mm512_and_si512(q, mask), lut);
+        let hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
+        let (c0, c1) = (*k % chains(R), (*k + 1) % chains(R));
+        *k += 2;
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let p = ap.add(r * ic + col);
+            acc[c0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(p), acc[c0]);
+            acc[c1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(p.add(16)), acc[c1]);
+        }
+    }
+}
+
+/// acc[r] += x · a[r][i..i+16].
+#[inline(always)]
+unsafe fn fma_rows<const R: usize>(
+    acc: &mut [[__m512; CH]; R],
+    k: &mut usize,
+    x: __m512,
+    ap: *const f32,
+    ic: usize,
+    i: usize,
+) {
+    let c = *k % chains(R);
+    *k += 1;
+    for (r, acc) in acc.iter_mut().enumerate() {
+        acc[c] = _mm512_fmadd_ps(x, _mm512_loadu_ps(ap.add(r * ic + i)), acc[c]);
+    }
+}
+
+/// acc[r] += d · (lo · a[r][col..col+16] + hi · a[r][col+16..col+32]).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn sub_block<const R: usize>(
+    acc: &mut [[__m512; CH]; R],
+    k: &mut usize,
+    lo: __m512,
+    hi: __m512,
+    d: __m512,
+    ap: *const f32,
+    ic: usize,
+    col: usize,
+) {
+    let c = *k % chains(R);
+    *k += 1;
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let p = ap.add(r * ic + col);
+        let t = _mm512_mul_ps(lo, _mm512_loadu_ps(p));
+        let t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(p.add(16)), t);
+        acc[c] = _mm512_fmadd_ps(t, d, acc[c]);
+    }
+}
+
+/// Up to 16 fp16 scales widened into `sc`.
+#[inline(always)]
+unsafe fn load_scales_f16(sc: &mut [f32; 16], src: &[half::f16]) {
+    if src.len() == 16 {
+        let h = _mm256_loadu_si256(src.as_ptr() as *const __m256i);
+        _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_cvtph_ps(h));
+    } else {
+        for (d, s) in sc.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+}
+
+/// The last IC mod 16 products, in scalar code.
+#[inline(always)]
+fn scalar_tail<const R: usize>(
+    tail: &mut [f32; R],
+    a: &[f32],
+    ic: usize,
+    body: usize,
+    w: impl Fn(usize) -> f32,
+) {
+    for i in body..ic {
+        let x = w(i);
+        for (r, t) in tail.iter_mut().enumerate() {
+            *t += x * a[r * ic + i];
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Every path against the f64 reference, for every stored layout, odd row counts (passes of
+//! [`ROWS`] and a remainder) and a column count with a tail (f32, bf16, int8).
+
+use super::*;
+use crate::testutil::Rng;
+
+const NF4: [f32; 16] = [
+    -1.0, -0.696, -0.525, -0.395, -0.284, -0.185, -0.091, 0.0, 0.08, 0.161, 0.246, 0.338, 0.441,
+    0.563, 0.723, 1.0,
+];
+
+struct Stored {
+    f32s: Vec<f32>,
+    bf16s: Vec<bf16>,
+    i8s: Vec<i8>,
+    u8s: Vec<u8>,
+    zeros: Vec<u8>,
+    h_scales: Vec<f16>,
+    f_scales: Vec<f32>,
+}
+
+fn stored(rng: &mut Rng, oc: usize, ic: usize, groups: usize) -> Stored {
+    let n = oc * ic;
+    Stored {
+        f32s: (0..n).map(|_| rng.uniform() as f32).collect(),
+        bf16s: (0..n).map(|_| bf16::from_f64(rng.uniform())).collect(),
+        i8s: (0..n)
+            .map(|_| (rng.below(255) as i32 - 127) as i8)
+            .collect(),
+        u8s: (0..n / 2).map(|_| rng.below(256) as u8).collect(),
+        zeros: (0..groups).map(|_| rng.below(16) as u8).collect(),
+        h_scales: (0..groups.max(oc))
+            .map(|_| f16::from_f64(rng.uniform() * 0.1))
+            .collect(),
+        f_scales: (0..groups).map(|_| rng.uniform() as f32).collect(),
+    }
+}
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+        {
+            v.push(Isa::Avx2);
+        }
+        if best_isa() == Isa::Avx512 {
+            v.push(Isa::Avx512);
+        }
+    }
+    v
+}
+
+fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
+    let mut rng = Rng::new(7);
+    for n in [1, 3, 8, 11] {
+        let inp: Vec<f32> = (0..n * ic).map(|_| rng.uniform() as f32).collect();
+        let mut want = vec![0.0f32; n * oc];
+        reference(&mut want, &inp, w, n, ic, oc);
+        for isa in isas() {
+            let mut got = vec![f32::NAN; n * oc];
+            matmul_on(isa, &mut got, &inp, w, n, ic, oc);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                let scale = e.abs().max(1.0);
+                assert!(
+                    (g - e).abs() <= 2e-5 * scale * (ic as f32).sqrt(),
+                    "{name} {} n={n} [{i}]: {g} vs {e}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_layouts_match_the_reference_with_a_column_tail() {
+    let (oc, ic) = (37, 83);
+    let s = stored(&mut Rng::new(1), oc, ic + 1, 0);
+    check_all("f32", &QWeight::F32(&s.f32s[..oc * ic]), ic, oc);
+    check_all("bf16", &QWeight::Bf16(&s.bf16s[..oc * ic]), ic, oc);
+    let int8 = QWeight::Int8 {
+        codes: &s.i8s[..oc * ic],
+        scales: &s.h_scales[..oc],
+    };
+    check_all("int8", &int8, ic, oc);
+}
+
+#[test]
+fn nibble_layouts_match_the_reference_for_every_group_size() {
+    let (oc, ic) = (29, 256);
+    for group in [32, 64, 128] {
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(group as u64), oc, ic, groups);
+        let sym = QWeight::Int4 {
+            codes: &s.u8s,
+            scales: &s.h_scales[..groups],
+            zeros: None,
+            group,
+        };
+        check_all("int4", &sym, ic, oc);
+        let asym = QWeight::Int4 {
+            codes: &s.u8s,
+            scales: &s.h_scales[..groups],
+            zeros: Some(&s.zeros),
+            group,
+        };
+        check_all("int4 asym", &asym, ic, oc);
+        let nf4 = QWeight::Nf4 {
+            codes: &s.u8s,
+            scales: &s.f_scales,
+            levels: &NF4,
+            group,
+        };
+        check_all("nf4", &nf4, ic, oc);
+    }
+}
+
+#[test]
+fn nibbles_pack_in_sub_block_order() {
+    let codes: Vec<u8> = (0..64).map(|i| (i % 16) as u8).collect();
+    let packed = pack_nibbles(&codes);
+    assert_eq!(packed.len(), 32);
+    // Byte 0 holds weight 0 (low) and weight 16 (high).
+    assert_eq!(packed[0], codes[0] | (codes[16] << 4));
+    for (i, &c) in codes.iter().enumerate() {
+        assert_eq!(nibble(&packed, i), c, "weight {i}");
+    }
+}
+
+#[test]
+fn int4_dequantizes_as_scale_times_code_minus_zero() {
+    let codes = pack_nibbles(&[3u8; 32]);
+    let scales = [f16::from_f32(0.5)];
+    let sym = QWeight::Int4 {
+        codes: &codes,
+        scales: &scales,
+        zeros: None,
+        group: 32,
+    };
+    assert_eq!(sym.at(0, 5, 32), 0.5 * (3.0 - 8.0));
+    let zeros = [1u8];
+    let asym = QWeight::Int4 {
+        codes: &codes,
+        scales: &scales,
+        zeros: Some(&zeros),
+        group: 32,
+    };
+    assert_eq!(asym.at(0, 5, 32), 1.0);
+}
