@@ -18,6 +18,7 @@ pub mod family;
 pub mod forward;
 pub mod key;
 pub mod layout;
+pub mod serve;
 pub mod shards;
 pub mod units;
 
@@ -26,8 +27,9 @@ use crate::setup::{Offload, Optimizer, Precision, Recompute};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
 pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
 pub use forward::{forward_plan, ForwardSetup};
-pub use key::Key;
+pub use key::{Key, StepAct, StepKind};
 pub use layout::{assign_offsets, assign_offsets_aligned, SlabLayout};
+pub use serve::{serve_plan, KvFormat, ServeSetup, WeightFormat};
 pub use shards::StateRule;
 pub use units::{param_units, Role, Unit, UnitKind};
 

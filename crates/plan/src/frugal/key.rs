@@ -8,7 +8,7 @@
 //! Example: `Key::OptM(UnitKind::Block(0)).to_string()` is `"opt.m.h.0"`.
 
 use super::acts::BlockTensor;
-use super::units::UnitKind;
+use super::units::{Role, UnitKind};
 use std::fmt;
 
 /// Gradient-of-activation scratch shared by every block's backward.
@@ -38,6 +38,93 @@ pub enum Work {
     BwDoutT,
     BwInpT,
     BwWeightT,
+}
+
+/// Which inference step a scratch buffer serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepKind {
+    /// Up to a prefill chunk of one sequence's tokens.
+    Prefill,
+    /// One token of each running sequence.
+    Decode,
+}
+
+/// The scratch tensors of one inference step (every block reuses them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepAct {
+    Tokens,
+    /// The residual stream.
+    Residual,
+    Ln,
+    Rstd,
+    Mean,
+    Qkv,
+    Atty,
+    /// A projection's output before it joins the residual stream.
+    Proj,
+    Fch,
+    FchAct,
+    Logits,
+    /// Split-K attention's partial (max, sum, accumulator) triples.
+    Partials,
+}
+
+impl StepAct {
+    pub const ALL: [StepAct; 12] = [
+        StepAct::Tokens,
+        StepAct::Residual,
+        StepAct::Ln,
+        StepAct::Rstd,
+        StepAct::Mean,
+        StepAct::Qkv,
+        StepAct::Atty,
+        StepAct::Proj,
+        StepAct::Fch,
+        StepAct::FchAct,
+        StepAct::Logits,
+        StepAct::Partials,
+    ];
+
+    fn suffix(self) -> &'static str {
+        match self {
+            StepAct::Tokens => "tokens",
+            StepAct::Residual => "residual",
+            StepAct::Ln => "ln",
+            StepAct::Rstd => "rstd",
+            StepAct::Mean => "mean",
+            StepAct::Qkv => "qkv",
+            StepAct::Atty => "atty",
+            StepAct::Proj => "proj",
+            StepAct::Fch => "fch",
+            StepAct::FchAct => "fch_act",
+            StepAct::Logits => "logits",
+            StepAct::Partials => "partials",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::TokenEmbedding => "wte",
+            Role::PositionEmbedding => "wpe",
+            Role::Norm1Weight => "ln1_w",
+            Role::Norm1Bias => "ln1_b",
+            Role::QkvWeight => "qkv_w",
+            Role::QkvBias => "qkv_b",
+            Role::AttnProjWeight => "attn_proj_w",
+            Role::AttnProjBias => "attn_proj_b",
+            Role::Norm2Weight => "ln2_w",
+            Role::Norm2Bias => "ln2_b",
+            Role::FcWeight => "fc_w",
+            Role::FcBias => "fc_b",
+            Role::FcProjWeight => "fc_proj_w",
+            Role::FcProjBias => "fc_proj_b",
+            Role::FinalNormWeight => "lnf_w",
+            Role::FinalNormBias => "lnf_b",
+            Role::LmHead => "lm_head",
+        })
+    }
 }
 
 /// One buffer of a `frugal` plan.
@@ -85,6 +172,22 @@ pub enum Key {
     DResidual,
     DAct(DAct),
     Work(Work),
+    /// Inference: a weight matrix in its storage format (codes, or the values themselves).
+    QWeight(UnitKind, Role),
+    /// Its scales (per row or per group).
+    QScales(UnitKind, Role),
+    /// Its zero points (asymmetric int4).
+    QZeros(UnitKind, Role),
+    /// Inference: a unit's fp32 vectors (norms, biases, learned positions), in view order.
+    Vectors(UnitKind),
+    /// Layer `l`'s paged key cache.
+    KvK(u32),
+    KvV(u32),
+    /// Per token and head scales of a quantized key (value) cache.
+    KvKScales(u32),
+    KvVScales(u32),
+    /// An inference step's scratch.
+    Step(StepKind, StepAct),
 }
 
 impl fmt::Display for UnitKind {
@@ -133,6 +236,23 @@ impl fmt::Display for Key {
                 DAct::Fch => "dact.fch",
                 DAct::FchAct => "dact.fch_act",
             }),
+            Key::QWeight(u, r) => write!(f, "weights.{u}.{r}"),
+            Key::QScales(u, r) => write!(f, "weights.{u}.{r}.scales"),
+            Key::QZeros(u, r) => write!(f, "weights.{u}.{r}.zeros"),
+            Key::Vectors(u) => write!(f, "weights.{u}.vectors"),
+            Key::KvK(l) => write!(f, "kv.h.{l}.k"),
+            Key::KvV(l) => write!(f, "kv.h.{l}.v"),
+            Key::KvKScales(l) => write!(f, "kv.h.{l}.k_scales"),
+            Key::KvVScales(l) => write!(f, "kv.h.{l}.v_scales"),
+            Key::Step(k, t) => write!(
+                f,
+                "step.{}.{}",
+                match k {
+                    StepKind::Prefill => "prefill",
+                    StepKind::Decode => "decode",
+                },
+                t.suffix()
+            ),
             Key::Work(w) => f.write_str(match w {
                 Work::F32 => "work.f32",
                 Work::F32In => "work.f32_in",

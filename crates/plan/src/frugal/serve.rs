@@ -1,0 +1,461 @@
+//! The inference plan of this engine: weights in a storage format, a paged KV cache pool, and the
+//! scratch of a prefill step and of a decode step, every buffer keyed, so the engine's arena
+//! carves exactly this list and its measured bytes equal the plan's per category.
+//!
+//! - **Weights.** Every matrix (token embedding, q|k|v, attention output, MLP up/gate|up and down,
+//!   an untied head) is stored in the weight format (`Key::QWeight`), with its scales
+//!   (`Key::QScales`: fp16 per row for int8 and per group for int4, fp32 per group for nf4) and,
+//!   for asymmetric int4, one zero-point byte per group (`Key::QZeros`); the embedding is looked
+//!   up by dequantizing one row. Norm weights, biases and GPT-2's learned positions stay fp32, one
+//!   `Key::Vectors` buffer per unit.
+//! - **KV cache.** Per layer, keys and values of `kv_blocks` blocks of `kv_block` tokens for every
+//!   KV head (`Key::KvK`/`Key::KvV`), in the KV format; int8 and fp8 add one fp32 scale per token
+//!   and head (`Key::KvKScales`/`Key::KvVScales`). Contiguous caches are the case of one block
+//!   per sequence of the whole context.
+//! - **Scratch.** A prefill step runs up to `prefill_chunk` tokens of one sequence (its logits:
+//!   `prefill_logit_rows` rows, 1 unless speculative verification needs more); a decode step runs
+//!   one token of each of up to `max_seqs` sequences, with split-K partials for `split_k` splits.
+//!   The two steps' scratch share bytes (phases `Prefill` and `Decode`), and every block reuses
+//!   the step's scratch, so activations are one block's worth at the largest step.
+//!
+//! Example: `serve_plan(&llama_tiny, &ServeSetup::generation(&llama_tiny, 1, 64, w, kv, 16)?)`.
+
+use super::family;
+use super::key::{Key, StepAct, StepKind};
+use super::units::{check_buildable, param_units, Role, UnitKind};
+use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
+use crate::{ModelShape, PlanError};
+
+/// Rows of a prefill step unless told otherwise.
+pub const DEFAULT_PREFILL_CHUNK: u64 = 256;
+
+/// How weight matrices are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    F32,
+    Bf16,
+    /// Symmetric, one fp16 scale per output row.
+    Int8,
+    /// Groups of `group` weights with an fp16 scale; `asym`: a zero point per group too.
+    Int4 { group: u64, asym: bool },
+    /// QLoRA's NormalFloat4, an fp32 absmax per group.
+    Nf4 { group: u64 },
+}
+
+impl WeightFormat {
+    /// Bytes of a (rows, cols) matrix: codes, scales and zero points.
+    pub fn matrix_bytes(self, rows: u64, cols: u64) -> (u64, u64, u64) {
+        let n = rows * cols;
+        match self {
+            WeightFormat::F32 => (4 * n, 0, 0),
+            WeightFormat::Bf16 => (2 * n, 0, 0),
+            WeightFormat::Int8 => (n, 2 * rows, 0),
+            WeightFormat::Int4 { group, asym } => {
+                (n / 2, 2 * (n / group), if asym { n / group } else { 0 })
+            }
+            WeightFormat::Nf4 { group } => (n / 2, 4 * (n / group), 0),
+        }
+    }
+
+    /// The group size, for formats that have one.
+    pub fn group(self) -> Option<u64> {
+        match self {
+            WeightFormat::Int4 { group, .. } | WeightFormat::Nf4 { group } => Some(group),
+            _ => None,
+        }
+    }
+
+    /// The flag spelling: `f32`, `bf16`, `int8`, `int4`, `int4-asym`, `nf4`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Int8 => "int8",
+            WeightFormat::Int4 { asym: false, .. } => "int4",
+            WeightFormat::Int4 { asym: true, .. } => "int4-asym",
+            WeightFormat::Nf4 { .. } => "nf4",
+        }
+    }
+
+    /// Parses a `--weights` value with the group size of `--weight-group` (default 32).
+    pub fn parse(name: &str, group: Option<u64>) -> Result<WeightFormat, PlanError> {
+        let group = group.unwrap_or(32);
+        let f = match name {
+            "f32" | "fp32" => WeightFormat::F32,
+            "bf16" => WeightFormat::Bf16,
+            "int8" => WeightFormat::Int8,
+            "int4" => WeightFormat::Int4 { group, asym: false },
+            "int4-asym" => WeightFormat::Int4 { group, asym: true },
+            "nf4" => WeightFormat::Nf4 { group },
+            other => {
+                return Err(invalid(
+                    "weights",
+                    format!(
+                        "'{other}' is not a weight format this engine runs: use f32, bf16, \
+                         int8, int4, int4-asym or nf4"
+                    ),
+                ))
+            }
+        };
+        if let Some(g) = f.group() {
+            if ![32, 64, 128].contains(&g) {
+                return Err(invalid(
+                    "weight-group",
+                    format!("groups of {g}: use 32, 64 or 128"),
+                ));
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvFormat {
+    F32,
+    Bf16,
+    /// Symmetric int8, an fp32 scale per token and head.
+    Int8,
+    /// fp8 e4m3, an fp32 scale per token and head.
+    Fp8,
+}
+
+impl KvFormat {
+    pub fn element_bytes(self) -> u64 {
+        match self {
+            KvFormat::F32 => 4,
+            KvFormat::Bf16 => 2,
+            KvFormat::Int8 | KvFormat::Fp8 => 1,
+        }
+    }
+
+    pub fn has_scales(self) -> bool {
+        matches!(self, KvFormat::Int8 | KvFormat::Fp8)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::Bf16 => "bf16",
+            KvFormat::Int8 => "int8",
+            KvFormat::Fp8 => "fp8",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<KvFormat, PlanError> {
+        Ok(match name {
+            "f32" | "fp32" => KvFormat::F32,
+            "bf16" => KvFormat::Bf16,
+            "int8" => KvFormat::Int8,
+            "fp8" | "fp8-e4m3" => KvFormat::Fp8,
+            other => {
+                return Err(invalid(
+                    "kv-dtype",
+                    format!("'{other}' is not a KV format this engine runs: use f32, bf16, int8 or fp8"),
+                ))
+            }
+        })
+    }
+}
+
+/// What a serving engine is sized for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeSetup {
+    pub weights: WeightFormat,
+    pub kv: KvFormat,
+    /// Tokens per KV block.
+    pub kv_block: u64,
+    /// Blocks in the pool (shared by every sequence).
+    pub kv_blocks: u64,
+    /// Most tokens one sequence holds (prompt + generated), at most the model's positions.
+    pub context: u64,
+    /// Sequences a decode step runs at once.
+    pub max_seqs: u64,
+    /// Tokens a prefill step runs.
+    pub prefill_chunk: u64,
+    /// Rows of logits a prefill step returns (1; K + 1 to verify K draft tokens).
+    pub prefill_logit_rows: u64,
+    /// KV splits of a decode step's attention (1: head-parallel only).
+    pub split_k: u64,
+}
+
+impl ServeSetup {
+    /// `batch` sequences of up to `context` tokens with a pool that holds them all (the
+    /// contiguous equivalent when `kv_block` is `context`), prefill in chunks of
+    /// [`DEFAULT_PREFILL_CHUNK`], split-K over `split_k` splits.
+    pub fn generation(
+        model: &ModelShape,
+        batch: u64,
+        context: u64,
+        weights: WeightFormat,
+        kv: KvFormat,
+        kv_block: u64,
+        split_k: u64,
+    ) -> ServeSetup {
+        let block = kv_block.clamp(1, context.max(1));
+        ServeSetup {
+            weights,
+            kv,
+            kv_block: block,
+            kv_blocks: batch * context.div_ceil(block),
+            context: context.min(model.max_positions),
+            max_seqs: batch,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK.min(context),
+            prefill_logit_rows: 1,
+            split_k: split_k.max(1),
+        }
+    }
+
+    /// KV bytes of one block over every layer (scales included).
+    pub fn block_bytes(&self, model: &ModelShape) -> u64 {
+        2 * u64::from(model.n_layers) * self.layer_block_bytes(model)
+    }
+
+    /// Bytes of one block of keys (or values) in one layer, scales included.
+    fn layer_block_bytes(&self, model: &ModelShape) -> u64 {
+        let per_token_head = model.d_head * self.kv.element_bytes()
+            + if self.kv.has_scales() { 4 } else { 0 };
+        self.kv_block * u64::from(model.n_kv_heads) * per_token_head
+    }
+}
+
+fn invalid(field: &str, reason: String) -> PlanError {
+    PlanError::Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// Whether a unit's view is stored in the weight format (a matrix) or in fp32 (a vector).
+pub fn is_matrix(role: Role) -> bool {
+    matches!(
+        role,
+        Role::TokenEmbedding
+            | Role::QkvWeight
+            | Role::AttnProjWeight
+            | Role::FcWeight
+            | Role::FcProjWeight
+            | Role::LmHead
+    )
+}
+
+/// Checks `setup` against `model`, naming the field at fault.
+pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
+    check_buildable(model)?;
+    let positive = [
+        ("kv-block", setup.kv_block),
+        ("kv-blocks", setup.kv_blocks),
+        ("context", setup.context),
+        ("batch", setup.max_seqs),
+        ("prefill-chunk", setup.prefill_chunk),
+        ("prefill-logit-rows", setup.prefill_logit_rows),
+        ("split-k", setup.split_k),
+    ];
+    for (field, v) in positive {
+        if v == 0 {
+            return Err(invalid(field, "must be at least 1".into()));
+        }
+    }
+    if setup.context > model.max_positions {
+        return Err(invalid(
+            "context",
+            format!(
+                "{} tokens is longer than the model's {} positions",
+                setup.context, model.max_positions
+            ),
+        ));
+    }
+    if setup.prefill_logit_rows > setup.prefill_chunk {
+        return Err(invalid(
+            "prefill-logit-rows",
+            "cannot exceed the prefill chunk".into(),
+        ));
+    }
+    if setup.split_k > 64 {
+        return Err(invalid("split-k", "at most 64 splits".into()));
+    }
+    if model.n_heads / model.n_kv_heads > 128 || model.d_head > 256 {
+        return Err(PlanError::Unsupported {
+            runtime: "frugal",
+            what: "more than 128 query heads per KV head or heads wider than 256 in decode \
+                   attention"
+                .into(),
+        });
+    }
+    if let Some(g) = setup.weights.group() {
+        for unit in param_units(model, 1)? {
+            for v in unit.views.iter().filter(|v| is_matrix(v.role)) {
+                if v.shape[1] % g != 0 {
+                    return Err(invalid(
+                        "weight-group",
+                        format!(
+                            "groups of {g} do not divide the {} columns of {} in {}: use a \
+                             group size that divides it",
+                            v.shape[1], v.parts[0].name, unit.name
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rows of scratch of a step kind.
+fn step_rows(setup: &ServeSetup, kind: StepKind) -> (u64, u64) {
+    match kind {
+        StepKind::Prefill => (setup.prefill_chunk, setup.prefill_logit_rows),
+        StepKind::Decode => (setup.max_seqs, setup.max_seqs),
+    }
+}
+
+/// Elements of one step tensor (f32 unless noted) for `rows` rows.
+pub fn step_numel(
+    model: &ModelShape,
+    setup: &ServeSetup,
+    kind: StepKind,
+    t: StepAct,
+) -> Option<u64> {
+    let (rows, logit_rows) = step_rows(setup, kind);
+    let design = family::design(model);
+    let c = model.d_model;
+    let atty = u64::from(model.n_heads) * model.d_head;
+    let qkv = atty + 2 * u64::from(model.n_kv_heads) * model.d_head;
+    let fc = match design.mlp {
+        family::Mlp::Gelu => model.d_ff,
+        family::Mlp::SwiGlu => 2 * model.d_ff,
+    };
+    let group = u64::from(model.n_heads / model.n_kv_heads);
+    Some(match t {
+        StepAct::Tokens => rows,
+        StepAct::Residual | StepAct::Ln | StepAct::Proj => rows * c,
+        StepAct::Rstd => rows,
+        StepAct::Mean => {
+            if design.norm != family::Norm::LayerNorm {
+                return None;
+            }
+            rows
+        }
+        StepAct::Qkv => rows * qkv,
+        StepAct::Atty => rows * atty,
+        StepAct::Fch => rows * fc,
+        StepAct::FchAct => rows * model.d_ff,
+        StepAct::Logits => logit_rows * model.vocab,
+        StepAct::Partials => {
+            if kind == StepKind::Prefill || setup.split_k <= 1 {
+                return None;
+            }
+            rows * u64::from(model.n_kv_heads)
+                * setup.split_k
+                * group
+                * (model.d_head + 2)
+        }
+    })
+}
+
+/// Every buffer of an inference engine for `model` under `setup`.
+pub fn serve_plan(model: &ModelShape, setup: &ServeSetup) -> Result<MemoryPlan, PlanError> {
+    check_serve(model, setup)?;
+    let mut plan = MemoryPlan::inference(model.n_layers);
+    let dev = Device::Gpu;
+    for unit in param_units(model, 1)? {
+        let mut vectors = 0;
+        for v in &unit.views {
+            if !is_matrix(v.role) {
+                vectors += v.numel();
+                continue;
+            }
+            let (codes, scales, zeros) = setup.weights.matrix_bytes(v.shape[0], v.shape[1]);
+            let held = Lifetime::Persistent;
+            plan.push(Buffer::keyed(
+                Key::QWeight(unit.kind, v.role),
+                Category::Params,
+                dev,
+                codes,
+                held,
+            ));
+            if scales > 0 {
+                let key = Key::QScales(unit.kind, v.role);
+                plan.push(Buffer::keyed(key, Category::Params, dev, scales, held));
+            }
+            if zeros > 0 {
+                let key = Key::QZeros(unit.kind, v.role);
+                plan.push(Buffer::keyed(key, Category::Params, dev, zeros, held));
+            }
+        }
+        if vectors > 0 {
+            plan.push(Buffer::keyed(
+                Key::Vectors(unit.kind),
+                Category::Params,
+                dev,
+                4 * vectors,
+                Lifetime::Persistent,
+            ));
+        }
+    }
+    let layer = setup.layer_block_bytes(model) * setup.kv_blocks;
+    let scales = if setup.kv.has_scales() {
+        4 * setup.kv_blocks * setup.kv_block * u64::from(model.n_kv_heads)
+    } else {
+        0
+    };
+    for l in 0..model.n_layers {
+        let kv = Category::KvCache;
+        let held = Lifetime::Persistent;
+        plan.push(Buffer::keyed(Key::KvK(l), kv, dev, layer - scales, held));
+        plan.push(Buffer::keyed(Key::KvV(l), kv, dev, layer - scales, held));
+        if scales > 0 {
+            plan.push(Buffer::keyed(Key::KvKScales(l), kv, dev, scales, held));
+            plan.push(Buffer::keyed(Key::KvVScales(l), kv, dev, scales, held));
+        }
+    }
+    for (kind, phase) in [
+        (StepKind::Prefill, Phase::Prefill),
+        (StepKind::Decode, Phase::Decode),
+    ] {
+        let life = Lifetime::Span {
+            born: phase,
+            dies: phase,
+        };
+        for t in StepAct::ALL {
+            let Some(numel) = step_numel(model, setup, kind, t) else {
+                continue;
+            };
+            let category = if t == StepAct::Partials {
+                Category::Other
+            } else {
+                Category::Activations
+            };
+            let key = Key::Step(kind, t);
+            plan.push(Buffer::keyed(key, category, dev, 4 * numel, life));
+        }
+    }
+    Ok(plan)
+}
+
+/// The weights' bytes of `model` in `format` (what `serve_plan` holds under `Params`).
+pub fn weight_bytes(model: &ModelShape, format: WeightFormat) -> Result<u64, PlanError> {
+    let mut total = 0;
+    for unit in param_units(model, 1)? {
+        for v in &unit.views {
+            total += if is_matrix(v.role) {
+                let (c, s, z) = format.matrix_bytes(v.shape[0], v.shape[1]);
+                c + s + z
+            } else {
+                4 * v.numel()
+            };
+        }
+    }
+    Ok(total)
+}
+
+/// Units in the order their weights are stored (for the quantized file).
+pub fn unit_kinds(model: &ModelShape) -> Vec<UnitKind> {
+    let mut v = vec![UnitKind::Embed];
+    v.extend((0..model.n_layers).map(UnitKind::Block));
+    v.push(UnitKind::Head);
+    v
+}
+
+#[cfg(test)]
+mod tests;
