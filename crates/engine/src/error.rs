@@ -32,6 +32,10 @@ pub enum EngineError {
     /// A weights file that does not match the model.
     #[error("weights {path}: {reason}")]
     Weights { path: String, reason: String },
+    /// An inference request the engine cannot serve (a prompt past the context, a full KV pool,
+    /// a draft model that does not match).
+    #[error("{0}")]
+    Infer(String),
     /// Data the engine cannot train on.
     #[error("data: {0}")]
     Data(String),

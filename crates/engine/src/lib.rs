@@ -47,6 +47,7 @@ pub mod error;
 pub mod eval;
 pub mod family;
 pub mod forward;
+pub mod infer;
 pub mod init;
 pub mod io;
 pub mod model;

@@ -82,6 +82,20 @@ impl<B: Backend> Runner<B> {
         self.arena.backend().upload(&self.arena, t, &full);
     }
 
+    /// Every unit's weights (unpadded), read back to the host: what an inference server
+    /// quantizes.
+    pub fn unit_values(&self) -> Vec<Vec<f32>> {
+        (0..self.model.units.len())
+            .map(|u| {
+                let t = self.arena.tensor(self.model.params[u], DType::F32);
+                let mut v = vec![0.0f32; t.len];
+                self.arena.backend().download(&self.arena, t, &mut v);
+                v.truncate(self.model.units[u].numel as usize);
+                v
+            })
+            .collect()
+    }
+
     pub fn measured(&self) -> Measured {
         self.arena.measured()
     }

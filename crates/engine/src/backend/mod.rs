@@ -12,8 +12,10 @@
 //! Example: `arena.backend().linear(&arena, &Linear { out, inp, weight, bias, shape })`.
 
 pub mod cpu;
+pub mod infer_ops;
 pub mod ops;
 
+pub use infer_ops::*;
 pub use ops::*;
 
 use crate::arena::{Arena, BufId};
@@ -28,6 +30,10 @@ pub enum DType {
     F16,
     /// Token ids.
     U32,
+    /// Raw bytes: packed 4-bit codes, fp8 codes, zero points.
+    U8,
+    /// Signed 8-bit codes (int8 weights and KV).
+    I8,
 }
 
 impl DType {
@@ -35,6 +41,7 @@ impl DType {
         match self {
             DType::F32 | DType::U32 => 4,
             DType::Bf16 | DType::F16 => 2,
+            DType::U8 | DType::I8 => 1,
         }
     }
 
@@ -103,6 +110,24 @@ pub trait Backend: Sized + Send + 'static {
     fn download(&self, a: &Arena<Self>, src: Tensor, dst: &mut [f32]);
     /// Writes token ids.
     fn upload_ids(&self, a: &Arena<Self>, dst: Tensor, src: &[u32]);
+    /// Writes raw bytes into `dst` (a tensor of any type, `src` its bytes, little-endian).
+    fn upload_bytes(&self, a: &Arena<Self>, dst: Tensor, src: &[u8]);
+    /// Reads `src`'s raw bytes.
+    fn download_bytes(&self, a: &Arena<Self>, src: Tensor, dst: &mut [u8]);
+
+    // Inference (`infer_ops`).
+    /// out = inp · Wᵀ (+ bias) with W in its storage format.
+    fn qlinear(&self, a: &Arena<Self>, op: &QLinear);
+    /// out[r] = the embedding row of token r, dequantized (+ its learned position's row).
+    fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows);
+    /// RoPE on the q and k heads of each row at its own position, in place.
+    fn rope_at(&self, a: &Arena<Self>, qkv: Tensor, positions: &[u32], shape: RopeShape);
+    /// Stores each row's keys and values in its cache slot (quantizing).
+    fn kv_write(&self, a: &Arena<Self>, op: &KvWrite);
+    /// Attention of each row's queries over its sequence's cached tokens.
+    fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention);
+    /// Copies one KV block to another in every layer's cache (copy-on-write).
+    fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize);
 
     // The forward pass.
     fn embedding(&self, a: &Arena<Self>, op: &Embedding);

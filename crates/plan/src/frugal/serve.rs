@@ -37,9 +37,14 @@ pub enum WeightFormat {
     /// Symmetric, one fp16 scale per output row.
     Int8,
     /// Groups of `group` weights with an fp16 scale; `asym`: a zero point per group too.
-    Int4 { group: u64, asym: bool },
+    Int4 {
+        group: u64,
+        asym: bool,
+    },
     /// QLoRA's NormalFloat4, an fp32 absmax per group.
-    Nf4 { group: u64 },
+    Nf4 {
+        group: u64,
+    },
 }
 
 impl WeightFormat {
@@ -151,7 +156,9 @@ impl KvFormat {
             other => {
                 return Err(invalid(
                     "kv-dtype",
-                    format!("'{other}' is not a KV format this engine runs: use f32, bf16, int8 or fp8"),
+                    format!(
+                        "'{other}' is not a KV format this engine runs: use f32, bf16, int8 or fp8"
+                    ),
                 ))
             }
         })
@@ -213,8 +220,8 @@ impl ServeSetup {
 
     /// Bytes of one block of keys (or values) in one layer, scales included.
     fn layer_block_bytes(&self, model: &ModelShape) -> u64 {
-        let per_token_head = model.d_head * self.kv.element_bytes()
-            + if self.kv.has_scales() { 4 } else { 0 };
+        let per_token_head =
+            model.d_head * self.kv.element_bytes() + if self.kv.has_scales() { 4 } else { 0 };
         self.kv_block * u64::from(model.n_kv_heads) * per_token_head
     }
 }
@@ -345,10 +352,7 @@ pub fn step_numel(
             if kind == StepKind::Prefill || setup.split_k <= 1 {
                 return None;
             }
-            rows * u64::from(model.n_kv_heads)
-                * setup.split_k
-                * group
-                * (model.d_head + 2)
+            rows * u64::from(model.n_kv_heads) * setup.split_k * group * (model.d_head + 2)
         }
     })
 }

@@ -9,6 +9,7 @@
 //!
 //! Example: `let arena = Arena::new(Cpu::new(), &plan, Device::Gpu, None)?;`
 
+mod infer_ops;
 mod kernels_ops;
 mod state_ops;
 mod views;
@@ -65,6 +66,7 @@ impl Cpu {
 }
 
 use crate::arena::Arena;
+use crate::backend::infer_ops::*;
 use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 
@@ -93,6 +95,38 @@ impl Backend for Cpu {
 
     fn upload_ids(&self, a: &Arena<Self>, dst: Tensor, src: &[u32]) {
         a.view_mut::<u32>(dst).copy_from_slice(src)
+    }
+
+    fn upload_bytes(&self, a: &Arena<Self>, dst: Tensor, src: &[u8]) {
+        infer_ops::upload_bytes(a, dst, src)
+    }
+
+    fn download_bytes(&self, a: &Arena<Self>, src: Tensor, dst: &mut [u8]) {
+        infer_ops::download_bytes(a, src, dst)
+    }
+
+    fn qlinear(&self, a: &Arena<Self>, op: &QLinear) {
+        infer_ops::qlinear(a, op)
+    }
+
+    fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows) {
+        infer_ops::embed_rows(a, op)
+    }
+
+    fn rope_at(&self, a: &Arena<Self>, qkv: Tensor, positions: &[u32], shape: RopeShape) {
+        infer_ops::rope_at(a, qkv, positions, shape)
+    }
+
+    fn kv_write(&self, a: &Arena<Self>, op: &KvWrite) {
+        infer_ops::kv_write(a, op)
+    }
+
+    fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention) {
+        infer_ops::paged_attention(a, op)
+    }
+
+    fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize) {
+        infer_ops::kv_copy_block(a, cache, from, to)
     }
 
     fn embedding(&self, a: &Arena<Self>, op: &Embedding) {

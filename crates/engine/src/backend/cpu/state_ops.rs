@@ -31,6 +31,8 @@ pub fn fill(a: &A, t: Tensor, value: f32) {
             .par_chunks_mut(CHUNK)
             .for_each(|c| c.fill(value)),
         DType::U32 => a.view_mut::<u32>(t).fill(value as u32),
+        DType::U8 => a.view_mut::<u8>(t).fill(value as u8),
+        DType::I8 => a.view_mut::<i8>(t).fill(value as i8),
         DType::Bf16 => a.view_mut::<bf16>(t).fill(bf16::from_f32(value)),
         DType::F16 => a.view_mut::<f16>(t).fill(f16::from_f32(value)),
     }
@@ -96,7 +98,7 @@ pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
                     .zip(g)
                     .for_each(|(a, &g)| *a = f16::from_f32(a.to_f32() + g))
             }),
-        DType::U32 => panic!("gradients are not token ids"),
+        DType::U32 | DType::U8 | DType::I8 => panic!("gradients are not token ids"),
     }
 }
 
@@ -179,7 +181,7 @@ pub fn upload(a: &A, dst: Tensor, src: &[f32]) {
         DType::F32 => a.view_mut::<f32>(dst).copy_from_slice(src),
         DType::Bf16 => convert::f32_to_bf16(&mut a.view_mut::<bf16>(dst), src),
         DType::F16 => convert::f32_to_f16(&mut a.view_mut::<f16>(dst), src),
-        DType::U32 => panic!("upload ids with upload_ids"),
+        DType::U32 | DType::U8 | DType::I8 => panic!("upload ids with upload_ids"),
     }
 }
 
@@ -188,7 +190,7 @@ pub fn download(a: &A, src: Tensor, dst: &mut [f32]) {
         DType::F32 => dst.copy_from_slice(&a.view::<f32>(src)),
         DType::Bf16 => convert::bf16_to_f32(dst, &a.view::<bf16>(src)),
         DType::F16 => convert::f16_to_f32(dst, &a.view::<f16>(src)),
-        DType::U32 => panic!("token ids are not weights"),
+        DType::U32 | DType::U8 | DType::I8 => panic!("token ids are not weights"),
     }
 }
 
@@ -209,7 +211,7 @@ fn with_buf_mut<R>(a: &A, t: Tensor, f: impl FnOnce(BufMut<'_>) -> R) -> R {
         DType::F32 => f(BufMut::F32(&mut a.view_mut::<f32>(t))),
         DType::Bf16 => f(BufMut::Bf16(&mut a.view_mut::<bf16>(t))),
         DType::F16 => f(BufMut::Bf16(as_bf16_mut(&mut a.view_mut::<f16>(t)))),
-        DType::U32 => panic!("collectives carry weights and gradients"),
+        DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
     }
 }
 
@@ -233,7 +235,7 @@ pub fn collective(a: &A, comm: &mut dyn Collective, op: CommOp) -> Result<(), Co
                 let s = a.view::<f16>(src);
                 with_buf_mut(a, dst, |d| comm.all_gather(Buf::Bf16(as_bf16(&s)), d))
             }
-            DType::U32 => panic!("collectives carry weights and gradients"),
+            DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
         },
     }
 }

@@ -23,6 +23,12 @@ impl Elem for f32 {
 impl Elem for u32 {
     const DTYPE: DType = DType::U32;
 }
+impl Elem for u8 {
+    const DTYPE: DType = DType::U8;
+}
+impl Elem for i8 {
+    const DTYPE: DType = DType::I8;
+}
 impl Elem for bf16 {
     const DTYPE: DType = DType::Bf16;
 }

@@ -13,12 +13,26 @@ fn weights_take_their_format_and_vectors_stay_fp32() {
     let m = llama7b();
     let f32_bytes = weight_bytes(&m, WeightFormat::F32).unwrap();
     assert_eq!(f32_bytes, 4 * m.param_count());
-    let int4 = weight_bytes(&m, WeightFormat::Int4 { group: 32, asym: false }).unwrap();
+    let int4 = weight_bytes(
+        &m,
+        WeightFormat::Int4 {
+            group: 32,
+            asym: false,
+        },
+    )
+    .unwrap();
     // Vectors: 2 norms per layer and the final norm, C each.
     let vectors = (2 * u64::from(m.n_layers) + 1) * m.d_model;
     let matrices = m.param_count() - vectors;
     assert_eq!(int4, matrices / 2 + 2 * matrices / 32 + 4 * vectors);
-    let asym = weight_bytes(&m, WeightFormat::Int4 { group: 32, asym: true }).unwrap();
+    let asym = weight_bytes(
+        &m,
+        WeightFormat::Int4 {
+            group: 32,
+            asym: true,
+        },
+    )
+    .unwrap();
     assert_eq!(asym - int4, matrices / 32, "one zero-point byte per group");
 }
 
@@ -50,13 +64,20 @@ fn the_plan_peaks_at_weights_plus_pool_plus_the_larger_step() {
         peaks[Category::Params as usize],
         weight_bytes(&m, WeightFormat::Int8).unwrap()
     );
-    assert_eq!(peaks[Category::KvCache as usize], s.kv_blocks * s.block_bytes(&m));
+    assert_eq!(
+        peaks[Category::KvCache as usize],
+        s.kv_blocks * s.block_bytes(&m)
+    );
     assert_eq!(s.kv_blocks, 8 * 32);
     let timeline = plan.timeline(Device::Gpu);
     let (prefill, decode) = (timeline[0].1, timeline[1].1);
     // The prefill step (256 rows) outweighs a decode step of 8 rows.
     assert!(prefill[Category::Activations as usize] > decode[Category::Activations as usize]);
-    assert_eq!(prefill[Category::Other as usize], 0, "no split-K partials in a prefill");
+    assert_eq!(
+        prefill[Category::Other as usize],
+        0,
+        "no split-K partials in a prefill"
+    );
     assert_eq!(
         decode[Category::Other as usize],
         4 * 8 * 12 * 4 * (64 + 2),
@@ -66,21 +87,39 @@ fn the_plan_peaks_at_weights_plus_pool_plus_the_larger_step() {
     let slab = crate::frugal::assign_offsets(&plan, Device::Gpu).slab_bytes;
     let peak = plan.peak_bytes(Device::Gpu);
     let padding = crate::frugal::layout::ALIGN_BYTES * plan.buffers.len() as u64;
-    assert!(slab >= peak && slab < peak + padding, "slab {slab}, peak {peak}");
+    assert!(
+        slab >= peak && slab < peak + padding,
+        "slab {slab}, peak {peak}"
+    );
 }
 
 #[test]
 fn impossible_setups_name_their_field() {
     let m = presets::by_name("gpt2-124m").unwrap();
     let base = ServeSetup::generation(&m, 1, 64, WeightFormat::F32, KvFormat::F32, 16, 1);
-    let long = ServeSetup { context: 5000, ..base };
+    let long = ServeSetup {
+        context: 5000,
+        ..base
+    };
     let e = serve_plan(&m, &long).unwrap_err().to_string();
     assert!(e.contains("context") && e.contains("1024"), "{e}");
-    assert!(WeightFormat::parse("int3", None).unwrap_err().to_string().contains("int4"));
+    assert!(WeightFormat::parse("int3", None)
+        .unwrap_err()
+        .to_string()
+        .contains("int4"));
     assert!(WeightFormat::parse("int4", Some(48)).is_err());
-    assert!(KvFormat::parse("int2").unwrap_err().to_string().contains("fp8"));
-    let zero = ServeSetup { kv_blocks: 0, ..base };
-    assert!(serve_plan(&m, &zero).unwrap_err().to_string().contains("kv-blocks"));
+    assert!(KvFormat::parse("int2")
+        .unwrap_err()
+        .to_string()
+        .contains("fp8"));
+    let zero = ServeSetup {
+        kv_blocks: 0,
+        ..base
+    };
+    assert!(serve_plan(&m, &zero)
+        .unwrap_err()
+        .to_string()
+        .contains("kv-blocks"));
     // GPT-2's MLP down projection has 3072 columns: 128 divides it, but a 768-wide model with
     // groups of 128 would too; a custom width that 128 does not divide is refused.
     let mut odd = m.clone();
@@ -90,7 +129,10 @@ fn impossible_setups_name_their_field() {
     odd.d_head = 32;
     odd.d_ff = 384;
     let q = ServeSetup {
-        weights: WeightFormat::Int4 { group: 64, asym: false },
+        weights: WeightFormat::Int4 {
+            group: 64,
+            asym: false,
+        },
         ..base
     };
     let e = serve_plan(&odd, &q).unwrap_err().to_string();

@@ -1,0 +1,99 @@
+//! Choosing the next token from a row of logits: greedy (argmax), or sampling from the softmax at
+//! a temperature restricted to the `top_k` most likely tokens, with a seeded SplitMix64. The
+//! distribution itself ([`distribution`]) is what speculative decoding's rejection sampling
+//! compares between the draft and the target.
+//!
+//! Example: `let t = sample::pick(&row, &Sampling::greedy(), &mut rng);`
+
+use data::SplitMix64;
+
+/// How to pick.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// `None`: greedy.
+    pub top_k: Option<usize>,
+    pub temperature: f32,
+    /// Only ids below this are picked (a tokenizer smaller than the padded vocabulary).
+    pub vocab_limit: Option<usize>,
+}
+
+impl Sampling {
+    pub fn greedy() -> Sampling {
+        Sampling {
+            top_k: None,
+            temperature: 1.0,
+            vocab_limit: None,
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.top_k.is_none()
+    }
+}
+
+/// The largest logit's id (the first on ties) among the first `limit`.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The sampling distribution over the whole vocabulary (zero outside the top k), in f64.
+pub fn distribution(logits: &[f32], s: &Sampling) -> Vec<f64> {
+    let limit = s.vocab_limit.unwrap_or(logits.len()).clamp(1, logits.len());
+    let row = &logits[..limit];
+    let mut p = vec![0.0f64; logits.len()];
+    let k = s.top_k.unwrap_or(limit).clamp(1, limit);
+    let mut idx: Vec<usize> = (0..limit).collect();
+    if k < limit {
+        idx.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]));
+        idx.truncate(k);
+    }
+    let temp = f64::from(s.temperature.max(1e-6));
+    let top = idx
+        .iter()
+        .map(|&i| row[i])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut total = 0.0;
+    for &i in &idx {
+        let w = (f64::from(row[i] - top) / temp).exp();
+        p[i] = w;
+        total += w;
+    }
+    p.iter_mut().for_each(|x| *x /= total);
+    p
+}
+
+/// A draw from `p` (sums to 1).
+pub fn draw(p: &[f64], rng: &mut SplitMix64) -> u32 {
+    let mut r = uniform(rng);
+    let mut last = 0;
+    for (i, &w) in p.iter().enumerate() {
+        if w > 0.0 {
+            last = i;
+            if r < w {
+                return i as u32;
+            }
+            r -= w;
+        }
+    }
+    last as u32
+}
+
+/// Uniform in [0, 1).
+pub fn uniform(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The next token from `logits` under `s`.
+pub fn pick(logits: &[f32], s: &Sampling, rng: &mut SplitMix64) -> u32 {
+    if s.is_greedy() {
+        let limit = s.vocab_limit.unwrap_or(logits.len()).clamp(1, logits.len());
+        return argmax(&logits[..limit]);
+    }
+    draw(&distribution(logits, s), rng)
+}
