@@ -246,7 +246,11 @@ fn model_report(
         let est = match runtime {
             "formula" => infer::inference_estimate(model, &setup)?,
             "pytorch" => pytorch_inference(model, &setup)?,
-            "frugal" => bail!("invalid --runtime: the frugal engine trains only; use --runtime formula with --infer"),
+            "frugal" => plan::frugal::serve::inference_estimate(
+                model,
+                &setup,
+                engine::infer::default_split_k(),
+            )?,
             other => bail!("invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"),
         };
         report::inference(runtime, Some(model), 0, &setup, &est)

@@ -10,8 +10,10 @@ mod cmd_bench;
 mod cmd_export;
 mod cmd_fit;
 mod cmd_formats;
+mod cmd_generate;
 mod cmd_plan;
 mod cmd_train;
+mod infer_model;
 mod output;
 
 use clap::{Parser, Subcommand};
@@ -50,6 +52,10 @@ enum Command {
         about = "Export a training snapshot as a Hugging Face model folder (config.json + model.safetensors)."
     )]
     Export(cmd_export::Args),
+    #[command(
+        about = "Generate text with the inference engine: KV cache, quantized weights and KV, speculative decoding."
+    )]
+    Generate(cmd_generate::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +68,7 @@ fn main() -> ExitCode {
         Command::Train(args) => cmd_train::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Export(args) => cmd_export::run(args),
+        Command::Generate(args) => cmd_generate::run(args),
     });
     let result = match result {
         Ok(result) => result,

@@ -48,6 +48,11 @@ use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::{serve_plan, Key, KvFormat, ServeSetup, StepAct, StepKind, Unit, WeightFormat};
 use pool::{BlockPool, SeqId, Sequence};
 
+/// The split-K partials a server plans by default: one split per thread (`rayon`'s pool).
+pub fn default_split_k() -> u64 {
+    rayon::current_num_threads().clamp(1, 64) as u64
+}
+
 /// How a decode step splits each sequence's KV range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitK {

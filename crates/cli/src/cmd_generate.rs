@@ -1,0 +1,375 @@
+//! `frugal generate`: text from a trained (or exported, or quantized) model with the inference
+//! engine: KV cache, weights in a storage format (`--weights`, quantized on load), a quantized KV
+//! cache (`--kv-dtype`), speculative decoding with a draft model (`--draft`), and the planned
+//! bytes beside the measured ones. `--kv-cache off` is the reference that recomputes the whole
+//! prefix for every token (fp32, no cache).
+//!
+//! Example: `frugal generate --model run1 --prompt "ROMEO:" --max-new-tokens 64 --weights int4`.
+
+use crate::infer_model::Source;
+use crate::output::{group_digits, Table};
+use anyhow::{bail, Context};
+use engine::infer::sample::Sampling;
+use engine::infer::{spec, Server};
+use plan::buffer::{Category, Device};
+use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+
+const EXAMPLES: &str = "\
+Examples:
+  frugal generate --model run1 --prompt \"ROMEO:\" --max-new-tokens 64
+  frugal generate --model run1 --prompt \"ROMEO:\" --weights int4 --kv-dtype int8 --json
+  frugal generate --model run1 --prompt \"ROMEO:\" --draft small-run --draft-tokens 4
+  frugal generate --model run1 --prompt \"ROMEO:\" --weights nf4 --save-quantized run1-nf4
+  frugal generate --model run1 --prompt \"ROMEO:\" --kv-cache off      (the reference)";
+
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// A training --out folder or snapshot, a Hugging Face folder, or a quantized folder.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, default_value = "ROMEO:")]
+    pub prompt: String,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4. Default:
+    /// the model's stored format (f32 for an fp32 model).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// Group size of int4/nf4 weights: 32, 64 or 128.
+    #[arg(long, default_value_t = 32)]
+    pub weight_group: u64,
+    /// KV cache storage: f32, bf16, int8 or fp8 (e4m3; per token and head scales).
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub kv_block: u64,
+    /// `off`: recompute the whole prefix for every token (the fp32 reference, no cache).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub kv_cache: String,
+    /// A draft model (same tokenizer) for speculative decoding.
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Tokens the draft proposes per target step.
+    #[arg(long, default_value_t = 4)]
+    pub draft_tokens: usize,
+    /// Sample among the k most likely tokens (default: greedy).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the quantized weights here (config.json + weights.frugal), to load later.
+    #[arg(long)]
+    pub save_quantized: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The weight format asked for, or the stored one.
+pub fn weight_format(
+    flag: Option<&str>,
+    group: u64,
+    stored: Option<WeightFormat>,
+) -> anyhow::Result<WeightFormat> {
+    let asked = flag
+        .map(|f| WeightFormat::parse(f, Some(group)))
+        .transpose()?;
+    match (asked, stored) {
+        (Some(a), Some(s)) if a != s => bail!(
+            "--weights {}: the model is stored as {} (group {:?}); pass its fp32 folder to \
+             quantize it another way",
+            a.name(),
+            s.name(),
+            s.group()
+        ),
+        (Some(a), _) => Ok(a),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Ok(WeightFormat::F32),
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.temperature.is_nan() || args.temperature <= 0.0 {
+        bail!("--temperature must be positive");
+    }
+    if args.top_k == Some(0) {
+        bail!("--top-k must be at least 1");
+    }
+    let source = Source::open(&args.model)?;
+    let tok = data::Tokenizer::gpt2();
+    let prompt = tok.encode(&args.prompt);
+    if prompt.is_empty() {
+        bail!("--prompt is empty: generation needs at least one token");
+    }
+    let shape = &source.config.shape;
+    let context = prompt.len() + args.max_new_tokens;
+    if context as u64 > shape.max_positions {
+        bail!(
+            "the prompt ({} tokens) plus --max-new-tokens {} is {context} tokens, longer than the \
+             model's context of {}: shorten the prompt or generate fewer tokens",
+            prompt.len(),
+            args.max_new_tokens,
+            shape.max_positions
+        );
+    }
+    let sampling = Sampling {
+        top_k: args.top_k,
+        temperature: args.temperature,
+        vocab_limit: Some(tok.vocab_size() as usize),
+    };
+    if args.kv_cache == "off" {
+        return reference(&args, &source, &prompt, sampling);
+    }
+    let weights = weight_format(
+        args.weights.as_deref(),
+        args.weight_group,
+        source.stored_format(),
+    )?;
+    let kv = KvFormat::parse(&args.kv_dtype)?;
+    let mut setup = ServeSetup::generation(
+        shape,
+        1,
+        context as u64,
+        weights,
+        kv,
+        args.kv_block,
+        engine::infer::default_split_k(),
+    );
+    if args.draft.is_some() {
+        let rows = args.draft_tokens.clamp(1, 32) as u64 + 1;
+        setup.prefill_logit_rows = rows;
+        setup.prefill_chunk = setup.prefill_chunk.max(rows);
+    }
+    let mut server = source.server(setup)?;
+    if let Some(dir) = &args.save_quantized {
+        save_quantized(&server, dir)?;
+    }
+    let t0 = Instant::now();
+    let (tokens, prefill_s, acceptance) = match &args.draft {
+        Some(d) => {
+            let draft_src = Source::open(d).with_context(|| format!("--draft {}", d.display()))?;
+            let dsetup = ServeSetup::generation(
+                &draft_src.config.shape,
+                1,
+                context as u64,
+                weight_format(
+                    args.weights.as_deref(),
+                    args.weight_group,
+                    draft_src.stored_format(),
+                )?,
+                kv,
+                args.kv_block,
+                1,
+            );
+            let mut draft = draft_src.server(dsetup)?;
+            spec::check_pair(&server, &draft)?;
+            let (out, stats) = spec::generate(
+                &mut server,
+                &mut draft,
+                &prompt,
+                args.max_new_tokens,
+                args.draft_tokens,
+                &sampling,
+                args.seed,
+            )?;
+            (out, 0.0, Some(stats))
+        }
+        None => {
+            let (out, prefill) = plain(
+                &mut server,
+                &prompt,
+                args.max_new_tokens,
+                &sampling,
+                args.seed,
+            )?;
+            (out, prefill, None)
+        }
+    };
+    let total = t0.elapsed().as_secs_f64();
+    let text = tok.decode(&tokens).unwrap_or_default();
+    let decode_s = (total - prefill_s).max(1e-9);
+    report(
+        &args, &server, &prompt, &tokens, &text, prefill_s, decode_s, acceptance,
+    )
+}
+
+/// Prefill then greedy/sampled decode with the server alone; returns the tokens and the
+/// prefill's seconds.
+fn plain(
+    server: &mut Server,
+    prompt: &[u32],
+    n: usize,
+    sampling: &Sampling,
+    seed: u64,
+) -> anyhow::Result<(Vec<u32>, f64)> {
+    let mut rng = data::SplitMix64::new(seed);
+    let seq = server.new_sequence();
+    let mut logits = Vec::new();
+    let t0 = Instant::now();
+    server.prefill(seq, prompt, &mut logits)?;
+    let prefill = t0.elapsed().as_secs_f64();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = engine::infer::sample::pick(&logits, sampling, &mut rng);
+        out.push(t);
+        if i + 1 < n {
+            server.decode(&[seq], &[t], &mut logits)?;
+        }
+    }
+    server.free(seq);
+    Ok((out, prefill))
+}
+
+/// `--kv-cache off`: the fp32 model recomputing every prefix (engine::eval::generate).
+fn reference(
+    args: &Args,
+    source: &Source,
+    prompt: &[u32],
+    sampling: Sampling,
+) -> anyhow::Result<()> {
+    if args.draft.is_some() || args.weights.as_deref().is_some_and(|w| w != "f32") {
+        bail!("--kv-cache off is the fp32 reference: it takes neither --draft nor --weights");
+    }
+    let units = source.units()?;
+    let context = (prompt.len() + args.max_new_tokens) as u64;
+    let setup = plan::frugal::ForwardSetup {
+        batch: 1,
+        seq: context,
+        attention: plan::setup::Attention::Flash,
+    };
+    let mut runner = engine::Runner::new(source.config.clone(), setup)?;
+    for (u, w) in units.iter().enumerate() {
+        runner.load_unit(u, w);
+    }
+    let t0 = Instant::now();
+    let s = engine::eval::Sampling {
+        top_k: sampling.top_k,
+        temperature: sampling.temperature,
+        seed: args.seed,
+        vocab_limit: sampling.vocab_limit,
+    };
+    let tokens = engine::eval::generate(
+        &mut runner,
+        prompt,
+        args.max_new_tokens,
+        context as usize,
+        s,
+    )?;
+    let secs = t0.elapsed().as_secs_f64();
+    let text = data::Tokenizer::gpt2().decode(&tokens).unwrap_or_default();
+    if args.json {
+        let v = json!({
+            "tokens": tokens, "text": text, "kv_cache": "off",
+            "decode_tokens_per_s": tokens.len() as f64 / secs,
+        });
+        println!("{v}");
+    } else {
+        println!("{}{}", args.prompt, text);
+        eprintln!(
+            "{} tokens in {secs:.2} s ({:.1} tokens/s), recomputing the prefix every token (no KV cache)",
+            tokens.len(),
+            tokens.len() as f64 / secs
+        );
+    }
+    Ok(())
+}
+
+fn save_quantized(server: &Server, dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--save-quantized {}", dir.display()))?;
+    std::fs::write(dir.join("config.json"), server.config.to_hf_json())
+        .with_context(|| format!("--save-quantized {}", dir.display()))?;
+    engine::infer::file::save(server, &dir.join(engine::infer::file::FILE_NAME))?;
+    Ok(())
+}
+
+/// The per-category fields of the CLI contract, for the plan or the measurement.
+pub fn per_device(cats: [u64; 6], peak: u64) -> Map<String, Value> {
+    let mut m = Map::new();
+    for c in Category::ALL {
+        m.insert(c.json_field().into(), json!(cats[c as usize]));
+    }
+    m.insert("peak_bytes".into(), json!(peak));
+    m
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &Args,
+    server: &Server,
+    prompt: &[u32],
+    tokens: &[u32],
+    text: &str,
+    prefill_s: f64,
+    decode_s: f64,
+    acceptance: Option<spec::SpecStats>,
+) -> anyhow::Result<()> {
+    let planned = server.plan.category_peaks(Device::Gpu);
+    let planned_peak = server.plan.peak_bytes(Device::Gpu);
+    let m = server.measured();
+    let prefill_tps = if prefill_s > 0.0 {
+        prompt.len() as f64 / prefill_s
+    } else {
+        0.0
+    };
+    let decode_tps = tokens.len() as f64 / decode_s;
+    if args.json {
+        let v = json!({
+            "tokens": tokens,
+            "text": text,
+            "weights": server.setup.weights.name(),
+            "weight_group": server.setup.weights.group(),
+            "kv_dtype": server.setup.kv.name(),
+            "prompt_tokens": prompt.len(),
+            "prefill_tokens_per_s": prefill_tps,
+            "decode_tokens_per_s": decode_tps,
+            "planned": per_device(planned, planned_peak),
+            "measured": per_device(m.category_peak_bytes, m.peak_bytes),
+            "acceptance_rate": acceptance.map(|s| s.acceptance_rate()),
+            "target_steps": acceptance.map(|s| s.target_steps),
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    println!("{}{}", args.prompt, text);
+    let mut t = Table::new(&["bytes", "planned", "measured"]);
+    for c in Category::ALL {
+        let (p, q) = (planned[c as usize], m.category_peak_bytes[c as usize]);
+        if p > 0 || q > 0 {
+            t.row(vec![c.label().into(), group_digits(p), group_digits(q)]);
+        }
+    }
+    t.row(vec![
+        "peak".into(),
+        group_digits(planned_peak),
+        group_digits(m.peak_bytes),
+    ]);
+    eprintln!();
+    eprintln!(
+        "weights {} · KV {} · prefill {} tokens at {prefill_tps:.1} tokens/s · decode {} tokens at {decode_tps:.1} tokens/s",
+        server.setup.weights.name(),
+        server.setup.kv.name(),
+        prompt.len(),
+        tokens.len()
+    );
+    if let Some(s) = acceptance {
+        eprintln!(
+            "speculative: {} of {} draft tokens accepted ({:.0}%), {} target steps",
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance_rate(),
+            s.target_steps
+        );
+    }
+    eprint!("{}", t.render());
+    if planned != m.category_peak_bytes || planned_peak != m.peak_bytes {
+        bail!("measured memory differs from the plan: a bug in the engine or the plan");
+    }
+    Ok(())
+}
