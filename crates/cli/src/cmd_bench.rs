@@ -13,6 +13,9 @@
 //! Example: `frugal bench train --model gpt2-124m --batch 4 --seq 256 --steps 5 --baseline pytorch`,
 //! or `frugal bench train --precision bf16` against `--precision fp32` for the bf16 speed-up.
 
+mod generate;
+mod serve;
+
 use anyhow::{bail, Context};
 use engine::train::Mixed;
 use engine::{ModelConfig, Schedule, TrainConfig, Trainer};
@@ -32,6 +35,10 @@ pub struct Args {
 pub enum What {
     /// Training throughput (tokens/s, GFLOP/s) for a model shape, optionally against PyTorch.
     Train(TrainArgs),
+    /// Decode speed of random weights in a storage format against the measured memory bandwidth.
+    Generate(generate::Args),
+    /// Continuous batching over a synthetic request trace: throughput, latency, KV waste.
+    Serve(serve::Args),
 }
 
 const TRAIN_EXAMPLES: &str = "\
@@ -76,6 +83,8 @@ pub struct TrainArgs {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.what {
         What::Train(a) => train(a),
+        What::Generate(a) => generate::run(a),
+        What::Serve(a) => serve::run(a),
     }
 }
 
@@ -89,6 +98,15 @@ pub fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
     }
     let shape = plan::presets::by_name(spec).context("--model")?;
     Ok(ModelConfig::from_shape(shape)?)
+}
+
+/// `model_config`, or the config.json inside a folder.
+pub fn model_config_or_dir(spec: &str) -> anyhow::Result<ModelConfig> {
+    let dir = std::path::Path::new(spec);
+    if dir.is_dir() {
+        return model_config(&dir.join("config.json").display().to_string());
+    }
+    model_config(spec)
 }
 
 /// FLOPs of one training token (see the module comment).

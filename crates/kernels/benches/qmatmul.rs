@@ -14,6 +14,9 @@ const IC: usize = 4096;
 const OC: usize = 11008;
 
 fn main() {
+    if std::env::var("QM_MODEL").is_ok() {
+        return model_pass();
+    }
     println!(
         "threads: {}, best isa: {:?}",
         rayon::current_num_threads(),
@@ -38,8 +41,11 @@ fn main() {
         if std::is_x86_feature_detected!("avx2") {
             isas.push(Isa::Avx2);
         }
-        if best_isa() == Isa::Avx512 {
+        if matches!(best_isa(), Isa::Avx512 | Isa::Avx512Vnni) {
             isas.push(Isa::Avx512);
+        }
+        if best_isa() == Isa::Avx512Vnni {
+            isas.push(Isa::Avx512Vnni);
         }
     }
     for group in [32usize, 128] {
@@ -79,6 +85,9 @@ fn main() {
                 continue;
             }
             for &isa in &isas {
+                if isa == Isa::Avx512Vnni && !name.starts_with("int4") {
+                    continue;
+                }
                 for rows in [1usize, 8] {
                     let inp = common::fill(rows * IC, 2, 1.0);
                     let mut out = vec![0.0f32; rows * OC];
@@ -100,4 +109,33 @@ fn main() {
         }
     }
     let _ = qmatmul::ROWS;
+}
+
+/// A model's worth of distinct int4 matrices (32 × 4096 × 11008, 720 MB): one pass, as a decode
+/// step reads them, against the streaming read.
+#[allow(dead_code)]
+pub fn model_pass() {
+    let (n, count) = (IC * OC, 32);
+    let mats: Vec<Vec<u8>> = (0..count)
+        .map(|m| (0..n / 2).map(|i| ((i * 7 + m) % 256) as u8).collect())
+        .collect();
+    let scales: Vec<f16> = vec![f16::from_f32(0.01); n / 32];
+    let inp = common::fill(IC, 2, 1.0);
+    let mut out = vec![0.0f32; OC];
+    let t = common::median_secs(3, || {
+        for m in &mats {
+            let w = QWeight::Int4 {
+                codes: m,
+                scales: &scales,
+                zeros: None,
+                group: 32,
+            };
+            kernels::qmatmul::matmul(&mut out, &inp, &w, 1, IC, OC);
+        }
+    });
+    let bytes = (count * (n / 2 + n / 16)) as f64;
+    println!(
+        "model pass: {:.2} GB/s over {count} matrices",
+        bytes / t / 1e9
+    );
 }

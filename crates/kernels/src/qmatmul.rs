@@ -31,6 +31,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use crate::par::SyncPtr;
 use half::{bf16, f16};
@@ -69,6 +71,8 @@ pub enum QWeight<'a> {
 /// Which instruction set runs the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
+    /// AVX-512 VNNI for int4 (activations quantized to int8 per 32); AVX-512 for the rest.
+    Avx512Vnni,
     Avx512,
     Avx2,
     Portable,
@@ -77,6 +81,7 @@ pub enum Isa {
 impl Isa {
     pub fn name(self) -> &'static str {
         match self {
+            Isa::Avx512Vnni => "avx512-vnni",
             Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
@@ -89,6 +94,9 @@ pub fn best_isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
+            if std::is_x86_feature_detected!("avx512vnni") {
+                return Isa::Avx512Vnni;
+            }
             return Isa::Avx512;
         }
         if std::is_x86_feature_detected!("avx2")
@@ -243,14 +251,51 @@ pub fn matmul_on(
         "out (N,OC), inp (N,IC)"
     );
     w.check(oc, ic);
-    if isa != Isa::Portable {
-        assert!(
-            matches!(best_isa(), Isa::Avx512) || best_isa() == isa,
-            "this CPU cannot run the {} path",
-            isa.name()
-        );
-    }
+    let best = best_isa();
+    let runs = |i: Isa| match best {
+        Isa::Avx512Vnni => true,
+        Isa::Avx512 => i != Isa::Avx512Vnni,
+        Isa::Avx2 => matches!(i, Isa::Avx2 | Isa::Portable),
+        Isa::Portable => i == Isa::Portable,
+    };
+    assert!(runs(isa), "this CPU cannot run the {} path", isa.name());
     let chunk = task_rows(oc);
+    #[cfg(target_arch = "x86_64")]
+    if let (
+        Isa::Avx512Vnni,
+        QWeight::Int4 {
+            codes,
+            scales,
+            zeros,
+            group,
+        },
+    ) = (isa, *w)
+    {
+        if ic.is_multiple_of(128) {
+            return vnni::with_scratch(|q| {
+                for r0 in (0..n).step_by(ROWS) {
+                    let rows = ROWS.min(n - r0);
+                    vnni::quantize(q, &inp[r0 * ic..(r0 + rows) * ic], rows, ic, group);
+                    let dst = SyncPtr(out[r0 * oc..(r0 + rows) * oc].as_mut_ptr());
+                    let q = &*q;
+                    (0..oc.div_ceil(chunk)).into_par_iter().for_each(|t| {
+                        let (o0, o1) = (t * chunk, oc.min(t * chunk + chunk));
+                        // SAFETY: task t writes only columns o0..o1 of the `rows` output rows;
+                        // the CPU has AVX-512 VNNI (checked above) and IC is whole chunks.
+                        unsafe {
+                            let out = std::slice::from_raw_parts_mut(dst.get(), rows * oc);
+                            vnni::rows(out, q, codes, scales, zeros, group, rows, ic, oc, o0..o1);
+                        }
+                    });
+                }
+            });
+        }
+    }
+    let isa = if isa == Isa::Avx512Vnni {
+        Isa::Avx512
+    } else {
+        isa
+    };
     for r0 in (0..n).step_by(ROWS) {
         let rows = ROWS.min(n - r0);
         let a = &inp[r0 * ic..(r0 + rows) * ic];
@@ -317,6 +362,12 @@ fn portable_rows(
             out[r * oc + o] = acc[r].iter().sum();
         }
     }
+}
+
+/// The activations the VNNI path multiplies (int8 per 32, dequantized), for exact comparisons.
+#[cfg(target_arch = "x86_64")]
+pub fn vnni_activations(inp: &[f32], n: usize, ic: usize) -> Vec<f32> {
+    vnni::dequantized(inp, n, ic)
 }
 
 /// The plain loop: out[r][o] = Σ_i W(o, i) · inp[r][i], in f64.

@@ -7,15 +7,11 @@ use super::QWeight;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Independent accumulator chains per row: an FMA's 4-cycle latency would otherwise bound a
-/// single chain to one sub-block per 4 cycles, below the memory's rate.
+/// Independent accumulator chains per row (an FMA's 4-cycle latency would otherwise bound a
+/// single chain to one vector per 4 cycles, below the memory's rate), picked statically so they
+/// stay in registers. The same for every row count: a row's sum is the same whether it runs
+/// alone (decode) or with others (a verification step), so greedy outputs do not depend on it.
 const CH: usize = 2;
-
-/// Chains in use: the same for every row count, so a row's sum is the same whether it runs
-/// alone (decode) or with others (a verification step): greedy outputs must not depend on it.
-const fn chains(_r: usize) -> usize {
-    2
-}
 
 /// # Safety
 /// The CPU must have AVX-512 F and BW; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
@@ -53,7 +49,6 @@ unsafe fn rows_n<const R: usize>(
     let ap = a.as_ptr();
     for o in range {
         let mut acc = [[_mm512_setzero_ps(); CH]; R];
-        let mut k = 0usize;
         let mut tail = [0.0f32; R];
         let mut row_scale = 1.0f32;
         let body = ic / 16 * 16;
@@ -62,7 +57,11 @@ unsafe fn rows_n<const R: usize>(
                 let wp = wt.as_ptr().add(o * ic);
                 for i in (0..body).step_by(16) {
                     let x = _mm512_loadu_ps(wp.add(i));
-                    fma_rows::<R>(&mut acc, &mut k, x, ap, ic, i);
+                    if (i / 16) % 2 == 0 {
+                        fma_rows::<R, 0>(&mut acc, x, ap, ic, i);
+                    } else {
+                        fma_rows::<R, 1>(&mut acc, x, ap, ic, i);
+                    }
                 }
                 scalar_tail::<R>(&mut tail, a, ic, body, |i| wt[o * ic + i]);
             }
@@ -71,7 +70,11 @@ unsafe fn rows_n<const R: usize>(
                 for i in (0..body).step_by(16) {
                     let h = _mm256_loadu_si256(wp.byte_add(2 * i));
                     let x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-                    fma_rows::<R>(&mut acc, &mut k, x, ap, ic, i);
+                    if (i / 16) % 2 == 0 {
+                        fma_rows::<R, 0>(&mut acc, x, ap, ic, i);
+                    } else {
+                        fma_rows::<R, 1>(&mut acc, x, ap, ic, i);
+                    }
                 }
                 scalar_tail::<R>(&mut tail, a, ic, body, |i| wt[o * ic + i].to_f32());
             }
@@ -79,7 +82,12 @@ unsafe fn rows_n<const R: usize>(
                 let cp = codes.as_ptr().add(o * ic) as *const __m128i;
                 for i in (0..body).step_by(16) {
                     let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(cp.byte_add(i)));
-                    fma_rows::<R>(&mut acc, &mut k, _mm512_cvtepi32_ps(q), ap, ic, i);
+                    let x = _mm512_cvtepi32_ps(q);
+                    if (i / 16) % 2 == 0 {
+                        fma_rows::<R, 0>(&mut acc, x, ap, ic, i);
+                    } else {
+                        fma_rows::<R, 1>(&mut acc, x, ap, ic, i);
+                    }
                 }
                 scalar_tail::<R>(&mut tail, a, ic, body, |i| codes[o * ic + i] as f32);
                 row_scale = scales[o].to_f32();
@@ -107,7 +115,7 @@ unsafe fn rows_n<const R: usize>(
                         let lo = _mm512_sub_epi32(_mm512_and_si512(q, mask), z);
                         let hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), z);
                         let (lo, hi) = (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(hi));
-                        sub_block::<R>(&mut acc, &mut k, lo, hi, d, ap, ic, col);
+                        sub_block::<R>(&mut acc, lo, hi, d, ap, ic, col);
                     }
                 }
             }
@@ -128,7 +136,7 @@ unsafe fn rows_n<const R: usize>(
                     }
                     let lut =
                         _mm512_mul_ps(_mm512_loadu_ps(levels.as_ptr()), _mm512_set1_ps(sc[g % 16]));
-                    table_group::<R>(&mut acc, &mut k, codes, lut, ap, o, ic, g * group, group);
+                    table_group::<R>(&mut acc, codes, lut, ap, o, ic, g * group, group);
                 }
             }
             QWeight::Nf4 {
@@ -141,7 +149,7 @@ unsafe fn rows_n<const R: usize>(
                 let table = _mm512_loadu_ps(levels.as_ptr());
                 for g in 0..groups {
                     let lut = _mm512_mul_ps(table, _mm512_set1_ps(scales[o * groups + g]));
-                    table_group::<R>(&mut acc, &mut k, codes, lut, ap, o, ic, g * group, group);
+                    table_group::<R>(&mut acc, codes, lut, ap, o, ic, g * group, group);
                 }
             }
         }
@@ -161,7 +169,6 @@ unsafe fn rows_n<const R: usize>(
 #[inline(always)]
 unsafe fn table_group<const R: usize>(
     acc: &mut [[__m512; CH]; R],
-    k: &mut usize,
     codes: &[u8],
     lut: __m512,
     ap: *const f32,
@@ -176,30 +183,25 @@ unsafe fn table_group<const R: usize>(
         let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
         let lo = _mm512_permutexvar_ps(_mm512_and_si512(q, mask), lut);
         let hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
-        let (c0, c1) = (*k % chains(R), (*k + 1) % chains(R));
-        *k += 2;
         for (r, acc) in acc.iter_mut().enumerate() {
             let p = ap.add(r * ic + col);
-            acc[c0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(p), acc[c0]);
-            acc[c1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(p.add(16)), acc[c1]);
+            acc[0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(p), acc[0]);
+            acc[1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(p.add(16)), acc[1]);
         }
     }
 }
 
 /// acc[r] += x · a[r][i..i+16].
 #[inline(always)]
-unsafe fn fma_rows<const R: usize>(
+unsafe fn fma_rows<const R: usize, const C: usize>(
     acc: &mut [[__m512; CH]; R],
-    k: &mut usize,
     x: __m512,
     ap: *const f32,
     ic: usize,
     i: usize,
 ) {
-    let c = *k % chains(R);
-    *k += 1;
     for (r, acc) in acc.iter_mut().enumerate() {
-        acc[c] = _mm512_fmadd_ps(x, _mm512_loadu_ps(ap.add(r * ic + i)), acc[c]);
+        acc[C] = _mm512_fmadd_ps(x, _mm512_loadu_ps(ap.add(r * ic + i)), acc[C]);
     }
 }
 
@@ -208,7 +210,6 @@ unsafe fn fma_rows<const R: usize>(
 #[inline(always)]
 unsafe fn sub_block<const R: usize>(
     acc: &mut [[__m512; CH]; R],
-    k: &mut usize,
     lo: __m512,
     hi: __m512,
     d: __m512,
@@ -216,13 +217,11 @@ unsafe fn sub_block<const R: usize>(
     ic: usize,
     col: usize,
 ) {
-    let c = *k % chains(R);
-    *k += 1;
     for (r, acc) in acc.iter_mut().enumerate() {
         let p = ap.add(r * ic + col);
         let t = _mm512_mul_ps(lo, _mm512_loadu_ps(p));
         let t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(p.add(16)), t);
-        acc[c] = _mm512_fmadd_ps(t, d, acc[c]);
+        acc[0] = _mm512_fmadd_ps(t, d, acc[0]);
     }
 }
 

@@ -46,8 +46,11 @@ fn isas() -> Vec<Isa> {
         {
             v.push(Isa::Avx2);
         }
-        if best_isa() == Isa::Avx512 {
+        if matches!(best_isa(), Isa::Avx512 | Isa::Avx512Vnni) {
             v.push(Isa::Avx512);
+        }
+        if best_isa() == Isa::Avx512Vnni {
+            v.push(Isa::Avx512Vnni);
         }
     }
     v
@@ -60,6 +63,12 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
         let mut want = vec![0.0f32; n * oc];
         reference(&mut want, &inp, w, n, ic, oc);
         for isa in isas() {
+            let mut want = want.clone();
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx512Vnni && matches!(w, QWeight::Int4 { .. }) && ic % 128 == 0 {
+                // The VNNI path multiplies int8 activations: compare with exactly those.
+                reference(&mut want, &vnni_activations(&inp, n, ic), w, n, ic, oc);
+            }
             let mut got = vec![f32::NAN; n * oc];
             matmul_on(isa, &mut got, &inp, w, n, ic, oc);
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {

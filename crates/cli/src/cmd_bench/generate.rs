@@ -1,0 +1,265 @@
+//! `frugal bench generate`: decode speed of a model shape with random weights built directly in
+//! the storage format (a 7B-shaped int4 model needs its 3.8 GB only, never an fp32 copy), against
+//! the machine's memory bandwidth measured in the same run (a streaming read on every core).
+//!
+//! Decode at small batch reads every weight once per step, so the step's bytes (every matrix but
+//! the token embedding, of which only the batch's rows are read, unless it is also the tied head;
+//! the fp32 vectors; and the KV cache the step attends over) divided by its time, over the
+//! measured bandwidth, is how close the engine runs to the machine's limit (`bandwidth_fraction`).
+//! The median decode step is timed; the prompt's prefill is reported apart.
+//!
+//! Example: `frugal bench generate --model llama2-7b --weights int4 --batch 1 --json`.
+
+use super::model_config_or_dir;
+use crate::output::group_digits;
+use anyhow::bail;
+use engine::infer::pool::SeqId;
+use engine::infer::{Server, SplitK};
+use plan::buffer::Device;
+use plan::frugal::serve::is_matrix;
+use plan::frugal::units::Role;
+use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+const EXAMPLES: &str = "\
+Examples:
+  frugal bench generate                                       llama2-7b shape, int4 g32, batch 1
+  frugal bench generate --weights int8 --batch 8 --json
+  frugal bench generate --model gpt2-124m --weights f32 --new-tokens 32
+  frugal bench generate --model llama2-7b --save /tmp/q7b     also write the weights (dev/bench_llamacpp.py)";
+
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// A preset, an HF config.json, or a folder with a config.json (its shape; random weights).
+    #[arg(long, default_value = "llama2-7b")]
+    pub model: String,
+    /// f32, bf16, int8, int4, int4-asym or nf4.
+    #[arg(long, default_value = "int4")]
+    pub weights: String,
+    #[arg(long, default_value_t = 32)]
+    pub weight_group: u64,
+    /// f32, bf16, int8 or fp8.
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 1)]
+    pub batch: u64,
+    #[arg(long, default_value_t = 32)]
+    pub prompt_len: u64,
+    /// Decode steps timed (after one untimed step).
+    #[arg(long, default_value_t = 16)]
+    pub new_tokens: u64,
+    #[arg(long, default_value_t = 16)]
+    pub kv_block: u64,
+    /// Split-K decode attention: auto, off or a split count.
+    #[arg(long, default_value = "auto")]
+    pub split_k: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write config.json and weights.frugal (the random weights) here, for outside baselines.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--split-k`.
+pub fn split_k(s: &str) -> anyhow::Result<SplitK> {
+    Ok(match s {
+        "auto" => SplitK::Auto,
+        "off" => SplitK::Off,
+        n => match n.parse::<usize>() {
+            Ok(k) if k >= 1 => SplitK::Fixed(k),
+            _ => bail!("--split-k {n}: use auto, off or a count of at least 1"),
+        },
+    })
+}
+
+/// The CPU's model name (`/proc/cpuinfo`) and the quantized-matmul path it runs.
+pub fn cpu_name() -> String {
+    let name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!(
+        "{name}, {} threads, {}",
+        rayon::current_num_threads(),
+        kernels::qmatmul::best_isa().name()
+    )
+}
+
+/// A buffer for streaming reads: 256 MiB (far past any cache) of distinct values (identical
+/// pages could be merged by the host and read from cache).
+pub fn read_buffer() -> Vec<f32> {
+    let mut rng = data::SplitMix64::new(0x5eed);
+    (0..1usize << 26)
+        .map(|_| (rng.next_u64() >> 40) as f32)
+        .collect()
+}
+
+/// One streaming read of `buf` on every core, in bytes/s.
+pub fn read_rate(buf: &[f32]) -> f64 {
+    let t = Instant::now();
+    std::hint::black_box(kernels::stream::read_all(buf));
+    std::mem::size_of_val(buf) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Bytes one decode step of `batch` rows reads: weights (see the module docs) and, for each
+/// sequence of `cached` tokens, its KV.
+pub fn step_bytes(server: &Server, batch: u64, cached: u64) -> u64 {
+    let s = &server.config.shape;
+    let mut bytes = 0;
+    let units = plan::frugal::param_units(s, 1).expect("a buildable model");
+    for unit in &units {
+        for v in &unit.views {
+            let (rows, cols) = (v.shape[0], v.shape.get(1).copied().unwrap_or(1));
+            if !is_matrix(v.role) {
+                bytes += 4 * v.numel();
+                continue;
+            }
+            let (c, sc, z) = server.setup.weights.matrix_bytes(rows, cols);
+            let whole = c + sc + z;
+            bytes += if v.role == Role::TokenEmbedding && !s.tied_embeddings {
+                whole / rows * batch
+            } else {
+                whole
+            };
+        }
+    }
+    bytes + batch * cached * server.block_bytes() / server.setup.kv_block
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.batch == 0 || a.prompt_len == 0 || a.new_tokens == 0 {
+        bail!("--batch, --prompt-len and --new-tokens must be at least 1");
+    }
+    let config = model_config_or_dir(&a.model)?;
+    let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
+    let kv = KvFormat::parse(&a.kv_dtype)?;
+    let context = a.prompt_len + a.new_tokens + 1;
+    let setup = ServeSetup::generation(
+        &config.shape,
+        a.batch,
+        context,
+        weights,
+        kv,
+        a.kv_block,
+        engine::infer::default_split_k(),
+    );
+    let capacity = engine::capacity::host_available().map(|h| h.bytes);
+    let mut server = Server::on(engine::backend::cpu::Cpu::new(), config, setup, capacity)?;
+    server.split_k = split_k(&a.split_k)?;
+    let t = Instant::now();
+    server.fill_random(a.seed);
+    let fill_s = t.elapsed().as_secs_f64();
+    if let Some(dir) = &a.save {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("config.json"), server.config.to_hf_json())?;
+        engine::infer::file::save(&server, &dir.join(engine::infer::file::FILE_NAME))?;
+    }
+    let buf = read_buffer();
+    read_rate(&buf);
+    let vocab = server.config.shape.vocab;
+    let mut rng = data::SplitMix64::new(a.seed);
+    let mut token = || (rng.next_u64() % vocab) as u32;
+    let seqs: Vec<SeqId> = (0..a.batch).map(|_| server.new_sequence()).collect();
+    let mut logits = Vec::new();
+    let t = Instant::now();
+    for &s in &seqs {
+        let prompt: Vec<u32> = (0..a.prompt_len).map(|_| token()).collect();
+        server.prefill(s, &prompt, &mut logits)?;
+    }
+    let prefill_s = t.elapsed().as_secs_f64();
+    // Decode steps and streaming reads alternate, so each step is compared with the bandwidth
+    // of the moment (the machine is shared and its rate drifts).
+    let cached = a.prompt_len + a.new_tokens / 2;
+    let bytes = step_bytes(&server, a.batch, cached);
+    let (mut steps, mut rates, mut fractions) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..=a.new_tokens {
+        let feed: Vec<u32> = seqs.iter().map(|_| token()).collect();
+        let rate = read_rate(&buf);
+        let t = Instant::now();
+        server.decode(&seqs, &feed, &mut logits)?;
+        let secs = t.elapsed().as_secs_f64();
+        if i > 0 {
+            steps.push(secs);
+            rates.push(rate);
+            fractions.push(bytes as f64 / secs / rate);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (step, bandwidth, fraction) = (
+        median(&mut steps),
+        median(&mut rates),
+        median(&mut fractions),
+    );
+    let measured = server.measured();
+    let planned_peak = server.plan.peak_bytes(Device::Gpu);
+    let cpu = cpu_name();
+    if a.json {
+        let v = json!({
+            "model": server.config.shape.name,
+            "weights": weights.name(),
+            "weight_group": weights.group(),
+            "kv_dtype": kv.name(),
+            "batch": a.batch,
+            "prompt_len": a.prompt_len,
+            "new_tokens": a.new_tokens,
+            "prefill_tokens_per_s": (a.batch * a.prompt_len) as f64 / prefill_s,
+            "decode_tokens_per_s": a.batch as f64 / step,
+            "decode_step_s": step,
+            "bytes_per_step": bytes,
+            "bytes_per_token": bytes / a.batch,
+            "bandwidth_bytes_per_s": bandwidth,
+            "bandwidth_fraction": fraction,
+            "planned_peak_bytes": planned_peak,
+            "measured_peak_bytes": measured.peak_bytes,
+            "weights_bytes": server.plan.persistent_bytes(plan::buffer::Category::Params),
+            "fill_s": fill_s,
+            "cpu": cpu,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "{} · weights {} · KV {} · batch {} · {cpu}",
+            server.config.shape.name,
+            weights.name(),
+            kv.name(),
+            a.batch
+        );
+        println!(
+            "prefill {:.1} tokens/s · decode {:.2} tokens/s ({:.1} ms a step)",
+            (a.batch * a.prompt_len) as f64 / prefill_s,
+            a.batch as f64 / step,
+            step * 1e3
+        );
+        println!(
+            "{} bytes a step, {:.2} GB/s against a measured read of {:.2} GB/s: {:.0}% of the bandwidth",
+            group_digits(bytes),
+            bytes as f64 / step / 1e9,
+            bandwidth / 1e9,
+            100.0 * fraction
+        );
+        println!(
+            "memory: planned {} bytes, measured {}",
+            group_digits(planned_peak),
+            group_digits(measured.peak_bytes)
+        );
+    }
+    if measured.peak_bytes != planned_peak {
+        bail!("measured memory differs from the plan: a bug in the engine or the plan");
+    }
+    Ok(())
+}
