@@ -12,7 +12,7 @@
 
 use super::model_config_or_dir;
 use crate::output::group_digits;
-use anyhow::bail;
+use anyhow::{bail, Context};
 use engine::infer::pool::SeqId;
 use engine::infer::{Server, SplitK};
 use plan::buffer::Device;
@@ -62,6 +62,11 @@ pub struct Args {
     /// Write config.json and weights.frugal (the random weights) here, for outside baselines.
     #[arg(long)]
     pub save: Option<PathBuf>,
+    /// Also run a baseline in the same run: llama.cpp (dev/bench_llamacpp.py: the same weights
+    /// as a GGUF; int4 g32, bf16, f32) or hf (dev/bench_hf_generate.py: transformers' generate;
+    /// f32, bf16). Needs python3 with llama-cpp-python and gguf, or torch and transformers.
+    #[arg(long)]
+    pub baseline: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -145,7 +150,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let config = model_config_or_dir(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
     let kv = KvFormat::parse(&a.kv_dtype)?;
-    let context = a.prompt_len + a.new_tokens + 1;
+    // Prompt, one untimed step, the timed steps, then as many paired with bandwidth reads.
+    let context = a.prompt_len + 2 * a.new_tokens + 1;
     let setup = ServeSetup::generation(
         &config.shape,
         a.batch,
@@ -161,7 +167,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t = Instant::now();
     server.fill_random(a.seed);
     let fill_s = t.elapsed().as_secs_f64();
-    if let Some(dir) = &a.save {
+    if let Some(b) = a.baseline.as_deref() {
+        if !matches!(b, "llama.cpp" | "hf") {
+            bail!("--baseline {b}: use llama.cpp or hf");
+        }
+    }
+    let save = match (&a.save, a.baseline.as_deref()) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some("llama.cpp")) => {
+            Some(std::env::temp_dir().join(format!("frugal-gguf-{}", std::process::id())))
+        }
+        _ => None,
+    };
+    if let Some(dir) = &save {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("config.json"), server.config.to_hf_json())?;
         engine::infer::file::save(&server, &dir.join(engine::infer::file::FILE_NAME))?;
@@ -179,22 +197,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         server.prefill(s, &prompt, &mut logits)?;
     }
     let prefill_s = t.elapsed().as_secs_f64();
-    // Decode steps and streaming reads alternate, so each step is compared with the bandwidth
-    // of the moment (the machine is shared and its rate drifts).
-    let cached = a.prompt_len + a.new_tokens / 2;
+    // Timed decode steps back to back (the speed), then steps alternating with streaming reads,
+    // so each is compared with the bandwidth of the moment (the machine is shared and its rate
+    // drifts; a read just before a step also leaves the caches as cold as a real decode finds
+    // them).
+    let cached = a.prompt_len + a.new_tokens;
     let bytes = step_bytes(&server, a.batch, cached);
     let (mut steps, mut rates, mut fractions) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=a.new_tokens {
+        let feed: Vec<u32> = seqs.iter().map(|_| token()).collect();
+        let t = Instant::now();
+        server.decode(&seqs, &feed, &mut logits)?;
+        if i > 0 {
+            steps.push(t.elapsed().as_secs_f64());
+        }
+    }
+    for _ in 0..a.new_tokens {
         let feed: Vec<u32> = seqs.iter().map(|_| token()).collect();
         let rate = read_rate(&buf);
         let t = Instant::now();
         server.decode(&seqs, &feed, &mut logits)?;
         let secs = t.elapsed().as_secs_f64();
-        if i > 0 {
-            steps.push(secs);
-            rates.push(rate);
-            fractions.push(bytes as f64 / secs / rate);
-        }
+        rates.push(rate);
+        fractions.push(bytes as f64 / secs / rate);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -208,9 +233,35 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let measured = server.measured();
     let planned_peak = server.plan.peak_bytes(Device::Gpu);
     let cpu = cpu_name();
+    let shape_config = server.config.to_hf_json();
+    let threads = rayon::current_num_threads();
+    let weights_bytes = server.plan.persistent_bytes(plan::buffer::Category::Params);
+    let name = server.config.shape.name.clone();
+    // The baseline gets the machine's memory to itself.
+    drop(server);
+    drop(buf);
+    let baseline = match a.baseline.as_deref() {
+        Some(b) => Some(run_baseline(
+            b,
+            &a,
+            save.as_deref(),
+            &shape_config,
+            threads,
+        )?),
+        None => None,
+    };
+    if a.save.is_none() {
+        if let Some(dir) = &save {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    let base_tps = baseline
+        .as_ref()
+        .and_then(|v| v["decode_tokens_per_s"].as_f64());
+    let decode_tps = a.batch as f64 / step;
     if a.json {
         let v = json!({
-            "model": server.config.shape.name,
+            "model": name,
             "weights": weights.name(),
             "weight_group": weights.group(),
             "kv_dtype": kv.name(),
@@ -218,7 +269,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "prompt_len": a.prompt_len,
             "new_tokens": a.new_tokens,
             "prefill_tokens_per_s": (a.batch * a.prompt_len) as f64 / prefill_s,
-            "decode_tokens_per_s": a.batch as f64 / step,
+            "decode_tokens_per_s": decode_tps,
             "decode_step_s": step,
             "bytes_per_step": bytes,
             "bytes_per_token": bytes / a.batch,
@@ -226,15 +277,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "bandwidth_fraction": fraction,
             "planned_peak_bytes": planned_peak,
             "measured_peak_bytes": measured.peak_bytes,
-            "weights_bytes": server.plan.persistent_bytes(plan::buffer::Category::Params),
+            "weights_bytes": weights_bytes,
             "fill_s": fill_s,
             "cpu": cpu,
+            "baseline": a.baseline,
+            "baseline_result": baseline,
+            "decode_ratio_vs_baseline": base_tps.map(|b| decode_tps / b),
         });
         println!("{v}");
     } else {
         println!(
             "{} · weights {} · KV {} · batch {} · {cpu}",
-            server.config.shape.name,
+            name,
             weights.name(),
             kv.name(),
             a.batch
@@ -257,9 +311,75 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             group_digits(planned_peak),
             group_digits(measured.peak_bytes)
         );
+        if let (Some(name), Some(b)) = (a.baseline.as_deref(), base_tps) {
+            println!(
+                "{name} on the same shape and threads: decode {b:.2} tokens/s; frugal / {name} = {:.2}x",
+                decode_tps / b
+            );
+        }
     }
     if measured.peak_bytes != planned_peak {
         bail!("measured memory differs from the plan: a bug in the engine or the plan");
     }
     Ok(())
+}
+
+/// Runs a dev/ baseline script; returns its JSON line.
+fn run_baseline(
+    name: &str,
+    a: &Args,
+    saved: Option<&std::path::Path>,
+    config_json: &str,
+    threads: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dev");
+    let mut cmd = std::process::Command::new("python3");
+    let common = [
+        "--prompt-len".to_string(),
+        a.prompt_len.to_string(),
+        "--new-tokens".to_string(),
+        a.new_tokens.to_string(),
+        "--threads".to_string(),
+        threads.to_string(),
+    ];
+    let config_file = std::env::temp_dir().join(format!("frugal-hf-{}.json", std::process::id()));
+    match name {
+        "llama.cpp" => {
+            if a.batch != 1 {
+                bail!("--baseline llama.cpp runs batch 1 (use --batch 1)");
+            }
+            let dir = saved.expect("saved weights for llama.cpp");
+            cmd.arg(dev.join("bench_llamacpp.py"))
+                .args(["--dir", &dir.display().to_string()]);
+        }
+        _ => {
+            let dtype = match a.weights.as_str() {
+                "f32" | "bf16" => a.weights.as_str(),
+                w => bail!("--baseline hf runs f32 or bf16 weights, not {w}"),
+            };
+            std::fs::write(&config_file, config_json)?;
+            cmd.arg(dev.join("bench_hf_generate.py"))
+                .args([
+                    "--config",
+                    &config_file.display().to_string(),
+                    "--dtype",
+                    dtype,
+                ])
+                .args(["--batch", &a.batch.to_string()]);
+        }
+    }
+    let out = cmd
+        .args(common)
+        .output()
+        .context("running python3 for the baseline (is it installed and on PATH?)")?;
+    let _ = std::fs::remove_file(&config_file);
+    if !out.status.success() {
+        bail!(
+            "the {name} baseline failed:\n{}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
+        .with_context(|| format!("the {name} baseline printed no JSON"))
 }

@@ -1,0 +1,167 @@
+"""llama.cpp baseline for `frugal bench generate`: the same random weights, written as a GGUF file,
+decoded by llama.cpp (llama-cpp-python, built from source with GGML_NATIVE) on the same threads.
+
+Reads a folder `frugal bench generate --save DIR` wrote (config.json + weights.frugal) and writes
+DIR/model.gguf. int4 (symmetric, groups of 32) is llama.cpp's Q4_0 byte for byte: frugal's
+sub-block nibble order is Q4_0's `qs`, and both decode as scale × (q − 8); bf16 and f32 are copied.
+Fused q|k|v and gate|up rows are split into llama.cpp's tensors. The vocabulary is placeholder
+tokens (the weights are random: only speed is compared, not text).
+
+Prints one JSON line: {"decode_tokens_per_s": ..., "prefill_tokens_per_s": ..., "gguf_type": ...}.
+
+Example:
+  frugal bench generate --model llama2-7b --weights int4 --save /tmp/q7b
+  python3 dev/bench_llamacpp.py --dir /tmp/q7b --prompt-len 32 --new-tokens 16 --threads 2
+"""
+
+import argparse
+import json
+import os
+import struct
+import time
+
+import numpy as np
+
+
+def read_frugal(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == b"FRUGALQ1", "not a frugal quantized file"
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.read(4)
+        header = json.loads(f.read(length))
+        offset = 20 + length
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset)
+    tensors, at = {}, 0
+    for t in header["tensors"]:
+        tensors[t["name"]] = data[at : at + t["bytes"]]
+        at += t["bytes"]
+    return header, tensors
+
+
+def q4_0(codes, scales, rows, cols):
+    """Q4_0 blocks (f16 scale, 16 bytes of nibbles) from frugal's int4 g32 codes and scales."""
+    blocks = rows * cols // 32
+    out = np.empty((blocks, 18), dtype=np.uint8)
+    out[:, :2] = np.asarray(scales).view(np.uint8).reshape(blocks, 2)
+    out[:, 2:] = np.asarray(codes).reshape(blocks, 16)
+    return out.reshape(rows, cols // 32 * 18)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    import gguf
+
+    header, t = read_frugal(os.path.join(a.dir, "weights.frugal"))
+    cfg = json.loads(header["config"])
+    fmt, group = header["weights"], header["group"]
+    if fmt == "int4":
+        assert group == 32, "Q4_0 is int4 with groups of 32"
+    elif fmt not in ("bf16", "f32"):
+        raise SystemExit(f"{fmt}: this script writes int4 g32 (Q4_0), bf16 or f32")
+    c, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, f, v = c // nh, cfg["intermediate_size"], cfg["vocab_size"]
+    out_path = os.path.join(a.dir, "model.gguf")
+    w = gguf.GGUFWriter(out_path, "llama")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(c)
+    w.add_block_count(L)
+    w.add_feed_forward_length(f)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
+    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>".encode() for i in range(v)])
+    w.add_token_scores([0.0] * v)
+    w.add_token_types([1] * v)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def matrix(name, unit, role, rows, cols, r0=0, r1=None):
+        r1 = rows if r1 is None else r1
+        codes = t[f"weights.{unit}.{role}"]
+        if fmt == "int4":
+            per_row = cols // 2
+            scales = t[f"weights.{unit}.{role}.scales"]
+            sc = np.asarray(scales).view(np.uint8).reshape(rows, cols // 32 * 2)
+            cd = np.asarray(codes).reshape(rows, per_row)
+            data = q4_0(cd[r0:r1].copy(), sc[r0:r1].copy().view(np.float16), r1 - r0, cols)
+            w.add_tensor(name, data, raw_shape=[r1 - r0, cols // 32 * 18], raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        elif fmt == "bf16":
+            data = np.asarray(codes).view(np.uint16).reshape(rows, cols)[r0:r1].copy()
+            w.add_tensor(name, data, raw_shape=[r1 - r0, cols * 2], raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            data = np.asarray(codes).view(np.float32).reshape(rows, cols)[r0:r1].copy()
+            w.add_tensor(name, data)
+
+    def vectors(unit, sizes):
+        vec = np.asarray(t[f"weights.{unit}.vectors"]).view(np.float32)
+        out, at = [], 0
+        for n in sizes:
+            out.append(vec[at : at + n].copy())
+            at += n
+        return out
+
+    matrix("token_embd.weight", "embed", "wte", v, c)
+    q, kv = nh * hd, nkv * hd
+    for l in range(L):
+        u = f"h.{l}"
+        ln1, ln2 = vectors(u, [c, c])
+        w.add_tensor(f"blk.{l}.attn_norm.weight", ln1)
+        matrix(f"blk.{l}.attn_q.weight", u, "qkv_w", q + 2 * kv, c, 0, q)
+        matrix(f"blk.{l}.attn_k.weight", u, "qkv_w", q + 2 * kv, c, q, q + kv)
+        matrix(f"blk.{l}.attn_v.weight", u, "qkv_w", q + 2 * kv, c, q + kv, q + 2 * kv)
+        matrix(f"blk.{l}.attn_output.weight", u, "attn_proj_w", c, q)
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", ln2)
+        matrix(f"blk.{l}.ffn_gate.weight", u, "fc_w", 2 * f, c, 0, f)
+        matrix(f"blk.{l}.ffn_up.weight", u, "fc_w", 2 * f, c, f, 2 * f)
+        matrix(f"blk.{l}.ffn_down.weight", u, "fc_proj_w", c, f)
+    (lnf,) = vectors("head", [c])
+    w.add_tensor("output_norm.weight", lnf)
+    matrix("output.weight", "head", "lm_head", v, c)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=out_path,
+        n_ctx=a.prompt_len + a.new_tokens + 8,
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        n_batch=max(a.prompt_len, 8),
+        verbose=False,
+    )
+    rng = np.random.default_rng(1)
+    prompt = [int(x) for x in rng.integers(3, v, a.prompt_len)]
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    prefill = time.perf_counter() - t0
+    steps = []
+    for _ in range(a.new_tokens + 1):
+        tok = int(rng.integers(3, v))
+        t0 = time.perf_counter()
+        llm.eval([tok])
+        steps.append(time.perf_counter() - t0)
+    steps = sorted(steps[1:])
+    step = steps[len(steps) // 2]
+    print(json.dumps({
+        "decode_tokens_per_s": 1.0 / step,
+        "decode_step_s": step,
+        "prefill_tokens_per_s": a.prompt_len / prefill,
+        "gguf_type": {"int4": "Q4_0", "bf16": "BF16", "f32": "F32"}[fmt],
+        "llama_cpp_python": llama_cpp.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
