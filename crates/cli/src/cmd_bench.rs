@@ -14,6 +14,7 @@
 //! or `frugal bench train --precision bf16` against `--precision fp32` for the bf16 speed-up.
 
 mod generate;
+mod quality;
 mod serve;
 
 use anyhow::{bail, Context};
@@ -39,6 +40,8 @@ pub enum What {
     Generate(generate::Args),
     /// Continuous batching over a synthetic request trace: throughput, latency, KV waste.
     Serve(serve::Args),
+    /// What weight and KV quantization cost a trained model: KL vs fp32 and validation loss.
+    Quality(quality::Args),
 }
 
 const TRAIN_EXAMPLES: &str = "\
@@ -85,6 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         What::Train(a) => train(a),
         What::Generate(a) => generate::run(a),
         What::Serve(a) => serve::run(a),
+        What::Quality(a) => quality::run(a),
     }
 }
 
