@@ -163,6 +163,18 @@ pub fn copy_block(cache: &mut KvSliceMut, from: usize, to: usize, shape: &KvShap
 }
 
 impl KvSlice<'_> {
+    /// Token (b, h, s) as f32: the cache itself when it is f32, else widened into `buf`.
+    #[inline(always)]
+    fn row<'b>(&'b self, at: usize, hd: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        match *self {
+            KvSlice::F32(c) => &c[at * hd..][..hd],
+            _ => {
+                self.load(at, hd, &mut buf[..hd]);
+                &buf[..hd]
+            }
+        }
+    }
+
     /// Token (b, h, s) widened into `dst` (HD).
     #[inline(always)]
     fn load(&self, at: usize, hd: usize, dst: &mut [f32]) {
@@ -302,6 +314,27 @@ simd_fn! {
     fn run_range(t: &Task, r: usize, h: usize, range: std::ops::Range<usize>, acc: &mut [f32], ml: &mut [f32; 2 * MAX_GROUP]) = range_body;
 }
 
+/// Positions per tile of the online softmax: scores for a tile, one rescale per tile.
+const TILE: usize = 32;
+
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..16 {
+            acc[j] = mul_add::<FMA>(x[j], y[j], acc[j]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 #[inline(always)]
 fn range_body<const FMA: bool>(
     t: &Task,
@@ -320,39 +353,47 @@ fn range_body<const FMA: bool>(
     let (m, l) = ml.split_at_mut(MAX_GROUP);
     m[..g].fill(f32::NEG_INFINITY);
     l[..g].fill(0.0);
-    let mut kbuf = [0.0f32; MAX_HEAD_DIM];
-    let mut vbuf = [0.0f32; MAX_HEAD_DIM];
-    let mut p = [0.0f32; MAX_GROUP];
-    for pos in range {
-        let at = (table[pos / blk] as usize * nkv + h) * blk + pos % blk;
-        t.k.load(at, hd, &mut kbuf[..hd]);
-        t.v.load(at, hd, &mut vbuf[..hd]);
-        for gi in 0..g {
-            let qg = &q[gi * hd..(gi + 1) * hd];
-            let mut dot = [0.0f32; 8];
-            for (x, y) in qg.chunks(8).zip(kbuf[..hd].chunks(8)) {
-                for j in 0..x.len() {
-                    dot[j] = mul_add::<FMA>(x[j], y[j], dot[j]);
-                }
+    let mut buf = [0.0f32; MAX_HEAD_DIM];
+    // Scores, then probabilities, of one tile for every head of the group.
+    let mut sc = [0.0f32; MAX_GROUP * TILE];
+    let at = |pos: usize| (table[pos / blk] as usize * nkv + h) * blk + pos % blk;
+    let mut start = range.start;
+    while start < range.end {
+        let n = TILE.min(range.end - start);
+        for i in 0..n {
+            let key = t.k.row(at(start + i), hd, &mut buf);
+            for gi in 0..g {
+                sc[gi * TILE + i] = dot::<FMA>(&q[gi * hd..(gi + 1) * hd], key) * scale;
             }
-            let sc = dot.iter().sum::<f32>() * scale;
-            if sc > m[gi] {
-                let corr = exp_with::<FMA>(m[gi] - sc);
-                l[gi] *= corr;
+        }
+        for gi in 0..g {
+            let row = &mut sc[gi * TILE..gi * TILE + n];
+            let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let new_max = m[gi].max(tile_max);
+            let corr = exp_with::<FMA>(m[gi] - new_max);
+            m[gi] = new_max;
+            let mut sum = 0.0f32;
+            for x in row.iter_mut() {
+                *x = exp_with::<FMA>(*x - new_max);
+                sum += *x;
+            }
+            l[gi] = l[gi] * corr + sum;
+            if corr != 1.0 {
                 acc[gi * hd..(gi + 1) * hd]
                     .iter_mut()
                     .for_each(|a| *a *= corr);
-                m[gi] = sc;
-            }
-            p[gi] = exp_with::<FMA>(sc - m[gi]);
-            l[gi] += p[gi];
-        }
-        for gi in 0..g {
-            let pg = p[gi];
-            for (a, x) in acc[gi * hd..(gi + 1) * hd].iter_mut().zip(&vbuf[..hd]) {
-                *a = mul_add::<FMA>(pg, *x, *a);
             }
         }
+        for i in 0..n {
+            let value = t.v.row(at(start + i), hd, &mut buf);
+            for gi in 0..g {
+                let p = sc[gi * TILE + i];
+                for (a, x) in acc[gi * hd..(gi + 1) * hd].iter_mut().zip(value) {
+                    *a = mul_add::<FMA>(p, *x, *a);
+                }
+            }
+        }
+        start += n;
     }
 }
 

@@ -1,0 +1,252 @@
+//! `frugal generate` and the inference benchmarks from the command line: a model trained here
+//! generates with a KV cache exactly what the recompute-everything reference generates, a
+//! quantized folder reloads to the same tokens, planned bytes equal measured ones, and bad input
+//! (formats, a prompt past the context, a draft with another vocabulary, a damaged quantized file,
+//! a KV budget too small) is refused naming what is wrong.
+
+mod common;
+
+use common::{fails_with, frugal, json, small_text, temp_dir};
+use std::path::Path;
+
+fn train_tiny(dir: &Path, group: &str) -> String {
+    let data = small_text(group, "data", 30_000);
+    let out = dir.join("run");
+    let out_s = out.display().to_string();
+    let args = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--batch",
+        "2",
+        "--seq",
+        "32",
+        "--steps",
+        "3",
+        "--val-batches",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--data",
+        &data,
+        "--out",
+        &out_s,
+    ];
+    let r = frugal(&args);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    out_s
+}
+
+fn tokens(v: &serde_json::Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_trained_model_generates_with_its_cache_what_the_reference_recomputes() {
+    let dir = temp_dir("generate", "trained");
+    let model = train_tiny(&dir, "generate");
+    let gen = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "12",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        json(&frugal(&a))
+    };
+    let cached = gen(&[]);
+    let reference = gen(&["--kv-cache", "off"]);
+    assert_eq!(
+        tokens(&cached),
+        tokens(&reference),
+        "greedy with and without the KV cache"
+    );
+    assert_eq!(tokens(&cached).len(), 12);
+    assert_eq!(
+        cached["planned"], cached["measured"],
+        "measured == planned per category"
+    );
+    assert!(cached["measured"]["kv_cache_bytes"].as_u64().unwrap() > 0);
+    // int4, saved and reloaded: the same tokens as int4 quantized on load.
+    let q = dir.join("q");
+    let q_s = q.display().to_string();
+    let int4 = gen(&["--weights", "int4", "--save-quantized", &q_s]);
+    let reloaded = json(&frugal(&[
+        "generate",
+        "--model",
+        &q_s,
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]));
+    assert_eq!(tokens(&int4), tokens(&reloaded));
+    assert_eq!(reloaded["weights"], "int4");
+    assert!(
+        int4["measured"]["params_bytes"].as_u64().unwrap()
+            < cached["measured"]["params_bytes"].as_u64().unwrap() / 6,
+        "int4 weights are under a sixth of fp32's"
+    );
+    // A draft identical to the target is always accepted, and changes no token.
+    let spec = gen(&["--draft", &model, "--draft-tokens", "3"]);
+    assert_eq!(tokens(&spec), tokens(&cached));
+    assert_eq!(spec["acceptance_rate"], 1.0);
+    // plan --infer --runtime frugal prints the peak generate measures.
+    let config = Path::new(&model).join("config.json").display().to_string();
+    let prompt_len = cached["prompt_tokens"].as_u64().unwrap();
+    let plan = json(&frugal(&[
+        "plan",
+        "--model",
+        &config,
+        "--infer",
+        "--runtime",
+        "frugal",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+        "--batch",
+        "1",
+        "--seq",
+        &(prompt_len + 12).to_string(),
+        "--kv-block",
+        "16",
+        "--json",
+    ]));
+    assert_eq!(
+        plan["per_device"]["peak_bytes"],
+        cached["measured"]["peak_bytes"]
+    );
+}
+
+#[test]
+fn bad_inference_input_is_refused_naming_what_is_wrong() {
+    let dir = temp_dir("generate", "bad");
+    let target = dir.join("target").display().to_string();
+    let saved = json(&frugal(&[
+        "bench",
+        "generate",
+        "--model",
+        "gpt2-tiny",
+        "--weights",
+        "int8",
+        "--prompt-len",
+        "2",
+        "--new-tokens",
+        "1",
+        "--save",
+        &target,
+        "--json",
+    ]));
+    assert_eq!(saved["planned_peak_bytes"], saved["measured_peak_bytes"]);
+    let gen = |extra: &[&str]| {
+        let mut a = vec!["generate", "--model", &target, "--max-new-tokens", "4"];
+        a.extend_from_slice(extra);
+        frugal(&a)
+    };
+    fails_with(&gen(&["--kv-dtype", "int2"]), "not a KV format");
+    fails_with(&gen(&["--weights", "int4"]), "stored as int8");
+    let long: String = "to be or not to be ".repeat(60);
+    fails_with(
+        &gen(&["--prompt", &long]),
+        "longer than the model's context of 256",
+    );
+    fails_with(&gen(&["--kv-cache", "off"]), "runs the fp32 model");
+    // A draft with another vocabulary.
+    let config = std::fs::read_to_string(Path::new(&target).join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&config).unwrap();
+    v["vocab_size"] = serde_json::json!(1000);
+    let small = dir.join("small.json");
+    std::fs::write(&small, v.to_string()).unwrap();
+    let draft = dir.join("draft").display().to_string();
+    let r = frugal(&[
+        "bench",
+        "generate",
+        "--model",
+        &small.display().to_string(),
+        "--weights",
+        "int8",
+        "--prompt-len",
+        "2",
+        "--new-tokens",
+        "1",
+        "--save",
+        &draft,
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    fails_with(&gen(&["--draft", &draft]), "vocabulary");
+    // A damaged quantized file: a flipped byte, then a wrong magic.
+    let file = Path::new(&target).join("weights.frugal");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xFF;
+    std::fs::write(&file, &bytes).unwrap();
+    fails_with(&gen(&[]), "checksum does not match");
+    bytes[0] = b'X';
+    std::fs::write(&file, &bytes).unwrap();
+    fails_with(&gen(&[]), "wrong magic");
+    // A KV budget that holds no block.
+    let r = frugal(&[
+        "bench",
+        "serve",
+        "--model",
+        "gpt2-tiny",
+        "--kv-budget",
+        "1KiB",
+        "--requests",
+        "2",
+    ]);
+    fails_with(&r, "holds no KV block");
+    let r = frugal(&[
+        "bench",
+        "generate",
+        "--model",
+        "gpt2-tiny",
+        "--weights",
+        "int4",
+        "--weight-group",
+        "48",
+    ]);
+    fails_with(&r, "weight-group");
+}
+
+#[test]
+fn the_serving_benchmark_follows_its_plan() {
+    let v = json(&frugal(&[
+        "bench",
+        "serve",
+        "--model",
+        "gpt2-tiny",
+        "--requests",
+        "12",
+        "--max-seqs",
+        "4",
+        "--prompt-mean",
+        "24",
+        "--output-mean",
+        "16",
+        "--context",
+        "128",
+        "--json",
+    ]));
+    assert_eq!(v["max_concurrent"], v["planned_max_concurrent"]);
+    assert_eq!(v["preemptions"], v["planned_preemptions"]);
+    assert_eq!(v["planned_peak_bytes"], v["measured_peak_bytes"]);
+    let waste = v["kv_waste_fraction"].as_f64().unwrap();
+    let contiguous = v["contiguous_waste_fraction"].as_f64().unwrap();
+    assert!(
+        waste < contiguous,
+        "paged {waste} vs contiguous {contiguous}"
+    );
+}

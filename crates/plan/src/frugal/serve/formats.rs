@@ -1,0 +1,150 @@
+//! The storage formats of the serving plan: how weight matrices ([`WeightFormat`]) and the KV
+//! cache ([`KvFormat`]) are stored, their byte counts, and their flag spellings.
+//!
+//! Example: `WeightFormat::parse("int4", Some(32))?.matrix_bytes(4096, 4096)` is (8 MiB of codes,
+//! 1 MiB of fp16 scales, no zero points).
+
+use crate::PlanError;
+
+fn invalid(field: &str, reason: String) -> PlanError {
+    PlanError::Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// How weight matrices are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    F32,
+    Bf16,
+    /// Symmetric, one fp16 scale per output row.
+    Int8,
+    /// Groups of `group` weights with an fp16 scale; `asym`: a zero point per group too.
+    Int4 {
+        group: u64,
+        asym: bool,
+    },
+    /// QLoRA's NormalFloat4, an fp32 absmax per group.
+    Nf4 {
+        group: u64,
+    },
+}
+
+impl WeightFormat {
+    /// Bytes of a (rows, cols) matrix: codes, scales and zero points.
+    pub fn matrix_bytes(self, rows: u64, cols: u64) -> (u64, u64, u64) {
+        let n = rows * cols;
+        match self {
+            WeightFormat::F32 => (4 * n, 0, 0),
+            WeightFormat::Bf16 => (2 * n, 0, 0),
+            WeightFormat::Int8 => (n, 2 * rows, 0),
+            WeightFormat::Int4 { group, asym } => {
+                (n / 2, 2 * (n / group), if asym { n / group } else { 0 })
+            }
+            WeightFormat::Nf4 { group } => (n / 2, 4 * (n / group), 0),
+        }
+    }
+
+    /// The group size, for formats that have one.
+    pub fn group(self) -> Option<u64> {
+        match self {
+            WeightFormat::Int4 { group, .. } | WeightFormat::Nf4 { group } => Some(group),
+            _ => None,
+        }
+    }
+
+    /// The flag spelling: `f32`, `bf16`, `int8`, `int4`, `int4-asym`, `nf4`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Int8 => "int8",
+            WeightFormat::Int4 { asym: false, .. } => "int4",
+            WeightFormat::Int4 { asym: true, .. } => "int4-asym",
+            WeightFormat::Nf4 { .. } => "nf4",
+        }
+    }
+
+    /// Parses a `--weights` value with the group size of `--weight-group` (default 32).
+    pub fn parse(name: &str, group: Option<u64>) -> Result<WeightFormat, PlanError> {
+        let group = group.unwrap_or(32);
+        let f = match name {
+            "f32" | "fp32" => WeightFormat::F32,
+            "bf16" => WeightFormat::Bf16,
+            "int8" => WeightFormat::Int8,
+            "int4" => WeightFormat::Int4 { group, asym: false },
+            "int4-asym" => WeightFormat::Int4 { group, asym: true },
+            "nf4" => WeightFormat::Nf4 { group },
+            other => {
+                return Err(invalid(
+                    "weights",
+                    format!(
+                        "'{other}' is not a weight format this engine runs: use f32, bf16, \
+                         int8, int4, int4-asym or nf4"
+                    ),
+                ))
+            }
+        };
+        if let Some(g) = f.group() {
+            if ![32, 64, 128].contains(&g) {
+                return Err(invalid(
+                    "weight-group",
+                    format!("groups of {g}: use 32, 64 or 128"),
+                ));
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvFormat {
+    F32,
+    Bf16,
+    /// Symmetric int8, an fp32 scale per token and head.
+    Int8,
+    /// fp8 e4m3, an fp32 scale per token and head.
+    Fp8,
+}
+
+impl KvFormat {
+    pub fn element_bytes(self) -> u64 {
+        match self {
+            KvFormat::F32 => 4,
+            KvFormat::Bf16 => 2,
+            KvFormat::Int8 | KvFormat::Fp8 => 1,
+        }
+    }
+
+    pub fn has_scales(self) -> bool {
+        matches!(self, KvFormat::Int8 | KvFormat::Fp8)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F32 => "f32",
+            KvFormat::Bf16 => "bf16",
+            KvFormat::Int8 => "int8",
+            KvFormat::Fp8 => "fp8",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<KvFormat, PlanError> {
+        Ok(match name {
+            "f32" | "fp32" => KvFormat::F32,
+            "bf16" => KvFormat::Bf16,
+            "int8" => KvFormat::Int8,
+            "fp8" | "fp8-e4m3" => KvFormat::Fp8,
+            other => {
+                return Err(invalid(
+                    "kv-dtype",
+                    format!(
+                        "'{other}' is not a KV format this engine runs: use f32, bf16, int8 or fp8"
+                    ),
+                ))
+            }
+        })
+    }
+}
