@@ -95,7 +95,8 @@ def main():
             data = q4_0(cd[r0:r1].copy(), sc[r0:r1].copy().view(np.float16), r1 - r0, cols)
             w.add_tensor(name, data, raw_shape=[r1 - r0, cols // 32 * 18], raw_dtype=gguf.GGMLQuantizationType.Q4_0)
         elif fmt == "bf16":
-            data = np.asarray(codes).view(np.uint16).reshape(rows, cols)[r0:r1].copy()
+            # Raw bytes: the writer reads a uint8 array's shape as bytes of the stated type.
+            data = np.asarray(codes).reshape(rows, cols * 2)[r0:r1].copy()
             w.add_tensor(name, data, raw_shape=[r1 - r0, cols * 2], raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
             data = np.asarray(codes).view(np.float32).reshape(rows, cols)[r0:r1].copy()

@@ -101,12 +101,7 @@ impl Source {
 
     /// A server of `setup` holding these weights.
     pub fn server(&self, setup: ServeSetup) -> anyhow::Result<Server> {
-        let mut server = Server::on(
-            engine::backend::cpu::Cpu::new(),
-            self.config.clone(),
-            setup,
-            engine::capacity::host_available().map(|h| h.bytes),
-        )?;
+        let mut server = Server::new_in_ram(self.config.clone(), setup)?;
         match &self.weights {
             Weights::Quantized(path, _) => file::load(&mut server, path)?,
             Weights::Units(units) => server.load_units(units)?,

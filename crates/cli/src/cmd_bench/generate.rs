@@ -161,8 +161,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.kv_block,
         engine::infer::default_split_k(),
     );
-    let capacity = engine::capacity::host_available().map(|h| h.bytes);
-    let mut server = Server::on(engine::backend::cpu::Cpu::new(), config, setup, capacity)?;
+    let mut server = Server::new_in_ram(config, setup)?;
     server.split_k = split_k(&a.split_k)?;
     let t = Instant::now();
     server.fill_random(a.seed);

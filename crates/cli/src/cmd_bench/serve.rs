@@ -20,7 +20,7 @@ use serde_json::json;
 
 const EXAMPLES: &str = "\
 Examples:
-  frugal bench serve                                    gpt2-124m, int8, 64 requests
+  frugal bench serve                                    gpt2-124m, int8, 48 requests
   frugal bench serve --requests 200 --kv-budget 64MiB --max-seqs 32 --json
   frugal bench serve --model llama-tiny --weights f32 --kv-dtype int8";
 
@@ -36,7 +36,7 @@ pub struct Args {
     pub weight_group: u64,
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 48)]
     pub requests: usize,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
@@ -48,12 +48,13 @@ pub struct Args {
     /// Most sequences a decode step runs.
     #[arg(long, default_value_t = 16)]
     pub max_seqs: u64,
-    /// Mean prompt and output lengths of the log-normal trace (σ = 0.6 in log space).
-    #[arg(long, default_value_t = 48)]
+    /// Mean prompt and output lengths of the log-normal trace (σ = 0.6 in log space; ShareGPT's
+    /// conversations average a few hundred tokens).
+    #[arg(long, default_value_t = 128)]
     pub prompt_mean: u64,
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 128)]
     pub output_mean: u64,
-    /// Longest sequence (prompt + output) a request may have; default min(512, positions).
+    /// Longest sequence (prompt + output) a request may have; default min(1024, positions).
     #[arg(long)]
     pub context: Option<u64>,
     #[arg(long, default_value_t = 1)]
@@ -99,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let config = model_config_or_dir(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
     let kv = KvFormat::parse(&a.kv_dtype)?;
-    let context = a.context.unwrap_or(512).min(config.shape.max_positions);
+    let context = a.context.unwrap_or(1024).min(config.shape.max_positions);
     if context < 2 {
         bail!("--context must be at least 2 tokens");
     }
@@ -134,8 +135,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.max_seqs as usize,
         context as usize,
     )?;
-    let capacity = engine::capacity::host_available().map(|h| h.bytes);
-    let mut server = Server::on(engine::backend::cpu::Cpu::new(), config, setup, capacity)?;
+    let mut server = Server::new_in_ram(config, setup)?;
     server.fill_random(a.seed);
     let r = schedule::run(&mut server, &requests, &Sampling::greedy(), a.seed)?;
     let m = server.measured();

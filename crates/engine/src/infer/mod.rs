@@ -107,6 +107,28 @@ impl Server<Cpu> {
     pub fn new(config: ModelConfig, setup: ServeSetup) -> Result<Server, EngineError> {
         Server::on(Cpu::new(), config, setup, None)
     }
+
+    /// As [`Server::new`], refused before allocating when the plan exceeds the RAM this process
+    /// may use, with the plan's breakdown and what to change.
+    pub fn new_in_ram(config: ModelConfig, setup: ServeSetup) -> Result<Server, EngineError> {
+        let host = crate::capacity::host_available();
+        let capacity = host.as_ref().map(|h| h.bytes);
+        Server::on(Cpu::new(), config, setup, capacity).map_err(|e| match e {
+            EngineError::DoesNotFit(mut no) => {
+                no.limit = crate::capacity::Limit::HostRam {
+                    source: host.map_or_else(String::new, |h| h.source),
+                };
+                no.advice = Some(
+                    "store the weights smaller (--weights int8, int4 or nf4), cache keys and \
+                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences or \
+                     a shorter context"
+                        .into(),
+                );
+                EngineError::DoesNotFit(no)
+            }
+            e => e,
+        })
+    }
 }
 
 impl<B: Backend> Server<B> {
