@@ -1,12 +1,16 @@
 //! `frugal bench generate`: decode speed of a model shape with random weights built directly in
 //! the storage format (a 7B-shaped int4 model needs its 3.8 GB only, never an fp32 copy), against
-//! the machine's memory bandwidth measured in the same run (a streaming read on every core).
+//! the machine's memory bandwidth measured in the same run (a streaming read of 256 MiB on every
+//! core), and optionally against llama.cpp on the same weights or HF transformers' `generate`
+//! (`--baseline`, run after frugal's own measurement with the memory freed).
 //!
 //! Decode at small batch reads every weight once per step, so the step's bytes (every matrix but
 //! the token embedding, of which only the batch's rows are read, unless it is also the tied head;
 //! the fp32 vectors; and the KV cache the step attends over) divided by its time, over the
 //! measured bandwidth, is how close the engine runs to the machine's limit (`bandwidth_fraction`).
-//! The median decode step is timed; the prompt's prefill is reported apart.
+//! The speed is the median of back-to-back steps; the fraction is the median over steps that
+//! each follow a streaming read, each against that read's rate (the machine is shared and its
+//! bandwidth drifts). The prompt's prefill is reported apart.
 //!
 //! Example: `frugal bench generate --model llama2-7b --weights int4 --batch 1 --json`.
 
