@@ -271,7 +271,9 @@ pub fn matmul_on(
         },
     ) = (isa, *w)
     {
-        if ic.is_multiple_of(128) {
+        // A 128-weight chunk must lie in one group or hold whole ones.
+        let fits = group == 32 || group == 64 || group.is_multiple_of(128);
+        if ic.is_multiple_of(128) && fits {
             return vnni::with_scratch(|q| {
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);

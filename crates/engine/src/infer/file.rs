@@ -162,14 +162,24 @@ pub fn read_header(path: &Path) -> Result<(Header, u64), EngineError> {
             ),
         ));
     }
-    let total: u64 = header.tensors.iter().map(|t| t.bytes).sum();
-    if 20 + len + total != size {
+    let total = header
+        .tensors
+        .iter()
+        .try_fold(0u64, |acc, t| acc.checked_add(t.bytes))
+        .and_then(|t| t.checked_add(20 + len))
+        .ok_or_else(|| {
+            bad(
+                path,
+                "the header's tensor sizes overflow: the file is damaged".into(),
+            )
+        })?;
+    if total != size {
         return Err(bad(
             path,
             format!(
                 "{} bytes of tensors after the header, {} expected: the file is truncated or padded",
                 size - 20 - len,
-                total
+                total - 20 - len
             ),
         ));
     }
@@ -200,6 +210,21 @@ pub fn load<B: Backend>(server: &mut Server<B>, path: &Path) -> Result<(), Engin
             ),
         ));
     }
+    // Two passes: every name, size and checksum first, so a damaged file changes no weight.
+    for pass in [false, true] {
+        read_tensors(server, path, offset, &expect, &header, pass)?;
+    }
+    Ok(())
+}
+
+fn read_tensors<B: Backend>(
+    server: &Server<B>,
+    path: &Path,
+    offset: u64,
+    expect: &[(String, crate::backend::Tensor)],
+    header: &Header,
+    upload: bool,
+) -> Result<(), EngineError> {
     let mut file = std::fs::File::open(path).map_err(io(path, "opening"))?;
     let mut skip = vec![0u8; offset as usize];
     file.read_exact(&mut skip).map_err(io(path, "reading"))?;
@@ -223,7 +248,9 @@ pub fn load<B: Backend>(server: &mut Server<B>, path: &Path) -> Result<(), Engin
                 format!("tensor {name}'s checksum does not match: the file is damaged"),
             ));
         }
-        server.arena.backend().upload_bytes(&server.arena, *t, &buf);
+        if upload {
+            server.arena.backend().upload_bytes(&server.arena, *t, &buf);
+        }
     }
     Ok(())
 }

@@ -272,6 +272,7 @@ impl<B: Backend> Server<B> {
         let chunk = self.setup.prefill_chunk as usize;
         assert!(rows as u64 <= self.setup.prefill_logit_rows && rows <= tokens.len());
         self.check_room(&[id], tokens.len())?;
+        self.check_tokens(tokens.iter().copied())?;
         let mut start = 0;
         while start < tokens.len() {
             let end = tokens.len().min(start + chunk);

@@ -122,7 +122,12 @@ fn drive(
             .collect(),
     };
     for r in requests {
-        if r.prompt.len() + r.max_new > context || r.prompt.is_empty() {
+        if r.prompt.is_empty() || r.max_new == 0 {
+            return Err(EngineError::Infer(
+                "a request needs a prompt of at least one token and at least one new token".into(),
+            ));
+        }
+        if r.prompt.len() + r.max_new > context {
             return Err(EngineError::Infer(format!(
                 "a request of {} prompt + {} new tokens does not fit the context of {context}",
                 r.prompt.len(),

@@ -75,12 +75,14 @@ pub fn generate<B: Backend>(
         target.setup.prefill_logit_rows.saturating_sub(1).max(1) as usize,
     );
     // Verification rows must run the decode kernels' order: head-parallel attention.
+    let saved = (target.split_k, draft.split_k);
     target.split_k = SplitK::Off;
     draft.split_k = SplitK::Off;
     let (ts, ds) = (target.new_sequence(), draft.new_sequence());
     let result = run(target, draft, (ts, ds), prompt, n_new, k, sampling, seed);
     target.free(ts);
     draft.free(ds);
+    (target.split_k, draft.split_k) = saved;
     result
 }
 

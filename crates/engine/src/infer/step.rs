@@ -38,6 +38,22 @@ impl<B: Backend> Server<B> {
         seq.len += n;
     }
 
+    /// Refuses a token id outside the model's vocabulary.
+    pub(crate) fn check_tokens(
+        &self,
+        tokens: impl Iterator<Item = u32>,
+    ) -> Result<(), EngineError> {
+        let vocab = self.config.shape.vocab;
+        for t in tokens {
+            if u64::from(t) >= vocab {
+                return Err(EngineError::Infer(format!(
+                    "token id {t} is beyond the model's vocabulary of {vocab}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn splits(&self, kind: StepKind, rows: usize) -> usize {
         let planned = self.setup.split_k as usize;
         if kind == StepKind::Prefill || planned <= 1 {
@@ -47,7 +63,7 @@ impl<B: Backend> Server<B> {
             SplitK::Off => 1,
             SplitK::Fixed(k) => k.clamp(1, planned),
             SplitK::Auto => {
-                let tasks = rows * self.config.shape.n_kv_heads as usize;
+                let tasks = (rows * self.config.shape.n_kv_heads as usize).max(1);
                 let threads = rayon::current_num_threads();
                 if tasks >= threads {
                     1
@@ -67,21 +83,17 @@ impl<B: Backend> Server<B> {
         logit_rows: usize,
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // Every token is checked before any sequence grows: a refused step changes nothing.
+        self.check_tokens(entries.iter().flat_map(|(_, t)| t.iter().copied()))?;
         let mut slots = Vec::new();
         let mut positions = Vec::new();
         let mut tokens = Vec::new();
         let mut owners = Vec::new();
         for &(id, toks) in entries {
             let start = self.seqs[id.0].as_ref().expect("a live sequence").len;
-            if let Some(&t) = toks
-                .iter()
-                .find(|&&t| u64::from(t) >= self.config.shape.vocab)
-            {
-                return Err(EngineError::Infer(format!(
-                    "token id {t} is beyond the model's vocabulary of {}",
-                    self.config.shape.vocab
-                )));
-            }
             self.grow(id, toks.len(), &mut slots);
             positions.extend((start..start + toks.len()).map(|p| p as u32));
             tokens.extend_from_slice(toks);

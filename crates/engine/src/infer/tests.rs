@@ -184,12 +184,48 @@ fn requests_past_the_context_or_the_pool_are_refused_before_running() {
     assert_eq!(s.seq_len(seq), 0, "nothing ran");
     let bad = s.prefill(seq, &[96], &mut logits).unwrap_err().to_string();
     assert!(bad.contains("vocabulary"), "{bad}");
+    // A bad token anywhere in a step changes no sequence.
+    let (a, b) = (s.new_sequence(), s.new_sequence());
+    s.free(a);
+    s.free(b);
     // A second sequence finds the pool (2 blocks of 16) full.
     s.prefill(seq, &tokens(32, shape.vocab, 1), &mut logits)
         .unwrap();
     let other = s.new_sequence();
     let e = s.prefill(other, &[1], &mut logits).unwrap_err().to_string();
     assert!(e.contains("KV pool"), "{e}");
+}
+
+#[test]
+fn a_refused_step_changes_no_sequence() {
+    let shape = gpt2_tiny();
+    let mut s = server(&shape, WeightFormat::F32, KvFormat::F32, 2, 4);
+    let (a, b) = (s.new_sequence(), s.new_sequence());
+    let mut logits = Vec::new();
+    s.prefill(a, &[1, 2, 3], &mut logits).unwrap();
+    s.prefill(b, &[1, 2], &mut logits).unwrap();
+    let used = s.pool.used();
+    assert!(s.decode(&[a, b], &[1, 96], &mut logits).is_err());
+    assert_eq!((s.seq_len(a), s.seq_len(b), s.pool.used()), (3, 2, used));
+    // A prefill whose second chunk holds a bad token changes nothing either.
+    let mut long = tokens(20, shape.vocab, 1);
+    long[19] = 96;
+    assert!(s.prefill(a, &long, &mut logits).is_err());
+    assert_eq!(s.seq_len(a), 3);
+    s.decode(&[], &[], &mut logits).unwrap();
+    let e = schedule::simulate(
+        &[schedule::Request {
+            prompt: vec![1; 16],
+            max_new: 0,
+        }],
+        1,
+        16,
+        1,
+        32,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("at least one new token"), "{e}");
 }
 
 #[test]

@@ -128,6 +128,34 @@ fn nibble_layouts_match_the_reference_for_every_group_size() {
 }
 
 #[test]
+fn groups_that_straddle_a_128_weight_chunk_take_a_path_that_handles_them() {
+    // Groups of 96 and 192: a VNNI chunk of 128 would span two groups.
+    let (oc, ic) = (5, 384);
+    for group in [96, 192] {
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(3), oc, ic, groups);
+        let w = QWeight::Int4 {
+            codes: &s.u8s,
+            scales: &s.h_scales[..groups],
+            zeros: None,
+            group,
+        };
+        let mut rng = Rng::new(4);
+        let inp: Vec<f32> = (0..ic).map(|_| rng.uniform() as f32).collect();
+        let mut want = vec![0.0f32; oc];
+        reference(&mut want, &inp, &w, 1, ic, oc);
+        let mut got = vec![0.0f32; oc];
+        matmul(&mut got, &inp, &w, 1, ic, oc);
+        for (g, e) in got.iter().zip(&want) {
+            assert!(
+                (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+                "group {group}: {g} vs {e}"
+            );
+        }
+    }
+}
+
+#[test]
 fn nibbles_pack_in_sub_block_order() {
     let codes: Vec<u8> = (0..64).map(|i| (i % 16) as u8).collect();
     let packed = pack_nibbles(&codes);

@@ -87,9 +87,13 @@ pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
     out
 }
 
-/// Runs `f` with this thread's activation scratch.
+/// Runs `f` with this thread's activation scratch (a fresh one if a product nested inside
+/// another on this thread, a rayon task stolen while waiting, holds it).
 pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
-    SCRATCH.with(|s| f(&mut s.borrow_mut()))
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut q) => f(&mut q),
+        Err(_) => f(&mut QActs::default()),
+    })
 }
 
 /// # Safety
@@ -163,7 +167,7 @@ unsafe fn rows_n<const R: usize>(
         let wrow = codes.as_ptr().add(o * ic / 2);
         let srow = scales.as_ptr().add(o * groups) as *const u16;
         for c in 0..chunks {
-            _mm_prefetch::<_MM_HINT_T0>(wrow.add(c * 64 + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wrow.wrapping_add(c * 64 + PREFETCH) as *const i8);
             let w = _mm512_loadu_si512(wrow.add(c * 64) as *const __m512i);
             let lo = _mm512_and_si512(w, mask);
             let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);

@@ -58,15 +58,12 @@ pub(super) fn qlinear(a: &Arena<Cpu>, op: &QLinear) {
     let (n, ic, oc) = (op.n, op.weight.cols, op.weight.rows);
     let inp = a.view::<f32>(op.inp.prefix(n * ic));
     let mut out = a.view_mut::<f32>(op.out.prefix(n * oc));
-    if op.weight.format == WeightFormat::F32 && n > qmatmul::ROWS {
-        // Many rows (a prefill): the f32 GEMM, which reuses each weight across rows in cache.
-        let w = a.view::<f32>(op.weight.codes);
-        kernels::matmul::forward(&mut out, &inp, &w, None, n, ic, oc);
-    } else {
-        with_weight(a, &op.weight, |w| {
-            qmatmul::matmul(&mut out, &inp, w, n, ic, oc)
-        });
-    }
+    // One kernel for every row count, f32 included (not faer's GEMM for long prefills): a row's
+    // sum is then the same in a prefill, a decode or a verification step, which greedy
+    // speculative and batched decoding rely on to match plain decoding token for token.
+    with_weight(a, &op.weight, |w| {
+        qmatmul::matmul(&mut out, &inp, w, n, ic, oc)
+    });
     if let Some(bias) = op.bias {
         let bias = a.view::<f32>(bias);
         for row in out.chunks_exact_mut(oc) {
