@@ -22,6 +22,7 @@ Examples:
   frugal generate --model run1 --prompt \"ROMEO:\" --max-new-tokens 64
   frugal generate --model run1 --prompt \"ROMEO:\" --weights int4 --kv-dtype int8 --json
   frugal generate --model run1 --prompt \"ROMEO:\" --draft small-run --draft-tokens 4
+  frugal generate --model run1 --prompt \"ROMEO:\" --draft run1 --draft-weights int4
   frugal generate --model run1 --prompt \"ROMEO:\" --weights nf4 --save-quantized run1-nf4
   frugal generate --model run1 --prompt \"ROMEO:\" --kv-cache off      (the reference)";
 
@@ -54,6 +55,10 @@ pub struct Args {
     /// A draft model (same tokenizer) for speculative decoding.
     #[arg(long)]
     pub draft: Option<PathBuf>,
+    /// The draft's weight storage (default: as --weights). `--draft` may name the target's own
+    /// folder with `--draft-weights int4`: a quantized copy of the model drafts for itself.
+    #[arg(long)]
+    pub draft_weights: Option<String>,
     /// Tokens the draft proposes per target step.
     #[arg(long, default_value_t = 4)]
     pub draft_tokens: usize,

@@ -22,7 +22,8 @@ const EXAMPLES: &str = "\
 Examples:
   frugal bench serve                                    gpt2-124m, int8, 48 requests
   frugal bench serve --requests 200 --kv-budget 64MiB --max-seqs 32 --json
-  frugal bench serve --model llama-tiny --weights f32 --kv-dtype int8";
+  frugal bench serve --model llama-tiny --weights f32 --kv-dtype int8
+  frugal bench serve --shared-prefix 200                 a common system prompt, cached once";
 
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = EXAMPLES)]
@@ -57,6 +58,10 @@ pub struct Args {
     /// Longest sequence (prompt + output) a request may have; default min(1024, positions).
     #[arg(long)]
     pub context: Option<u64>,
+    /// Tokens of a common prompt (a system prompt) every request starts with: cached once,
+    /// forked by each request, its last partial block copied on first write.
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[arg(long)]
@@ -73,14 +78,21 @@ fn lognormal(rng: &mut data::SplitMix64, mean: f64, sigma: f64, max: u64) -> u64
 }
 
 /// The seeded trace.
+/// The seeded trace (each prompt after the shared prefix, if any).
 pub fn trace(a: &Args, vocab: u64, context: u64) -> Vec<Request> {
     let mut rng = data::SplitMix64::new(a.seed);
+    let prefix: Vec<u32> = (0..a.shared_prefix)
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect();
+    let room = context - a.shared_prefix;
     (0..a.requests)
         .map(|_| {
-            let p = lognormal(&mut rng, a.prompt_mean as f64, 0.6, context / 2);
-            let o = lognormal(&mut rng, a.output_mean as f64, 0.6, context - p);
+            let p = lognormal(&mut rng, a.prompt_mean as f64, 0.6, room / 2);
+            let o = lognormal(&mut rng, a.output_mean as f64, 0.6, room - p);
+            let mut prompt = prefix.clone();
+            prompt.extend((0..p).map(|_| (rng.next_u64() % vocab) as u32));
             Request {
-                prompt: (0..p).map(|_| (rng.next_u64() % vocab) as u32).collect(),
+                prompt,
                 max_new: o as usize,
             }
         })
@@ -101,8 +113,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
     let kv = KvFormat::parse(&a.kv_dtype)?;
     let context = a.context.unwrap_or(1024).min(config.shape.max_positions);
-    if context < 2 {
-        bail!("--context must be at least 2 tokens");
+    if context < 2 + 2 * a.shared_prefix {
+        bail!("--context must be at least 2 tokens past twice --shared-prefix");
     }
     let requests = trace(&a, config.shape.vocab, context);
     let base = ServeSetup::generation(
@@ -134,10 +146,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.kv_block as usize,
         a.max_seqs as usize,
         context as usize,
+        a.shared_prefix as usize,
     )?;
     let mut server = Server::new_in_ram(config, setup)?;
     server.fill_random(a.seed);
-    let r = schedule::run(&mut server, &requests, &Sampling::greedy(), a.seed)?;
+    let prefix = a.shared_prefix as usize;
+    let r = schedule::run(&mut server, &requests, prefix, &Sampling::greedy(), a.seed)?;
     let m = server.measured();
     let planned_peak = server.plan.peak_bytes(Device::Gpu);
     let tps = r.stats.generated_tokens as f64 / r.seconds;
@@ -165,6 +179,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "contiguous_waste_fraction": r.stats.contiguous_waste_fraction(),
             "max_concurrent": r.stats.max_concurrent,
             "planned_max_concurrent": planned.max_concurrent,
+            "shared_prefix": a.shared_prefix,
+            "peak_blocks": r.stats.peak_blocks,
+            "peak_blocks_unshared": r.stats.peak_blocks_unshared,
             "preemptions": r.stats.preemptions,
             "planned_preemptions": planned.preemptions,
             "decode_steps": r.stats.decode_steps,
@@ -193,6 +210,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             100.0 * r.stats.kv_waste_fraction(),
             100.0 * r.stats.contiguous_waste_fraction()
         );
+        if a.shared_prefix > 0 {
+            println!(
+                "shared prompt of {} tokens: at most {} blocks held, {} without sharing",
+                a.shared_prefix, r.stats.peak_blocks, r.stats.peak_blocks_unshared
+            );
+        }
         println!(
             "at most {} sequences at once (planned {}), {} preemptions (planned {}); peak {} bytes (planned {})",
             r.stats.max_concurrent,

@@ -41,6 +41,10 @@ pub struct ScheduleStats {
     /// The same for a contiguous cache that reserves the whole context per running sequence.
     pub contiguous_slots: u64,
     pub generated_tokens: u64,
+    /// The most KV blocks held at once, and what the same sequences would hold without sharing
+    /// the common prompt's blocks.
+    pub peak_blocks: usize,
+    pub peak_blocks_unshared: usize,
 }
 
 impl ScheduleStats {
@@ -92,19 +96,27 @@ impl Schedule {
 /// What the scheduler asks of its executor: a server, or the simulation's block counter.
 trait Exec {
     fn free_blocks(&self) -> usize;
+    /// Caches the common prompt once; later admissions fork it.
+    fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError>;
+    /// A new sequence of `tokens` (forking the shared prompt, when there is one, and running only
+    /// the rest), and its first sampled token.
     fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError>;
     fn decode(&mut self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<u32>, EngineError>;
     fn blocks_needed(&self, seq: SeqId) -> usize;
     fn used_blocks(&self) -> usize;
     fn release(&mut self, seq: SeqId);
+    /// Drops the shared prompt.
+    fn unshare(&mut self);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn drive(
     exec: &mut dyn Exec,
     requests: &[Request],
     block: usize,
     max_seqs: usize,
     context: usize,
+    prefix: usize,
     mut on_token: impl FnMut(usize, usize, u32),
 ) -> Result<ScheduleStats, EngineError> {
     let mut s = Schedule {
@@ -142,13 +154,32 @@ fn drive(
             )));
         }
     }
+    if prefix > 0 {
+        let shared = &requests[0].prompt[..prefix.min(requests[0].prompt.len())];
+        if requests
+            .iter()
+            .any(|r| r.prompt.len() <= prefix || r.prompt[..prefix] != *shared)
+        {
+            return Err(EngineError::Infer(format!(
+                "every prompt must start with the same {prefix} tokens and go on past them"
+            )));
+        }
+        if s.blocks_for(prefix) >= exec.free_blocks() {
+            return Err(EngineError::Infer(
+                "the shared prompt fills the KV pool: raise --kv-budget".into(),
+            ));
+        }
+        exec.share(shared)?;
+    }
+    // Blocks every fork shares whole (the shared prompt's last, partial block is copied).
+    let full_shared = if prefix > 0 { prefix / block } else { 0 };
     let mut stats = ScheduleStats::default();
     let mut running: Vec<(SeqId, Live)> = Vec::new();
     while !s.waiting.is_empty() || !running.is_empty() {
         // Join: FCFS while the batch and the pool (with a block of headroom) have room.
         while running.len() < s.max_seqs {
             let Some(next) = s.waiting.front() else { break };
-            let need = s.blocks_for(next.tokens.len() + 1);
+            let need = s.blocks_for(next.tokens.len() + 1) - full_shared;
             if need > exec.free_blocks() {
                 break;
             }
@@ -186,6 +217,13 @@ fn drive(
             if need <= exec.free_blocks() {
                 break;
             }
+            if running.len() == 1 {
+                return Err(EngineError::Infer(
+                    "one sequence alone needs more KV blocks than the pool holds beside the \
+                     shared prompt: raise --kv-budget"
+                        .into(),
+                ));
+            }
             let (seq, mut live) = running.pop().expect("a running sequence");
             exec.release(seq);
             // Recompute preemption: the generated tokens join the prompt; the last one is fed
@@ -204,8 +242,17 @@ fn drive(
             .collect();
         let next = exec.decode(&seqs, &feed)?;
         stats.decode_steps += 1;
-        let used: usize = running.iter().map(|(_, l)| l.tokens.len()).sum();
+        // Tokens held in distinct slots: the shared prompt's whole blocks count once.
+        let own = |l: &Live| l.tokens.len() - full_shared * s.block;
+        let used: usize = running.iter().map(|(_, l)| own(l)).sum::<usize>()
+            + full_shared * s.block * usize::from(prefix > 0);
         stats.used_slots += used as u64;
+        stats.peak_blocks = stats.peak_blocks.max(exec.used_blocks());
+        let unshared: usize = running
+            .iter()
+            .map(|(_, l)| s.blocks_for(l.tokens.len()))
+            .sum();
+        stats.peak_blocks_unshared = stats.peak_blocks_unshared.max(unshared);
         stats.allocated_slots += (exec.used_blocks() * s.block) as u64;
         stats.contiguous_slots += (running.len() * s.context) as u64;
         for ((_, live), t) in running.iter_mut().zip(next) {
@@ -215,6 +262,7 @@ fn drive(
             stats.generated_tokens += 1;
         }
     }
+    exec.unshare();
     Ok(stats)
 }
 
@@ -223,17 +271,33 @@ struct Real<'a, B: Backend> {
     sampling: Sampling,
     rng: SplitMix64,
     logits: Vec<f32>,
+    /// The shared prompt's sequence and length.
+    root: Option<(SeqId, usize)>,
 }
 
 impl<B: Backend> Exec for Real<'_, B> {
     fn free_blocks(&self) -> usize {
         self.server.free_blocks()
     }
+    fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError> {
+        let root = self.server.new_sequence();
+        self.server.prefill(root, prefix, &mut self.logits)?;
+        self.root = Some((root, prefix.len()));
+        Ok(())
+    }
     fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError> {
-        let seq = self.server.new_sequence();
-        // The last token is fed by the first decode: prefill the rest, sample from the last.
-        self.server.prefill(seq, tokens, &mut self.logits)?;
+        let (seq, rest) = match self.root {
+            Some((root, n)) => (self.server.fork(root), &tokens[n..]),
+            None => (self.server.new_sequence(), tokens),
+        };
+        // The prompt's logits give the first token; the first decode feeds it.
+        self.server.prefill(seq, rest, &mut self.logits)?;
         Ok((seq, pick(&self.logits, &self.sampling, &mut self.rng)))
+    }
+    fn unshare(&mut self) {
+        if let Some((root, _)) = self.root.take() {
+            self.server.free(root);
+        }
     }
     fn decode(&mut self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
         self.server.decode(seqs, tokens, &mut self.logits)?;
@@ -255,10 +319,12 @@ impl<B: Backend> Exec for Real<'_, B> {
     }
 }
 
-/// Serves `requests` (all arriving at once) on `server`, sampling with `sampling`.
+/// Serves `requests` (all arriving at once) on `server`, sampling with `sampling`; the first
+/// `prefix` tokens, common to every prompt, are cached once and shared (0: none).
 pub fn run<B: Backend>(
     server: &mut Server<B>,
     requests: &[Request],
+    prefix: usize,
     sampling: &Sampling,
     seed: u64,
 ) -> Result<ServeReport, EngineError> {
@@ -276,16 +342,25 @@ pub fn run<B: Backend>(
         sampling: *sampling,
         rng: SplitMix64::new(seed),
         logits: Vec::new(),
+        root: None,
     };
-    let stats = drive(&mut exec, requests, block, max_seqs, context, |r, i, t| {
-        let now = t0.elapsed().as_secs_f64();
-        if i == 0 {
-            first[r] = now;
-        }
-        outputs[r].truncate(i);
-        outputs[r].push(t);
-        last[r] = now;
-    })?;
+    let stats = drive(
+        &mut exec,
+        requests,
+        block,
+        max_seqs,
+        context,
+        prefix,
+        |r, i, t| {
+            let now = t0.elapsed().as_secs_f64();
+            if i == 0 {
+                first[r] = now;
+            }
+            outputs[r].truncate(i);
+            outputs[r].push(t);
+            last[r] = now;
+        },
+    )?;
     Ok(ServeReport {
         stats,
         latencies_s: last,
@@ -299,32 +374,67 @@ struct Counted {
     pool: super::pool::BlockPool,
     seqs: Vec<Option<(Vec<u32>, usize)>>,
     block: usize,
+    root: Option<(SeqId, usize)>,
+}
+
+impl Counted {
+    /// The server's growth rule: a block at each boundary, a copy of a shared partial block.
+    fn grow(&mut self, seq: SeqId, n: usize) {
+        let (blocks, len) = self.seqs[seq.0].as_mut().expect("a live sequence");
+        for p in *len..*len + n {
+            if p % self.block == 0 {
+                blocks.push(self.pool.alloc().expect("room checked"));
+            } else {
+                let last = blocks.len() - 1;
+                if self.pool.is_shared(blocks[last]) {
+                    let new = self.pool.alloc().expect("room checked");
+                    self.pool.release(blocks[last]);
+                    blocks[last] = new;
+                }
+            }
+        }
+        *len += n;
+    }
+
+    fn new_seq(&mut self) -> SeqId {
+        self.seqs.push(Some((Vec::new(), 0)));
+        SeqId(self.seqs.len() - 1)
+    }
 }
 
 impl Exec for Counted {
     fn free_blocks(&self) -> usize {
         self.pool.free_count()
     }
+    fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError> {
+        let root = self.new_seq();
+        self.grow(root, prefix.len());
+        self.root = Some((root, prefix.len()));
+        Ok(())
+    }
     fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError> {
-        let blocks = (0..tokens.len().div_ceil(self.block))
-            .map(|_| self.pool.alloc().expect("admission checked"))
-            .collect();
-        self.seqs.push(Some((blocks, tokens.len())));
-        Ok((SeqId(self.seqs.len() - 1), 0))
+        let (seq, rest) = match self.root {
+            Some((root, n)) => {
+                let shared = self.seqs[root.0].clone().expect("the shared prompt");
+                shared.0.iter().for_each(|&b| self.pool.retain(b));
+                self.seqs.push(Some(shared));
+                (SeqId(self.seqs.len() - 1), tokens.len() - n)
+            }
+            None => (self.new_seq(), tokens.len()),
+        };
+        self.grow(seq, rest);
+        Ok((seq, 0))
     }
     fn decode(&mut self, seqs: &[SeqId], _tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
-        for s in seqs {
-            let (blocks, len) = self.seqs[s.0].as_mut().expect("a live sequence");
-            if *len % self.block == 0 {
-                blocks.push(self.pool.alloc().expect("room checked"));
-            }
-            *len += 1;
+        for &s in seqs {
+            self.grow(s, 1);
         }
         Ok(vec![0; seqs.len()])
     }
     fn blocks_needed(&self, seq: SeqId) -> usize {
-        let (_, len) = self.seqs[seq.0].as_ref().expect("a live sequence");
-        usize::from(len % self.block == 0)
+        let (blocks, len) = self.seqs[seq.0].as_ref().expect("a live sequence");
+        let cow = *len % self.block != 0 && self.pool.is_shared(*blocks.last().expect("a block"));
+        usize::from(*len % self.block == 0 || cow)
     }
     fn used_blocks(&self) -> usize {
         self.pool.used()
@@ -332,6 +442,11 @@ impl Exec for Counted {
     fn release(&mut self, seq: SeqId) {
         if let Some((blocks, _)) = self.seqs[seq.0].take() {
             blocks.into_iter().for_each(|b| self.pool.release(b));
+        }
+    }
+    fn unshare(&mut self) {
+        if let Some((root, _)) = self.root.take() {
+            self.release(root);
         }
     }
 }
@@ -343,11 +458,21 @@ pub fn simulate(
     block: usize,
     max_seqs: usize,
     context: usize,
+    prefix: usize,
 ) -> Result<ScheduleStats, EngineError> {
     let mut exec = Counted {
         pool: super::pool::BlockPool::new(kv_blocks),
         seqs: Vec::new(),
         block,
+        root: None,
     };
-    drive(&mut exec, requests, block, max_seqs, context, |_, _, _| {})
+    drive(
+        &mut exec,
+        requests,
+        block,
+        max_seqs,
+        context,
+        prefix,
+        |_, _, _| {},
+    )
 }

@@ -222,6 +222,7 @@ fn a_refused_step_changes_no_sequence() {
         16,
         1,
         32,
+        0,
     )
     .unwrap_err()
     .to_string();
@@ -306,8 +307,8 @@ fn batched_continuous_serving_gives_each_request_its_own_greedy_output() {
     let mut s = Server::new(config, setup).unwrap();
     s.load_units(&r.unit_values()).unwrap();
     s.split_k = SplitK::Off;
-    let report = schedule::run(&mut s, &requests, &sample::Sampling::greedy(), 0).unwrap();
-    let planned = schedule::simulate(&requests, 6, 4, 3, 32).unwrap();
+    let report = schedule::run(&mut s, &requests, 0, &sample::Sampling::greedy(), 0).unwrap();
+    let planned = schedule::simulate(&requests, 6, 4, 3, 32, 0).unwrap();
     assert_eq!(
         report.stats, planned,
         "the run follows the planned schedule"
@@ -432,5 +433,56 @@ fn sampled_speculative_decoding_draws_from_the_target_distribution() {
     assert!(
         rate > 0.0 && rate < 1.0,
         "a different draft is sometimes rejected: {rate}"
+    );
+}
+
+#[test]
+fn a_shared_prompt_is_cached_once_and_forks_give_each_request_its_own_output() {
+    let shape = gpt2_tiny();
+    let r = reference(&shape, 9);
+    let system = tokens(10, shape.vocab, 77);
+    let requests: Vec<schedule::Request> = (0..5)
+        .map(|i| schedule::Request {
+            prompt: [system.clone(), tokens(1 + i % 3, shape.vocab, i as u64)].concat(),
+            max_new: 4 + i,
+        })
+        .collect();
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let setup = ServeSetup {
+        kv_blocks: 12,
+        ..ServeSetup::generation(&shape, 5, 32, WeightFormat::F32, KvFormat::F32, 4, 1)
+    };
+    let mut s = Server::new(config, setup).unwrap();
+    s.load_units(&r.unit_values()).unwrap();
+    s.split_k = SplitK::Off;
+    let shared = schedule::run(&mut s, &requests, 10, &sample::Sampling::greedy(), 0).unwrap();
+    assert_eq!(
+        s.free_blocks(),
+        12,
+        "every block returned, the shared prompt's too"
+    );
+    let planned = schedule::simulate(&requests, 12, 4, 5, 32, 10).unwrap();
+    assert_eq!(
+        shared.stats, planned,
+        "the run follows the planned schedule"
+    );
+    assert!(
+        shared.stats.peak_blocks < shared.stats.peak_blocks_unshared,
+        "sharing holds fewer blocks: {} vs {}",
+        shared.stats.peak_blocks,
+        shared.stats.peak_blocks_unshared
+    );
+    let alone = schedule::run(&mut s, &requests, 0, &sample::Sampling::greedy(), 0).unwrap();
+    assert_eq!(
+        shared.outputs, alone.outputs,
+        "forks decode as whole prompts do"
+    );
+    let bad = [schedule::Request {
+        prompt: vec![1, 2],
+        max_new: 1,
+    }];
+    assert!(
+        schedule::simulate(&bad, 12, 4, 5, 32, 10).is_err(),
+        "a prompt shorter than the prefix"
     );
 }
