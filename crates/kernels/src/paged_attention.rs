@@ -243,7 +243,9 @@ pub fn attend(
                 std::slice::from_raw_parts_mut(dst.get().add((r * nh + h * g) * hd), g * hd)
             };
             let mut ml = [0.0f32; 2 * MAX_GROUP];
-            run_range(&args, r, h, 0..rows[r].len, acc, &mut ml);
+            with_scratch(2 * g * hd, |sc| {
+                run_range(&args, r, h, 0..rows[r].len, acc, &mut ml, sc)
+            });
             for (gi, a) in acc.chunks_exact_mut(hd).enumerate() {
                 let inv = if ml[MAX_GROUP + gi] > 0.0 {
                     1.0 / ml[MAX_GROUP + gi]
@@ -267,7 +269,9 @@ pub fn attend(
             let (p0, p1) = (len * s / splits, len * (s + 1) / splits);
             let (ml_out, acc) = part.split_at_mut(2 * g);
             let mut ml = [0.0f32; 2 * MAX_GROUP];
-            run_range(&args, r, h, p0..p1, acc, &mut ml);
+            with_scratch(2 * g * hd, |sc| {
+                run_range(&args, r, h, p0..p1, acc, &mut ml, sc)
+            });
             ml_out[..g].copy_from_slice(&ml[..g]);
             ml_out[g..].copy_from_slice(&ml[MAX_GROUP..MAX_GROUP + g]);
         });
@@ -311,7 +315,7 @@ struct Task<'a> {
 simd_fn! {
     /// Online softmax of row r's head group h over positions `range`: unnormalised accumulators
     /// in `acc` (G·HD), running maxima in `ml[..G]` and sums in `ml[MAX_GROUP..]`.
-    fn run_range(t: &Task, r: usize, h: usize, range: std::ops::Range<usize>, acc: &mut [f32], ml: &mut [f32; 2 * MAX_GROUP]) = range_body;
+    fn run_range(t: &Task, r: usize, h: usize, range: std::ops::Range<usize>, acc: &mut [f32], ml: &mut [f32; 2 * MAX_GROUP], scratch: &mut [f32]) = range_body;
 }
 
 /// Positions per tile of the online softmax: scores for a tile, one rescale per tile.
@@ -336,6 +340,29 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
+thread_local! {
+    /// A task's tile accumulator and compensation terms (G·HD each), grown once per thread.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` floats of this thread's scratch (a fresh buffer when it is in use).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, 0.0);
+            }
+            f(&mut v[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
+/// The online softmax over `range` in tiles of [`TILE`] positions: each tile's Σ p·v is summed
+/// fresh, then added to the running accumulator with Kahan compensation (and the sums of p in
+/// f64), so 32k positions lose no more than a few ulps whatever the split.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn range_body<const FMA: bool>(
     t: &Task,
     r: usize,
@@ -343,6 +370,7 @@ fn range_body<const FMA: bool>(
     range: std::ops::Range<usize>,
     acc: &mut [f32],
     ml: &mut [f32; 2 * MAX_GROUP],
+    scratch: &mut [f32],
 ) {
     let s = t.shape;
     let (hd, g, nkv, blk) = (s.head_dim, s.group(), s.n_kv_heads, s.block);
@@ -350,9 +378,10 @@ fn range_body<const FMA: bool>(
     let q = &t.q[r * t.q_width + h * g * hd..][..g * hd];
     let table = t.rows[r].blocks;
     acc.fill(0.0);
-    let (m, l) = ml.split_at_mut(MAX_GROUP);
-    m[..g].fill(f32::NEG_INFINITY);
-    l[..g].fill(0.0);
+    let (tile_acc, comp) = scratch.split_at_mut(g * hd);
+    comp.fill(0.0);
+    let mut m = [f32::NEG_INFINITY; MAX_GROUP];
+    let mut l = [0.0f64; MAX_GROUP];
     let mut buf = [0.0f32; MAX_HEAD_DIM];
     // Scores, then probabilities, of one tile for every head of the group.
     let mut sc = [0.0f32; MAX_GROUP * TILE];
@@ -372,28 +401,40 @@ fn range_body<const FMA: bool>(
             let new_max = m[gi].max(tile_max);
             let corr = exp_with::<FMA>(m[gi] - new_max);
             m[gi] = new_max;
-            let mut sum = 0.0f32;
+            let mut sum = 0.0f64;
             for x in row.iter_mut() {
                 *x = exp_with::<FMA>(*x - new_max);
-                sum += *x;
+                sum += f64::from(*x);
             }
-            l[gi] = l[gi] * corr + sum;
+            l[gi] = l[gi] * f64::from(corr) + sum;
             if corr != 1.0 {
-                acc[gi * hd..(gi + 1) * hd]
-                    .iter_mut()
-                    .for_each(|a| *a *= corr);
+                let span = gi * hd..(gi + 1) * hd;
+                acc[span.clone()].iter_mut().for_each(|a| *a *= corr);
+                comp[span].iter_mut().for_each(|c| *c *= corr);
             }
         }
+        tile_acc.fill(0.0);
         for i in 0..n {
             let value = t.v.row(at(start + i), hd, &mut buf);
             for gi in 0..g {
                 let p = sc[gi * TILE + i];
-                for (a, x) in acc[gi * hd..(gi + 1) * hd].iter_mut().zip(value) {
+                for (a, x) in tile_acc[gi * hd..(gi + 1) * hd].iter_mut().zip(value) {
                     *a = mul_add::<FMA>(p, *x, *a);
                 }
             }
         }
+        // Kahan: acc += tile_acc, carrying each addition's rounding error in comp.
+        for ((a, c), x) in acc.iter_mut().zip(comp.iter_mut()).zip(tile_acc.iter()) {
+            let y = x - *c;
+            let sum = *a + y;
+            *c = (sum - *a) - y;
+            *a = sum;
+        }
         start += n;
+    }
+    ml[..g].copy_from_slice(&m[..g]);
+    for gi in 0..g {
+        ml[MAX_GROUP + gi] = l[gi] as f32;
     }
 }
 
