@@ -339,7 +339,6 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-#[inline(always)]
 thread_local! {
     /// A task's tile accumulator and compensation terms (G·HD each), grown once per thread.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
