@@ -278,17 +278,18 @@ pub fn matmul_on(
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);
                     vnni::quantize(q, &inp[r0 * ic..(r0 + rows) * ic], rows, ic, group);
-                    let dst = SyncPtr(out[r0 * oc..(r0 + rows) * oc].as_mut_ptr());
                     let q = &*q;
-                    (0..oc.div_ceil(chunk)).into_par_iter().for_each(|t| {
-                        let (o0, o1) = (t * chunk, oc.min(t * chunk + chunk));
-                        // SAFETY: task t writes only columns o0..o1 of the `rows` output rows;
-                        // the CPU has AVX-512 VNNI (checked above) and IC is whole chunks.
-                        unsafe {
-                            let out = std::slice::from_raw_parts_mut(dst.get(), rows * oc);
-                            vnni::rows(out, q, codes, scales, zeros, group, rows, ic, oc, o0..o1);
-                        }
-                    });
+                    by_columns(
+                        &mut out[r0 * oc..(r0 + rows) * oc],
+                        oc,
+                        chunk,
+                        |out, range| {
+                            // SAFETY: the CPU has AVX-512 VNNI (checked above); IC is whole chunks.
+                            unsafe {
+                                vnni::rows(out, q, codes, scales, zeros, group, rows, ic, oc, range)
+                            }
+                        },
+                    );
                 }
             });
         }
@@ -301,16 +302,32 @@ pub fn matmul_on(
     for r0 in (0..n).step_by(ROWS) {
         let rows = ROWS.min(n - r0);
         let a = &inp[r0 * ic..(r0 + rows) * ic];
-        let dst = SyncPtr(out[r0 * oc..(r0 + rows) * oc].as_mut_ptr());
-        (0..oc.div_ceil(chunk)).into_par_iter().for_each(|t| {
-            let o0 = t * chunk;
-            let o1 = oc.min(o0 + chunk);
-            // SAFETY: task t writes only columns o0..o1 of the `rows` output rows, disjoint
-            // from every other task's; `out` outlives the parallel loop.
-            let out = unsafe { std::slice::from_raw_parts_mut(dst.get(), rows * oc) };
-            run_rows(isa, out, a, w, rows, ic, oc, o0..o1);
-        });
+        by_columns(
+            &mut out[r0 * oc..(r0 + rows) * oc],
+            oc,
+            chunk,
+            |out, range| run_rows(isa, out, a, w, rows, ic, oc, range),
+        );
     }
+}
+
+/// Runs `f(out, columns)` over `out` (rows of `oc`) in rayon tasks of `chunk` columns each; a
+/// task writes only its columns of every row.
+fn by_columns(
+    out: &mut [f32],
+    oc: usize,
+    chunk: usize,
+    f: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync,
+) {
+    let len = out.len();
+    let dst = SyncPtr(out.as_mut_ptr());
+    (0..oc.div_ceil(chunk)).into_par_iter().for_each(|t| {
+        let (o0, o1) = (t * chunk, oc.min(t * chunk + chunk));
+        // SAFETY: task t writes only columns o0..o1 of each row, disjoint from every other
+        // task's; `out` outlives the parallel loop.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.get(), len) };
+        f(out, o0..o1);
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
