@@ -156,28 +156,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.save_quantized {
         save_quantized(&server, dir)?;
     }
-    let t0 = Instant::now();
-    let (tokens, prefill_s, acceptance) = match &args.draft {
+    // The draft is loaded (and quantized) before the clock starts.
+    let mut draft = match &args.draft {
         Some(d) => {
             let draft_src = Source::open(d).with_context(|| format!("--draft {}", d.display()))?;
+            let format = weight_format(
+                args.draft_weights.as_deref().or(args.weights.as_deref()),
+                args.weight_group,
+                draft_src.stored_format(),
+            )
+            .with_context(|| format!("--draft {}", d.display()))?;
             let dsetup = ServeSetup::generation(
                 &draft_src.config.shape,
                 1,
                 context as u64,
-                weight_format(
-                    args.weights.as_deref(),
-                    args.weight_group,
-                    draft_src.stored_format(),
-                )?,
+                format,
                 kv,
                 args.kv_block,
                 1,
             );
-            let mut draft = draft_src.server(dsetup)?;
+            let draft = draft_src.server(dsetup)?;
             spec::check_pair(&server, &draft)?;
+            Some(draft)
+        }
+        None => None,
+    };
+    let t0 = Instant::now();
+    let (tokens, prefill_s, acceptance) = match &mut draft {
+        Some(draft) => {
             let (out, stats) = spec::generate(
                 &mut server,
-                &mut draft,
+                draft,
                 &prompt,
                 args.max_new_tokens,
                 args.draft_tokens,

@@ -37,6 +37,12 @@ impl Source {
             let (header, _) = file::read_header(&qfile)?;
             let config = header.model_config(&qfile)?;
             let format = header.format()?;
+            if format == WeightFormat::F32 {
+                // fp32 values: read them as units, so any --weights format can be packed.
+                let units = plan::frugal::param_units(&config.shape, 1)?;
+                let weights = Weights::Units(file::read_f32_units(&qfile, &units)?);
+                return Ok(Source { config, weights });
+            }
             return Ok(Source {
                 config,
                 weights: Weights::Quantized(qfile, format),

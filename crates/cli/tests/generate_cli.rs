@@ -156,6 +156,49 @@ fn bad_inference_input_is_refused_naming_what_is_wrong() {
         frugal(&a)
     };
     fails_with(&gen(&["--kv-dtype", "int2"]), "not a KV format");
+    // fp32 weights saved in the quantized file are values: any format packs from them, and a
+    // quantized copy may draft for its own model.
+    let f32_dir = dir.join("f32").display().to_string();
+    let r = frugal(&[
+        "bench",
+        "generate",
+        "--model",
+        "gpt2-tiny",
+        "--weights",
+        "f32",
+        "--prompt-len",
+        "2",
+        "--new-tokens",
+        "1",
+        "--save",
+        &f32_dir,
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let plain = json(&frugal(&[
+        "generate",
+        "--model",
+        &f32_dir,
+        "--max-new-tokens",
+        "6",
+        "--json",
+    ]));
+    let spec = json(&frugal(&[
+        "generate",
+        "--model",
+        &f32_dir,
+        "--max-new-tokens",
+        "6",
+        "--draft",
+        &f32_dir,
+        "--draft-weights",
+        "int8",
+        "--json",
+    ]));
+    assert_eq!(
+        plain["tokens"], spec["tokens"],
+        "greedy speculative = plain"
+    );
+    assert_eq!(spec["weights"], "f32");
     fails_with(&gen(&["--weights", "int4"]), "stored as int8");
     let long: String = "to be or not to be ".repeat(60);
     fails_with(

@@ -254,3 +254,69 @@ fn read_tensors<B: Backend>(
     }
     Ok(())
 }
+
+/// The fp32 units (each unit's flat elements, in view order) of a file that stores f32 weights:
+/// what a server quantizes to another format.
+pub fn read_f32_units(
+    path: &Path,
+    units: &[plan::frugal::Unit],
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let (header, offset) = read_header(path)?;
+    if header.format()? != WeightFormat::F32 {
+        return Err(bad(
+            path,
+            format!("holds {} weights, not f32", header.weights),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(io(path, "reading"))?;
+    let mut at = offset as usize;
+    let mut tensors = std::collections::HashMap::new();
+    for t in &header.tensors {
+        let data = &bytes[at..at + t.bytes as usize];
+        if crc32fast::hash(data) != t.crc32 {
+            return Err(bad(
+                path,
+                format!(
+                    "tensor {}'s checksum does not match: the file is damaged",
+                    t.name
+                ),
+            ));
+        }
+        tensors.insert(t.name.clone(), data);
+        at += t.bytes as usize;
+    }
+    let floats = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let mut out = Vec::with_capacity(units.len());
+    for unit in units {
+        let mut values = Vec::with_capacity(unit.numel as usize);
+        let vectors_key = plan::frugal::Key::Vectors(unit.kind).to_string();
+        let vectors = tensors
+            .get(&vectors_key)
+            .map(|b| floats(b))
+            .unwrap_or_default();
+        let mut vec_at = 0;
+        for v in &unit.views {
+            let n = v.numel() as usize;
+            if plan::frugal::serve::is_matrix(v.role) {
+                let key = plan::frugal::Key::QWeight(unit.kind, v.role).to_string();
+                let b = tensors
+                    .get(&key)
+                    .filter(|b| b.len() == 4 * n)
+                    .ok_or_else(|| bad(path, format!("no f32 tensor {key} of {n} values")))?;
+                values.extend(floats(b));
+            } else {
+                if vec_at + n > vectors.len() {
+                    return Err(bad(path, format!("{vectors_key} is too short")));
+                }
+                values.extend_from_slice(&vectors[vec_at..vec_at + n]);
+                vec_at += n;
+            }
+        }
+        out.push(values);
+    }
+    Ok(out)
+}
