@@ -126,3 +126,57 @@ fn gpt2_matches_pytorch() {
 fn llama_matches_pytorch() {
     run("golden_llama.safetensors");
 }
+
+/// The inference engine against the same HF logits: each row prefilled halfway (every
+/// position's logits kept), then decoded token by token from its KV cache, at f32 weights and KV.
+fn inference(file: &str) {
+    use engine::infer::Server;
+    use plan::frugal::{ForwardSetup, KvFormat, ServeSetup, WeightFormat};
+    let g = Golden::load(file);
+    let model = ModelConfig::from_hf_json(&g.meta["config"], file).unwrap();
+    let (batch, seq): (usize, usize) = (
+        g.meta["batch"].parse().unwrap(),
+        g.meta["seq"].parse().unwrap(),
+    );
+    let fwd = ForwardSetup {
+        batch: 1,
+        seq: seq as u64,
+        attention: plan::setup::Attention::Flash,
+    };
+    let runner = engine::Runner::new(model.clone(), fwd).unwrap();
+    load_prefixed(&runner.model, &runner.arena, &g.bytes, file, "weights.").unwrap();
+    let v = model.shape.vocab as usize;
+    let setup = ServeSetup {
+        prefill_chunk: seq as u64,
+        prefill_logit_rows: seq as u64,
+        ..ServeSetup::generation(&model.shape, 1, seq as u64, WeightFormat::F32, KvFormat::F32, 4, 1)
+    };
+    let mut server = Server::new(model, setup).unwrap();
+    server.load_units(&runner.unit_values()).unwrap();
+    let (x, want) = (g.u32s("input.tokens"), g.f32s("logits"));
+    let half = seq / 2;
+    let mut logits = Vec::new();
+    for b in 0..batch {
+        let row = &x[b * seq..(b + 1) * seq];
+        let s = server.new_sequence();
+        server.prefill_rows(s, &row[..half], half, &mut logits).unwrap();
+        let expect = &want[b * seq * v..(b * seq + half) * v];
+        assert_close(&format!("{file}: prefill row {b}"), &logits, expect, 1e-4);
+        for (t, &tok) in row.iter().enumerate().skip(half) {
+            server.decode(&[s], &[tok], &mut logits).unwrap();
+            let expect = &want[(b * seq + t) * v..(b * seq + t + 1) * v];
+            assert_close(&format!("{file}: decode row {b} position {t}"), &logits, expect, 1e-4);
+        }
+        server.free(s);
+    }
+}
+
+#[test]
+fn gpt2_inference_with_a_kv_cache_matches_hf_logits() {
+    inference("golden_gpt2.safetensors");
+}
+
+#[test]
+fn llama_inference_with_a_kv_cache_matches_hf_logits() {
+    inference("golden_llama.safetensors");
+}
