@@ -341,6 +341,7 @@ fn report(
             "weight_group": server.setup.weights.group(),
             "kv_dtype": server.setup.kv.name(),
             "prompt_tokens": prompt.len(),
+            "prompt_token_ids": prompt,
             "prefill_tokens_per_s": prefill_tps,
             "decode_tokens_per_s": decode_tps,
             "planned": per_device(planned, planned_peak),

@@ -149,7 +149,15 @@ fn inference(file: &str) {
     let setup = ServeSetup {
         prefill_chunk: seq as u64,
         prefill_logit_rows: seq as u64,
-        ..ServeSetup::generation(&model.shape, 1, seq as u64, WeightFormat::F32, KvFormat::F32, 4, 1)
+        ..ServeSetup::generation(
+            &model.shape,
+            1,
+            seq as u64,
+            WeightFormat::F32,
+            KvFormat::F32,
+            4,
+            1,
+        )
     };
     let mut server = Server::new(model, setup).unwrap();
     server.load_units(&runner.unit_values()).unwrap();
@@ -159,13 +167,20 @@ fn inference(file: &str) {
     for b in 0..batch {
         let row = &x[b * seq..(b + 1) * seq];
         let s = server.new_sequence();
-        server.prefill_rows(s, &row[..half], half, &mut logits).unwrap();
+        server
+            .prefill_rows(s, &row[..half], half, &mut logits)
+            .unwrap();
         let expect = &want[b * seq * v..(b * seq + half) * v];
         assert_close(&format!("{file}: prefill row {b}"), &logits, expect, 1e-4);
         for (t, &tok) in row.iter().enumerate().skip(half) {
             server.decode(&[s], &[tok], &mut logits).unwrap();
             let expect = &want[(b * seq + t) * v..(b * seq + t + 1) * v];
-            assert_close(&format!("{file}: decode row {b} position {t}"), &logits, expect, 1e-4);
+            assert_close(
+                &format!("{file}: decode row {b} position {t}"),
+                &logits,
+                expect,
+                1e-4,
+            );
         }
         server.free(s);
     }

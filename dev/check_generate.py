@@ -1,0 +1,53 @@
+"""Greedy generation from a Hugging Face folder: frugal's inference engine (`frugal generate`, KV
+cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2 and Llama
+(GQA), saved with `save_pretrained`. Prints one JSON line per family with both token lists and
+whether they are identical.
+
+Example: python3 dev/check_generate.py --frugal target/release/frugal --tokens 24
+"""
+
+import argparse
+import json
+import subprocess
+import tempfile
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--frugal", default="target/release/frugal")
+    p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--prompt", default="ROMEO: But soft, what light")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    models = {
+        "gpt2": GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                           vocab_size=50257, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)),
+        "llama": LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=128, vocab_size=50304,
+                                              tie_word_embeddings=False)),
+    }
+    for name, model in models.items():
+        model.eval()
+        with tempfile.TemporaryDirectory() as d:
+            model.save_pretrained(d, safe_serialization=True)
+            out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
+                                  "--max-new-tokens", str(a.tokens), "--json"],
+                                 capture_output=True, text=True, check=True)
+            ours = json.loads(out.stdout)
+            # frugal's GPT-2 tokenization of the prompt (HF's tokenizer files are not needed).
+            prompt = ours["prompt_token_ids"]
+            with torch.inference_mode():
+                x = torch.tensor([prompt])
+                y = model.generate(x, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
+                                   do_sample=False, pad_token_id=0, eos_token_id=None)
+            theirs = y[0, len(prompt):].tolist()
+            print(json.dumps({"family": name, "identical": ours["tokens"] == theirs,
+                              "frugal": ours["tokens"], "hf": theirs}))
+
+
+if __name__ == "__main__":
+    main()
