@@ -15,9 +15,10 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
-/// One call's activations in the kernel's order: per row, 128-value chunks as 64 low-half bytes
-/// (values 0..16 of each of 4 sub-blocks) then 64 high-half bytes (values 16..32); per chunk the
-/// 16 lanes' activation scales (lane k: sub-block k/4); per group the scaled sum of codes.
+/// One call's activations in the kernel's order, chunk-major so a chunk's rows sit at fixed
+/// offsets from one pointer: for each 128-value chunk and each row, 64 low-half bytes (values
+/// 0..16 of each of 4 sub-blocks) then 64 high-half bytes (values 16..32), and the 16 lanes'
+/// activation scales (lane k: sub-block k/4); per row and group the scaled sum of codes.
 #[derive(Default)]
 pub(super) struct QActs {
     pub codes: Vec<i8>,
@@ -44,7 +45,7 @@ pub(super) fn quantize(q: &mut QActs, a: &[f32], rows: usize, ic: usize, group: 
             let d = amax / 127.0;
             let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
             let (c, j) = (s / 4, s % 4);
-            let base = r * ic + c * 128;
+            let base = (c * rows + r) * 128;
             let mut sum = 0i32;
             for (i, v) in x.iter().enumerate() {
                 let code = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
@@ -57,7 +58,7 @@ pub(super) fn quantize(q: &mut QActs, a: &[f32], rows: usize, ic: usize, group: 
                 q.codes[base + at] = code;
             }
             for k in 0..4 {
-                q.lane_scales[(r * chunks + c) * 16 + j * 4 + k] = d;
+                q.lane_scales[(c * rows + r) * 16 + j * 4 + k] = d;
             }
             q.group_sums[r * (ic / group) + s * 32 / group] += d * sum as f32;
         }
@@ -68,19 +69,18 @@ pub(super) fn quantize(q: &mut QActs, a: &[f32], rows: usize, ic: usize, group: 
 pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
     let mut q = QActs::default();
     quantize(&mut q, a, rows, ic, 128);
-    let chunks = ic / 128;
     let mut out = vec![0.0f32; rows * ic];
     for r in 0..rows {
         for s in 0..ic / 32 {
             let (c, j) = (s / 4, s % 4);
-            let d = q.lane_scales[(r * chunks + c) * 16 + j * 4];
+            let d = q.lane_scales[(c * rows + r) * 16 + j * 4];
             for i in 0..32 {
                 let at = if i < 16 {
                     j * 16 + i
                 } else {
                     64 + j * 16 + i - 16
                 };
-                out[r * ic + s * 32 + i] = d * f32::from(q.codes[r * ic + c * 128 + at]);
+                out[r * ic + s * 32 + i] = d * f32::from(q.codes[(c * rows + r) * 128 + at]);
             }
         }
     }
@@ -151,6 +151,31 @@ unsafe fn rows_n<const R: usize>(
     range: Range<usize>,
 ) {
     assert!(R <= ROWS);
+    // From 4 activation rows on, two output rows at a time: each activation vector loaded
+    // serves both (at 8 rows the activations outgrow L1, and their reloads, not the arithmetic,
+    // set the pace). Fewer rows stream one weight row at a time, which the prefetcher prefers.
+    let mut o = range.start;
+    while R >= 4 && o + 2 <= range.end {
+        outputs::<R, 2>(out, q, w, ic, oc, o);
+        o += 2;
+    }
+    while o < range.end {
+        outputs::<R, 1>(out, q, w, ic, oc, o);
+        o += 1;
+    }
+}
+
+/// Output rows `o0 .. o0 + O` for the `R` activation rows. Each output's sum runs in the same
+/// order whatever `O` and `R`.
+#[inline(always)]
+unsafe fn outputs<const R: usize, const O: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Int4,
+    ic: usize,
+    oc: usize,
+    o0: usize,
+) {
     let (codes, scales, zeros, group) = (w.codes, w.scales, w.zeros, w.group);
     let chunks = ic / 128;
     let groups = ic / group;
@@ -162,21 +187,25 @@ unsafe fn rows_n<const R: usize>(
         _ => _mm512_setzero_si512(),
     };
     let per_chunk = 128 / group.min(128);
-    for o in range {
-        let mut acc = [_mm512_setzero_ps(); R];
-        let wrow = codes.as_ptr().add(o * ic / 2);
-        let srow = scales.as_ptr().add(o * groups) as *const u16;
-        for c in 0..chunks {
-            _mm_prefetch::<_MM_HINT_T0>(wrow.wrapping_add(c * 64 + PREFETCH) as *const i8);
-            let w = _mm512_loadu_si512(wrow.add(c * 64) as *const __m512i);
-            let lo = _mm512_and_si512(w, mask);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
-            let wd = if group >= 128 {
+    let mut acc = [[_mm512_setzero_ps(); R]; O];
+    let wrow: [*const u8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
+    let srow: [*const u16; O] =
+        std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
+    for c in 0..chunks {
+        let mut lo = [_mm512_setzero_si512(); O];
+        let mut hi = [_mm512_setzero_si512(); O];
+        let mut wd = [_mm512_setzero_ps(); O];
+        for j in 0..O {
+            _mm_prefetch::<_MM_HINT_T0>(wrow[j].wrapping_add(c * 64 + PREFETCH) as *const i8);
+            let v = _mm512_loadu_si512(wrow[j].add(c * 64) as *const __m512i);
+            lo[j] = _mm512_and_si512(v, mask);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            wd[j] = if group >= 128 {
                 let g = c * 128 / group;
-                let h = _mm_cvtsi32_si128(i32::from(*srow.add(g)));
+                let h = _mm_cvtsi32_si128(i32::from(*srow[j].add(g)));
                 _mm512_broadcastss_ps(_mm_cvtph_ps(h))
             } else {
-                let sp = srow.add(c * per_chunk);
+                let sp = srow[j].add(c * per_chunk);
                 let h = if per_chunk == 4 {
                     _mm_loadl_epi64(sp as *const __m128i)
                 } else {
@@ -184,20 +213,27 @@ unsafe fn rows_n<const R: usize>(
                 };
                 _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)))
             };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a = q.codes.as_ptr().add(r * ic + c * 128) as *const __m512i;
-                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a));
-                let p = _mm512_dpbusd_epi32(p, hi, _mm512_loadu_si512(a.add(1)));
-                let da = _mm512_loadu_ps(q.lane_scales.as_ptr().add((r * chunks + c) * 16));
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, wd), *acc);
+        }
+        for r in 0..R {
+            let a = q.codes.as_ptr().add((c * R + r) * 128) as *const __m512i;
+            let (a_lo, a_hi) = (_mm512_loadu_si512(a), _mm512_loadu_si512(a.add(1)));
+            let da = _mm512_loadu_ps(q.lane_scales.as_ptr().add((c * R + r) * 16));
+            for j in 0..O {
+                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[j], a_lo);
+                let p = _mm512_dpbusd_epi32(p, hi[j], a_hi);
+                acc[j][r] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(da, wd[j]), acc[j][r]);
             }
         }
-        for (r, acc) in acc.iter().enumerate() {
+    }
+    for j in 0..O {
+        let o = o0 + j;
+        for (r, acc) in acc[j].iter().enumerate() {
             let sums = q.group_sums.as_ptr().add(r * groups);
             let mut share = _mm512_setzero_ps();
             let body = groups / 16 * 16;
             for g in (0..body).step_by(16) {
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(srow.add(g) as *const __m256i));
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(srow[j].add(g) as *const __m256i));
                 let z = match zeros {
                     Some(z) => _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
                         z.as_ptr().add(o * groups + g) as *const __m128i,
@@ -209,7 +245,7 @@ unsafe fn rows_n<const R: usize>(
             let mut zero_share = _mm512_reduce_add_ps(share);
             for g in body..groups {
                 let z = zeros.map_or(8, |z| z[o * groups + g]) as f32;
-                zero_share += half::f16::from_bits(*srow.add(g)).to_f32() * z * *sums.add(g);
+                zero_share += half::f16::from_bits(*srow[j].add(g)).to_f32() * z * *sums.add(g);
             }
             out[r * oc + o] = _mm512_reduce_add_ps(*acc) - zero_share;
         }
