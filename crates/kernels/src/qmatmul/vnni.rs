@@ -167,6 +167,7 @@ unsafe fn rows_n<const R: usize>(
 
 /// Output rows `o0 .. o0 + O` for the `R` activation rows. Each output's sum runs in the same
 /// order whatever `O` and `R`.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn outputs<const R: usize, const O: usize>(
     out: &mut [f32],
