@@ -138,9 +138,6 @@ struct Int4<'a> {
     group: usize,
 }
 
-/// Bytes ahead of the current chunk the codes are prefetched.
-const PREFETCH: usize = 1024;
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c,fma")]
 unsafe fn rows_n<const R: usize>(
     out: &mut [f32],
@@ -197,7 +194,9 @@ unsafe fn outputs<const R: usize, const O: usize>(
         let mut hi = [_mm512_setzero_si512(); O];
         let mut wd = [_mm512_setzero_ps(); O];
         for j in 0..O {
-            _mm_prefetch::<_MM_HINT_T0>(wrow[j].wrapping_add(c * 64 + PREFETCH) as *const i8);
+            // The same chunk of the next pass's rows (the rows this task reads next).
+            let ahead = wrow[j].wrapping_add(c * 64 + O * ic / 2);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             let v = _mm512_loadu_si512(wrow[j].add(c * 64) as *const __m512i);
             lo[j] = _mm512_and_si512(v, mask);
             hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
