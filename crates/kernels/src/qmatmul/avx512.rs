@@ -81,6 +81,11 @@ unsafe fn rows_n<const R: usize>(
             QWeight::Int8 { codes, scales } => {
                 let cp = codes.as_ptr().add(o * ic) as *const __m128i;
                 for i in (0..body).step_by(16) {
+                    if i % 64 == 0 {
+                        // The next row, a cache line at a time, while this one is read.
+                        let next = (cp as *const i8).wrapping_add(ic + i);
+                        _mm_prefetch::<_MM_HINT_T0>(next);
+                    }
                     let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(cp.byte_add(i)));
                     let x = _mm512_cvtepi32_ps(q);
                     if (i / 16) % 2 == 0 {
@@ -180,6 +185,10 @@ unsafe fn table_group<const R: usize>(
     let mask = _mm512_set1_epi32(0xF);
     for col in (start..start + group).step_by(32) {
         let bytes = codes.as_ptr().add((o * ic + col) / 2) as *const __m128i;
+        if col % 128 == 0 {
+            // The next row's matching line, while this one is read.
+            _mm_prefetch::<_MM_HINT_T0>((bytes as *const i8).wrapping_add(ic / 2));
+        }
         let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes));
         let lo = _mm512_permutexvar_ps(_mm512_and_si512(q, mask), lut);
         let hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
