@@ -3,6 +3,10 @@
 //! read of a 1 GiB buffer timed in the same run: each line reports the weight bytes read per
 //! second and that as a fraction of the measured bandwidth. No assertions (speed is not a test).
 //!
+//! Also one core's issue rate of 512-bit FMAs and `vpdpbusd`s (the ceiling of the batched,
+//! compute-bound case) and, with `QM_MODEL=1`, one pass over a model's worth of distinct
+//! matrices.
+//!
 //! Run: `cargo bench -p kernels --bench qmatmul`.
 
 mod common;
@@ -22,6 +26,12 @@ fn main() {
         rayon::current_num_threads(),
         best_isa()
     );
+    #[cfg(target_arch = "x86_64")]
+    if best_isa() == Isa::Avx512Vnni {
+        // SAFETY: the CPU has AVX-512 F, BW and VNNI (best_isa).
+        let (fma, dp) = unsafe { peak_rates() };
+        println!("one core's issue rate: {fma:.2} G zmm FMA/s, {dp:.2} G vpdpbusd/s");
+    }
     let big = common::fill(1 << 28, 3, 1.0);
     let t = common::median_secs(5, || {
         std::hint::black_box(kernels::stream::read_all(&big));
@@ -138,4 +148,34 @@ pub fn model_pass() {
         "model pass: {:.2} GB/s over {count} matrices",
         bytes / t / 1e9
     );
+}
+
+/// One core's throughput of independent 512-bit FMAs and `vpdpbusd`s (12 chains each): the
+/// ceiling the compute-bound batched paths are measured against.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn peak_rates() -> (f64, f64) {
+    use std::arch::x86_64::*;
+    let n = 20_000_000usize;
+    let t = std::time::Instant::now();
+    let mut a = [_mm512_set1_ps(1.0); 12];
+    let (b, c) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999));
+    for _ in 0..n {
+        for x in a.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, b, c);
+        }
+    }
+    std::hint::black_box(a);
+    let fma = (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    let t = std::time::Instant::now();
+    let mut d = [_mm512_set1_epi32(1); 12];
+    let (u, v) = (_mm512_set1_epi8(3), _mm512_set1_epi8(5));
+    for _ in 0..n {
+        for x in d.iter_mut() {
+            *x = _mm512_dpbusd_epi32(*x, u, v);
+        }
+    }
+    std::hint::black_box(d);
+    let dp = (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    (fma, dp)
 }
