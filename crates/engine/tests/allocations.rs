@@ -22,6 +22,8 @@ static ON: AtomicBool = AtomicBool::new(false);
 static COUNT: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 static LARGEST: AtomicU64 = AtomicU64::new(0);
+/// The counters are process-wide: tests that read them take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -46,6 +48,7 @@ static ALLOCATOR: Counting = Counting;
 /// Allocations (count, bytes, largest) of `steps` steps after two warm-up steps, and the
 /// smallest activation the plan makes live during a step.
 fn measure(cfg: TrainConfig, steps: usize) -> (u64, u64, u64, u64) {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let n = (cfg.batch * cfg.seq) as usize;
     let (x, y) = (tokens(n, 96, 1), tokens(n, 96, 2));
     let mut t = Trainer::new(cfg).unwrap();
@@ -118,6 +121,67 @@ fn a_step_allocates_no_tensor() {
         assert!(
             bytes < 64 * 1024 * steps as u64,
             "{what}: {bytes} bytes in {steps} steps"
+        );
+    }
+}
+
+/// The inference engine's decode steps, after warm-up: host metadata (positions, cache slots,
+/// block-table views, a few dozen bytes a row) and rayon's job queues (blocks of 1,520 bytes),
+/// never a block as large as one of the step's tensors (8 rows of q|k|v: 2 KiB).
+#[test]
+fn a_decode_step_allocates_no_tensor() {
+    use engine::infer::Server;
+    use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let shape = llama_tiny();
+    let model = engine::ModelConfig::from_shape(shape.clone()).unwrap();
+    for w in [
+        WeightFormat::F32,
+        WeightFormat::Int4 {
+            group: 32,
+            asym: false,
+        },
+    ] {
+        let setup = ServeSetup::generation(&shape, 8, 32, w, KvFormat::Int8, 4, 4);
+        let mut s = Server::new(model.clone(), setup).unwrap();
+        s.fill_random(1);
+        // The decode step's q|k|v rows: a tensor of the step (its norm statistics are smaller
+        // than a host metadata vector at this toy size).
+        let key =
+            plan::frugal::Key::Step(plan::frugal::StepKind::Decode, plan::frugal::StepAct::Qkv);
+        let smallest = s
+            .plan
+            .buffers
+            .iter()
+            .find(|b| b.key == Some(key))
+            .unwrap()
+            .bytes;
+        let seqs: Vec<_> = (0..8).map(|_| s.new_sequence()).collect();
+        let mut logits = Vec::new();
+        for &q in &seqs {
+            s.prefill(q, &tokens(5, 96, 3), &mut logits).unwrap();
+        }
+        for _ in 0..2 {
+            s.decode(&seqs, &[1, 2, 3, 4, 5, 6, 7, 8], &mut logits)
+                .unwrap();
+        }
+        COUNT.store(0, Ordering::SeqCst);
+        BYTES.store(0, Ordering::SeqCst);
+        LARGEST.store(0, Ordering::SeqCst);
+        ON.store(true, Ordering::SeqCst);
+        for _ in 0..4 {
+            s.decode(&seqs, &[9, 10, 11, 12, 13, 14, 15, 16], &mut logits)
+                .unwrap();
+        }
+        ON.store(false, Ordering::SeqCst);
+        let largest = LARGEST.load(Ordering::SeqCst);
+        assert!(
+            largest < smallest,
+            "{w:?}: an allocation of {largest} bytes, the smallest activation is {smallest}"
+        );
+        assert!(
+            BYTES.load(Ordering::SeqCst) < 4 * 64 * 1024,
+            "{w:?}: bytes per 4 steps"
         );
     }
 }
