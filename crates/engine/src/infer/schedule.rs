@@ -48,13 +48,21 @@ pub struct ScheduleStats {
 }
 
 impl ScheduleStats {
-    /// Allocated but unused KV over allocated, averaged over decode steps.
+    /// Allocated but unused KV over allocated, averaged over decode steps (0 with none).
     pub fn kv_waste_fraction(&self) -> f64 {
-        1.0 - self.used_slots as f64 / self.allocated_slots.max(1) as f64
+        waste(self.used_slots, self.allocated_slots)
     }
 
     pub fn contiguous_waste_fraction(&self) -> f64 {
-        1.0 - self.used_slots as f64 / self.contiguous_slots.max(1) as f64
+        waste(self.used_slots, self.contiguous_slots)
+    }
+}
+
+fn waste(used: u64, allocated: u64) -> f64 {
+    if allocated == 0 {
+        0.0
+    } else {
+        1.0 - used as f64 / allocated as f64
     }
 }
 
