@@ -1,6 +1,6 @@
 """Greedy generation from a Hugging Face folder: frugal's inference engine (`frugal generate`, KV
-cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2 and Llama
-(GQA), saved with `save_pretrained`. Prints one JSON line per family with both token lists and
+cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2, Llama
+(GQA) and Qwen2 (q/k/v biases, tied embeddings), saved with `save_pretrained`. Prints one JSON line per family with both token lists and
 whether they are identical.
 
 Example: python3 dev/check_generate.py --frugal target/release/frugal --tokens 24
@@ -12,7 +12,8 @@ import subprocess
 import tempfile
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 
 def main():
@@ -29,7 +30,15 @@ def main():
                                               num_attention_heads=4, num_key_value_heads=2,
                                               max_position_embeddings=128, vocab_size=50304,
                                               tie_word_embeddings=False)),
+        "qwen2": Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=128, vocab_size=50304,
+                                              tie_word_embeddings=True, use_sliding_window=False)),
     }
+    with torch.no_grad():  # HF starts q/k/v biases at zero: random ones test they are used
+        for layer in models["qwen2"].model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.02)
     for name, model in models.items():
         model.eval()
         with tempfile.TemporaryDirectory() as d:

@@ -195,3 +195,13 @@ fn gpt2_inference_with_a_kv_cache_matches_hf_logits() {
 fn llama_inference_with_a_kv_cache_matches_hf_logits() {
     inference("golden_llama.safetensors");
 }
+
+#[test]
+fn qwen2_matches_pytorch() {
+    run("golden_qwen2.safetensors");
+}
+
+#[test]
+fn qwen2_inference_with_a_kv_cache_matches_hf_logits() {
+    inference("golden_qwen2.safetensors");
+}

@@ -9,6 +9,7 @@
 
 mod gpt2;
 mod llama;
+mod qwen2;
 
 use crate::config::ModelConfig;
 use serde_json::{Map, Value};
@@ -30,7 +31,7 @@ pub trait Family: Sync {
     fn to_hf(&self, config: &ModelConfig) -> Value;
 }
 
-const FAMILIES: [&dyn Family; 2] = [&gpt2::Gpt2, &llama::Llama];
+const FAMILIES: [&dyn Family; 3] = [&gpt2::Gpt2, &llama::Llama, &qwen2::Qwen2];
 
 /// The family that reads `model_type`.
 pub fn by_model_type(model_type: &str) -> Option<&'static dyn Family> {
@@ -43,6 +44,7 @@ pub fn by_model_type(model_type: &str) -> Option<&'static dyn Family> {
 pub fn of(family: plan::model::Family) -> &'static dyn Family {
     match family {
         plan::model::Family::Gpt2 => &gpt2::Gpt2,
+        plan::model::Family::Qwen2 => &qwen2::Qwen2,
         _ => &llama::Llama,
     }
 }

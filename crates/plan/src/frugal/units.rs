@@ -123,6 +123,30 @@ impl UnitBuilder {
         }
     }
 
+    /// A builder whose views a family reuses inside another's (Qwen2 extends Llama's block).
+    pub fn scratch() -> UnitBuilder {
+        UnitBuilder::new()
+    }
+
+    /// The views built, as (role, shape, parts as (name, rows, transposed)) to replay.
+    pub fn into_views(self) -> Vec<(Role, Vec<u64>, Vec<(String, u64, bool)>)> {
+        self.views
+            .into_iter()
+            .map(|v| {
+                let parts = v
+                    .parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let next = v.parts.get(i + 1).map_or(v.shape[0], |n| n.row_offset);
+                        (p.name.clone(), next - p.row_offset, p.transposed)
+                    })
+                    .collect();
+                (v.role, v.shape, parts)
+            })
+            .collect()
+    }
+
     /// A view of `shape` filled by `parts` as (name, rows, transposed).
     pub fn view(&mut self, role: Role, shape: &[u64], parts: &[(String, u64, bool)]) {
         let cols = if shape.len() == 2 { shape[1] } else { 1 };

@@ -7,6 +7,7 @@
 
 mod gpt2;
 mod llama;
+mod qwen2;
 
 use super::units::UnitBuilder;
 use crate::model::Family;
@@ -65,9 +66,10 @@ pub fn arch(model: &ModelShape) -> Result<&'static dyn Arch, PlanError> {
     match model.family {
         Family::Gpt2 => Ok(&gpt2::Gpt2),
         Family::Llama => Ok(&llama::Llama),
+        Family::Qwen2 => Ok(&qwen2::Qwen2),
         other => Err(PlanError::Unsupported {
             runtime: "frugal",
-            what: format!("the {other:?} model family (GPT-2 and Llama only)"),
+            what: format!("the {other:?} model family (GPT-2, Llama and Qwen2 only)"),
         }),
     }
 }
