@@ -109,6 +109,9 @@ impl Unit {
     }
 }
 
+/// A view as [`UnitBuilder::view`] takes it: role, shape, parts as (HF name, rows, transposed).
+pub type ViewSpec = (Role, Vec<u64>, Vec<(String, u64, bool)>);
+
 /// Builds a unit's views one after another (the family modules fill it).
 pub struct UnitBuilder {
     views: Vec<ParamView>,
@@ -128,8 +131,8 @@ impl UnitBuilder {
         UnitBuilder::new()
     }
 
-    /// The views built, as (role, shape, parts as (name, rows, transposed)) to replay.
-    pub fn into_views(self) -> Vec<(Role, Vec<u64>, Vec<(String, u64, bool)>)> {
+    /// The views built, to replay into another builder.
+    pub fn into_views(self) -> Vec<ViewSpec> {
         self.views
             .into_iter()
             .map(|v| {
