@@ -1,7 +1,7 @@
 //! The model the engine builds: the planner's [`ModelShape`] plus the numeric facts the memory
 //! model does not need (norm epsilon, RoPE base), read from and written to HF `config.json`.
 //!
-//! Only the families in `family` are built (GPT-2 and Llama-style today); anything else (an
+//! Only the families in `family` are built (GPT-2, Llama-style and Qwen2 today); anything else (an
 //! unknown `model_type`, RoPE scaling, a different activation, biases on Llama projections) is
 //! refused with [`EngineError::Config`] naming the field, never approximated.
 //!
