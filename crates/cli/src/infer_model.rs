@@ -1,6 +1,7 @@
 //! Where `frugal generate` finds a model and how it becomes a `Server`: a quantized folder
 //! (`weights.frugal`, written by `--save-quantized`), a Hugging Face folder (`config.json` +
-//! `model.safetensors`, as `frugal export` writes), or a training `--out` folder / snapshot. fp32
+//! `model.safetensors`, as `frugal export` writes, or the shards of
+//! `model.safetensors.index.json`), or a training `--out` folder / snapshot. fp32
 //! weights are quantized to `--weights` on load; a quantized folder is loaded as stored.
 //!
 //! Example: `let src = Source::open(Path::new("run1"))?; let server = src.server(setup)?;`
@@ -49,8 +50,9 @@ impl Source {
             });
         }
         let config_path = path.join("config.json");
-        let hf = path.join("model.safetensors");
-        if config_path.is_file() && hf.is_file() && !path.join("manifest.json").exists() {
+        let hf = path.join("model.safetensors").is_file()
+            || path.join("model.safetensors.index.json").is_file();
+        if config_path.is_file() && hf && !path.join("manifest.json").exists() {
             let text = std::fs::read_to_string(&config_path)
                 .with_context(|| format!("reading {}", config_path.display()))?;
             let config = ModelConfig::from_hf_json(&text, &config_path.display().to_string())?;
@@ -60,13 +62,8 @@ impl Source {
                 attention: plan::setup::Attention::DEFAULT,
             };
             let runner = Runner::new(config.clone(), setup)?;
-            let bytes = std::fs::read(&hf).with_context(|| format!("reading {}", hf.display()))?;
-            engine::io::load_safetensors(
-                &runner.model,
-                &runner.arena,
-                &bytes,
-                &hf.display().to_string(),
-            )?;
+            // One file, or the shards an index names.
+            engine::io::load_hf_folder(&runner.model, &runner.arena, path)?;
             return Ok(Source {
                 config,
                 weights: Weights::Units(runner.unit_values()),

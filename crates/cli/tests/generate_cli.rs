@@ -293,3 +293,53 @@ fn the_serving_benchmark_follows_its_plan() {
         "paged {waste} vs contiguous {contiguous}"
     );
 }
+
+#[test]
+fn a_sharded_checkpoint_loads_as_its_single_file_does() {
+    use safetensors::tensor::TensorView;
+    let dir = temp_dir("generate", "sharded");
+    let model = train_tiny(&dir, "generate-sharded");
+    let bytes = std::fs::read(Path::new(&model).join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(|s| s.to_string()).collect();
+    names.sort();
+    let shards = dir.join("sharded");
+    std::fs::create_dir_all(&shards).unwrap();
+    std::fs::copy(
+        Path::new(&model).join("config.json"),
+        shards.join("config.json"),
+    )
+    .unwrap();
+    let mut map = serde_json::Map::new();
+    for (k, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", k + 1);
+        let views: Vec<(String, TensorView)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
+        let out = safetensors::serialize(views, None).unwrap();
+        std::fs::write(shards.join(&file), out).unwrap();
+        for n in part {
+            map.insert(n.clone(), serde_json::json!(file));
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
+    std::fs::write(
+        shards.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let run = |m: &str| {
+        json(&frugal(&[
+            "generate",
+            "--model",
+            m,
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ]))["tokens"]
+            .clone()
+    };
+    // The training folder (a snapshot's weights) and the two shards give the same tokens.
+    assert_eq!(run(&model), run(&shards.display().to_string()));
+}

@@ -176,11 +176,35 @@ pub fn load_prefixed<B: Backend>(
     path: &str,
     prefix: &str,
 ) -> Result<(), EngineError> {
+    load_files(model, arena, &[(path.to_string(), bytes)], prefix)
+}
+
+/// Loads HF-named weights from several safetensors files (the shards of a checkpoint), each
+/// tensor from whichever file holds it. Every tensor is checked before any weight changes.
+pub fn load_files<B: Backend>(
+    model: &Model,
+    arena: &Arena<B>,
+    files: &[(String, &[u8])],
+    prefix: &str,
+) -> Result<(), EngineError> {
+    let path = files
+        .iter()
+        .map(|(p, _)| p.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
     let fail = |reason: String| EngineError::Weights {
-        path: path.into(),
+        path: path.clone(),
         reason,
     };
-    let st = SafeTensors::deserialize(bytes).map_err(|e| fail(format!("not safetensors: {e}")))?;
+    let mut shards = Vec::with_capacity(files.len());
+    for (p, bytes) in files {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| EngineError::Weights {
+            path: p.clone(),
+            reason: format!("not safetensors: {e}"),
+        })?;
+        shards.push(st);
+    }
+    let st = Shards(&shards);
     let mut staged: Vec<(usize, usize, usize, Vec<f32>)> = Vec::new();
     for (u, unit) in model.units.iter().enumerate() {
         for (vi, view) in unit.views.iter().enumerate() {
@@ -223,6 +247,62 @@ pub fn load_prefixed<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// Tensors looked up across the shards of a checkpoint.
+struct Shards<'a, 'b>(&'a [SafeTensors<'b>]);
+
+impl<'b> Shards<'_, 'b> {
+    fn tensor(&self, name: &str) -> Result<TensorView<'b>, ()> {
+        self.0.iter().find_map(|s| s.tensor(name).ok()).ok_or(())
+    }
+}
+
+/// Loads a Hugging Face folder's weights: `model.safetensors`, or every shard that
+/// `model.safetensors.index.json` names (f32, bf16 or f16 on disk).
+pub fn load_hf_folder<B: Backend>(
+    model: &Model,
+    arena: &Arena<B>,
+    dir: &Path,
+) -> Result<(), EngineError> {
+    let io = |p: &Path| {
+        let context = format!("reading {}", p.display());
+        move |cause| EngineError::Io { context, cause }
+    };
+    let single = dir.join(crate::snapshot::WEIGHTS_FILE);
+    let names: Vec<std::path::PathBuf> = if single.is_file() {
+        vec![single]
+    } else {
+        let index = dir.join("model.safetensors.index.json");
+        let text = std::fs::read_to_string(&index).map_err(io(&index))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| EngineError::Weights {
+                path: index.display().to_string(),
+                reason: format!("not JSON: {e}"),
+            })?;
+        let map = v["weight_map"]
+            .as_object()
+            .ok_or_else(|| EngineError::Weights {
+                path: index.display().to_string(),
+                reason: "no weight_map object".into(),
+            })?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect();
+        files.sort();
+        files.dedup();
+        files.into_iter().map(|f| dir.join(f)).collect()
+    };
+    let mut data = Vec::with_capacity(names.len());
+    for p in &names {
+        data.push((p.display().to_string(), std::fs::read(p).map_err(io(p))?));
+    }
+    let files: Vec<(String, &[u8])> = data
+        .iter()
+        .map(|(p, b)| (p.clone(), b.as_slice()))
+        .collect();
+    load_files(model, arena, &files, "")
 }
 
 /// Writes `path` durably: a temporary file, fsynced, renamed into place, the folder synced; a
