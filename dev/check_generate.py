@@ -1,6 +1,7 @@
 """Greedy generation from a Hugging Face folder: frugal's inference engine (`frugal generate`, KV
 cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2, Llama
-(GQA) and Qwen2 (q/k/v biases, tied embeddings), saved with `save_pretrained`. Prints one JSON line per family with both token lists and
+(GQA) and Qwen2 (q/k/v biases, tied embeddings), saved with `save_pretrained` (Qwen2 also in bf16 and sharded over several files). Prints one JSON
+line per case with both token lists and
 whether they are identical.
 
 Example: python3 dev/check_generate.py --frugal target/release/frugal --tokens 24
@@ -55,6 +56,25 @@ def main():
                                    do_sample=False, pad_token_id=0, eos_token_id=None)
             theirs = y[0, len(prompt):].tolist()
             print(json.dumps({"family": name, "identical": ours["tokens"] == theirs,
+                              "frugal": ours["tokens"], "hf": theirs}))
+        if name != "qwen2":
+            continue
+        # The same model stored in bf16 and sharded (model.safetensors.index.json): frugal reads
+        # the shards and widens bf16 exactly; HF generates from the same rounded weights in fp32.
+        rounded = model.to(torch.bfloat16)
+        with tempfile.TemporaryDirectory() as d:
+            rounded.save_pretrained(d, safe_serialization=True, max_shard_size="200KB")
+            out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
+                                  "--max-new-tokens", str(a.tokens), "--json"],
+                                 capture_output=True, text=True, check=True)
+            ours = json.loads(out.stdout)
+            rounded = rounded.float()
+            with torch.inference_mode():
+                y = rounded.generate(torch.tensor([ours["prompt_token_ids"]]), max_new_tokens=a.tokens,
+                                     min_new_tokens=a.tokens, do_sample=False, pad_token_id=0,
+                                     eos_token_id=None)
+            theirs = y[0, len(ours["prompt_token_ids"]):].tolist()
+            print(json.dumps({"family": "qwen2 bf16, sharded", "identical": ours["tokens"] == theirs,
                               "frugal": ours["tokens"], "hf": theirs}))
 
 
