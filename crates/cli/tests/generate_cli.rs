@@ -341,5 +341,30 @@ fn a_sharded_checkpoint_loads_as_its_single_file_does() {
             .clone()
     };
     // The training folder (a snapshot's weights) and the two shards give the same tokens.
-    assert_eq!(run(&model), run(&shards.display().to_string()));
+    let sharded = shards.display().to_string();
+    assert_eq!(run(&model), run(&sharded));
+    // And training starts from either with the same first loss.
+    let data = small_text("generate-sharded", "data2", 30_000);
+    let first = |m: &str| {
+        let v = json(&frugal(&[
+            "train",
+            "--model",
+            m,
+            "--batch",
+            "2",
+            "--seq",
+            "32",
+            "--steps",
+            "1",
+            "--val-batches",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--data",
+            &data,
+            "--json",
+        ]));
+        v["loss_first"].as_f64().unwrap()
+    };
+    assert_eq!(first(&model), first(&sharded));
 }

@@ -47,13 +47,14 @@ impl FromStr for OffloadArg {
     }
 }
 
-/// The run every rank builds, and the weights file it starts from (a saved model folder).
+/// The run every rank builds, and the saved model folder whose weights it starts from.
 pub struct Validated {
     pub config: TrainConfig,
     pub weights: Option<PathBuf>,
 }
 
-/// The model config and, for a saved folder, the weights file to start from.
+/// The model config and, for a saved folder with weights (`model.safetensors`, or the shards of
+/// `model.safetensors.index.json`), that folder.
 fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
     let path = Path::new(spec);
     if path.is_dir() {
@@ -61,8 +62,9 @@ fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
         let text = std::fs::read_to_string(&config)
             .with_context(|| format!("--model {spec}: reading {}", config.display()))?;
         let model = ModelConfig::from_hf_json(&text, &config.display().to_string())?;
-        let weights = path.join("model.safetensors");
-        return Ok((model, weights.exists().then_some(weights)));
+        let has = path.join("model.safetensors").is_file()
+            || path.join("model.safetensors.index.json").is_file();
+        return Ok((model, has.then(|| path.to_path_buf())));
     }
     Ok((crate::cmd_bench::model_config(spec)?, None))
 }

@@ -108,10 +108,9 @@ pub fn build_rank(
     let config = shared.config.clone();
     let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);
-    if let Some(path) = &shared.weights {
-        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let name = path.display().to_string();
-        engine::io::load_safetensors(&trainer.model, &trainer.arena, &bytes, &name)?;
+    if let Some(dir) = &shared.weights {
+        engine::io::load_hf_folder(&trainer.model, &trainer.arena, dir)
+            .with_context(|| format!("--model {}", dir.display()))?;
     }
     let mut loader = loader;
     if let Some(snap) = &shared.snapshot {
