@@ -28,24 +28,16 @@ impl Family for Qwen2 {
     }
 
     fn to_hf(&self, config: &ModelConfig) -> Value {
-        let s = &config.shape;
-        json!({
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
-            "vocab_size": s.vocab,
-            "hidden_size": s.d_model,
-            "intermediate_size": s.d_ff,
-            "num_hidden_layers": s.n_layers,
-            "num_attention_heads": s.n_heads,
-            "num_key_value_heads": s.n_kv_heads,
-            "max_position_embeddings": s.max_positions,
-            "rms_norm_eps": config.norm_eps,
-            "rope_theta": config.rope_theta,
-            "hidden_act": "silu",
-            "use_sliding_window": false,
-            "tie_word_embeddings": s.tied_embeddings,
-            "torch_dtype": "float32",
-        })
+        // Llama's config.json with Qwen2's names; its q/k/v biases need no flag.
+        let mut v = Llama.to_hf(config);
+        let o = v.as_object_mut().expect("a JSON object");
+        for key in ["head_dim", "attention_bias", "mlp_bias"] {
+            o.remove(key);
+        }
+        o.insert("architectures".into(), json!(["Qwen2ForCausalLM"]));
+        o.insert("model_type".into(), json!("qwen2"));
+        o.insert("use_sliding_window".into(), json!(false));
+        v
     }
 }
 
