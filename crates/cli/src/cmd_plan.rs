@@ -12,8 +12,8 @@ use crate::output::{gigabytes, human_bytes, Table};
 use anyhow::{anyhow, bail, Context};
 use plan::report::{self, Report};
 use plan::setup::{
-    Attention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute, TrainSetup,
-    ZeroStage,
+    Attention, Convention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute,
+    TrainSetup, ZeroStage,
 };
 use plan::{formula, infer, presets, units, Estimate, InferEstimate, ModelShape, PlanError};
 use std::path::PathBuf;
@@ -128,6 +128,11 @@ pub struct Args {
     /// Paged KV cache with blocks of this many tokens (vLLM uses 16); default contiguous.
     #[arg(long)]
     kv_block: Option<u64>,
+    /// Model-state accounting of the formula runtime: deepspeed (what DeepSpeed allocates: the
+    /// step's fp32 gradient partition, no device gradients under ZeRO-2/3 offload) or paper
+    /// (the ZeRO paper's 2 + 2 + 12 bytes, as the seed's table). `paper` plans with formula.
+    #[arg(long, default_value_t = Convention::Deepspeed)]
+    convention: Convention,
     /// auto, pytorch (PyTorch + HF transformers on CUDA), formula (analytic) or frugal (this
     /// engine). auto: pytorch where it models the setup, else formula, and says why.
     #[arg(long, default_value = "auto")]
@@ -174,6 +179,7 @@ fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
             targets: args.lora_targets.clone(),
             base: args.lora_base,
         }),
+        convention: args.convention,
     })
 }
 
@@ -270,7 +276,23 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
         (Some(spec), _) => {
             let model = load_model(spec)?;
             let seq = args.seq.unwrap_or(2048.min(model.max_positions));
-            if args.runtime == "auto" {
+            let paper = args.convention == Convention::Paper && !args.infer;
+            if paper && (args.runtime == "pytorch" || args.runtime == "frugal") {
+                bail!(
+                    "invalid --convention paper with --runtime {}: that runtime replays what the \
+                     process allocates; the paper's accounting is the formula runtime's: use \
+                     --runtime formula (or drop --convention)",
+                    args.runtime
+                );
+            }
+            if paper && args.runtime == "auto" {
+                let mut r = model_report(args, &model, seq, "formula")?;
+                r.runtime_note = Some(
+                    "--convention paper is the formula runtime's accounting; planned with formula"
+                        .into(),
+                );
+                r
+            } else if args.runtime == "auto" {
                 match model_report(args, &model, seq, "pytorch") {
                     Err(e) => match e.downcast_ref::<PlanError>() {
                         Some(PlanError::Unsupported { .. }) => {

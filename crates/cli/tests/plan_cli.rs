@@ -27,10 +27,27 @@ fn peak_gb(v: &Value) -> f64 {
 fn seed_zero_table_through_the_cli() {
     let z = |stage: &str| {
         peak_gb(&json(&[
-            "--params", "7B", "--train", "--zero", stage, "--gpus", "8",
+            "--params",
+            "7B",
+            "--train",
+            "--zero",
+            stage,
+            "--gpus",
+            "8",
+            "--convention",
+            "paper",
         ]))
     };
-    assert_eq!(peak_gb(&json(&["--params", "7B", "--train"])), 112.0);
+    assert_eq!(
+        peak_gb(&json(&[
+            "--params",
+            "7B",
+            "--train",
+            "--convention",
+            "paper"
+        ])),
+        112.0
+    );
     assert_eq!(z("1"), 38.5);
     assert_eq!(z("2"), 26.25);
     assert_eq!(z("3"), 14.0);

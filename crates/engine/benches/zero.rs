@@ -37,6 +37,7 @@ fn shape() -> ModelShape {
         tied_embeddings: true,
         moe: None,
         mla: None,
+        sliding_window: None,
     }
 }
 

@@ -40,6 +40,7 @@ pub fn gpt2_tiny() -> ModelShape {
         tied_embeddings: true,
         moe: None,
         mla: None,
+        sliding_window: None,
     }
 }
 

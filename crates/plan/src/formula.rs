@@ -25,6 +25,10 @@ pub const REDUCE_BUCKET_ELEMS: u64 = 500_000_000;
 
 pub use crate::policy::Policy;
 
+mod states;
+use states::fp32_grad_elems;
+pub use states::{model_states_estimate, SUB_GROUP_ELEMS};
+
 /// Parameters of one ZeRO unit on one tensor-parallel rank.
 #[derive(Clone, Copy, Debug, Default)]
 struct Unit {
@@ -120,61 +124,6 @@ fn estimate_of(plan: MemoryPlan) -> Estimate {
         host_peak_bytes: plan.peak_bytes(Device::Host),
         plan,
     }
-}
-
-/// The seed's model-states formulas for a bare parameter count (`--params 7B`): parameters,
-/// gradients and optimizer state only, all persistent, split evenly over TP × PP and sharded by
-/// ZeRO. Activations need a shape, so there are none. Reproduces the seed's 112 / 38.5 / 26.25 /
-/// 14 GB for Ψ = 7×10^9 under `bf16` + AdamW on 8 GPUs.
-pub fn model_states_estimate(n_params: u64, setup: &TrainSetup) -> Result<Estimate, PlanError> {
-    setup.validate_alone()?;
-    if setup.lora.is_some() {
-        return Err(PlanError::Unsupported {
-            runtime: "formula",
-            what: "LoRA with a bare parameter count: pass --model to know the linear layers".into(),
-        });
-    }
-    let p = Policy::of(setup.precision);
-    let local = n_params.div_ceil(setup.tp as u64 * setup.pp as u64);
-    let shard = local.div_ceil(setup.dp as u64);
-    let zero = setup.zero as u8;
-    let pick = |sharded: bool| if sharded { shard } else { local };
-    let host = |on_host: bool| if on_host { Device::Host } else { Device::Gpu };
-    let mut plan = MemoryPlan::new(1);
-    let mut push = |name: &str, category, device, bytes| {
-        plan.push(Buffer::named(
-            name,
-            category,
-            device,
-            bytes,
-            Lifetime::Persistent,
-        ))
-    };
-    let params_on_host = setup.offload == Offload::Params;
-    let opt_on_host = setup.offload != Offload::None;
-    push(
-        "params",
-        Category::Params,
-        host(params_on_host),
-        p.weight * pick(zero >= 3),
-    );
-    push(
-        "grads",
-        Category::Grads,
-        Device::Gpu,
-        p.grad * pick(zero >= 2),
-    );
-    let opt = p.optimizer_bytes(setup.optimizer, pick(zero >= 1));
-    push("optimizer", Category::Optimizer, host(opt_on_host), opt);
-    if opt_on_host {
-        push(
-            "grads.fp32",
-            Category::Grads,
-            Device::Host,
-            4 * pick(zero >= 1),
-        );
-    }
-    Ok(estimate_of(plan))
 }
 
 /// Builds one stage's buffers.
@@ -382,14 +331,14 @@ impl StagePlan<'_> {
                 4 * opt_elems,
                 persistent,
             );
-        } else if p.master > 0 && p.grad < 4 {
+        } else if let Some(elems) = fp32_grad_elems(s, opt_elems) {
             // The fp32 master step upcasts the rank's gradient partition (DeepSpeed, Megatron).
             let life = span(Phase::Optimizer, Phase::Optimizer);
             self.push(
                 "grads.fp32".into(),
                 Category::Grads,
                 Device::Gpu,
-                4 * opt_elems,
+                4 * elems,
                 life,
             );
         }

@@ -5,7 +5,7 @@
 //! required field is an error naming it; optional fields take HF's defaults. Reading the file is
 //! the caller's job. Example: `hf_config::parse(text, "llama/config.json")?.param_count()`.
 
-use crate::model::{Family, Mla, ModelShape, Moe};
+use crate::model::{Family, Mla, ModelShape, Moe, SlidingWindow};
 use crate::PlanError;
 use serde_json::{Map, Value};
 
@@ -139,6 +139,7 @@ fn gpt2(f: &Fields) -> Result<ModelShape, PlanError> {
         tied_embeddings: f.bool_or("tie_word_embeddings", true)?,
         moe: None,
         mla: None,
+        sliding_window: None,
     })
 }
 
@@ -168,6 +169,32 @@ fn heads(f: &Fields, d_model: u64) -> Result<(u32, u32, u64), PlanError> {
     Ok((n_heads, n_kv_heads, d_head))
 }
 
+/// `sliding_window` (Mistral, Mixtral; Qwen2 only with `use_sliding_window`, from layer
+/// `max_window_layers` on, HF's default 28); `null` or absent is full attention.
+fn sliding_window(f: &Fields, family: Family) -> Result<Option<SlidingWindow>, PlanError> {
+    if family == Family::Qwen2 && !f.bool_or("use_sliding_window", false)? {
+        return Ok(None);
+    }
+    let Some(window) = f.opt_u64("sliding_window")? else {
+        return Ok(None);
+    };
+    if window == 0 {
+        return Err(invalid(
+            "sliding_window",
+            "config.json has 0: a window holds at least one position (use null for none)",
+        ));
+    }
+    let first_layer = if family == Family::Qwen2 {
+        f.opt_u32("max_window_layers")?.unwrap_or(28)
+    } else {
+        0
+    };
+    Ok(Some(SlidingWindow {
+        window,
+        first_layer,
+    }))
+}
+
 fn llama_like(f: &Fields, family: Family) -> Result<ModelShape, PlanError> {
     let d_model = f.u64("hidden_size")?;
     let (n_heads, n_kv_heads, d_head) = heads(f, d_model)?;
@@ -185,6 +212,7 @@ fn llama_like(f: &Fields, family: Family) -> Result<ModelShape, PlanError> {
         tied_embeddings: f.bool_or("tie_word_embeddings", false)?,
         moe: None,
         mla: None,
+        sliding_window: sliding_window(f, family)?,
     })
 }
 
@@ -239,5 +267,6 @@ fn deepseek(f: &Fields) -> Result<ModelShape, PlanError> {
             qk_nope_head_dim: f.u64("qk_nope_head_dim")?,
             v_head_dim,
         }),
+        sliding_window: None,
     })
 }

@@ -7,7 +7,8 @@
 //! embeddings, the output head and norms stay 16-bit (fp32 when the weights are fp32), as GPTQ/AWQ
 //! checkpoints store them. The prefill processes the whole context at once (no chunking) and keeps
 //! the last position's logits in fp32 (HF `generate`). Int8 KV caches carry one fp16 scale per
-//! token and head; fp8 ones a per-tensor scale (negligible). Not here: PyTorch's allocator (the
+//! token and head; fp8 ones a per-tensor scale (negligible). A sliding-window layer caches at most
+//! its window (HF's sliding cache layers, vLLM's freed blocks). Not here: PyTorch's allocator (the
 //! `pytorch` profile). Example: llama2-7b in bf16 caches 524,288 bytes per token.
 
 use crate::params::TensorKind;
@@ -145,16 +146,17 @@ pub fn inference_estimate(
 ) -> Result<InferEstimate, PlanError> {
     setup.validate(model)?;
     let weights = model_weight_bytes(model, setup);
-    let per_token =
-        kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp) * model.n_layers as u64;
-    let (slots, waste_tokens) = match setup.kv_block {
-        Some(block) => {
-            let blocks = setup.seq.div_ceil(block);
-            (blocks * block, blocks * block - setup.seq)
-        }
-        None => (setup.seq, 0),
-    };
-    let kv = setup.batch * slots * per_token;
+    let per_layer = kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp);
+    let per_token = per_layer * model.n_layers as u64;
+    // A sliding-window layer caches at most its window; a paged cache rounds up to blocks.
+    let (mut slots, mut waste_tokens) = (0, 0);
+    for layer in 0..model.n_layers {
+        let tokens = model.kv_tokens(layer, setup.seq);
+        let held = setup.kv_block.map_or(tokens, |b| tokens.div_ceil(b) * b);
+        slots += held;
+        waste_tokens += held - tokens;
+    }
+    let kv = setup.batch * slots * per_layer;
     let mut prefill = [0u64; 6];
     prefill[Category::Params as usize] = weights;
     prefill[Category::KvCache as usize] = kv;
@@ -165,7 +167,7 @@ pub fn inference_estimate(
     Ok(InferEstimate {
         weights_bytes: weights,
         kv_cache_bytes: kv,
-        kv_waste_bytes: setup.batch * waste_tokens * per_token,
+        kv_waste_bytes: setup.batch * waste_tokens * per_layer,
         kv_bytes_per_token: per_token,
         prefill,
         decode,

@@ -54,6 +54,17 @@ pub struct Mla {
     pub v_head_dim: u64,
 }
 
+/// Sliding-window attention (Mistral v0.1, Qwen2 with `use_sliding_window`): each query sees
+/// only the last `window` positions, so a layer's KV cache never holds more than `window` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SlidingWindow {
+    /// Positions a query attends to, itself included (`sliding_window`).
+    pub window: u64,
+    /// Layers from this index on use the window; earlier ones attend to everything (Qwen2's
+    /// `max_window_layers`; 0 for Mistral).
+    pub first_layer: u32,
+}
+
 /// The shape of a transformer language model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ModelShape {
@@ -75,6 +86,7 @@ pub struct ModelShape {
     pub tied_embeddings: bool,
     pub moe: Option<Moe>,
     pub mla: Option<Mla>,
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 /// The largest value of each dimension the planner takes: far past every published model (the
@@ -111,6 +123,19 @@ fn invalid(field: &str, reason: String) -> PlanError {
 }
 
 impl ModelShape {
+    /// Tokens layer `layer` keeps in its KV cache for a context of `seq` tokens.
+    pub fn kv_tokens(&self, layer: u32, seq: u64) -> u64 {
+        match self.sliding_window {
+            Some(w) if layer >= w.first_layer => seq.min(w.window),
+            _ => seq,
+        }
+    }
+
+    /// KV-cache tokens summed over the layers for a context of `seq` tokens.
+    pub fn kv_tokens_all_layers(&self, seq: u64) -> u64 {
+        (0..self.n_layers).map(|l| self.kv_tokens(l, seq)).sum()
+    }
+
     /// Checks that the shape is one a real model could have; errors name the field and the fix.
     pub fn validate(&self) -> Result<(), PlanError> {
         let positive = [

@@ -5,7 +5,7 @@
 //! Values are copied from each model's HF `config.json`. Not here: weights, tokenizers, parsing
 //! (`hf_config`). Example: `presets::by_name("llama3-8b")` is Llama-3.1-8B (aliases resolve).
 
-use crate::model::{Family, Mla, ModelShape, Moe};
+use crate::model::{Family, Mla, ModelShape, Moe, SlidingWindow};
 use crate::PlanError;
 
 /// Canonical preset names, in the order `frugal plan --help` lists them.
@@ -35,7 +35,7 @@ pub const NAMES: [&str; 22] = [
 ];
 
 /// Other spellings users type, mapped to canonical names.
-const ALIASES: [(&str, &str); 14] = [
+const ALIASES: [(&str, &str); 15] = [
     ("gpt2", "gpt2-124m"),
     ("gpt2-small", "gpt2-124m"),
     ("gpt2-medium", "gpt2-355m"),
@@ -50,6 +50,7 @@ const ALIASES: [(&str, &str); 14] = [
     ("llama-2-13b", "llama2-13b"),
     ("llama-2-70b", "llama2-70b"),
     ("deepseek-v2lite", "deepseek-v2-lite"),
+    ("mistral-7b-v0.1", "mistral-7b"),
 ];
 
 /// The shape of the preset `name` (case-insensitive; aliases such as `llama3-8b` accepted).
@@ -98,6 +99,7 @@ fn dense(d: Dense) -> ModelShape {
         tied_embeddings: d.tied,
         moe: None,
         mla: None,
+        sliding_window: None,
     }
 }
 
@@ -162,7 +164,14 @@ fn build(name: &str) -> Option<ModelShape> {
         "llama3.1-8b" => llama(Llama, 32, 4096, (32, 8), 14336, 128256, 131072, false),
         "llama3.1-70b" => llama(Llama, 80, 8192, (64, 8), 28672, 128256, 131072, false),
         "llama3.1-405b" => llama(Llama, 126, 16384, (128, 8), 53248, 128256, 131072, false),
-        "mistral-7b" => llama(Llama, 32, 4096, (32, 8), 14336, 32000, 32768, false),
+        // Mistral-7B-v0.1: every layer attends to the last 4096 positions.
+        "mistral-7b" => ModelShape {
+            sliding_window: Some(SlidingWindow {
+                window: 4096,
+                first_layer: 0,
+            }),
+            ..llama(Llama, 32, 4096, (32, 8), 14336, 32000, 32768, false)
+        },
         "tinyllama-1.1b" => llama(Llama, 22, 2048, (32, 4), 5632, 32000, 2048, false),
         "llama-tiny" => llama(Llama, 2, 64, (4, 2), 176, 50257, 256, false),
         "qwen2.5-0.5b" => llama(Qwen2, 24, 896, (14, 2), 4864, 151936, 32768, true),
@@ -248,5 +257,6 @@ fn deepseek(d: DeepseekDims) -> ModelShape {
             qk_nope_head_dim: 128,
             v_head_dim: 128,
         }),
+        sliding_window: None,
     }
 }

@@ -7,9 +7,7 @@
 
 use plan::presets::by_name;
 use plan::pytorch::{inference_estimate, training_detail, OptimizerImpl};
-use plan::setup::{
-    Attention, Dtype, InferSetup, Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage,
-};
+use plan::setup::{Attention, Dtype, InferSetup, Optimizer, Precision, Recompute, TrainSetup};
 use serde_json::Value;
 
 const MIB: f64 = 1048576.0;
@@ -39,22 +37,12 @@ fn train_setup(rec: &Value) -> Option<(TrainSetup, OptimizerImpl)> {
     let setup = TrainSetup {
         precision,
         optimizer,
-        zero: ZeroStage::Zero0,
-        dp: 1,
-        tp: 1,
-        pp: 1,
-        sp: false,
-        micro_batch: rec["batch"].as_u64()?,
-        seq: rec["seq"].as_u64()?,
-        grad_accum: 1,
         recompute: if rec["grad_ckpt"].as_bool()? {
             Recompute::Full
         } else {
             Recompute::None
         },
-        attention: Attention::Flash,
-        offload: Offload::None,
-        lora: None,
+        ..TrainSetup::new(rec["batch"].as_u64()?, rec["seq"].as_u64()?)
     };
     Some((setup, imp))
 }

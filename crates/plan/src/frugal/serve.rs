@@ -117,6 +117,7 @@ pub fn is_matrix(role: Role) -> bool {
 /// Checks `setup` against `model`, naming the field at fault.
 pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
     check_buildable(model)?;
+    super::check_window(model, setup.context)?;
     let positive = [
         ("kv-block", setup.kv_block),
         ("kv-blocks", setup.kv_blocks),

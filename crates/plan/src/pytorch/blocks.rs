@@ -45,6 +45,9 @@ pub struct Fwd {
     pub use_cache: bool,
     /// Paged KV cache: block size in tokens and the context the pool is sized for.
     pub kv_block: Option<(u64, u64)>,
+    /// Sliding-window layers (`DynamicSlidingWindowLayer`): the cache keeps a view of the last
+    /// `window - 1` positions of the concatenated states.
+    pub window: Option<crate::model::SlidingWindow>,
     /// Per parameter tensor (indexed by its tape id): dtype, trainability, storage, adapter.
     pub params: Vec<ParamInfo>,
 }

@@ -4,10 +4,10 @@
 //! or GPTQ/AWQ (int4) store them; a TP rank holds its share of heads; a paged cache is a pool
 //! of whole blocks. Example: `simulate(&shape, &setup, Some(1))`.
 
-use super::blocks::Fwd;
+use super::blocks::{Fwd, V};
 use super::model::{block, embed, head, Params, Storage};
 use super::peft::Quant;
-use super::tape::Tape;
+use super::tape::{round_512, Tape};
 use super::unsupported;
 use crate::setup::Dtype;
 use crate::{Category, InferSetup, ModelShape, PlanError};
@@ -118,6 +118,7 @@ pub fn simulate(
         use_cache: true,
         params: params.info.clone(),
         kv_block: setup.kv_block.map(|b| (b, setup.seq + 1)),
+        window: m.sliding_window,
     };
     let ids = tape.alloc(setup.batch * setup.seq * 8, Category::Other);
     if setup.tp > 1 {
@@ -126,11 +127,18 @@ pub fn simulate(
     tape.peak_bytes = tape.live_bytes;
     let logits = forward(&mut tape, &mut f, m, &params, keep);
     let prefill_peak_bytes = tape.peak_bytes;
-    let kv_cache_bytes: u64 = f
-        .kv_cache
-        .iter()
-        .map(|(k, v)| tape.tensors[k.t].bytes + tape.tensors[v.t].bytes)
-        .sum();
+    // What the cache holds from here on: a sliding layer's view of its last positions (the
+    // prefill's full storage behind it goes at the first decode step's concatenation).
+    let views = m.sliding_window.is_some() && setup.kv_block.is_none();
+    let held = |x: &V| {
+        let storage = tape.tensors[x.t].bytes;
+        if views {
+            storage.min(round_512(x.numel * x.es))
+        } else {
+            storage
+        }
+    };
+    let kv_cache_bytes: u64 = f.kv_cache.iter().map(|(k, v)| held(k) + held(v)).sum();
     // Decode one token: the prefill's output (logits) is still held by the caller.
     let next = tape.alloc(setup.batch * 8, Category::Other);
     tape.peak_bytes = tape.live_bytes;

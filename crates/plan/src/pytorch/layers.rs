@@ -174,10 +174,22 @@ pub fn cache_update(tape: &mut Tape, f: &mut Fwd, layer: usize, k: V, v: V) -> (
         tape.hold(new.t);
         out.push(new);
     }
+    // `DynamicSlidingWindowLayer` keeps `full[:, :, -window + 1:]`, a view: the storage stays.
+    let cached = |x: V, new: V| match f.window {
+        Some(w) if layer as u32 >= w.first_layer && f.kv_block.is_none() => {
+            let per_position = new.numel / f.q_len.max(1);
+            V {
+                numel: x.numel.min(w.window.saturating_sub(1) * per_position),
+                ..x
+            }
+        }
+        _ => x,
+    };
+    let (ck, cv) = (cached(out[0], k), cached(out[1], v));
     if layer < f.kv_cache.len() {
-        f.kv_cache[layer] = (out[0], out[1]);
+        f.kv_cache[layer] = (ck, cv);
     } else {
-        f.kv_cache.push((out[0], out[1]));
+        f.kv_cache.push((ck, cv));
     }
     (out[0], out[1])
 }

@@ -118,6 +118,25 @@ impl Tape {
         }
     }
 
+    /// Rewrites the history so far as if every released tensor had never held storage: ZeRO-3's
+    /// `zero.Init` partitions each parameter as it is created, so the whole model never exists
+    /// on one device. The live tensors stay, allocated in their order; the peak restarts there.
+    pub fn forget_released(&mut self) {
+        let live: Vec<Event> = self
+            .events
+            .iter()
+            .filter(|e| match e {
+                Event::Alloc(t) => self.tensors[*t].live,
+                Event::Free(_) => false,
+                Event::Phase(_) => true,
+            })
+            .cloned()
+            .collect();
+        self.events = live;
+        self.peak_bytes = self.live_bytes;
+        self.peak_by_category = self.live_by_category;
+    }
+
     /// Gives a released `t` its storage back (a ZeRO-3 all-gather).
     pub fn restore(&mut self, t: T) {
         if !self.tensors[t].live {

@@ -117,6 +117,8 @@ impl Gather {
         for &t in blocks.iter().flatten().chain(&outer) {
             tape.release(t);
         }
+        // HF builds the model under `deepspeed.zero.Init` when ZeRO-3 is configured.
+        tape.forget_released();
         Some(Gather { blocks, outer })
     }
 
@@ -194,6 +196,7 @@ pub fn simulate_step(
         kv_cache: Vec::new(),
         use_cache: false,
         kv_block: None,
+        window: None,
         params: params.info.clone(),
     };
     let seg = segment_len(setup, m.n_layers);
@@ -319,6 +322,10 @@ impl Run<'_> {
         tape.backward(fw.head_start, ops_end);
         if let Some(g) = self.gather {
             g.outer(tape, false);
+        }
+        // An untied head's gradient leaves for the reduce bucket like a block's.
+        if self.reduce_blocks && self.p.head != self.p.embed {
+            tape.zero_grad(&[self.p.head]);
         }
         for &(input, output, first, end) in fw.segments.iter().rev() {
             tape.phase(Phase::Backward(end as u32 - 1));

@@ -13,8 +13,9 @@
 //!   `reduce_bucket_size` buffer (5×10^8 elements, capped at P); stage 3 also partitions the
 //!   16-bit parameters and gathers each block's before its forward and backward, prefetching the
 //!   next one (`stage3_prefetch_bucket_size` 5×10^7 covers one block of a 7B model). At the step
-//!   the rank's gradient partition is upcast to fp32. Optimizer offload moves master, moments
-//!   and that fp32 partition to host memory.
+//!   the rank's gradient partition is upcast to fp32 (stage 3: one `sub_group_size` group of 10^9
+//!   elements at a time). Optimizer offload moves master, moments and that fp32 partition to
+//!   host memory, and stages 2-3 then keep no 16-bit gradient partition on the device.
 //!
 //! Example: `Sharding::of(&setup, total_trainable)` then `sharding.alloc_states(&mut tape, ..)`.
 
@@ -122,7 +123,11 @@ impl Sharding {
             tape.alloc(self.total * 4, Category::Grads);
         }
         if self.stage >= 2 {
-            tape.alloc(self.shard() * grad_es, Category::Grads);
+            // With the optimizer offloaded, ZeRO-2 copies each reduced gradient straight into
+            // the host's fp32 partition and ZeRO-3 keeps its partition buffer on the CPU.
+            if !self.offload {
+                tape.alloc(self.shard() * grad_es, Category::Grads);
+            }
             tape.alloc(
                 self.total.min(REDUCE_BUCKET_ELEMS) * grad_es,
                 Category::Other,
@@ -133,7 +138,13 @@ impl Sharding {
     /// The step's fp32 copy of this rank's gradient partition (DeepSpeed, on the device).
     pub fn step_temps(&self, tape: &mut Tape) {
         if self.deepspeed && self.stage >= 1 && !self.offload {
-            let t = tape.alloc(self.shard() * 4, Category::Grads);
+            // ZeRO-3 steps one `sub_group_size` group of the partition at a time.
+            let elems = if self.stage >= 3 {
+                self.shard().min(crate::formula::SUB_GROUP_ELEMS)
+            } else {
+                self.shard()
+            };
+            let t = tape.alloc(elems * 4, Category::Grads);
             tape.drop(t);
         }
     }

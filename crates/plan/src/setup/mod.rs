@@ -114,6 +114,21 @@ pub enum Offload {
     Params,
 }
 
+/// Which accounting of the model states the analytic (`formula`) runtime follows. The replaying
+/// profiles (`pytorch`, `frugal`) allocate what the real process allocates and ignore it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Convention {
+    /// What DeepSpeed really allocates: the 2 + 2 + 12 bytes per parameter plus the fp32 copy of
+    /// the rank's gradient partition its mixed-precision step makes (ZeRO 1-2: the whole
+    /// partition; ZeRO-3: one `sub_group_size` group at a time), and no gradient partition on
+    /// the device when ZeRO 2-3 offload the optimizer.
+    Deepspeed,
+    /// The ZeRO paper's Table 1 (Rajbhandari et al. 2020): (2 + 2 + K)Ψ sharded, K = 12 for
+    /// mixed-precision Adam, nothing else. The seed's 112 / 38.5 / 26.25 / 14 GB follow it.
+    Paper,
+}
+
 /// LoRA / QLoRA: frozen base weights (optionally quantized), trainable low-rank adapters.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Lora {
@@ -145,12 +160,14 @@ pub struct TrainSetup {
     pub attention: Attention,
     pub offload: Offload,
     pub lora: Option<Lora>,
+    /// The model-state accounting of the `formula` runtime.
+    pub convention: Convention,
 }
 
 impl TrainSetup {
     /// `micro_batch` rows of `seq` tokens with the planner's defaults, `frugal plan`'s: bf16 with
     /// fp32 master weights, AdamW, one GPU (ZeRO 0, no TP/PP/SP), no accumulation, no recompute,
-    /// flash attention, no offload, no LoRA. Set any field with `..TrainSetup::new(b, s)`.
+    /// flash attention, no offload, no LoRA, DeepSpeed's accounting. Set any field with `..TrainSetup::new(b, s)`.
     pub fn new(micro_batch: u64, seq: u64) -> TrainSetup {
         TrainSetup {
             precision: Precision::Bf16,
@@ -167,6 +184,7 @@ impl TrainSetup {
             attention: Attention::DEFAULT,
             offload: Offload::None,
             lora: None,
+            convention: Convention::Deepspeed,
         }
     }
 }

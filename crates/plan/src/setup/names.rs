@@ -7,7 +7,7 @@
 //!
 //! Example: `"every:2".parse::<Recompute>()` is `Ok(Recompute::Every(2))`.
 
-use super::{Attention, Dtype, Offload, Optimizer, Precision, Recompute, ZeroStage};
+use super::{Attention, Convention, Dtype, Offload, Optimizer, Precision, Recompute, ZeroStage};
 use std::fmt;
 use std::str::FromStr;
 
@@ -192,6 +192,28 @@ impl FromStr for Dtype {
 impl fmt::Display for Dtype {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(canonical(self, &DTYPES))
+    }
+}
+
+const CONVENTIONS: [(&[&str], Convention); 2] = [
+    (&["deepspeed"], Convention::Deepspeed),
+    (&["paper"], Convention::Paper),
+];
+
+impl FromStr for Convention {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        lookup(
+            s,
+            &CONVENTIONS,
+            "deepspeed (what DeepSpeed allocates) or paper (the ZeRO paper's 2 + 2 + 12)",
+        )
+    }
+}
+
+impl fmt::Display for Convention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(canonical(self, &CONVENTIONS))
     }
 }
 
