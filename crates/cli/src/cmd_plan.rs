@@ -29,16 +29,23 @@ Sizes print in GiB (2^30 bytes) and GB (10^9 bytes), labelled as such.
 Runtimes: `pytorch` replays what PyTorch and HF transformers allocate op by op,
 the caching allocator's reserve and the CUDA context; `formula` is the analytic model of the seed
 and the papers (ZeRO, Korthikanti et al. 2022 activations); `frugal` is this project's engine,
-exact to the byte. The default, `auto`, uses `pytorch` where it models the setup (one GPU,
-plain PyTorch precisions and formats) and otherwise `formula`, saying which and why. `--params 7B` (a bare
-parameter count) always uses `formula` and counts model states only (no shape, no activations).
+exact to the byte. The default, `auto`, asks `pytorch` first (plain PyTorch and DDP, DeepSpeed
+ZeRO 0-3 with optimizer offload, PEFT LoRA/QLoRA, HF inference) and falls back to `formula`
+where `pytorch` refuses the setup (tensor or pipeline parallelism, parameter offload, KV formats
+HF does not cache, ...), printing the reason. `--params 7B` (a bare parameter count) always uses
+`formula` and counts model states only (no shape, no activations).
+
+Convention (`formula` only): `deepspeed` (default) counts what DeepSpeed allocates, the fp32
+copy of the gradient partition its step makes included; `paper` is the ZeRO paper's 2 + 2 + 12
+bytes per parameter, the seed's table (`--params 7B --zero 2 --gpus 8 --convention paper`:
+26.25 GB). Under ZeRO-2/3 with `--offload optimizer` no gradient partition stays on the device.
 
 Precision: fp32; amp-bf16 / amp-fp16 (fp32 weights, autocast); bf16 / fp16 (16-bit weights and
 gradients, fp32 master weights and optimizer state, as DeepSpeed and Megatron); pure-bf16 (bf16
 weights and bf16 optimizer state, no master copy).
 
 Examples:
-  frugal plan --params 7B --train --zero 2 --gpus 8
+  frugal plan --params 7B --train --zero 2 --gpus 8 --convention paper
       the seed's ZeRO table: 26.25 GB of model states per GPU
   frugal plan --model llama3-8b --train --precision amp-bf16 --zero 3 --gpus 8 \\
       --batch 4 --seq 2048 --recompute full --json
@@ -134,7 +141,7 @@ pub struct Args {
     #[arg(long, default_value_t = Convention::Deepspeed)]
     convention: Convention,
     /// auto, pytorch (PyTorch + HF transformers on CUDA), formula (analytic) or frugal (this
-    /// engine). auto: pytorch where it models the setup, else formula, and says why.
+    /// engine). auto: pytorch unless it refuses the setup, then formula, and says why.
     #[arg(long, default_value = "auto")]
     runtime: String,
     /// Print one JSON object (ARCHITECTURE.md's JSON contract) instead of tables.

@@ -52,12 +52,83 @@ fn table_shows_the_best_and_why_the_rest_miss() {
         "tokens/s",
         "bottleneck",
         "remedies of #1 in the seed's order: 3. ZeRO stage",
-        "plan it: frugal plan --model llama2-7b --train --precision bf16 --optimizer adamw --gpus 8",
+        "plan it: frugal plan --model llama2-7b --train --runtime formula --precision bf16 --optimizer adamw --gpus 8",
         "why the rest don't fit",
         "no remedy",
         "(largest: optimizer",
     ] {
         assert!(text.contains(want), "missing '{want}' in\n{text}");
+    }
+}
+
+/// Runs `frugal plan` as fit printed it and returns its total.
+fn plan_total(command: &str) -> u64 {
+    let mut words: Vec<&str> = command.split_whitespace().collect();
+    assert_eq!(words.remove(0), "frugal");
+    words.push("--json");
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(&words)
+        .output()
+        .expect("run frugal plan");
+    common::json(&out)["per_device"]["total_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn every_printed_plan_command_reproduces_fits_total() {
+    let cases: [&[&str]; 4] = [
+        &LLAMA2_8X80,
+        &[
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "8",
+            "--device-memory",
+            "80GiB",
+            "--batch",
+            "32",
+        ],
+        &[
+            "--model",
+            "llama2-70b",
+            "--gpus",
+            "8",
+            "--device-memory",
+            "80GiB",
+            "--batch",
+            "8",
+        ],
+        &[
+            "--model",
+            "gpt2-124m",
+            "--gpus",
+            "1",
+            "--device-memory",
+            "24GiB",
+            "--batch",
+            "8",
+            "--seq",
+            "1024",
+            "--runtime",
+            "pytorch",
+            "--precision",
+            "amp-bf16",
+        ],
+    ];
+    for case in cases {
+        let mut args = case.to_vec();
+        args.extend(["--top", "5"]);
+        let v = json(&args);
+        let best = v["best"].as_array().unwrap();
+        assert!(!best.is_empty(), "{case:?}: nothing fits");
+        for b in best {
+            let fit_total = b["total_bytes"].as_u64().unwrap();
+            let command = b["plan_command"].as_str().unwrap();
+            let total = plan_total(command);
+            let off = (total as f64 - fit_total as f64).abs() / fit_total as f64;
+            assert!(off <= 0.01, "{command}: plan {total} vs fit {fit_total}");
+        }
     }
 }
 

@@ -122,6 +122,7 @@ fn estimate_of(plan: MemoryPlan) -> Estimate {
         reserved_bytes: peak_bytes,
         context_bytes: CONTEXT_BYTES,
         host_peak_bytes: plan.peak_bytes(Device::Host),
+        phase_peaks: None,
         plan,
     }
 }

@@ -163,6 +163,7 @@ pub fn training_estimate(model: &ModelShape, setup: &TrainSetup) -> Result<Estim
         reserved_bytes,
         context_bytes: 0,
         host_peak_bytes,
+        phase_peaks: None,
     })
 }
 

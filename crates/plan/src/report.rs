@@ -166,7 +166,7 @@ pub fn training(
     setup: &TrainSetup,
     est: &Estimate,
 ) -> Report {
-    let (phase, at_peak) = est.plan.at_peak(Device::Gpu);
+    let (phase, at_peak) = est.at_peak();
     let at_peak = reconcile(at_peak, est.peak_bytes);
     let host = (est.host_peak_bytes > 0).then(|| {
         let (_, c) = est.plan.at_peak(Device::Host);
@@ -176,8 +176,7 @@ pub fn training(
         }
     });
     let timeline = est
-        .plan
-        .timeline(Device::Gpu)
+        .timeline()
         .into_iter()
         .map(|(p, c)| point(phase_name(p), c))
         .collect();

@@ -21,11 +21,39 @@ pub struct Estimate {
     pub context_bytes: u64,
     /// Peak of live bytes in host memory (offload).
     pub host_peak_bytes: u64,
+    /// Live device bytes by category at each phase's own highest moment, when the profile
+    /// simulates more finely than phases (`pytorch`); `None` reads them off `plan`'s phases.
+    #[serde(skip)]
+    pub phase_peaks: Option<Vec<(crate::Phase, [u64; 6])>>,
 }
 
 impl Estimate {
     /// What `nvidia-smi` would show for the process.
     pub fn total_bytes(&self) -> u64 {
         self.reserved_bytes + self.context_bytes
+    }
+
+    /// Device bytes by category at each phase of the step: the report's timeline and plot.
+    pub fn timeline(&self) -> Vec<(crate::Phase, [u64; 6])> {
+        match &self.phase_peaks {
+            Some(p) => p.clone(),
+            None => self.plan.timeline(crate::Device::Gpu),
+        }
+    }
+
+    /// The phase of the device peak and the categories then (the first such phase on a tie).
+    pub fn at_peak(&self) -> (crate::Phase, [u64; 6]) {
+        match &self.phase_peaks {
+            Some(p) => {
+                let mut best = p[0];
+                for &x in p {
+                    if x.1.iter().sum::<u64>() > best.1.iter().sum::<u64>() {
+                        best = x;
+                    }
+                }
+                best
+            }
+            None => self.plan.at_peak(crate::Device::Gpu),
+        }
     }
 }

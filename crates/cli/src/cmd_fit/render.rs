@@ -6,17 +6,9 @@
 use crate::output::{gigabytes, human_bytes, Table};
 use plan::fit::{self, remedy, FitRequest, FitResult, Weighed};
 use plan::report::{self, PerDevice};
-use plan::setup::{Attention, Optimizer, TrainSetup};
+use plan::setup::{Attention, TrainSetup};
 use plan::ModelShape;
 use serde_json::{json, Value};
-
-fn optimizer_name(o: Optimizer) -> &'static str {
-    match o {
-        Optimizer::AdamW => "adamw",
-        Optimizer::AdamW8bit => "adamw8bit",
-        Optimizer::Sgd => "sgd",
-    }
-}
 
 /// `per_device` (ARCHITECTURE.md's JSON contract) and `host` of a candidate, re-estimated for the report.
 fn per_device(
@@ -60,6 +52,8 @@ pub fn to_json(
                 "remedies": w.remedies,
                 "flags": remedy::flags(&w.setup, &w.remedies),
                 "plan_flags": remedy::plan_flags(&w.setup),
+                "plan_command": remedy::plan_command(&model.name, r.runtime, &w.setup),
+                "total_bytes": w.memory().map(|m| m.total_bytes),
                 "per_device": pd,
                 "host": host,
                 "headroom_bytes": r.capacity_bytes - pd.total_bytes,
@@ -230,11 +224,8 @@ pub fn text(
             }
         ));
         out.push_str(&format!(
-            "plan it: frugal plan --model {} --train --precision {} --optimizer {} {}\n",
-            model.name,
-            json!(r.precision).as_str().unwrap_or_default(),
-            optimizer_name(r.optimizer),
-            remedy::plan_flags(&best.setup)
+            "plan it: {}\n",
+            remedy::plan_command(&model.name, r.runtime, &best.setup)
         ));
     } else {
         out.push_str(&format!(

@@ -152,10 +152,22 @@ pub fn offload_name(o: Offload) -> &'static str {
     }
 }
 
-/// Every `frugal plan` flag that describes `s` (precision and optimizer aside).
+/// The `frugal plan` command that plans `s` for `model` (a preset name or a config path) with
+/// the same runtime the search weighed it with, so it prints the total the search saw.
+pub fn plan_command(model: &str, runtime: crate::fit::Runtime, s: &TrainSetup) -> String {
+    format!(
+        "frugal plan --model {model} --train --runtime {} {}",
+        runtime.name(),
+        plan_flags(s)
+    )
+}
+
+/// Every `frugal plan` flag that describes `s`.
 pub fn plan_flags(s: &TrainSetup) -> String {
     let mut out = format!(
-        "--gpus {} --tp {} --pp {}{} --zero {} --batch {} --grad-accum {} --seq {} --recompute {} --attention {} --offload {}",
+        "--precision {} --optimizer {} --gpus {} --tp {} --pp {}{} --zero {} --batch {} --grad-accum {} --seq {} --recompute {} --attention {} --offload {}",
+        s.precision,
+        s.optimizer,
         s.dp,
         s.tp,
         s.pp,

@@ -87,6 +87,11 @@ pub fn training_detail(
     let reserved = a.replay(&sim.tape) + 2 * (32 * MIB + 2 * MIB);
     let mut plan = to_plan(&sim.tape, model.n_layers);
     plan.push(workspace_buffer(workspace_bytes));
+    let phases = crate::Phase::training_timeline(model.n_layers);
+    let mut phase_peaks = sim.tape.phase_peaks(&phases, model.n_layers);
+    for (_, c) in &mut phase_peaks {
+        c[Category::Other as usize] += workspace_bytes;
+    }
     if sim.host_bytes > 0 {
         // DeepSpeed's CPU offload keeps master weights, moments and the fp32 gradient partition
         // in pinned host memory for the whole run.
@@ -105,6 +110,7 @@ pub fn training_detail(
             reserved_bytes: reserved,
             context_bytes: context_bytes(),
             host_peak_bytes: sim.host_bytes,
+            phase_peaks: Some(phase_peaks),
         },
         steady_bytes: sim.param_bytes + sim.optimizer_bytes,
         after_forward_bytes: sim.after_forward_bytes + workspace_bytes,

@@ -137,6 +137,50 @@ impl Tape {
         self.peak_by_category = self.live_by_category;
     }
 
+    /// The highest live bytes inside each phase of `phases` (by ordinal) and the categories at
+    /// that moment, replayed from the event log: the timeline the report plots, whose maximum
+    /// is [`Tape::peak_bytes`]. A phase the log never enters keeps the bytes live before it.
+    pub fn phase_peaks(&self, phases: &[Phase], n_layers: u32) -> Vec<(Phase, [u64; 6])> {
+        let mut best: Vec<Option<[u64; 6]>> = vec![None; phases.len()];
+        let index = |p: Phase| {
+            let o = p.ordinal(n_layers) as usize;
+            (o < phases.len()).then_some(o)
+        };
+        let mut live = [0u64; 6];
+        let mut at = index(phases[0]);
+        let mut note = |at: Option<usize>, live: &[u64; 6]| {
+            if let Some(i) = at {
+                let sum: u64 = live.iter().sum();
+                if best[i].is_none_or(|b| sum > b.iter().sum()) {
+                    best[i] = Some(*live);
+                }
+            }
+        };
+        for e in &self.events {
+            match *e {
+                Event::Phase(p) => {
+                    at = index(p);
+                    note(at, &live);
+                }
+                Event::Alloc(t) => {
+                    live[self.tensors[t].category as usize] += self.tensors[t].bytes;
+                    note(at, &live);
+                }
+                Event::Free(t) => live[self.tensors[t].category as usize] -= self.tensors[t].bytes,
+            }
+        }
+        let mut carry = [0u64; 6];
+        phases
+            .iter()
+            .zip(best)
+            .map(|(&p, b)| {
+                let c = b.unwrap_or(carry);
+                carry = c;
+                (p, c)
+            })
+            .collect()
+    }
+
     /// Gives a released `t` its storage back (a ZeRO-3 all-gather).
     pub fn restore(&mut self, t: T) {
         if !self.tensors[t].live {
