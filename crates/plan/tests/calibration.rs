@@ -127,6 +127,12 @@ fn rows() -> Vec<Row> {
                     d.kv_cache_bytes as f64 / MIB,
                     &rec["kv_cache_mib"],
                 ));
+                out.push(row(
+                    &label,
+                    "reserved",
+                    d.reserved_bytes as f64 / MIB,
+                    &rec["reserved_peak_mib"],
+                ));
             }
             _ => {}
         }
@@ -158,50 +164,55 @@ fn table(rows: &[Row]) -> String {
     s
 }
 
+fn worst(rows: &[Row]) -> f64 {
+    rows.iter()
+        .map(|r| ((r.predicted_mib - r.measured_mib) / r.measured_mib).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The one case the replay misses by more than 3%: GPT-2 at batch 1 under amp-bf16 holds about
+/// 84 MiB more after its forward on the H200 than the batch-linear trend of batches 2-16 says
+/// (2745 MiB measured; batch 2 minus one batch's 975 MiB predicts 2662), and the replay follows
+/// the trend. Its cause needs a GPU run to find; it is held to 4% and named here.
+const BATCH_ONE_AMP: &str = "gpt2-124m amp_bf16 b1 t1024";
+
 #[test]
-fn every_calibration_peak_is_within_five_percent() {
+fn every_calibration_peak_is_within_three_percent() {
     let all = rows();
-    let rows: Vec<Row> = all.into_iter().filter(|r| r.what != "reserved").collect();
+    let (odd, rows): (Vec<Row>, Vec<Row>) = all
+        .into_iter()
+        .filter(|r| r.what != "reserved")
+        .partition(|r| r.case.starts_with(BATCH_ONE_AMP));
     assert!(
         rows.len() >= 15,
         "expected the calibration cases, got {}",
         rows.len()
     );
-    let worst = rows
-        .iter()
-        .map(|r| ((r.predicted_mib - r.measured_mib) / r.measured_mib).abs())
-        .fold(0.0, f64::max);
-    assert!(
-        worst <= 0.05,
-        "worst error {:.2}%\n{}",
-        worst * 100.0,
-        table(&rows)
-    );
-    println!("worst error {:.2}%\n{}", worst * 100.0, table(&rows));
+    let w = worst(&rows);
+    println!("worst error {:.2}%\n{}", w * 100.0, table(&rows));
+    assert!(w <= 0.03, "worst error {:.2}%\n{}", w * 100.0, table(&rows));
+    assert_eq!(odd.len(), 3, "the batch-1 case's three rows");
+    let w = worst(&odd);
+    println!("batch 1 amp-bf16: worst {:.2}%\n{}", w * 100.0, table(&odd));
+    assert!(w <= 0.04, "{}", table(&odd));
 }
 
-/// The allocator's reserve is a replay of the caching allocator over the same events; it is looser
-/// than the live peak (the real run's earlier steps and cases leave other cached blocks), so it is
-/// held to 15% and printed.
+/// The allocator's reserve: a replay of the caching allocator over a run's build, first step
+/// (the torch optimizer's state born inside it) and steady steps, or over inference's build,
+/// prefill and decode.
 #[test]
-fn reserved_memory_is_within_fifteen_percent() {
+fn reserved_memory_is_within_five_percent() {
     let rows: Vec<Row> = rows()
         .into_iter()
         .filter(|r| r.what == "reserved")
         .collect();
-    let worst = rows
-        .iter()
-        .map(|r| ((r.predicted_mib - r.measured_mib) / r.measured_mib).abs())
-        .fold(0.0, f64::max);
-    println!(
-        "worst reserved error {:.2}%\n{}",
-        worst * 100.0,
-        table(&rows)
-    );
+    assert!(rows.len() >= 15, "{} reserve rows", rows.len());
+    let w = worst(&rows);
+    println!("worst reserved error {:.2}%\n{}", w * 100.0, table(&rows));
     assert!(
-        worst <= 0.15,
+        w <= 0.05,
         "worst reserved error {:.2}%\n{}",
-        worst * 100.0,
+        w * 100.0,
         table(&rows)
     );
 }

@@ -49,14 +49,55 @@ fn segment_size(size: u64) -> u64 {
     }
 }
 
+/// Where a training tape's events sit: the optimizer state's allocations, the first event of the
+/// step (forward onwards) and the first of its optimizer phase.
+#[derive(Clone, Debug)]
+pub struct StepOrder {
+    pub states: std::ops::Range<usize>,
+    pub step_from: usize,
+    pub optimizer_at: usize,
+    /// The state is created inside the first step's `optimizer.step()` (torch optimizers), not
+    /// before the first step (DeepSpeed).
+    pub lazy_states: bool,
+}
+
+/// Steps a calibration run takes before its last (the reserve is the run's high-water mark).
+pub const RUN_STEPS: usize = 3;
+
 impl Allocator {
     /// Replays every allocation and free of `tape`; returns the peak reserved bytes.
     pub fn replay(&mut self, tape: &Tape) -> u64 {
+        self.replay_events(tape, tape.events.iter())
+    }
+
+    /// Replays a run of [`RUN_STEPS`] training steps from one steady step's tape: the build,
+    /// then the first step with a torch optimizer's state born in its `step()` (after backward
+    /// freed the activations, so it lands in their cached blocks), then the steady steps. The
+    /// reserve never shrinks, so the first step's layout is part of what `nvidia-smi` shows.
+    pub fn replay_run(&mut self, tape: &Tape, o: &StepOrder) -> u64 {
+        let e = &tape.events;
+        if !o.lazy_states {
+            let steps = (1..RUN_STEPS).flat_map(|_| e[o.step_from..].iter());
+            return self.replay_events(tape, e.iter().chain(steps));
+        }
+        let build = e[..o.states.start]
+            .iter()
+            .chain(&e[o.states.end..o.step_from]);
+        let first = e[o.step_from..o.optimizer_at]
+            .iter()
+            .chain(&e[o.states.clone()])
+            .chain(&e[o.optimizer_at..]);
+        let steady = (1..RUN_STEPS).flat_map(|_| e[o.step_from..].iter());
+        self.replay_events(tape, build.chain(first).chain(steady))
+    }
+
+    fn replay_events<'a>(&mut self, tape: &Tape, events: impl Iterator<Item = &'a Event>) -> u64 {
         let mut where_: HashMap<usize, usize> = HashMap::new();
-        for e in &tape.events {
+        for e in events {
             match *e {
                 Event::Alloc(t) => {
                     let b = self.malloc(tape.tensors[t].bytes);
+                    // A tensor the previous step never freed stays allocated (a leak repeats).
                     where_.insert(t, b);
                 }
                 Event::Free(t) => {

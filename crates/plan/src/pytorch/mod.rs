@@ -84,7 +84,7 @@ pub fn training_detail(
     let sim = train::simulate_step(model, setup, opt)?;
     let workspace_bytes = 2 * CUBLAS_WORKSPACE_BYTES;
     let mut a = allocator::Allocator::default();
-    let reserved = a.replay(&sim.tape) + 2 * (32 * MIB + 2 * MIB);
+    let reserved = a.replay_run(&sim.tape, &sim.order) + 2 * (32 * MIB + 2 * MIB);
     let mut plan = to_plan(&sim.tape, model.n_layers);
     plan.push(workspace_buffer(workspace_bytes));
     let phases = crate::Phase::training_timeline(model.n_layers);

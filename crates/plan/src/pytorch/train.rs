@@ -22,6 +22,8 @@ use crate::{Category, ModelShape, Phase, PlanError, TrainSetup};
 /// What the replay of one step found.
 pub struct StepSim {
     pub tape: Tape,
+    /// Where the tape's events sit in a run's first and later steps (for the allocator).
+    pub order: super::allocator::StepOrder,
     pub param_bytes: u64,
     pub optimizer_bytes: u64,
     /// Optimizer state (and fp32 gradient partition) offloaded to host memory.
@@ -179,10 +181,13 @@ pub fn simulate_step(
         let shard = tape.alloc(total.div_ceil(sh.ranks) * md.param_es, Category::Params);
         param_bytes = resident + tape.tensors[shard].bytes;
     }
+    let states_from = tape.events.len();
     let (optimizer_bytes, host_bytes) =
         sh.alloc_states(&mut tape, &trainable, setup.optimizer, md.states);
+    let states_to = tape.events.len();
     sh.alloc_grad_buffers(&mut tape, md.param_es);
     let ids = tape.alloc(setup.micro_batch * setup.seq * 8, Category::Other);
+    let step_from = tape.events.len();
     let mut f = Fwd {
         batch: setup.micro_batch,
         q_len: setup.seq,
@@ -210,11 +215,20 @@ pub fn simulate_step(
     let fwd = run.forward(&mut tape, &mut f);
     run.backward(&mut tape, &mut f, &fwd);
     tape.phase(Phase::Optimizer);
+    let optimizer_at = tape.events.len();
     sh.step_temps(&mut tape);
     optimizer_step(&mut tape, &params.all, setup.optimizer, opt, sh.deepspeed);
     tape.zero_grad(&params.all);
     tape.drop(ids);
+    // A torch optimizer creates its state in the first `step()`; DeepSpeed at initialisation.
+    let order = super::allocator::StepOrder {
+        states: states_from..states_to,
+        step_from,
+        optimizer_at,
+        lazy_states: !sh.deepspeed,
+    };
     Ok(StepSim {
+        order,
         tape,
         param_bytes,
         optimizer_bytes,
