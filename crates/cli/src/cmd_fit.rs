@@ -5,6 +5,7 @@
 //! the rest don't fit; `--json` prints one object. Not here: the search and the cost model
 //! (`plan::fit`). Example: `frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32`.
 
+mod infer;
 mod render;
 
 use anyhow::{bail, Context};
@@ -34,11 +35,25 @@ Ties (within 0.1%) go to the seed's remedy order: 1 smaller micro-batch + accumu
 2 recompute, 3 higher ZeRO stage, 4 offload, 5 flash attention, then LoRA/QLoRA and TP/PP;
 fewer remedies first, then earlier ones, then the lighter form of each.
 
+Headroom: a setup fits when its total is at most (1 - --headroom) × --device-memory (default 5%
+kept free for fragmentation and other processes).
+
+Inference (--infer): weight formats bf16, fp8, int8, int4 (groups of 128) and nf4 (64) × KV
+formats bf16, fp8 and int8 × every tensor-parallel degree of --gpus × weights on the device or
+offloaded to host memory (streamed block by block). Each answer shows its total per GPU at
+--batch sequences of --seq tokens (default 1 × min(4096, positions)), the largest batch at that
+context and the longest context at that batch, decode tokens/s (memory-bound: this rank's
+weights and the batch's KV cache read at 80% of the HBM bandwidth, or the host link's for
+offloaded weights; compute-bound past that) and the prefill time; ranked by decode speed, then
+fidelity. When only offload fits, it says how many GPUs serve the request without it.
+
 Examples:
   frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32 --seq 2048
   frugal fit --model llama2-7b --gpus 1 --gpu rtx4090 --batch 8 --seq 1024 --allow-lora
   frugal fit --model llama3-70b --gpus 16 --gpu h200 --batch-tokens 1048576 --seq 4096 --top 10
-  frugal fit --model path/to/config.json --gpus 8 --device-memory 40GiB --json";
+  frugal fit --model path/to/config.json --gpus 8 --device-memory 40GiB --json
+  frugal fit --infer --model llama2-70b --device-memory 24GiB --gpus 1 --json
+  frugal fit --infer --model llama3-8b --gpu rtx4090 --batch 8 --seq 8192";
 
 /// Search the setups that fit and rank them by predicted step time.
 #[derive(clap::Args)]
@@ -79,6 +94,10 @@ pub struct Args {
     /// Memory model: formula (every setup), pytorch (one GPU, plain PyTorch), frugal (this engine).
     #[arg(long, default_value = "formula")]
     runtime: String,
+    /// Keep --precision and --optimizer: propose neither pure bf16 (no fp32 master copy) nor
+    /// 8-bit AdamW.
+    #[arg(long)]
+    keep_precision: bool,
     /// Also propose LoRA/QLoRA (bf16, int8 and nf4 bases): it trains adapters, not the model.
     #[arg(long)]
     allow_lora: bool,
@@ -118,6 +137,25 @@ pub struct Args {
     /// How many of the best setups to show (at least 1).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     top: u64,
+    /// Keep this fraction of --device-memory free (fragmentation, other processes): a setup
+    /// fits when its total is at most (1 - headroom) × the capacity.
+    #[arg(long, default_value_t = 0.05)]
+    headroom: f64,
+    /// Advise on inference instead of training: the weight format, KV format, TP degree or
+    /// weight offload that serve --batch sequences of --seq tokens, the largest batch and
+    /// context each holds, decode tokens/s and prefill time.
+    #[arg(long)]
+    infer: bool,
+    /// With --infer: only this weight format (bf16, fp8, int8, int4, nf4).
+    #[arg(long)]
+    weights: Option<plan::setup::Dtype>,
+    /// With --infer: only this KV-cache format (bf16, fp8, int8).
+    #[arg(long)]
+    kv_dtype: Option<plan::setup::Dtype>,
+    /// Host memory per node (512GiB): offloaded state of every rank on the node, or the model
+    /// copies while loading; with --infer, offloaded weights. Default unlimited.
+    #[arg(long, value_name = "SIZE")]
+    host_memory: Option<String>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -193,9 +231,15 @@ pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
         seq,
         gpus: args.gpus,
         capacity_bytes,
+        headroom: args.headroom,
+        host_capacity_bytes: match &args.host_memory {
+            Some(s) => Some(units::parse_bytes(s, "--host-memory")?),
+            None => None,
+        },
         hardware: hw,
         runtime: Runtime::parse(&args.runtime)?,
         attention: args.attention,
+        keep_states: args.keep_precision,
         lora: args.allow_lora.then(|| LoraChoice {
             rank: args.lora_rank,
             targets: args.lora_targets.clone(),
@@ -210,7 +254,49 @@ pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
     Ok((model, request))
 }
 
+/// `fit --infer`: the inference advisor's request from the flags.
+fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRequest)> {
+    if args.gpus == 0 {
+        bail!("invalid --gpus: must be at least 1 (the GPUs tensor parallelism may use)");
+    }
+    let hw = hardware(args)?;
+    let capacity_bytes = match &args.device_memory {
+        Some(s) => units::parse_bytes(s, "--device-memory")?,
+        None => hw.gpu.memory_bytes,
+    };
+    let model = load_model(&args.model)?;
+    let seq = args.seq.unwrap_or(4096.min(model.max_positions));
+    let host_bytes = match &args.host_memory {
+        Some(s) => Some(units::parse_bytes(s, "--host-memory")?),
+        None => None,
+    };
+    let r = fit::infer::InferRequest {
+        batch: args.batch.unwrap_or(1),
+        seq,
+        gpus: args.gpus,
+        capacity_bytes,
+        headroom: args.headroom,
+        host_bytes,
+        hardware: hw,
+        weights: args.weights,
+        kv_dtype: args.kv_dtype,
+    };
+    fit::infer::check(&model, &r)?;
+    Ok((model, r))
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.infer {
+        let (model, r) = infer_request(&args)?;
+        let advice = fit::infer::advise(&model, &r)?;
+        if args.json {
+            let v = infer::to_json(&model, &r, &advice, args.top as usize);
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            print!("{}", infer::text(&model, &r, &advice, args.top as usize));
+        }
+        return Ok(());
+    }
     let (model, request) = build_request(&args)?;
     let result = fit::search(&model, &request)?;
     let misses = fit::why_not(&model, &request, &result);

@@ -424,6 +424,16 @@ fn render(report: &Report) -> String {
             human_bytes(h.categories.params_bytes)
         ));
     }
+    if let Some(h) = &report.host_node {
+        out.push_str(&format!(
+            "host memory per node ({} ranks): {} = {} (offloaded state {}, model copies while loading {})\n",
+            h.ranks,
+            human_bytes(h.peak_bytes),
+            gigabytes(h.peak_bytes),
+            human_bytes(h.offload_bytes),
+            human_bytes(h.load_bytes)
+        ));
+    }
     if let Some(i) = &report.inference {
         out.push_str(&format!(
             "KV cache: {} per token; paged waste {}; prefill peak {}, decode peak {}\n",

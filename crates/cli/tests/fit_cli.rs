@@ -378,3 +378,74 @@ fn engine_trains_what_fit_picks_and_refuses_what_it_rejects() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("76000000"), "{err}");
 }
+
+#[test]
+fn infer_advisor_answers_70b_on_one_24gib_card() {
+    let v = json(&[
+        "--infer",
+        "--model",
+        "llama2-70b",
+        "--device-memory",
+        "24GiB",
+        "--gpus",
+        "1",
+    ]);
+    let best = v["best"].as_array().unwrap();
+    assert!(!best.is_empty());
+    // 70B does not fit one 24 GiB card in any format: only offloaded weights do, and the
+    // advisor says two GPUs with int4 and --tp 2 serve it on the devices.
+    assert!(best.iter().all(|b| b["serving"]["offload"] == true));
+    let more = &v["more_gpus"];
+    assert_eq!(more["serving"]["tp"], 2);
+    assert_eq!(more["serving"]["weights"], "int4");
+    assert!(more["total_bytes"].as_u64().unwrap() <= v["usable_bytes"].as_u64().unwrap());
+    let decode = best[0]["speed"]["decode_tokens_per_s"].as_f64().unwrap();
+    assert!(decode > 0.0 && decode < more["speed"]["decode_tokens_per_s"].as_f64().unwrap());
+    // The text names the remedy.
+    let out = frugal(&[
+        "--infer",
+        "--model",
+        "llama2-70b",
+        "--device-memory",
+        "24GiB",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("--tp 2 fits without offload"), "{text}");
+}
+
+#[test]
+fn infer_advisor_plan_commands_reproduce_its_totals() {
+    let v = json(&[
+        "--infer",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "rtx4090",
+        "--batch",
+        "8",
+        "--seq",
+        "8192",
+        "--top",
+        "6",
+    ]);
+    let best = v["best"].as_array().unwrap();
+    assert!(best.len() >= 3);
+    for b in best.iter().filter(|b| b["serving"]["offload"] == false) {
+        let total = plan_total(b["plan_command"].as_str().unwrap());
+        assert_eq!(total, b["total_bytes"].as_u64().unwrap(), "{b}");
+        // The largest batch and context are where the next one stops fitting.
+        let max_batch = b["max_batch"].as_u64().unwrap();
+        assert!(max_batch >= 8 && b["max_seq"].as_u64().unwrap() >= 8192);
+        let command = b["plan_command"].as_str().unwrap();
+        let at =
+            |batch: u64| plan_total(&command.replace("--batch 8", &format!("--batch {batch}")));
+        let usable = v["usable_bytes"].as_u64().unwrap();
+        assert!(
+            at(max_batch) <= usable && at(max_batch + 1) > usable,
+            "{command}"
+        );
+    }
+    let bad = frugal(&["--infer", "--model", "llama3-8b", "--kv-dtype", "int4"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--kv-dtype"));
+}

@@ -86,28 +86,40 @@ pub fn weights_only_bytes(n_params: u64, dtype: Dtype) -> u64 {
     n_params * dtype.bits() / 8
 }
 
-/// Weights of `model` on one of `setup.tp` ranks.
-pub fn model_weight_bytes(model: &ModelShape, setup: &InferSetup) -> u64 {
+/// Bytes of `tensors` on one of `setup.tp` ranks: linear layers in the weight format,
+/// embeddings (and the head) and vectors in 16 bits (fp32 when the weights are fp32).
+pub fn tensors_bytes(tensors: &[crate::params::Tensor], setup: &InferSetup) -> u64 {
     let tp = setup.tp as u64;
     let keep = if setup.weights == Dtype::F32 { 4 } else { 2 };
-    let bytes_of = |tensors: Vec<crate::params::Tensor>| -> u64 {
-        tensors
-            .iter()
-            .map(|t| {
-                let n = if t.tp_split {
-                    t.numel().div_ceil(tp)
-                } else {
-                    t.numel()
-                };
-                // Embeddings (and the head) and vectors stay 16-bit; linear layers take the format.
-                if t.kind == TensorKind::Linear {
-                    weight_bytes(n, t.d_in, setup.weights, setup.weight_group)
-                } else {
-                    keep * n
-                }
-            })
-            .sum()
-    };
+    tensors
+        .iter()
+        .map(|t| {
+            let n = if t.tp_split {
+                t.numel().div_ceil(tp)
+            } else {
+                t.numel()
+            };
+            if t.kind == TensorKind::Linear {
+                weight_bytes(n, t.d_in, setup.weights, setup.weight_group)
+            } else {
+                keep * n
+            }
+        })
+        .sum()
+}
+
+/// Weights of the largest block of `model` on one of `setup.tp` ranks.
+pub fn largest_block_weight_bytes(model: &ModelShape, setup: &InferSetup) -> u64 {
+    let dense = tensors_bytes(&model.block_tensors(0), setup);
+    match &model.moe {
+        Some(m) => dense.max(tensors_bytes(&model.block_tensors(m.first_dense), setup)),
+        None => dense,
+    }
+}
+
+/// Weights of `model` on one of `setup.tp` ranks.
+pub fn model_weight_bytes(model: &ModelShape, setup: &InferSetup) -> u64 {
+    let bytes_of = |tensors: Vec<crate::params::Tensor>| tensors_bytes(&tensors, setup);
     let mut total = bytes_of(model.embedding_tensors()) + bytes_of(model.head_tensors());
     let dense = bytes_of(model.block_tensors(0));
     match &model.moe {

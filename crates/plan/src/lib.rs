@@ -16,6 +16,7 @@ pub mod formula;
 pub mod formula_acts;
 pub mod frugal;
 pub mod hf_config;
+pub mod host;
 pub mod infer;
 pub mod lora;
 pub mod model;

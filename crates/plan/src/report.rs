@@ -110,6 +110,8 @@ pub struct Report {
     pub setup: serde_json::Value,
     pub per_device: PerDevice,
     pub host: Option<Host>,
+    /// Host memory of one node of 8 GPUs (or fewer, as the run has): offload and loading.
+    pub host_node: Option<crate::host::HostNode>,
     pub peak_phase: String,
     pub timeline: Vec<TimelinePoint>,
     pub inference: Option<InferDetails>,
@@ -194,6 +196,7 @@ pub fn training(
             est.context_bytes,
         ),
         host,
+        host_node: model.map(|m| crate::host::host_per_node(m, setup, est, 8)),
         peak_phase: phase_name(phase),
         timeline,
         inference: None,
@@ -227,6 +230,7 @@ pub fn inference(
             est.context_bytes,
         ),
         host: None,
+        host_node: None,
         peak_phase: if prefill_peak >= decode_peak {
             "prefill"
         } else {

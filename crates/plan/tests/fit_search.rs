@@ -12,9 +12,11 @@ fn model(name: &str) -> ModelShape {
     presets::by_name(name).unwrap()
 }
 
+/// TP/PP pinned to 1 and the user's precision and optimizer kept: the seed's ZeRO/offload cases.
 fn pinned(mut r: FitRequest) -> FitRequest {
     r.bounds.tp = Some(1);
     r.bounds.pp = Some(1);
+    r.keep_states = true;
     r
 }
 
@@ -66,10 +68,41 @@ fn llama2_13b_on_8x40gib_fits_only_with_zero3_without_offload() {
 #[test]
 fn llama2_13b_on_one_80gib_gpu_fits_only_with_offload() {
     let m = model("llama2-13b");
-    let res = fit::search(&m, &FitRequest::new(8, 2048, 1, 80 * GIB)).unwrap();
+    let mut r = FitRequest::new(8, 2048, 1, 80 * GIB);
+    r.keep_states = true;
+    let res = fit::search(&m, &r).unwrap();
     assert!(!res.fitting.is_empty());
     assert!(res.fitting.iter().all(|w| w.setup.offload != Offload::None));
-    assert!(res.best().unwrap().remedies.contains(&Remedy::Offload));
+    let best = res.best().unwrap();
+    // On one GPU the ZeRO stage only carries the offload: it is not a remedy of its own.
+    assert!(best.remedies.contains(&Remedy::Offload));
+    assert!(
+        !best.remedies.contains(&Remedy::Zero),
+        "{:?}",
+        best.remedies
+    );
+}
+
+#[test]
+fn pure_bf16_and_8bit_adam_fit_8b_on_one_80gib_gpu_without_offload() {
+    let m = model("llama3.1-8b");
+    let mut r = FitRequest::new(8, 2048, 1, 80 * GIB);
+    r.headroom = 0.05;
+    r.keep_states = true;
+    let kept = fit::search(&m, &r).unwrap();
+    let offload = kept.best().expect("offload fits");
+    assert_ne!(offload.setup.offload, Offload::None);
+    r.keep_states = false;
+    let lean = fit::search(&m, &r).unwrap();
+    let best = lean.best().unwrap();
+    assert_eq!(best.setup.offload, Offload::None);
+    assert!(best.remedies.contains(&Remedy::LeanStates));
+    let speedup = offload.time().unwrap().step_s / best.time().unwrap().step_s;
+    assert!(speedup > 2.0, "{speedup}");
+    // Headroom: nothing ranked uses more than 95% of the device.
+    for w in &lean.fitting {
+        assert!(w.memory().unwrap().total_bytes <= r.usable_bytes());
+    }
 }
 
 #[test]
@@ -291,4 +324,51 @@ fn flash_is_a_remedy_only_for_eager_users() {
     // Eager attention moves its T×T tensors through memory: never faster than flash.
     let best = eager_users.best().unwrap();
     assert_eq!(best.setup.attention, plan::setup::Attention::Flash);
+}
+
+#[test]
+fn host_memory_is_counted_and_limits_the_search() {
+    let m = model("llama2-70b");
+    let mut r = FitRequest::new(4, 1024, 1, 24 * GIB);
+    r.hardware = Hardware::of(fit::gpu_by_name("rtx4090").unwrap());
+    r.keep_states = true;
+    let free = fit::search(&m, &r).unwrap();
+    let best = free.best().expect("parameter offload fits the device");
+    // Master weights, moments, fp32 gradients and the 16-bit parameters on the host: 18 bytes
+    // per parameter, past a terabyte.
+    let host = best.memory().unwrap().host_node_bytes;
+    assert!(host > 1_000_000_000_000, "{host}");
+    assert!(
+        free.lora_hint.is_none(),
+        "full fine-tuning fits and is not 10x slower"
+    );
+    r.host_capacity_bytes = Some(512 * GIB);
+    let capped = fit::search(&m, &r).unwrap();
+    assert!(capped.fitting.is_empty());
+    let hint = capped
+        .lora_hint
+        .expect("QLoRA fits where full fine-tuning cannot");
+    assert!(hint.setup.lora.is_some());
+    assert!(hint.memory().unwrap().host_node_bytes <= 512 * GIB);
+}
+
+#[test]
+fn loading_copies_one_model_per_process() {
+    let m = model("llama2-7b");
+    let s = plan::TrainSetup {
+        dp: 8,
+        zero: ZeroStage::Zero1,
+        ..plan::TrainSetup::new(1, 512)
+    };
+    let e = plan::formula::training_estimate(&m, &s).unwrap();
+    let h = plan::host::host_per_node(&m, &s, &e, 8);
+    assert_eq!((h.ranks, h.offload_bytes), (8, 0));
+    assert_eq!(h.load_bytes, 8 * 2 * m.param_count());
+    // ZeRO-3 partitions while loading (zero.Init): one model per node.
+    let z3 = plan::TrainSetup {
+        zero: ZeroStage::Zero3,
+        ..s
+    };
+    let h = plan::host::host_per_node(&m, &z3, &e, 8);
+    assert_eq!(h.load_bytes, 8 * 2 * m.param_count().div_ceil(8));
 }

@@ -56,7 +56,7 @@ pub fn to_json(
                 "total_bytes": w.memory().map(|m| m.total_bytes),
                 "per_device": pd,
                 "host": host,
-                "headroom_bytes": r.capacity_bytes - pd.total_bytes,
+                "headroom_bytes": r.capacity_bytes.saturating_sub(pd.total_bytes),
                 "step_time": t,
                 "step_s": t.step_s,
                 "tokens_per_s": t.tokens_per_s,
@@ -85,6 +85,8 @@ pub fn to_json(
         "runtime": r.runtime.name(),
         "gpus": r.gpus,
         "device_memory_bytes": r.capacity_bytes,
+        "headroom": r.headroom,
+        "usable_bytes": r.usable_bytes(),
         "global_batch": r.global_batch,
         "seq": r.seq,
         "tokens_per_step": r.global_batch * r.seq,
@@ -96,6 +98,12 @@ pub fn to_json(
         "too_big_count": result.too_big.len(),
         "unsupported_count": result.unsupported.len(),
         "best": best,
+        "lora_hint": result.lora_hint.as_ref().map(|w| json!({
+            "setup": setup_json(w),
+            "flags": remedy::plan_flags(&w.setup),
+            "total_bytes": w.memory().map(|m| m.total_bytes),
+            "step_s": w.time().map(|t| t.step_s),
+        })),
         "rejections": { "groups": groups, "unsupported": unsupported },
     })
 }
@@ -139,9 +147,11 @@ fn best_table(result: &FitResult, r: &FitRequest, top: usize) -> String {
         "offload",
         "dp/tp/pp",
         "attn",
+        "states",
         "lora",
         "total",
         "headroom",
+        "host/node",
         "step",
         "tokens/s",
         "bottleneck",
@@ -165,11 +175,13 @@ fn best_table(result: &FitResult, r: &FitRequest, top: usize) -> String {
                 "eager"
             }
             .into(),
+            format!("{}/{}", s.precision, s.optimizer),
             s.lora
                 .as_ref()
                 .map_or("-".into(), |l| fit::dtype_name(l.base).to_string()),
             human_bytes(m.total_bytes),
-            human_bytes(r.capacity_bytes - m.total_bytes),
+            human_bytes(r.capacity_bytes.saturating_sub(m.total_bytes)),
+            human_bytes(m.host_node_bytes),
             secs(tm.step_s),
             format!("{:.0}", tm.tokens_per_s),
             tm.bottleneck.label().into(),
@@ -188,7 +200,7 @@ pub fn text(
 ) -> String {
     let hw = &r.hardware;
     let mut out = format!(
-        "{} ({} parameters) on {} x {} with {} each ({}), runtime {}\n\
+        "{} ({} parameters) on {} x {} with {} each ({}, {:.0}% kept free), runtime {}\n\
          global batch {} x {} tokens; {:.0} TFLOP/s peak x MFU {:.2}\n\
          weighed {} candidates: {} fit, {} too big, {} unsupported by the runtime\n\n",
         model.name,
@@ -197,6 +209,7 @@ pub fn text(
         hw.gpu.name,
         human_bytes(r.capacity_bytes),
         gigabytes(r.capacity_bytes),
+        r.headroom * 100.0,
         r.runtime.name(),
         r.global_batch,
         r.seq,
@@ -233,6 +246,17 @@ pub fn text(
             human_bytes(r.capacity_bytes)
         ));
     }
+    if let Some(w) = &result.lora_hint {
+        let t = w.time().map_or(0.0, |t| t.step_s);
+        out.push_str(&format!(
+            "LoRA/QLoRA would {} (not proposed unasked: it trains adapters, not the model): {} at {}, \
+             {} per step; see --allow-lora\n",
+            if result.fitting.is_empty() { "fit" } else { "be at least 10x faster" },
+            short_setup(&w.setup),
+            human_bytes(w.memory().map_or(0, |m| m.total_bytes)),
+            secs(t),
+        ));
+    }
     out.push_str(&why_section(misses, unsupported, result));
     out
 }
@@ -249,8 +273,19 @@ fn why_section(
         );
         for g in misses.iter().take(8) {
             let names: Vec<&str> = g.remedies.iter().map(|x| x.label()).collect();
+            let host = g.closest.memory().map_or(0, |m| m.host_node_bytes);
+            if g.closest_total_bytes <= g.capacity_bytes {
+                out.push_str(&format!(
+                    "  {:<40} {:>4} setups, closest fits the device but needs {} of host memory per node > --host-memory: {}\n",
+                    if names.is_empty() { "no remedy".into() } else { names.join(" + ") },
+                    g.count,
+                    human_bytes(host),
+                    short_setup(&g.closest.setup),
+                ));
+                continue;
+            }
             out.push_str(&format!(
-                "  {:<40} {:>4} setups, closest {} > {} (largest: {} {}): {}\n",
+                "  {:<40} {:>4} setups, closest {} > {} usable (largest: {} {}): {}\n",
                 if names.is_empty() {
                     "no remedy".into()
                 } else {

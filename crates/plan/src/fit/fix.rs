@@ -45,6 +45,7 @@ pub fn cheapest_fix(
         ..Bounds::default()
     };
     let lora = [setup.lora.clone()];
+    let states = [(setup.precision, setup.optimizer)];
     let fixed = space::Fixed {
         template: setup,
         global_batch: setup.dp as u64 * setup.micro_batch * setup.grad_accum as u64,
@@ -52,6 +53,7 @@ pub fn cheapest_fix(
         gpus_per_node: 8,
         bounds: &bounds,
         lora: &lora,
+        states: &states,
     };
     let mut best: Option<(super::TieKey, u64, Weighed)> = None;
     space::for_each_candidate(model, &fixed, |s| {

@@ -11,6 +11,7 @@
 pub mod cost;
 pub mod fix;
 pub mod hardware;
+pub mod infer;
 pub mod remedy;
 pub mod space;
 pub mod why;
@@ -119,14 +120,21 @@ pub struct FitRequest {
     pub global_batch: u64,
     pub seq: u64,
     pub gpus: u32,
-    /// Usable memory of one device; a setup fits when its `total_bytes` is at most this.
+    /// Memory of one device; a setup fits when its `total_bytes` is at most
+    /// [`FitRequest::usable_bytes`].
     pub capacity_bytes: u64,
+    /// Fraction of the capacity kept free (a safety margin; `frugal fit --headroom`, 0.05).
+    pub headroom: f64,
+    /// Host memory of one node (`--host-memory`); `None`: not limited.
+    pub host_capacity_bytes: Option<u64>,
     pub hardware: Hardware,
     pub runtime: Runtime,
     /// The attention kernel the user runs today: with `Eager`, flash is a remedy.
     pub attention: Attention,
     /// `Some` when LoRA/QLoRA may be proposed.
     pub lora: Option<LoraChoice>,
+    /// Keep the precision and optimizer asked for (no pure-bf16 or 8-bit Adam proposals).
+    pub keep_states: bool,
     pub bounds: Bounds,
 }
 
@@ -140,12 +148,20 @@ impl FitRequest {
             seq,
             gpus,
             capacity_bytes,
+            headroom: 0.0,
+            host_capacity_bytes: None,
             hardware: Hardware::of(hardware::GPUS[0]),
             runtime: Runtime::Formula,
             attention: Attention::Flash,
             lora: None,
+            keep_states: false,
             bounds: Bounds::default(),
         }
+    }
+
+    /// The bytes a candidate may total: the capacity less the headroom.
+    pub fn usable_bytes(&self) -> u64 {
+        (self.capacity_bytes as f64 * (1.0 - self.headroom)) as u64
     }
 
     /// The plain setup remedies are counted from: all GPUs data-parallel, ZeRO 0, the whole
@@ -172,7 +188,11 @@ pub struct Memory {
     pub context_bytes: u64,
     /// What `nvidia-smi` would show: compared with the capacity.
     pub total_bytes: u64,
+    /// Host memory of one rank's offloaded state.
     pub host_peak_bytes: u64,
+    /// Host memory of one node: every rank's offloaded state, or the load-time model copies
+    /// ([`crate::host`]), whichever is larger.
+    pub host_node_bytes: u64,
 }
 
 impl Memory {
@@ -183,6 +203,15 @@ impl Memory {
             context_bytes: e.context_bytes,
             total_bytes: e.total_bytes(),
             host_peak_bytes: e.host_peak_bytes,
+            host_node_bytes: e.host_peak_bytes,
+        }
+    }
+
+    /// [`Memory::of`] with the node's host memory for `setup` on `model`.
+    pub fn of_setup(model: &ModelShape, setup: &TrainSetup, e: &Estimate, per_node: u32) -> Memory {
+        Memory {
+            host_node_bytes: crate::host::host_per_node(model, setup, e, per_node).peak_bytes,
+            ..Memory::of(e)
         }
     }
 }
@@ -237,7 +266,13 @@ pub struct FitResult {
     pub too_big: Vec<Weighed>,
     pub unsupported: Vec<Weighed>,
     pub baseline: TrainSetup,
+    /// When LoRA was not allowed and full fine-tuning does not fit or is at least
+    /// [`LORA_HINT_SLOWDOWN`] × slower: the best LoRA/QLoRA setup (rank 16, every linear layer).
+    pub lora_hint: Option<Weighed>,
 }
+
+/// How much slower full fine-tuning must be than LoRA before `fit` mentions LoRA unasked.
+pub const LORA_HINT_SLOWDOWN: f64 = 10.0;
 
 impl FitResult {
     pub fn best(&self) -> Option<&Weighed> {
@@ -276,6 +311,15 @@ pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError
         return Err(invalid(
             "--device-memory",
             "must be more than 0: e.g. 80GiB or 24GB".into(),
+        ));
+    }
+    if !(0.0..1.0).contains(&r.headroom) {
+        return Err(invalid(
+            "--headroom",
+            format!(
+                "{} is not a fraction in [0, 1): e.g. 0.05 keeps 5% free",
+                r.headroom
+            ),
         ));
     }
     if r.global_batch == 0 {
@@ -331,8 +375,11 @@ pub fn weigh(
             reason: e.to_string(),
         },
         Ok(e) => {
-            let memory = Memory::of(&e);
-            if memory.total_bytes <= r.capacity_bytes {
+            let memory = Memory::of_setup(model, setup, &e, r.hardware.gpus_per_node);
+            let host_ok = r
+                .host_capacity_bytes
+                .is_none_or(|h| memory.host_node_bytes <= h);
+            if memory.total_bytes <= r.usable_bytes() && host_ok {
                 let time = step_time(model, setup, &r.hardware);
                 Outcome::Fits { memory, time }
             } else {
@@ -378,6 +425,11 @@ pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError
         Some(l) => l.variants(),
         None => vec![None],
     };
+    let states = if r.keep_states {
+        vec![(r.precision, r.optimizer)]
+    } else {
+        space::state_variants(r.precision, r.optimizer)
+    };
     let fixed = space::Fixed {
         template: &template,
         global_batch: r.global_batch,
@@ -385,6 +437,7 @@ pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError
         gpus_per_node: r.hardware.gpus_per_node,
         bounds: &r.bounds,
         lora: &lora,
+        states: &states,
     };
     let (mut fitting, mut too_big, mut unsupported) = (Vec::new(), Vec::new(), Vec::new());
     let mut weighed = 0;
@@ -399,11 +452,47 @@ pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError
     });
     let mut keyed: Vec<_> = fitting.into_iter().map(|w| (rank_key(&w), w)).collect();
     keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    let fitting: Vec<Weighed> = keyed.into_iter().map(|(_, w)| w).collect();
+    let lora_hint = if r.lora.is_none() {
+        lora_hint(model, r, fitting.first())?
+    } else {
+        None
+    };
     Ok(FitResult {
         candidates_weighed: weighed,
-        fitting: keyed.into_iter().map(|(_, w)| w).collect(),
+        fitting,
         too_big,
         unsupported,
         baseline,
+        lora_hint,
+    })
+}
+
+/// The best LoRA setup, when full fine-tuning's `best` is missing or much slower than it.
+fn lora_hint(
+    model: &ModelShape,
+    r: &FitRequest,
+    best: Option<&Weighed>,
+) -> Result<Option<Weighed>, PlanError> {
+    let choice = LoraChoice {
+        rank: 16,
+        targets: vec!["all-linear".into()],
+    };
+    if crate::lora::check_targets(model, &choice.targets).is_err() {
+        return Ok(None);
+    }
+    let with = FitRequest {
+        lora: Some(choice),
+        ..r.clone()
+    };
+    let res = search(model, &with)?;
+    let Some(lora) = res.fitting.into_iter().find(|w| w.setup.lora.is_some()) else {
+        return Ok(None);
+    };
+    let full_s = best.and_then(|b| b.time()).map(|t| t.step_s);
+    let lora_s = lora.time().map_or(f64::MAX, |t| t.step_s);
+    Ok(match full_s {
+        Some(s) if s < LORA_HINT_SLOWDOWN * lora_s => None,
+        _ => Some(lora),
     })
 }

@@ -26,6 +26,9 @@ pub enum Remedy {
     Offload,
     /// FlashAttention instead of eager attention.
     Flash,
+    /// Leaner optimizer state: pure bf16 (no fp32 master copy, bf16 moments) or 8-bit AdamW
+    /// (bitsandbytes). Changes the numerics of the update, not what is trained.
+    LeanStates,
     /// LoRA / QLoRA: train adapters on a frozen (possibly quantized) base. Changes what is trained.
     Lora,
     /// Tensor and pipeline parallelism.
@@ -33,12 +36,13 @@ pub enum Remedy {
 }
 
 impl Remedy {
-    pub const ALL: [Remedy; 7] = [
+    pub const ALL: [Remedy; 8] = [
         Remedy::MicroBatch,
         Remedy::Recompute,
         Remedy::Zero,
         Remedy::Offload,
         Remedy::Flash,
+        Remedy::LeanStates,
         Remedy::Lora,
         Remedy::Parallel,
     ];
@@ -51,6 +55,7 @@ impl Remedy {
             Remedy::Zero => "ZeRO stage",
             Remedy::Offload => "offload",
             Remedy::Flash => "flash attention",
+            Remedy::LeanStates => "pure bf16 / 8-bit Adam",
             Remedy::Lora => "LoRA/QLoRA",
             Remedy::Parallel => "TP/PP",
         }
@@ -71,9 +76,12 @@ impl Remedy {
             // so more accumulation steps means smaller micro-batches.
             Remedy::MicroBatch => s.grad_accum > base.grad_accum,
             Remedy::Recompute => s.recompute != base.recompute,
-            Remedy::Zero => (s.zero as u8) > (base.zero as u8),
+            // On one data-parallel rank a ZeRO stage shards nothing: it only says how offload
+            // runs, so it is not a remedy of its own there.
+            Remedy::Zero => (s.zero as u8) > (base.zero as u8) && s.dp > 1,
             Remedy::Offload => s.offload != base.offload,
             Remedy::Flash => s.attention == Attention::Flash && base.attention == Attention::Eager,
+            Remedy::LeanStates => (s.precision, s.optimizer) != (base.precision, base.optimizer),
             Remedy::Lora => s.lora != base.lora,
             Remedy::Parallel => (s.tp, s.pp) != (base.tp, base.pp),
         }
@@ -93,12 +101,20 @@ pub fn weight(remedy: Remedy, s: &TrainSetup) -> u64 {
             Recompute::Every(k) => 4 + k as u64,
         },
         Remedy::Zero => s.zero as u64,
-        Remedy::Offload => match s.offload {
-            Offload::None => 0,
-            Offload::Optimizer => 1,
-            Offload::Params => 2,
-        },
+        // The stage carrying the offload counts too: ZeRO-1 before ZeRO-2 on one GPU.
+        Remedy::Offload => {
+            let level = match s.offload {
+                Offload::None => 0,
+                Offload::Optimizer => 1,
+                Offload::Params => 2,
+            };
+            level * 4 + s.zero as u64
+        }
         Remedy::Flash => 0,
+        Remedy::LeanStates => {
+            u64::from(s.precision == crate::setup::Precision::PureBf16)
+                + u64::from(s.optimizer == crate::setup::Optimizer::AdamW8bit)
+        }
         Remedy::Lora => s.lora.as_ref().map_or(0, |l| 32 - l.base.bits()),
         Remedy::Parallel => (s.tp * s.pp) as u64 * 64 + s.pp as u64,
     }
@@ -124,6 +140,10 @@ pub fn flags(s: &TrainSetup, remedies: &[Remedy]) -> String {
             Remedy::Zero => out.push(format!("--zero {}", s.zero as u8)),
             Remedy::Offload => out.push(format!("--offload {}", offload_name(s.offload))),
             Remedy::Flash => out.push("--attention flash".into()),
+            Remedy::LeanStates => out.push(format!(
+                "--precision {} --optimizer {}",
+                s.precision, s.optimizer
+            )),
             Remedy::Lora => {
                 if let Some(l) = &s.lora {
                     out.push(format!(

@@ -10,7 +10,9 @@
 //! keeps less. Not here: estimating or ranking. Example: `candidates(&model, &request)`.
 
 use super::{Bounds, LoraChoice};
-use crate::setup::{Attention, Lora, Offload, Recompute, TrainSetup, ZeroStage};
+use crate::setup::{
+    Attention, Lora, Offload, Optimizer, Precision, Recompute, TrainSetup, ZeroStage,
+};
 use crate::ModelShape;
 
 /// A data × tensor × pipeline split of the GPUs.
@@ -95,6 +97,25 @@ pub struct Fixed<'a> {
     pub bounds: &'a Bounds,
     /// LoRA variants to try (`[None]` unless LoRA is allowed, or the setup's own LoRA).
     pub lora: &'a [Option<Lora>],
+    /// Precision and optimizer pairs to try (the user's first).
+    pub states: &'a [(Precision, Optimizer)],
+}
+
+/// The user's precision and optimizer, then the leaner ones a search may propose: pure bf16
+/// (no fp32 master copy) and 8-bit AdamW.
+pub fn state_variants(precision: Precision, optimizer: Optimizer) -> Vec<(Precision, Optimizer)> {
+    let mut out = vec![(precision, optimizer)];
+    let adam8 = optimizer == Optimizer::AdamW;
+    if adam8 {
+        out.push((precision, Optimizer::AdamW8bit));
+    }
+    if precision != Precision::PureBf16 {
+        out.push((Precision::PureBf16, optimizer));
+        if adam8 {
+            out.push((Precision::PureBf16, Optimizer::AdamW8bit));
+        }
+    }
+    out
 }
 
 /// Every candidate setup, layouts in order, calling `visit` on each.
@@ -128,7 +149,10 @@ pub fn for_each_candidate(model: &ModelShape, f: &Fixed, mut visit: impl FnMut(&
                         (s.micro_batch, s.grad_accum) = (micro, (per_rank / micro) as u32);
                         for lora in f.lora {
                             s.lora.clone_from(lora);
-                            visit(&s);
+                            for &(precision, optimizer) in f.states {
+                                (s.precision, s.optimizer) = (precision, optimizer);
+                                visit(&s);
+                            }
                         }
                     }
                 }

@@ -88,7 +88,7 @@ pub fn why_not(model: &ModelShape, r: &FitRequest, result: &FitResult) -> Vec<Mi
                 count,
                 closest: w.clone(),
                 closest_total_bytes: total,
-                capacity_bytes: r.capacity_bytes,
+                capacity_bytes: r.usable_bytes(),
                 largest: largest_category(&at_peak),
                 at_peak,
             }

@@ -1,0 +1,430 @@
+//! The inference advisor (`frugal fit --infer`): which weight format, KV-cache format, tensor
+//! parallel degree or weight offload let a model serve a batch at a context on the GPUs given,
+//! the largest batch and the longest context each of them holds, and how fast it decodes.
+//!
+//! Memory is the `formula` runtime's inference estimate ([`crate::infer`]): weights in their
+//! format with scales, the KV cache (sliding windows honoured), the larger of the prefill's and a
+//! decode step's activations, the CUDA context. A candidate fits when that total is at most the
+//! device's capacity less the headroom. Weight offload keeps the weights in host memory and
+//! streams them block by block over the host link (two blocks resident, double-buffered), as
+//! accelerate's `device_map` offload and llama.cpp's partial offload do.
+//!
+//! Speed: decode is memory-bound; a step reads this rank's weights and the batch's KV cache at
+//! [`DECODE_BANDWIDTH_EFFICIENCY`] × the HBM bandwidth (offloaded weights at the host link's),
+//! or computes 2 FLOPs per active parameter and row at peak × MFU, whichever is slower, plus two
+//! all-reduces per layer under TP at [`ALLREDUCE_LATENCY_S`] each. Prefill computes 2 FLOPs per
+//! active parameter per token plus causal attention at peak × MFU. These are modelled, not
+//! measured. Pure: no IO. Example: `advise(&shape, &InferRequest::new(1, 4096, 1, 24 << 30))`.
+
+use super::hardware::{Gpu, Hardware, GPUS};
+use crate::infer::{inference_estimate, InferEstimate};
+use crate::setup::{Attention, Dtype, InferSetup};
+use crate::{ModelShape, PlanError};
+use serde::Serialize;
+
+/// Fraction of the HBM bandwidth a decode step's reads reach (vLLM and TensorRT-LLM decode
+/// kernels reach roughly 70-85% on H100s; an assumption, not a measurement).
+pub const DECODE_BANDWIDTH_EFFICIENCY: f64 = 0.8;
+
+/// Latency of one small all-reduce over NVLink (NCCL's ring for a few KB; an assumption).
+pub const ALLREDUCE_LATENCY_S: f64 = 10e-6;
+
+/// Weight formats tried, highest fidelity first (the order breaks speed ties).
+pub const WEIGHT_FORMATS: [(Dtype, Option<u64>); 5] = [
+    (Dtype::Bf16, None),
+    (Dtype::Fp8, None),
+    (Dtype::Int8, None),
+    (Dtype::Int4, Some(128)),
+    (Dtype::Nf4, Some(64)),
+];
+
+/// KV-cache formats tried, highest fidelity first.
+pub const KV_FORMATS: [Dtype; 3] = [Dtype::Bf16, Dtype::Fp8, Dtype::Int8];
+
+/// What the user asks `fit --infer`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InferRequest {
+    /// Concurrent sequences.
+    pub batch: u64,
+    /// Context per sequence: prompt plus generated tokens.
+    pub seq: u64,
+    /// GPUs available: tensor-parallel degrees up to this (inside one node) are tried.
+    pub gpus: u32,
+    pub capacity_bytes: u64,
+    /// Fraction of the capacity kept free (allocator fragmentation, other processes).
+    pub headroom: f64,
+    /// Host memory for offloaded weights (`None`: not limited).
+    pub host_bytes: Option<u64>,
+    pub hardware: Hardware,
+    /// Only this weight format / KV format (the user pinned it).
+    pub weights: Option<Dtype>,
+    pub kv_dtype: Option<Dtype>,
+}
+
+impl InferRequest {
+    /// bf16-capable H100s, 5% headroom, every format, unlimited host memory.
+    pub fn new(batch: u64, seq: u64, gpus: u32, capacity_bytes: u64) -> InferRequest {
+        InferRequest {
+            batch,
+            seq,
+            gpus,
+            capacity_bytes,
+            headroom: 0.05,
+            host_bytes: None,
+            hardware: Hardware::of(GPUS[0]),
+            weights: None,
+            kv_dtype: None,
+        }
+    }
+
+    /// Bytes a candidate may use per device.
+    pub fn usable_bytes(&self) -> u64 {
+        (self.capacity_bytes as f64 * (1.0 - self.headroom)) as u64
+    }
+}
+
+/// One way to serve the model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Serving {
+    pub weights: Dtype,
+    pub weight_group: Option<u64>,
+    pub kv_dtype: Dtype,
+    pub tp: u32,
+    /// Weights in host memory, streamed to the device per block.
+    pub offload: bool,
+}
+
+/// Speed of a candidate at the request's batch and context.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct InferSpeed {
+    /// Tokens per second over the batch (batch ÷ step time).
+    pub decode_tokens_per_s: f64,
+    pub decode_step_s: f64,
+    /// Time to prefill every sequence's whole context once.
+    pub prefill_s: f64,
+    /// "memory" (weights and KV reads), "host link" (offloaded weights) or "compute".
+    pub bound: &'static str,
+}
+
+/// One weighed candidate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InferChoice {
+    pub serving: Serving,
+    /// Per device at the request's batch and context.
+    pub total_bytes: u64,
+    pub weights_bytes: u64,
+    pub kv_cache_bytes: u64,
+    /// Host memory the offloaded weights need (0 without offload).
+    pub host_bytes: u64,
+    pub fits: bool,
+    /// Most sequences that fit at the request's context (0: not even one).
+    pub max_batch: u64,
+    /// Longest context that fits at the request's batch (0: not even one token), at most the
+    /// model's positions.
+    pub max_seq: u64,
+    pub speed: InferSpeed,
+}
+
+/// What the advisor found.
+#[derive(Clone, Debug, Serialize)]
+pub struct InferAdvice {
+    /// Candidates that fit, fastest first.
+    pub fitting: Vec<InferChoice>,
+    /// Those that do not, smallest total first.
+    pub too_big: Vec<InferChoice>,
+    /// With more GPUs than given: the fewest that serve the request without offload, and how.
+    pub more_gpus: Option<InferChoice>,
+    pub candidates_weighed: usize,
+}
+
+impl InferAdvice {
+    pub fn best(&self) -> Option<&InferChoice> {
+        self.fitting.first()
+    }
+}
+
+fn setup_of(s: &Serving, batch: u64, seq: u64) -> InferSetup {
+    InferSetup {
+        weights: s.weights,
+        weight_group: s.weight_group,
+        kv_dtype: s.kv_dtype,
+        batch,
+        seq,
+        kv_block: None,
+        tp: s.tp,
+        attention: Attention::Flash,
+    }
+}
+
+/// Device and host bytes of `s` serving `batch` sequences of `seq` tokens.
+fn memory(
+    model: &ModelShape,
+    s: &Serving,
+    batch: u64,
+    seq: u64,
+) -> Result<(InferEstimate, u64, u64), PlanError> {
+    let e = inference_estimate(model, &setup_of(s, batch, seq))?;
+    if !s.offload {
+        return Ok((e.clone(), e.total_bytes(), 0));
+    }
+    let resident = 2 * crate::infer::largest_block_weight_bytes(model, &setup_of(s, 1, 1));
+    let device = e.total_bytes() - e.weights_bytes + resident.min(e.weights_bytes);
+    Ok((e.clone(), device, e.weights_bytes))
+}
+
+fn fits(r: &InferRequest, device: u64, host: u64) -> bool {
+    device <= r.usable_bytes() && r.host_bytes.is_none_or(|h| host <= h)
+}
+
+/// The largest `x` in `1..=hi` for which `ok(x)`, assuming `ok` is monotone (0 if none).
+fn largest(hi: u64, ok: impl Fn(u64) -> bool) -> u64 {
+    if !ok(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1u64, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// Decode and prefill speed of `s` at `batch` × `seq`.
+pub fn speed(
+    model: &ModelShape,
+    s: &Serving,
+    batch: u64,
+    seq: u64,
+    hw: &Hardware,
+    e: &InferEstimate,
+) -> InferSpeed {
+    let gpu: &Gpu = &hw.gpu;
+    let tp = s.tp as f64;
+    let flops_rate = gpu.bf16_flops * hw.mfu;
+    let active = model.active_param_count() as f64;
+    let kv_read = (batch * model.kv_tokens_all_layers(seq)) as f64
+        * crate::infer::kv_bytes_per_token_layer(model, s.kv_dtype, s.tp) as f64;
+    let hbm = gpu.hbm_bytes_per_s * DECODE_BANDWIDTH_EFFICIENCY;
+    let (weights_s, mut bound) = if s.offload {
+        (
+            e.weights_bytes as f64 / gpu.host_link_bytes_per_s,
+            "host link",
+        )
+    } else {
+        (e.weights_bytes as f64 / hbm, "memory")
+    };
+    let memory_s = weights_s + kv_read / hbm;
+    let compute_s = 2.0 * active * batch as f64 / tp / flops_rate;
+    if compute_s > memory_s {
+        bound = "compute";
+    }
+    let comm_s = if s.tp > 1 {
+        let bytes = (batch * model.d_model * 2) as f64;
+        model.n_layers as f64 * 2.0 * (ALLREDUCE_LATENCY_S + bytes / gpu.intra_node_bytes_per_s)
+    } else {
+        0.0
+    };
+    let step = memory_s.max(compute_s) + comm_s;
+    let attn = 2.0
+        * model.n_layers as f64
+        * (batch * seq * seq) as f64
+        * (model.n_heads as u64 * model.d_head) as f64;
+    let prefill_flops = 2.0 * active * (batch * seq) as f64 + attn;
+    let mut prefill_s = prefill_flops / tp / flops_rate;
+    if s.offload {
+        prefill_s += e.weights_bytes as f64 / gpu.host_link_bytes_per_s;
+    }
+    InferSpeed {
+        decode_tokens_per_s: batch as f64 / step,
+        decode_step_s: step,
+        prefill_s,
+        bound,
+    }
+}
+
+/// Weighs `s` for the request.
+fn weigh(model: &ModelShape, r: &InferRequest, s: Serving) -> Result<InferChoice, PlanError> {
+    let (e, device, host) = memory(model, &s, r.batch, r.seq)?;
+    let ok_at =
+        |batch: u64, seq: u64| memory(model, &s, batch, seq).is_ok_and(|(_, d, h)| fits(r, d, h));
+    let max_batch = largest(1 << 24, |b| ok_at(b, r.seq));
+    let max_seq = largest(model.max_positions, |t| ok_at(r.batch, t));
+    Ok(InferChoice {
+        serving: s,
+        total_bytes: device,
+        weights_bytes: e.weights_bytes,
+        kv_cache_bytes: e.kv_cache_bytes,
+        host_bytes: host,
+        fits: fits(r, device, host),
+        max_batch,
+        max_seq,
+        speed: speed(model, &s, r.batch, r.seq, &r.hardware, &e),
+    })
+}
+
+/// Tensor-parallel degrees of at most `gpus` that `model`'s heads allow inside a node.
+fn tp_degrees(model: &ModelShape, gpus: u32, per_node: u32) -> Vec<u32> {
+    (1..=gpus.min(per_node))
+        .filter(|&t| {
+            gpus % t == 0
+                && model.n_heads % t == 0
+                && (model.mla.is_some() || model.n_kv_heads % t == 0)
+        })
+        .collect()
+}
+
+fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool]) -> Vec<Serving> {
+    let mut out = Vec::new();
+    for tp in tp_degrees(model, gpus, r.hardware.gpus_per_node) {
+        for &(weights, weight_group) in &WEIGHT_FORMATS {
+            if r.weights.is_some_and(|w| w != weights) {
+                continue;
+            }
+            for &kv_dtype in &KV_FORMATS {
+                if r.kv_dtype.is_some_and(|k| k != kv_dtype) {
+                    continue;
+                }
+                for &offload in offload {
+                    out.push(Serving {
+                        weights,
+                        weight_group,
+                        kv_dtype,
+                        tp,
+                        offload,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn fidelity(s: &Serving) -> (usize, usize) {
+    let w = WEIGHT_FORMATS
+        .iter()
+        .position(|(d, _)| *d == s.weights)
+        .unwrap_or(9);
+    let k = KV_FORMATS
+        .iter()
+        .position(|d| *d == s.kv_dtype)
+        .unwrap_or(9);
+    (w, k)
+}
+
+/// Checks the request; errors name the flag and the fix.
+pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
+    model.validate()?;
+    r.hardware.validate()?;
+    let bad = |field: &str, reason: String| PlanError::Invalid {
+        field: field.into(),
+        reason,
+    };
+    if r.gpus == 0 {
+        return Err(bad("--gpus", "must be at least 1".into()));
+    }
+    if r.capacity_bytes == 0 {
+        return Err(bad(
+            "--device-memory",
+            "must be more than 0: e.g. 24GiB".into(),
+        ));
+    }
+    if r.batch == 0 {
+        return Err(bad("--batch", "must be at least 1 sequence".into()));
+    }
+    if r.seq == 0 || r.seq > model.max_positions {
+        return Err(bad(
+            "--seq",
+            format!("must be 1 to the model's {} positions", model.max_positions),
+        ));
+    }
+    if !(0.0..1.0).contains(&r.headroom) {
+        return Err(bad(
+            "--headroom",
+            "must be a fraction in [0, 1): e.g. 0.05".into(),
+        ));
+    }
+    if r.kv_dtype.is_some_and(|k| !KV_FORMATS.contains(&k)) {
+        return Err(bad("--kv-dtype", "use bf16, fp8 or int8".into()));
+    }
+    if r.weights
+        .is_some_and(|w| !WEIGHT_FORMATS.iter().any(|(d, _)| *d == w))
+    {
+        return Err(bad("--weights", "use bf16, fp8, int8, int4 or nf4".into()));
+    }
+    if tp_degrees(model, r.gpus, r.hardware.gpus_per_node).is_empty() {
+        return Err(bad(
+            "--gpus",
+            format!(
+                "no tensor-parallel degree of {} GPUs divides {}'s heads",
+                r.gpus, model.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Weighs every candidate and ranks those that fit: fastest decode first, then higher-fidelity
+/// formats, then fewer GPUs, then no offload.
+pub fn advise(model: &ModelShape, r: &InferRequest) -> Result<InferAdvice, PlanError> {
+    check(model, r)?;
+    let all = candidates(model, r, r.gpus, &[false, true]);
+    let n = all.len();
+    let (mut fitting, mut too_big) = (Vec::new(), Vec::new());
+    for s in all {
+        let c = weigh(model, r, s)?;
+        if c.fits {
+            fitting.push(c);
+        } else {
+            too_big.push(c);
+        }
+    }
+    fitting.sort_by(|a, b| {
+        b.speed
+            .decode_tokens_per_s
+            .total_cmp(&a.speed.decode_tokens_per_s)
+            .then(fidelity(&a.serving).cmp(&fidelity(&b.serving)))
+            .then(a.serving.tp.cmp(&b.serving.tp))
+            .then(a.serving.offload.cmp(&b.serving.offload))
+    });
+    too_big.sort_by_key(|c| c.total_bytes);
+    let more_gpus = if fitting.first().is_none_or(|c| c.serving.offload) {
+        more_gpus(model, r)?
+    } else {
+        None
+    };
+    Ok(InferAdvice {
+        fitting,
+        too_big,
+        more_gpus,
+        candidates_weighed: n,
+    })
+}
+
+/// The fewest GPUs past the request's (inside one node) that serve it without offload, with
+/// their fastest candidate.
+fn more_gpus(model: &ModelShape, r: &InferRequest) -> Result<Option<InferChoice>, PlanError> {
+    for gpus in (r.gpus + 1)..=r.hardware.gpus_per_node {
+        let more = InferRequest { gpus, ..r.clone() };
+        let mut best: Option<InferChoice> = None;
+        for s in candidates(model, &more, gpus, &[false]) {
+            if s.tp != gpus {
+                continue;
+            }
+            let c = weigh(model, &more, s)?;
+            let faster = best
+                .as_ref()
+                .is_none_or(|b| c.speed.decode_tokens_per_s > b.speed.decode_tokens_per_s);
+            if c.fits && faster {
+                best = Some(c);
+            }
+        }
+        if best.is_some() {
+            return Ok(best);
+        }
+    }
+    Ok(None)
+}
