@@ -25,15 +25,22 @@ it changes what is trained). Memory comes from the runtime profile (`formula` by
 the runtime does not model is reported as unsupported, not dropped). A setup fits when its total
 (allocator reserve + CUDA context, what nvidia-smi shows) is at most --device-memory.
 
-Step time: FLOPs (6N per token + attention, plus the forward a recompute policy repeats) at the
-GPU's peak × --mfu; data-parallel traffic per the ZeRO paper (2Ψ per step for stages 0-2, 3Ψ for
-stage 3; ZeRO-2/3 repeat per micro-batch) overlapped with compute; TP all-reduces, pipeline
-sends, the 1F1B bubble (p-1)/(m+p-1) and offload's PCIe transfers and host Adam added on top.
-GPU figures are datasheet peaks (--gpu), not measurements; override them with the flags above.
+Step time: matmul FLOPs (6N per token + attention, plus the forward a recompute policy repeats)
+at the GPU's peak × --mfu (the GEMMs' efficiency, 0.6), plus eager PyTorch's element-wise
+kernels, the loss's fp32 passes and the optimizer's pass at 80% of the HBM bandwidth, 5 µs per
+kernel, and never less than the host's dispatch of every kernel (20 µs each: small models' floor);
+calibrated on the H200 calibration's eager step times (median error 7%). Data-parallel traffic
+per the ZeRO paper (2Ψ per step for stages 0-2, 3Ψ for stage 3; ZeRO-2/3 repeat per micro-batch)
+overlaps with compute; TP all-reduces, pipeline sends, the 1F1B bubble (p-1)/(m+p-1) and
+offload's PCIe transfers and host Adam add on top. GPU figures are datasheet peaks (--gpu), not
+measurements; override them with the flags above. `frugal plan --gpu` prints the same step time.
 
+Candidates also try pure bf16 (no fp32 master copy) and 8-bit AdamW unless --keep-precision.
 Ties (within 0.1%) go to the seed's remedy order: 1 smaller micro-batch + accumulation,
-2 recompute, 3 higher ZeRO stage, 4 offload, 5 flash attention, then LoRA/QLoRA and TP/PP;
-fewer remedies first, then earlier ones, then the lighter form of each.
+2 recompute, 3 higher ZeRO stage (not on one GPU: there it only carries offload), 4 offload,
+5 flash attention, 6 pure bf16 / 8-bit Adam, then LoRA/QLoRA and TP/PP; fewer remedies first,
+then earlier ones, then the lighter form of each. Without --allow-lora, a LoRA/QLoRA setup is
+named when full fine-tuning does not fit or is at least 10x slower.
 
 Headroom: a setup fits when its total is at most (1 - --headroom) × --device-memory (default 5%
 kept free for fragmentation and other processes).
@@ -113,9 +120,13 @@ pub struct Args {
     /// Pin the pipeline-parallel degree instead of searching it.
     #[arg(long)]
     pp: Option<u32>,
-    /// Model FLOPs utilisation: the fraction of peak a step reaches.
+    /// The GEMMs' efficiency: the fraction of the tensor-core peak matmuls reach (element-wise
+    /// kernels, the optimizer and dispatch are modelled apart).
     #[arg(long, default_value_t = fit::hardware::DEFAULT_MFU)]
     mfu: f64,
+    /// fp32 matmuls on TF32 tensor cores (`torch.backends.cuda.matmul.allow_tf32 = True`).
+    #[arg(long)]
+    tf32: bool,
     /// Peak dense TFLOP/s of one GPU (overrides --gpu's, for every precision).
     #[arg(long)]
     tflops: Option<f64>,
@@ -181,6 +192,7 @@ fn load_model(spec: &str) -> anyhow::Result<ModelShape> {
 fn hardware(args: &Args) -> anyhow::Result<Hardware> {
     let mut hw = Hardware::of(fit::gpu_by_name(&args.gpu)?);
     hw.mfu = args.mfu;
+    hw.tf32 = args.tf32;
     hw.gpus_per_node = args.gpus_per_node;
     if let Some(t) = args.tflops {
         (hw.gpu.bf16_flops, hw.gpu.fp32_flops) = (t * 1e12, t * 1e12);

@@ -150,6 +150,13 @@ pub struct Args {
     /// Write memory over the step's phases, stacked by category, to this SVG file.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
+    /// GPU the predicted step time is for (training with --model): h100, h200, a100-80g,
+    /// a100-40g, l40s, rtx4090 (as `frugal fit --gpu`).
+    #[arg(long, default_value = "h100")]
+    gpu: String,
+    /// fp32 matmuls on TF32 tensor cores, for the step time (`allow_tf32 = True`).
+    #[arg(long)]
+    tf32: bool,
     /// Say whether the plan fits a device of this size (80GiB, 80GB, 24GiB).
     #[arg(long, value_name = "SIZE")]
     device_memory: Option<String>,
@@ -270,7 +277,12 @@ fn model_report(
     } else {
         let setup = train_setup(args, seq)?;
         let est = train_estimate(runtime, model, &setup)?;
-        report::training(runtime, Some(model), 0, &setup, &est)
+        let mut hw = plan::fit::Hardware::of(plan::fit::gpu_by_name(&args.gpu)?);
+        hw.tf32 = args.tf32;
+        let mut r = report::training(runtime, Some(model), 0, &setup, &est);
+        r.step_time = Some(plan::fit::step_time(model, &setup, &hw));
+        r.gpu = Some(hw.gpu.name.to_string());
+        r
     })
 }
 
@@ -422,6 +434,14 @@ fn render(report: &Report) -> String {
             human_bytes(h.categories.optimizer_bytes),
             human_bytes(h.categories.grads_bytes),
             human_bytes(h.categories.params_bytes)
+        ));
+    }
+    if let (Some(t), Some(gpu)) = (&report.step_time, &report.gpu) {
+        out.push_str(&format!(
+            "predicted step on one {gpu} per rank: {:.3} s, {:.0} tokens/s over the ranks, bound by {} (frugal fit ranks by it)\n",
+            t.step_s,
+            t.tokens_per_s,
+            t.bottleneck.label()
         ));
     }
     if let Some(h) = &report.host_node {

@@ -52,7 +52,7 @@ fn table_shows_the_best_and_why_the_rest_miss() {
         "tokens/s",
         "bottleneck",
         "remedies of #1 in the seed's order: 3. ZeRO stage",
-        "plan it: frugal plan --model llama2-7b --train --runtime formula --precision bf16 --optimizer adamw --gpus 8",
+        "plan it: frugal plan --model llama2-7b --train --runtime formula --gpu h100 --precision bf16 --optimizer adamw --gpus 8",
         "why the rest don't fit",
         "no remedy",
         "(largest: optimizer",
@@ -61,8 +61,8 @@ fn table_shows_the_best_and_why_the_rest_miss() {
     }
 }
 
-/// Runs `frugal plan` as fit printed it and returns its total.
-fn plan_total(command: &str) -> u64 {
+/// Runs `frugal plan` as fit printed it and returns its JSON report.
+fn plan_report(command: &str) -> Value {
     let mut words: Vec<&str> = command.split_whitespace().collect();
     assert_eq!(words.remove(0), "frugal");
     words.push("--json");
@@ -70,7 +70,12 @@ fn plan_total(command: &str) -> u64 {
         .args(&words)
         .output()
         .expect("run frugal plan");
-    common::json(&out)["per_device"]["total_bytes"]
+    common::json(&out)
+}
+
+/// Runs `frugal plan` as fit printed it and returns its total.
+fn plan_total(command: &str) -> u64 {
+    plan_report(command)["per_device"]["total_bytes"]
         .as_u64()
         .unwrap()
 }
@@ -125,9 +130,12 @@ fn every_printed_plan_command_reproduces_fits_total() {
         for b in best {
             let fit_total = b["total_bytes"].as_u64().unwrap();
             let command = b["plan_command"].as_str().unwrap();
-            let total = plan_total(command);
+            let report = plan_report(command);
+            let total = report["per_device"]["total_bytes"].as_u64().unwrap();
             let off = (total as f64 - fit_total as f64).abs() / fit_total as f64;
             assert!(off <= 0.01, "{command}: plan {total} vs fit {fit_total}");
+            // plan predicts the step time fit ranked by.
+            assert_eq!(report["step_time"]["step_s"], b["step_s"], "{command}");
         }
     }
 }

@@ -115,6 +115,10 @@ pub struct Report {
     pub peak_phase: String,
     pub timeline: Vec<TimelinePoint>,
     pub inference: Option<InferDetails>,
+    /// Predicted step time on a GPU (`frugal plan --gpu`), the object `fit` ranks by.
+    pub step_time: Option<crate::fit::StepTime>,
+    /// The GPU `step_time` is for.
+    pub gpu: Option<String>,
     pub device_memory_bytes: Option<u64>,
     pub fits: Option<bool>,
 }
@@ -200,6 +204,8 @@ pub fn training(
         peak_phase: phase_name(phase),
         timeline,
         inference: None,
+        step_time: None,
+        gpu: None,
         device_memory_bytes: None,
         fits: None,
     }
@@ -248,6 +254,8 @@ pub fn inference(
             prefill_peak_bytes: prefill_peak,
             decode_peak_bytes: decode_peak,
         }),
+        step_time: None,
+        gpu: None,
         device_memory_bytes: None,
         fits: None,
     }

@@ -37,7 +37,7 @@ fn train_setup(rec: &Value) -> Option<(TrainSetup, OptimizerImpl)> {
     let setup = TrainSetup {
         precision,
         optimizer,
-        recompute: if rec["grad_ckpt"].as_bool()? {
+        recompute: if rec["grad_ckpt"].as_bool().unwrap_or(false) {
             Recompute::Full
         } else {
             Recompute::None
@@ -257,4 +257,55 @@ fn setups_plain_pytorch_does_not_run_are_typed_errors() {
     });
     let err = training_detail(&moe, &setup, imp).unwrap_err();
     assert!(err.to_string().contains("experts"), "{err}");
+}
+
+/// The step-time model (`plan::fit::cost`, eager PyTorch on one GPU) against every measured
+/// eager step of the calibration file (`step_s` of the train cases, the eager throughput runs).
+/// The run had TF32 matmuls on (its throughput case sets `allow_tf32` before the train cases).
+#[test]
+fn step_time_median_error_is_within_25_percent() {
+    let mut hw = plan::fit::Hardware::of(plan::fit::gpu_by_name("h200").unwrap());
+    hw.tf32 = true;
+    let mut errors = Vec::new();
+    let mut lines = String::new();
+    for line in DATA.lines() {
+        let rec: Value = serde_json::from_str(line).unwrap();
+        let case = rec["case"].as_str().unwrap_or("");
+        let eager = rec["compile"].as_bool() != Some(true);
+        let Some(measured) = rec["step_s"].as_f64() else {
+            continue;
+        };
+        if !(case == "train" || case == "throughput") || !eager {
+            continue;
+        }
+        let Some((setup, _)) = train_setup(&rec) else {
+            continue;
+        };
+        let shape = by_name(rec["model"].as_str().unwrap()).unwrap();
+        let predicted = plan::fit::step_time(&shape, &setup, &hw).step_s;
+        let err = (predicted - measured) / measured;
+        lines.push_str(&format!(
+            "{:<16} {:<10} b{:<3} t{:<5} {:<14} {:>8.4} s {:>8.4} s {:>+6.1}%\n",
+            rec["model"].as_str().unwrap(),
+            rec["mode"].as_str().unwrap(),
+            setup.micro_batch,
+            setup.seq,
+            format!("{}", setup.recompute),
+            measured,
+            predicted,
+            err * 100.0
+        ));
+        errors.push(err.abs());
+    }
+    assert!(errors.len() >= 12, "{} step times", errors.len());
+    errors.sort_by(f64::total_cmp);
+    let median = errors[errors.len() / 2];
+    let worst = errors[errors.len() - 1];
+    println!(
+        "step time: median error {:.1}%, worst {:.1}%\n{lines}",
+        median * 100.0,
+        worst * 100.0
+    );
+    assert!(median <= 0.25, "median {:.1}%\n{lines}", median * 100.0);
+    assert!(worst <= 0.5, "worst {:.1}%\n{lines}", worst * 100.0);
 }

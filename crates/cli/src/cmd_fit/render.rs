@@ -52,7 +52,7 @@ pub fn to_json(
                 "remedies": w.remedies,
                 "flags": remedy::flags(&w.setup, &w.remedies),
                 "plan_flags": remedy::plan_flags(&w.setup),
-                "plan_command": remedy::plan_command(&model.name, r.runtime, &w.setup),
+                "plan_command": remedy::plan_command(&model.name, r.runtime, &r.hardware, &w.setup),
                 "total_bytes": w.memory().map(|m| m.total_bytes),
                 "per_device": pd,
                 "host": host,
@@ -238,7 +238,7 @@ pub fn text(
         ));
         out.push_str(&format!(
             "plan it: {}\n",
-            remedy::plan_command(&model.name, r.runtime, &best.setup)
+            remedy::plan_command(&model.name, r.runtime, &r.hardware, &best.setup)
         ));
     } else {
         out.push_str(&format!(

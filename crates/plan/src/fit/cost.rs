@@ -7,7 +7,7 @@
 //!   plus the attention core, 2·L·s·heads·(d_qk + d_v) per token forward and twice that backward
 //!   (PaLM's non-causal count). Recompute adds the forward it repeats: `full`, `every:K` and
 //!   `sqrt` rerun every block's forward once, `selective` only the attention core. Divided by
-//!   the GPU's peak × MFU. Eager attention adds HBM traffic for its T×T tensors (8 bytes per score
+//!   the GPU's peak × `--mfu`. Eager attention adds HBM traffic for its T×T tensors (8 bytes per score
 //!   element forward, 12 backward, 8 again when recomputed) and QLoRA its dequantized weight
 //!   copies, at the GPU's memory bandwidth.
 //! - Data-parallel traffic from the ZeRO paper: stages 0-2 move 2Ψ per step and stage 3 3Ψ;
@@ -22,8 +22,14 @@
 //! - Overlap: data-parallel collectives overlap with compute (bucketed reduce-scatter during
 //!   backward, ZeRO-3 prefetch), so the step is `max(compute + bubble, dp_comm)`; tensor- and
 //!   pipeline-parallel transfers and offload are on the critical path and add up.
-//! - Not modelled: kernel efficiency falling at small micro-batches, stragglers, network
-//!   contention. Example: `step_time(&model, &setup, &hardware).step_s`.
+//! - Eager PyTorch's overheads, which dominate small models: element-wise kernels' HBM traffic
+//!   (norms, casts, dropout, activations, residual adds; a per-family constant fitted to the H200
+//!   calibration), the loss's fp32 passes over the logits, the optimizer's pass over its state
+//!   (fused AdamW), a fixed GPU cost per kernel, and the host's dispatch of every kernel, which is
+//!   the step's floor when the GPU work is small: compute is `max(GPU time, dispatch time)`.
+//!   Matmuls run at the GPU's peak × `--mfu` (the GEMMs' efficiency, 0.6 by default).
+//! - Not modelled: GEMM efficiency falling at small shapes, stragglers, network contention,
+//!   `torch.compile`'s fusion. Example: `step_time(&model, &setup, &hardware).step_s`.
 
 use super::hardware::Hardware;
 use crate::acts::act_bytes;
@@ -219,8 +225,13 @@ pub fn step_time(model: &ModelShape, setup: &TrainSetup, hw: &Hardware) -> StepT
         let passes = if reruns_blocks { 3.0 } else { 2.0 };
         hbm_bytes += passes * m * w.quantized * (bits / 8.0 + 4.0) / (tp * pp);
     }
-    let compute_s =
-        flops_per_rank / (hw.peak_flops(s.precision) * hw.mfu) + hbm_bytes / hw.gpu.hbm_bytes_per_s;
+    let eager = eager_overheads(model, s, &w, reruns_blocks);
+    hbm_bytes += eager.elementwise_bytes + eager.optimizer_bytes;
+    let gpu_s = flops_per_rank / (hw.peak_flops(s.precision) * hw.mfu)
+        + hbm_bytes / (hw.gpu.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY)
+        + eager.kernels * KERNEL_GAP_S;
+    let dispatch_s = eager.kernels * DISPATCH_S;
+    let compute_s = gpu_s.max(dispatch_s);
     let bubble_s = compute_s * (pp - 1.0) / m;
 
     // Data-parallel collectives of this rank's parameter slice.
@@ -271,6 +282,89 @@ pub fn step_time(model: &ModelShape, setup: &TrainSetup, hw: &Hardware) -> StepT
         offload_s,
         tokens_per_s: tokens_rank * dp / step_s,
         bottleneck,
+    }
+}
+
+/// Fraction of the HBM bandwidth element-wise kernels and the optimizer reach (an assumption).
+pub const BANDWIDTH_EFFICIENCY: f64 = 0.8;
+
+/// Bytes element-wise kernels move per token, per layer, per element of `4·d_model + d_ff` (the
+/// residual-stream tensors and the MLP's inner one) at 2-byte activations, forward and backward:
+/// norms, casts, dropout, residual adds, activation functions, each its own eager kernel. Fitted
+/// to the H200 calibration's step times (`shared/calibration`): GPT-2's HF block (NewGELU as eight
+/// element-wise ops, three dropouts, LayerNorm) moves about twice a Llama block's (RMSNorm,
+/// fused SiLU, no dropout).
+const ELEMENTWISE_BYTES_GPT2: f64 = 220.0;
+const ELEMENTWISE_BYTES_LLAMA: f64 = 106.0;
+
+/// Bytes per token per vocabulary entry of the loss: the fp32 upcast of the logits, log-softmax
+/// and its backward, and the cast back (about six fp32 passes).
+const LOSS_BYTES_PER_VOCAB: f64 = 24.0;
+
+/// Eager kernels per block per micro-batch, forward and backward (autograd nodes that launch),
+/// and per step outside the blocks (embedding, loss, optimizer, zero_grad). Counted from HF's
+/// GPT-2 and Llama modules.
+const KERNELS_PER_BLOCK_GPT2: f64 = 105.0;
+const KERNELS_PER_BLOCK_LLAMA: f64 = 90.0;
+const KERNELS_PER_STEP: f64 = 200.0;
+
+/// GPU time a kernel costs beyond its work (launch latency, tail), seconds.
+pub const KERNEL_GAP_S: f64 = 5e-6;
+
+/// Host time eager PyTorch spends dispatching one kernel (Python, the dispatcher, autograd),
+/// seconds: the floor of small models' steps (GPT-2 124M: ~28 ms on the H200 at any batch up to 4).
+pub const DISPATCH_S: f64 = 20e-6;
+
+/// What eager PyTorch adds to the matmuls of one step of this rank.
+struct Eager {
+    elementwise_bytes: f64,
+    optimizer_bytes: f64,
+    kernels: f64,
+}
+
+fn eager_overheads(model: &ModelShape, s: &TrainSetup, w: &Work, reruns_blocks: bool) -> Eager {
+    let gpt2 = model.family == crate::model::Family::Gpt2;
+    let (per_elem, per_block) = if gpt2 {
+        (ELEMENTWISE_BYTES_GPT2, KERNELS_PER_BLOCK_GPT2)
+    } else {
+        (ELEMENTWISE_BYTES_LLAMA, KERNELS_PER_BLOCK_LLAMA)
+    };
+    let split = (s.tp * s.pp) as f64;
+    let m = s.grad_accum as f64;
+    let tokens = (s.micro_batch * s.seq) as f64 * m;
+    let layers = model.n_layers as f64;
+    let rerun = if reruns_blocks { 4.0 / 3.0 } else { 1.0 };
+    let d_ff = model
+        .moe
+        .as_ref()
+        .map_or(model.d_ff, |x| x.d_ff_expert * x.n_active as u64);
+    let width = (4 * model.d_model + d_ff) as f64;
+    let es = act_bytes(s.precision) as f64 / 2.0;
+    let elementwise = tokens * layers * per_elem * width * es * rerun
+        + tokens * LOSS_BYTES_PER_VOCAB * model.vocab as f64;
+    // The step reads weights, gradients, master copy and moments and writes all but the
+    // gradients, over this rank's partition; on the host under offload.
+    let p = Policy::of(s.precision);
+    let moments = match s.optimizer {
+        crate::setup::Optimizer::AdamW => 2.0 * p.moment as f64,
+        crate::setup::Optimizer::AdamW8bit => 2.0,
+        crate::setup::Optimizer::Sgd => p.moment as f64,
+    };
+    let per_param = 2.0 * (p.weight as f64 + p.master as f64 + moments) + p.grad as f64;
+    let shard = if s.zero == ZeroStage::Zero0 {
+        1.0
+    } else {
+        s.dp as f64
+    };
+    let optimizer = if s.offload == Offload::None {
+        per_param * w.trainable / split / shard
+    } else {
+        0.0
+    };
+    Eager {
+        elementwise_bytes: elementwise / split,
+        optimizer_bytes: optimizer,
+        kernels: m * (layers / s.pp as f64).ceil() * per_block * rerun + KERNELS_PER_STEP,
     }
 }
 

@@ -8,6 +8,7 @@
 //! does. Pure: no clocks, no IO. Example:
 //! `fit::search(&presets::by_name("llama2-7b")?, &FitRequest::new(32, 2048, 8, 80 << 30))?.best()`.
 
+mod check;
 pub mod cost;
 pub mod fix;
 pub mod hardware;
@@ -16,6 +17,7 @@ pub mod remedy;
 pub mod space;
 pub mod why;
 
+pub use check::check_request;
 pub use cost::{step_time, zero_comm_volume, Bottleneck, CommVolume, StepTime};
 pub use fix::{cheapest_fix, Suggestion};
 pub use hardware::{gpu_by_name, Gpu, Hardware, GPUS};
@@ -293,76 +295,6 @@ pub fn dtype_name(d: Dtype) -> &'static str {
     }
 }
 
-fn invalid(field: &str, reason: String) -> PlanError {
-    PlanError::Invalid {
-        field: field.into(),
-        reason,
-    }
-}
-
-/// Checks the request before any candidate is built; errors name the flag and the fix.
-pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError> {
-    model.validate()?;
-    r.hardware.validate()?;
-    if r.gpus == 0 {
-        return Err(invalid("--gpus", "must be at least 1".into()));
-    }
-    if r.capacity_bytes == 0 {
-        return Err(invalid(
-            "--device-memory",
-            "must be more than 0: e.g. 80GiB or 24GB".into(),
-        ));
-    }
-    if !(0.0..1.0).contains(&r.headroom) {
-        return Err(invalid(
-            "--headroom",
-            format!(
-                "{} is not a fraction in [0, 1): e.g. 0.05 keeps 5% free",
-                r.headroom
-            ),
-        ));
-    }
-    if r.global_batch == 0 {
-        return Err(invalid(
-            "--batch",
-            "must be at least 1 sequence per step".into(),
-        ));
-    }
-    let mut probe = r.baseline();
-    probe.dp = 1;
-    probe.micro_batch = 1;
-    probe.validate(model)?;
-    if let Some(l) = &r.lora {
-        if l.rank == 0 {
-            return Err(invalid("--lora-rank", "must be at least 1".into()));
-        }
-        crate::lora::check_targets(model, &l.targets)?;
-    }
-    let layouts = space::layouts(model, r.gpus, r.hardware.gpus_per_node, &r.bounds);
-    if layouts.is_empty() {
-        return Err(invalid(
-            "--tp",
-            format!(
-                "no tensor × pipeline layout of {} GPUs suits {} ({} heads, {} layers, {} GPUs per node): change --tp/--pp or --gpus",
-                r.gpus, model.name, model.n_heads, model.n_layers, r.hardware.gpus_per_node
-            ),
-        ));
-    }
-    if !layouts.iter().any(|l| r.global_batch % l.dp as u64 == 0) {
-        let dps: Vec<String> = layouts.iter().map(|l| l.dp.to_string()).collect();
-        return Err(invalid(
-            "--batch",
-            format!(
-                "{} sequences do not split evenly over the data-parallel ranks ({}): use a multiple of {}",
-                r.global_batch,
-                dps.join(", "),
-                layouts.iter().map(|l| l.dp).min().unwrap_or(1)
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// Weighs `setup`: its memory under `runtime` against `capacity_bytes`, and its step time if it fits.
 pub fn weigh(
     model: &ModelShape,
@@ -402,9 +334,19 @@ fn time_bucket(step_s: f64) -> i64 {
 /// The seed-order part of a ranking key: remedy count, remedy indices, each remedy's weight.
 pub type TieKey = (usize, Vec<u8>, Vec<u64>);
 
-/// Sort key of a fitting candidate: step time, then the seed's remedy order, then the lower total.
+/// A setup with leaner optimizer state (pure bf16, 8-bit Adam) changes the update's numerics: it
+/// ranks above one that keeps the user's only when it is at least this much faster.
+pub const LEAN_STATES_SPEEDUP: f64 = 1.25;
+
+/// Sort key of a fitting candidate: step time (leaner states handicapped by
+/// [`LEAN_STATES_SPEEDUP`]), then the seed's remedy order, then the lower total.
 fn rank_key(w: &Weighed) -> (i64, TieKey, u64) {
-    let t = w.time().map_or(f64::MAX, |t| t.step_s);
+    let handicap = if w.remedies.contains(&Remedy::LeanStates) {
+        LEAN_STATES_SPEEDUP
+    } else {
+        1.0
+    };
+    let t = w.time().map_or(f64::MAX, |t| t.step_s * handicap);
     let total = w.memory().map_or(u64::MAX, |m| m.total_bytes);
     (
         time_bucket(t),

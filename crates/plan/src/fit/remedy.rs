@@ -174,10 +174,17 @@ pub fn offload_name(o: Offload) -> &'static str {
 
 /// The `frugal plan` command that plans `s` for `model` (a preset name or a config path) with
 /// the same runtime the search weighed it with, so it prints the total the search saw.
-pub fn plan_command(model: &str, runtime: crate::fit::Runtime, s: &TrainSetup) -> String {
+pub fn plan_command(
+    model: &str,
+    runtime: crate::fit::Runtime,
+    hw: &crate::fit::Hardware,
+    s: &TrainSetup,
+) -> String {
     format!(
-        "frugal plan --model {model} --train --runtime {} {}",
+        "frugal plan --model {model} --train --runtime {} --gpu {}{} {}",
         runtime.name(),
+        hw.gpu.name,
+        if hw.tf32 { " --tf32" } else { "" },
         plan_flags(s)
     )
 }

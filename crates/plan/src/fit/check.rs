@@ -1,0 +1,75 @@
+//! The checks `fit` makes on a request before it builds a candidate: each error names the flag
+//! and the fix. Example: `check_request(&shape, &FitRequest::new(32, 2048, 8, 80 << 30))?`.
+
+use super::{space, FitRequest};
+use crate::{ModelShape, PlanError};
+
+fn invalid(field: &str, reason: String) -> PlanError {
+    PlanError::Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// Checks the request before any candidate is built; errors name the flag and the fix.
+pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError> {
+    model.validate()?;
+    r.hardware.validate()?;
+    if r.gpus == 0 {
+        return Err(invalid("--gpus", "must be at least 1".into()));
+    }
+    if r.capacity_bytes == 0 {
+        return Err(invalid(
+            "--device-memory",
+            "must be more than 0: e.g. 80GiB or 24GB".into(),
+        ));
+    }
+    if !(0.0..1.0).contains(&r.headroom) {
+        return Err(invalid(
+            "--headroom",
+            format!(
+                "{} is not a fraction in [0, 1): e.g. 0.05 keeps 5% free",
+                r.headroom
+            ),
+        ));
+    }
+    if r.global_batch == 0 {
+        return Err(invalid(
+            "--batch",
+            "must be at least 1 sequence per step".into(),
+        ));
+    }
+    let mut probe = r.baseline();
+    probe.dp = 1;
+    probe.micro_batch = 1;
+    probe.validate(model)?;
+    if let Some(l) = &r.lora {
+        if l.rank == 0 {
+            return Err(invalid("--lora-rank", "must be at least 1".into()));
+        }
+        crate::lora::check_targets(model, &l.targets)?;
+    }
+    let layouts = space::layouts(model, r.gpus, r.hardware.gpus_per_node, &r.bounds);
+    if layouts.is_empty() {
+        return Err(invalid(
+            "--tp",
+            format!(
+                "no tensor × pipeline layout of {} GPUs suits {} ({} heads, {} layers, {} GPUs per node): change --tp/--pp or --gpus",
+                r.gpus, model.name, model.n_heads, model.n_layers, r.hardware.gpus_per_node
+            ),
+        ));
+    }
+    if !layouts.iter().any(|l| r.global_batch % l.dp as u64 == 0) {
+        let dps: Vec<String> = layouts.iter().map(|l| l.dp.to_string()).collect();
+        return Err(invalid(
+            "--batch",
+            format!(
+                "{} sequences do not split evenly over the data-parallel ranks ({}): use a multiple of {}",
+                r.global_batch,
+                dps.join(", "),
+                layouts.iter().map(|l| l.dp).min().unwrap_or(1)
+            ),
+        ));
+    }
+    Ok(())
+}
