@@ -386,6 +386,16 @@ fn describe(report: &Report) -> String {
             crate::output::group_digits(report.param_count)
         ),
     };
+    let what = match &report.largest {
+        Some(l) => format!(
+            "{what}; largest module {} ({} parameters), largest unit {} ({})",
+            l.module,
+            crate::output::group_digits(l.module_params),
+            l.unit,
+            crate::output::group_digits(l.unit_params)
+        ),
+        None => what,
+    };
     let note = match &report.runtime_note {
         Some(n) => format!("note: {n}\n"),
         None => String::new(),

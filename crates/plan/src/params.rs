@@ -308,6 +308,46 @@ impl ModelShape {
         self.embedding_params() + blocks + self.head_params()
     }
 
+    /// The largest single module by its own parameters (DeepSpeed's `largest_layer_params`: a
+    /// module's weights without its children's; one expert's matrix, not the stacked experts).
+    pub fn largest_module(&self) -> (&'static str, u64) {
+        let mut best = ("", 0);
+        let mut consider = |tensors: Vec<Tensor>| {
+            for t in tensors {
+                let one = t.d_in * t.d_out;
+                if one > best.1 {
+                    best = (t.name, one);
+                }
+            }
+        };
+        consider(self.embedding_tensors());
+        consider(self.head_tensors());
+        consider(self.block_tensors(0));
+        if let Some(m) = &self.moe {
+            consider(self.block_tensors(m.first_dense));
+        }
+        best
+    }
+
+    /// The largest unit the model is split into for loading and ZeRO-3 gathers: the embedding,
+    /// one block, or the final norm with the head (accelerate's "largest layer", its
+    /// no-split modules). Returns its name (`embed`, `block`, `head`) and parameters.
+    pub fn largest_unit(&self) -> (&'static str, u64) {
+        let dense = self.block_params(0);
+        let block = self
+            .moe
+            .as_ref()
+            .map_or(dense, |m| dense.max(self.block_params(m.first_dense)));
+        let units = [
+            ("embed", self.embedding_params()),
+            ("block", block),
+            ("head", self.head_params()),
+        ];
+        units
+            .into_iter()
+            .fold(("", 0), |a, b| if b.1 > a.1 { b } else { a })
+    }
+
     /// Parameters a token actually uses in a forward pass (top-k experts, not all of them).
     pub fn active_param_count(&self) -> u64 {
         let Some(m) = &self.moe else {

@@ -96,6 +96,30 @@ pub struct InferDetails {
     pub decode_peak_bytes: u64,
 }
 
+/// The model's largest pieces, as DeepSpeed and accelerate report them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Largest {
+    /// DeepSpeed's `largest_layer_params`: the biggest single module (a matrix or a table).
+    pub module: &'static str,
+    pub module_params: u64,
+    /// accelerate's "largest layer": the biggest unit (embedding, block, head).
+    pub unit: &'static str,
+    pub unit_params: u64,
+}
+
+impl Largest {
+    pub fn of(m: &ModelShape) -> Largest {
+        let (module, module_params) = m.largest_module();
+        let (unit, unit_params) = m.largest_unit();
+        Largest {
+            module,
+            module_params,
+            unit,
+            unit_params,
+        }
+    }
+}
+
 /// One plan, ready to print as a table or as JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -107,6 +131,8 @@ pub struct Report {
     /// The shape planned, absent for a bare parameter count.
     pub model: Option<ModelShape>,
     pub param_count: u64,
+    /// The largest module and unit (absent for a bare parameter count).
+    pub largest: Option<Largest>,
     pub setup: serde_json::Value,
     pub per_device: PerDevice,
     pub host: Option<Host>,
@@ -192,6 +218,7 @@ pub fn training(
         mode: "train",
         model: model.cloned(),
         param_count: model.map_or(n_params, ModelShape::param_count),
+        largest: model.map(Largest::of),
         setup: serde_json::to_value(setup).unwrap_or_default(),
         per_device: PerDevice::of(
             at_peak,
@@ -228,6 +255,7 @@ pub fn inference(
         mode: "infer",
         model: model.cloned(),
         param_count: model.map_or(n_params, ModelShape::param_count),
+        largest: model.map(Largest::of),
         setup: serde_json::to_value(setup).unwrap_or_default(),
         per_device: PerDevice::of(
             at_peak,

@@ -301,3 +301,41 @@ fn zero3_never_holds_the_whole_model_on_one_gpu() {
     let ds = 18 * m.param_count() / 8;
     assert!(within(e.peak_bytes, ds, 0.05), "{} vs {ds}", e.peak_bytes);
 }
+
+#[test]
+fn largest_module_and_unit_as_deepspeed_and_accelerate_define_them() {
+    let m = presets::by_name("llama2-7b").unwrap();
+    // DeepSpeed's largest_layer_params: a module's own parameters; the 32000 × 4096 tables.
+    assert_eq!(m.largest_module(), ("embed_tokens", 32000 * 4096));
+    // accelerate's largest layer: a no-split module, one LlamaDecoderLayer:
+    // 4 × 4096² + 3 × 4096 × 11008 + 2 × 4096 norm weights.
+    assert_eq!(m.largest_unit(), ("block", 202_383_360));
+    // accelerate's sizes: total × bytes per dtype, Adam training = 4 × the fp32 total.
+    let n = m.param_count();
+    let total_fp32 = 4 * n;
+    assert_eq!(plan::infer::weights_only_bytes(n, Dtype::F32), total_fp32);
+    assert_eq!(
+        plan::infer::weights_only_bytes(n, Dtype::Bf16),
+        total_fp32 / 2
+    );
+    assert_eq!(
+        plan::infer::weights_only_bytes(n, Dtype::Int8),
+        total_fp32 / 4
+    );
+    assert_eq!(
+        plan::infer::weights_only_bytes(n, Dtype::Int4),
+        total_fp32 / 8
+    );
+    let s = TrainSetup {
+        precision: Precision::Fp32,
+        convention: Convention::Paper,
+        ..TrainSetup::new(1, 2048)
+    };
+    let adam = formula::model_states_estimate(n, &s).unwrap().peak_bytes;
+    assert_eq!(adam, 4 * total_fp32);
+    // Mixtral: one expert's matrix, not the stacked eight.
+    let mx = presets::by_name("mixtral-8x7b").unwrap();
+    assert_eq!(mx.largest_module().1, 32000 * 4096);
+    let expert = 4096 * 14336;
+    assert!(mx.largest_unit().1 > 8 * 3 * expert);
+}
