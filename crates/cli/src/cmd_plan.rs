@@ -126,9 +126,14 @@ pub struct Args {
     /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4.
     #[arg(long, default_value_t = Dtype::Bf16)]
     weights: Dtype,
-    /// Weights per quantization scale (default: one scale per output row; nf4: 64).
+    /// Weights per quantization scale (default: int8 one scale per output row, int4 128 as
+    /// GPTQ/AWQ, nf4 64 as bitsandbytes).
     #[arg(long)]
     weight_group: Option<u64>,
+    /// nf4 weights with bitsandbytes' double quantization (bnb_4bit_use_double_quant; HF's
+    /// default is off).
+    #[arg(long)]
+    double_quant: bool,
     /// KV-cache format: bf16, fp16, fp8 or int8.
     #[arg(long, default_value_t = Dtype::Bf16)]
     kv_dtype: Dtype,
@@ -201,6 +206,7 @@ fn infer_setup(args: &Args, seq: u64) -> InferSetup {
     InferSetup {
         weights: args.weights,
         weight_group: args.weight_group,
+        double_quant: args.double_quant,
         kv_dtype: args.kv_dtype,
         batch: args.batch,
         seq,

@@ -87,6 +87,7 @@ fn main() {
         let inf = InferSetup {
             weights: Dtype::Int4,
             weight_group: Some(128),
+            double_quant: false,
             kv_dtype: Dtype::Fp8,
             batch: 8,
             seq: 4096.min(model.max_positions),

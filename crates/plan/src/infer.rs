@@ -56,9 +56,24 @@ impl InferEstimate {
     }
 }
 
-/// Bytes of `numel` weights in rows of `d_in` stored as `dtype` with groups of `group`
-/// (`None`: one scale per row), scales in fp16 (fp32 for nf4's absmax and fp8's tensor scale).
-pub fn weight_bytes(numel: u64, d_in: u64, dtype: Dtype, group: Option<u64>) -> u64 {
+/// GPTQ's and AWQ's default int4 group.
+pub const INT4_DEFAULT_GROUP: u64 = 128;
+
+/// Bytes of `numel` weights in rows of `d_in` stored as `dtype` with groups of `group` (`None`:
+/// int8 one scale per row, int4 groups of [`INT4_DEFAULT_GROUP`], nf4 blocks of 64), scales in
+/// fp16 (fp32 for nf4's absmax and fp8's tensor scale; nf4 with `double_quant`: a uint8 absmax
+/// per block and an fp32 scale per 256 blocks, as bitsandbytes).
+pub fn weight_bytes(
+    numel: u64,
+    d_in: u64,
+    dtype: Dtype,
+    group: Option<u64>,
+    double_quant: bool,
+) -> u64 {
+    if dtype == Dtype::Nf4 && double_quant {
+        let blocks = numel.div_ceil(group.unwrap_or(64));
+        return numel.div_ceil(2) + blocks + 4 * blocks.div_ceil(256);
+    }
     let spec = |scheme, group_size, scale_format| StorageSpec {
         scheme,
         group_size,
@@ -75,7 +90,11 @@ pub fn weight_bytes(numel: u64, d_in: u64, dtype: Dtype, group: Option<u64>) -> 
         ),
         Dtype::Int4 => stored_bytes(
             numel,
-            &spec(Scheme::Int4, group.unwrap_or(row), Format::F16),
+            &spec(
+                Scheme::Int4,
+                group.unwrap_or(INT4_DEFAULT_GROUP).min(row),
+                Format::F16,
+            ),
         ),
         Dtype::Nf4 => stored_bytes(numel, &spec(Scheme::Nf4, group.unwrap_or(64), Format::F32)),
     }
@@ -100,7 +119,13 @@ pub fn tensors_bytes(tensors: &[crate::params::Tensor], setup: &InferSetup) -> u
                 t.numel()
             };
             if t.kind == TensorKind::Linear {
-                weight_bytes(n, t.d_in, setup.weights, setup.weight_group)
+                weight_bytes(
+                    n,
+                    t.d_in,
+                    setup.weights,
+                    setup.weight_group,
+                    setup.double_quant,
+                )
             } else {
                 keep * n
             }

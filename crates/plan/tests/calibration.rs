@@ -98,6 +98,7 @@ fn rows() -> Vec<Row> {
                 let setup = InferSetup {
                     weights,
                     weight_group: None,
+                    double_quant: false,
                     kv_dtype: weights,
                     batch: rec["batch"].as_u64().unwrap(),
                     seq: rec["seq"].as_u64().unwrap(),

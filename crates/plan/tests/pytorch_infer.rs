@@ -12,6 +12,7 @@ fn setup(weights: Dtype) -> InferSetup {
     InferSetup {
         weights,
         weight_group: None,
+        double_quant: false,
         kv_dtype: Dtype::Bf16,
         batch: 2,
         seq: 1000,
@@ -47,7 +48,9 @@ fn int4_weights_are_packed_codes_plus_fp16_scales_and_packed_zeros_per_group_of_
 
 #[test]
 fn nf4_and_int8_weights_follow_bitsandbytes_storage() {
-    let nf4 = run("llama2-7b", &setup(Dtype::Nf4));
+    let mut double = setup(Dtype::Nf4);
+    double.double_quant = true;
+    let nf4 = run("llama2-7b", &double);
     let per_layer: u64 = L2_LINEARS
         .iter()
         .map(|&(i, o)| {
@@ -57,6 +60,24 @@ fn nf4_and_int8_weights_follow_bitsandbytes_storage() {
         })
         .sum();
     assert_eq!(nf4.weights_bytes, 32 * per_layer + L2_DENSE);
+    // HF's default: an fp32 absmax per block of 64.
+    let single = run("llama2-7b", &setup(Dtype::Nf4));
+    let per_layer: u64 = L2_LINEARS
+        .iter()
+        .map(|&(i, o)| r512(i * o / 2) + r512(4 * (i * o).div_ceil(64)) + 512)
+        .sum();
+    assert_eq!(single.weights_bytes, 32 * per_layer + L2_DENSE);
+    // The formula runtime follows the same flag: the two agree within the allocator's rounding.
+    for s in [double.clone(), setup(Dtype::Nf4)] {
+        let f = plan::infer::inference_estimate(&by_name("llama2-7b").unwrap(), &s)
+            .unwrap()
+            .weights_bytes;
+        let p = run("llama2-7b", &s).weights_bytes;
+        assert!(
+            (f as f64 - p as f64).abs() / (p as f64) < 0.002,
+            "{f} vs {p}"
+        );
+    }
     let int8 = run("llama2-7b", &setup(Dtype::Int8));
     let per_layer: u64 = L2_LINEARS.iter().map(|&(i, o)| i * o + 4 * o).sum();
     assert_eq!(int8.weights_bytes, 32 * per_layer + L2_DENSE);

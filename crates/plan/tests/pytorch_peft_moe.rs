@@ -166,6 +166,7 @@ fn mla_caches_the_latent_and_rope_key() {
     let s = InferSetup {
         weights: Dtype::Bf16,
         weight_group: None,
+        double_quant: false,
         kv_dtype: Dtype::Bf16,
         batch: 2,
         seq: 1024,

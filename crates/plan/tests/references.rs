@@ -227,6 +227,7 @@ fn vllm_kv_formula_and_sliding_windows() {
         let s = InferSetup {
             weights: Dtype::Bf16,
             weight_group: None,
+            double_quant: false,
             kv_dtype: Dtype::Bf16,
             batch: 1,
             seq,

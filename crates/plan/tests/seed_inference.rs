@@ -7,6 +7,7 @@ fn setup(weights: Dtype, kv_dtype: Dtype, batch: u64, seq: u64) -> InferSetup {
     InferSetup {
         weights,
         weight_group: None,
+        double_quant: false,
         kv_dtype,
         batch,
         seq,

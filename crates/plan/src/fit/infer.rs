@@ -147,6 +147,7 @@ fn setup_of(s: &Serving, batch: u64, seq: u64) -> InferSetup {
     InferSetup {
         weights: s.weights,
         weight_group: s.weight_group,
+        double_quant: false,
         kv_dtype: s.kv_dtype,
         batch,
         seq,

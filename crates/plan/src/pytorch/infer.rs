@@ -39,11 +39,16 @@ fn dtype_es(d: Dtype) -> Result<u64, PlanError> {
 fn weight_storage(setup: &InferSetup) -> Result<(u64, Option<Quant>), PlanError> {
     match setup.weights {
         Dtype::Int8 => Ok((2, Some(Quant::Int8))),
-        Dtype::Nf4 => Ok((2, Some(Quant::Nf4))),
+        Dtype::Nf4 => Ok((
+            2,
+            Some(Quant::Nf4 {
+                double: setup.double_quant,
+            }),
+        )),
         Dtype::Int4 => Ok((
             2,
             Some(Quant::Int4 {
-                group: setup.weight_group.unwrap_or(128),
+                group: setup.weight_group.unwrap_or(crate::infer::INT4_DEFAULT_GROUP),
             }),
         )),
         Dtype::Fp8 => Err(unsupported(

@@ -50,7 +50,8 @@ fn lora_base(l: &crate::setup::Lora) -> Result<(u64, Option<Quant>), PlanError> 
         Dtype::F32 => Ok((4, None)),
         Dtype::Bf16 | Dtype::F16 => Ok((2, None)),
         // `prepare_model_for_kbit_training` upcasts every non-quantized parameter to fp32.
-        Dtype::Nf4 => Ok((4, Some(Quant::Nf4))),
+        // QLoRA's recipe: double-quantized absmax.
+        Dtype::Nf4 => Ok((4, Some(Quant::Nf4 { double: true }))),
         Dtype::Int8 => Ok((4, Some(Quant::Int8))),
         other => Err(unsupported(&format!(
             "a {other:?} LoRA base (bitsandbytes stores nf4 or int8; use bf16, int8 or nf4)"

@@ -11,7 +11,7 @@
 //! in backward. `Linear8bitLt` (threshold 6.0) quantizes the input row-wise (fp16 copy, int8 codes,
 //! int32 accumulator), saves the input itself, and backward dequantizes `CB` to the input dtype.
 //! Not here: LoRA on MoE experts, DoRA and other variants. Example:
-//! `let y = frozen_quant_linear(&mut tape, x, Quant::Nf4, d_in, d_out)`.
+//! `let y = frozen_quant_linear(&mut tape, x, Quant::Nf4 { double: true }, d_in, d_out)`.
 
 use super::blocks::{add, alloc, cast, ew, linear, Fwd, V};
 use super::tape::{Grad, Tape, T};
@@ -20,8 +20,9 @@ use crate::Category;
 /// How a frozen linear weight is stored by a quantization library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Quant {
-    /// bitsandbytes `Params4bit` nf4, blocks of 64, double-quantized absmax (QLoRA's recipe).
-    Nf4,
+    /// bitsandbytes `Params4bit` nf4, blocks of 64; `double`: the absmax double-quantized
+    /// (QLoRA's recipe, `bnb_4bit_use_double_quant`), else an fp32 absmax per block.
+    Nf4 { double: bool },
     /// bitsandbytes `Int8Params` (LLM.int8): int8 `CB` plus an fp32 `SCB` per output row.
     Int8,
     /// GPTQ/AWQ-style packed 4-bit weights, fp16 scales and zeros per group of `group` inputs,
@@ -58,7 +59,7 @@ const NESTED_BLOCK: u64 = 256;
 /// int32 codes, fp16 scales and packed zeros per group (AutoGPTQ's `qweight`, `scales`, `qzeros`).
 pub fn quant_storage_bytes(numel: u64, d_in: u64, q: Quant) -> Vec<u64> {
     match q {
-        Quant::Nf4 => {
+        Quant::Nf4 { double: true } => {
             let blocks = numel.div_ceil(NF4_BLOCK);
             vec![
                 numel.div_ceil(2),
@@ -67,6 +68,10 @@ pub fn quant_storage_bytes(numel: u64, d_in: u64, q: Quant) -> Vec<u64> {
                 4,
                 16 * 4,
             ]
+        }
+        Quant::Nf4 { double: false } => {
+            let blocks = numel.div_ceil(NF4_BLOCK);
+            vec![numel.div_ceil(2), 4 * blocks, 16 * 4]
         }
         Quant::Int8 => vec![numel, 4 * (numel / d_in.max(1))],
         Quant::Int4 { group } => {
@@ -82,12 +87,12 @@ pub fn quant_storage_bytes(numel: u64, d_in: u64, q: Quant) -> Vec<u64> {
 pub fn frozen_quant_linear(tape: &mut Tape, x: V, q: Quant, d_in: u64, d_out: u64) -> V {
     let rows = x.numel / d_in;
     match q {
-        Quant::Nf4 | Quant::Int4 { .. } => {
+        Quant::Nf4 { .. } | Quant::Int4 { .. } => {
             // `x.to(compute_dtype)`, then the dequantized weight and `F.linear`; `.to(inp_dtype)`.
             let xin = cast(tape, x, 2);
             // bitsandbytes' fused gemm (no temporary) serves at most 4 rows on sm90; GPTQ/AWQ
             // kernels dequantize tile by tile for decode-sized batches too.
-            let dequant = rows > 4 || (q != Quant::Nf4 && rows > 16);
+            let dequant = rows > 4 || (!matches!(q, Quant::Nf4 { .. }) && rows > 16);
             let tmp = dequant.then(|| tape.alloc(d_in * d_out * 2, Category::Activations));
             let y = alloc(tape, rows * d_out, 2);
             if let Some(t) = tmp {

@@ -193,8 +193,12 @@ impl TrainSetup {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct InferSetup {
     pub weights: Dtype,
-    /// Group size of weight quantization (`None` = per channel); scales stored in fp16.
+    /// Group size of weight quantization (`None`: int8 one scale per output row, int4 groups of
+    /// 128 as GPTQ/AWQ, nf4 blocks of 64 as bitsandbytes); scales stored in fp16.
     pub weight_group: Option<u64>,
+    /// nf4 only: bitsandbytes' double quantization (uint8 absmax per block with an fp32 scale
+    /// per 256 blocks; `bnb_4bit_use_double_quant`, off by default in HF, on in QLoRA's recipe).
+    pub double_quant: bool,
     pub kv_dtype: Dtype,
     pub batch: u64,
     /// Context length: prompt plus generated tokens.
