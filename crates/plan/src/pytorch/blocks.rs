@@ -48,6 +48,8 @@ pub struct Fwd {
     /// Sliding-window layers (`DynamicSlidingWindowLayer`): the cache keeps a view of the last
     /// `window - 1` positions of the concatenated states.
     pub window: Option<crate::model::SlidingWindow>,
+    /// The forward's additive attention mask (eager attention only), shared by its layers.
+    pub mask: Option<V>,
     /// Per parameter tensor (indexed by its tape id): dtype, trainability, storage, adapter.
     pub params: Vec<ParamInfo>,
 }

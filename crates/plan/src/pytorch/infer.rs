@@ -124,6 +124,7 @@ pub fn simulate(
         params: params.info.clone(),
         kv_block: setup.kv_block.map(|b| (b, setup.seq + 1)),
         window: m.sliding_window,
+        mask: None,
     };
     let ids = tape.alloc(setup.batch * setup.seq * 8, Category::Other);
     if setup.tp > 1 {
@@ -177,5 +178,6 @@ fn forward(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, p: &Params, keep: Optio
         tape.drop(cos.t);
         tape.drop(sin.t);
     }
+    super::model::drop_mask(tape, f);
     logits.t
 }

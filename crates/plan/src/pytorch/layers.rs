@@ -219,7 +219,7 @@ pub fn gpt2_block(
         v,
         fused: if f.use_cache { None } else { Some(qkv) },
     };
-    let a = attention(tape, f, m, &parts, None);
+    let a = attention(tape, f, m, &parts, f.mask);
     let _ = kv_numel;
     tape.drop(k.t);
     tape.drop(v.t);
@@ -367,7 +367,7 @@ fn gqa_attention(
         v: v16,
         fused: None,
     };
-    let a = attention(tape, f, m, &parts, None);
+    let a = attention(tape, f, m, &parts, f.mask);
     for t in [q16, k16, v16] {
         tape.drop(t.t);
     }

@@ -202,6 +202,26 @@ impl Params {
 
 /// Token (and GPT-2 position) embeddings; returns the residual stream and RoPE's cos/sin.
 pub fn embed(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, p: &Params) -> (V, Option<(V, V)>) {
+    let out = embed_tokens(tape, f, m, p);
+    if f.attention == crate::setup::Attention::Eager {
+        // `create_causal_mask` for eager attention: a bool [B, 1, q, kv] mask turned into an
+        // additive one in the embeddings' dtype, shared by every layer until the forward ends.
+        let numel = f.batch * f.q_len * f.kv_len;
+        let flags = alloc(tape, numel, 1);
+        f.mask = Some(alloc(tape, numel, p.es));
+        tape.drop(flags.t);
+    }
+    out
+}
+
+/// Drops the forward's eager attention mask, if it made one.
+pub fn drop_mask(tape: &mut Tape, f: &mut Fwd) {
+    if let Some(mask) = f.mask.take() {
+        tape.drop(mask.t);
+    }
+}
+
+fn embed_tokens(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, p: &Params) -> (V, Option<(V, V)>) {
     let n = f.tokens();
     let h = m.d_model;
     let tok = alloc(tape, n * h, p.es);

@@ -224,7 +224,7 @@ pub fn mla_attention(
         v: v16,
         fused: None,
     };
-    let a = attention(tape, f, m, &parts, None);
+    let a = attention(tape, f, m, &parts, f.mask);
     for t in [q16, k16, v16] {
         tape.drop(t.t);
     }

@@ -202,6 +202,7 @@ pub fn simulate_step(
         use_cache: false,
         kv_block: None,
         window: None,
+        mask: None,
         params: params.info.clone(),
     };
     let seg = segment_len(setup, m.n_layers);
@@ -318,6 +319,10 @@ impl Run<'_> {
             tape.drop(cos.t);
             tape.drop(sin.t);
         }
+        // Checkpointed segments hold the mask as an input until their backward reruns them.
+        if self.seg.is_none() {
+            super::model::drop_mask(tape, f);
+        }
         Forward {
             segments,
             layer_ops,
@@ -373,6 +378,7 @@ impl Run<'_> {
         }
         tape.drop_pending_grads();
         tape.drop(fw.loss.t);
+        super::model::drop_mask(tape, f);
     }
 
     /// Non-reentrant checkpointing: the segment's blocks run again (under the saved autocast
