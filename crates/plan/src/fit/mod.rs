@@ -357,15 +357,25 @@ fn rank_key(w: &Weighed) -> (i64, TieKey, u64) {
 
 /// Weighs every candidate of `r` for `model` and ranks those that fit.
 pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError> {
+    let lora = match &r.lora {
+        Some(l) => l.variants(),
+        None => vec![None],
+    };
+    search_with(model, r, &lora, true)
+}
+
+/// [`search`] over the LoRA variants `lora`; `hint` allows the LoRA hint's own search.
+fn search_with(
+    model: &ModelShape,
+    r: &FitRequest,
+    lora: &[Option<crate::setup::Lora>],
+    hint: bool,
+) -> Result<FitResult, PlanError> {
     check_request(model, r)?;
     let baseline = r.baseline();
     let template = TrainSetup {
         dp: 1,
         ..baseline.clone()
-    };
-    let lora = match &r.lora {
-        Some(l) => l.variants(),
-        None => vec![None],
     };
     let states = if r.keep_states {
         vec![(r.precision, r.optimizer)]
@@ -378,7 +388,7 @@ pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError
         gpus: r.gpus,
         gpus_per_node: r.hardware.gpus_per_node,
         bounds: &r.bounds,
-        lora: &lora,
+        lora,
         states: &states,
     };
     let (mut fitting, mut too_big, mut unsupported) = (Vec::new(), Vec::new(), Vec::new());
@@ -395,7 +405,13 @@ pub fn search(model: &ModelShape, r: &FitRequest) -> Result<FitResult, PlanError
     let mut keyed: Vec<_> = fitting.into_iter().map(|w| (rank_key(&w), w)).collect();
     keyed.sort_by(|a, b| a.0.cmp(&b.0));
     let fitting: Vec<Weighed> = keyed.into_iter().map(|(_, w)| w).collect();
-    let lora_hint = if r.lora.is_none() {
+    // LoRA's matmuls are at least two thirds of full fine-tuning's, so it can be 10x faster
+    // only where the best full setup is not compute-bound (offload, communication).
+    let slow = fitting
+        .first()
+        .and_then(Weighed::time)
+        .is_none_or(|t| t.bottleneck != Bottleneck::Compute);
+    let lora_hint = if r.lora.is_none() && hint && slow {
         lora_hint(model, r, fitting.first())?
     } else {
         None
@@ -423,11 +439,17 @@ fn lora_hint(
     if crate::lora::check_targets(model, &choice.targets).is_err() {
         return Ok(None);
     }
+    let variants: Vec<_> = choice
+        .variants()
+        .into_iter()
+        .filter(Option::is_some)
+        .collect();
     let with = FitRequest {
         lora: Some(choice),
+        keep_states: true,
         ..r.clone()
     };
-    let res = search(model, &with)?;
+    let res = search_with(model, &with, &variants, false)?;
     let Some(lora) = res.fitting.into_iter().find(|w| w.setup.lora.is_some()) else {
         return Ok(None);
     };
