@@ -406,8 +406,15 @@ fn describe(report: &Report) -> String {
         Some(n) => format!("note: {n}\n"),
         None => String::new(),
     };
+    let convention = match (report.runtime.as_str(), report.mode) {
+        ("formula", "train") => format!(
+            " (convention {})",
+            report.setup["convention"].as_str().unwrap_or("deepspeed")
+        ),
+        _ => String::new(),
+    };
     format!(
-        "{what}, {}, runtime {}\n{note}",
+        "{what}, {}, runtime {}{convention}\n{note}",
         report.mode, report.runtime
     )
 }

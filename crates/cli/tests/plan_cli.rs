@@ -249,3 +249,92 @@ fn auto_runtime_says_when_it_falls_back_and_explicit_runtimes_do_not() {
     let out = frugal(&[&["plan"][..], &tp2, &["--runtime", "pytorch"]].concat());
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn conventions_are_named_and_deepspeed_is_the_default() {
+    let z2 = |extra: &[&str]| {
+        let mut args = vec!["--params", "7B", "--train", "--zero", "2", "--gpus", "8"];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    // DeepSpeed adds the step's fp32 copy of the gradient partition: 4Ψ/8 = 3.5 GB.
+    assert_eq!(peak_gb(&z2(&[])), 29.75);
+    assert_eq!(z2(&[])["setup"]["convention"], "deepspeed");
+    assert_eq!(peak_gb(&z2(&["--convention", "paper"])), 26.25);
+    // ZeRO-2 with the optimizer offloaded: only the 16-bit weights stay on the device.
+    assert_eq!(peak_gb(&z2(&["--offload", "optimizer"])), 14.0);
+    let out = frugal(&["plan", "--params", "7B", "--train", "--convention", "paper"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("runtime formula (convention paper)"));
+    let bad = frugal(&[
+        "plan",
+        "--model",
+        "gpt2-124m",
+        "--train",
+        "--runtime",
+        "pytorch",
+        "--convention",
+        "paper",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--runtime formula"));
+}
+
+#[test]
+fn sliding_window_caches_only_the_window_and_the_engine_refuses_past_it() {
+    let v = json(&[
+        "--model",
+        "mistral-7b",
+        "--infer",
+        "--seq",
+        "32768",
+        "--runtime",
+        "formula",
+    ]);
+    assert_eq!(v["per_device"]["kv_cache_bytes"], 512u64 << 20);
+    let out = frugal(&[
+        "plan",
+        "--model",
+        "mistral-7b",
+        "--infer",
+        "--seq",
+        "32768",
+        "--runtime",
+        "frugal",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sliding-window"));
+}
+
+#[test]
+fn plan_reports_step_time_host_memory_and_the_largest_pieces() {
+    let v = json(&[
+        "--model",
+        "llama2-7b",
+        "--train",
+        "--zero",
+        "2",
+        "--gpus",
+        "8",
+        "--offload",
+        "optimizer",
+        "--gpu",
+        "h200",
+    ]);
+    assert_eq!(v["gpu"], "h200");
+    assert!(v["step_time"]["step_s"].as_f64().unwrap() > 0.0);
+    let host = &v["host_node"];
+    assert_eq!(host["ranks"], 8);
+    let per_rank = host["per_rank_bytes"].as_u64().unwrap();
+    assert_eq!(host["offload_bytes"].as_u64().unwrap(), 8 * per_rank);
+    assert_eq!(v["largest"]["module"], "embed_tokens");
+    assert_eq!(v["largest"]["unit_params"], 202_383_360u64);
+    // The plotted timeline peaks where the table does.
+    let top = v["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["live_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(top, v["per_device"]["peak_bytes"].as_u64().unwrap());
+}
