@@ -7,8 +7,8 @@
 //! `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --batch 4 --seq 2048 --json`.
 
 mod plot;
+mod render;
 
-use crate::output::{gigabytes, human_bytes, Table};
 use anyhow::{anyhow, bail, Context};
 use plan::report::{self, Report};
 use plan::setup::{
@@ -371,136 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render(&report));
+        print!("{}", render::render(&report));
     }
     Ok(())
-}
-
-fn size_cells(bytes: u64) -> Vec<String> {
-    vec![human_bytes(bytes), gigabytes(bytes), bytes.to_string()]
-}
-
-fn describe(report: &Report) -> String {
-    let what = match &report.model {
-        Some(m) => format!(
-            "{} ({} parameters)",
-            m.name,
-            crate::output::group_digits(report.param_count)
-        ),
-        None => format!(
-            "{} parameters (model states only)",
-            crate::output::group_digits(report.param_count)
-        ),
-    };
-    let what = match &report.largest {
-        Some(l) => format!(
-            "{what}; largest module {} ({} parameters), largest unit {} ({})",
-            l.module,
-            crate::output::group_digits(l.module_params),
-            l.unit,
-            crate::output::group_digits(l.unit_params)
-        ),
-        None => what,
-    };
-    let note = match &report.runtime_note {
-        Some(n) => format!("note: {n}\n"),
-        None => String::new(),
-    };
-    let convention = match (report.runtime.as_str(), report.mode) {
-        ("formula", "train") => format!(
-            " (convention {})",
-            report.setup["convention"].as_str().unwrap_or("deepspeed")
-        ),
-        _ => String::new(),
-    };
-    format!(
-        "{what}, {}, runtime {}{convention}\n{note}",
-        report.mode, report.runtime
-    )
-}
-
-/// The human-readable answer: the breakdown at the peak, then the process totals.
-fn render(report: &Report) -> String {
-    let mut out = describe(report);
-    out.push_str(&format!(
-        "per device, at the peak ({}):\n",
-        report.peak_phase
-    ));
-    let mut t = Table::new(&["", "binary", "decimal", "bytes"]);
-    let c = &report.per_device.categories;
-    let rows = [
-        ("parameters", c.params_bytes),
-        ("gradients", c.grads_bytes),
-        ("optimizer state", c.optimizer_bytes),
-        ("activations", c.activations_bytes),
-        ("KV cache", c.kv_cache_bytes),
-        ("other (buckets, workspaces)", c.other_bytes),
-        ("peak of live tensors", report.per_device.peak_bytes),
-        (
-            "reserved by the allocator",
-            report.per_device.reserved_bytes,
-        ),
-        ("CUDA context", report.per_device.context_bytes),
-        ("total (nvidia-smi)", report.per_device.total_bytes),
-    ];
-    for (name, bytes) in rows {
-        let mut cells = vec![name.to_string()];
-        cells.extend(size_cells(bytes));
-        t.row(cells);
-    }
-    out.push_str(&t.render());
-    if let Some(h) = &report.host {
-        out.push_str(&format!(
-            "host memory (offload): {} = {} (optimizer state {}, gradients {}, parameters {})\n",
-            human_bytes(h.peak_bytes),
-            gigabytes(h.peak_bytes),
-            human_bytes(h.categories.optimizer_bytes),
-            human_bytes(h.categories.grads_bytes),
-            human_bytes(h.categories.params_bytes)
-        ));
-    }
-    if let (Some(t), Some(gpu)) = (&report.step_time, &report.gpu) {
-        out.push_str(&format!(
-            "predicted step on one {gpu} per rank: {:.3} s, {:.0} tokens/s over the ranks, bound by {} (frugal fit ranks by it)\n",
-            t.step_s,
-            t.tokens_per_s,
-            t.bottleneck.label()
-        ));
-    }
-    if let Some(h) = &report.host_node {
-        out.push_str(&format!(
-            "host memory per node ({} ranks): {} = {} (offloaded state {}, model copies while loading {})\n",
-            h.ranks,
-            human_bytes(h.peak_bytes),
-            gigabytes(h.peak_bytes),
-            human_bytes(h.offload_bytes),
-            human_bytes(h.load_bytes)
-        ));
-    }
-    if let Some(i) = &report.inference {
-        out.push_str(&format!(
-            "KV cache: {} per token; paged waste {}; prefill peak {}, decode peak {}\n",
-            human_bytes(i.kv_bytes_per_token),
-            human_bytes(i.kv_waste_bytes),
-            human_bytes(i.prefill_peak_bytes),
-            human_bytes(i.decode_peak_bytes)
-        ));
-    }
-    if let (Some(dev), Some(fits)) = (report.device_memory_bytes, report.fits) {
-        let total = report.per_device.total_bytes;
-        out.push_str(&if fits {
-            format!(
-                "fits in {} ({} to spare)\n",
-                human_bytes(dev),
-                human_bytes(dev - total)
-            )
-        } else {
-            format!(
-                "does NOT fit in {} (short by {})\n",
-                human_bytes(dev),
-                human_bytes(total - dev)
-            )
-        });
-    }
-    out
 }

@@ -40,7 +40,7 @@ fn states(n: u64, zero: ZeroStage, dp: u32, offload: Offload, convention: Conven
 
 /// Parameters, gradients and optimizer state on the device at the peak.
 fn model_states_at_peak(e: &Estimate) -> u64 {
-    let (_, c) = e.plan.at_peak(Device::Gpu);
+    let (_, c) = e.at_peak();
     c[Category::Params as usize] + c[Category::Grads as usize] + c[Category::Optimizer as usize]
 }
 

@@ -76,6 +76,9 @@ pub struct Tape {
     pub no_record: bool,
     /// Gradients of activations, by tensor.
     act_grads: std::collections::HashMap<T, T>,
+    /// A parameter's gradient is copied out and released as soon as it is produced (DeepSpeed
+    /// ZeRO 2-3's gradient hooks with `contiguous_gradients`: into the reduce bucket).
+    pub reduce_on_hook: bool,
 }
 
 impl Tape {
@@ -337,6 +340,7 @@ impl Tape {
                     fresh
                 };
                 match self.tensors[param].grad {
+                    None if self.reduce_on_hook => self.drop(fresh),
                     // AccumulateGrad steals the first gradient as `.grad`...
                     None => self.tensors[param].grad = Some(fresh),
                     // ...and adds later ones in place.

@@ -336,6 +336,7 @@ impl Run<'_> {
     }
 
     fn backward(&self, tape: &mut Tape, f: &mut Fwd, fw: &Forward) {
+        tape.reduce_on_hook = self.reduce_blocks;
         tape.seed_grad(fw.loss.t);
         let ops_end = tape.ops.len();
         tape.backward(fw.head_start, ops_end);
