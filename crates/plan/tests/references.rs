@@ -112,6 +112,29 @@ fn the_issue_case_6_74b_zero2_offload_on_one_gpu_is_2_bytes_per_parameter_everyw
 }
 
 #[test]
+fn pytorch_zero3_optimizer_offload_matches_deepspeeds_estimator() {
+    // gpu = 4 × largest_layer + 2Ψ/N: the 16-bit partition, and the largest module (the
+    // embedding table) gathered with its gradient, on 1, 8 and 64 GPUs.
+    let m = presets::by_name("llama2-7b").unwrap();
+    let (n, ll) = (m.param_count(), m.largest_module().1);
+    for gpus in [1u32, 8, 64] {
+        let s = TrainSetup {
+            zero: ZeroStage::Zero3,
+            dp: gpus,
+            offload: Offload::Optimizer,
+            ..TrainSetup::new(1, 512)
+        };
+        let e = pytorch::training_estimate(&m, &s).unwrap();
+        let ds = 4 * ll + 2 * n / gpus as u64;
+        let got = model_states_at_peak(&e);
+        assert!(
+            within(got, ds, 0.02),
+            "{gpus} GPUs: {got} vs DeepSpeed {ds}"
+        );
+    }
+}
+
+#[test]
 fn deepspeed_estimator_without_offload_differs_by_what_it_counts_live() {
     for (_, n) in SIZES {
         for gpus in [1u32, 8, 64] {

@@ -93,12 +93,24 @@ fn segment_len(setup: &TrainSetup, n_layers: u32) -> Option<usize> {
     plan.segment_len.map(|k| k as usize)
 }
 
+/// DeepSpeed's default `stage3_prefetch_bucket_size`, in elements.
+const PREFETCH_BUCKET_ELEMS: u64 = 50_000_000;
+
 /// ZeRO-3's partitioned parameters: each block's (and the embedding's and head's) are released
 /// after build and gathered around their use. Small ones stay resident (DeepSpeed's
 /// `stage3_param_persistence_threshold`, 10^5 elements).
 struct Gather {
     blocks: Vec<Vec<T>>,
-    outer: Vec<T>,
+    /// The token embedding, and the head (the same tensor when tied).
+    embed: Vec<T>,
+    head: Vec<T>,
+}
+
+/// The two units outside the blocks.
+#[derive(Clone, Copy)]
+enum Outer {
+    Embed,
+    Head,
 }
 
 impl Gather {
@@ -115,21 +127,33 @@ impl Gather {
             .iter()
             .map(|l| big(&mut l.t.iter().copied(), tape))
             .collect();
-        let outer = big(&mut [p.embed, p.head].into_iter(), tape);
-        for &t in blocks.iter().flatten().chain(&outer) {
+        let embed = big(&mut [p.embed].into_iter(), tape);
+        let head = big(&mut [p.head].into_iter(), tape);
+        for &t in blocks.iter().flatten().chain(&embed).chain(&head) {
             tape.release(t);
         }
         // HF builds the model under `deepspeed.zero.Init` when ZeRO-3 is configured.
         tape.forget_released();
-        Some(Gather { blocks, outer })
+        Some(Gather {
+            blocks,
+            embed,
+            head,
+        })
     }
 
-    /// All-gathers block `l` and prefetches `next`; the previous holder releases.
+    /// All-gathers block `l` and prefetches the start of `next`, up to DeepSpeed's
+    /// `stage3_prefetch_bucket_size` (5×10^7 elements); the previous holder releases.
     fn block(&self, tape: &mut Tape, l: usize, next: Option<usize>) {
-        for &t in self.blocks[l]
-            .iter()
-            .chain(next.map_or(&[][..], |n| &self.blocks[n]))
-        {
+        for &t in &self.blocks[l] {
+            tape.restore(t);
+        }
+        let mut budget = PREFETCH_BUCKET_ELEMS;
+        for &t in next.map_or(&[][..], |n| &self.blocks[n]) {
+            let elems = tape.tensors[t].bytes / 2;
+            if elems > budget {
+                break;
+            }
+            budget -= elems;
             tape.restore(t);
         }
     }
@@ -140,8 +164,12 @@ impl Gather {
         }
     }
 
-    fn outer(&self, tape: &mut Tape, on: bool) {
-        for &t in &self.outer {
+    fn outer(&self, tape: &mut Tape, which: Outer, on: bool) {
+        let ts = match which {
+            Outer::Embed => &self.embed,
+            Outer::Head => &self.head,
+        };
+        for &t in ts {
             if on {
                 tape.restore(t);
             } else {
@@ -267,12 +295,12 @@ impl Run<'_> {
         let n = m.n_layers as usize;
         tape.phase(Phase::Embed);
         if let Some(g) = self.gather {
-            g.outer(tape, true);
+            g.outer(tape, Outer::Embed, true);
         }
         let (mut x, rope) = embed(tape, f, m, p);
         let embed_ops = tape.ops.len();
         if let Some(g) = self.gather {
-            g.outer(tape, false);
+            g.outer(tape, Outer::Embed, false);
         }
         let seg = self.seg.unwrap_or(1);
         let mut segments = Vec::new();
@@ -303,7 +331,7 @@ impl Run<'_> {
         }
         tape.phase(Phase::Head);
         if let Some(g) = self.gather {
-            g.outer(tape, true);
+            g.outer(tape, Outer::Head, true);
         }
         let head_start = tape.ops.len();
         let (normed, logits) = head(tape, f, m, p, x, None);
@@ -341,7 +369,7 @@ impl Run<'_> {
         let ops_end = tape.ops.len();
         tape.backward(fw.head_start, ops_end);
         if let Some(g) = self.gather {
-            g.outer(tape, false);
+            g.outer(tape, Outer::Head, false);
         }
         // An untied head's gradient leaves for the reduce bucket like a block's.
         if self.reduce_blocks && self.p.head != self.p.embed {
@@ -371,11 +399,11 @@ impl Run<'_> {
         }
         tape.phase(Phase::EmbedBackward);
         if let Some(g) = self.gather {
-            g.outer(tape, true);
+            g.outer(tape, Outer::Embed, true);
         }
         tape.backward(0, fw.embed_ops);
         if let Some(g) = self.gather {
-            g.outer(tape, false);
+            g.outer(tape, Outer::Embed, false);
         }
         tape.drop_pending_grads();
         tape.drop(fw.loss.t);

@@ -12,7 +12,7 @@
 //!   gradients as backward leaves it into the rank's partition (16-bit) through the contiguous
 //!   `reduce_bucket_size` buffer (5×10^8 elements, capped at P); stage 3 also partitions the
 //!   16-bit parameters and gathers each block's before its forward and backward, prefetching the
-//!   next one (`stage3_prefetch_bucket_size` 5×10^7 covers one block of a 7B model). At the step
+//!   next one's first tensors up to `stage3_prefetch_bucket_size` (5×10^7 elements). At the step
 //!   the rank's gradient partition is upcast to fp32 (stage 3: one `sub_group_size` group of 10^9
 //!   elements at a time). Optimizer offload moves master, moments and that fp32 partition to
 //!   host memory, and stages 2-3 then keep no 16-bit gradient partition on the device.
