@@ -93,6 +93,7 @@ fn main() {
         };
         let rows = [RowCtx {
             blocks: &blocks,
+            start: 0,
             len,
         }];
         let width = 3 * 8 * hd / 3 * 3;

@@ -79,6 +79,25 @@ pub fn forward(
     nkv: usize,
     hd: usize,
 ) {
+    forward_window(out, att, qkv, b, t, nh, nkv, hd, usize::MAX);
+}
+
+/// [`forward`] with sliding-window attention: query `t` sees keys `t + 1 - window ..= t`
+/// (Mistral's `sliding_window`; `usize::MAX` is plain causal attention). The backward needs no
+/// window of its own: the probabilities it reads are zero outside it.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_window(
+    out: &mut [f32],
+    att: &mut [f32],
+    qkv: &[f32],
+    b: usize,
+    t: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    window: usize,
+) {
+    assert!(window >= 1, "a window holds at least one position");
     let r = check_shapes(qkv.len(), out.len(), b, t, nh, nkv, hd);
     assert_eq!(att.len(), b * nh * t * t, "att must be (B, NH, T, T)");
     let (c, group) = (nh * hd, nh / nkv);
@@ -99,7 +118,7 @@ pub fn forward(
             Par::Seq,
         );
         for (ti, row) in p.chunks_exact_mut(t).enumerate() {
-            causal_softmax_row(row, ti);
+            window_softmax_row(row, (ti + 1).saturating_sub(window), ti);
         }
         // SAFETY: task (b, h) writes only columns h*HD..(h+1)*HD of batch b's rows of `out`, which
         // `out` (borrowed for this whole call) holds; tasks differ in b or h, so writes are disjoint.
@@ -115,14 +134,16 @@ pub fn forward(
     });
 }
 
-/// Softmax over `row[..=ti]` in place; zeroes the masked tail `row[ti+1..]`.
-fn causal_softmax_row(row: &mut [f32], ti: usize) {
-    let (live, masked) = row.split_at_mut(ti + 1);
+/// Softmax over `row[lo..=ti]` in place; zeroes the masked entries outside it.
+fn window_softmax_row(row: &mut [f32], lo: usize, ti: usize) {
+    let (head, rest) = row.split_at_mut(lo);
+    let (live, masked) = rest.split_at_mut(ti + 1 - lo);
     // Vectorised max and exp (fastmath::exp, <= 2 ulp), row sum in f64 lanes.
     let max = row_max(live);
     let sum = exp_shifted_sum(live, max) as f32;
     let inv = 1.0 / sum;
     live.iter_mut().for_each(|x| *x *= inv);
+    head.fill(0.0);
     masked.fill(0.0);
 }
 

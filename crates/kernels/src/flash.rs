@@ -9,7 +9,9 @@
 //! accumulator. Backward, per (b, kv head) so that dK and dV of a group have one writer: for each
 //! query head of the group and query tile i, `D = rowsum(dO ∘ O)`, then for each key tile j ≤ i:
 //! `P = exp(S - lse)`, `dV_j += Pᵀ dO_i`, `dP = dO_i V_jᵀ`, `dS = scale P ∘ (dP - D)`,
-//! `dQ_i += dS K_j`, `dK_j += dSᵀ Q_i`. Tiles are faer GEMMs on stack buffers.
+//! `dQ_i += dS K_j`, `dK_j += dSᵀ Q_i`. Tiles are faer GEMMs on stack buffers. A sliding window
+//! (`forward_window`, `backward_window`) masks keys before `t + 1 - window` and skips the key
+//! tiles wholly before a query tile's window.
 //!
 //! ```
 //! // The single-position case of `attention`: out = v, lse = q·k / sqrt(HD).
@@ -44,6 +46,29 @@ pub fn forward(
     nkv: usize,
     hd: usize,
 ) {
+    forward_window(out, lse, qkv, b, t, nh, nkv, hd, usize::MAX);
+}
+
+/// The first key a query at `tq` sees under a window of `window` positions.
+fn first_key(tq: usize, window: usize) -> usize {
+    (tq + 1).saturating_sub(window)
+}
+
+/// [`forward`] with sliding-window attention: query `t` sees keys `t + 1 - window ..= t`, and key
+/// tiles wholly before a query tile's window are skipped (`usize::MAX`: plain causal).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_window(
+    out: &mut [f32],
+    lse: &mut [f32],
+    qkv: &[f32],
+    b: usize,
+    t: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    window: usize,
+) {
+    assert!(window >= 1, "a window holds at least one position");
     let r = check_shapes(qkv.len(), out.len(), b, t, nh, nkv, hd);
     assert_eq!(lse.len(), b * nh * t, "lse must be (B, NH, T)");
     let (c, group) = (nh * hd, nh / nkv);
@@ -67,7 +92,8 @@ pub fn forward(
             let mut o =
                 unsafe { head_mut(out_ptr.get().add((bi * t + i0) * c + h * hd), bq, hd, c) };
             o.fill(0.0);
-            for j0 in (0..i0 + bq).step_by(TILE) {
+            let j_first = first_key(i0, window) / TILE * TILE;
+            for j0 in (j_first..i0 + bq).step_by(TILE) {
                 let bk = TILE.min(t - j0);
                 let k = head(rows, bk, hd, r, j0 * r + (nh + g) * hd);
                 let v = head(rows, bk, hd, r, j0 * r + (nh + nkv + g) * hd);
@@ -81,7 +107,9 @@ pub fn forward(
                     Par::Seq,
                 );
                 for (qi, row) in st.chunks_exact_mut(bk).enumerate() {
-                    let corr = online_softmax_row(row, i0 + qi, j0, &mut m[qi], &mut l[qi]);
+                    let tq = i0 + qi;
+                    let lo = first_key(tq, window);
+                    let corr = online_softmax_row(row, tq, lo, j0, &mut m[qi], &mut l[qi]);
                     o.as_mut().row_mut(qi).iter_mut().for_each(|x| *x *= corr);
                 }
                 matmul(
@@ -102,19 +130,32 @@ pub fn forward(
     });
 }
 
-/// Masks `row` (scores of query `tq` against keys `j0..`), updates the running max `m` and sum
-/// `l`, turns the row into `exp(S - m_new)` and returns the factor that rescales earlier sums.
-fn online_softmax_row(row: &mut [f32], tq: usize, j0: usize, m: &mut f32, l: &mut f32) -> f32 {
+/// Masks `row` (scores of query `tq`, whose window starts at key `lo`, against keys `j0..`),
+/// updates the running max `m` and sum `l`, turns the visible part into `exp(S - m_new)` (zero
+/// elsewhere) and returns the factor that rescales earlier sums.
+fn online_softmax_row(
+    row: &mut [f32],
+    tq: usize,
+    lo: usize,
+    j0: usize,
+    m: &mut f32,
+    l: &mut f32,
+) -> f32 {
     let live = (tq + 1).saturating_sub(j0).min(row.len());
+    let start = lo.saturating_sub(j0).min(live);
     row[live..].fill(0.0);
-    let tile_max = row[..live].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    row[..start].fill(0.0);
+    let tile_max = row[start..live]
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
     let m_new = m.max(tile_max);
     if m_new == f32::NEG_INFINITY {
+        row[start..live].fill(0.0);
         return 1.0; // nothing visible yet: the row stays empty
     }
     let corr = (*m - m_new).exp();
     let mut sum = 0.0f32;
-    for x in row[..live].iter_mut() {
+    for x in row[start..live].iter_mut() {
         *x = (*x - m_new).exp();
         sum += *x;
     }
@@ -137,6 +178,25 @@ pub fn backward(
     nkv: usize,
     hd: usize,
 ) {
+    backward_window(dqkv, dout, out, lse, qkv, b, t, nh, nkv, hd, usize::MAX);
+}
+
+/// [`backward`] of [`forward_window`] with the same `window`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_window(
+    dqkv: &mut [f32],
+    dout: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    qkv: &[f32],
+    b: usize,
+    t: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    window: usize,
+) {
+    assert!(window >= 1, "a window holds at least one position");
     let r = check_shapes(qkv.len(), out.len(), b, t, nh, nkv, hd);
     assert!(dqkv.len() == qkv.len() && dout.len() == out.len() && lse.len() == b * nh * t);
     let dptr = SyncPtr(dqkv.as_mut_ptr());
@@ -147,6 +207,7 @@ pub fn backward(
         hd,
         r,
         c: nh * hd,
+        window,
     };
     (0..b * nkv).into_par_iter().for_each(|bg| {
         let (bi, g) = (bg / nkv, bg % nkv);
@@ -173,6 +234,7 @@ struct Dims {
     hd: usize,
     r: usize,
     c: usize,
+    window: usize,
 }
 
 /// One batch element's inputs for one query head.
@@ -194,6 +256,7 @@ unsafe fn backward_head(base: SyncPtr<f32>, io: &HeadIo, h: usize, g: usize, d: 
         hd,
         r,
         c,
+        window,
     } = d;
     let scale = 1.0 / (hd as f32).sqrt();
     let (mut p, mut ds, mut dd) = ([0.0f32; TILE * TILE], [0.0f32; TILE * TILE], [0.0f32; TILE]);
@@ -208,7 +271,8 @@ unsafe fn backward_head(base: SyncPtr<f32>, io: &HeadIo, h: usize, g: usize, d: 
             );
             *dv = a.iter().zip(b).map(|(x, y)| x * y).sum();
         }
-        for j0 in (0..i0 + bq).step_by(TILE) {
+        let j_first = first_key(i0, window) / TILE * TILE;
+        for j0 in (j_first..i0 + bq).step_by(TILE) {
             let bk = TILE.min(t - j0);
             let k = head(io.rows, bk, hd, r, j0 * r + (nh + g) * hd);
             let v = head(io.rows, bk, hd, r, j0 * r + (nh + nkv + g) * hd);
@@ -231,11 +295,14 @@ unsafe fn backward_head(base: SyncPtr<f32>, io: &HeadIo, h: usize, g: usize, d: 
             );
             for qi in 0..bq {
                 let live = (i0 + qi + 1).saturating_sub(j0).min(bk);
+                let start = first_key(i0 + qi, window).saturating_sub(j0).min(live);
                 let (prow, dsrow) = (&mut pt[qi * bk..][..bk], &mut dst[qi * bk..][..bk]);
-                for s in 0..live {
+                for s in start..live {
                     prow[s] = (prow[s] - io.lse[i0 + qi]).exp();
                     dsrow[s] = scale * prow[s] * (dsrow[s] - dd[qi]);
                 }
+                prow[..start].fill(0.0);
+                dsrow[..start].fill(0.0);
                 prow[live..].fill(0.0);
                 dsrow[live..].fill(0.0);
             }

@@ -23,7 +23,7 @@
 //! write(&mut KvSliceMut::F32(&mut k), &[1.0, 0.0], 0, 0, &shape);
 //! write(&mut KvSliceMut::F32(&mut v), &[3.0, 4.0], 0, 0, &shape);
 //! let mut out = [0.0f32; 2];
-//! let rows = [RowCtx { blocks: &[0], len: 1 }];
+//! let rows = [RowCtx { blocks: &[0], start: 0, len: 1 }];
 //! attend(&mut out, &[1.0, 0.0], 2, &rows, &KvSlice::F32(&k), &KvSlice::F32(&v), &shape, 1, &mut []);
 //! assert_eq!(out, [3.0, 4.0]);
 //! ```
@@ -102,10 +102,13 @@ pub enum KvSliceMut<'a> {
     },
 }
 
-/// A query row's sequence: its block table and how many tokens it sees (its position + 1).
+/// A query row's sequence: its block table and the tokens it sees, `start..len` (`len` is its
+/// position + 1; `start` is 0, or `len - window` under a sliding window, whose blocks before it
+/// may already be freed).
 #[derive(Clone, Copy, Debug)]
 pub struct RowCtx<'a> {
     pub blocks: &'a [u32],
+    pub start: usize,
     pub len: usize,
 }
 
@@ -202,7 +205,7 @@ impl KvSlice<'_> {
 }
 
 /// out (rows, NH·HD): row r's query heads (the first NH·HD values of `q`'s row of `q_width`)
-/// attend over tokens `0..rows[r].len` of their sequence.
+/// attend over tokens `rows[r].start..rows[r].len` of their sequence.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     out: &mut [f32],
@@ -244,7 +247,7 @@ pub fn attend(
             };
             let mut ml = [0.0f32; 2 * MAX_GROUP];
             with_scratch(2 * g * hd, |sc| {
-                run_range(&args, r, h, 0..rows[r].len, acc, &mut ml, sc)
+                run_range(&args, r, h, rows[r].start..rows[r].len, acc, &mut ml, sc)
             });
             for (gi, a) in acc.chunks_exact_mut(hd).enumerate() {
                 let inv = if ml[MAX_GROUP + gi] > 0.0 {
@@ -265,8 +268,8 @@ pub fn attend(
         .for_each(|(t, part)| {
             let (rh, s) = (t / splits, t % splits);
             let (r, h) = (rh / nkv, rh % nkv);
-            let len = rows[r].len;
-            let (p0, p1) = (len * s / splits, len * (s + 1) / splits);
+            let (start, len) = (rows[r].start, rows[r].len - rows[r].start);
+            let (p0, p1) = (start + len * s / splits, start + len * (s + 1) / splits);
             let (ml_out, acc) = part.split_at_mut(2 * g);
             let mut ml = [0.0f32; 2 * MAX_GROUP];
             with_scratch(2 * g * hd, |sc| {
@@ -460,8 +463,8 @@ pub fn reference(
         for head in 0..nh {
             let h = head / g;
             let qh = &q[r * q_width + head * hd..][..hd];
-            let mut scores = Vec::with_capacity(row.len);
-            for pos in 0..row.len {
+            let mut scores = Vec::with_capacity(row.len - row.start);
+            for pos in row.start..row.len {
                 let at = (row.blocks[pos / blk] as usize * nkv + h) * blk + pos % blk;
                 k.load(at, hd, &mut kb);
                 let d: f64 = qh
@@ -476,7 +479,7 @@ pub fn reference(
             let total: f64 = w.iter().sum();
             let o = &mut out[(r * nh + head) * hd..][..hd];
             let mut acc = vec![0.0f64; hd];
-            for (pos, wp) in w.iter().enumerate() {
+            for (pos, wp) in (row.start..).zip(&w) {
                 let at = (row.blocks[pos / blk] as usize * nkv + h) * blk + pos % blk;
                 v.load(at, hd, &mut vb);
                 for (a, x) in acc.iter_mut().zip(&vb) {

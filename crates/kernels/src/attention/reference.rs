@@ -16,6 +16,23 @@ pub fn forward<F: Real>(
     nkv: usize,
     hd: usize,
 ) {
+    forward_window(out, att, qkv, b, t, nh, nkv, hd, usize::MAX);
+}
+
+/// [`forward`] where query `t` sees keys `t + 1 - window ..= t` only (the backward is the same:
+/// the probabilities are zero outside the window).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_window<F: Real>(
+    out: &mut [F],
+    att: &mut [F],
+    qkv: &[F],
+    b: usize,
+    t: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    window: usize,
+) {
     let (r, c, group) = ((nh + 2 * nkv) * hd, nh * hd, nh / nkv);
     let scale = inv_sqrt::<F>(hd);
     for bi in 0..b {
@@ -24,8 +41,9 @@ pub fn forward<F: Real>(
                 let g = h / group;
                 let q = &qkv[(bi * t + ti) * r + h * hd..][..hd];
                 let a = &mut att[((bi * nh + h) * t + ti) * t..][..t];
+                let lo = (ti + 1).saturating_sub(window);
                 let mut max = F::neg_infinity();
-                for s in 0..=ti {
+                for s in lo..=ti {
                     let k = &qkv[(bi * t + s) * r + (nh + g) * hd..][..hd];
                     let mut dot = F::zero();
                     for i in 0..hd {
@@ -35,17 +53,18 @@ pub fn forward<F: Real>(
                     max = max.max(a[s]);
                 }
                 let mut sum = F::zero();
-                for x in a[..=ti].iter_mut() {
+                for x in a[lo..=ti].iter_mut() {
                     *x = (*x - max).exp();
                     sum += *x;
                 }
-                for x in a[..=ti].iter_mut() {
+                for x in a[lo..=ti].iter_mut() {
                     *x = *x / sum;
                 }
+                a[..lo].iter_mut().for_each(|x| *x = F::zero());
                 a[ti + 1..].iter_mut().for_each(|x| *x = F::zero());
                 let o = &mut out[(bi * t + ti) * c + h * hd..][..hd];
                 o.iter_mut().for_each(|x| *x = F::zero());
-                for s in 0..=ti {
+                for s in lo..=ti {
                     let v = &qkv[(bi * t + s) * r + (nh + nkv + g) * hd..][..hd];
                     for i in 0..hd {
                         o[i] += a[s] * v[i];

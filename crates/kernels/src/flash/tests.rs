@@ -76,3 +76,58 @@ fn backward_matches_finite_differences() {
     backward(&mut d, &d32, &out, &lse, &q32, b, t, nh, nkv, hd);
     assert_close_f32("dqkv", &d, &fd, F32_TOL);
 }
+
+#[test]
+fn sliding_windows_match_the_reference_and_finite_differences() {
+    // Windows inside one tile, across tile boundaries, of one position, and wider than T.
+    let (b, t, nh, nkv, hd) = (1, 150, 4, 2, 4);
+    let (qkv, dout) = random_case(b, t, nh, nkv, hd, 17);
+    for window in [1usize, 5, 64, 100, 150, 1000] {
+        let (mut out_ref, mut att_ref) =
+            (vec![0.0f64; b * t * nh * hd], vec![0.0f64; b * nh * t * t]);
+        let q64 = to_f64(&qkv);
+        attention::reference::forward_window(
+            &mut out_ref,
+            &mut att_ref,
+            &q64,
+            b,
+            t,
+            nh,
+            nkv,
+            hd,
+            window,
+        );
+        let (mut out_m, mut att) = (vec![0.0f32; out_ref.len()], vec![0.0f32; att_ref.len()]);
+        attention::forward_window(&mut out_m, &mut att, &qkv, b, t, nh, nkv, hd, window);
+        assert_close_f32("materialised out", &out_m, &out_ref, FLASH_TOL);
+        let (mut out, mut lse) = (vec![9.0f32; out_ref.len()], vec![0.0f32; b * nh * t]);
+        forward_window(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd, window);
+        assert_close_f32("flash out", &out, &out_ref, FLASH_TOL);
+        // Nothing outside the window: query 149 never sees key 149 - window.
+        if window < t {
+            assert_eq!(att[149 * t + 149 - window], 0.0, "window {window}");
+        }
+        let (mut d_m, mut datt) = (vec![0.0f32; qkv.len()], vec![0.0f32; att.len()]);
+        attention::backward(&mut d_m, &mut datt, &dout, &qkv, &att, b, t, nh, nkv, hd);
+        let mut d = vec![0.0f32; qkv.len()];
+        backward_window(&mut d, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd, window);
+        assert_close_f32("flash dqkv", &d, &to_f64(&d_m), FLASH_TOL);
+    }
+    // The windowed backward against f64 finite differences of the windowed reference.
+    let (t, window) = (70, 9);
+    let mut rng = Rng::new(18);
+    let r = (nh + 2 * nkv) * hd;
+    let (x, dy) = (rng.vec(t * r), rng.vec(t * nh * hd));
+    let loss = |x: &[f64]| {
+        let (mut o, mut a) = (vec![0.0; t * nh * hd], vec![0.0; nh * t * t]);
+        attention::reference::forward_window(&mut o, &mut a, x, 1, t, nh, nkv, hd, window);
+        dot(&o, &dy)
+    };
+    let fd = fd_grad(&x, loss);
+    let (x32, dy32) = (to_f32(&x), to_f32(&dy));
+    let (mut out, mut lse) = (vec![0.0f32; t * nh * hd], vec![0.0f32; nh * t]);
+    forward_window(&mut out, &mut lse, &x32, 1, t, nh, nkv, hd, window);
+    let mut d = vec![0.0f32; x.len()];
+    backward_window(&mut d, &dy32, &out, &lse, &x32, 1, t, nh, nkv, hd, window);
+    assert_close_f32("dqkv", &d, &fd, F32_TOL);
+}

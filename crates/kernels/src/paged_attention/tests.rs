@@ -57,6 +57,11 @@ impl Cache {
 }
 
 fn case(shape: KvShape, lens: &[usize], fmt: usize) {
+    windowed_case(shape, lens, fmt, usize::MAX);
+}
+
+/// Each row attends to its last `window` tokens only (`start = len - window`).
+fn windowed_case(shape: KvShape, lens: &[usize], fmt: usize, window: usize) {
     let mut rng = Rng::new(11 + fmt as u64);
     let (nkv, hd) = (shape.n_kv_heads, shape.head_dim);
     let per_seq: Vec<usize> = lens.iter().map(|l| l.div_ceil(shape.block)).collect();
@@ -84,7 +89,11 @@ fn case(shape: KvShape, lens: &[usize], fmt: usize) {
     let rows: Vec<RowCtx> = tables
         .iter()
         .zip(lens)
-        .map(|(t, &len)| RowCtx { blocks: t, len })
+        .map(|(t, &len)| RowCtx {
+            blocks: t,
+            start: len.saturating_sub(window),
+            len,
+        })
         .collect();
     let n_out = lens.len() * shape.n_heads * hd;
     let mut want = vec![0.0f32; n_out];
@@ -145,6 +154,10 @@ fn every_format_matches_the_reference_over_scattered_blocks() {
         block: 2,
     };
     case(mha, &[7], 2);
+    // Sliding windows: starts inside a block, on a block boundary, past short sequences.
+    for (fmt, window) in [(0, 5), (1, 8), (2, 3), (3, 40)] {
+        windowed_case(gqa, &[1, 5, 13, 17, 33], fmt, window);
+    }
 }
 
 #[test]
