@@ -1,6 +1,8 @@
 """Greedy generation from a Hugging Face folder: frugal's inference engine (`frugal generate`, KV
 cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2, Llama
-(GQA) and Qwen2 (q/k/v biases, tied embeddings), saved with `save_pretrained` (Qwen2 also in bf16 and sharded over several files). Prints one JSON
+(GQA), Qwen2 (q/k/v biases, tied embeddings), Mistral (a sliding window of 8 on every layer) and
+Qwen2 with a window from layer 1 on, saved with `save_pretrained` (Qwen2 also in bf16 and sharded
+over several files), with KV blocks of 4 tokens. Prints one JSON
 line per case with both token lists and
 whether they are identical.
 
@@ -13,8 +15,8 @@ import subprocess
 import tempfile
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 
 def main():
@@ -35,6 +37,18 @@ def main():
                                               num_attention_heads=4, num_key_value_heads=2,
                                               max_position_embeddings=128, vocab_size=50304,
                                               tie_word_embeddings=True, use_sliding_window=False)),
+        # Sliding windows far shorter than the generation: Mistral on every layer (the engine
+        # frees the blocks behind the window), Qwen2 from layer 1 on (layer 0 sees everything).
+        "mistral": MistralForCausalLM(MistralConfig(hidden_size=64, intermediate_size=128,
+                                                    num_hidden_layers=2, num_attention_heads=4,
+                                                    num_key_value_heads=2, max_position_embeddings=128,
+                                                    vocab_size=50304, sliding_window=8)),
+        "qwen2-swa": Qwen2ForCausalLM(Qwen2Config(hidden_size=64, intermediate_size=128,
+                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                  num_key_value_heads=2, max_position_embeddings=128,
+                                                  vocab_size=50304, tie_word_embeddings=True,
+                                                  use_sliding_window=True, sliding_window=8,
+                                                  max_window_layers=1)),
     }
     with torch.no_grad():  # HF starts q/k/v biases at zero: random ones test they are used
         for layer in models["qwen2"].model.layers:
@@ -45,7 +59,7 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d, safe_serialization=True)
             out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
-                                  "--max-new-tokens", str(a.tokens), "--json"],
+                                  "--max-new-tokens", str(a.tokens), "--kv-block", "4", "--json"],
                                  capture_output=True, text=True, check=True)
             ours = json.loads(out.stdout)
             # frugal's GPT-2 tokenization of the prompt (HF's tokenizer files are not needed).

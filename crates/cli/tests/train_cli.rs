@@ -283,3 +283,49 @@ fn two_ranks_report_each_rank_with_planned_equal_to_measured() {
     );
     assert!((a - b).abs() < 1e-4, "loss {a} vs {b}");
 }
+
+#[test]
+fn a_mistral_config_trains_with_its_sliding_window_planned_equal_to_measured() {
+    let dir = temp_dir("mistral");
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"model_type": "mistral", "vocab_size": 50257, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false,
+            "sliding_window": 8}"#,
+    )
+    .unwrap();
+    for attention in ["flash", "eager"] {
+        let out = tiny_run(
+            &dir,
+            &[
+                "--model",
+                config.to_str().unwrap(),
+                "--steps",
+                "30",
+                "--lr",
+                "3e-3",
+                "--attention",
+                attention,
+                "--json",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (first, last) = (
+            v["loss_first"].as_f64().unwrap(),
+            v["loss_last"].as_f64().unwrap(),
+        );
+        assert!(last < first - 0.5, "{attention}: loss {first} -> {last}");
+        let rank = &v["ranks"][0];
+        for field in common::CATEGORY_FIELDS {
+            assert_eq!(rank["measured"][field], rank["planned"][field], "{field}");
+        }
+    }
+}

@@ -221,7 +221,7 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
         dout: state.datty,
         qkv,
         kernel,
-        shape: attn_shape(model, b, t),
+        shape: attn_shape(model, g.kind, b, t),
     };
     be.attention_backward(arena, &op);
     if model.design.positions == Positions::Rope {

@@ -225,7 +225,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
                 out,
                 qkv,
                 kernel,
-                shape: attn_shape(self.model, self.b, self.t),
+                shape: attn_shape(self.model, self.kind, self.b, self.t),
             };
             self.be.attention(self.arena, &op);
         });
@@ -293,14 +293,20 @@ pub(crate) fn norm_kind(model: &Model, mean: Option<Tensor>, bias: Option<Tensor
     }
 }
 
-pub(crate) fn attn_shape(model: &Model, batch: usize, seq: usize) -> AttnShape {
+/// Attention's shape in block `kind` (its sliding window, if the layer has one).
+pub(crate) fn attn_shape(model: &Model, kind: UnitKind, batch: usize, seq: usize) -> AttnShape {
     let s = &model.config.shape;
+    let layer = match kind {
+        UnitKind::Block(l) => l,
+        _ => 0,
+    };
     AttnShape {
         batch,
         seq,
         n_heads: s.n_heads as usize,
         n_kv_heads: s.n_kv_heads as usize,
         head_dim: s.d_head as usize,
+        window: s.window_of(layer).map_or(usize::MAX, |w| w as usize),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Golden tests against PyTorch + HF transformers, llm.c style: the same tiny GPT-2 and Llama,
 //! the same initial weights and batch; logits, loss, every gradient and a 10-step AdamW loss
-//! trajectory must match. The files come from dev/golden_gpt2.py and dev/golden_llama.py.
+//! trajectory must match. The files come from dev/golden_gpt2.py, dev/golden_llama.py,
+//! dev/golden_qwen2.py and dev/golden_mistral.py (a sliding window of 5 over 16 positions).
 //!
 //! Tolerances (fp32 on both sides, only the summation order differs): logits and loss within
 //! 1e-4 absolute (sums of ≤ 128 products of O(1) values lose ~1e-6 relative each); gradients
@@ -67,6 +68,10 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
 }
 
 fn run(file: &str) {
+    run_with(file, plan::setup::Attention::Eager);
+}
+
+fn run_with(file: &str, attention: plan::setup::Attention) {
     let g = Golden::load(file);
     let model = ModelConfig::from_hf_json(&g.meta["config"], file).unwrap();
     let (batch, seq): (u64, u64) = (
@@ -74,7 +79,7 @@ fn run(file: &str) {
         g.meta["seq"].parse().unwrap(),
     );
     let config = TrainConfig {
-        attention: plan::setup::Attention::Eager,
+        attention,
         ..TrainConfig::new(model, batch, seq)
     };
     let mut t = Trainer::new(config).unwrap();
@@ -204,4 +209,16 @@ fn qwen2_matches_pytorch() {
 #[test]
 fn qwen2_inference_with_a_kv_cache_matches_hf_logits() {
     inference("golden_qwen2.safetensors");
+}
+
+#[test]
+fn mistral_with_a_sliding_window_matches_pytorch() {
+    // Both kernels: the materialised one masks the window, flash also skips tiles before it.
+    run("golden_mistral.safetensors");
+    run_with("golden_mistral.safetensors", plan::setup::Attention::Flash);
+}
+
+#[test]
+fn mistral_inference_with_a_sliding_window_matches_hf_logits() {
+    inference("golden_mistral.safetensors");
 }

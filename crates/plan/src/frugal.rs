@@ -47,23 +47,9 @@ fn invalid(field: &str, reason: String) -> PlanError {
     }
 }
 
-/// The engine attends to every earlier position: a sliding-window model runs only where its
-/// window covers the whole sequence (then full attention is exactly the model's).
-pub fn check_window(model: &ModelShape, seq: u64) -> Result<(), PlanError> {
-    match model.sliding_window {
-        Some(w) if seq > w.window => Err(unsupported(&format!(
-            "sliding-window attention past the window ({} tokens > window {}): use --seq {} or \
-             less, or --runtime formula / pytorch to plan it",
-            seq, w.window, w.window
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// Refuses what the engine cannot run (yet) and values out of range, naming the flag at fault.
 pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanError> {
     units::check_buildable(model)?;
-    check_window(model, setup.seq)?;
     if !matches!(
         setup.precision,
         Precision::Fp32 | Precision::Bf16 | Precision::Fp16

@@ -169,13 +169,19 @@ fn heads(f: &Fields, d_model: u64) -> Result<(u32, u32, u64), PlanError> {
     Ok((n_heads, n_kv_heads, d_head))
 }
 
-/// `sliding_window` (Mistral, Mixtral; Qwen2 only with `use_sliding_window`, from layer
-/// `max_window_layers` on, HF's default 28); `null` or absent is full attention.
+/// `sliding_window` (Mistral: HF's default 4096 when the key is absent, `null` for none;
+/// Mixtral: none unless set; Qwen2 only with `use_sliding_window`, from layer
+/// `max_window_layers` on, HF's default 28).
 fn sliding_window(f: &Fields, family: Family) -> Result<Option<SlidingWindow>, PlanError> {
     if family == Family::Qwen2 && !f.bool_or("use_sliding_window", false)? {
         return Ok(None);
     }
-    let Some(window) = f.opt_u64("sliding_window")? else {
+    let mistral = f.0.get("model_type").and_then(Value::as_str) == Some("mistral");
+    let window = match f.0.get("sliding_window") {
+        None if mistral => Some(4096),
+        _ => f.opt_u64("sliding_window")?,
+    };
+    let Some(window) = window else {
         return Ok(None);
     };
     if window == 0 {

@@ -123,6 +123,13 @@ fn invalid(field: &str, reason: String) -> PlanError {
 }
 
 impl ModelShape {
+    /// The sliding window of layer `layer`, if it has one.
+    pub fn window_of(&self, layer: u32) -> Option<u64> {
+        self.sliding_window
+            .filter(|w| layer >= w.first_layer)
+            .map(|w| w.window)
+    }
+
     /// Tokens layer `layer` keeps in its KV cache for a context of `seq` tokens.
     pub fn kv_tokens(&self, layer: u32, seq: u64) -> u64 {
         match self.sliding_window {

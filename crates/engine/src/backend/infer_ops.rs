@@ -64,10 +64,12 @@ pub struct KvWrite<'a> {
     pub slots: &'a [(u32, u32)],
 }
 
-/// A query row's sequence: its block table and how many cached tokens it sees.
+/// A query row's sequence: its block table and the cached tokens it sees, `start..len` (`start`
+/// is past 0 only under a sliding window).
 #[derive(Clone, Copy, Debug)]
 pub struct SeqRow<'a> {
     pub blocks: &'a [u32],
+    pub start: usize,
     pub len: usize,
 }
 

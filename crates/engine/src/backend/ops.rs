@@ -89,6 +89,8 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Positions a query sees, itself included (a sliding window); `usize::MAX`: all earlier.
+    pub window: usize,
 }
 
 /// The attention kernel and what it keeps for the backward.

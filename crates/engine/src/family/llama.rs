@@ -1,7 +1,7 @@
 //! Llama's numerics: RMSNorm epsilon and RoPE base from the config (HF's defaults 1e-6 and
 //! 10000); refused: another activation than SiLU, scaled RoPE, biases on the projections. Its
-//! config.json is HF's `LlamaForCausalLM`; Mistral configs without a sliding window read as
-//! Llama.
+//! config.json is HF's `LlamaForCausalLM`; Mistral configs read as Llama with their sliding
+//! window (the shape's, `plan::hf_config`), which the attention kernels honour.
 //!
 //! Example: `rope_scaling: {"type": "linear"}` is refused, naming the field.
 
@@ -58,7 +58,7 @@ impl Family for Llama {
 
     fn to_hf(&self, config: &ModelConfig) -> Value {
         let s = &config.shape;
-        json!({
+        let mut v = json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "vocab_size": s.vocab,
@@ -75,6 +75,17 @@ impl Family for Llama {
             "attention_bias": false, "mlp_bias": false,
             "tie_word_embeddings": s.tied_embeddings,
             "torch_dtype": "float32",
-        })
+        });
+        if let Some(w) = s.sliding_window {
+            // A windowed Llama block is Mistral's.
+            let o = v.as_object_mut().expect("a JSON object");
+            o.insert("architectures".into(), json!(["MistralForCausalLM"]));
+            o.insert("model_type".into(), json!("mistral"));
+            o.insert("sliding_window".into(), json!(w.window));
+            for key in ["attention_bias", "mlp_bias"] {
+                o.remove(key);
+            }
+        }
+        v
     }
 }

@@ -4,8 +4,8 @@
 //! parameter units and block design are the planner's (`plan::frugal::family`); the forward and
 //! backward follow the design, so a family needs no code in them.
 //!
-//! Example: `family::by_model_type("mistral")` is the Llama family (Mistral without a sliding
-//! window is a Llama block).
+//! Example: `family::by_model_type("mistral")` is the Llama family (a Mistral block is a Llama
+//! block; its sliding window is the shape's, honoured by the attention kernels).
 
 mod gpt2;
 mod llama;

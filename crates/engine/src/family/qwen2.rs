@@ -1,8 +1,9 @@
 //! Qwen2's numerics: Llama's (RMSNorm epsilon, RoPE base, SiLU), with the q/k/v biases its
-//! blocks always carry; refused: a sliding window in use (`use_sliding_window`), scaled RoPE.
-//! Its config.json is HF's `Qwen2ForCausalLM`.
+//! blocks always carry; a sliding window (`use_sliding_window`, from `max_window_layers` on) is
+//! the shape's (`plan::hf_config`) and the attention kernels honour it per layer; refused: scaled
+//! RoPE. Its config.json is HF's `Qwen2ForCausalLM`.
 //!
-//! Example: `{"model_type": "qwen2", "use_sliding_window": true}` is refused, naming the field.
+//! Example: `{"model_type": "qwen2", "rope_scaling": {"type": "yarn"}}` is refused, naming the field.
 
 use super::llama::Llama;
 use super::{Family, Numerics};
@@ -17,9 +18,6 @@ impl Family for Qwen2 {
     }
 
     fn numerics(&self, obj: &Map<String, Value>) -> Result<Numerics, String> {
-        if obj.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
-            return Err("use_sliding_window is true: sliding-window attention is not built".into());
-        }
         // Qwen2's q/k/v biases are part of the family, not an option: Llama's bias checks
         // (attention_bias, mlp_bias) do not apply.
         let mut plain = obj.clone();
@@ -36,7 +34,17 @@ impl Family for Qwen2 {
         }
         o.insert("architectures".into(), json!(["Qwen2ForCausalLM"]));
         o.insert("model_type".into(), json!("qwen2"));
-        o.insert("use_sliding_window".into(), json!(false));
+        o.remove("sliding_window");
+        match config.shape.sliding_window {
+            Some(w) => {
+                o.insert("use_sliding_window".into(), json!(true));
+                o.insert("sliding_window".into(), json!(w.window));
+                o.insert("max_window_layers".into(), json!(w.first_layer));
+            }
+            None => {
+                o.insert("use_sliding_window".into(), json!(false));
+            }
+        }
         v
     }
 }
@@ -46,14 +54,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn qwen2_configs_read_with_their_biases_and_refuse_a_sliding_window() {
+    fn qwen2_configs_read_with_their_biases_and_refuse_scaled_rope() {
         let obj = |v: Value| v.as_object().unwrap().clone();
         let ok = obj(json!({"rms_norm_eps": 1e-6, "rope_theta": 1e6, "attention_bias": true}));
         assert_eq!(Qwen2.numerics(&ok).unwrap().rope_theta, 1e6);
         let slide = obj(json!({"use_sliding_window": true, "sliding_window": 4096}));
+        assert!(Qwen2.numerics(&slide).is_ok());
+        let scaled = obj(json!({"rope_scaling": {"type": "yarn"}}));
         assert!(Qwen2
-            .numerics(&slide)
+            .numerics(&scaled)
             .unwrap_err()
-            .contains("use_sliding_window"));
+            .contains("rope_scaling"));
     }
 }

@@ -196,7 +196,7 @@ impl<B: Backend> Server<B> {
     /// A new sequence sharing `id`'s cached tokens (its blocks, copied on write).
     pub fn fork(&mut self, id: SeqId) -> SeqId {
         let src = self.seq(id).clone();
-        for &b in &src.blocks {
+        for &b in src.blocks.iter().filter(|&&b| b != pool::FREED) {
             self.pool.retain(b);
         }
         let new = self.new_sequence();
@@ -207,7 +207,7 @@ impl<B: Backend> Server<B> {
     /// Frees `id` and the blocks no other sequence shares.
     pub fn free(&mut self, id: SeqId) {
         if let Some(seq) = self.seqs[id.0].take() {
-            for b in seq.blocks {
+            for b in seq.blocks.into_iter().filter(|&b| b != pool::FREED) {
                 self.pool.release(b);
             }
         }
@@ -221,6 +221,11 @@ impl<B: Backend> Server<B> {
         seq.len = len;
         while seq.blocks.len() > len.div_ceil(block) {
             let b = seq.blocks.pop().expect("a block");
+            assert_ne!(
+                b,
+                pool::FREED,
+                "rolled back past the sliding window's slack"
+            );
             self.pool.release(b);
         }
     }
@@ -437,3 +442,5 @@ pub(crate) fn unit_index(units: &[Unit], kind: UnitKind) -> usize {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;

@@ -5,6 +5,10 @@
 //!
 //! Example: `let b = pool.alloc().unwrap(); pool.retain(b); assert!(pool.is_shared(b));`
 
+/// A block-table entry whose block went back to the pool: its tokens fell out of every layer's
+/// sliding window, and no row reads them again.
+pub const FREED: u32 = u32::MAX;
+
 /// A sequence handle of a `Server`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SeqId(pub usize);

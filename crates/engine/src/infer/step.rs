@@ -5,7 +5,7 @@
 //! Rows of one step may belong to different sequences at different positions; a prefill chunk's
 //! rows write their keys before attending, so each row sees its own prefix causally.
 
-use super::pool::SeqId;
+use super::pool::{SeqId, FREED};
 use super::{step_tensor, unit_index, Server, SplitK};
 use crate::backend::ops::{Activation, NormKind, NormOp, RopeShape};
 use crate::backend::{Backend, EmbedRows, KvWrite, PagedAttention, QLinear, SeqRow, Tensor};
@@ -109,7 +109,34 @@ impl<B: Backend> Server<B> {
             kind, &tokens, &positions, &slots, &owners, splits, logit_rows, logits,
         );
         self.arena.leave(phase);
+        for &(id, _) in entries {
+            self.release_outside_window(id);
+        }
         Ok(())
+    }
+
+    /// Under a sliding window on every layer, returns to the pool the blocks of `id` that no
+    /// later row can see (a ring of about `window` positions per sequence, as vLLM frees them),
+    /// keeping one block of slack for speculative decoding's rollback; their table entries
+    /// become [`FREED`].
+    fn release_outside_window(&mut self, id: SeqId) {
+        let Some(w) = self
+            .config
+            .shape
+            .sliding_window
+            .filter(|w| w.first_layer == 0)
+        else {
+            return;
+        };
+        let block = self.setup.kv_block as usize;
+        let seq = self.seqs[id.0].as_mut().expect("a live sequence");
+        let first_seen = (seq.len + 1).saturating_sub(w.window as usize + block);
+        for b in seq.blocks.iter_mut().take(first_seen / block) {
+            if *b != FREED {
+                self.pool.release(*b);
+                *b = FREED;
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -183,14 +210,20 @@ impl<B: Backend> Server<B> {
         };
         let (nh, nkv, hd) = (s.n_heads as usize, s.n_kv_heads as usize, s.d_head as usize);
         let width = (nh + 2 * nkv) * hd;
-        let seq_rows: Vec<SeqRow> = owners
-            .iter()
-            .zip(positions)
-            .map(|(id, &p)| SeqRow {
-                blocks: &self.seqs[id.0].as_ref().expect("a live sequence").blocks,
-                len: p as usize + 1,
-            })
-            .collect();
+        // Each row sees its prefix, or under a sliding window its last `window` positions.
+        let rows_seeing = |window: usize| -> Vec<SeqRow> {
+            owners
+                .iter()
+                .zip(positions)
+                .map(|(id, &p)| SeqRow {
+                    blocks: &self.seqs[id.0].as_ref().expect("a live sequence").blocks,
+                    start: (p as usize + 1).saturating_sub(window),
+                    len: p as usize + 1,
+                })
+                .collect()
+        };
+        let seq_rows = rows_seeing(usize::MAX);
+        let windowed = s.sliding_window.map(|w| rows_seeing(w.window as usize));
         let partials = t(StepAct::Partials);
         for l in 0..s.n_layers {
             let w = &self.weights[unit_index(&self.units, UnitKind::Block(l))];
@@ -227,7 +260,10 @@ impl<B: Backend> Server<B> {
                     out: atty,
                     qkv,
                     cache,
-                    rows: &seq_rows,
+                    rows: match (&windowed, s.window_of(l)) {
+                        (Some(w), Some(_)) => w,
+                        _ => &seq_rows,
+                    },
                     splits,
                     partials,
                 },

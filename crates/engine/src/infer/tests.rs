@@ -9,7 +9,7 @@ use crate::testkit::{gpt2_tiny, llama_tiny, tokens};
 use plan::frugal::ForwardSetup;
 use plan::ModelShape;
 
-fn reference(shape: &ModelShape, seed: u64) -> Runner {
+pub(super) fn reference(shape: &ModelShape, seed: u64) -> Runner {
     let config = ModelConfig::from_shape(shape.clone()).unwrap();
     let setup = ForwardSetup {
         batch: 1,
@@ -27,13 +27,13 @@ fn server(shape: &ModelShape, w: WeightFormat, kv: KvFormat, batch: u64, block: 
     Server::new(config, setup).unwrap()
 }
 
-fn last_row(r: &mut Runner, prefix: &[u32]) -> Vec<f32> {
+pub(super) fn last_row(r: &mut Runner, prefix: &[u32]) -> Vec<f32> {
     let v = r.model.config.shape.vocab as usize;
     let all = eval::logits(r, prefix, 1, prefix.len()).unwrap();
     all[all.len() - v..].to_vec()
 }
 
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())

@@ -33,6 +33,9 @@ pub use formats::{KvFormat, WeightFormat};
 /// Rows of a prefill step unless told otherwise.
 pub const DEFAULT_PREFILL_CHUNK: u64 = 256;
 
+/// Tokens per KV block when none is asked for (`frugal generate`'s default, vLLM's).
+pub const DEFAULT_KV_BLOCK: u64 = 16;
+
 /// What a serving engine is sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServeSetup {
@@ -68,14 +71,24 @@ impl ServeSetup {
         split_k: u64,
     ) -> ServeSetup {
         let block = kv_block.clamp(1, context.max(1));
+        let chunk = DEFAULT_PREFILL_CHUNK.min(context);
+        // Under a sliding window on every layer a sequence holds a ring: the window, a prefill
+        // chunk written before it attends, and two blocks of slack (a partly filled first block,
+        // speculative decoding's rollback); the engine frees the blocks behind it.
+        let per_seq = match model.sliding_window {
+            Some(w) if w.first_layer == 0 => context
+                .div_ceil(block)
+                .min((w.window + chunk + 2 * block).div_ceil(block)),
+            _ => context.div_ceil(block),
+        };
         ServeSetup {
             weights,
             kv,
             kv_block: block,
-            kv_blocks: batch * context.div_ceil(block),
+            kv_blocks: batch * per_seq,
             context: context.min(model.max_positions),
             max_seqs: batch,
-            prefill_chunk: DEFAULT_PREFILL_CHUNK.min(context),
+            prefill_chunk: chunk,
             prefill_logit_rows: 1,
             split_k: split_k.max(1),
         }
@@ -117,7 +130,6 @@ pub fn is_matrix(role: Role) -> bool {
 /// Checks `setup` against `model`, naming the field at fault.
 pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
     check_buildable(model)?;
-    super::check_window(model, setup.context)?;
     let positive = [
         ("kv-block", setup.kv_block),
         ("kv-blocks", setup.kv_blocks),
@@ -364,7 +376,8 @@ pub fn inference_estimate(
             })
         }
     };
-    let block = setup.kv_block.unwrap_or(setup.seq);
+    // Without --kv-block, the engine's own default (`frugal generate --kv-block 16`).
+    let block = setup.kv_block.unwrap_or(DEFAULT_KV_BLOCK);
     let serve = ServeSetup::generation(model, setup.batch, setup.seq, weights, kv, block, split_k);
     let plan = serve_plan(model, &serve)?;
     let timeline = plan.timeline(Device::Gpu);
@@ -383,7 +396,8 @@ pub fn inference_estimate(
     Ok(crate::InferEstimate {
         weights_bytes: prefill[Category::Params as usize],
         kv_cache_bytes: kv_bytes,
-        kv_waste_bytes: (held - setup.batch * setup.seq) * per_token,
+        // A ring (sliding window) holds fewer slots than the context: no partly filled page.
+        kv_waste_bytes: held.saturating_sub(setup.batch * setup.seq) * per_token,
         kv_bytes_per_token: per_token,
         prefill,
         decode,

@@ -221,6 +221,7 @@ pub(super) fn paged_attention(a: &Arena<Cpu>, op: &PagedAttention) {
         .iter()
         .map(|r| RowCtx {
             blocks: r.blocks,
+            start: r.start,
             len: r.len,
         })
         .collect();

@@ -77,11 +77,11 @@ pub fn attention_forward(a: &A, op: &Attention) {
     match op.kernel {
         AttnKernel::Materialised { att } => {
             let mut att = a.view_mut::<f32>(att);
-            attention::forward(&mut out, &mut att, &qkv, b, t, nh, nkv, hd);
+            attention::forward_window(&mut out, &mut att, &qkv, b, t, nh, nkv, hd, s.window);
         }
         AttnKernel::Flash { lse } => {
             let mut lse = a.view_mut::<f32>(lse);
-            flash::forward(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd);
+            flash::forward_window(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd, s.window);
         }
     }
 }
@@ -247,7 +247,9 @@ pub fn attention_backward(a: &A, op: &AttentionBackward) {
         }
         AttnGradKernel::Flash { out, lse } => {
             let (out, lse) = (a.view::<f32>(out), a.view::<f32>(lse));
-            flash::backward(&mut dqkv, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd);
+            flash::backward_window(
+                &mut dqkv, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd, s.window,
+            );
         }
     }
 }
