@@ -170,6 +170,9 @@ pub struct Args {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+    /// A config.json's text given directly (the web page's pasted config).
+    #[arg(skip)]
+    pub config_text: Option<String>,
 }
 
 fn parse_rate(text: &str, field: &str) -> anyhow::Result<f64> {
@@ -220,7 +223,10 @@ pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
         Some(s) => units::parse_bytes(s, "--device-memory")?,
         None => hw.gpu.memory_bytes,
     };
-    let model = load_model(&args.model)?;
+    let model = match &args.config_text {
+        Some(text) => plan::hf_config::parse(text, &args.model)?,
+        None => load_model(&args.model)?,
+    };
     let seq = args.seq.unwrap_or(2048.min(model.max_positions));
     if seq == 0 {
         bail!("invalid --seq: must be at least 1 token");
@@ -276,7 +282,10 @@ fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRe
         Some(s) => units::parse_bytes(s, "--device-memory")?,
         None => hw.gpu.memory_bytes,
     };
-    let model = load_model(&args.model)?;
+    let model = match &args.config_text {
+        Some(text) => plan::hf_config::parse(text, &args.model)?,
+        None => load_model(&args.model)?,
+    };
     let seq = args.seq.unwrap_or(4096.min(model.max_positions));
     let host_bytes = match &args.host_memory {
         Some(s) => Some(units::parse_bytes(s, "--host-memory")?),
@@ -297,44 +306,47 @@ fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRe
     Ok((model, r))
 }
 
+/// The JSON object `frugal fit --json` prints (the web page's `/api/fit`).
+pub fn json(args: &Args) -> anyhow::Result<serde_json::Value> {
+    let top = args.top as usize;
+    if args.infer {
+        let (model, r) = infer_request(args)?;
+        let advice = fit::infer::advise(&model, &r)?;
+        return Ok(infer::to_json(&model, &r, &advice, top));
+    }
+    let (model, request) = build_request(args)?;
+    let result = fit::search(&model, &request)?;
+    let misses = fit::why_not(&model, &request, &result);
+    let unsupported = fit::why::unsupported_groups(&result);
+    Ok(render::to_json(
+        &model,
+        &request,
+        &result,
+        &misses,
+        &unsupported,
+        top,
+    ))
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json(&args)?)?);
+        return Ok(());
+    }
+    let top = args.top as usize;
     if args.infer {
         let (model, r) = infer_request(&args)?;
         let advice = fit::infer::advise(&model, &r)?;
-        if args.json {
-            let v = infer::to_json(&model, &r, &advice, args.top as usize);
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        } else {
-            print!("{}", infer::text(&model, &r, &advice, args.top as usize));
-        }
+        print!("{}", infer::text(&model, &r, &advice, top));
         return Ok(());
     }
     let (model, request) = build_request(&args)?;
     let result = fit::search(&model, &request)?;
     let misses = fit::why_not(&model, &request, &result);
     let unsupported = fit::why::unsupported_groups(&result);
-    if args.json {
-        let v = render::to_json(
-            &model,
-            &request,
-            &result,
-            &misses,
-            &unsupported,
-            args.top as usize,
-        );
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        print!(
-            "{}",
-            render::text(
-                &model,
-                &request,
-                &result,
-                &misses,
-                &unsupported,
-                args.top as usize
-            )
-        );
-    }
+    print!(
+        "{}",
+        render::text(&model, &request, &result, &misses, &unsupported, top)
+    );
     Ok(())
 }

@@ -162,6 +162,10 @@ pub struct Args {
     /// fp32 matmuls on TF32 tensor cores, for the step time (`allow_tf32 = True`).
     #[arg(long)]
     tf32: bool,
+    /// A config.json's text given directly (the web page's pasted config), read instead of
+    /// the file `--model` names.
+    #[arg(skip)]
+    pub config_text: Option<String>,
     /// Say whether the plan fits a device of this size (80GiB, 80GB, 24GiB).
     #[arg(long, value_name = "SIZE")]
     device_memory: Option<String>,
@@ -299,7 +303,10 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
     }
     let report = match (&args.model, &args.params) {
         (Some(spec), _) => {
-            let model = load_model(spec)?;
+            let model = match &args.config_text {
+                Some(text) => plan::hf_config::parse(text, spec)?,
+                None => load_model(spec)?,
+            };
             let seq = args.seq.unwrap_or(2048.min(model.max_positions));
             let paper = args.convention == Convention::Paper && !args.infer;
             if paper && (args.runtime == "pytorch" || args.runtime == "frugal") {

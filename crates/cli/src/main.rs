@@ -12,6 +12,7 @@ mod cmd_fit;
 mod cmd_formats;
 mod cmd_generate;
 mod cmd_plan;
+mod cmd_serve;
 mod cmd_train;
 mod infer_model;
 mod output;
@@ -56,6 +57,10 @@ enum Command {
         about = "Generate text with the inference engine: KV cache, quantized weights and KV, speculative decoding."
     )]
     Generate(cmd_generate::Args),
+    #[command(
+        about = "The planner in a browser: a page and a JSON API (the CLI's JSON) on this machine."
+    )]
+    Serve(cmd_serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd_bench::run(args),
         Command::Export(args) => cmd_export::run(args),
         Command::Generate(args) => cmd_generate::run(args),
+        Command::Serve(args) => cmd_serve::run(args),
     });
     let result = match result {
         Ok(result) => result,

@@ -1,0 +1,325 @@
+//! `frugal serve`: the planner in a browser. One self-contained page (HTML, CSS and JS embedded
+//! in the binary: no CDN, no network) and a JSON API that is the CLI's JSON, field for field.
+//!
+//! The API turns a query string into the CLI's own flags (`zero=3` is `--zero 3`, `train=true`
+//! is `--train`) and parses them with the same clap definitions, so its answers and its errors
+//! are `frugal plan --json`'s and `frugal fit --json`'s: `GET /api/plan?…`, `GET /api/fit?…`,
+//! `POST` to either with a pasted HF config.json as the body, `GET /api/models` (presets and GPUs).
+//! A bad request answers 400 with the CLI's error text; a request never panics the server (each
+//! is answered inside `catch_unwind`), bodies are bounded ([`MAX_BODY`]). Requests are served one
+//! at a time. Example: `frugal serve --port 8080`, then open http://127.0.0.1:8080/.
+
+use anyhow::{anyhow, Context};
+use clap::Parser;
+use serde_json::{json, Value};
+use std::io::Read;
+
+const PAGE: &str = include_str!("cmd_serve/page.html");
+
+/// Largest request body accepted (a config.json is a few KB).
+pub const MAX_BODY: usize = 1 << 20;
+
+const LONG_ABOUT: &str = "\
+Serve the planner as a web page and a JSON API on this machine.
+
+The page: pick a preset or paste a config.json, training or inference, turn the seed's remedies
+on and off (micro-batch + accumulation, recompute, ZeRO stage, offload, flash attention,
+LoRA/QLoRA, TP/PP, weight and KV formats); it shows memory by category against the GPU, the
+timeline over the step, what fits fastest first, and the `frugal plan` command to copy. It
+updates as the knobs change.
+
+The API answers the CLI's JSON (same fields, same numbers, same error text):
+  GET  /api/plan?model=llama3-8b&train=true&zero=3&gpus=8&batch=4&seq=2048
+  GET  /api/fit?model=llama3-8b&gpus=8&device-memory=80GiB&batch=32
+  POST /api/plan?infer=true&weights=int4   (body: a config.json)
+  GET  /api/models
+
+Examples:
+  frugal serve
+  frugal serve --port 8080 --host 0.0.0.0";
+
+/// Serve the planner as a web page and a JSON API.
+#[derive(clap::Args)]
+#[command(after_help = LONG_ABOUT)]
+pub struct Args {
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Address to listen on (127.0.0.1: this machine only).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+}
+
+/// A response: status, content type, body.
+struct Reply {
+    status: u16,
+    kind: &'static str,
+    body: String,
+}
+
+impl Reply {
+    fn json(status: u16, v: &Value) -> Reply {
+        Reply {
+            status,
+            kind: "application/json",
+            body: serde_json::to_string_pretty(v).unwrap_or_else(|_| "{}".into()),
+        }
+    }
+
+    fn error(status: u16, message: String) -> Reply {
+        Reply::json(status, &json!({ "error": message }))
+    }
+}
+
+/// Decodes `%XX` and `+` of a query-string component.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `a=1&b=two` as (key, value) pairs, decoded.
+pub fn parse_query(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), "true".into()),
+        })
+        .collect()
+}
+
+/// The CLI's argv for `command` from query pairs: `k=v` → `--k v` (underscores read as
+/// hyphens), `k=true` → `--k` for a switch, `k=false` and empty values → nothing.
+pub fn to_argv(command: &str, pairs: &[(String, String)]) -> Vec<String> {
+    const SWITCHES: [&str; 8] = [
+        "train",
+        "infer",
+        "sp",
+        "double-quant",
+        "tf32",
+        "allow-lora",
+        "keep-precision",
+        "json",
+    ];
+    let mut argv = vec!["frugal".to_string(), command.to_string()];
+    for (k, v) in pairs {
+        let flag = k.replace('_', "-");
+        if flag == "json" || v.is_empty() || v == "false" {
+            continue;
+        }
+        if SWITCHES.contains(&flag.as_str()) {
+            argv.push(format!("--{flag}"));
+        } else {
+            argv.push(format!("--{flag}"));
+            argv.push(v.clone());
+        }
+    }
+    argv
+}
+
+/// A clap parse of `argv` into `command`'s `Args`, errors as the CLI's text.
+fn parse_args<T: clap::Args>(argv: &[String]) -> anyhow::Result<T> {
+    #[derive(Parser)]
+    struct One<U: clap::Args> {
+        #[command(flatten)]
+        inner: U,
+    }
+    let argv: Vec<&String> = argv.iter().skip(1).collect();
+    One::<T>::try_parse_from(argv)
+        .map(|o| o.inner)
+        .map_err(|e| {
+            let text = e.render().to_string();
+            anyhow!("{}", text.trim_end().trim_start_matches("error: "))
+        })
+}
+
+/// The presets and GPUs the page offers.
+fn models() -> Value {
+    let models: Vec<Value> = plan::presets::NAMES
+        .iter()
+        .filter_map(|name| plan::presets::by_name(name).ok().map(|m| (name, m)))
+        .map(|(name, m)| {
+            json!({
+                "name": name,
+                "family": m.family,
+                "param_count": m.param_count(),
+                "n_layers": m.n_layers,
+                "d_model": m.d_model,
+                "max_positions": m.max_positions,
+                "sliding_window": m.sliding_window.map(|w| w.window),
+            })
+        })
+        .collect();
+    let gpus: Vec<Value> = plan::fit::GPUS
+        .iter()
+        .map(|g| json!({ "name": g.name, "memory_bytes": g.memory_bytes }))
+        .collect();
+    json!({ "models": models, "gpus": gpus })
+}
+
+/// Answers one API request: `path` without the query, `pairs` from it, `body` a config.json.
+pub fn answer(path: &str, pairs: &[(String, String)], body: Option<&str>) -> anyhow::Result<Value> {
+    let with_model = |mut pairs: Vec<(String, String)>| {
+        if body.is_some() && !pairs.iter().any(|(k, _)| k == "model") {
+            pairs.push(("model".into(), "config.json".into()));
+        }
+        pairs
+    };
+    match path {
+        "/api/models" => Ok(models()),
+        "/api/plan" => {
+            let argv = to_argv("plan", &with_model(pairs.to_vec()));
+            let mut args: crate::cmd_plan::Args = parse_args(&argv)?;
+            args.config_text = body.map(str::to_string);
+            let report = crate::cmd_plan::build_report(&args)?;
+            let mut v = serde_json::to_value(&report)?;
+            v["command"] = json!(argv[..].join(" "));
+            Ok(v)
+        }
+        "/api/fit" => {
+            let argv = to_argv("fit", &with_model(pairs.to_vec()));
+            let mut args: crate::cmd_fit::Args = parse_args(&argv)?;
+            args.config_text = body.map(str::to_string);
+            crate::cmd_fit::json(&args)
+        }
+        other => Err(anyhow!(
+            "no such endpoint {other}: use /api/plan, /api/fit or /api/models"
+        )),
+    }
+}
+
+/// Routes one request; never panics (a panic inside becomes a 500, an overflow a 400).
+fn route(method: &str, url: &str, body: Option<&str>) -> Reply {
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    if method == "GET" && (path == "/" || path == "/index.html") {
+        return Reply {
+            status: 200,
+            kind: "text/html; charset=utf-8",
+            body: PAGE.to_string(),
+        };
+    }
+    if !path.starts_with("/api/") {
+        return Reply::error(404, format!("no page at {path}: open / or use /api/..."));
+    }
+    if method != "GET" && method != "POST" {
+        return Reply::error(405, format!("{method} is not served: use GET or POST"));
+    }
+    let pairs = parse_query(query);
+    let result = std::panic::catch_unwind(|| answer(path, &pairs, body));
+    match result {
+        Ok(Ok(v)) => Reply::json(200, &v),
+        Ok(Err(e)) => Reply::error(400, format!("{e:#}")),
+        Err(payload) => {
+            let text = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            if text.contains("with overflow") {
+                Reply::error(
+                    400,
+                    "the sizes asked for overflow 64-bit byte counts: use a smaller batch, \
+                     sequence or model"
+                        .into(),
+                )
+            } else {
+                Reply::error(500, format!("internal error: {text}"))
+            }
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let addr = format!("{}:{}", args.host, args.port);
+    let server = tiny_http::Server::http(&addr)
+        .map_err(|e| anyhow!("invalid --port/--host: cannot listen on {addr}: {e}"))?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .context("the server's address")?;
+    println!("frugal serve: listening on http://{bound}/ (Ctrl-C to stop)");
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    for mut request in server.incoming_requests() {
+        let method = request.method().as_str().to_string();
+        let url = request.url().to_string();
+        let too_big = request.body_length().is_some_and(|n| n > MAX_BODY);
+        let reply = if too_big {
+            Reply::error(
+                413,
+                format!(
+                    "the body is over {} KiB: send a config.json",
+                    MAX_BODY >> 10
+                ),
+            )
+        } else {
+            let mut body = String::new();
+            let read = request
+                .as_reader()
+                .take(MAX_BODY as u64 + 1)
+                .read_to_string(&mut body);
+            match read {
+                Err(e) => Reply::error(400, format!("the body is not UTF-8 text: {e}")),
+                Ok(n) if n > MAX_BODY => Reply::error(413, "the body is over 1 MiB".into()),
+                Ok(0) => route(&method, &url, None),
+                Ok(_) => route(&method, &url, Some(&body)),
+            }
+        };
+        let header =
+            tiny_http::Header::from_bytes("Content-Type", reply.kind).expect("a valid header");
+        let response = tiny_http::Response::from_string(reply.body)
+            .with_status_code(reply.status)
+            .with_header(header);
+        // A client gone before the answer is its loss, not the server's.
+        let _ = request.respond(response);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_become_the_clis_flags() {
+        let pairs =
+            parse_query("model=llama3-8b&train=true&zero=3&grad_accum=2&sp=false&x=a%2Bb+c");
+        assert_eq!(
+            to_argv("plan", &pairs),
+            [
+                "frugal",
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--train",
+                "--zero",
+                "3",
+                "--grad-accum",
+                "2",
+                "--x",
+                "a+b c"
+            ]
+        );
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+}
