@@ -241,6 +241,12 @@ fn bench_train_reports_tokens_per_second_and_gflops() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["gflops"].as_f64().unwrap() > 0.0);
+    // The GEMM yardstick of the same run, and the step's share of it.
+    let gemm = v["gemm_gflops"].as_f64().unwrap();
+    assert!(gemm > 0.0 && gemm.is_finite());
+    let share = v["gflops_over_gemm"].as_f64().unwrap();
+    assert!((share - v["gflops"].as_f64().unwrap() / gemm).abs() < 1e-9);
+    assert!(!v["cpu"].as_str().unwrap().is_empty());
     assert!(v["step_seconds"]["head (classifier fwd+bwd)"]
         .as_f64()
         .is_some());
