@@ -213,11 +213,9 @@ fn hardware(args: &Args) -> anyhow::Result<Hardware> {
     Ok(hw)
 }
 
-/// Raw flags → a checked request (the model loaded, sizes parsed, the global batch in sequences).
-pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
-    if args.gpus == 0 {
-        bail!("invalid --gpus: must be at least 1 (the GPUs to split into data, tensor and pipeline groups)");
-    }
+/// The hardware, the device's capacity (`--device-memory`, or the GPU's) and the model (a preset,
+/// a config.json path, or the page's pasted config) the flags name.
+fn machine_and_model(args: &Args) -> anyhow::Result<(Hardware, u64, ModelShape)> {
     let hw = hardware(args)?;
     let capacity_bytes = match &args.device_memory {
         Some(s) => units::parse_bytes(s, "--device-memory")?,
@@ -227,6 +225,23 @@ pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
         Some(text) => plan::hf_config::parse(text, &args.model)?,
         None => load_model(&args.model)?,
     };
+    Ok((hw, capacity_bytes, model))
+}
+
+fn host_memory(args: &Args) -> anyhow::Result<Option<u64>> {
+    args.host_memory
+        .as_deref()
+        .map(|s| units::parse_bytes(s, "--host-memory"))
+        .transpose()
+        .map_err(Into::into)
+}
+
+/// Raw flags → a checked request (the model loaded, sizes parsed, the global batch in sequences).
+pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
+    if args.gpus == 0 {
+        bail!("invalid --gpus: must be at least 1 (the GPUs to split into data, tensor and pipeline groups)");
+    }
+    let (hw, capacity_bytes, model) = machine_and_model(args)?;
     let seq = args.seq.unwrap_or(2048.min(model.max_positions));
     if seq == 0 {
         bail!("invalid --seq: must be at least 1 token");
@@ -250,10 +265,7 @@ pub fn build_request(args: &Args) -> anyhow::Result<(ModelShape, FitRequest)> {
         gpus: args.gpus,
         capacity_bytes,
         headroom: args.headroom,
-        host_capacity_bytes: match &args.host_memory {
-            Some(s) => Some(units::parse_bytes(s, "--host-memory")?),
-            None => None,
-        },
+        host_capacity_bytes: host_memory(args)?,
         hardware: hw,
         runtime: Runtime::parse(&args.runtime)?,
         attention: args.attention,
@@ -277,20 +289,9 @@ fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRe
     if args.gpus == 0 {
         bail!("invalid --gpus: must be at least 1 (the GPUs tensor parallelism may use)");
     }
-    let hw = hardware(args)?;
-    let capacity_bytes = match &args.device_memory {
-        Some(s) => units::parse_bytes(s, "--device-memory")?,
-        None => hw.gpu.memory_bytes,
-    };
-    let model = match &args.config_text {
-        Some(text) => plan::hf_config::parse(text, &args.model)?,
-        None => load_model(&args.model)?,
-    };
+    let (hw, capacity_bytes, model) = machine_and_model(args)?;
     let seq = args.seq.unwrap_or(4096.min(model.max_positions));
-    let host_bytes = match &args.host_memory {
-        Some(s) => Some(units::parse_bytes(s, "--host-memory")?),
-        None => None,
-    };
+    let host_bytes = host_memory(args)?;
     let r = fit::infer::InferRequest {
         batch: args.batch.unwrap_or(1),
         seq,
