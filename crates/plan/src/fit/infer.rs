@@ -6,7 +6,7 @@
 //! format with scales, the KV cache (sliding windows honoured), the larger of the prefill's and a
 //! decode step's activations, the CUDA context. A candidate fits when that total is at most the
 //! device's capacity less the headroom. Weight offload keeps the weights in host memory and
-//! streams them block by block over the host link (two blocks resident, double-buffered), as
+//! streams them unit by unit over the host link (two units resident, double-buffered), as
 //! accelerate's `device_map` offload and llama.cpp's partial offload do.
 //!
 //! Speed: decode is memory-bound; a step reads this rank's weights and the batch's KV cache at
@@ -165,12 +165,22 @@ fn memory(
     seq: u64,
 ) -> Result<(InferEstimate, u64, u64), PlanError> {
     let e = inference_estimate(model, &setup_of(s, batch, seq))?;
+    let total = e.total_bytes();
     if !s.offload {
-        return Ok((e.clone(), e.total_bytes(), 0));
+        return Ok((e, total, 0));
     }
-    let resident = 2 * crate::infer::largest_block_weight_bytes(model, &setup_of(s, 1, 1));
-    let device = e.total_bytes() - e.weights_bytes + resident.min(e.weights_bytes);
-    Ok((e.clone(), device, e.weights_bytes))
+    // Two units resident (the one running and the next arriving): the largest of a block, the
+    // embedding and the head.
+    let one = setup_of(s, 1, 1);
+    let largest = crate::infer::largest_block_weight_bytes(model, &one)
+        .max(crate::infer::tensors_bytes(
+            &model.embedding_tensors(),
+            &one,
+        ))
+        .max(crate::infer::tensors_bytes(&model.head_tensors(), &one));
+    let device = total - e.weights_bytes + (2 * largest).min(e.weights_bytes);
+    let host = e.weights_bytes;
+    Ok((e, device, host))
 }
 
 fn fits(r: &InferRequest, device: u64, host: u64) -> bool {
