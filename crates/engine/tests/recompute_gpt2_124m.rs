@@ -37,7 +37,12 @@ fn check_no_full_logits(plan: &MemoryPlan, batch: u64, seq: u64, vocab: u64, wha
     }
     let chunk = plan.buffers.iter().find(|b| b.name == "work.classifier");
     let chunk = chunk.expect("the plan lists the classifier's chunk");
-    assert_eq!(chunk.bytes, CLASSIFIER_CHUNK_ROWS * vocab * 4, "{what}");
+    // 64 rows, or widened to 128/256 where the step's peak leaves room for it.
+    let rows = chunk.bytes / (vocab * 4);
+    assert!(
+        [CLASSIFIER_CHUNK_ROWS, 128, 256].contains(&rows) && chunk.bytes == rows * vocab * 4,
+        "{what}: {rows} rows"
+    );
     assert_eq!(chunk.category, Category::Other, "{what}");
 }
 
@@ -81,5 +86,6 @@ fn a_gpt2_124m_step_measures_the_planned_peak_with_the_chunked_loss() {
     assert_eq!(measured.category_peak_bytes, planned);
     assert_eq!(measured.peak_bytes, t.plan.peak_bytes(Device::Gpu));
     let other = measured.category_peak_bytes[Category::Other as usize];
-    assert_eq!(other, CLASSIFIER_CHUNK_ROWS * vocab * 4);
+    let chunk = t.plan.buffers.iter().find(|b| b.name == "work.classifier");
+    assert_eq!(other, chunk.unwrap().bytes);
 }

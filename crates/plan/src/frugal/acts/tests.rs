@@ -110,11 +110,10 @@ fn no_plan_holds_full_logits_or_flash_probabilities() {
             let plan = training_plan(&model, &setup(b, t, r, attention)).unwrap();
             let largest = plan.buffers.iter().max_by_key(|b| b.bytes).unwrap();
             assert!(largest.bytes < logits_bytes, "{r:?}: {}", largest.name);
+            // The chunk is 64 rows, or widened to 128/256 where the step's peak leaves room.
             let chunk = plan.buffers.iter().find(|b| b.name == "work.classifier");
-            assert_eq!(
-                chunk.unwrap().bytes,
-                CLASSIFIER_CHUNK_ROWS * model.vocab * 4
-            );
+            let rows = chunk.unwrap().bytes / (model.vocab * 4);
+            assert!([CLASSIFIER_CHUNK_ROWS, 128, 256].contains(&rows), "{rows}");
             let acts = plan.buffers.iter().filter(|b| b.name.contains("act"));
             let widest = acts.map(|b| b.bytes).max().unwrap();
             assert_eq!(
