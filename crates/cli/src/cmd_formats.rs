@@ -3,7 +3,7 @@
 //! Gaussian values with error and size reports. `--json` prints one JSON object instead.
 //!
 //! The numerics live in the `formats` crate; this module parses flags, reads files and prints.
-//! Example: `frugal formats --random 1048576 --scheme nf4 --group 64 --json`.
+//! Example: `frugal formats --random 1048576 --scheme nf4 --group 64 --double-quant --json`.
 
 use crate::output::{human_bytes, Align, Table};
 use anyhow::{bail, Context};
@@ -21,6 +21,7 @@ Examples:
   frugal formats --table                       properties of every format
   frugal formats --quantize model.safetensors --scheme int4 --group 128
   frugal formats --random 1048576 --scheme nf4 --group 64 --scale-dtype fp32
+  frugal formats --random 1048576 --scheme nf4 --group 64 --double-quant   (bitsandbytes' QLoRA storage)
   frugal formats --random 65536 --width 1024 --scheme int8 --group row --asymmetric --json
 
 Policies: NaN or infinity in data to quantize is an error naming the first bad element; a group
@@ -69,6 +70,11 @@ pub struct Args {
     /// Asymmetric quantization: unsigned codes with a zero point over [min, max] (int8/int4).
     #[arg(long)]
     asymmetric: bool,
+    /// With --scheme nf4: bitsandbytes' storage (QLoRA's), blocks of --group with an fp32 absmax
+    /// each, the absmax values themselves quantized to 8 bits in blocks of 256 (4.127 bits per
+    /// weight at --group 64), byte for byte as bitsandbytes writes them.
+    #[arg(long)]
+    double_quant: bool,
     /// Float format the scales are stored in: fp16, bf16 or fp32.
     #[arg(long, default_value = "fp16")]
     scale_dtype: String,
@@ -85,14 +91,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return print_value(text, args.json);
     }
     let config = quant_config(&args)?;
+    if args.double_quant {
+        let numeric = matches!(config.granularity, Granularity::PerGroup(_));
+        if config.scheme != Scheme::Nf4 || !numeric || args.asymmetric {
+            bail!(
+                "--double-quant is bitsandbytes' NF4 storage: use it with --scheme nf4 and a \
+                 numeric --group (64 as QLoRA), symmetric"
+            );
+        }
+    }
     let report = match (&args.quantize, args.random) {
-        (Some(path), _) => quantize_file(path, &config)?,
+        (Some(path), _) => quantize_file(path, &config, args.double_quant)?,
         (None, Some(n)) => quantize_random(n, &args, &config)?,
         (None, None) => {
             bail!("nothing to do: pass a VALUE, --table, --quantize FILE or --random N")
         }
     };
-    print_report(&report, &config, args.json);
+    print_report(&report, &config, args.double_quant, args.json);
     Ok(())
 }
 

@@ -235,3 +235,33 @@ fn unreadable_and_invalid_files_are_clear_errors() {
     let err = failure(&["--quantize", junk.to_str().unwrap()]);
     assert!(err.contains("not a valid .safetensors file"), "{err}");
 }
+
+#[test]
+fn double_quantized_nf4_is_bitsandbytes_storage_at_4_127_bits() {
+    let dq = json_of(&[
+        "--random",
+        "1048576",
+        "--scheme",
+        "nf4",
+        "--group",
+        "64",
+        "--double-quant",
+        "--json",
+    ]);
+    let bits = dq["total"]["bits_per_weight"].as_f64().unwrap();
+    assert!((bits - 4.127).abs() < 1e-3, "{bits}");
+    assert_eq!(dq["double_quant"], true);
+    // 1M values: 512 KiB of codes, 16,384 one-byte absmax codes, 64 fp32 scales and the offset.
+    assert_eq!(dq["total"]["stored_bytes"], 524_288 + 16_384 + 64 * 4 + 4);
+    let plain = json_of(&[
+        "--random", "1048576", "--scheme", "nf4", "--group", "64", "--json",
+    ]);
+    let (e1, e2) = (
+        dq["total"]["error"]["rmse"].as_f64().unwrap(),
+        plain["total"]["error"]["rmse"].as_f64().unwrap(),
+    );
+    // Quantizing the absmax to 8 bits costs almost nothing in accuracy.
+    assert!(e1 < e2 * 1.05, "{e1} vs {e2}");
+    let err = failure(&["--random", "1024", "--scheme", "int4", "--double-quant"]);
+    assert!(err.contains("--scheme nf4"), "{err}");
+}

@@ -14,6 +14,7 @@
 //! assert_eq!(bpw, 4.125);
 //! ```
 
+pub mod bnb;
 mod error;
 mod explain;
 mod float;

@@ -41,7 +41,22 @@ pub(super) fn quantize_matrix(
     dtype: &'static str,
     data: &[f32],
     config: &QuantConfig,
+    double_quant: bool,
 ) -> anyhow::Result<TensorReport> {
+    let dtype_bytes = if dtype == "f32" { 4 } else { 2 };
+    if let (true, Granularity::PerGroup(block)) = (double_quant, config.granularity) {
+        // bitsandbytes' NF4 storage over the flattened tensor, as `quantize_4bit` stores it.
+        let q = formats::bnb::quantize(data, block, true);
+        return Ok(TensorReport {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            dtype,
+            group_size: block,
+            stats: ErrorStats::of(data, &formats::bnb::dequantize(&q)),
+            original_bytes: data.len() as u64 * dtype_bytes,
+            stored_bytes: q.stored_bytes() as u64,
+        });
+    }
     let cols = *shape.last().expect("callers pass at least 2 dimensions");
     let rows = data.len() / cols.max(1);
     let q = quantize(data, rows, cols, config).map_err(|err| {
@@ -51,7 +66,6 @@ pub(super) fn quantize_matrix(
         )
     })?;
     let stats = ErrorStats::of(data, &q.dequantize());
-    let dtype_bytes = if dtype == "f32" { 4 } else { 2 };
     Ok(TensorReport {
         name: name.to_string(),
         shape: shape.to_vec(),
@@ -63,7 +77,11 @@ pub(super) fn quantize_matrix(
     })
 }
 
-pub(super) fn quantize_file(path: &Path, config: &QuantConfig) -> anyhow::Result<Report> {
+pub(super) fn quantize_file(
+    path: &Path,
+    config: &QuantConfig,
+    double_quant: bool,
+) -> anyhow::Result<Report> {
     let bytes = std::fs::read(path).with_context(|| {
         format!(
             "cannot read {}: check the path and its permissions",
@@ -109,9 +127,14 @@ pub(super) fn quantize_file(path: &Path, config: &QuantConfig) -> anyhow::Result
             ));
             continue;
         }
-        report
-            .tensors
-            .push(quantize_matrix(&name, &shape, dtype, &data, config)?);
+        report.tensors.push(quantize_matrix(
+            &name,
+            &shape,
+            dtype,
+            &data,
+            config,
+            double_quant,
+        )?);
     }
     if report.tensors.is_empty() {
         bail!(
@@ -180,7 +203,7 @@ pub(super) fn quantize_random(
     let data = formats::rng::Rng::new(args.seed).gaussian_vec(n, args.std);
     let shape = [n / width, width];
     let name = format!("gaussian(std {}, seed {})", args.std, args.seed);
-    let tensor = quantize_matrix(&name, &shape, "f32", &data, config)?;
+    let tensor = quantize_matrix(&name, &shape, "f32", &data, config, args.double_quant)?;
     Ok(Report {
         source: format!("{n} random values"),
         tensors: vec![tensor],
@@ -188,7 +211,12 @@ pub(super) fn quantize_random(
     })
 }
 
-pub(super) fn print_report(report: &Report, config: &QuantConfig, json_out: bool) {
+pub(super) fn print_report(
+    report: &Report,
+    config: &QuantConfig,
+    double_quant: bool,
+    json_out: bool,
+) {
     let mut total = ErrorStats::default();
     report.tensors.iter().for_each(|t| total.merge(&t.stats));
     let original: u64 = report.tensors.iter().map(|t| t.original_bytes).sum();
@@ -204,7 +232,8 @@ pub(super) fn print_report(report: &Report, config: &QuantConfig, json_out: bool
         let tensors: Vec<Value> = report.tensors.iter().map(|t| json!({
             "name": t.name, "shape": t.shape, "dtype": t.dtype, "group_size": t.group_size,
             "error": t.stats.metrics(), "original_bytes": t.original_bytes,
-            "stored_bytes": t.stored_bytes, "bits_per_weight": bits_per_weight(&spec(t.group_size)),
+            "stored_bytes": t.stored_bytes,
+            "bits_per_weight": if double_quant { tensor_bits(t) } else { bits_per_weight(&spec(t.group_size)) },
         })).collect();
         let skipped: Vec<Value> = report
             .skipped
@@ -214,7 +243,8 @@ pub(super) fn print_report(report: &Report, config: &QuantConfig, json_out: bool
         println!(
             "{}",
             json!({
-                "source": report.source, "config": config, "tensors": tensors, "skipped": skipped,
+                "source": report.source, "config": config, "double_quant": double_quant,
+                "tensors": tensors, "skipped": skipped,
                 "total": {"error": total.metrics(), "original_bytes": original,
                       "stored_bytes": stored,
                           "bits_per_weight": bpw_total},
@@ -261,7 +291,14 @@ pub(super) fn print_report(report: &Report, config: &QuantConfig, json_out: bool
             sqnr(&t.stats),
             human_bytes(t.original_bytes),
             human_bytes(t.stored_bytes),
-            format!("{}", bits_per_weight(&spec(t.group_size))),
+            format!(
+                "{}",
+                if double_quant {
+                    tensor_bits(t)
+                } else {
+                    bits_per_weight(&spec(t.group_size))
+                }
+            ),
         ]);
     }
     let m = total.metrics();
@@ -277,13 +314,26 @@ pub(super) fn print_report(report: &Report, config: &QuantConfig, json_out: bool
         format!("{bpw_total:.4}"),
     ]);
     print!("{}", table.render());
-    println!(
-        "\nSizes count codes plus one {} scale (and zero point) per group.",
-        config.scale_format
-    );
+    if double_quant {
+        println!(
+            "\nbitsandbytes' NF4 storage: sizes count the 4-bit codes, one 8-bit absmax per block, \
+             an fp32 scale per 256 blocks and the fp32 offset."
+        );
+    } else {
+        println!(
+            "\nSizes count codes plus one {} scale (and zero point) per group.",
+            config.scale_format
+        );
+    }
     for (name, reason) in &report.skipped {
         println!("skipped {name}: {reason}");
     }
+}
+
+/// A tensor's stored bits per weight, from its stored bytes (bitsandbytes' storage included).
+fn tensor_bits(t: &TensorReport) -> f64 {
+    let n: usize = t.shape.iter().product();
+    t.stored_bytes as f64 * 8.0 / n.max(1) as f64
 }
 
 pub(super) fn granularity_text(g: Granularity) -> String {
