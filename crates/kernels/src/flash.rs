@@ -22,6 +22,7 @@
 //! ```
 
 use crate::attention::{check_shapes, head, head_mut};
+use crate::fastmath::exp_shifted_sum;
 use crate::par::SyncPtr;
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -154,11 +155,8 @@ fn online_softmax_row(
         return 1.0; // nothing visible yet: the row stays empty
     }
     let corr = (*m - m_new).exp();
-    let mut sum = 0.0f32;
-    for x in row[start..live].iter_mut() {
-        *x = (*x - m_new).exp();
-        sum += *x;
-    }
+    // Vectorised exp (fastmath, <= 2 ulp), the tile's sum in f64 lanes.
+    let sum = exp_shifted_sum(&mut row[start..live], m_new) as f32;
     *l = *l * corr + sum;
     *m = m_new;
     corr
@@ -297,8 +295,8 @@ unsafe fn backward_head(base: SyncPtr<f32>, io: &HeadIo, h: usize, g: usize, d: 
                 let live = (i0 + qi + 1).saturating_sub(j0).min(bk);
                 let start = first_key(i0 + qi, window).saturating_sub(j0).min(live);
                 let (prow, dsrow) = (&mut pt[qi * bk..][..bk], &mut dst[qi * bk..][..bk]);
+                exp_shifted_sum(&mut prow[start..live], io.lse[i0 + qi]);
                 for s in start..live {
-                    prow[s] = (prow[s] - io.lse[i0 + qi]).exp();
                     dsrow[s] = scale * prow[s] * (dsrow[s] - dd[qi]);
                 }
                 prow[..start].fill(0.0);
