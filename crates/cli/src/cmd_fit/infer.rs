@@ -3,6 +3,7 @@
 //!
 //! Not here: the search (`plan::fit::infer`). Example: `print!("{}", text(&model, &r, &advice, 5))`.
 
+use super::render::secs;
 use crate::output::{gigabytes, human_bytes, Table};
 use plan::fit::dtype_name;
 use plan::fit::infer::{InferAdvice, InferChoice, InferRequest, Serving};
@@ -25,14 +26,6 @@ pub fn plan_command(model: &str, s: &Serving, batch: u64, seq: u64) -> String {
 fn label(s: &Serving) -> String {
     let group = s.weight_group.map_or(String::new(), |g| format!("/g{g}"));
     format!("{}{group}", dtype_name(s.weights))
-}
-
-fn secs(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.2} s")
-    } else {
-        format!("{:.1} ms", s * 1e3)
-    }
 }
 
 fn table(choices: &[&InferChoice], r: &InferRequest) -> String {

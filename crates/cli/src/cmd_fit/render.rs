@@ -108,7 +108,8 @@ pub fn to_json(
     })
 }
 
-fn secs(s: f64) -> String {
+/// Seconds as people read them: `1.23 s`, or `45 ms` below a second.
+pub(super) fn secs(s: f64) -> String {
     if s >= 1.0 {
         format!("{s:.2} s")
     } else {

@@ -4,7 +4,8 @@
 use super::{space, FitRequest};
 use crate::{ModelShape, PlanError};
 
-fn invalid(field: &str, reason: String) -> PlanError {
+/// A request error naming `field` (the flag) and what to do.
+pub(super) fn invalid(field: &str, reason: String) -> PlanError {
     PlanError::Invalid {
         field: field.into(),
         reason,

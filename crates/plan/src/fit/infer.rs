@@ -16,6 +16,7 @@
 //! active parameter per token plus causal attention at peak × MFU. These are modelled, not
 //! measured. Pure: no IO. Example: `advise(&shape, &InferRequest::new(1, 4096, 1, 24 << 30))`.
 
+use super::check::invalid;
 use super::hardware::{Gpu, Hardware, GPUS};
 use crate::infer::{inference_estimate, InferEstimate};
 use crate::setup::{Attention, Dtype, InferSetup};
@@ -330,44 +331,43 @@ fn fidelity(s: &Serving) -> (usize, usize) {
 pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
     model.validate()?;
     r.hardware.validate()?;
-    let bad = |field: &str, reason: String| PlanError::Invalid {
-        field: field.into(),
-        reason,
-    };
     if r.gpus == 0 {
-        return Err(bad("--gpus", "must be at least 1".into()));
+        return Err(invalid("--gpus", "must be at least 1".into()));
     }
     if r.capacity_bytes == 0 {
-        return Err(bad(
+        return Err(invalid(
             "--device-memory",
             "must be more than 0: e.g. 24GiB".into(),
         ));
     }
     if r.batch == 0 {
-        return Err(bad("--batch", "must be at least 1 sequence".into()));
+        return Err(invalid("--batch", "must be at least 1 sequence".into()));
     }
     if r.seq == 0 || r.seq > model.max_positions {
-        return Err(bad(
+        return Err(invalid(
             "--seq",
             format!("must be 1 to the model's {} positions", model.max_positions),
         ));
     }
     if !(0.0..1.0).contains(&r.headroom) {
-        return Err(bad(
+        return Err(invalid(
             "--headroom",
             "must be a fraction in [0, 1): e.g. 0.05".into(),
         ));
     }
     if r.kv_dtype.is_some_and(|k| !KV_FORMATS.contains(&k)) {
-        return Err(bad("--kv-dtype", "use bf16, fp8 or int8".into()));
+        return Err(invalid("--kv-dtype", "use bf16, fp8 or int8".into()));
     }
     if r.weights
         .is_some_and(|w| !WEIGHT_FORMATS.iter().any(|(d, _)| *d == w))
     {
-        return Err(bad("--weights", "use bf16, fp8, int8, int4 or nf4".into()));
+        return Err(invalid(
+            "--weights",
+            "use bf16, fp8, int8, int4 or nf4".into(),
+        ));
     }
     if tp_degrees(model, r.gpus, r.hardware.gpus_per_node).is_empty() {
-        return Err(bad(
+        return Err(invalid(
             "--gpus",
             format!(
                 "no tensor-parallel degree of {} GPUs divides {}'s heads",
