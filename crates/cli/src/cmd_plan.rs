@@ -201,6 +201,7 @@ fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
             rank,
             targets: args.lora_targets.clone(),
             base: args.lora_base,
+            double_quant: args.double_quant,
         }),
         convention: args.convention,
     })

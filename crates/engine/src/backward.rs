@@ -25,6 +25,8 @@ struct Grad<'a, B: Backend> {
     be: &'a B,
     kind: UnitKind,
     n: usize,
+    /// LoRA: each matrix's adapter output, as this block's backward reads it.
+    lora_u: [Option<Tensor>; 4],
 }
 
 impl<B: Backend> Grad<'_, B> {
@@ -32,18 +34,29 @@ impl<B: Backend> Grad<'_, B> {
         self.model.weight(self.arena, self.kind, role)
     }
 
-    fn g(&self, role: Role) -> Tensor {
-        self.state.grad(self.model, self.arena, self.kind, role)
+    /// The gradient of a model weight (`None` under LoRA: the base is frozen).
+    fn g(&self, role: Role) -> Option<Tensor> {
+        let frozen = self.model.lora.is_some();
+        (!frozen).then(|| self.state.grad(self.model, self.arena, self.kind, role))
     }
 
     fn g_opt(&self, role: Role) -> Option<Tensor> {
-        self.state.try_grad(self.model, self.arena, self.kind, role)
+        let frozen = self.model.lora.is_some();
+        let g = || self.state.try_grad(self.model, self.arena, self.kind, role);
+        (!frozen).then(g).flatten()
     }
 
     /// dinp, dW (+ db) += the backward of `out = inp W (+ b)`: the one choke point of the
     /// block's projections (bf16 GEMMs when `inp` is stored bf16).
     fn linear(&self, dinp: Tensor, dout: Tensor, inp: Tensor, roles: (Role, Role), ic: usize) {
         let n = self.n;
+        if let (Some(lora), UnitKind::Block(layer)) = (&self.model.lora, self.kind) {
+            let u = self.lora_u[crate::lora::matrix_index(roles.0)];
+            let grad = |role| self.state.grad(self.model, self.arena, self.kind, role);
+            let io = (dinp, dout, inp);
+            let layer = layer as usize;
+            return lora.linear_backward(self.model, self.arena, layer, roles.0, io, u, &grad, n);
+        }
         let shape = LinearShape {
             n,
             ic,
@@ -57,7 +70,7 @@ impl<B: Backend> Grad<'_, B> {
         let op = LinearBackward {
             kind: LinearKind::Dense,
             dinp,
-            dweight: self.g(roles.0),
+            dweight: self.g(roles.0).expect("a trained weight"),
             dbias: self.g_opt(roles.1),
             dout,
             inp: inp.prefix(n * ic),
@@ -117,7 +130,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
     let op = Classifier {
         losses: state.losses,
         dlnf: state.dlnf,
-        dweight: state.grad(model, arena, lm_kind, lm_role),
+        dweight: (model.lora.is_none()).then(|| state.grad(model, arena, lm_kind, lm_role)),
         lnf: h.lnf,
         weight: model.weight(arena, lm_kind, lm_role),
         targets: state.targets,
@@ -136,6 +149,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
         be,
         kind: UnitKind::Head,
         n,
+        lora_u: [None; 4],
     };
     let last = state.blocks[state.blocks.len() - 1].out;
     let saved = NormSaved {
@@ -159,6 +173,7 @@ pub fn block<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, la
         be: arena.backend(),
         kind: UnitKind::Block(layer as u32),
         n: (model.shape.batch * model.shape.seq) as usize,
+        lora_u: state.blocks[layer].lora_u,
     };
     let a = state.blocks[layer];
     mlp(&g, &a);
@@ -240,6 +255,9 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
 
 /// Embedding backward: scatters `dact.residual` into the token (and position) table gradients.
 pub fn embed<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>) {
+    if model.lora.is_some() {
+        return; // the embedding is frozen
+    }
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let op = EmbeddingBackward {
         dwte: state.grad(model, arena, UnitKind::Embed, Role::TokenEmbedding),

@@ -70,6 +70,8 @@ pub(crate) struct Ctx<'a, B: Backend> {
     b: usize,
     t: usize,
     d: BlockDims,
+    /// LoRA: where this pass keeps each matrix's adapter output.
+    lora_u: [Option<Tensor>; 4],
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {
@@ -88,6 +90,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
             b,
             t,
             d: model.dims(b, t),
+            lora_u: [None; 4],
         }
     }
 
@@ -152,11 +155,17 @@ impl<'a, B: Backend> Ctx<'a, B> {
         widened(self.arena, t, len, self.model.work.f32_in)
     }
 
-    /// out (N,OC) = x (N,IC) W (+ b): the one choke point of the block's projections. A bf16
+    /// out (N,OC) = x (N,IC) W (+ b): the one choke point of the block's projections (under LoRA
+    /// the frozen matrix part by part and its adapters, `lora::LoraModel::linear`). A bf16
     /// `x` runs the bf16 GEMM on W rounded to bf16 (exact: the f32 weights were widened from
     /// the bf16 working copy).
     fn linear(&self, out: Tensor, x: Tensor, roles: (Role, Role), ic: usize) {
         let n = self.n();
+        if let (Some(lora), UnitKind::Block(layer)) = (&self.model.lora, self.kind) {
+            let u = self.lora_u[crate::lora::matrix_index(roles.0)];
+            let io = (out, x, self.bias(roles.1));
+            return lora.linear(self.model, self.arena, layer as usize, roles.0, io, u, n);
+        }
         let shape = LinearShape {
             n,
             ic,
@@ -341,8 +350,11 @@ pub fn block_with<B: Backend>(
     seq: usize,
     pass: &BlockPass,
 ) {
-    let cx = Ctx::new(model, arena, layer, batch, seq);
     let a = &pass.acts;
+    let cx = Ctx {
+        lora_u: a.lora_u,
+        ..Ctx::new(model, arena, layer, batch, seq)
+    };
     cx.norm1(pass.inp, a);
     cx.qkv(a);
     cx.attention_core(a);
@@ -356,6 +368,11 @@ pub fn block_with<B: Backend>(
         let f = cx.d.fc_act as usize;
         let proj = (Role::FcProjWeight, Role::FcProjBias);
         cx.project(a.fch_act, f, a.res2, a.out, proj);
+    } else if let Some(lora) = &model.lora {
+        // The output is kept, but the backward reads the projection's adapter output.
+        let role = Role::FcProjWeight;
+        let u = a.lora_u[crate::lora::matrix_index(role)];
+        lora.adapter_u(model, arena, layer, role, a.fch_act, u, cx.n());
     }
 }
 

@@ -13,7 +13,7 @@ use crate::arena::{Arena, BufId};
 use crate::backend::{Backend, DType};
 use crate::error::EngineError;
 use crate::model::{view_range, Model};
-use plan::frugal::units::{HfPart, ParamView};
+use plan::frugal::units::{HfPart, ParamView, Unit};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
@@ -187,6 +187,23 @@ pub fn load_files<B: Backend>(
     files: &[(String, &[u8])],
     prefix: &str,
 ) -> Result<(), EngineError> {
+    let values = read_units(&model.units, files, prefix)?;
+    for (u, v) in values.into_iter().enumerate() {
+        let t = arena.tensor(model.params[u], DType::F32);
+        let mut full = vec![0.0f32; t.len];
+        full[..v.len()].copy_from_slice(&v);
+        arena.backend().upload(arena, t, &full);
+    }
+    Ok(())
+}
+
+/// Every unit's values (`numel` each, unpadded) from HF-named safetensors files, each tensor
+/// checked (present, shape, dtype) before any is returned.
+pub fn read_units(
+    units: &[Unit],
+    files: &[(String, &[u8])],
+    prefix: &str,
+) -> Result<Vec<Vec<f32>>, EngineError> {
     let path = files
         .iter()
         .map(|(p, _)| p.as_str())
@@ -205,10 +222,10 @@ pub fn load_files<B: Backend>(
         shards.push(st);
     }
     let st = Shards(&shards);
-    let mut staged: Vec<(usize, usize, usize, Vec<f32>)> = Vec::new();
-    for (u, unit) in model.units.iter().enumerate() {
-        for (vi, view) in unit.views.iter().enumerate() {
-            for (pi, part) in view.parts.iter().enumerate() {
+    let mut out: Vec<Vec<f32>> = units.iter().map(|u| vec![0.0; u.numel as usize]).collect();
+    for (unit, values) in units.iter().zip(out.iter_mut()) {
+        for view in &unit.views {
+            for part in &view.parts {
                 // The original gpt2 checkpoints name tensors without the `transformer.` prefix.
                 let short = part.name.strip_prefix("transformer.").unwrap_or(&part.name);
                 let t = st
@@ -230,23 +247,11 @@ pub fn load_files<B: Backend>(
                         t.dtype()
                     ))
                 })?;
-                staged.push((u, vi, pi, data));
+                hf_to_part(&mut values[view_range(view)], view, part, &data);
             }
         }
     }
-    let mut units: Vec<Option<Vec<f32>>> = vec![None; model.units.len()];
-    for (u, vi, pi, data) in staged {
-        let view = &model.units[u].views[vi];
-        let params = units[u].get_or_insert_with(|| download(arena, model.params[u]));
-        hf_to_part(&mut params[view_range(view)], view, &view.parts[pi], &data);
-    }
-    for (u, params) in units.into_iter().enumerate() {
-        if let Some(params) = params {
-            let t = arena.tensor(model.params[u], DType::F32);
-            arena.backend().upload(arena, t, &params);
-        }
-    }
-    Ok(())
+    Ok(out)
 }
 
 /// Tensors looked up across the shards of a checkpoint.
@@ -265,6 +270,16 @@ pub fn load_hf_folder<B: Backend>(
     arena: &Arena<B>,
     dir: &Path,
 ) -> Result<(), EngineError> {
+    let data = read_hf_folder(dir)?;
+    let files: Vec<(String, &[u8])> = data
+        .iter()
+        .map(|(p, b)| (p.clone(), b.as_slice()))
+        .collect();
+    load_files(model, arena, &files, "")
+}
+
+/// The bytes of a Hugging Face folder's weight files, with their paths.
+pub fn read_hf_folder(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, EngineError> {
     let io = |p: &Path| {
         let context = format!("reading {}", p.display());
         move |cause| EngineError::Io { context, cause }
@@ -298,11 +313,7 @@ pub fn load_hf_folder<B: Backend>(
     for p in &names {
         data.push((p.display().to_string(), std::fs::read(p).map_err(io(p))?));
     }
-    let files: Vec<(String, &[u8])> = data
-        .iter()
-        .map(|(p, b)| (p.clone(), b.as_slice()))
-        .collect();
-    load_files(model, arena, &files, "")
+    Ok(data)
 }
 
 /// Writes `path` durably: a temporary file, fsynced, renamed into place, the folder synced; a

@@ -37,6 +37,8 @@ pub struct BlockActs {
     pub fch: Tensor,
     pub fch_act: Tensor,
     pub out: Tensor,
+    /// LoRA: each block matrix's adapter output u (in `adapters::MATRICES` order), where targeted.
+    pub lora_u: [Option<Tensor>; 4],
 }
 
 /// The embedding's and the head's forward tensors.
@@ -87,6 +89,8 @@ pub struct Model {
     pub policy: ActPolicy,
     /// Micro-batch rows and sequence length the activation buffers are sized for.
     pub shape: ActShape,
+    /// LoRA: the frozen base; `units` and `params` are then the adapters.
+    pub lora: Option<Box<crate::lora::LoraModel>>,
 }
 
 impl Model {
@@ -145,15 +149,35 @@ impl Model {
             work,
             policy,
             shape,
+            lora: None,
         }
     }
 
-    /// Index of the unit of `kind` in `units` and `params`.
+    /// Makes this a LoRA model over the frozen base of `arena`'s plan (`units` must be the
+    /// adapter units), wiring where each block's forward keeps its adapter outputs.
+    pub fn attach_lora<B: Backend>(
+        &mut self,
+        arena: &Arena<B>,
+        lora: &plan::setup::Lora,
+        alpha: f32,
+    ) {
+        let recomputed = self.policy.recomputes(BlockTensor::Qkv);
+        for (l, acts) in self.forward_blocks.iter_mut().enumerate() {
+            acts.lora_u = lora_u(arena, l as u32, recomputed);
+        }
+        let model = crate::lora::LoraModel::new(&self.config.shape, arena, lora, alpha);
+        self.lora = Some(Box::new(model));
+    }
+
+    /// Index of the unit of `kind` in `units` and `params` (under LoRA the adapter units,
+    /// one per block).
     pub fn unit_index(&self, kind: UnitKind) -> usize {
-        match kind {
-            UnitKind::Embed => 0,
-            UnitKind::Block(l) => 1 + l as usize,
-            UnitKind::Head => self.units.len() - 1,
+        match (kind, &self.lora) {
+            (UnitKind::Block(l), Some(_)) => l as usize,
+            (_, Some(_)) => panic!("LoRA trains only block adapters, not {kind:?}"),
+            (UnitKind::Embed, None) => 0,
+            (UnitKind::Block(l), None) => 1 + l as usize,
+            (UnitKind::Head, None) => self.units.len() - 1,
         }
     }
 
@@ -162,13 +186,28 @@ impl Model {
         view_range(self.units[self.unit_index(kind)].view(role))
     }
 
-    /// Whether the unit of `kind` has a `role` view (biases are family-dependent).
+    /// Whether the model has a `role` weight in the unit of `kind` (biases are
+    /// family-dependent; under LoRA, the frozen base's).
     pub fn has(&self, kind: UnitKind, role: Role) -> bool {
-        self.units[self.unit_index(kind)].has(role)
+        match &self.lora {
+            Some(l) => l.has_base(kind, role),
+            None => self.units[self.unit_index(kind)].has(role),
+        }
     }
 
-    /// The fp32 weight `role` of the unit of `kind`, where the kernels read it now.
+    /// The fp32 weight `role` of the unit of `kind`, where the kernels read it now (under
+    /// LoRA, the frozen base's fp32 tensors; its block matrices go through `lora`).
     pub fn weight<B: Backend>(&self, arena: &Arena<B>, kind: UnitKind, role: Role) -> Tensor {
+        match &self.lora {
+            Some(l) => l
+                .base_weight(arena, kind, role)
+                .unwrap_or_else(|| panic!("the frozen base has no {role:?} in {kind:?}")),
+            None => self.param(arena, kind, role),
+        }
+    }
+
+    /// The trainable weight `role` of the unit of `kind` (under LoRA, an adapter).
+    pub fn param<B: Backend>(&self, arena: &Arena<B>, kind: UnitKind, role: Role) -> Tensor {
         let u = self.unit_index(kind);
         arena
             .tensor(self.params[u], DType::F32)
@@ -237,7 +276,24 @@ pub(crate) fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor
         fch: must(BlockTensor::Fch),
         fch_act: must(BlockTensor::FchAct),
         out,
+        lora_u: [None; 4],
     }
+}
+
+/// Where block `layer` keeps its adapter outputs: the backward's buffers, or the forward's
+/// copies when the backward recomputes them.
+pub(crate) fn lora_u<B: Backend>(
+    arena: &Arena<B>,
+    layer: u32,
+    forward_copy: bool,
+) -> [Option<Tensor>; 4] {
+    plan::frugal::adapters::MATRICES.map(|role| {
+        let key = match forward_copy {
+            true => Key::LoraUFwd(layer, role),
+            false => Key::LoraU(layer, role),
+        };
+        arena.try_tensor(key, DType::F32)
+    })
 }
 
 pub fn view_range(v: &ParamView) -> Range<usize> {

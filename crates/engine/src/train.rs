@@ -36,7 +36,7 @@ mod memory;
 mod mixed;
 mod passes;
 mod state;
-pub use config::{check_capacity, StepStats, Timings, TrainConfig};
+pub use config::{check_capacity, LoraConfig, StepStats, Timings, TrainConfig};
 pub use memory::{MemoryBreakdown, RankMemory};
 pub use mixed::Mixed;
 pub use state::{MasterState, TrainState};
@@ -107,7 +107,7 @@ impl<B: Backend> Trainer<B> {
             _ => None,
         };
         let arena = Arena::new(backend, &plan, Device::Gpu, config.device_memory_bytes)?;
-        let units = plan::frugal::param_units(shape, setup.dp)?;
+        let units = plan::frugal::trainable_units(shape, &setup)?;
         let act_shape = ActShape {
             batch: config.batch,
             seq: config.seq,
@@ -118,7 +118,7 @@ impl<B: Backend> Trainer<B> {
             true => WeightSource::Gathers,
             false => WeightSource::Params,
         };
-        let model = Model::new(
+        let mut model = Model::new(
             config.model.clone(),
             units,
             &arena,
@@ -126,6 +126,9 @@ impl<B: Backend> Trainer<B> {
             policy,
             source,
         );
+        if let Some(lora) = &config.lora {
+            model.attach_lora(&arena, &lora.plan, lora.alpha);
+        }
         let offloaded = mixed.offload == Offload::Optimizer;
         let half = DType::half_of(mixed.precision);
         let fp32_opt = !offloaded && half.is_none();

@@ -210,16 +210,7 @@ pub fn quantize(x: &[f32], block: usize, double: bool) -> Nf4 {
         .map(|pair| (code(pair[0]) << 4) | pair.get(1).map_or(code(0.0), |&v| code(v)))
         .collect();
     let absmax = if double {
-        // The mean in f64, rounded once (torch sums in f32 in its own order: see the module).
-        let offset =
-            (absmax.iter().map(|&a| f64::from(a)).sum::<f64>() / absmax.len() as f64) as f32;
-        let centred: Vec<f32> = absmax.iter().map(|a| a - offset).collect();
-        let (codes, absmax2) = quantize_blockwise(&centred, NESTED_BLOCK, &dynamic_map());
-        Absmax::Double {
-            codes,
-            offset,
-            absmax2,
-        }
+        double_quantize(&absmax)
     } else {
         Absmax::F32(absmax)
     };
@@ -228,6 +219,20 @@ pub fn quantize(x: &[f32], block: usize, double: bool) -> Nf4 {
         absmax,
         len: x.len(),
         block,
+    }
+}
+
+/// The second-level quantization of a tensor's fp32 `absmax` values (`compress_statistics`):
+/// their mean subtracted, the rest in blocks of 256 with the signed dynamic map.
+pub fn double_quantize(absmax: &[f32]) -> Absmax {
+    // The mean in f64, rounded once (torch sums in f32 in its own order: see the module).
+    let offset = (absmax.iter().map(|&a| f64::from(a)).sum::<f64>() / absmax.len() as f64) as f32;
+    let centred: Vec<f32> = absmax.iter().map(|a| a - offset).collect();
+    let (codes, absmax2) = quantize_blockwise(&centred, NESTED_BLOCK, &dynamic_map());
+    Absmax::Double {
+        codes,
+        offset,
+        absmax2,
     }
 }
 

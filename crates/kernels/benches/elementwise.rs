@@ -66,7 +66,7 @@ fn bench_classifier() {
             classifier::forward_backward(
                 &mut losses,
                 &mut dinp,
-                &mut dwte,
+                Some(&mut dwte),
                 &inp,
                 &wte,
                 &targets,

@@ -11,7 +11,7 @@
 //! // N = 1, C = 1, V = 2, all logits zero: loss = ln 2.
 //! let (mut losses, mut dinp, mut dwte, mut scratch) = ([0.0f32], [0.0f32], [0.0f32; 2], [0.0f32; 2]);
 //! let sum = kernels::classifier::forward_backward(
-//!     &mut losses, &mut dinp, &mut dwte, &[0.0], &[1.0, 1.0], &[1], &mut scratch, 1, 1, 2, 1.0);
+//!     &mut losses, &mut dinp, Some(&mut dwte), &[0.0], &[1.0, 1.0], &[1], &mut scratch, 1, 1, 2, 1.0);
 //! assert!((sum - 2f32.ln()).abs() < 1e-6);
 //! ```
 
@@ -21,14 +21,15 @@ use crate::Real;
 use faer::Accum;
 use rayon::prelude::*;
 
-/// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) and dwte (V,C);
+/// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) and dwte (V,C)
+/// (`None`: a frozen head, LoRA);
 /// inp (N,C), wte (V,C), targets (N), scratch (chunk_rows, V) with chunk_rows >= 1.
 /// Returns the sum of the losses.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward(
     losses: &mut [f32],
     dinp: &mut [f32],
-    dwte: &mut [f32],
+    mut dwte: Option<&mut [f32]>,
     inp: &[f32],
     wte: &[f32],
     targets: &[u32],
@@ -48,7 +49,7 @@ pub fn forward_backward(
         c,
         v,
     );
-    assert!(dinp.len() == n * c && dwte.len() == v * c);
+    assert!(dinp.len() == n * c && dwte.as_ref().is_none_or(|d| d.len() == v * c));
     let mut sum = 0.0f64;
     for i0 in (0..n).step_by(rows) {
         let cr = rows.min(n - i0);
@@ -65,12 +66,14 @@ pub fn forward_backward(
         let dl = view(dl, cr, v);
         let dx = view_mut(&mut dinp[i0 * c..(i0 + cr) * c], cr, c);
         gemm(dx, Accum::Add, dl, view(wte, v, c));
-        gemm(
-            view_mut(dwte, v, c),
-            Accum::Add,
-            dl.transpose(),
-            view(x, cr, c),
-        );
+        if let Some(dwte) = dwte.as_deref_mut() {
+            gemm(
+                view_mut(dwte, v, c),
+                Accum::Add,
+                dl.transpose(),
+                view(x, cr, c),
+            );
+        }
     }
     sum as f32
 }

@@ -51,12 +51,12 @@ pub fn forward(
         .for_each(|(((o, m), r), x)| reference::forward(o, m, r, x, weight, bias, m.len(), c));
 }
 
-/// Accumulates dinp (N,C), dweight (C), dbias (C) from dout (N,C).
+/// Accumulates dinp (N,C), dweight (C), dbias (C) from dout (N,C); `params` `None`: a frozen
+/// norm (LoRA), only dinp.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     dinp: &mut [f32],
-    dweight: &mut [f32],
-    dbias: &mut [f32],
+    params: Option<(&mut [f32], &mut [f32])>,
     dout: &[f32],
     inp: &[f32],
     weight: &[f32],
@@ -74,7 +74,7 @@ pub fn backward(
         n,
         c,
     );
-    assert!(dweight.len() == c && dbias.len() == c && dout.len() == n * c);
+    assert_eq!(dout.len(), n * c);
     dinp.par_chunks_mut(c).enumerate().for_each(|(i, di)| {
         let (x, g) = (&inp[i * c..][..c], &dout[i * c..][..c]);
         let (m, r) = (mean[i], rstd[i]);
@@ -91,6 +91,10 @@ pub fn backward(
             di[j] += (weight[j] * g[j] - dnorm_mean - norm * dnorm_norm_mean) * r;
         }
     });
+    let Some((dweight, dbias)) = params else {
+        return;
+    };
+    assert!(dweight.len() == c && dbias.len() == c);
     dweight
         .par_chunks_mut(COLS)
         .zip(dbias.par_chunks_mut(COLS))

@@ -38,7 +38,7 @@ pub fn forward(
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     dinp: &mut [f32],
-    dweight: &mut [f32],
+    dweight: Option<&mut [f32]>,
     dout: &[f32],
     inp: &[f32],
     weight: &[f32],
@@ -47,7 +47,7 @@ pub fn backward(
     c: usize,
 ) {
     assert!(dinp.len() == n * c && inp.len() == n * c && dout.len() == n * c);
-    assert!(rstd.len() == n && weight.len() == c && dweight.len() == c);
+    assert!(rstd.len() == n && weight.len() == c);
     dinp.par_chunks_mut(c).enumerate().for_each(|(i, di)| {
         let (x, g, r) = (&inp[i * c..][..c], &dout[i * c..][..c], rstd[i]);
         let mut dnorm_norm_mean = 0.0f32;
@@ -59,6 +59,10 @@ pub fn backward(
             di[j] += (weight[j] * g[j] - x[j] * r * dnorm_norm_mean) * r;
         }
     });
+    let Some(dweight) = dweight else {
+        return;
+    };
+    assert_eq!(dweight.len(), c);
     dweight
         .par_chunks_mut(COLS)
         .enumerate()
@@ -158,7 +162,16 @@ mod tests {
         forward(&mut out32, &mut s32, &x32, &w32, n, c, eps as f32);
         assert_close_f32("out", &out32, &out, F32_TOL);
         let (mut dx32, mut dw32) = (vec![0.0f32; n * c], vec![0.0f32; c]);
-        backward(&mut dx32, &mut dw32, &to_f32(&r), &x32, &w32, &s32, n, c);
+        backward(
+            &mut dx32,
+            Some(&mut dw32),
+            &to_f32(&r),
+            &x32,
+            &w32,
+            &s32,
+            n,
+            c,
+        );
         assert_close_f32("dinp f32", &dx32, &fd_x, F32_TOL);
         assert_close_f32("dweight f32", &dw32, &fd_w, F32_TOL);
     }

@@ -14,6 +14,7 @@
 //! peak for that setup, and `training_estimate` adds the slab the arena reserves.
 
 pub mod acts;
+pub mod adapters;
 pub mod family;
 pub mod forward;
 pub mod key;
@@ -91,8 +92,20 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
             ))
         }
     }
-    if setup.lora.is_some() {
-        return Err(unsupported("LoRA"));
+    if let Some(lora) = &setup.lora {
+        adapters::check(model, lora)?;
+        if setup.precision != Precision::Fp32 {
+            return Err(unsupported(
+                "LoRA with 2-byte adapters (the adapters train in fp32 over the frozen base; \
+                 use --precision fp32 and pick the base's storage with --lora-base)",
+            ));
+        }
+        if setup.zero == crate::setup::ZeroStage::Zero3 || setup.offload != Offload::None {
+            return Err(unsupported(
+                "LoRA with ZeRO-3 or offload (every rank holds the frozen base; the adapters' \
+                 optimizer state and gradients shard at --zero 1 and 2)",
+            ));
+        }
     }
     if setup.dp == 0 {
         return Err(invalid(
@@ -116,11 +129,19 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     Ok(())
 }
 
+/// The units a training step updates: the model's, or under LoRA the adapters' (one per block).
+pub fn trainable_units(model: &ModelShape, setup: &TrainSetup) -> Result<Vec<Unit>, PlanError> {
+    match &setup.lora {
+        Some(lora) => adapters::adapter_units(model, lora, setup.dp),
+        None => param_units(model, setup.dp),
+    }
+}
+
 /// Every buffer the engine allocates for one training step of `model` under `setup`, per rank.
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
     check_setup(model, setup)?;
     let mut plan = MemoryPlan::new(model.n_layers);
-    let units = param_units(model, setup.dp)?;
+    let units = trainable_units(model, setup)?;
     shards::check_world(&units, setup.dp, setup.zero)?;
     let policy = ActPolicy::of(setup);
     let rule = StateRule::of(setup);
@@ -133,6 +154,12 @@ pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPla
     };
     for buffer in acts::activation_buffers(model, shape, policy) {
         plan.push(buffer);
+    }
+    if let Some(lora) = &setup.lora {
+        let dims = acts::BlockDims::new(model, shape);
+        for buffer in adapters::lora_buffers(model, lora, &dims, policy)? {
+            plan.push(buffer);
+        }
     }
     widen_classifier_chunk(&mut plan, model, setup.micro_batch * setup.seq);
     Ok(plan)

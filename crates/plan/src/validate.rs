@@ -86,12 +86,12 @@ impl TrainSetup {
             at_least_one("--lora-rank", lora.rank as u64)?;
             if !matches!(
                 lora.base,
-                Dtype::Bf16 | Dtype::F16 | Dtype::Int8 | Dtype::Nf4
+                Dtype::F32 | Dtype::Bf16 | Dtype::F16 | Dtype::Int8 | Dtype::Nf4
             ) {
                 return Err(invalid(
                     "--lora-base",
                     format!(
-                        "{:?} is not a LoRA base format: use bf16, int8 or nf4",
+                        "{:?} is not a LoRA base format: use fp32, bf16, int8 or nf4",
                         lora.base
                     ),
                 ));

@@ -22,6 +22,7 @@ fn lora(rank: u32, targets: &[&str], base: Dtype) -> Option<Lora> {
         rank,
         targets: targets.iter().map(|s| s.to_string()).collect(),
         base,
+        double_quant: true,
     })
 }
 

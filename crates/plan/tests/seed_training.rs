@@ -110,6 +110,7 @@ fn qlora_shrinks_states() {
         rank: 16,
         targets: vec!["q_proj".into(), "v_proj".into()],
         base: Dtype::Nf4,
+        double_quant: true,
     });
     let plan = formula::training_plan(&m, &s).unwrap();
     let peaks = plan.category_peaks(Device::Gpu);
@@ -139,6 +140,7 @@ fn bad_setups_name_the_flag() {
         rank: 8,
         targets: vec!["c_attn".into()],
         base: Dtype::Bf16,
+        double_quant: false,
     });
     assert_eq!(field(&s), "--lora-targets");
 }

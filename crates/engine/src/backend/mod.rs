@@ -13,9 +13,11 @@
 
 pub mod cpu;
 pub mod infer_ops;
+pub mod lora_ops;
 pub mod ops;
 
 pub use infer_ops::*;
+pub use lora_ops::*;
 pub use ops::*;
 
 use crate::arena::{Arena, BufId};
@@ -143,6 +145,12 @@ pub trait Backend: Sized + Send + 'static {
     fn convert(&self, a: &Arena<Self>, dst: Tensor, src: Tensor);
     /// The fused classifier and cross-entropy, forward and backward; returns the loss sum.
     fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32;
+
+    // LoRA (`lora_ops`): a frozen matrix part by part, and the adapters beside it.
+    fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear);
+    fn frozen_linear_backward(&self, a: &Arena<Self>, op: &FrozenLinearBackward);
+    fn adapter(&self, a: &Arena<Self>, op: &Adapter);
+    fn adapter_backward(&self, a: &Arena<Self>, op: &AdapterBackward);
 
     // The backward pass (every gradient is accumulated into: `+=`).
     fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward);

@@ -123,12 +123,12 @@ pub struct Activation {
 
 /// The fused classifier: logits a chunk of rows at a time against `weight` (V, C), the
 /// cross-entropy of each row into `losses`, and its gradient, scaled by `dloss`, into `dlnf`
-/// and `dweight`.
+/// and `dweight` (`None`: a frozen head, LoRA).
 #[derive(Clone, Copy, Debug)]
 pub struct Classifier {
     pub losses: Tensor,
     pub dlnf: Tensor,
-    pub dweight: Tensor,
+    pub dweight: Option<Tensor>,
     pub lnf: Tensor,
     pub weight: Tensor,
     pub targets: Tensor,
@@ -154,15 +154,20 @@ pub struct EmbeddingBackward {
 /// The normalisation's saved tensors, for its backward.
 #[derive(Clone, Copy, Debug)]
 pub enum NormGradKind {
-    Layer { mean: Tensor, dbias: Tensor },
+    /// `dbias` `None`: a frozen norm (LoRA).
+    Layer {
+        mean: Tensor,
+        dbias: Option<Tensor>,
+    },
     Rms,
 }
 
-/// dinp, dweight (and LayerNorm's dbias) += the norm's backward of `dout`.
+/// dinp, dweight (and LayerNorm's dbias) += the norm's backward of `dout`; `dweight` `None`:
+/// a frozen norm (LoRA), dinp only.
 #[derive(Clone, Copy, Debug)]
 pub struct NormBackward {
     pub dinp: Tensor,
-    pub dweight: Tensor,
+    pub dweight: Option<Tensor>,
     pub dout: Tensor,
     pub inp: Tensor,
     pub weight: Tensor,

@@ -56,6 +56,16 @@ pub struct TrainConfig {
     pub attention: Attention,
     /// Weight precision, fp16's loss scaler and optimizer offload.
     pub mixed: Mixed,
+    /// LoRA/QLoRA: a frozen base and trainable adapters (`None`: full training).
+    pub lora: Option<LoraConfig>,
+}
+
+/// A LoRA run: what the plan sees (rank, targets, base format) and the scaling α.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraConfig {
+    pub plan: plan::setup::Lora,
+    /// The adapters' output is scaled by α / r (PEFT's `lora_alpha`).
+    pub alpha: f32,
 }
 
 impl TrainConfig {
@@ -77,6 +87,7 @@ impl TrainConfig {
             recompute: Recompute::None,
             attention: Attention::DEFAULT,
             mixed: Mixed::fp32(),
+            lora: None,
         }
     }
 
@@ -92,6 +103,7 @@ impl TrainConfig {
             recompute: self.recompute,
             attention: self.attention,
             offload: self.mixed.offload,
+            lora: self.lora.as_ref().map(|l| l.plan.clone()),
             ..TrainSetup::new(self.batch, self.seq)
         }
     }

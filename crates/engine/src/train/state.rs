@@ -9,7 +9,7 @@
 use crate::arena::{Arena, BufId};
 use crate::backend::ops::Bf16Scratch;
 use crate::backend::{Backend, DType, Tensor};
-use crate::model::{act_tensor, block_acts, BlockActs, Model};
+use crate::model::{act_tensor, block_acts, lora_u, BlockActs, Model};
 use plan::frugal::key::{DAct, Work};
 use plan::frugal::shards::optimizer_keys;
 use plan::frugal::units::{Role, UnitKind};
@@ -65,7 +65,10 @@ impl TrainState {
         let blocks = (0..model.config.shape.n_layers)
             .map(|l| {
                 let read = |t| act_tensor(arena, model.policy, Key::Act(l, t), t);
-                block_acts(&read, f32_of(Key::BlockOut(l)))
+                BlockActs {
+                    lora_u: lora_u(arena, l, false),
+                    ..block_acts(&read, f32_of(Key::BlockOut(l)))
+                }
             })
             .collect();
         let bf16 = |w: Work| arena.try_tensor(Key::Work(w), DType::Bf16);

@@ -19,11 +19,16 @@ use comm::{Buf, BufMut, Collective};
 
 impl<B: Backend> Trainer<B> {
     /// Initialises every weight from `seed` (identical on every rank and at every stage).
+    /// Under LoRA the adapters start as PEFT's and the frozen base from `seed` as a full model
+    /// would, packed in its format (`lora::base::init_random`).
     pub fn init_weights(&mut self, seed: u64) {
         for u in 0..self.model.units.len() {
             let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
             init::fill_unit(&self.model, u, &mut full, seed);
             self.upload_unit(u, &full);
+        }
+        if self.model.lora.is_some() {
+            crate::lora::base::init_random(&self.model, &self.arena, seed);
         }
     }
 

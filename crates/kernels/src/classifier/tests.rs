@@ -33,7 +33,7 @@ fn backward_matches_finite_differences() {
     let sum = forward_backward(
         &mut losses,
         &mut di32,
-        &mut dw32,
+        Some(&mut dw32),
         &i32_,
         &w32,
         &targets,

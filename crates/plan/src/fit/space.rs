@@ -174,6 +174,7 @@ impl LoraChoice {
                 rank: self.rank,
                 targets: self.targets.clone(),
                 base,
+                double_quant: base == crate::setup::Dtype::Nf4,
             }));
         }
         out

@@ -32,6 +32,10 @@ pub enum Work {
     F32In,
     /// A block weight rounded to bf16 for the bf16 GEMM.
     WeightBf16,
+    /// LoRA: one frozen HF linear dequantized to f32 for its GEMM (forward and backward).
+    Dequant,
+    /// LoRA: the gradient of an adapter's rank-sized output, `du` (N, r·parts).
+    LoraDu,
     /// The backward GEMMs' bf16 operands: the output gradient, its transpose, the saved input
     /// transposed, the weight transposed.
     BwDout,
@@ -123,6 +127,8 @@ impl fmt::Display for Role {
             Role::FinalNormWeight => "lnf_w",
             Role::FinalNormBias => "lnf_b",
             Role::LmHead => "lm_head",
+            Role::LoraA(i) => return write!(f, "lora_a.{i}"),
+            Role::LoraB(i) => return write!(f, "lora_b.{i}"),
         })
     }
 }
@@ -172,6 +178,15 @@ pub enum Key {
     DResidual,
     DAct(DAct),
     Work(Work),
+    /// LoRA: a unit's frozen fp32 tensors (embeddings, norms, biases; block matrices apart).
+    Base(UnitKind),
+    /// LoRA: block `l`'s frozen matrix of `role` in the base format (every HF part in turn).
+    Frozen(u32, Role),
+    /// LoRA: block `l`'s adapter outputs u = x·Aᵀ (N, r·parts) at the linear of `role`, as
+    /// the backward reads them.
+    LoraU(u32, Role),
+    /// The forward's copy of `LoraU` when the backward recomputes it.
+    LoraUFwd(u32, Role),
     /// Inference: a weight matrix in its storage format (codes, or the values themselves).
     QWeight(UnitKind, Role),
     /// Its scales (per row or per group).
@@ -236,6 +251,10 @@ impl fmt::Display for Key {
                 DAct::Fch => "dact.fch",
                 DAct::FchAct => "dact.fch_act",
             }),
+            Key::Base(u) => write!(f, "base.{u}"),
+            Key::Frozen(l, r) => write!(f, "base.h.{l}.{r}"),
+            Key::LoraU(l, r) => write!(f, "act.h.{l}.lora_u.{r}"),
+            Key::LoraUFwd(l, r) => write!(f, "act.h.{l}.fwd.lora_u.{r}"),
             Key::QWeight(u, r) => write!(f, "weights.{u}.{r}"),
             Key::QScales(u, r) => write!(f, "weights.{u}.{r}.scales"),
             Key::QZeros(u, r) => write!(f, "weights.{u}.{r}.zeros"),
@@ -257,6 +276,8 @@ impl fmt::Display for Key {
                 Work::F32 => "work.f32",
                 Work::F32In => "work.f32_in",
                 Work::WeightBf16 => "work.w_bf16",
+                Work::Dequant => "work.dequant",
+                Work::LoraDu => "work.lora_du",
                 Work::BwDout => "work.bw.dout",
                 Work::BwDoutT => "work.bw.dout_t",
                 Work::BwInpT => "work.bw.inp_t",

@@ -42,6 +42,10 @@ pub enum Role {
     FinalNormBias,
     /// Untied output projection (V, C).
     LmHead,
+    /// LoRA: the `i`-th adapted HF linear of a block, its down projection A (r, IC).
+    LoraA(u8),
+    /// Its up projection B (rows, r).
+    LoraB(u8),
 }
 
 /// One Hugging Face tensor that fills some rows of a view.
@@ -188,7 +192,22 @@ impl UnitBuilder {
         self.view(role, shape, &[(name.to_string(), shape[0], transposed)]);
     }
 
-    fn finish(self, kind: UnitKind, world: u32) -> Unit {
+    /// Replays `view` (its role, shape and HF parts) into this builder at the next offset.
+    pub fn copy_view(&mut self, view: &ParamView) {
+        let parts: Vec<(String, u64, bool)> = (view.parts.iter().enumerate())
+            .map(|(i, p)| {
+                let next = view
+                    .parts
+                    .get(i + 1)
+                    .map_or(view.shape[0], |n| n.row_offset);
+                (p.name.clone(), next - p.row_offset, p.transposed)
+            })
+            .collect();
+        self.view(view.role, &view.shape, &parts);
+    }
+
+    /// The unit of `kind`, padded to a multiple of `world` elements.
+    pub fn finish(self, kind: UnitKind, world: u32) -> Unit {
         let world = u64::from(world.max(1));
         Unit {
             kind,

@@ -135,8 +135,12 @@ pub struct Lora {
     pub rank: u32,
     /// Linear layers that get adapters, by HF name (`q_proj`, `v_proj`, ...).
     pub targets: Vec<String>,
-    /// Storage of the frozen base weights: `Bf16`, `Int8` or `Nf4`.
+    /// Storage of the frozen base weights: `Bf16`, `Int8` or `Nf4` (`Fp32` in the `frugal`
+    /// runtime too).
     pub base: Dtype,
+    /// nf4: bitsandbytes' double quantization of the absmax (the `frugal` runtime plans it as
+    /// asked; the `formula` and `pytorch` profiles follow QLoRA's recipe, which has it on).
+    pub double_quant: bool,
 }
 
 /// A training setup, per data-parallel group.

@@ -132,11 +132,11 @@ pub fn classifier_fwd_bwd(a: &A, op: &Classifier) -> f32 {
     let mut losses = a.view_mut::<f32>(op.losses);
     let mut dlnf = a.view_mut::<f32>(op.dlnf);
     let mut scratch = a.view_mut::<f32>(op.scratch);
-    let mut dweight = a.view_mut::<f32>(op.dweight);
+    let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
     classifier::forward_backward(
         &mut losses,
         &mut dlnf,
-        &mut dweight,
+        dweight.as_deref_mut(),
         &lnf,
         &weight,
         &targets,
@@ -169,15 +169,18 @@ pub fn norm_backward(a: &A, op: &NormBackward) {
     match op.kind {
         NormGradKind::Layer { mean, dbias } => {
             let mean = a.view::<f32>(mean);
-            let mut parts = a.parts_mut::<f32, 2>([Some(op.dweight), Some(dbias)]);
-            let [Some(dw), Some(db)] = &mut parts.parts else {
-                unreachable!("both parts are given")
+            let mut parts = a.parts_mut::<f32, 2>([op.dweight, dbias]);
+            let params = match &mut parts.parts {
+                [Some(dw), Some(db)] => Some((&mut **dw, &mut **db)),
+                [None, None] => None,
+                _ => unreachable!("a LayerNorm's weight and bias train together"),
             };
-            layernorm::backward(&mut dinp, dw, db, &dout, &inp, &weight, &mean, &rstd, n, c);
+            layernorm::backward(&mut dinp, params, &dout, &inp, &weight, &mean, &rstd, n, c);
         }
         NormGradKind::Rms => {
-            let mut dw = a.view_mut::<f32>(op.dweight);
-            rmsnorm::backward(&mut dinp, &mut dw, &dout, &inp, &weight, &rstd, n, c);
+            let mut dw = op.dweight.map(|d| a.view_mut::<f32>(d));
+            let dw = dw.as_deref_mut();
+            rmsnorm::backward(&mut dinp, dw, &dout, &inp, &weight, &rstd, n, c);
         }
     }
 }

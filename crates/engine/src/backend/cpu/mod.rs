@@ -11,6 +11,7 @@
 
 mod infer_ops;
 mod kernels_ops;
+mod lora_ops;
 mod state_ops;
 mod views;
 
@@ -67,6 +68,7 @@ impl Cpu {
 
 use crate::arena::Arena;
 use crate::backend::infer_ops::*;
+use crate::backend::lora_ops::*;
 use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 
@@ -163,6 +165,22 @@ impl Backend for Cpu {
 
     fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
         kernels_ops::classifier_fwd_bwd(a, op)
+    }
+
+    fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear) {
+        lora_ops::frozen_linear(a, op)
+    }
+
+    fn frozen_linear_backward(&self, a: &Arena<Self>, op: &FrozenLinearBackward) {
+        lora_ops::frozen_linear_backward(a, op)
+    }
+
+    fn adapter(&self, a: &Arena<Self>, op: &Adapter) {
+        lora_ops::adapter(a, op)
+    }
+
+    fn adapter_backward(&self, a: &Arena<Self>, op: &AdapterBackward) {
+        lora_ops::adapter_backward(a, op)
     }
 
     fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward) {

@@ -1,0 +1,132 @@
+//! LoRA's ops on the CPU: `kernels::dequant` into the planned scratch, then `kernels::lora`'s
+//! column GEMMs and adapter products.
+
+use super::Cpu;
+use crate::arena::Arena;
+use crate::backend::lora_ops::*;
+use crate::backend::Tensor;
+use kernels::dequant::{dequantize, Stored};
+use plan::frugal::adapters::{BaseFormat, NF4_BLOCK};
+
+type A = Arena<Cpu>;
+
+fn stored(format: BaseFormat, rows: usize) -> Stored {
+    match format {
+        BaseFormat::F32 => unreachable!("an fp32 base is read in place"),
+        BaseFormat::Bf16 => Stored::Bf16,
+        BaseFormat::Int8 => Stored::Int8 { rows },
+        BaseFormat::Nf4 { double_quant } => Stored::Nf4 {
+            block: NF4_BLOCK as usize,
+            double: double_quant,
+        },
+    }
+}
+
+/// The tables the NF4 layouts index: the 16 levels and bitsandbytes' dynamic map.
+fn tables() -> &'static ([f32; 16], [f32; 256]) {
+    static TABLES: std::sync::OnceLock<([f32; 16], [f32; 256])> = std::sync::OnceLock::new();
+    TABLES.get_or_init(|| {
+        let levels = std::array::from_fn(|i| formats::NF4_LEVELS[i] as f32);
+        (levels, formats::bnb::dynamic_map())
+    })
+}
+
+/// The f32 weight of `part` (rows, ic): itself for an fp32 base, else dequantized into `scratch`.
+fn weight_of(
+    a: &A,
+    part: &FrozenPart,
+    format: BaseFormat,
+    scratch: Option<Tensor>,
+    ic: usize,
+) -> Tensor {
+    if format == BaseFormat::F32 {
+        return part.src;
+    }
+    let dst = scratch
+        .expect("a quantized base has a dequant scratch")
+        .prefix(part.rows * ic);
+    let src = a.view::<u8>(part.src);
+    let mut out = a.view_mut::<f32>(dst);
+    let (levels, map) = tables();
+    dequantize(&mut out, &src, stored(format, part.rows), levels, map);
+    dst
+}
+
+pub fn frozen_linear(a: &A, op: &FrozenLinear) {
+    for part in op.parts.iter().flatten() {
+        let w = weight_of(a, part, op.format, op.scratch, op.ic);
+        let bias = op.bias.map(|b| b.slice(part.col0..part.col0 + part.rows));
+        let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
+        let bias = bias.map(|b| a.view::<f32>(b));
+        let mut out = a.view_mut::<f32>(op.out);
+        let cols = (part.col0, part.rows);
+        kernels::lora::forward_cols(&mut out, &x, &w, bias.as_deref(), op.n, op.ic, op.oc, cols);
+    }
+}
+
+pub fn frozen_linear_backward(a: &A, op: &FrozenLinearBackward) {
+    for part in op.parts.iter().flatten() {
+        let w = weight_of(a, part, op.format, op.scratch, op.ic);
+        let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
+        let mut dinp = a.view_mut::<f32>(op.dinp);
+        let shape = (op.n, op.ic, op.oc);
+        kernels::lora::backward_input_cols(&mut dinp, &dout, &w, shape, (part.col0, part.rows));
+    }
+}
+
+/// The adapter parts' B views (borrowed) in order.
+fn parts_of<'v>(
+    bs: &'v [Option<super::View<'v, f32>>; MAX_PARTS],
+    op: &Adapter,
+) -> Vec<kernels::lora::Part<'v>> {
+    (op.parts.iter().zip(bs))
+        .filter_map(|(p, b)| {
+            let (p, b) = (p.as_ref()?, b.as_ref()?);
+            Some(kernels::lora::Part {
+                b,
+                col0: p.col0,
+                rows: p.rows,
+            })
+        })
+        .collect()
+}
+
+pub fn adapter(a: &A, op: &Adapter) {
+    let bs = op.parts.map(|p| p.map(|p| a.view::<f32>(p.b)));
+    let parts = parts_of(&bs, op);
+    let (x, a_cat) = (a.view::<f32>(op.inp), a.view::<f32>(op.a_cat));
+    let mut u = a.view_mut::<f32>(op.u);
+    let (n, ic, oc, r) = (op.n, op.ic, op.oc, op.rank);
+    match op.out {
+        Some(out) => {
+            let mut out = a.view_mut::<f32>(out);
+            kernels::lora::adapter_forward(
+                &mut out, &mut u, &x, &a_cat, &parts, n, ic, oc, r, op.scale,
+            );
+        }
+        None => kernels::lora::adapter_u(&mut u, &x, &a_cat, n, ic, r * parts.len()),
+    }
+}
+
+pub fn adapter_backward(a: &A, op: &AdapterBackward) {
+    let f = &op.fwd;
+    let bs = f.parts.map(|p| p.map(|p| a.view::<f32>(p.b)));
+    let parts = parts_of(&bs, f);
+    let (x, a_cat, u) = (
+        a.view::<f32>(f.inp),
+        a.view::<f32>(f.a_cat),
+        a.view::<f32>(f.u),
+    );
+    let dout = a.view::<f32>(op.dout);
+    let mut dinp = a.view_mut::<f32>(op.dinp);
+    let mut du = a.view_mut::<f32>(op.du.prefix(f.u.len));
+    let [d0, d1, d2] = op.db;
+    let mut grads = a.parts_mut::<f32, 4>([Some(op.da_cat), d0, d1, d2]);
+    let [da, rest @ ..] = &mut grads.parts;
+    let da = da.as_deref_mut().expect("dA");
+    let mut db: Vec<&mut [f32]> = rest.iter_mut().filter_map(|d| d.as_deref_mut()).collect();
+    let shape = (f.n, f.ic, f.oc);
+    kernels::lora::adapter_backward(
+        &mut dinp, da, &mut db, &mut du, &dout, &x, &u, &a_cat, &parts, shape, f.rank, f.scale,
+    );
+}

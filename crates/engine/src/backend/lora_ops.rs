@@ -1,0 +1,84 @@
+//! The op descriptors of a LoRA step (see `plan::frugal::adapters` for the layout): a frozen
+//! block matrix run one HF part at a time (dequantized into the planned scratch first unless the
+//! base is fp32), and the adapter beside it.
+//!
+//! Example: `FrozenLinear { out, inp, parts: [Some(q), Some(k), Some(v)], .. }` writes each
+//! part's columns of the fused q|k|v output from its own stored bytes.
+
+use super::Tensor;
+use plan::frugal::adapters::BaseFormat;
+
+/// Parts per fused view at most (Llama's q|k|v).
+pub const MAX_PARTS: usize = 3;
+
+/// One HF linear of a frozen matrix: its stored bytes (an f32 tensor for an fp32 base, U8
+/// otherwise) and the output columns it fills.
+#[derive(Clone, Copy, Debug)]
+pub struct FrozenPart {
+    pub src: Tensor,
+    pub col0: usize,
+    pub rows: usize,
+}
+
+/// out (N, OC) = inp (N, IC) · Wᵀ (+ bias), W frozen, part by part.
+#[derive(Clone, Copy, Debug)]
+pub struct FrozenLinear {
+    pub out: Tensor,
+    pub inp: Tensor,
+    pub bias: Option<Tensor>,
+    pub parts: [Option<FrozenPart>; MAX_PARTS],
+    pub format: BaseFormat,
+    /// `work.dequant` (none for an fp32 base).
+    pub scratch: Option<Tensor>,
+    pub n: usize,
+    pub ic: usize,
+    pub oc: usize,
+}
+
+/// dinp (N, IC) += dout (N, OC) · W, W frozen (no weight gradient), part by part.
+#[derive(Clone, Copy, Debug)]
+pub struct FrozenLinearBackward {
+    pub dinp: Tensor,
+    pub dout: Tensor,
+    pub parts: [Option<FrozenPart>; MAX_PARTS],
+    pub format: BaseFormat,
+    pub scratch: Option<Tensor>,
+    pub n: usize,
+    pub ic: usize,
+    pub oc: usize,
+}
+
+/// One adapted part: its B (rows, r) and output columns.
+#[derive(Clone, Copy, Debug)]
+pub struct AdapterPart {
+    pub b: Tensor,
+    pub col0: usize,
+    pub rows: usize,
+}
+
+/// The adapters of one linear: u = inp · A_catᵀ, out[:, p] += scale · uₚ Bₚᵀ (`out` `None`: u
+/// only, for a recompute that keeps the block's output).
+#[derive(Clone, Copy, Debug)]
+pub struct Adapter {
+    pub out: Option<Tensor>,
+    pub u: Tensor,
+    pub inp: Tensor,
+    pub a_cat: Tensor,
+    pub parts: [Option<AdapterPart>; MAX_PARTS],
+    pub n: usize,
+    pub ic: usize,
+    pub oc: usize,
+    pub rank: usize,
+    pub scale: f32,
+}
+
+/// The adapters' backward: dBₚ, dA_cat and dinp accumulate; `du` is scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct AdapterBackward {
+    pub fwd: Adapter,
+    pub dinp: Tensor,
+    pub dout: Tensor,
+    pub da_cat: Tensor,
+    pub db: [Option<Tensor>; MAX_PARTS],
+    pub du: Tensor,
+}

@@ -1,0 +1,230 @@
+//! Frozen LoRA bases: one HF linear's stored bytes dequantized to f32 rows, for the GEMM that
+//! reads it (the forward, and again the backward's input gradient; no dequantized copy is kept).
+//!
+//! Stored layouts (little-endian, what the engine's packer writes):
+//! - [`Stored::Bf16`]: the values as bf16.
+//! - [`Stored::Int8`]: one signed code per weight, then one f32 scale per row: w = scale × code.
+//! - [`Stored::Nf4`]: bitsandbytes' `quantize_4bit(quant_type="nf4")`: two codes per byte, the
+//!   first value in the high nibble; one f32 absmax per block of `block` values, or with double
+//!   quantization one u8 code per block into the signed dynamic map, one f32 scale per 256 blocks
+//!   and one f32 offset: absmax = map[code] × scale + offset; w = level[code] × absmax.
+//!
+//! Work splits over rayon by runs of whole blocks; [`reference`] decodes value by value.
+//!
+//! ```
+//! use kernels::dequant::{dequantize, Stored};
+//! let levels = [0.0f32; 16];
+//! let map = [0.0f32; 256];
+//! let mut out = [0.0f32; 2];
+//! let src = [1i8 as u8, (-2i8) as u8, 0, 0, 0, 64]; // codes 1, -2; scale 2.0 (f32 LE)
+//! dequantize(&mut out, &src, Stored::Int8 { rows: 1 }, &levels, &map);
+//! assert_eq!(out, [2.0, -4.0]);
+//! ```
+
+use rayon::prelude::*;
+
+/// bitsandbytes' blocks of absmax values per second-level scale (double quantization).
+pub const NESTED_BLOCK: usize = 256;
+
+/// Values per rayon task (a multiple of every block size used).
+const TASK: usize = 1 << 14;
+
+/// How one part's bytes are laid out (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    Bf16,
+    Int8 { rows: usize },
+    Nf4 { block: usize, double: bool },
+}
+
+impl Stored {
+    /// Bytes of `n` values stored this way (before the 4-byte padding).
+    pub fn bytes(self, n: usize) -> usize {
+        match self {
+            Stored::Bf16 => 2 * n,
+            Stored::Int8 { rows } => n + 4 * rows,
+            Stored::Nf4 { block, double } => {
+                let blocks = n.div_ceil(block);
+                let codes = n.div_ceil(2);
+                match double {
+                    true => codes + blocks + 4 * blocks.div_ceil(NESTED_BLOCK) + 4,
+                    false => codes + 4 * blocks,
+                }
+            }
+        }
+    }
+}
+
+fn f32_at(src: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes(src[4 * i..4 * i + 4].try_into().expect("four bytes"))
+}
+
+/// `out` (all of the part's values) from `src` stored as `stored`; `levels` are the 16 NF4
+/// levels and `map` bitsandbytes' signed dynamic map (read only by the formats that use them).
+pub fn dequantize(
+    out: &mut [f32],
+    src: &[u8],
+    stored: Stored,
+    levels: &[f32; 16],
+    map: &[f32; 256],
+) {
+    let n = out.len();
+    assert!(
+        src.len() >= stored.bytes(n),
+        "{} bytes for {n} values",
+        src.len()
+    );
+    match stored {
+        Stored::Bf16 => out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
+            let s = &src[2 * t * TASK..];
+            for (j, x) in o.iter_mut().enumerate() {
+                let bits = u16::from_le_bytes([s[2 * j], s[2 * j + 1]]);
+                *x = f32::from_bits(u32::from(bits) << 16);
+            }
+        }),
+        Stored::Int8 { rows } => {
+            let cols = n / rows;
+            assert_eq!(cols * rows, n, "whole rows");
+            let scales = &src[n..];
+            out.par_chunks_mut(cols).enumerate().for_each(|(r, o)| {
+                let scale = f32_at(scales, r);
+                for (x, &c) in o.iter_mut().zip(&src[r * cols..(r + 1) * cols]) {
+                    *x = scale * f32::from(c as i8);
+                }
+            });
+        }
+        Stored::Nf4 { block, double } => {
+            assert!(
+                block.is_multiple_of(2) && TASK.is_multiple_of(block),
+                "block {block}"
+            );
+            let blocks = n.div_ceil(block);
+            let packed = &src[..n.div_ceil(2)];
+            let rest = &src[n.div_ceil(2)..];
+            let absmax = |b: usize| match double {
+                false => f32_at(rest, b),
+                true => {
+                    let scales = &rest[blocks..];
+                    let offset = f32_at(scales, blocks.div_ceil(NESTED_BLOCK));
+                    map[rest[b] as usize] * f32_at(scales, b / NESTED_BLOCK) + offset
+                }
+            };
+            out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
+                for (k, ob) in o.chunks_mut(block).enumerate() {
+                    let b = t * TASK / block + k;
+                    let a = absmax(b);
+                    let lut: [f32; 16] = std::array::from_fn(|i| levels[i] * a);
+                    let bytes = &packed[b * block / 2..];
+                    nf4_block(ob, bytes, &lut);
+                }
+            });
+        }
+    }
+}
+
+/// One block: value 2j from byte j's high nibble, 2j + 1 from its low nibble.
+#[inline]
+fn nf4_block(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
+    let half = out.len() / 2;
+    let mut pairs = out.chunks_exact_mut(2);
+    for (pair, &byte) in (&mut pairs).zip(bytes) {
+        pair[0] = lut[(byte >> 4) as usize];
+        pair[1] = lut[(byte & 0xF) as usize];
+    }
+    if let [last] = pairs.into_remainder() {
+        *last = lut[(bytes[half] >> 4) as usize];
+    }
+}
+
+/// Value by value, straight from the layout.
+pub mod reference {
+    use super::{f32_at, Stored, NESTED_BLOCK};
+
+    pub fn dequantize(
+        out: &mut [f32],
+        src: &[u8],
+        stored: Stored,
+        levels: &[f32; 16],
+        map: &[f32; 256],
+    ) {
+        let n = out.len();
+        for (i, x) in out.iter_mut().enumerate() {
+            *x = match stored {
+                Stored::Bf16 => f32::from_bits(
+                    u32::from(u16::from_le_bytes([src[2 * i], src[2 * i + 1]])) << 16,
+                ),
+                Stored::Int8 { rows } => {
+                    let cols = n / rows;
+                    f32_at(&src[n..], i / cols) * f32::from(src[i] as i8)
+                }
+                Stored::Nf4 { block, double } => {
+                    let blocks = n.div_ceil(block);
+                    let rest = &src[n.div_ceil(2)..];
+                    let b = i / block;
+                    let absmax = if double {
+                        let scales = &rest[blocks..];
+                        let offset = f32_at(scales, blocks.div_ceil(NESTED_BLOCK));
+                        map[rest[b] as usize] * f32_at(scales, b / NESTED_BLOCK) + offset
+                    } else {
+                        f32_at(rest, b)
+                    };
+                    let byte = src[i / 2];
+                    let code = if i % 2 == 0 { byte >> 4 } else { byte & 0xF };
+                    levels[code as usize] * absmax
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rng::SplitMix64;
+
+    fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut r = SplitMix64::new(seed);
+        (0..n).map(|_| (r.next_u64() >> 56) as u8).collect()
+    }
+
+    #[test]
+    fn every_layout_matches_the_reference_across_task_boundaries() {
+        let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 7.5 - 1.0);
+        let map: [f32; 256] = std::array::from_fn(|i| (i as f32 - 128.0) / 128.0);
+        let n = 3 * TASK + 64 * 5; // several tasks and a short last one
+        for stored in [
+            Stored::Bf16,
+            Stored::Int8 { rows: n / 64 },
+            Stored::Nf4 {
+                block: 64,
+                double: false,
+            },
+            Stored::Nf4 {
+                block: 64,
+                double: true,
+            },
+        ] {
+            let mut src = random_bytes(stored.bytes(n), 7);
+            // Finite scales: overwrite the f32 regions with small values.
+            let fix = |src: &mut Vec<u8>, from: usize, count: usize| {
+                for k in 0..count {
+                    let v = 0.01 * (k % 13) as f32 + 0.5;
+                    src[from + 4 * k..from + 4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            };
+            match stored {
+                Stored::Bf16 => src.iter_mut().skip(1).step_by(2).for_each(|b| *b &= 0x3F),
+                Stored::Int8 { rows } => fix(&mut src, n, rows),
+                Stored::Nf4 { double: false, .. } => fix(&mut src, n / 2, n / 64),
+                Stored::Nf4 { double: true, .. } => {
+                    let blocks = n / 64;
+                    fix(&mut src, n / 2 + blocks, blocks.div_ceil(NESTED_BLOCK) + 1)
+                }
+            }
+            let (mut fast, mut slow) = (vec![0.0; n], vec![1.0; n]);
+            dequantize(&mut fast, &src, stored, &levels, &map);
+            reference::dequantize(&mut slow, &src, stored, &levels, &map);
+            assert_eq!(fast, slow, "{stored:?}");
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! LoRA's products: a frozen linear that fills a column range of a fused output, and the
+//! low-rank adapter beside it.
+//!
+//! A fused view (Llama's q|k|v, gate|up) is several HF linears stacked by rows; each one is
+//! stored (and dequantized) on its own, so its GEMM writes columns `col0 .. col0 + rows` of the
+//! (N, OC) output ([`forward_cols`]) and its input gradient reads the same columns of the output
+//! gradient ([`backward_input_cols`]). The frozen weight gets no gradient.
+//!
+//! The adapter of part p: out[:, p] += s · (x Aₚᵀ) Bₚᵀ with A (r, IC), B (rows, r), s = α / r.
+//! The A's of one view sit side by side, so u = x A_catᵀ (N, r·parts) is one GEMM, kept for the
+//! backward: dBₚ += s · dout[:, p]ᵀ uₚ, duₚ = s · dout[:, p] Bₚ, dA_cat += duᵀ x, dx += du A_cat.
+//! [`reference`] holds the plain loops every product is tested against.
+//!
+//! ```
+//! // One part of 1 row: out[:, 0] += 2 * (x · a) * b.
+//! use kernels::lora::{adapter_forward, Part};
+//! let (x, a, b) = ([1.0f32, 2.0], [3.0f32, 4.0], [0.5f32]);
+//! let (mut out, mut u) = ([1.0f32], [0.0f32]);
+//! adapter_forward(&mut out, &mut u, &x, &a, &[Part { b: &b, col0: 0, rows: 1 }], 1, 2, 1, 1, 2.0);
+//! assert_eq!((u, out), ([11.0], [12.0]));
+//! ```
+
+use crate::matmul::{view, view_mut};
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
+
+/// One targeted part: its B (rows, r) and where its rows sit in the fused output.
+#[derive(Clone, Copy, Debug)]
+pub struct Part<'a> {
+    pub b: &'a [f32],
+    pub col0: usize,
+    pub rows: usize,
+}
+
+fn par() -> Par {
+    match rayon::current_num_threads() {
+        1 => Par::Seq,
+        n => Par::rayon(n),
+    }
+}
+
+fn gemm(
+    dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    alpha: f32,
+) {
+    matmul(dst, accum, lhs, rhs, alpha, par());
+}
+
+/// out[:, col0 .. col0 + rows] = inp (N, IC) · weightᵀ (rows, IC) (+ bias (rows)); out (N, OC).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_cols(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    ic: usize,
+    oc: usize,
+    (col0, rows): (usize, usize),
+) {
+    assert!(out.len() == n * oc && inp.len() == n * ic && weight.len() == rows * ic);
+    assert!(col0 + rows <= oc);
+    let accum = match bias {
+        Some(bias) => {
+            assert_eq!(bias.len(), rows);
+            out.par_chunks_mut(oc)
+                .for_each(|row| row[col0..col0 + rows].copy_from_slice(bias));
+            Accum::Add
+        }
+        None => Accum::Replace,
+    };
+    let dst = view_mut(out, n, oc).submatrix_mut(0, col0, n, rows);
+    crate::matmul::gemm(
+        dst,
+        accum,
+        view(inp, n, ic),
+        view(weight, rows, ic).transpose(),
+    );
+}
+
+/// dinp (N, IC) += dout[:, col0 .. col0 + rows] · weight (rows, IC); dout (N, OC).
+pub fn backward_input_cols(
+    dinp: &mut [f32],
+    dout: &[f32],
+    weight: &[f32],
+    (n, ic, oc): (usize, usize, usize),
+    (col0, rows): (usize, usize),
+) {
+    assert!(dinp.len() == n * ic && dout.len() == n * oc && weight.len() == rows * ic);
+    let g = view(dout, n, oc).submatrix(0, col0, n, rows);
+    crate::matmul::gemm(view_mut(dinp, n, ic), Accum::Add, g, view(weight, rows, ic));
+}
+
+/// u (N, w) = inp (N, IC) · a_catᵀ (w, IC) alone (a recompute that keeps the output).
+pub fn adapter_u(u: &mut [f32], inp: &[f32], a_cat: &[f32], n: usize, ic: usize, w: usize) {
+    assert!(u.len() == n * w && a_cat.len() == w * ic && inp.len() == n * ic);
+    gemm(
+        view_mut(u, n, w),
+        Accum::Replace,
+        view(inp, n, ic),
+        view(a_cat, w, ic).transpose(),
+        1.0,
+    );
+}
+
+/// u (N, r·parts) = inp · a_catᵀ, then out[:, p] += scale · uₚ · Bₚᵀ for every part.
+#[allow(clippy::too_many_arguments)]
+pub fn adapter_forward(
+    out: &mut [f32],
+    u: &mut [f32],
+    inp: &[f32],
+    a_cat: &[f32],
+    parts: &[Part],
+    n: usize,
+    ic: usize,
+    oc: usize,
+    r: usize,
+    scale: f32,
+) {
+    let w = r * parts.len();
+    assert!(out.len() == n * oc);
+    adapter_u(u, inp, a_cat, n, ic, w);
+    let u = view(u, n, w);
+    for (p, part) in parts.iter().enumerate() {
+        assert_eq!(part.b.len(), part.rows * r);
+        let dst = view_mut(out, n, oc).submatrix_mut(0, part.col0, n, part.rows);
+        let up = u.submatrix(0, p * r, n, r);
+        gemm(
+            dst,
+            Accum::Add,
+            up,
+            view(part.b, part.rows, r).transpose(),
+            scale,
+        );
+    }
+}
+
+/// The adapter's backward: dBₚ (rows, r) += scale · dout[:, p]ᵀ uₚ, du (N, r·parts) = scale ·
+/// dout[:, p] Bₚ (scratch, overwritten), dA_cat += duᵀ inp, dinp += du · a_cat.
+#[allow(clippy::too_many_arguments)]
+pub fn adapter_backward(
+    dinp: &mut [f32],
+    da_cat: &mut [f32],
+    db: &mut [&mut [f32]],
+    du: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    u: &[f32],
+    a_cat: &[f32],
+    parts: &[Part],
+    (n, ic, oc): (usize, usize, usize),
+    r: usize,
+    scale: f32,
+) {
+    let w = r * parts.len();
+    assert!(du.len() == n * w && u.len() == n * w && da_cat.len() == w * ic);
+    assert!(db.len() == parts.len() && dinp.len() == n * ic && dout.len() == n * oc);
+    let g = view(dout, n, oc);
+    let uv = view(u, n, w);
+    for (p, (part, dbp)) in parts.iter().zip(db.iter_mut()).enumerate() {
+        let gp = g.submatrix(0, part.col0, n, part.rows);
+        let dbv = view_mut(dbp, part.rows, r);
+        gemm(
+            dbv,
+            Accum::Add,
+            gp.transpose(),
+            uv.submatrix(0, p * r, n, r),
+            scale,
+        );
+        let dup = view_mut(du, n, w).submatrix_mut(0, p * r, n, r);
+        gemm(dup, Accum::Replace, gp, view(part.b, part.rows, r), scale);
+    }
+    let duv = view(du, n, w);
+    gemm(
+        view_mut(da_cat, w, ic),
+        Accum::Add,
+        duv.transpose(),
+        view(inp, n, ic),
+        1.0,
+    );
+    gemm(
+        view_mut(dinp, n, ic),
+        Accum::Add,
+        duv,
+        view(a_cat, w, ic),
+        1.0,
+    );
+}
+
+/// Plain loops.
+pub mod reference {
+    use super::Part;
+
+    /// [`super::adapter_forward`] as loops.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adapter_forward(
+        out: &mut [f32],
+        u: &mut [f32],
+        inp: &[f32],
+        a_cat: &[f32],
+        parts: &[Part],
+        n: usize,
+        ic: usize,
+        oc: usize,
+        r: usize,
+        scale: f32,
+    ) {
+        let w = r * parts.len();
+        for i in 0..n {
+            for k in 0..w {
+                u[i * w + k] = (0..ic).map(|j| inp[i * ic + j] * a_cat[k * ic + j]).sum();
+            }
+            for (p, part) in parts.iter().enumerate() {
+                for row in 0..part.rows {
+                    let d: f32 = (0..r)
+                        .map(|k| u[i * w + p * r + k] * part.b[row * r + k])
+                        .sum();
+                    out[i * oc + part.col0 + row] += scale * d;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rng::SplitMix64;
+
+    fn rand(n: usize, r: &mut SplitMix64) -> Vec<f32> {
+        (0..n)
+            .map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+            .collect()
+    }
+
+    /// A loss L = Σ out ⊙ g through the frozen parts and the adapters, and its gradients by
+    /// finite differences in f64-summed f32.
+    #[test]
+    fn adapter_backward_matches_finite_differences() {
+        let mut rng = SplitMix64::new(3);
+        let (n, ic, r, scale) = (5, 7, 2, 1.5f32);
+        let rows = [3usize, 4];
+        let oc = 9;
+        let col0 = [1usize, 5];
+        let x = rand(n * ic, &mut rng);
+        let a = rand(2 * r * ic, &mut rng);
+        let bs: Vec<Vec<f32>> = rows.iter().map(|&k| rand(k * r, &mut rng)).collect();
+        let g = rand(n * oc, &mut rng);
+        let loss = |x: &[f32], a: &[f32], bs: &[Vec<f32>]| -> f64 {
+            let parts: Vec<Part> = (0..2)
+                .map(|p| Part {
+                    b: &bs[p],
+                    col0: col0[p],
+                    rows: rows[p],
+                })
+                .collect();
+            let (mut out, mut u) = (vec![0.0; n * oc], vec![0.0; n * 2 * r]);
+            reference::adapter_forward(&mut out, &mut u, x, a, &parts, n, ic, oc, r, scale);
+            out.iter()
+                .zip(&g)
+                .map(|(&o, &g)| f64::from(o) * f64::from(g))
+                .sum()
+        };
+        let parts: Vec<Part> = (0..2)
+            .map(|p| Part {
+                b: &bs[p],
+                col0: col0[p],
+                rows: rows[p],
+            })
+            .collect();
+        let (mut out, mut u) = (vec![0.0; n * oc], vec![0.0; n * 2 * r]);
+        adapter_forward(&mut out, &mut u, &x, &a, &parts, n, ic, oc, r, scale);
+        let (mut dx, mut da) = (vec![0.0; n * ic], vec![0.0; a.len()]);
+        let (mut db0, mut db1) = (vec![0.0; bs[0].len()], vec![0.0; bs[1].len()]);
+        let mut du = vec![0.0; n * 2 * r];
+        let mut db = [db0.as_mut_slice(), db1.as_mut_slice()];
+        adapter_backward(
+            &mut dx,
+            &mut da,
+            &mut db,
+            &mut du,
+            &g,
+            &x,
+            &u,
+            &a,
+            &parts,
+            (n, ic, oc),
+            r,
+            scale,
+        );
+        let h = 1e-2f32;
+        let check = |analytic: &[f32], bump: &dyn Fn(usize, f32) -> f64| {
+            for (i, &d) in analytic.iter().enumerate() {
+                let fd = (bump(i, h) - bump(i, -h)) / (2.0 * f64::from(h));
+                assert!((fd - f64::from(d)).abs() < 2e-3, "{i}: fd {fd} vs {d}");
+            }
+        };
+        check(&dx, &|i, e| {
+            let mut x2 = x.clone();
+            x2[i] += e;
+            loss(&x2, &a, &bs)
+        });
+        check(&da, &|i, e| {
+            let mut a2 = a.clone();
+            a2[i] += e;
+            loss(&x, &a2, &bs)
+        });
+        for p in 0..2 {
+            let analytic = if p == 0 { db0.clone() } else { db1.clone() };
+            check(&analytic, &|i, e| {
+                let mut b2 = bs.clone();
+                b2[p][i] += e;
+                loss(&x, &a, &b2)
+            });
+        }
+        // The frozen column products against the plain matmul on the whole matrix.
+        let w = rand(oc * ic, &mut rng);
+        let mut whole = vec![0.0; n * oc];
+        crate::matmul::reference::forward(&mut whole, &x, &w, None, n, ic, oc);
+        let mut cols = vec![0.0; n * oc];
+        for (c0, k) in [(0, 4), (4, 5)] {
+            forward_cols(
+                &mut cols,
+                &x,
+                &w[c0 * ic..(c0 + k) * ic],
+                None,
+                n,
+                ic,
+                oc,
+                (c0, k),
+            );
+        }
+        for (a, b) in cols.iter().zip(&whole) {
+            assert!((a - b).abs() < 1e-5);
+        }
+        let mut dx_cols = vec![0.0; n * ic];
+        for (c0, k) in [(0, 4), (4, 5)] {
+            backward_input_cols(
+                &mut dx_cols,
+                &g,
+                &w[c0 * ic..(c0 + k) * ic],
+                (n, ic, oc),
+                (c0, k),
+            );
+        }
+        let (mut dx_whole, mut dw) = (vec![0.0; n * ic], vec![0.0; oc * ic]);
+        crate::matmul::reference::backward(&mut dx_whole, &mut dw, None, &g, &x, &w, n, ic, oc);
+        for (a, b) in dx_cols.iter().zip(&dx_whole) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+}
