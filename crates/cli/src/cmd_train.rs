@@ -148,6 +148,28 @@ pub struct Args {
     /// --zero, the same model, optimizer, schedule, global batch and seed.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// LoRA rank: train low-rank adapters over a frozen base (PEFT's LoRA; QLoRA with
+    /// --lora-base nf4). Only the adapters get gradients and optimizer state.
+    #[arg(long)]
+    pub lora_rank: Option<u32>,
+    /// LoRA scaling α: the adapters add (α/r)·B·A·x (default: the rank, a scale of 1).
+    #[arg(long)]
+    pub lora_alpha: Option<f32>,
+    /// Linear layers that get adapters: HF module names (q_proj,v_proj,...; c_attn,c_proj,c_fc
+    /// for GPT-2) or all-linear.
+    #[arg(long, default_value = "all-linear", value_delimiter = ',')]
+    pub lora_targets: Vec<String>,
+    /// How the frozen base's block matrices are stored: fp32, bf16, int8 (an absmax scale per
+    /// row) or nf4 (bitsandbytes' QLoRA: blocks of 64 with an fp32 absmax).
+    #[arg(long, default_value_t = plan::setup::Dtype::Bf16)]
+    pub lora_base: plan::setup::Dtype,
+    /// nf4 base: bitsandbytes' double quantization of the absmax (4.127 bits per weight).
+    #[arg(long)]
+    pub double_quant: bool,
+    /// With --lora-rank and --out: also write the merged model (W + (α/r)·B·A over the base as
+    /// stored) to OUT/merged as a Hugging Face folder.
+    #[arg(long)]
+    pub merge: bool,
     /// Start a new run in an --out folder that holds another run's snapshots, deleting them
     /// (without it such a folder is refused: continue it with --resume instead).
     #[arg(long)]
@@ -189,7 +211,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(dir) = &args.out {
-        zero::save(&first.trainer, &first.finished, dir)?;
+        match first.trainer.model.lora.is_some() {
+            true => save_lora(&first.trainer, &args, dir)?,
+            false => zero::save(&first.trainer, &first.finished, dir)?,
+        }
     }
     if let Some(path) = &args.plot {
         report::plot(path, &first.curves)?;
@@ -348,6 +373,19 @@ fn progress_bar(args: &Args) -> ProgressBar {
 }
 
 /// A sample continuing a fixed prompt, decoded to text.
+/// `--out` of a LoRA run: PEFT's adapter files, and with `--merge` the merged model.
+fn save_lora(trainer: &Trainer, args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let context = || format!("saving the adapters to {}", dir.display());
+    engine::lora::peft::save_adapter(trainer, dir).with_context(context)?;
+    if args.merge {
+        let merged = dir.join("merged");
+        engine::lora::peft::save_merged(trainer, &merged)
+            .with_context(|| format!("saving the merged model to {}", merged.display()))?;
+    }
+    Ok(())
+}
+
 fn generate(trainer: &mut Trainer, tok: &data::Tokenizer, args: &Args) -> anyhow::Result<String> {
     let prompt = tok.encode("ROMEO:");
     let sampling = Sampling {

@@ -95,8 +95,13 @@ pub fn export_ids<B: Backend>(model: &Model, arena: &Arena<B>, ids: &[BufId]) ->
 /// Every tensor under its HF name from whole units held outside the arena (ZeRO stage 3's
 /// gathered weights, `Trainer::full_params`), one slice per unit in unit order.
 pub fn export_units(model: &Model, units: &[&[f32]]) -> Vec<HfTensor> {
+    export_views(&model.units, units)
+}
+
+/// [`export_units`] for the layout `layout` (a LoRA model's full units, for a merged export).
+pub fn export_views(layout: &[Unit], units: &[&[f32]]) -> Vec<HfTensor> {
     let mut out = Vec::new();
-    for (unit, buf) in model.units.iter().zip(units) {
+    for (unit, buf) in layout.iter().zip(units) {
         for view in &unit.views {
             let data = &buf[view_range(view)];
             for part in &view.parts {
@@ -109,6 +114,16 @@ pub fn export_units(model: &Model, units: &[&[f32]]) -> Vec<HfTensor> {
         }
     }
     out
+}
+
+/// Every unit's weights (`model.params`), downloaded whole.
+pub fn unit_values<B: Backend>(model: &Model, arena: &Arena<B>) -> Vec<Vec<f32>> {
+    model.params.iter().map(|&id| download(arena, id)).collect()
+}
+
+/// Writes `path` durably (temporary file, fsync, rename).
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
+    write_atomically(path, bytes)
 }
 
 /// The safetensors bytes of the model's weights.

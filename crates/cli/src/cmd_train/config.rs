@@ -190,6 +190,45 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--lora-*` as the engine takes them (`None` without `--lora-rank`); flags that need LoRA,
+/// or an nf4 base, are refused without it.
+fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
+    let Some(rank) = args.lora_rank else {
+        for (set, flag) in [
+            (args.lora_alpha.is_some(), "--lora-alpha"),
+            (args.double_quant, "--double-quant"),
+            (args.merge, "--merge"),
+        ] {
+            if set {
+                bail!("{flag} needs --lora-rank R (LoRA adapters over a frozen base)");
+            }
+        }
+        return Ok(None);
+    };
+    if rank == 0 {
+        bail!("--lora-rank 0: use a rank of 1 or more (8-64 are usual)");
+    }
+    if args.double_quant && args.lora_base != plan::setup::Dtype::Nf4 {
+        bail!("--double-quant quantizes nf4's absmax: use it with --lora-base nf4");
+    }
+    if args.merge && args.out.is_none() {
+        bail!("--merge needs --out DIR: the merged model is written to DIR/merged");
+    }
+    let alpha = args.lora_alpha.unwrap_or(rank as f32);
+    if !(alpha.is_finite() && alpha > 0.0) {
+        bail!("--lora-alpha {alpha}: use a positive scale such as the rank or twice it");
+    }
+    Ok(Some(engine::LoraConfig {
+        plan: plan::setup::Lora {
+            rank,
+            targets: args.lora_targets.clone(),
+            base: args.lora_base,
+            double_quant: args.double_quant,
+        },
+        alpha,
+    }))
+}
+
 /// Refuses starting from saved weights where loading cannot honour the run yet: loading writes
 /// whole fp32 units, which stage 3 never holds and which are not bf16/fp16 master weights.
 fn check_weights(args: &Args, weights: Option<&Path>) -> anyhow::Result<()> {
@@ -236,9 +275,21 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         Some(text) => Some(plan::units::parse_bytes(text, "--device-memory")?),
         None => None,
     };
+    let lora = lora(args)?;
+    let optimizer = match (optimizer(args.optimizer), &lora) {
+        // Adapters train without weight decay, as PEFT runs under HF Trainer's default.
+        (OptimizerKind::AdamW { beta1, beta2, eps, .. }, Some(_)) => OptimizerKind::AdamW {
+            beta1,
+            beta2,
+            eps,
+            weight_decay: 0.0,
+        },
+        (kind, _) => kind,
+    };
     let config = TrainConfig {
         grad_accum: args.grad_accum,
-        optimizer: optimizer(args.optimizer),
+        optimizer,
+        lora,
         schedule: Schedule {
             lr: args.lr,
             warmup_steps: args.warmup.min(args.steps),

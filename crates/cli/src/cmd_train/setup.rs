@@ -109,8 +109,13 @@ pub fn build_rank(
     let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);
     if let Some(dir) = &shared.weights {
-        engine::io::load_hf_folder(&trainer.model, &trainer.arena, dir)
-            .with_context(|| format!("--model {}", dir.display()))?;
+        let (model, arena) = (&trainer.model, &trainer.arena);
+        match model.lora.is_some() {
+            // The weights are the frozen base; the adapters start as PEFT's.
+            true => engine::lora::base::load_hf_folder(model, arena, dir),
+            false => engine::io::load_hf_folder(model, arena, dir),
+        }
+        .with_context(|| format!("--model {}", dir.display()))?;
     }
     let mut loader = loader;
     if let Some(snap) = &shared.snapshot {
