@@ -78,6 +78,18 @@ pub struct TrainArgs {
     /// Activation recompute, as `frugal train`.
     #[arg(long, default_value_t = Recompute::None)]
     pub recompute: Recompute,
+    /// LoRA/QLoRA: time adapters of this rank over a frozen random base (as `frugal train`).
+    #[arg(long)]
+    pub lora_rank: Option<u32>,
+    /// LoRA targets, as `frugal train`.
+    #[arg(long, default_value = "all-linear", value_delimiter = ',')]
+    pub lora_targets: Vec<String>,
+    /// The frozen base's storage, as `frugal train`.
+    #[arg(long, default_value_t = plan::setup::Dtype::Nf4)]
+    pub lora_base: plan::setup::Dtype,
+    /// nf4 base: bitsandbytes' double quantization.
+    #[arg(long)]
+    pub double_quant: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -188,10 +200,22 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             precision: a.precision,
             ..Mixed::fp32()
         },
+        lora: a.lora_rank.map(|rank| engine::LoraConfig {
+            plan: plan::setup::Lora {
+                rank,
+                targets: a.lora_targets.clone(),
+                base: a.lora_base,
+                double_quant: a.double_quant,
+            },
+            alpha: rank as f32,
+        }),
         ..TrainConfig::new(model.clone(), a.batch, a.seq)
     };
     let mut trainer = Trainer::new(config)?;
     trainer.init_weights(1);
+    if a.lora_rank.is_some() {
+        return lora_bench(&a, trainer);
+    }
     let n = trainer.micro_tokens();
     let mut rng = data::SplitMix64::new(7);
     let vocab = model.shape.vocab.min(50257);
@@ -253,6 +277,58 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         "  the engine's GEMM on the step's shapes, same run: {gemm:.1} GFLOP/s; the step reaches {:.2} of it",
         gflops / gemm
     );
+    Ok(())
+}
+
+/// A LoRA step on random tokens: tokens/s, and the measured peak against the plan.
+fn lora_bench(a: &TrainArgs, mut trainer: Trainer) -> anyhow::Result<()> {
+    let n = trainer.micro_tokens();
+    let mut rng = data::SplitMix64::new(7);
+    let vocab = trainer.config.model.shape.vocab.min(50257);
+    let x: Vec<u32> = (0..n).map(|_| rng.next_below(vocab) as u32).collect();
+    let mut feed = |i: &mut [u32], o: &mut [u32]| {
+        i.copy_from_slice(&x);
+        o.copy_from_slice(&x);
+    };
+    trainer.step(&mut feed)?;
+    let started = Instant::now();
+    let mut progress = crate::output::PlainProgress::new("bench train", a.steps, a.json);
+    for step in 0..a.steps {
+        trainer.step(&mut feed)?;
+        progress.tick(step + 1, "");
+    }
+    let tokens_per_s = (n as u64 * a.steps) as f64 / started.elapsed().as_secs_f64();
+    let planned = trainer.plan.peak_bytes(plan::buffer::Device::Gpu);
+    let measured = trainer.measured().peak_bytes;
+    let lora = trainer.model.lora.as_ref().expect("a LoRA trainer");
+    let trained: u64 = trainer.model.units.iter().map(|u| u.numel).sum();
+    if a.json {
+        let v = json!({
+            "model": trainer.config.model.shape.name, "batch": a.batch, "seq": a.seq,
+            "steps": a.steps, "recompute": a.recompute.to_string(),
+            "lora_rank": lora.setup.rank, "lora_base": lora.format.name(),
+            "trained_params": trained, "tokens_per_s": tokens_per_s,
+            "planned_peak_bytes": planned, "measured_peak_bytes": measured,
+            "cpu": generate::cpu_name(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "frugal LoRA step, {} at batch {} x seq {} ({} timed steps, r {} on {}, {} base, recompute {})",
+            trainer.config.model.shape.name, a.batch, a.seq, a.steps, lora.setup.rank,
+            lora.setup.targets.join(","), lora.format.name(), a.recompute
+        );
+        println!(
+            "  {tokens_per_s:.1} tokens/s; {trained} trained parameters; peak measured {measured} bytes \
+             ({:.2} GB) = planned {planned} bytes: {}",
+            measured as f64 / 1e9,
+            if measured == planned { "equal" } else { "DIFFERENT" }
+        );
+        println!("  CPU: {}", generate::cpu_name());
+    }
+    if measured != planned {
+        bail!("the measured peak ({measured} bytes) differs from the plan ({planned} bytes)");
+    }
     Ok(())
 }
 

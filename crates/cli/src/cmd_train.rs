@@ -287,6 +287,13 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         train: Vec::new(),
         val: Vec::new(),
     };
+    // A fresh LoRA run starts as its base (B = 0): its first validation point is the base's.
+    let batches = args.val_batches * args.ranks as usize;
+    if trainer.model.lora.is_some() && trainer.step == 0 {
+        curves
+            .val
+            .push((0, setup::val_loss(&mut trainer, &val, batches)?));
+    }
     let started = Instant::now();
     let mut tokens = 0u64;
     bar.set_position(trainer.step);
@@ -305,7 +312,6 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         }
         if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
             // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
-            let batches = args.val_batches * args.ranks as usize;
             let loss = setup::val_loss(&mut trainer, &val, batches)?;
             curves.val.push((step + 1, loss));
         }

@@ -278,7 +278,12 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     let lora = lora(args)?;
     let optimizer = match (optimizer(args.optimizer), &lora) {
         // Adapters train without weight decay, as PEFT runs under HF Trainer's default.
-        (OptimizerKind::AdamW { beta1, beta2, eps, .. }, Some(_)) => OptimizerKind::AdamW {
+        (
+            OptimizerKind::AdamW {
+                beta1, beta2, eps, ..
+            },
+            Some(_),
+        ) => OptimizerKind::AdamW {
             beta1,
             beta2,
             eps,

@@ -239,9 +239,21 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         out.push_str(&format!("\nsample:\n{sample}\n"));
     }
     if let Some(dir) = &args.out {
+        let saved = match (&t.model.lora, args.merge) {
+            (Some(_), false) => "PEFT adapters (adapter_model.safetensors, adapter_config.json)",
+            (Some(_), true) => "PEFT adapters and the merged model (merged/)",
+            (None, _) => "model.safetensors and config.json",
+        };
+        out.push_str(&format!("\nsaved {saved} to {}\n", dir.display()));
+    }
+    if let Some(lora) = &t.model.lora {
+        let trained: u64 = t.model.units.iter().map(|u| u.numel).sum();
         out.push_str(&format!(
-            "\nsaved model.safetensors and config.json to {}\n",
-            dir.display()
+            "LoRA r {} (alpha {}) on {} over a frozen {} base: {trained} trained parameters\n",
+            lora.setup.rank,
+            lora.alpha,
+            lora.setup.targets.join(","),
+            lora.format.name()
         ));
     }
     out

@@ -241,6 +241,7 @@ impl LoraModel {
 
     /// Only the adapter outputs u of block `layer`'s matrix `role` (a segment recompute keeps
     /// its last block's output, but the backward still reads that projection's u).
+    #[allow(clippy::too_many_arguments)]
     pub fn adapter_u<B: Backend>(
         &self,
         model: &Model,

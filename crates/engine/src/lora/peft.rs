@@ -31,7 +31,11 @@ pub fn adapter_config(trainer: &Trainer) -> serde_json::Value {
     let lora = trainer.model.lora.as_ref().expect("a LoRA model");
     let mut modules: Vec<String> = lora.matrices[0]
         .iter()
-        .flat_map(|m| m.matrix.targeted().map(|p| p.module.rsplit('.').next().unwrap_or("").to_string()))
+        .flat_map(|m| {
+            m.matrix
+                .targeted()
+                .map(|p| p.module.rsplit('.').next().unwrap_or("").to_string())
+        })
         .collect();
     modules.sort();
     modules.dedup();

@@ -377,11 +377,16 @@ fn search_with(
         dp: 1,
         ..baseline.clone()
     };
-    let states = if r.keep_states {
+    let mut states = if r.keep_states {
         vec![(r.precision, r.optimizer)]
     } else {
         space::state_variants(r.precision, r.optimizer)
     };
+    // This engine trains LoRA adapters in fp32 over the frozen base (`frugal::adapters`).
+    let engine_lora = r.runtime == Runtime::Frugal && lora.iter().any(Option::is_some);
+    if engine_lora && !states.contains(&(Precision::Fp32, Optimizer::AdamW)) {
+        states.push((Precision::Fp32, Optimizer::AdamW));
+    }
     let fixed = space::Fixed {
         template: &template,
         global_batch: r.global_batch,

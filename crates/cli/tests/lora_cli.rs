@@ -1,0 +1,132 @@
+//! `frugal train --lora-*` end to end: a QLoRA run over a base trained here writes PEFT's files,
+//! measures exactly what `frugal plan --runtime frugal` plans, and reports the base's validation
+//! loss first; bad LoRA flags end with exit code 2 and a message naming the fix.
+
+mod common;
+
+use common::{fails_with, frugal, json, small_text, temp_dir};
+
+fn train(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["train", "--sample-tokens", "0", "--val-batches", "1"];
+    all.extend_from_slice(args);
+    frugal(&all)
+}
+
+#[test]
+fn qlora_over_a_saved_base_writes_peft_files_and_measures_the_plan() {
+    let dir = temp_dir("lora-cli", "qlora");
+    let data = small_text("lora-cli", "qlora-data", 40_000);
+    let base = dir.join("base");
+    let (b, adapters) = (base.to_str().unwrap(), dir.join("adapters"));
+    let shape = ["--batch", "2", "--seq", "32", "--data", &data];
+    let mut args = vec!["--model", "gpt2-tiny", "--steps", "3", "--out", b];
+    args.extend(shape);
+    json(&train(&[&args[..], &["--json"]].concat()));
+    let lora = [
+        "--lora-rank",
+        "4",
+        "--lora-alpha",
+        "8",
+        "--lora-base",
+        "nf4",
+        "--double-quant",
+        "--lora-targets",
+        "c_attn,c_fc",
+    ];
+    let mut args = vec![
+        "--model",
+        b,
+        "--steps",
+        "4",
+        "--val-every",
+        "4",
+        "--merge",
+        "--json",
+    ];
+    args.extend(["--out", adapters.to_str().unwrap()]);
+    args.extend(shape);
+    args.extend(lora);
+    let v = json(&train(&args));
+    let rank = &v["ranks"][0];
+    for field in common::CATEGORY_FIELDS.into_iter().chain(["peak_bytes"]) {
+        let planned = rank["planned"][field].as_u64().expect(field);
+        assert_eq!(rank["measured"][field].as_u64(), Some(planned), "{field}");
+    }
+    // The base's validation loss (step 0) comes first, then the fine-tuned one.
+    let curve = v["val_curve"].as_array().unwrap();
+    assert_eq!(curve[0][0], 0);
+    assert_eq!(curve.len(), 2);
+    for file in [
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "merged/model.safetensors",
+    ] {
+        assert!(adapters.join(file).exists(), "{file}");
+    }
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["r"], 4);
+    assert_eq!(
+        config["target_modules"],
+        serde_json::json!(["c_attn", "c_fc"])
+    );
+    // The planner's frugal runtime gives the same peak for the same run.
+    let config_json = base.join("config.json");
+    let mut plan = vec!["plan", "--model", config_json.to_str().unwrap(), "--train"];
+    plan.extend([
+        "--runtime",
+        "frugal",
+        "--precision",
+        "fp32",
+        "--batch",
+        "2",
+        "--seq",
+        "32",
+    ]);
+    plan.extend(["--json", "--attention", "flash"]);
+    plan.extend(lora.iter().filter(|f| !["--lora-alpha", "8"].contains(f)));
+    let p = json(&frugal(&plan));
+    assert_eq!(
+        p["per_device"]["peak_bytes"],
+        rank["measured"]["peak_bytes"]
+    );
+}
+
+#[test]
+fn bad_lora_flags_say_what_to_fix() {
+    let data = small_text("lora-cli", "bad", 20_000);
+    let run = [
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--seq",
+        "16",
+        "--data",
+        &data,
+    ];
+    let with = |extra: &[&str]| train(&[&run[..], extra].concat());
+    fails_with(&with(&["--double-quant"]), "needs --lora-rank");
+    fails_with(&with(&["--lora-rank", "0"]), "--lora-rank 0");
+    fails_with(
+        &with(&["--lora-rank", "4", "--double-quant"]),
+        "--lora-base nf4",
+    );
+    fails_with(
+        &with(&["--lora-rank", "4", "--lora-targets", "q_proj"]),
+        "is not a linear layer",
+    );
+    fails_with(
+        &with(&["--lora-rank", "4", "--precision", "bf16"]),
+        "--precision fp32",
+    );
+    fails_with(
+        &with(&["--lora-rank", "4", "--merge"]),
+        "--merge needs --out",
+    );
+    fails_with(&with(&["--lora-rank", "4", "--lora-base", "int4"]), "not a");
+}
