@@ -130,3 +130,64 @@ fn bad_lora_flags_say_what_to_fix() {
     );
     fails_with(&with(&["--lora-rank", "4", "--lora-base", "int4"]), "not a");
 }
+
+#[test]
+fn a_lora_run_resumes_from_its_snapshot_on_the_same_trajectory() {
+    let dir = temp_dir("lora-cli", "resume");
+    let data = small_text("lora-cli", "resume-data", 40_000);
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let run = [
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "4",
+        "--batch",
+        "2",
+        "--seq",
+        "32",
+        "--data",
+        &data,
+        "--lora-rank",
+        "4",
+        "--lora-base",
+        "int8",
+        "--val-every",
+        "4",
+        "--json",
+    ];
+    let whole = json(&train(
+        &[
+            &run[..],
+            &["--save-every", "2", "--out", a.to_str().unwrap()],
+        ]
+        .concat(),
+    ));
+    let snap = a.join("step-000002");
+    let resumed = [
+        &run[..],
+        &[
+            "--out",
+            b.to_str().unwrap(),
+            "--resume",
+            snap.to_str().unwrap(),
+        ],
+    ]
+    .concat();
+    let resumed = json(&train(&resumed));
+    assert_eq!(resumed["loss_last"], whole["loss_last"]);
+    assert_eq!(resumed["val_loss"], whole["val_loss"]);
+    // Another rank is another run: refused, naming the difference.
+    let mut other: Vec<&str> = run
+        .iter()
+        .map(|f| if *f == "4" { "2" } else { f })
+        .collect();
+    other[3] = "4"; // keep --steps 4: only the rank changes
+    other.extend([
+        "--out",
+        b.to_str().unwrap(),
+        "--overwrite",
+        "--resume",
+        snap.to_str().unwrap(),
+    ]);
+    fails_with(&train(&other), "run.lora");
+}

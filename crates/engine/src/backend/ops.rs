@@ -50,8 +50,8 @@ pub struct LinearShape {
     pub oc: usize,
 }
 
-/// What a linear layer's weight is. The one choke point every block projection passes through:
-/// LoRA adapters and quantized weights become variants here.
+/// What a linear layer's weight is: a plain matrix (a LoRA model's frozen matrices and adapters
+/// run as `lora_ops`' `FrozenLinear` and `Adapter` instead, from the same choke point).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearKind {
     /// A plain weight matrix (OC, IC).

@@ -89,6 +89,10 @@ pub struct RunFields {
     /// The training data's identity: a hash of its token stream (absent in older snapshots).
     #[serde(default)]
     pub data: Option<u64>,
+    /// LoRA: rank, α, targets and the base's format (`null` for full training). The snapshot's
+    /// weights are the adapters; the resumed run reads the base from its `--model` again.
+    #[serde(default)]
+    pub lora: serde_json::Value,
 }
 
 fn fp32_name() -> String {
@@ -239,6 +243,16 @@ impl RunFields {
                 _ => serde_json::Value::Null,
             },
             data,
+            lora: match &c.lora {
+                Some(l) => serde_json::json!({
+                    "rank": l.plan.rank,
+                    "alpha": l.alpha,
+                    "targets": l.plan.targets.join(","),
+                    "base": format!("{:?}", l.plan.base).to_lowercase(),
+                    "double_quant": l.plan.double_quant,
+                }),
+                None => serde_json::Value::Null,
+            },
         }
     }
 }
