@@ -136,15 +136,17 @@ pub fn init_random<B: Backend>(model: &Model, arena: &Arena<B>, seed: u64) {
     }
 }
 
-/// The base from HF safetensors files (a folder's `model.safetensors` or its shards).
+/// The base from HF safetensors files (a folder's `model.safetensors` or its shards), each
+/// name behind `prefix` (golden files keep `weights.<name>`).
 pub fn load_files<B: Backend>(
     model: &Model,
     arena: &Arena<B>,
     files: &[(String, &[u8])],
+    prefix: &str,
 ) -> Result<(), EngineError> {
     let lora = model.lora.as_ref().expect("a LoRA model");
     let units = full_units(model);
-    let values = crate::io::read_units(&units, files, "")?;
+    let values = crate::io::read_units(&units, files, prefix)?;
     for (u, (unit, v)) in units.iter().zip(&values).enumerate() {
         upload_unit(lora, arena, u, unit, v);
     }
@@ -162,7 +164,7 @@ pub fn load_hf_folder<B: Backend>(
         .iter()
         .map(|(p, b)| (p.clone(), b.as_slice()))
         .collect();
-    load_files(model, arena, &files)
+    load_files(model, arena, &files, "")
 }
 
 /// Full model unit `u`'s values as the base holds them (block matrices dequantized): the
