@@ -125,3 +125,45 @@ fn recompute_and_zero_leave_a_lora_run_bit_identical() {
         assert_eq!(run(Recompute::Full, zero, 2), dp, "{zero:?} over 2 ranks");
     }
 }
+
+/// Parts taller than a dequant tile (gate and up of 600 rows: tiles of 256, 256 and 88): the
+/// adapted model's logits equal those of its merged weights in a plain (full) model, before
+/// training (B = 0: the dequantized base) and after (the adapters merged in).
+#[test]
+fn tiled_dequant_and_merge_give_the_logits_of_the_merged_model() {
+    let shape = ModelShape {
+        d_model: 64,
+        d_ff: 600,
+        ..llama_tiny()
+    };
+    let mut t = Trainer::new(lora_config(
+        shape.clone(),
+        lora(Dtype::Nf4, true, "all-linear"),
+    ))
+    .unwrap();
+    t.init_weights(3);
+    let runner_logits = |t: &Trainer, x: &[u32]| {
+        let bytes = engine::io::tensors_to_safetensors(engine::lora::peft::merged_tensors(t));
+        let mut full = Trainer::new(config(shape.clone(), 2, 16)).unwrap();
+        engine::io::load_safetensors(&full.model, &full.arena, &bytes, "merged").unwrap();
+        full.logits(x, 2, 16).unwrap()
+    };
+    let x = tokens(32, shape.vocab, 5);
+    for trained in [false, true] {
+        if trained {
+            let mut cfg_lr = t.config.schedule;
+            cfg_lr.lr = 1e-2;
+            t.config.schedule = cfg_lr;
+            losses(&mut t, 5);
+        }
+        let got = t.logits(&x, 2, 16).unwrap();
+        let want = runner_logits(&t, &x);
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(err < 1e-4, "trained {trained}: max |diff| {err}");
+    }
+    assert_measured_equals_planned(&t, "tiled");
+}

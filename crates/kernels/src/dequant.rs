@@ -68,12 +68,79 @@ pub fn dequantize(
     levels: &[f32; 16],
     map: &[f32; 256],
 ) {
-    let n = out.len();
+    dequantize_range(out, src, stored, out.len(), 0, levels, map);
+}
+
+/// Values `first .. first + out.len()` of a part of `n` values (a tile of rows: the GEMM that
+/// reads it then finds it in cache). Runs of whole NF4 blocks take the fast path; a range that
+/// starts inside a block (rows narrower than a block, toy models) is decoded value by value.
+pub fn dequantize_range(
+    out: &mut [f32],
+    src: &[u8],
+    stored: Stored,
+    n: usize,
+    first: usize,
+    levels: &[f32; 16],
+    map: &[f32; 256],
+) {
+    assert!(first + out.len() <= n, "values {first}.. of {n}");
     assert!(
         src.len() >= stored.bytes(n),
         "{} bytes for {n} values",
         src.len()
     );
+    if first == 0 && out.len() == n {
+        return whole(out, src, stored, levels, map);
+    }
+    match stored {
+        Stored::Bf16 => whole(out, &src[2 * first..], Stored::Bf16, levels, map),
+        Stored::Int8 { rows } => {
+            let cols = n / rows;
+            let (codes, scales) = (&src[first..], &src[n..]);
+            out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
+                for (j, x) in o.iter_mut().enumerate() {
+                    let i = t * TASK + j;
+                    *x = f32_at(scales, (first + i) / cols) * f32::from(codes[i] as i8);
+                }
+            });
+        }
+        Stored::Nf4 { block, double } if first.is_multiple_of(block) => {
+            let blocks = n.div_ceil(block);
+            let rest = &src[n.div_ceil(2)..];
+            let b0 = first / block;
+            out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
+                for (k, ob) in o.chunks_mut(block).enumerate() {
+                    let b = b0 + t * TASK / block + k;
+                    let a = nf4_absmax(rest, blocks, b, double, map);
+                    let lut: [f32; 16] = std::array::from_fn(|i| levels[i] * a);
+                    nf4_block(ob, &src[b * block / 2..], &lut);
+                }
+            });
+        }
+        Stored::Nf4 { .. } => {
+            let mut all = vec![0.0f32; n];
+            reference::dequantize(&mut all, src, stored, levels, map);
+            out.copy_from_slice(&all[first..first + out.len()]);
+        }
+    }
+}
+
+/// Block `b`'s absmax (of `blocks`), stored as f32 or double-quantized.
+#[inline]
+fn nf4_absmax(rest: &[u8], blocks: usize, b: usize, double: bool, map: &[f32; 256]) -> f32 {
+    match double {
+        false => f32_at(rest, b),
+        true => {
+            let scales = &rest[blocks..];
+            let offset = f32_at(scales, blocks.div_ceil(NESTED_BLOCK));
+            map[rest[b] as usize] * f32_at(scales, b / NESTED_BLOCK) + offset
+        }
+    }
+}
+
+/// A whole part (or, for bf16, a run of values from its first).
+fn whole(out: &mut [f32], src: &[u8], stored: Stored, levels: &[f32; 16], map: &[f32; 256]) {
+    let n = out.len();
     match stored {
         Stored::Bf16 => out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
             let s = &src[2 * t * TASK..];
@@ -101,14 +168,7 @@ pub fn dequantize(
             let blocks = n.div_ceil(block);
             let packed = &src[..n.div_ceil(2)];
             let rest = &src[n.div_ceil(2)..];
-            let absmax = |b: usize| match double {
-                false => f32_at(rest, b),
-                true => {
-                    let scales = &rest[blocks..];
-                    let offset = f32_at(scales, blocks.div_ceil(NESTED_BLOCK));
-                    map[rest[b] as usize] * f32_at(scales, b / NESTED_BLOCK) + offset
-                }
-            };
+            let absmax = |b: usize| nf4_absmax(rest, blocks, b, double, map);
             out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
                 for (k, ob) in o.chunks_mut(block).enumerate() {
                     let b = t * TASK / block + k;
@@ -225,6 +285,17 @@ mod tests {
             dequantize(&mut fast, &src, stored, &levels, &map);
             reference::dequantize(&mut slow, &src, stored, &levels, &map);
             assert_eq!(fast, slow, "{stored:?}");
+            // Tiles of rows, block-aligned or not (rows of 64; a range from inside a block).
+            for (first, len) in [
+                (64 * 7, 64 * 300),
+                (TASK, TASK + 64),
+                (32, 96),
+                (n - 64, 64),
+            ] {
+                let mut tile = vec![0.0; len];
+                dequantize_range(&mut tile, &src, stored, n, first, &levels, &map);
+                assert_eq!(tile, slow[first..first + len], "{stored:?} {first}+{len}");
+            }
         }
     }
 }

@@ -7,9 +7,9 @@
 //! the base format, one HF linear after another (bitsandbytes quantizes each `nn.Linear` on its
 //! own): fp32, bf16, int8 (one fp32 absmax scale per output row) or NF4 exactly as bitsandbytes
 //! stores it (blocks of 64, fp32 absmax, or with double quantization, `formats::bnb`). Each part
-//! is padded to 4 bytes. A GEMM dequantizes one part into `work.dequant` (the largest part's f32
-//! size; none for an fp32 base) in the forward and again in the backward, so no dequantized
-//! copy outlives its GEMM.
+//! is padded to 4 bytes. A GEMM dequantizes one tile of [`DEQUANT_TILE_ROWS`] rows of a part at a
+//! time into `work.dequant` (one tile's f32 size; none for an fp32 base) and multiplies it, in the
+//! forward and again in the backward, so no dequantized copy outlives its tile's GEMM.
 //!
 //! The trainable parameters are the adapters: one unit per block (kind `Block(l)`, so ZeRO, the
 //! optimizer and snapshots treat them as any unit), holding for every adapted linear A (r, IC)
@@ -39,6 +39,10 @@ pub const MATRICES: [Role; 4] = [
 
 /// NF4's block size (bitsandbytes' QLoRA default).
 pub const NF4_BLOCK: u64 = 64;
+
+/// Rows of a frozen part dequantized at a time: the GEMM that reads the tile finds it in cache
+/// (256 × 4096 f32 is 4 MiB), and `work.dequant` holds one tile, not one matrix.
+pub const DEQUANT_TILE_ROWS: u64 = 256;
 
 /// How the frozen block matrices are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,8 +308,8 @@ pub fn lora_buffers(
                 m.bytes,
                 Lifetime::Persistent,
             ));
-            largest_part =
-                largest_part.max(m.parts.iter().map(|p| p.rows * m.cols).max().unwrap_or(0));
+            let tile = |p: &Part| p.rows.min(DEQUANT_TILE_ROWS) * m.cols;
+            largest_part = largest_part.max(m.parts.iter().map(tile).max().unwrap_or(0));
             let width = m.u_width(r);
             if width == 0 {
                 continue;

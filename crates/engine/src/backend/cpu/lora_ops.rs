@@ -5,8 +5,8 @@ use super::Cpu;
 use crate::arena::Arena;
 use crate::backend::lora_ops::*;
 use crate::backend::Tensor;
-use kernels::dequant::{dequantize, Stored};
-use plan::frugal::adapters::{BaseFormat, NF4_BLOCK};
+use kernels::dequant::{dequantize_range, Stored};
+use plan::frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS, NF4_BLOCK};
 
 type A = Arena<Cpu>;
 
@@ -31,46 +31,66 @@ fn tables() -> &'static ([f32; 16], [f32; 256]) {
     })
 }
 
-/// The f32 weight of `part` (rows, ic): itself for an fp32 base, else dequantized into `scratch`.
-fn weight_of(
+/// Runs `gemm(weight tile, first row, rows)` over `part` (rows, ic): the stored f32 weight whole
+/// for an fp32 base, else tiles of `DEQUANT_TILE_ROWS` rows dequantized into `scratch`.
+fn for_tiles(
     a: &A,
     part: &FrozenPart,
     format: BaseFormat,
     scratch: Option<Tensor>,
     ic: usize,
-) -> Tensor {
+    mut gemm: impl FnMut(Tensor, usize, usize),
+) {
     if format == BaseFormat::F32 {
-        return part.src;
+        return gemm(part.src, 0, part.rows);
     }
-    let dst = scratch
-        .expect("a quantized base has a dequant scratch")
-        .prefix(part.rows * ic);
-    let src = a.view::<u8>(part.src);
-    let mut out = a.view_mut::<f32>(dst);
+    let scratch = scratch.expect("a quantized base has a dequant scratch");
     let (levels, map) = tables();
-    dequantize(&mut out, &src, stored(format, part.rows), levels, map);
-    dst
+    let tile = DEQUANT_TILE_ROWS as usize;
+    for r0 in (0..part.rows).step_by(tile) {
+        let rows = tile.min(part.rows - r0);
+        let dst = scratch.prefix(rows * ic);
+        {
+            let src = a.view::<u8>(part.src);
+            let mut out = a.view_mut::<f32>(dst);
+            let stored = stored(format, part.rows);
+            dequantize_range(&mut out, &src, stored, part.rows * ic, r0 * ic, levels, map);
+        }
+        gemm(dst, r0, rows);
+    }
 }
 
 pub fn frozen_linear(a: &A, op: &FrozenLinear) {
     for part in op.parts.iter().flatten() {
-        let w = weight_of(a, part, op.format, op.scratch, op.ic);
-        let bias = op.bias.map(|b| b.slice(part.col0..part.col0 + part.rows));
-        let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
-        let bias = bias.map(|b| a.view::<f32>(b));
-        let mut out = a.view_mut::<f32>(op.out);
-        let cols = (part.col0, part.rows);
-        kernels::lora::forward_cols(&mut out, &x, &w, bias.as_deref(), op.n, op.ic, op.oc, cols);
+        for_tiles(a, part, op.format, op.scratch, op.ic, |w, r0, rows| {
+            let col0 = part.col0 + r0;
+            let bias = op.bias.map(|b| b.slice(col0..col0 + rows));
+            let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
+            let bias = bias.map(|b| a.view::<f32>(b));
+            let mut out = a.view_mut::<f32>(op.out);
+            let cols = (col0, rows);
+            kernels::lora::forward_cols(
+                &mut out,
+                &x,
+                &w,
+                bias.as_deref(),
+                op.n,
+                op.ic,
+                op.oc,
+                cols,
+            );
+        });
     }
 }
 
 pub fn frozen_linear_backward(a: &A, op: &FrozenLinearBackward) {
     for part in op.parts.iter().flatten() {
-        let w = weight_of(a, part, op.format, op.scratch, op.ic);
-        let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
-        let mut dinp = a.view_mut::<f32>(op.dinp);
-        let shape = (op.n, op.ic, op.oc);
-        kernels::lora::backward_input_cols(&mut dinp, &dout, &w, shape, (part.col0, part.rows));
+        for_tiles(a, part, op.format, op.scratch, op.ic, |w, r0, rows| {
+            let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
+            let mut dinp = a.view_mut::<f32>(op.dinp);
+            let shape = (op.n, op.ic, op.oc);
+            kernels::lora::backward_input_cols(&mut dinp, &dout, &w, shape, (part.col0 + r0, rows));
+        });
     }
 }
 
