@@ -8,6 +8,10 @@
 //! prompt (`tokens` int32 (1, T), `logits` f32 (1, T, V)) for `dev/check_export.py` to compare
 //! with transformers'. Nothing here trains or prints beyond one summary line.
 //!
+//! A LoRA run's snapshot holds adapters: `--merge --base DIR` writes the merged model instead
+//! (W + (α/r)·B·A over the base rounded through the run's base format, as PEFT's merge over a
+//! quantized base does).
+//!
 //! Example: `frugal export runs/a --hf runs/a-hf --logits runs/a-logits.safetensors`.
 
 use anyhow::{bail, Context};
@@ -36,6 +40,14 @@ pub struct Args {
         default_value = "ROMEO: But soft, what light through yonder window breaks?"
     )]
     pub prompt: String,
+    /// A LoRA snapshot (its weights are the adapters): write the merged model, W + (α/r)·B·A
+    /// over the base as training stored it (dequant(quant(W)) for a quantized base). Needs
+    /// --base.
+    #[arg(long)]
+    pub merge: bool,
+    /// The base model folder the LoRA run trained over (its `--model`).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
     /// Print one JSON object (snapshot, step, ranks, the folder and files written).
     #[arg(long)]
     pub json: bool,
@@ -52,6 +64,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let model = snap.model_config()?;
+    let lora = lora_of(&snap)?;
+    match (&lora, args.merge, &args.base) {
+        (Some((lora, alpha)), true, Some(base)) => {
+            if args.logits.is_some() {
+                bail!("--logits with --merge: run the merged folder with frugal generate instead");
+            }
+            return merge(&args, &snap, &model, lora, *alpha, base);
+        }
+        (Some(_), _, _) => bail!(
+            "{} is a LoRA snapshot (its weights are adapters): add --merge --base DIR (the \
+             base model folder the run trained over) to export the merged model",
+            snap.dir.display()
+        ),
+        (None, true, _) | (None, _, Some(_)) => bail!(
+            "--merge and --base export LoRA snapshots; {} is a full model's",
+            snap.dir.display()
+        ),
+        (None, false, None) => {}
+    }
     let tokens = prompt_tokens(&args.prompt, &model)?;
     // One row of the prompt's length: the smallest arena that runs the logits.
     let setup = ForwardSetup {
@@ -87,6 +118,78 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             crate::output::plural(snap.shard_count() as u64, "rank"),
             args.hf.display()
         );
+    }
+    Ok(())
+}
+
+/// The LoRA settings a snapshot recorded (`run.lora`), if it is a LoRA run's.
+fn lora_of(snap: &Snapshot) -> anyhow::Result<Option<(plan::setup::Lora, f32)>> {
+    let v = &snap.state.run.lora;
+    if v.is_null() {
+        return Ok(None);
+    }
+    let bad = || anyhow::anyhow!("{}: its run.lora is malformed: {v}", snap.dir.display());
+    let base: plan::setup::Dtype = v["base"]
+        .as_str()
+        .ok_or_else(bad)?
+        .parse()
+        .map_err(|_| bad())?;
+    let lora = plan::setup::Lora {
+        rank: v["rank"].as_u64().ok_or_else(bad)? as u32,
+        targets: v["targets"]
+            .as_str()
+            .ok_or_else(bad)?
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+        base,
+        double_quant: v["double_quant"].as_bool().ok_or_else(bad)?,
+    };
+    Ok(Some((lora, v["alpha"].as_f64().ok_or_else(bad)? as f32)))
+}
+
+/// `--merge`: the base's HF weights through the base format, plus the snapshot's adapters.
+fn merge(
+    args: &Args,
+    snap: &Snapshot,
+    model: &engine::ModelConfig,
+    lora: &plan::setup::Lora,
+    alpha: f32,
+    base: &Path,
+) -> anyhow::Result<()> {
+    let shape = &model.shape;
+    let units = plan::frugal::param_units(shape, 1)?;
+    let data =
+        engine::io::read_hf_folder(base).with_context(|| format!("--base {}", base.display()))?;
+    let files: Vec<(String, &[u8])> = data
+        .iter()
+        .map(|(p, b)| (p.clone(), b.as_slice()))
+        .collect();
+    let base_values = engine::io::read_units(&units, &files, "")
+        .with_context(|| format!("--base {}", base.display()))?;
+    let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;
+    let adapters = snap.weights(&adapter_units)?;
+    let tensors = engine::lora::peft::merge_host(shape, lora, alpha, base_values, &adapters)?;
+    engine::io::save_hf(model, tensors, &args.hf)
+        .with_context(|| format!("--hf {}", args.hf.display()))?;
+    let summary = format!(
+        "merged {} (step {}, LoRA r {} alpha {alpha} over a {:?} base) into {}",
+        snap.dir.display(),
+        snap.state.step,
+        lora.rank,
+        lora.base,
+        args.hf.display()
+    );
+    match args.json {
+        true => println!(
+            "{}",
+            serde_json::json!({
+                "snapshot": snap.dir.display().to_string(), "step": snap.state.step,
+                "merged": true, "hf": args.hf.display().to_string(),
+                "files": [engine::snapshot::CONFIG_FILE, engine::snapshot::WEIGHTS_FILE],
+            })
+        ),
+        false => println!("{summary}"),
     }
     Ok(())
 }

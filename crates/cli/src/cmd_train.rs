@@ -212,7 +212,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(dir) = &args.out {
         match first.trainer.model.lora.is_some() {
-            true => save_lora(&first.trainer, &args, dir)?,
+            true => save_lora(
+                &first.trainer,
+                first.finished.weights.as_deref(),
+                &args,
+                dir,
+            )?,
             false => zero::save(&first.trainer, &first.finished, dir)?,
         }
     }
@@ -380,13 +385,18 @@ fn progress_bar(args: &Args) -> ProgressBar {
 
 /// A sample continuing a fixed prompt, decoded to text.
 /// `--out` of a LoRA run: PEFT's adapter files, and with `--merge` the merged model.
-fn save_lora(trainer: &Trainer, args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
+fn save_lora(
+    trainer: &Trainer,
+    gathered: Option<&[Vec<f32>]>,
+    args: &Args,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     let context = || format!("saving the adapters to {}", dir.display());
-    engine::lora::peft::save_adapter(trainer, dir).with_context(context)?;
+    engine::lora::peft::save_adapter(trainer, gathered, dir).with_context(context)?;
     if args.merge {
         let merged = dir.join("merged");
-        engine::lora::peft::save_merged(trainer, &merged)
+        engine::lora::peft::save_merged(trainer, gathered, &merged)
             .with_context(|| format!("saving the merged model to {}", merged.display()))?;
     }
     Ok(())

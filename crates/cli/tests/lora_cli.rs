@@ -42,6 +42,8 @@ fn qlora_over_a_saved_base_writes_peft_files_and_measures_the_plan() {
         "4",
         "--merge",
         "--json",
+        "--save-every",
+        "4",
     ];
     args.extend(["--out", adapters.to_str().unwrap()]);
     args.extend(shape);
@@ -72,6 +74,36 @@ fn qlora_over_a_saved_base_writes_peft_files_and_measures_the_plan() {
         config["target_modules"],
         serde_json::json!(["c_attn", "c_fc"])
     );
+    // `frugal export --merge` of the run's snapshot writes the same merged model, from the
+    // base's HF weights and the snapshot's adapters (no arena).
+    let (snap, exported) = (adapters.join("step-000004"), dir.join("exported"));
+    let export = [
+        "export",
+        snap.to_str().unwrap(),
+        "--merge",
+        "--base",
+        b,
+        "--hf",
+        exported.to_str().unwrap(),
+    ];
+    let out = frugal(&export);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |p: std::path::PathBuf| std::fs::read(p).unwrap();
+    assert!(
+        read(exported.join("model.safetensors")) == read(adapters.join("merged/model.safetensors")),
+        "export --merge and train --merge write the same model"
+    );
+    let plain = [
+        "export",
+        snap.to_str().unwrap(),
+        "--hf",
+        exported.to_str().unwrap(),
+    ];
+    fails_with(&frugal(&plain), "--merge --base");
     // The planner's frugal runtime gives the same peak for the same run.
     let config_json = base.join("config.json");
     let mut plan = vec!["plan", "--model", config_json.to_str().unwrap(), "--train"];
@@ -121,8 +153,8 @@ fn bad_lora_flags_say_what_to_fix() {
         "is not a linear layer",
     );
     fails_with(
-        &with(&["--lora-rank", "4", "--precision", "bf16"]),
-        "--precision fp32",
+        &with(&["--lora-rank", "4", "--lora-alpha=-1"]),
+        "--lora-alpha",
     );
     fails_with(
         &with(&["--lora-rank", "4", "--merge"]),

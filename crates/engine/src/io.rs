@@ -370,6 +370,15 @@ pub fn save_pretrained_tensors(
     tensors: Vec<HfTensor>,
     dir: &Path,
 ) -> Result<(), EngineError> {
+    save_hf(&model.config, tensors, dir)
+}
+
+/// [`save_pretrained_tensors`] for a model config alone (no arena: a host-side merge).
+pub fn save_hf(
+    config: &crate::ModelConfig,
+    tensors: Vec<HfTensor>,
+    dir: &Path,
+) -> Result<(), EngineError> {
     std::fs::create_dir_all(dir).map_err(|cause| EngineError::Io {
         context: format!("creating {}", dir.display()),
         cause,
@@ -378,8 +387,5 @@ pub fn save_pretrained_tensors(
         &dir.join("model.safetensors"),
         &tensors_to_safetensors(tensors),
     )?;
-    write_atomically(
-        &dir.join("config.json"),
-        model.config.to_hf_json().as_bytes(),
-    )
+    write_atomically(&dir.join("config.json"), config.to_hf_json().as_bytes())
 }

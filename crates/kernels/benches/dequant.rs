@@ -8,7 +8,7 @@
 
 mod common;
 
-use kernels::dequant::{dequantize, Stored, NESTED_BLOCK};
+use kernels::dequant::{dequantize, dequantize_range, Stored, NESTED_BLOCK};
 
 const ROWS: usize = 11008;
 const COLS: usize = 4096;
@@ -24,7 +24,7 @@ fn main() {
     drop((b, c));
     println!(
         "triad over 3 x {} MiB: {:.2} GB/s",
-        4 * n >> 20,
+        (4 * n) >> 20,
         triad_bw / 1e9
     );
     let x = common::fill(N_TOKENS * COLS, 3, 1.0);
@@ -69,6 +69,33 @@ fn main() {
                 n / 2 + n / 64,
                 (n / 64).div_ceil(NESTED_BLOCK) + 1,
             ),
+        }
+        if let Stored::Nf4 { double: true, .. } = stored {
+            // Dequant + GEMM: the whole matrix at once, against tiles of rows the GEMM reads
+            // from cache (the engine's `DEQUANT_TILE_ROWS`).
+            let whole_t = common::median_secs(3, || {
+                dequantize(&mut a, &src, stored, &levels, &map);
+                kernels::matmul::forward(&mut out, &x, &a, None, N_TOKENS, COLS, ROWS);
+            });
+            for tile in [256, 1024, 2048] {
+                let tiled = common::median_secs(3, || {
+                    for r0 in (0..ROWS).step_by(tile) {
+                        let rows = tile.min(ROWS - r0);
+                        let w = &mut a[..rows * COLS];
+                        dequantize_range(w, &src, stored, n, r0 * COLS, &levels, &map);
+                        let cols = (r0, rows);
+                        kernels::lora::forward_cols(
+                            &mut out, &x, w, None, N_TOKENS, COLS, ROWS, cols,
+                        );
+                    }
+                });
+                println!(
+                    "  dequant + GEMM: whole {:.1} ms, tiles of {tile} rows {:.1} ms ({:.2}x)",
+                    1e3 * whole_t,
+                    1e3 * tiled,
+                    whole_t / tiled
+                );
+            }
         }
         let t = common::median_secs(5, || dequantize(&mut a, &src, stored, &levels, &map));
         let moved = (src.len() + 4 * n) as f64;

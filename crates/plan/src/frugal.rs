@@ -95,18 +95,6 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     }
     if let Some(lora) = &setup.lora {
         adapters::check(model, lora)?;
-        if setup.precision != Precision::Fp32 {
-            return Err(unsupported(
-                "LoRA with 2-byte adapters (the adapters train in fp32 over the frozen base; \
-                 use --precision fp32 and pick the base's storage with --lora-base)",
-            ));
-        }
-        if setup.zero == crate::setup::ZeroStage::Zero3 || setup.offload != Offload::None {
-            return Err(unsupported(
-                "LoRA with ZeRO-3 or offload (every rank holds the frozen base; the adapters' \
-                 optimizer state and gradients shard at --zero 1 and 2)",
-            ));
-        }
     }
     if setup.dp == 0 {
         return Err(invalid(

@@ -233,6 +233,9 @@ fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
 /// whole fp32 units, which stage 3 never holds and which are not bf16/fp16 master weights.
 fn check_weights(args: &Args, weights: Option<&Path>) -> anyhow::Result<()> {
     let Some(path) = weights else { return Ok(()) };
+    if args.lora_rank.is_some() {
+        return Ok(()); // the weights are the frozen base, which every rank holds whole
+    }
     if args.zero == ZeroStage::Zero3 {
         bail!(
             "--zero 3 cannot start from the saved weights in {} yet: train with --zero 2 or \

@@ -206,19 +206,30 @@ pub fn dequantized_unit<B: Backend>(
             );
             let start = view.start + p.row_offset as usize * cols;
             let dst = &mut values[start..start + p.rows as usize * cols];
-            decode(dst, &bytes, p.rows as usize, lora.format, &levels, &map);
+            decode_with(dst, &bytes, p.rows as usize, lora.format, (&levels, &map));
         }
     }
     values
 }
 
-fn decode(
+/// One HF linear's values (`rows` × cols, into `dst`) from its bytes in `format`.
+pub fn decode_part(dst: &mut [f32], bytes: &[u8], rows: usize, format: BaseFormat) {
+    let levels = std::array::from_fn(|i| formats::NF4_LEVELS[i] as f32);
+    decode_with(
+        dst,
+        bytes,
+        rows,
+        format,
+        (&levels, &formats::bnb::dynamic_map()),
+    );
+}
+
+fn decode_with(
     dst: &mut [f32],
     bytes: &[u8],
     rows: usize,
     format: BaseFormat,
-    levels: &[f32; 16],
-    map: &[f32; 256],
+    (levels, map): (&[f32; 16], &[f32; 256]),
 ) {
     use kernels::dequant::{dequantize, Stored};
     let stored = match format {

@@ -106,7 +106,7 @@ impl Sharding {
             units.map(|u| arena.id(key(u.kind))).collect()
         };
         let gathers = match rule.gathers() {
-            true => shards::gathers(shape, model.policy)
+            true => shards::gathers(shape, &model.units, model.policy)
                 .into_iter()
                 .map(|g| {
                     let id = arena.id(g.key);

@@ -68,7 +68,9 @@ impl ActPolicy {
         ActPolicy {
             recompute: setup.recompute,
             attention: setup.attention,
-            bf16_matmul_inputs: setup.precision == Precision::Bf16,
+            // LoRA keeps its activations f32 (the frozen GEMMs run in f32 on dequantized tiles);
+            // bf16 there means 2-byte adapters with fp32 masters.
+            bf16_matmul_inputs: setup.precision == Precision::Bf16 && setup.lora.is_none(),
         }
     }
 

@@ -31,7 +31,7 @@
 //! never more than one unit's full gradient live (two with tied embeddings: the embedding's
 //! lives from `Head` to `EmbedBackward`).
 //!
-//! Example: `gathers(&gpt2_tiny, ActPolicy::PLAIN)` lists `gather.fwd.h.0` born in `Embed`,
+//! Example: `gathers(&gpt2_tiny, &units, ActPolicy::PLAIN)` lists `gather.fwd.h.0` born in `Embed`,
 //! dying in `Forward(0)`, and `gather.bwd.h.1` born in `Head`, dying in `Backward(1)`.
 
 use super::acts::ActPolicy;
@@ -179,10 +179,12 @@ fn previous(phase: Phase, n_layers: u32) -> Phase {
     }
 }
 
-/// Every stage-3 gather of one micro-step, in the order they are born.
-pub fn gathers(model: &ModelShape, policy: ActPolicy) -> Vec<Gather> {
+/// Every stage-3 gather of one micro-step for the model's `units` (all of them, or a LoRA
+/// model's adapter units, one per block: those have no embedding or head gathers), in the order
+/// they are born.
+pub fn gathers(model: &ModelShape, units: &[Unit], policy: ActPolicy) -> Vec<Gather> {
     let n = model.n_layers;
-    let head = n as usize + 1;
+    let index = |kind: UnitKind| units.iter().position(|u| u.kind == kind);
     let gather = |unit: usize, key: Key, used_from: Phase, dies: Phase| Gather {
         unit,
         key,
@@ -190,28 +192,36 @@ pub fn gathers(model: &ModelShape, policy: ActPolicy) -> Vec<Gather> {
         used_from,
         dies,
     };
-    let embed = Key::GatherFwd(UnitKind::Embed);
-    let mut out = vec![gather(0, embed, Phase::Embed, Phase::Embed)];
-    for l in 0..n {
-        let f = Phase::Forward(l);
+    let mut out = Vec::new();
+    if let Some(u) = index(UnitKind::Embed) {
         out.push(gather(
-            1 + l as usize,
-            Key::GatherFwd(UnitKind::Block(l)),
-            f,
-            f,
+            u,
+            Key::GatherFwd(UnitKind::Embed),
+            Phase::Embed,
+            Phase::Embed,
         ));
     }
-    let head_key = Key::GatherFwd(UnitKind::Head);
-    out.push(gather(head, head_key, Phase::Head, Phase::Head));
-    if model.tied_embeddings {
-        out.push(gather(0, Key::GatherHeadEmbed, Phase::Head, Phase::Head));
+    for l in 0..n {
+        let f = Phase::Forward(l);
+        if let Some(u) = index(UnitKind::Block(l)) {
+            out.push(gather(u, Key::GatherFwd(UnitKind::Block(l)), f, f));
+        }
+    }
+    if let Some(u) = index(UnitKind::Head) {
+        let head_key = Key::GatherFwd(UnitKind::Head);
+        out.push(gather(u, head_key, Phase::Head, Phase::Head));
+    }
+    if let Some(u) = index(UnitKind::Embed).filter(|_| model.tied_embeddings) {
+        out.push(gather(u, Key::GatherHeadEmbed, Phase::Head, Phase::Head));
     }
     for l in (0..n).rev() {
         // A segment's recompute runs in the backward of its last block and reads every block
         // of the segment: gather there once, keep until the block's own backward.
         let last = policy.segment(n, l).map_or(l, |(_, last)| last);
         let (used, dies) = (Phase::Backward(last), Phase::Backward(l));
-        out.push(gather(1 + l as usize, Key::GatherBwd(l), used, dies));
+        if let Some(u) = index(UnitKind::Block(l)) {
+            out.push(gather(u, Key::GatherBwd(l), used, dies));
+        }
     }
     out
 }
@@ -294,7 +304,7 @@ pub fn state_buffers(
         }
     }
     if rule.gathers() {
-        for g in gathers(model, policy) {
+        for g in gathers(model, units, policy) {
             let span = Lifetime::Span {
                 born: g.born,
                 dies: g.dies,
@@ -321,7 +331,8 @@ mod tests {
             recompute: Recompute::Every(2),
             ..ActPolicy::PLAIN
         };
-        let g = gathers(&model, policy);
+        let units = param_units(&model, 1).unwrap();
+        let g = gathers(&model, &units, policy);
         let find = |name: &str| {
             g.iter()
                 .find(|g| g.key.to_string() == name)
