@@ -202,3 +202,37 @@ fn tiled_dequant_and_merge_give_the_logits_of_the_merged_model() {
     }
     assert_measured_equals_planned(&t, "tiled");
 }
+
+/// Two micro-batches of one row accumulate to the step of one batch of two rows (the loss is
+/// normalised by the step's tokens), up to the summation order.
+#[test]
+fn gradient_accumulation_equals_the_larger_batch() {
+    let run = |batch: u64, grad_accum: u32| -> Vec<f32> {
+        let mut cfg = TrainConfig {
+            lora: Some(lora(Dtype::Int8, false, "all-linear")),
+            grad_accum,
+            ..config(llama_tiny(), batch, 16)
+        };
+        cfg.schedule = engine::Schedule::constant(1e-2);
+        let mut t = Trainer::new(cfg).unwrap();
+        t.init_weights(5);
+        let all = tokens(2 * 16 * 6 + 1, 96, 9);
+        let mut at = 0;
+        (0..6)
+            .map(|_| {
+                t.step(&mut |i, o| {
+                    let n = i.len();
+                    i.copy_from_slice(&all[at..at + n]);
+                    o.copy_from_slice(&all[at + 1..at + 1 + n]);
+                    at += n;
+                })
+                .unwrap()
+                .loss
+            })
+            .collect()
+    };
+    let (big, accumulated) = (run(2, 1), run(1, 2));
+    for (a, b) in big.iter().zip(&accumulated) {
+        assert!((a - b).abs() < 1e-4, "{big:?} vs {accumulated:?}");
+    }
+}
