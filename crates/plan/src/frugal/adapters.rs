@@ -41,9 +41,9 @@ pub const MATRICES: [Role; 4] = [
 pub const NF4_BLOCK: u64 = 64;
 
 /// Rows of a frozen part dequantized at a time: the GEMM that reads the tile finds it in the last-level cache
-/// (1024 × 4096 f32 is 16 MiB), and `work.dequant` holds one tile, not one matrix: measured 1.03x
-/// the speed of dequantizing the whole matrix first, 0.94x at 256 rows (`cargo bench -p kernels
-/// --bench dequant`, AMD EPYC Zen 5, 2 cores).
+/// (1024 × 4096 f32 is 16 MiB), and `work.dequant` holds one tile, not one matrix: dequant +
+/// GEMM of an 11008 × 4096 NF4 part measured 1.07x the speed of dequantizing the whole matrix
+/// first, 0.92x at 256 rows (`cargo bench -p kernels --bench dequant`, AMD EPYC Zen 5, 2 cores).
 pub const DEQUANT_TILE_ROWS: u64 = 1024;
 
 /// How the frozen block matrices are stored.
