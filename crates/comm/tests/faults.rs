@@ -80,12 +80,16 @@ fn a_stalled_rank_times_out_the_others_naming_it() {
             other => panic!("rank {rank}: expected a timeout naming rank 2, got {other:?}"),
         }
         if rank != 2 {
-            assert!(
-                *waited >= TIMEOUT && *waited < TIMEOUT * 4,
-                "rank {rank} waited {waited:?}"
-            );
+            // The first rank to time out fails the world, so a rank that entered the call
+            // later returns before its own full timeout: only the detector waits all of it.
+            assert!(*waited < TIMEOUT * 4, "rank {rank} waited {waited:?}");
         }
     }
+    let longest = (got.iter().take(2))
+        .map(|g| g.as_ref().unwrap().as_ref().unwrap().1)
+        .max()
+        .unwrap();
+    assert!(longest >= TIMEOUT, "the detector waited only {longest:?}");
     let Ok(Ok((Err(err), _))) = &got[0] else {
         unreachable!("checked above")
     };
