@@ -13,6 +13,7 @@
 //! Example: `frugal bench train --model gpt2-124m --batch 4 --seq 256 --steps 5 --baseline pytorch`,
 //! or `frugal bench train --precision bf16` against `--precision fp32` for the bf16 speed-up.
 
+mod comm;
 mod generate;
 mod quality;
 mod serve;
@@ -42,6 +43,8 @@ pub enum What {
     Serve(serve::Args),
     /// What weight and KV quantization cost a trained model: KL vs fp32 and validation loss.
     Quality(quality::Args),
+    /// The all-reduce of thread or MPI ranks against the memory bandwidth measured in the run.
+    Comm(comm::Args),
 }
 
 const TRAIN_EXAMPLES: &str = "\
@@ -101,6 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         What::Generate(a) => generate::run(a),
         What::Serve(a) => serve::run(a),
         What::Quality(a) => quality::run(a),
+        What::Comm(a) => comm::run(a),
     }
 }
 

@@ -22,7 +22,9 @@ Examples:
 
 pub(crate) mod config;
 mod guard;
+mod mpi;
 mod precision;
+pub use mpi::CommArg;
 mod report;
 pub(crate) mod setup;
 mod snapshot;
@@ -170,6 +172,14 @@ pub struct Args {
     /// stored) to OUT/merged as a Hugging Face folder.
     #[arg(long)]
     pub merge: bool,
+    /// How ranks talk: threads (--ranks N in this process) or mpi (one process per rank under
+    /// `mpirun -n N`; a frugal built with --features mpi).
+    #[arg(long, default_value = "threads")]
+    pub comm: mpi::CommArg,
+    /// Seconds a rank waits in a collective for the others before the run fails naming the
+    /// call (a stalled or dead rank never hangs the others).
+    #[arg(long, default_value_t = 60)]
+    pub comm_timeout: u64,
     /// Start a new run in an --out folder that holds another run's snapshots, deleting them
     /// (without it such a folder is refused: continue it with --resume instead).
     #[arg(long)]
@@ -183,7 +193,16 @@ pub struct Curves {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let shared = setup::prepare(&args)?;
+    match args.comm {
+        mpi::CommArg::Mpi => mpi::run(args),
+        mpi::CommArg::Threads => run_on(args, None),
+    }
+}
+
+/// The run over thread ranks (`process` `None`), or as this process's rank of an MPI job.
+fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()> {
+    let rank0 = process.as_ref().is_none_or(|c| c.rank() == 0);
+    let shared = setup::prepare(&args, rank0)?;
     guard::install_signal_handlers()?;
     let ranks = args.ranks as usize;
     let is_comm = |e: &anyhow::Error| {
@@ -192,17 +211,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(engine::EngineError::Comm(_))
         )
     };
-    let results = engine::world::launch(
-        ranks,
-        engine::world::DEFAULT_TIMEOUT,
-        |comm| run_rank(&shared, &args, comm),
-        is_comm,
-    )?;
-    let mut first = results
-        .into_iter()
-        .next()
-        .flatten()
-        .expect("rank 0 returns its run");
+    let results = match process {
+        Some(comm) => vec![run_rank(&shared, &args, comm)?],
+        None => engine::world::launch(
+            ranks,
+            std::time::Duration::from_secs(args.comm_timeout),
+            |comm| run_rank(&shared, &args, comm),
+            is_comm,
+        )?,
+    };
+    // Under MPI only rank 0's process reports and writes.
+    let Some(mut first) = results.into_iter().next().flatten() else {
+        return Ok(());
+    };
     let sample = match first.finished.sample.take() {
         Some(sample) => Some(sample),
         None if args.sample_tokens > 0 => {

@@ -45,6 +45,19 @@ pub enum CommError {
         detected_by: usize,
     },
 
+    /// MPI: this rank waited past the timeout for the others (MPI cannot tell which is late).
+    #[error(
+        "rank {detected_by} waited {timeout:?} in {op} (call #{call_idx}) for the other processes: \
+         one is stalled, dead, or making a different sequence of collective calls (MPI cannot \
+         tell which); if they are only slow, raise the communicator timeout"
+    )]
+    Stalled {
+        op: &'static str,
+        call_idx: u64,
+        timeout: Duration,
+        detected_by: usize,
+    },
+
     /// Ranks made different calls at the same position of their call sequences.
     #[error(
         "mismatched collectives: rank {rank_a} called {call_a} but rank {rank_b} called {call_b}; \

@@ -59,6 +59,8 @@ mod collective;
 mod counted;
 mod error;
 mod inprocess;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod reduce;
 mod solo;
 mod stats;
@@ -67,6 +69,8 @@ pub use collective::{Buf, BufMut, Collective, CollectiveKind, DType, ReduceOp};
 pub use counted::Counted;
 pub use error::CommError;
 pub use inprocess::{InProcess, InProcessComm, InProcessOptions};
+#[cfg(feature = "mpi")]
+pub use mpi::Mpi;
 pub use reduce::reference;
 pub use solo::Solo;
 pub use stats::{CommStats, KindStats};

@@ -184,6 +184,9 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
             bail!("--save-every needs --out DIR: snapshots are written to DIR/step-NNNNNN/");
         }
     }
+    if args.comm_timeout == 0 {
+        bail!("--comm-timeout 0: give the seconds a rank may wait for the others (60 by default)");
+    }
     if args.keep == 0 {
         bail!("--keep 0: keep at least the newest snapshot (--keep 1)");
     }

@@ -114,7 +114,8 @@ pub fn json(s: &Summary<'_>) -> String {
         .iter()
         .map(|r| {
             let (planned, measured) = per_device(r);
-            json!({"rank": r.rank, "planned": planned, "measured": measured})
+            json!({"rank": r.rank, "planned": planned, "measured": measured,
+                   "process_peak_rss_bytes": r.process_peak_rss_bytes})
         })
         .collect();
     let (loss_first, loss_last) = first_last(&s.curves.train);
@@ -232,6 +233,16 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
             s.memory.len()
         ));
     }
+    let rss: Vec<String> = s
+        .memory
+        .iter()
+        .map(|r| human_bytes(r.process_peak_rss_bytes))
+        .collect();
+    let processes = match args.comm {
+        super::mpi::CommArg::Mpi => format!("per process (rank order): {}", rss.join(", ")),
+        super::mpi::CommArg::Threads => format!("of this process: {}", rss[0]),
+    };
+    out.push_str(&format!("peak resident memory (VmHWM) {processes}\n"));
     out.push_str(&zero_lines(&model_state(t)));
     out.push_str(&super::precision::line(t));
     out.push_str(&super::precision::offload_line(t));

@@ -40,13 +40,17 @@ fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
 }
 
 /// Validates `args` into the one run config (refusing a run that does not fit before any data
-/// is read), opens `--resume`'s snapshot and loads the data.
-pub fn prepare(args: &Args) -> anyhow::Result<Shared> {
+/// is read), opens `--resume`'s snapshot and loads the data. `owner`: this process owns `--out`
+/// (its lock, `--overwrite`): every run but the processes of an MPI job other than rank 0's.
+pub fn prepare(args: &Args, owner: bool) -> anyhow::Result<Shared> {
     let super::config::Validated { config, weights } = super::config::validate(args)?;
-    let lock = super::guard::check_outputs(args, snapshot_bytes(&config))?;
+    let lock = match owner {
+        true => super::guard::check_outputs(args, snapshot_bytes(&config))?,
+        false => None,
+    };
     let tokenizer = data::Tokenizer::gpt2();
     let snapshot = super::snapshot::open(args, &config)?;
-    if let (true, Some(out)) = (args.overwrite, &args.out) {
+    if let (true, true, Some(out)) = (owner, args.overwrite, &args.out) {
         super::guard::remove_snapshots(out)?;
     }
     let corpus = corpus(args.data.as_deref())?;

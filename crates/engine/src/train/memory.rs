@@ -43,6 +43,19 @@ pub struct RankMemory {
     pub rank: usize,
     pub planned: MemoryBreakdown,
     pub measured: MemoryBreakdown,
+    /// The peak resident memory of the process this rank ran in (Linux `VmHWM`; 0 where the
+    /// system does not report it). Thread ranks share one process, MPI ranks have their own.
+    pub process_peak_rss_bytes: u64,
+}
+
+/// This process's peak resident set size (`VmHWM` in /proc/self/status), 0 if unknown.
+pub fn process_peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 impl Trainer {
@@ -64,6 +77,7 @@ impl Trainer {
             rank: self.rank(),
             planned,
             measured,
+            process_peak_rss_bytes: process_peak_rss_bytes(),
         }
     }
 
@@ -72,14 +86,16 @@ impl Trainer {
         let mine = self.memory();
         let mut words = mine.planned.words().to_vec();
         words.extend(mine.measured.words());
+        words.push(mine.process_peak_rss_bytes);
         let all = self.comm.all_gather_u64(&words)?;
         Ok(all
-            .chunks_exact(16)
+            .chunks_exact(17)
             .enumerate()
             .map(|(rank, w)| RankMemory {
                 rank,
                 planned: MemoryBreakdown::from_words(&w[..8]),
-                measured: MemoryBreakdown::from_words(&w[8..]),
+                measured: MemoryBreakdown::from_words(&w[8..16]),
+                process_peak_rss_bytes: w[16],
             })
             .collect())
     }

@@ -1,0 +1,83 @@
+//! MPI ranks against thread ranks on this machine, side by side in one run: the all-reduce of
+//! 64 MiB f32 (`frugal bench comm`: bus GB/s against the memory bandwidth measured in the same
+//! process) and the training step of gpt2-mini at ZeRO-2 over 2 ranks (median tokens/s of three
+//! runs each). No assertions (speed is not a test).
+//!
+//! Run: `cargo bench -p frugal --features mpi --bench mpi` (needs `mpiexec`).
+
+use serde_json::Value;
+use std::process::Command;
+
+const FRUGAL: &str = env!("CARGO_BIN_EXE_frugal");
+
+fn json(cmd: &mut Command) -> Value {
+    let out = cmd.output().expect("the command runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn mpi(n: usize) -> Command {
+    let mut c = Command::new("mpiexec");
+    c.args(["-n", &n.to_string(), FRUGAL]);
+    c
+}
+
+fn main() {
+    let comm_args = ["bench", "comm", "--mib", "64", "--json"];
+    let threads = json(Command::new(FRUGAL).args(comm_args).args(["--ranks", "2"]));
+    let over_mpi = json(mpi(2).args(comm_args).args(["--comm", "mpi"]));
+    for (name, v) in [("threads", &threads), ("mpi", &over_mpi)] {
+        println!(
+            "all-reduce 64 MiB f32, 2 {name} ranks: {:.1} ms, bus {:.2} GB/s = {:.3} of the triad's {:.2} GB/s",
+            1e3 * v["all_reduce_s"].as_f64().unwrap(),
+            v["bus_bytes_per_s"].as_f64().unwrap() / 1e9,
+            v["bus_over_triad"].as_f64().unwrap(),
+            v["triad_bytes_per_s"].as_f64().unwrap() / 1e9,
+        );
+    }
+    let train = [
+        "train",
+        "--zero",
+        "2",
+        "--model",
+        "gpt2-mini",
+        "--steps",
+        "20",
+        "--batch",
+        "2",
+        "--seq",
+        "128",
+        "--sample-tokens",
+        "0",
+        "--val-batches",
+        "1",
+        "--val-every",
+        "100",
+        "--json",
+    ];
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        xs[xs.len() / 2]
+    };
+    let tps = |v: Value| v["tokens_per_s"].as_f64().unwrap();
+    let (mut t, mut m) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        t.push(tps(json(
+            Command::new(FRUGAL).args(train).args(["--ranks", "2"]),
+        )));
+        m.push(tps(json(
+            mpi(2).args(["train", "--comm", "mpi"]).args(&train[1..]),
+        )));
+    }
+    let (t, m) = (median(t), median(m));
+    println!(
+        "gpt2-mini ZeRO-2, 2 ranks, 20 steps of 2 x 128 tokens per rank: threads {t:.0} tokens/s, \
+         mpi {m:.0} tokens/s: mpi / threads = {:.3}",
+        m / t
+    );
+    println!("CPU: {}", threads["cpu"].as_str().unwrap_or("?"));
+}

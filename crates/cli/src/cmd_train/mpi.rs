@@ -1,0 +1,71 @@
+//! `frugal train --comm threads|mpi`: ranks as threads of this process (`--ranks N`, the
+//! default) or as processes under an MPI launcher (`mpirun -n N frugal train --comm mpi ...`,
+//! one rank per process; a frugal built with `--features mpi`).
+//!
+//! Under MPI the world size is the launcher's `-n`; every process validates the same flags,
+//! builds its own rank and trains it; rank 0 takes `--out`'s lock, prints and writes the model,
+//! every rank writes its own snapshot shard into the shared `--out`. A process whose run fails
+//! prints its error and ends the job (`MPI_Abort`), so no other rank waits for it. On several
+//! machines, `--out`, `--data` and `--model` must name the same files on each (a shared
+//! filesystem), and the launcher places the processes: `mpirun -n 8 -f hosts` with one process
+//! per socket or node and `RAYON_NUM_THREADS` set to its cores.
+//!
+//! Example: `mpirun -n 2 frugal train --comm mpi --zero 3 --steps 20`.
+
+use super::Args;
+use std::str::FromStr;
+
+/// How ranks talk to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommArg {
+    /// Threads of this process over shared memory (`--ranks N`).
+    Threads,
+    /// One process per rank under an MPI launcher.
+    Mpi,
+}
+
+impl FromStr for CommArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "threads" => Ok(CommArg::Threads),
+            "mpi" => Ok(CommArg::Mpi),
+            _ => Err("use threads (ranks as threads, --ranks N) or mpi (mpirun -n N)".into()),
+        }
+    }
+}
+
+/// Runs this process's rank of an MPI job.
+#[cfg(feature = "mpi")]
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    use comm::Collective;
+    let comm = comm::Mpi::init(std::time::Duration::from_secs(args.comm_timeout))?;
+    let (rank, size) = (comm.rank(), comm.world_size());
+    if args.ranks != 1 && args.ranks as usize != size {
+        anyhow::bail!(
+            "--ranks {} with --comm mpi: the ranks are mpirun's {size} processes (-n); leave \
+             --ranks out",
+            args.ranks
+        );
+    }
+    args.ranks = size as u32;
+    let result = super::run_on(args, Some(Box::new(comm)));
+    if let Err(e) = &result {
+        if size > 1 {
+            eprintln!("error: rank {rank}: {e:#}");
+            comm::Mpi::abort_world(2);
+        }
+    }
+    comm::Mpi::finalize();
+    result
+}
+
+/// Without the feature: the flag is known, the backend is not built in.
+#[cfg(not(feature = "mpi"))]
+pub fn run(_: Args) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "--comm mpi: this frugal was built without MPI; build it with `cargo build --release \
+         --features mpi -p frugal` (needs an MPI library and libclang: apt install libmpich-dev \
+         libclang-dev) and run it under `mpirun -n N`"
+    )
+}

@@ -1,0 +1,236 @@
+//! `frugal train --comm mpi` under `mpiexec` (built with `--features mpi`; `.ci/run` installs
+//! MPICH and runs `cargo test --release -p frugal --features mpi --test mpi_cli`): losses and
+//! bytes on the wire bit-identical to thread ranks at every ZeRO stage, snapshots that move
+//! between MPI and thread ranks, and a rank that dies or stalls ends the job instead of hanging
+//! it. Without the feature, `--comm mpi` is refused with how to build it.
+
+mod common;
+
+use common::frugal;
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn comm_mpi_without_the_feature_says_how_to_build_it() {
+    let out = frugal(&["train", "--comm", "mpi", "--steps", "1"]);
+    common::fails_with(&out, "--features mpi");
+}
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use super::*;
+    use common::small_text;
+    use serde_json::Value;
+    use std::process::{Command, Output};
+    use std::time::{Duration, Instant};
+
+    fn data() -> String {
+        small_text("mpi-cli", "data", 40_000)
+    }
+
+    /// The tiny run both launchers train, with `extra` flags (overriding the same flags here).
+    fn run_args(data: &str, extra: &[&str]) -> Vec<String> {
+        let base = [
+            ("--model", "gpt2-tiny"),
+            ("--steps", "4"),
+            ("--batch", "2"),
+            ("--seq", "32"),
+            ("--data", data),
+            ("--sample-tokens", "0"),
+            ("--val-batches", "1"),
+            ("--val-every", "4"),
+        ];
+        let mut args = vec!["train".to_string(), "--json".to_string()];
+        for (flag, value) in base.into_iter().filter(|(f, _)| !extra.contains(f)) {
+            args.extend([flag.to_string(), value.to_string()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    fn mpiexec(n: usize, args: &[String]) -> Output {
+        Command::new("mpiexec")
+            .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_frugal")])
+            .args(args.iter().map(String::as_str).take(1))
+            .args(["--comm", "mpi"])
+            .args(args.iter().map(String::as_str).skip(1))
+            .output()
+            .expect("mpiexec runs (apt install mpich)")
+    }
+
+    fn threads(n: usize, args: &[String]) -> Output {
+        let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+        let ranks = n.to_string();
+        all.extend(["--ranks", &ranks]);
+        frugal(&all)
+    }
+
+    fn json(out: &Output) -> Value {
+        common::json(out)
+    }
+
+    /// What must agree bit for bit between the two launchers.
+    fn outcome(v: &Value) -> (Value, Value, Value, Value) {
+        let comm = v["zero"]["comm_sent_bytes_per_step"].clone();
+        let planned = v["ranks"][0]["planned"]["peak_bytes"].clone();
+        (v["loss_last"].clone(), v["val_loss"].clone(), comm, planned)
+    }
+
+    #[test]
+    fn mpi_ranks_train_bit_identically_to_thread_ranks_at_every_stage() {
+        let data = data();
+        let cases: [(usize, &[&str]); 6] = [
+            (2, &["--zero", "0"]),
+            (2, &["--zero", "1"]),
+            (2, &["--zero", "2"]),
+            (2, &["--zero", "3"]),
+            (3, &["--zero", "3", "--recompute", "full"]),
+            (
+                2,
+                &["--zero", "2", "--precision", "bf16", "--grad-accum", "2"],
+            ),
+        ];
+        for (n, extra) in cases {
+            let args = run_args(&data, extra);
+            let (m, t) = (json(&mpiexec(n, &args)), json(&threads(n, &args)));
+            assert_eq!(outcome(&m), outcome(&t), "n {n} {extra:?}");
+            assert!(m["zero"]["comm_sent_bytes_per_step"].as_u64().unwrap() > 0);
+            assert_eq!(m["ranks"].as_array().unwrap().len(), n);
+            for r in m["ranks"].as_array().unwrap() {
+                assert!(
+                    r["process_peak_rss_bytes"].as_u64().unwrap() > 0,
+                    "VmHWM per process"
+                );
+                assert_eq!(r["planned"]["peak_bytes"], r["measured"]["peak_bytes"]);
+            }
+        }
+    }
+
+    #[test]
+    fn snapshots_move_between_mpi_and_thread_ranks() {
+        let data = data();
+        let dir = common::temp_dir("mpi-cli", "snapshots");
+        let whole = json(&threads(
+            2,
+            &run_args(&data, &["--zero", "1", "--steps", "6"]),
+        ));
+        for (first_mpi, name) in [(true, "mpi-first"), (false, "threads-first")] {
+            let out = dir.join(name);
+            let out = out.to_str().unwrap();
+            let save = [
+                "--zero",
+                "3",
+                "--steps",
+                "6",
+                "--save-every",
+                "3",
+                "--out",
+                out,
+            ];
+            let save = run_args(&data, &save);
+            // Interrupt at step 3 by running only three of the six steps' schedule: a second
+            // run resumes from the snapshot written at step 3.
+            let first = match first_mpi {
+                true => mpiexec(2, &save),
+                false => threads(2, &save),
+            };
+            json(&first);
+            let snap = format!("{out}/step-000003");
+            let resumed = [
+                "--zero", "1", "--steps", "6", "--resume", &snap, "--out", out,
+            ];
+            let resumed = run_args(&data, &resumed);
+            let again = match first_mpi {
+                true => threads(2, &resumed),
+                false => mpiexec(2, &resumed),
+            };
+            let again = json(&again);
+            assert_eq!(again["loss_last"], whole["loss_last"], "{name}");
+            assert_eq!(again["val_loss"], whole["val_loss"], "{name}");
+        }
+    }
+
+    #[test]
+    fn ranks_must_match_the_launcher() {
+        let args = run_args(&data(), &["--ranks", "3"]);
+        let out = mpiexec(2, &args);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("leave --ranks out"), "{err}");
+    }
+
+    /// Starts a long MPI run, waits until both processes train, signals one, and returns the
+    /// launcher's exit and stderr and how long the job took to end after the signal.
+    fn signal_one_rank(signal: i32, seed: &str) -> (Output, Duration) {
+        let extra = ["--steps", "100000", "--comm-timeout", "2", "--seed", seed];
+        let args = run_args(&data(), &extra);
+        let child = Command::new("mpiexec")
+            .args([
+                "-n",
+                "2",
+                env!("CARGO_BIN_EXE_frugal"),
+                "train",
+                "--comm",
+                "mpi",
+            ])
+            .args(args.iter().skip(1))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The seed marks this test's processes (the tests run side by side).
+        let marker = format!("comm-timeout 2 --seed {seed}");
+        let started = Instant::now();
+        let pids = loop {
+            let pgrep = Command::new("pgrep")
+                .args(["-f", &marker])
+                .output()
+                .unwrap();
+            let pids: Vec<i32> = String::from_utf8_lossy(&pgrep.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .filter(|&p| p != child.id() as i32)
+                .collect();
+            if pids.len() >= 2 {
+                break pids;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = Command::new("kill")
+                    .args(["-9", &child.id().to_string()])
+                    .status();
+                panic!("the ranks never started");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // Let the ranks reach the training loop.
+        std::thread::sleep(Duration::from_secs(2));
+        // SAFETY: a plain kill(2) of a process this test started.
+        unsafe { libc::kill(*pids.iter().max().unwrap(), signal) };
+        let t0 = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        let took = t0.elapsed();
+        for p in pids {
+            // SAFETY: as above; the processes are gone or stopped, this only cleans up.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        (out, took)
+    }
+
+    #[test]
+    fn a_killed_rank_ends_the_job() {
+        let (out, took) = signal_one_rank(libc::SIGKILL, "101");
+        assert!(!out.status.success(), "the job failed");
+        assert!(took < Duration::from_secs(20), "ended after {took:?}");
+    }
+
+    #[test]
+    fn a_stalled_rank_is_named_and_the_job_ends_within_the_timeout() {
+        let (out, took) = signal_one_rank(libc::SIGSTOP, "102");
+        assert!(!out.status.success(), "the job failed");
+        assert!(took < Duration::from_secs(15), "ended after {took:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("rank(s) [1]") && err.contains("waited 2s"),
+            "{err}"
+        );
+    }
+}
