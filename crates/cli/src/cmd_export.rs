@@ -161,10 +161,7 @@ fn merge(
     let units = plan::frugal::param_units(shape, 1)?;
     let data =
         engine::io::read_hf_folder(base).with_context(|| format!("--base {}", base.display()))?;
-    let files: Vec<(String, &[u8])> = data
-        .iter()
-        .map(|(p, b)| (p.clone(), b.as_slice()))
-        .collect();
+    let files = engine::io::file_slices(&data);
     let base_values = engine::io::read_units(&units, &files, "")
         .with_context(|| format!("--base {}", base.display()))?;
     let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;

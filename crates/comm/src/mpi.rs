@@ -19,7 +19,7 @@
 //! the launcher (MPICH's `mpiexec` names its rank and ends the others). MPI cannot tell a
 //! mismatched call sequence from a slow rank: mismatches surface as that timeout.
 //!
-//! Example: `let comm = comm::Mpi::init(Duration::from_secs(60))?; // under mpirun`
+//! Example: `let comm = comm::Mpi::init(Duration::from_secs(60), report)?;` under `mpirun`.
 
 use crate::reduce::{reduce_into, Elem};
 use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, ReduceOp};
@@ -43,6 +43,8 @@ pub struct Mpi {
     size: usize,
     timeout: Duration,
     calls: u64,
+    /// Says why this process is about to end the job (the caller prints; this crate never does).
+    report: fn(&str),
     /// Reusable staging: the shards received from every rank, and padded sends.
     recv_f32: Vec<f32>,
     send_f32: Vec<f32>,
@@ -67,8 +69,9 @@ fn words_mut(x: &mut [bf16]) -> &mut [u16] {
 
 impl Mpi {
     /// Initialises MPI (once per process) and returns this process's endpoint in the world, every
-    /// collective bounded by `timeout`. Outside `mpirun` it is a world of one.
-    pub fn init(timeout: Duration) -> Result<Mpi, CommError> {
+    /// collective bounded by `timeout`; `report` receives the reason before a timeout or `abort`
+    /// ends the job. Outside `mpirun` it is a world of one.
+    pub fn init(timeout: Duration, report: fn(&str)) -> Result<Mpi, CommError> {
         let mut universe = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner());
         if universe.is_none() {
             let (u, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or(
@@ -81,10 +84,10 @@ impl Mpi {
             *universe = Some(u);
         }
         let comm = universe.as_ref().expect("initialised").world();
-        Ok(Mpi::on(comm, timeout))
+        Ok(Mpi::on(comm, timeout, report))
     }
 
-    fn on(comm: SimpleCommunicator, timeout: Duration) -> Mpi {
+    fn on(comm: SimpleCommunicator, timeout: Duration, report: fn(&str)) -> Mpi {
         Mpi {
             rank: comm.rank() as usize,
             size: comm.size() as usize,
@@ -92,6 +95,7 @@ impl Mpi {
             comm,
             timeout,
             calls: 0,
+            report,
             recv_f32: Vec::new(),
             send_f32: Vec::new(),
             recv_bf16: Vec::new(),
@@ -116,7 +120,7 @@ impl Mpi {
 
     /// Ends every process of the job with `code` after printing `why` (MPI_Abort).
     pub fn abort_job(&self, why: &str, code: i32) -> ! {
-        eprintln!("error: rank {}: {why}", self.rank);
+        (self.report)(&format!("rank {}: {why}", self.rank));
         self.comm.abort(code)
     }
 
@@ -446,6 +450,6 @@ impl Collective for Mpi {
             .comm
             .split_by_color_with_key(Color::with_value(color as i32), key as i32)
             .expect("every rank names a color");
-        Ok(Box::new(Mpi::on(sub, self.timeout)))
+        Ok(Box::new(Mpi::on(sub, self.timeout, self.report)))
     }
 }

@@ -286,11 +286,14 @@ pub fn load_hf_folder<B: Backend>(
     dir: &Path,
 ) -> Result<(), EngineError> {
     let data = read_hf_folder(dir)?;
-    let files: Vec<(String, &[u8])> = data
-        .iter()
+    load_files(model, arena, &file_slices(&data), "")
+}
+
+/// `read_hf_folder`'s files as the `(path, bytes)` slices the loaders take.
+pub fn file_slices(data: &[(String, Vec<u8>)]) -> Vec<(String, &[u8])> {
+    data.iter()
         .map(|(p, b)| (p.clone(), b.as_slice()))
-        .collect();
-    load_files(model, arena, &files, "")
+        .collect()
 }
 
 /// The bytes of a Hugging Face folder's weight files, with their paths.

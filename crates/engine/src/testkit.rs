@@ -165,3 +165,34 @@ pub fn assert_measured_equals_planned(t: &Trainer, what: &str) {
     let peaks = plan.category_peaks(Device::Gpu);
     assert_eq!(m.category_peak_bytes, peaks, "{what}: category peaks");
 }
+
+/// The f32 tensor `name` of safetensors `bytes` (golden files; int32 inputs read as bits).
+pub fn safetensors_f32s(bytes: &[u8], name: &str) -> Vec<f32> {
+    let st = safetensors::SafeTensors::deserialize(bytes).expect("a safetensors file");
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("golden file lacks {name}"));
+    t.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Fails naming `name`, the index and both values unless every `|got - want| <= tol`
+/// (absolute: golden tensors of O(1) values).
+pub fn assert_max_abs(name: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let (mut max_err, mut at) = (0.0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        if err > max_err || err.is_nan() {
+            (max_err, at) = (err, i);
+        }
+    }
+    assert!(
+        max_err <= tol,
+        "{name}: max error {max_err:e} at {at} (got {}, want {}), tolerance {tol:e}",
+        got[at],
+        want[at]
+    );
+}

@@ -34,14 +34,7 @@ impl Golden {
     }
 
     fn f32s(&self, name: &str) -> Vec<f32> {
-        let st = SafeTensors::deserialize(&self.bytes).unwrap();
-        let t = st
-            .tensor(name)
-            .unwrap_or_else(|_| panic!("golden file lacks {name}"));
-        t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
+        engine::testkit::safetensors_f32s(&self.bytes, name)
     }
 
     fn u32s(&self, name: &str) -> Vec<u32> {
@@ -49,23 +42,7 @@ impl Golden {
     }
 }
 
-/// Max absolute difference, failing loudly with the tensor's name.
-fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let (mut max_err, mut at) = (0.0f32, 0);
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs();
-        if err > max_err || err.is_nan() {
-            (max_err, at) = (err, i);
-        }
-    }
-    assert!(
-        max_err <= tol,
-        "{name}: max error {max_err:e} at {at} (got {}, want {}), tolerance {tol:e}",
-        got[at],
-        want[at]
-    );
-}
+use engine::testkit::assert_max_abs as assert_close;
 
 fn run(file: &str) {
     run_with(file, plan::setup::Attention::Eager);

@@ -9,26 +9,7 @@ use engine::{LoraConfig, ModelConfig, OptimizerKind, Schedule, TrainConfig, Trai
 use plan::setup::{Dtype, Lora};
 use safetensors::SafeTensors;
 
-fn f32s(bytes: &[u8], name: &str) -> Vec<f32> {
-    let st = SafeTensors::deserialize(bytes).unwrap();
-    let t = st
-        .tensor(name)
-        .unwrap_or_else(|_| panic!("golden file lacks {name}"));
-    t.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let err = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0f32, f32::max);
-    assert!(err <= tol, "{name}: max error {err:e}, tolerance {tol:e}");
-}
+use engine::testkit::{assert_max_abs as assert_close, safetensors_f32s as f32s};
 
 fn run(file: &str) {
     let path = format!("{}/tests/data/{file}", env!("CARGO_MANIFEST_DIR"));

@@ -20,10 +20,10 @@
 //! assert_eq!((u, out), ([11.0], [12.0]));
 //! ```
 
+pub use crate::matmul::{backward_input_cols, forward_cols};
 use crate::matmul::{view, view_mut};
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
-use rayon::prelude::*;
 
 /// One targeted part: its B (rows, r) and where its rows sit in the fused output.
 #[derive(Clone, Copy, Debug)]
@@ -48,51 +48,6 @@ fn gemm(
     alpha: f32,
 ) {
     matmul(dst, accum, lhs, rhs, alpha, par());
-}
-
-/// out[:, col0 .. col0 + rows] = inp (N, IC) · weightᵀ (rows, IC) (+ bias (rows)); out (N, OC).
-#[allow(clippy::too_many_arguments)]
-pub fn forward_cols(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    n: usize,
-    ic: usize,
-    oc: usize,
-    (col0, rows): (usize, usize),
-) {
-    assert!(out.len() == n * oc && inp.len() == n * ic && weight.len() == rows * ic);
-    assert!(col0 + rows <= oc);
-    let accum = match bias {
-        Some(bias) => {
-            assert_eq!(bias.len(), rows);
-            out.par_chunks_mut(oc)
-                .for_each(|row| row[col0..col0 + rows].copy_from_slice(bias));
-            Accum::Add
-        }
-        None => Accum::Replace,
-    };
-    let dst = view_mut(out, n, oc).submatrix_mut(0, col0, n, rows);
-    crate::matmul::gemm(
-        dst,
-        accum,
-        view(inp, n, ic),
-        view(weight, rows, ic).transpose(),
-    );
-}
-
-/// dinp (N, IC) += dout[:, col0 .. col0 + rows] · weight (rows, IC); dout (N, OC).
-pub fn backward_input_cols(
-    dinp: &mut [f32],
-    dout: &[f32],
-    weight: &[f32],
-    (n, ic, oc): (usize, usize, usize),
-    (col0, rows): (usize, usize),
-) {
-    assert!(dinp.len() == n * ic && dout.len() == n * oc && weight.len() == rows * ic);
-    let g = view(dout, n, oc).submatrix(0, col0, n, rows);
-    crate::matmul::gemm(view_mut(dinp, n, ic), Accum::Add, g, view(weight, rows, ic));
 }
 
 /// u (N, w) = inp (N, IC) · a_catᵀ (w, IC) alone (a recompute that keeps the output).

@@ -94,18 +94,52 @@ pub fn forward(
     ic: usize,
     oc: usize,
 ) {
-    assert!(out.len() == n * oc && inp.len() == n * ic && weight.len() == oc * ic);
+    forward_cols(out, inp, weight, bias, n, ic, oc, (0, oc));
+}
+
+/// out[:, col0 .. col0 + rows] = inp (N, IC) · weightᵀ (rows, IC) (+ bias (rows)); out (N, OC).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_cols(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    ic: usize,
+    oc: usize,
+    (col0, rows): (usize, usize),
+) {
+    assert!(out.len() == n * oc && inp.len() == n * ic && weight.len() == rows * ic);
+    assert!(col0 + rows <= oc);
     let accum = match bias {
         Some(bias) => {
-            assert_eq!(bias.len(), oc);
+            assert_eq!(bias.len(), rows);
             out.par_chunks_mut(oc)
-                .for_each(|row| row.copy_from_slice(bias));
+                .for_each(|row| row[col0..col0 + rows].copy_from_slice(bias));
             Accum::Add
         }
         None => Accum::Replace,
     };
-    let w_t = view(weight, oc, ic).transpose();
-    gemm(view_mut(out, n, oc), accum, view(inp, n, ic), w_t);
+    let dst = view_mut(out, n, oc).submatrix_mut(0, col0, n, rows);
+    gemm(
+        dst,
+        accum,
+        view(inp, n, ic),
+        view(weight, rows, ic).transpose(),
+    );
+}
+
+/// dinp (N, IC) += dout[:, col0 .. col0 + rows] · weight (rows, IC); dout (N, OC).
+pub fn backward_input_cols(
+    dinp: &mut [f32],
+    dout: &[f32],
+    weight: &[f32],
+    (n, ic, oc): (usize, usize, usize),
+    (col0, rows): (usize, usize),
+) {
+    assert!(dinp.len() == n * ic && dout.len() == n * oc && weight.len() == rows * ic);
+    let g = view(dout, n, oc).submatrix(0, col0, n, rows);
+    gemm(view_mut(dinp, n, ic), Accum::Add, g, view(weight, rows, ic));
 }
 
 /// Accumulates dinp (N,IC), dweight (OC,IC), dbias (OC) from dout (N,OC).

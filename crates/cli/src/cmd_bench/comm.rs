@@ -119,7 +119,9 @@ fn rank0() -> Option<bool> {
 
 #[cfg(feature = "mpi")]
 fn mpi_seconds(n: usize, reps: usize) -> anyhow::Result<(usize, f64)> {
-    let mut c = comm::Mpi::init(engine::world::DEFAULT_TIMEOUT)?;
+    let mut c = comm::Mpi::init(engine::world::DEFAULT_TIMEOUT, |why| {
+        eprintln!("error: {why}")
+    })?;
     RANK0.with(|r| r.set(Some(c.rank() == 0)));
     let world = c.world_size();
     let seconds = time_all_reduce(&mut c, n, reps)?;

@@ -39,7 +39,8 @@ impl FromStr for CommArg {
 #[cfg(feature = "mpi")]
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     use comm::Collective;
-    let comm = comm::Mpi::init(std::time::Duration::from_secs(args.comm_timeout))?;
+    let timeout = std::time::Duration::from_secs(args.comm_timeout);
+    let comm = comm::Mpi::init(timeout, |why| eprintln!("error: {why}"))?;
     let (rank, size) = (comm.rank(), comm.world_size());
     if args.ranks != 1 && args.ranks as usize != size {
         anyhow::bail!(

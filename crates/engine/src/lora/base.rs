@@ -160,11 +160,7 @@ pub fn load_hf_folder<B: Backend>(
     dir: &std::path::Path,
 ) -> Result<(), EngineError> {
     let data = crate::io::read_hf_folder(dir)?;
-    let files: Vec<(String, &[u8])> = data
-        .iter()
-        .map(|(p, b)| (p.clone(), b.as_slice()))
-        .collect();
-    load_files(model, arena, &files, "")
+    load_files(model, arena, &crate::io::file_slices(&data), "")
 }
 
 /// Full model unit `u`'s values as the base holds them (block matrices dequantized): the
