@@ -71,9 +71,21 @@ fn every_base_format_trains_its_adapters_with_the_planned_bytes_and_a_frozen_bas
         (Dtype::Nf4, false),
         (Dtype::Nf4, true),
     ];
-    for shape in [gpt2_tiny(), llama_tiny()] {
+    // Qwen2's frozen q|k|v bias and Mistral's sliding window ride along with Llama's views.
+    let qwen2 = ModelShape {
+        family: plan::model::Family::Qwen2,
+        ..llama_tiny()
+    };
+    let mistral = ModelShape {
+        sliding_window: Some(plan::model::SlidingWindow {
+            window: 5,
+            first_layer: 0,
+        }),
+        ..llama_tiny()
+    };
+    for shape in [gpt2_tiny(), llama_tiny(), qwen2, mistral] {
         for (base, dq) in bases {
-            let what = format!("{} {base:?} dq={dq}", shape.name);
+            let what = format!("{:?} {:?} {base:?} dq={dq}", shape.family, shape.sliding_window);
             let mut cfg = lora_config(shape.clone(), lora(base, dq, "all-linear"));
             cfg.schedule = engine::Schedule::constant(1e-2);
             let mut t = Trainer::new(cfg).unwrap();
