@@ -210,6 +210,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
                 targets: a.lora_targets.clone(),
                 base: a.lora_base,
                 double_quant: a.double_quant,
+                dropout: 0.0,
             },
             alpha: rank as f32,
         }),

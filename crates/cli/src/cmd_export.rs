@@ -144,6 +144,7 @@ fn lora_of(snap: &Snapshot) -> anyhow::Result<Option<(plan::setup::Lora, f32)>> 
             .collect(),
         base,
         double_quant: v["double_quant"].as_bool().ok_or_else(bad)?,
+        dropout: v["dropout"].as_f64().unwrap_or(0.0) as f32,
     };
     Ok(Some((lora, v["alpha"].as_f64().ok_or_else(bad)? as f32)))
 }

@@ -123,6 +123,9 @@ pub struct Args {
     /// Frozen base weights: bf16, int8 (LLM.int8) or nf4 (QLoRA).
     #[arg(long, default_value_t = Dtype::Bf16)]
     lora_base: Dtype,
+    /// LoRA dropout on the adapters' input (the frugal runtime plans its scratch when > 0).
+    #[arg(long, default_value_t = 0.0)]
+    lora_dropout: f32,
     /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4.
     #[arg(long, default_value_t = Dtype::Bf16)]
     weights: Dtype,
@@ -202,6 +205,7 @@ fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
             targets: args.lora_targets.clone(),
             base: args.lora_base,
             double_quant: args.double_quant,
+            dropout: args.lora_dropout,
         }),
         convention: args.convention,
     })

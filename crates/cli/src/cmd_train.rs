@@ -168,6 +168,9 @@ pub struct Args {
     /// nf4 base: bitsandbytes' double quantization of the absmax (4.127 bits per weight).
     #[arg(long)]
     pub double_quant: bool,
+    /// Dropout on each adapter's input while training (PEFT's lora_dropout; 0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub lora_dropout: f32,
     /// With --lora-rank and --out: also write the merged model (W + (α/r)·B·A over the base as
     /// stored) to OUT/merged as a Hugging Face folder.
     #[arg(long)]

@@ -69,6 +69,8 @@ pub struct Trainer<B: Backend = Cpu> {
     batch: (Vec<u32>, Vec<u32>),
     /// Each unit's slice of the update, reused by every step.
     slices: Vec<UnitSlice>,
+    /// The micro-batch of the step being run (LoRA dropout draws its masks from it).
+    micro: u32,
 }
 
 impl Trainer<Cpu> {
@@ -163,6 +165,7 @@ impl<B: Backend> Trainer<B> {
             last_skipped: false,
             batch: (vec![0; n], vec![0; n]),
             slices: Vec::with_capacity(n_units),
+            micro: 0,
         })
     }
 
@@ -257,6 +260,16 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<f32, EngineError> {
         self.load_batch(inputs, targets)?;
         let (b, t) = (self.config.batch as usize, self.config.seq as usize);
+        // LoRA dropout: one mask per (rank, step, micro-batch), redrawn the same by a recompute
+        // and by a resumed run; evaluation runs without it.
+        let seed = [self.comm.rank() as u64, self.step, u64::from(self.micro)]
+            .iter()
+            .fold(0x6C6F_7261_u64, |h, &x| {
+                (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29)
+            });
+        if let Some(lora) = &self.model.lora {
+            lora.dropout_seed.set(Some(seed));
+        }
         let n_layers = self.config.model.shape.n_layers;
         let mut clock = Instant::now();
         let mut lap = |slot: &mut Duration| {
@@ -291,6 +304,9 @@ impl<B: Backend> Trainer<B> {
         self.leave_phase(Phase::EmbedBackward)?;
         lap(&mut times.embed_backward);
         self.timings = times;
+        if let Some(lora) = &self.model.lora {
+            lora.dropout_seed.set(None);
+        }
         Ok(loss_sum)
     }
 
@@ -321,7 +337,8 @@ impl<B: Backend> Trainer<B> {
         self.zero_grads();
         let (mut inputs, mut targets) = std::mem::take(&mut self.batch);
         let mut loss_sum = 0.0f64;
-        for _ in 0..k {
+        for micro in 0..k {
+            self.micro = micro as u32;
             next_batch(&mut inputs, &mut targets);
             let micro = self.forward_backward(&inputs, &targets, dloss);
             match micro {

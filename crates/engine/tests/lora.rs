@@ -18,6 +18,7 @@ fn lora(base: Dtype, double_quant: bool, targets: &str) -> LoraConfig {
             targets: targets.split(',').map(str::to_string).collect(),
             base,
             double_quant,
+            dropout: 0.0,
         },
         alpha: 8.0,
     }
@@ -85,7 +86,10 @@ fn every_base_format_trains_its_adapters_with_the_planned_bytes_and_a_frozen_bas
     };
     for shape in [gpt2_tiny(), llama_tiny(), qwen2, mistral] {
         for (base, dq) in bases {
-            let what = format!("{:?} {:?} {base:?} dq={dq}", shape.family, shape.sliding_window);
+            let what = format!(
+                "{:?} {:?} {base:?} dq={dq}",
+                shape.family, shape.sliding_window
+            );
             let mut cfg = lora_config(shape.clone(), lora(base, dq, "all-linear"));
             cfg.schedule = engine::Schedule::constant(1e-2);
             let mut t = Trainer::new(cfg).unwrap();
@@ -247,4 +251,59 @@ fn gradient_accumulation_equals_the_larger_batch() {
     for (a, b) in big.iter().zip(&accumulated) {
         assert!((a - b).abs() < 1e-4, "{big:?} vs {accumulated:?}");
     }
+}
+
+/// Dropout on the adapters' input: a mask per (rank, step, micro-batch, block, matrix) that a
+/// recompute redraws (bit-identical with and without recompute), that changes the trajectory,
+/// trains, costs exactly its planned scratch, and is off when evaluating.
+#[test]
+fn lora_dropout_is_redrawn_by_recompute_and_off_in_evaluation() {
+    let run = |dropout: f32, recompute: Recompute| -> (Vec<f32>, Trainer) {
+        let mut l = lora(Dtype::Nf4, true, "all-linear");
+        l.plan.dropout = dropout;
+        let mut cfg = lora_config(llama_tiny(), l);
+        cfg.recompute = recompute;
+        cfg.schedule = engine::Schedule::constant(1e-2);
+        let mut t = Trainer::new(cfg).unwrap();
+        t.init_weights(21);
+        let l = losses(&mut t, 12);
+        assert_measured_equals_planned(&t, "dropout");
+        (l, t)
+    };
+    let (dropped, mut t) = run(0.1, Recompute::None);
+    assert_eq!(
+        run(0.1, Recompute::Full).0,
+        dropped,
+        "recompute redraws the mask"
+    );
+    assert_ne!(
+        run(0.0, Recompute::None).0,
+        dropped,
+        "dropout changes the trajectory"
+    );
+    assert!(dropped[11] < dropped[0] - 0.2, "{dropped:?}");
+    let x = tokens(32, 96, 4);
+    let first = t.logits(&x, 2, 16).unwrap();
+    assert_eq!(
+        t.logits(&x, 2, 16).unwrap(),
+        first,
+        "evaluation draws no mask"
+    );
+    let planned = |p: f32| {
+        let mut l = lora(Dtype::Nf4, true, "all-linear");
+        l.plan.dropout = p;
+        let cfg = lora_config(llama_tiny(), l);
+        plan::frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap()
+    };
+    let names = |p: &plan::MemoryPlan| -> Vec<String> {
+        p.buffers
+            .iter()
+            .filter_map(|b| b.key.map(|k| k.to_string()))
+            .collect()
+    };
+    let (with, without) = (names(&planned(0.1)), names(&planned(0.0)));
+    assert!(
+        with.contains(&"work.lora_dropped".to_string())
+            && !without.contains(&"work.lora_dropped".to_string())
+    );
 }

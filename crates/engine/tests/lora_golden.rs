@@ -24,6 +24,7 @@ fn run(file: &str) {
         targets: meta["targets"].split(',').map(str::to_string).collect(),
         base: Dtype::F32,
         double_quant: false,
+        dropout: 0.0,
     };
     let config = TrainConfig {
         attention: plan::setup::Attention::Eager,

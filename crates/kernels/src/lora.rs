@@ -24,6 +24,7 @@ pub use crate::matmul::{backward_input_cols, forward_cols};
 use crate::matmul::{view, view_mut};
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
 
 /// One targeted part: its B (rows, r) and where its rows sit in the fused output.
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +147,55 @@ pub fn adapter_backward(
     );
 }
 
+/// Whether element `i` survives dropout `p` under `seed`: a SplitMix64 finalizer of
+/// (seed, i) against p·2⁶⁴, so the forward, a recompute and the backward draw the same mask
+/// without storing it.
+#[inline]
+pub fn kept(seed: u64, i: usize, p: f32) -> bool {
+    let mut z = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 >= f64::from(p) * (1u64 << 53) as f64
+}
+
+/// Elements per rayon task of the dropout passes.
+const DROP_TASK: usize = 1 << 14;
+
+/// out = x ⊙ mask / (1 − p) (inverted dropout, PEFT's `nn.Dropout` in training).
+pub fn dropout(out: &mut [f32], x: &[f32], p: f32, seed: u64) {
+    assert_eq!(out.len(), x.len());
+    let scale = 1.0 / (1.0 - p);
+    out.par_chunks_mut(DROP_TASK)
+        .zip(x.par_chunks(DROP_TASK))
+        .enumerate()
+        .for_each(|(t, (o, x))| {
+            for (j, (o, &x)) in o.iter_mut().zip(x).enumerate() {
+                *o = if kept(seed, t * DROP_TASK + j, p) {
+                    x * scale
+                } else {
+                    0.0
+                };
+            }
+        });
+}
+
+/// dinp += dx ⊙ mask / (1 − p): the dropout's backward with the forward's mask.
+pub fn dropout_backward(dinp: &mut [f32], dx: &[f32], p: f32, seed: u64) {
+    assert_eq!(dinp.len(), dx.len());
+    let scale = 1.0 / (1.0 - p);
+    dinp.par_chunks_mut(DROP_TASK)
+        .zip(dx.par_chunks(DROP_TASK))
+        .enumerate()
+        .for_each(|(t, (d, g))| {
+            for (j, (d, &g)) in d.iter_mut().zip(g).enumerate() {
+                if kept(seed, t * DROP_TASK + j, p) {
+                    *d += g * scale;
+                }
+            }
+        });
+}
+
 /// Plain loops.
 pub mod reference {
     use super::Part;
@@ -190,6 +240,32 @@ mod tests {
         (0..n)
             .map(|_| (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
             .collect()
+    }
+
+    #[test]
+    fn dropout_keeps_about_one_minus_p_and_its_backward_uses_the_same_mask() {
+        let n = 100_000;
+        let x: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 1e-5).collect();
+        let mut out = vec![0.0; n];
+        dropout(&mut out, &x, 0.25, 42);
+        let kept_count = out.iter().filter(|&&v| v != 0.0).count();
+        assert!(
+            (kept_count as f64 / n as f64 - 0.75).abs() < 0.01,
+            "{kept_count}"
+        );
+        for (i, (&o, &xi)) in out.iter().zip(&x).enumerate() {
+            assert!(o == 0.0 || (o - xi / 0.75).abs() < 1e-6, "{i}");
+        }
+        // d(sum(out ⊙ g))/dx = g ⊙ mask / (1 − p): the backward sees the forward's mask.
+        let g = vec![2.0f32; n];
+        let mut dx = vec![0.0; n];
+        dropout_backward(&mut dx, &g, 0.25, 42);
+        for (i, (&d, &o)) in dx.iter().zip(&out).enumerate() {
+            assert_eq!(d == 0.0, o == 0.0, "{i}");
+        }
+        let mut other = vec![0.0; n];
+        dropout(&mut other, &x, 0.25, 43);
+        assert_ne!(other, out, "another seed, another mask");
     }
 
     /// A loss L = Σ out ⊙ g through the frozen parts and the adapters, and its gradients by

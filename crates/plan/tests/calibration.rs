@@ -256,6 +256,7 @@ fn setups_plain_pytorch_does_not_run_are_typed_errors() {
         targets: vec!["w1".into()],
         base: Dtype::Bf16,
         double_quant: false,
+        dropout: 0.0,
     });
     let err = training_detail(&moe, &setup, imp).unwrap_err();
     assert!(err.to_string().contains("experts"), "{err}");

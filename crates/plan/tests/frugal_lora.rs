@@ -16,6 +16,7 @@ fn qlora_7b(double_quant: bool) -> plan::MemoryPlan {
             targets: vec!["all-linear".into()],
             base: Dtype::Nf4,
             double_quant,
+            dropout: 0.0,
         }),
         ..TrainSetup::new(1, 512)
     };

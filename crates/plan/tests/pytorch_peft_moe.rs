@@ -23,6 +23,7 @@ fn lora(rank: u32, targets: &[&str], base: Dtype) -> Option<Lora> {
         targets: targets.iter().map(|s| s.to_string()).collect(),
         base,
         double_quant: true,
+        dropout: 0.0,
     })
 }
 

@@ -111,6 +111,7 @@ fn qlora_shrinks_states() {
         targets: vec!["q_proj".into(), "v_proj".into()],
         base: Dtype::Nf4,
         double_quant: true,
+        dropout: 0.0,
     });
     let plan = formula::training_plan(&m, &s).unwrap();
     let peaks = plan.category_peaks(Device::Gpu);
@@ -141,6 +142,7 @@ fn bad_setups_name_the_flag() {
         targets: vec!["c_attn".into()],
         base: Dtype::Bf16,
         double_quant: false,
+        dropout: 0.0,
     });
     assert_eq!(field(&s), "--lora-targets");
 }

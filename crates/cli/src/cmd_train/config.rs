@@ -198,6 +198,7 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
 fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
     let Some(rank) = args.lora_rank else {
         for (set, flag) in [
+            (args.lora_dropout != 0.0, "--lora-dropout"),
             (args.lora_alpha.is_some(), "--lora-alpha"),
             (args.double_quant, "--double-quant"),
             (args.merge, "--merge"),
@@ -227,6 +228,7 @@ fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
             targets: args.lora_targets.clone(),
             base: args.lora_base,
             double_quant: args.double_quant,
+            dropout: args.lora_dropout,
         },
         alpha,
     }))

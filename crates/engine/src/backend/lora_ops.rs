@@ -56,10 +56,21 @@ pub struct AdapterPart {
     pub rows: usize,
 }
 
+/// LoRA dropout on an adapter's input: the mask of `seed`, the dropped input in `dropped`, and
+/// (in the backward) the input gradient before the mask in `dx`.
+#[derive(Clone, Copy, Debug)]
+pub struct Dropout {
+    pub p: f32,
+    pub seed: u64,
+    pub dropped: Tensor,
+    pub dx: Option<Tensor>,
+}
+
 /// The adapters of one linear: u = inp · A_catᵀ, out[:, p] += scale · uₚ Bₚᵀ (`out` `None`: u
-/// only, for a recompute that keeps the block's output).
+/// only, for a recompute that keeps the block's output); with `dropout`, inp is dropped first.
 #[derive(Clone, Copy, Debug)]
 pub struct Adapter {
+    pub dropout: Option<Dropout>,
     pub out: Option<Tensor>,
     pub u: Tensor,
     pub inp: Tensor,

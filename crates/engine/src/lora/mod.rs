@@ -55,6 +55,12 @@ pub struct LoraModel {
     pub dequant: Option<Tensor>,
     /// `work.lora_du` (only a training arena has it).
     pub du: Option<Tensor>,
+    /// Dropout's scratch: the dropped input, the input gradient before the mask.
+    pub dropped: Option<Tensor>,
+    pub dropped_dx: Option<Tensor>,
+    /// The mask's seed for this micro-step (`None`: not training, no dropout); set by the
+    /// trainer before each micro-step, so a recompute redraws the forward's mask.
+    pub dropout_seed: std::cell::Cell<Option<u64>>,
 }
 
 /// The four matrices of every block of `shape` under `lora`.
@@ -99,6 +105,9 @@ impl LoraModel {
             matrices,
             dequant: arena.try_tensor(Key::Work(Work::Dequant), DType::F32),
             du: arena.try_tensor(Key::Work(Work::LoraDu), DType::F32),
+            dropped: arena.try_tensor(Key::Work(Work::LoraDropped), DType::F32),
+            dropped_dx: arena.try_tensor(Key::Work(Work::LoraDx), DType::F32),
+            dropout_seed: std::cell::Cell::new(None),
         }
     }
 
@@ -194,7 +203,20 @@ impl LoraModel {
                 rows: p.rows as usize,
             });
         }
+        let dropout = match (self.dropout_seed.get(), self.dropped) {
+            (Some(seed), Some(dropped)) if self.setup.dropout > 0.0 => Some(Dropout {
+                p: self.setup.dropout,
+                // One mask per (micro-step, block, matrix).
+                seed: seed
+                    ^ (((layer as u64) << 8) | matrix_index(role) as u64)
+                        .wrapping_mul(0xD6E8_FEB8_6659_FD93),
+                dropped,
+                dx: self.dropped_dx,
+            }),
+            _ => None,
+        };
         Some(Adapter {
+            dropout,
             out,
             u: u.prefix(n * w),
             inp,

@@ -45,7 +45,7 @@ pub fn adapter_config(trainer: &Trainer) -> serde_json::Value {
         "base_model_name_or_path": null,
         "r": lora.setup.rank,
         "lora_alpha": lora.alpha,
-        "lora_dropout": 0.0,
+        "lora_dropout": lora.setup.dropout,
         "target_modules": modules,
         "bias": "none",
         "fan_in_fan_out": trainer.config.model.shape.family == plan::model::Family::Gpt2,

@@ -250,6 +250,7 @@ impl RunFields {
                     "targets": l.plan.targets.join(","),
                     "base": format!("{:?}", l.plan.base).to_lowercase(),
                     "double_quant": l.plan.double_quant,
+                    "dropout": l.plan.dropout,
                 }),
                 None => serde_json::Value::Null,
             },

@@ -175,6 +175,7 @@ impl LoraChoice {
                 targets: self.targets.clone(),
                 base,
                 double_quant: base == crate::setup::Dtype::Nf4,
+                dropout: 0.0,
             }));
         }
         out

@@ -255,6 +255,15 @@ pub fn check(model: &ModelShape, lora: &Lora) -> Result<(), PlanError> {
             reason: "a rank of at least 1 is needed".into(),
         });
     }
+    if !(0.0..1.0).contains(&lora.dropout) {
+        return Err(PlanError::Invalid {
+            field: "lora-dropout".into(),
+            reason: format!(
+                "{} is not a probability below 1 (0.05-0.1 are usual)",
+                lora.dropout
+            ),
+        });
+    }
     let base = BaseFormat::of(lora)?;
     let any = matrices(model, 0, lora, base)?
         .iter()
@@ -360,5 +369,13 @@ pub fn lora_buffers(
         du,
         backward,
     ));
+    if lora.dropout > 0.0 {
+        // The dropped input is rebuilt wherever an adapter runs (forward, recompute, backward).
+        let widest_in = dims.c.max(dims.atty).max(dims.fc_act);
+        let bytes = 4 * dims.n * widest_in;
+        let other = Category::Other;
+        out.push(keyed(Key::Work(Work::LoraDropped), other, bytes, whole));
+        out.push(keyed(Key::Work(Work::LoraDx), other, bytes, backward));
+    }
     Ok(out)
 }

@@ -36,6 +36,10 @@ pub enum Work {
     Dequant,
     /// LoRA: the gradient of an adapter's rank-sized output, `du` (N, r·parts).
     LoraDu,
+    /// LoRA dropout: an adapter's dropped input (N, IC), rebuilt from its seed in the backward.
+    LoraDropped,
+    /// LoRA dropout: the adapter's input gradient before the mask (N, IC).
+    LoraDx,
     /// The backward GEMMs' bf16 operands: the output gradient, its transpose, the saved input
     /// transposed, the weight transposed.
     BwDout,
@@ -278,6 +282,8 @@ impl fmt::Display for Key {
                 Work::WeightBf16 => "work.w_bf16",
                 Work::Dequant => "work.dequant",
                 Work::LoraDu => "work.lora_du",
+                Work::LoraDropped => "work.lora_dropped",
+                Work::LoraDx => "work.lora_dx",
                 Work::BwDout => "work.bw.dout",
                 Work::BwDoutT => "work.bw.dout_t",
                 Work::BwInpT => "work.bw.inp_t",

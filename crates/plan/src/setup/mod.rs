@@ -141,6 +141,9 @@ pub struct Lora {
     /// nf4: bitsandbytes' double quantization of the absmax (the `frugal` runtime plans it as
     /// asked; the `formula` and `pytorch` profiles follow QLoRA's recipe, which has it on).
     pub double_quant: bool,
+    /// Dropout on each adapter's input (PEFT's `lora_dropout`; 0: none). The `frugal` runtime
+    /// plans the dropped input and its gradient's scratch when it is on.
+    pub dropout: f32,
 }
 
 /// A training setup, per data-parallel group.

@@ -4,6 +4,7 @@
 use super::Cpu;
 use crate::arena::Arena;
 use crate::backend::lora_ops::*;
+use crate::backend::Backend;
 use crate::backend::Tensor;
 use kernels::dequant::{dequantize_range, Stored};
 use plan::frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS, NF4_BLOCK};
@@ -111,10 +112,23 @@ fn parts_of<'v>(
         .collect()
 }
 
+/// The adapter's input: `inp`, or with dropout its dropped copy rebuilt in the scratch.
+fn adapter_input(a: &A, op: &Adapter) -> Tensor {
+    let Some(d) = op.dropout else {
+        return op.inp;
+    };
+    let dropped = d.dropped.prefix(op.inp.len);
+    let x = a.view::<f32>(op.inp);
+    let mut out = a.view_mut::<f32>(dropped);
+    kernels::lora::dropout(&mut out, &x, d.p, d.seed);
+    dropped
+}
+
 pub fn adapter(a: &A, op: &Adapter) {
+    let inp = adapter_input(a, op);
     let bs = op.parts.map(|p| p.map(|p| a.view::<f32>(p.b)));
     let parts = parts_of(&bs, op);
-    let (x, a_cat) = (a.view::<f32>(op.inp), a.view::<f32>(op.a_cat));
+    let (x, a_cat) = (a.view::<f32>(inp), a.view::<f32>(op.a_cat));
     let mut u = a.view_mut::<f32>(op.u);
     let (n, ic, oc, r) = (op.n, op.ic, op.oc, op.rank);
     match op.out {
@@ -130,15 +144,38 @@ pub fn adapter(a: &A, op: &Adapter) {
 
 pub fn adapter_backward(a: &A, op: &AdapterBackward) {
     let f = &op.fwd;
+    let inp = adapter_input(a, f);
+    // With dropout the adapter's input gradient lands in the scratch, masked into dinp after.
+    let dinp = match f.dropout {
+        Some(d) => {
+            let dx =
+                d.dx.expect("the backward has the dropout's gradient scratch");
+            let dx = dx.prefix(op.dinp.len);
+            a.backend().fill(a, dx, 0.0);
+            dx
+        }
+        None => op.dinp,
+    };
+    adapter_products(a, op, inp, dinp);
+    if let Some(d) = f.dropout {
+        let dx = a.view::<f32>(dinp);
+        let mut into = a.view_mut::<f32>(op.dinp);
+        kernels::lora::dropout_backward(&mut into, &dx, d.p, d.seed);
+    }
+}
+
+/// dB, dA_cat and `dinp` += the adapter's products on the input `inp`.
+fn adapter_products(a: &A, op: &AdapterBackward, inp: Tensor, dinp: Tensor) {
+    let f = &op.fwd;
     let bs = f.parts.map(|p| p.map(|p| a.view::<f32>(p.b)));
     let parts = parts_of(&bs, f);
     let (x, a_cat, u) = (
-        a.view::<f32>(f.inp),
+        a.view::<f32>(inp),
         a.view::<f32>(f.a_cat),
         a.view::<f32>(f.u),
     );
     let dout = a.view::<f32>(op.dout);
-    let mut dinp = a.view_mut::<f32>(op.dinp);
+    let mut dinp = a.view_mut::<f32>(dinp);
     let mut du = a.view_mut::<f32>(op.du.prefix(f.u.len));
     let [d0, d1, d2] = op.db;
     let mut grads = a.parts_mut::<f32, 4>([Some(op.da_cat), d0, d1, d2]);
