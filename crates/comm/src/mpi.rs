@@ -256,6 +256,16 @@ impl Moved for bf16 {
     }
 }
 
+/// The staging buffer `v`, taken out of the endpoint, at least `len` long (grown once, never
+/// re-zeroed: a collective overwrites what it reads).
+fn grown<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> Vec<T> {
+    let mut v = std::mem::take(v);
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    v
+}
+
 /// `out` = op over the N rows of `rows` (N × out.len()), in rank order.
 fn reduce_rows<T: Elem>(rows: &[T], out: &mut [T], n: usize, op: ReduceOp) {
     let len = out.len();
@@ -268,11 +278,9 @@ impl Mpi {
     /// Reduce-scatter of `input` (N × shard) into `output` (shard).
     fn reduce_scatter_t<T: Moved>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) {
         let n = self.size;
-        let (_, recv) = T::bufs(self);
-        let mut recv = std::mem::take(recv);
-        recv.resize(input.len(), T::default());
-        T::exchange(self, input, &mut recv);
-        reduce_rows(&recv, output, n, op);
+        let mut recv = grown(&mut T::bufs(self).1, input.len());
+        T::exchange(self, input, &mut recv[..input.len()]);
+        reduce_rows(&recv[..input.len()], output, n, op);
         *T::bufs(self).1 = recv;
     }
 
@@ -283,15 +291,11 @@ impl Mpi {
             // In place: reduce-scatter this rank's shard into `buf`, then gather every shard.
             let shard = buf.len() / n;
             let at = self.rank * shard;
-            let (_, recv) = T::bufs(self);
-            let mut recv = std::mem::take(recv);
-            recv.resize(buf.len(), T::default());
-            T::exchange(self, buf, &mut recv);
-            reduce_rows(&recv, &mut buf[at..at + shard], n, op);
-            recv.truncate(shard);
-            recv.copy_from_slice(&buf[at..at + shard]);
-            T::gather(self, &recv, buf);
-            recv.clear();
+            let mut recv = grown(&mut T::bufs(self).1, buf.len());
+            T::exchange(self, buf, &mut recv[..buf.len()]);
+            reduce_rows(&recv[..buf.len()], &mut buf[at..at + shard], n, op);
+            recv[..shard].copy_from_slice(&buf[at..at + shard]);
+            T::gather(self, &recv[..shard], buf);
             *T::bufs(self).1 = recv;
             return;
         }
@@ -377,11 +381,10 @@ impl Collective for Mpi {
         let shard = buf.len() / n;
         let at = self.rank * shard;
         fn in_place<T: Moved>(m: &mut Mpi, b: &mut [T], at: usize, shard: usize, op: ReduceOp) {
-            let (_, recv) = T::bufs(m);
-            let mut recv = std::mem::take(recv);
-            recv.resize(b.len(), T::default());
-            T::exchange(m, b, &mut recv);
-            reduce_rows(&recv, &mut b[at..at + shard], m.size, op);
+            let len = b.len();
+            let mut recv = grown(&mut T::bufs(m).1, len);
+            T::exchange(m, b, &mut recv[..len]);
+            reduce_rows(&recv[..len], &mut b[at..at + shard], m.size, op);
             *T::bufs(m).1 = recv;
         }
         match buf {
