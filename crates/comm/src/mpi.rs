@@ -278,7 +278,7 @@ impl Mpi {
     /// Reduce-scatter of `input` (N × shard) into `output` (shard).
     fn reduce_scatter_t<T: Moved>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) {
         let n = self.size;
-        let mut recv = grown(&mut T::bufs(self).1, input.len());
+        let mut recv = grown(T::bufs(self).1, input.len());
         T::exchange(self, input, &mut recv[..input.len()]);
         reduce_rows(&recv[..input.len()], output, n, op);
         *T::bufs(self).1 = recv;
@@ -291,7 +291,7 @@ impl Mpi {
             // In place: reduce-scatter this rank's shard into `buf`, then gather every shard.
             let shard = buf.len() / n;
             let at = self.rank * shard;
-            let mut recv = grown(&mut T::bufs(self).1, buf.len());
+            let mut recv = grown(T::bufs(self).1, buf.len());
             T::exchange(self, buf, &mut recv[..buf.len()]);
             reduce_rows(&recv[..buf.len()], &mut buf[at..at + shard], n, op);
             recv[..shard].copy_from_slice(&buf[at..at + shard]);
@@ -382,7 +382,7 @@ impl Collective for Mpi {
         let at = self.rank * shard;
         fn in_place<T: Moved>(m: &mut Mpi, b: &mut [T], at: usize, shard: usize, op: ReduceOp) {
             let len = b.len();
-            let mut recv = grown(&mut T::bufs(m).1, len);
+            let mut recv = grown(T::bufs(m).1, len);
             T::exchange(m, b, &mut recv[..len]);
             reduce_rows(&recv[..len], &mut b[at..at + shard], m.size, op);
             *T::bufs(m).1 = recv;
