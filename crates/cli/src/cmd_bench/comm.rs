@@ -68,13 +68,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "--mib and --reps must be at least 1"
     );
     let n = (a.mib << 20) / 4;
-    let triad = triad_bandwidth(n);
-    let (world, seconds) = match a.comm {
+    let (world, seconds, triad) = match a.comm {
         CommArg::Threads => {
+            let triad = triad_bandwidth(n);
             let timeout = engine::world::DEFAULT_TIMEOUT;
             let run = |mut c: Box<dyn Collective>| time_all_reduce(&mut c, n, a.reps);
             let mut all = engine::world::launch(a.ranks, timeout, run, |_| false)?;
-            (a.ranks, all.swap_remove(0))
+            (a.ranks, all.swap_remove(0), triad)
         }
         CommArg::Mpi => mpi_seconds(n, a.reps)?,
     };
@@ -117,20 +117,26 @@ fn rank0() -> Option<bool> {
     RANK0.with(|r| r.get())
 }
 
+/// Under MPI: the world size, the all-reduce's seconds, and the triad measured by rank 0 alone
+/// (the others wait at a barrier, as the thread case measures it with nothing else running).
 #[cfg(feature = "mpi")]
-fn mpi_seconds(n: usize, reps: usize) -> anyhow::Result<(usize, f64)> {
-    let mut c = comm::Mpi::init(engine::world::DEFAULT_TIMEOUT, |why| {
-        eprintln!("error: {why}")
-    })?;
+fn mpi_seconds(n: usize, reps: usize) -> anyhow::Result<(usize, f64, f64)> {
+    let report = |why: &str| eprintln!("error: {why}");
+    let mut c = comm::Mpi::init(engine::world::DEFAULT_TIMEOUT, report)?;
     RANK0.with(|r| r.set(Some(c.rank() == 0)));
     let world = c.world_size();
+    let triad = match c.rank() {
+        0 => triad_bandwidth(n),
+        _ => 0.0,
+    };
+    c.barrier()?;
     let seconds = time_all_reduce(&mut c, n, reps)?;
     drop(c);
     comm::Mpi::finalize();
-    Ok((world, seconds))
+    Ok((world, seconds, triad))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_seconds(_: usize, _: usize) -> anyhow::Result<(usize, f64)> {
+fn mpi_seconds(_: usize, _: usize) -> anyhow::Result<(usize, f64, f64)> {
     anyhow::bail!("--comm mpi: this frugal was built without MPI (cargo build --release --features mpi -p frugal)")
 }
