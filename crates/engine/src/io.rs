@@ -121,6 +121,14 @@ pub fn unit_values<B: Backend>(model: &Model, arena: &Arena<B>) -> Vec<Vec<f32>>
     model.params.iter().map(|&id| download(arena, id)).collect()
 }
 
+/// Creates `dir` (and its parents), naming it in the error.
+pub fn create_dir(dir: &Path) -> Result<(), EngineError> {
+    std::fs::create_dir_all(dir).map_err(|cause| EngineError::Io {
+        context: format!("creating {}", dir.display()),
+        cause,
+    })
+}
+
 /// Writes `path` durably (temporary file, fsync, rename).
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
     write_atomically(path, bytes)
@@ -382,10 +390,7 @@ pub fn save_hf(
     tensors: Vec<HfTensor>,
     dir: &Path,
 ) -> Result<(), EngineError> {
-    std::fs::create_dir_all(dir).map_err(|cause| EngineError::Io {
-        context: format!("creating {}", dir.display()),
-        cause,
-    })?;
+    create_dir(dir)?;
     write_atomically(
         &dir.join("model.safetensors"),
         &tensors_to_safetensors(tensors),

@@ -78,10 +78,7 @@ pub fn save_adapter(
     gathered: Option<&[Vec<f32>]>,
     dir: &Path,
 ) -> Result<(), EngineError> {
-    std::fs::create_dir_all(dir).map_err(|cause| EngineError::Io {
-        context: format!("creating {}", dir.display()),
-        cause,
-    })?;
+    crate::io::create_dir(dir)?;
     let values = adapter_values(trainer, gathered);
     let slices: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
     let tensors = crate::io::export_units(&trainer.model, &slices);
