@@ -18,7 +18,10 @@ Examples:
   frugal train --ranks 4 --zero 3                 four in-process ranks, everything sharded
   frugal train --save-every 100 --out run1        snapshots; SIGTERM/Ctrl-C saves one and stops
   frugal train --out run1 --resume run1           continue from run1's newest snapshot
-  frugal train --data my.txt --device-memory 512MiB   refused before step one if it won't fit";
+  frugal train --data my.txt --device-memory 512MiB   refused before step one if it won't fit
+  frugal train --model run1 --lora-rank 16 --lora-base nf4 --double-quant --out adapter --merge
+                                  QLoRA over run1: PEFT adapter files and merged/
+  mpirun -n 2 frugal train --comm mpi --zero 3    ranks as MPI processes (a --features mpi build)";
 
 pub(crate) mod config;
 mod guard;
