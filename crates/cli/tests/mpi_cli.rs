@@ -23,8 +23,9 @@ mod with_mpi {
     use std::process::{Command, Output};
     use std::time::{Duration, Instant};
 
-    fn data() -> String {
-        small_text("mpi-cli", "data", 40_000)
+    /// This test's own slice of the corpus (tests run side by side; each folder is recreated).
+    fn data(test: &str) -> String {
+        small_text("mpi-cli", &format!("data-{test}"), 40_000)
     }
 
     /// The tiny run both launchers train, with `extra` flags (overriding the same flags here).
@@ -77,7 +78,7 @@ mod with_mpi {
 
     #[test]
     fn mpi_ranks_train_bit_identically_to_thread_ranks_at_every_stage() {
-        let data = data();
+        let data = data("parity");
         let cases: [(usize, &[&str]); 6] = [
             (2, &["--zero", "0"]),
             (2, &["--zero", "1"]),
@@ -107,7 +108,7 @@ mod with_mpi {
 
     #[test]
     fn snapshots_move_between_mpi_and_thread_ranks() {
-        let data = data();
+        let data = data("snapshots");
         let dir = common::temp_dir("mpi-cli", "snapshots");
         let whole = json(&threads(
             2,
@@ -151,7 +152,7 @@ mod with_mpi {
 
     #[test]
     fn ranks_must_match_the_launcher() {
-        let args = run_args(&data(), &["--ranks", "3"]);
+        let args = run_args(&data("ranks"), &["--ranks", "3"]);
         let out = mpiexec(2, &args);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
@@ -162,7 +163,7 @@ mod with_mpi {
     /// launcher's exit and stderr and how long the job took to end after the signal.
     fn signal_one_rank(signal: i32, seed: &str) -> (Output, Duration) {
         let extra = ["--steps", "100000", "--comm-timeout", "2", "--seed", seed];
-        let args = run_args(&data(), &extra);
+        let args = run_args(&data(seed), &extra);
         let child = Command::new("mpiexec")
             .args([
                 "-n",

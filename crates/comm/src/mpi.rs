@@ -114,6 +114,8 @@ impl Mpi {
     pub fn abort_world(code: i32) {
         let universe = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = universe.as_ref() {
+            // As `abort_job`: let the launcher forward what this process printed first.
+            std::thread::sleep(Duration::from_millis(500));
             u.world().abort(code)
         }
     }
@@ -121,6 +123,9 @@ impl Mpi {
     /// Ends every process of the job with `code` after printing `why` (MPI_Abort).
     pub fn abort_job(&self, why: &str, code: i32) -> ! {
         (self.report)(&format!("rank {}: {why}", self.rank));
+        // The launcher forwards the processes' output through pipes that MPI_Abort tears down:
+        // give it a moment to pass the reason on (seen lost under load otherwise).
+        std::thread::sleep(Duration::from_millis(500));
         self.comm.abort(code)
     }
 
