@@ -48,8 +48,18 @@ mod with_mpi {
         args
     }
 
+    /// `mpiexec`, also allowed to oversubscribe and to run as root should it be Open MPI's
+    /// (MPICH, which `.ci/run` installs, needs neither and ignores the variables).
+    fn launcher() -> Command {
+        let mut c = Command::new("mpiexec");
+        c.env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        c
+    }
+
     fn mpiexec(n: usize, args: &[String]) -> Output {
-        Command::new("mpiexec")
+        launcher()
             .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_frugal")])
             .args(args.iter().map(String::as_str).take(1))
             .args(["--comm", "mpi"])
@@ -164,7 +174,7 @@ mod with_mpi {
     fn signal_one_rank(signal: i32, seed: &str) -> (Output, Duration) {
         let extra = ["--steps", "100000", "--comm-timeout", "2", "--seed", seed];
         let args = run_args(&data(seed), &extra);
-        let child = Command::new("mpiexec")
+        let child = launcher()
             .args([
                 "-n",
                 "2",
