@@ -192,6 +192,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(other) = a.baseline.as_deref().filter(|b| *b != "pytorch") {
         bail!("--baseline {other}: the only baseline is pytorch");
     }
+    if a.baseline.is_some() && a.lora_rank.is_some() {
+        bail!("--baseline with --lora-rank: there is no PyTorch LoRA baseline; leave one out");
+    }
     if a.baseline.is_some() {
         check_pytorch()?;
     }

@@ -152,6 +152,19 @@ fn bad_lora_flags_say_what_to_fix() {
         &with(&["--lora-rank", "4", "--lora-targets", "q_proj"]),
         "is not a linear layer",
     );
+    let bench = [
+        "bench",
+        "train",
+        "--lora-rank",
+        "4",
+        "--baseline",
+        "pytorch",
+    ];
+    fails_with(&frugal(&bench), "no PyTorch LoRA baseline");
+    fails_with(
+        &frugal(&["bench", "comm", "--mib", "100000000"]),
+        "use a smaller --mib",
+    );
     fails_with(
         &with(&["--lora-rank", "4", "--lora-alpha=-1"]),
         "--lora-alpha",

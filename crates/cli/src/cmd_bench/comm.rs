@@ -67,6 +67,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.mib > 0 && a.reps > 0,
         "--mib and --reps must be at least 1"
     );
+    // The buffer and the triad's three of its size live at once: refuse what cannot fit.
+    let needed = (a.mib as u64).saturating_mul(4 << 20);
+    if let Some(host) = engine::capacity::host_available() {
+        anyhow::ensure!(
+            needed <= host.bytes,
+            "--mib {}: the all-reduce and the triad need {} MiB of host RAM, {} MiB are \
+             available; use a smaller --mib",
+            a.mib,
+            needed >> 20,
+            host.bytes >> 20
+        );
+    }
     let n = (a.mib << 20) / 4;
     let (world, seconds, triad) = match a.comm {
         CommArg::Threads => {
