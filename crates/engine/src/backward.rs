@@ -18,24 +18,24 @@ use plan::frugal::family::{Norm, Positions};
 use plan::frugal::units::{Role, UnitKind};
 
 /// What one block's backward shares: the model, its gradients and the pass's sizes.
-struct Grad<'a, B: Backend> {
-    model: &'a Model,
-    state: &'a TrainState,
-    arena: &'a Arena<B>,
-    be: &'a B,
-    kind: UnitKind,
-    n: usize,
+pub(crate) struct Grad<'a, B: Backend> {
+    pub(crate) model: &'a Model,
+    pub(crate) state: &'a TrainState,
+    pub(crate) arena: &'a Arena<B>,
+    pub(crate) be: &'a B,
+    pub(crate) kind: UnitKind,
+    pub(crate) n: usize,
     /// LoRA: each matrix's adapter output, as this block's backward reads it.
     lora_u: [Option<Tensor>; 4],
 }
 
 impl<B: Backend> Grad<'_, B> {
-    fn w(&self, role: Role) -> Tensor {
+    pub(crate) fn w(&self, role: Role) -> Tensor {
         self.model.weight(self.arena, self.kind, role)
     }
 
     /// The gradient of a model weight (`None` under LoRA: the base is frozen).
-    fn g(&self, role: Role) -> Option<Tensor> {
+    pub(crate) fn g(&self, role: Role) -> Option<Tensor> {
         let frozen = self.model.lora.is_some();
         (!frozen).then(|| self.state.grad(self.model, self.arena, self.kind, role))
     }
@@ -57,6 +57,21 @@ impl<B: Backend> Grad<'_, B> {
             let layer = layer as usize;
             return lora.linear_backward(self.model, self.arena, layer, roles.0, io, u, &grad, n);
         }
+        let weights = (self.w(roles.0), self.g(roles.0).expect("a trained weight"));
+        self.dense(dinp, dout, inp, weights, self.g_opt(roles.1), (n, ic));
+    }
+
+    /// dinp, dW (+ db) += the backward of `out = inp W (+ b)` for plain weight and gradient
+    /// tensors (an expert's rows of a fused view), over `n` rows.
+    pub(crate) fn dense(
+        &self,
+        dinp: Tensor,
+        dout: Tensor,
+        inp: Tensor,
+        (weight, dweight): (Tensor, Tensor),
+        dbias: Option<Tensor>,
+        (n, ic): (usize, usize),
+    ) {
         let shape = LinearShape {
             n,
             ic,
@@ -70,11 +85,11 @@ impl<B: Backend> Grad<'_, B> {
         let op = LinearBackward {
             kind: LinearKind::Dense,
             dinp,
-            dweight: self.g(roles.0).expect("a trained weight"),
-            dbias: self.g_opt(roles.1),
+            dweight,
+            dbias,
             dout,
             inp: inp.prefix(n * ic),
-            weight: self.w(roles.0),
+            weight,
             shape,
             bf16,
         };
@@ -83,7 +98,14 @@ impl<B: Backend> Grad<'_, B> {
 
     /// dinp += the norm's backward of `dout`; its weight (and bias) gradients accumulate.
     #[allow(clippy::too_many_arguments)]
-    fn norm(&self, dinp: Tensor, dout: Tensor, inp: Tensor, roles: (Role, Role), a: NormSaved) {
+    pub(crate) fn norm(
+        &self,
+        dinp: Tensor,
+        dout: Tensor,
+        inp: Tensor,
+        roles: (Role, Role),
+        a: NormSaved,
+    ) {
         let c = self.model.config.shape.d_model as usize;
         let kind = match self.model.design.norm {
             Norm::LayerNorm => NormGradKind::Layer {
@@ -109,9 +131,9 @@ impl<B: Backend> Grad<'_, B> {
 
 /// A norm's saved statistics.
 #[derive(Clone, Copy)]
-struct NormSaved {
-    mean: Option<Tensor>,
-    rstd: Tensor,
+pub(crate) struct NormSaved {
+    pub(crate) mean: Option<Tensor>,
+    pub(crate) rstd: Tensor,
 }
 
 /// Final norm, fused classifier + cross-entropy (forward and backward), norm backward into
@@ -141,6 +163,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
         dloss,
     };
     let loss_sum = be.classifier(arena, &op);
+    crate::moe::balance(model, state, arena, n, dloss);
     be.fill(arena, state.dresidual, 0.0);
     let g = Grad {
         model,
@@ -182,6 +205,9 @@ pub fn block<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, la
 
 /// MLP half: out = res2 + proj(act(fc(norm2(res2)))); turns d(out) into d(res2) in `dres`.
 fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
+    if g.model.design.moe {
+        return crate::moe::backward(g, a);
+    }
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
     let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
     let (n, c, fc_w, f) = (d.n as usize, d.c as usize, d.fc as usize, d.fc_act as usize);

@@ -1,7 +1,7 @@
 //! The model the engine builds: the planner's [`ModelShape`] plus the numeric facts the memory
 //! model does not need (norm epsilon, RoPE base), read from and written to HF `config.json`.
 //!
-//! Only the families in `family` are built (GPT-2, Llama-style and Qwen2 today); anything else (an
+//! Only the families in `family` are built (GPT-2, Llama-style, Qwen2 and Mixtral today); anything else (an
 //! unknown `model_type`, RoPE scaling, a different activation, biases on Llama projections) is
 //! refused with [`EngineError::Config`] naming the field, never approximated.
 //!
@@ -20,7 +20,13 @@ pub struct ModelConfig {
     pub norm_eps: f32,
     /// RoPE base (Llama).
     pub rope_theta: f32,
+    /// Mixture of experts: the load-balancing loss's weight in the objective (0: none).
+    pub router_aux_coef: f32,
 }
+
+/// The balance loss's weight for a mixture-of-experts preset (Mixtral-8x7B's
+/// `router_aux_loss_coef`): a model trained from scratch needs it, or its router collapses.
+pub const PRESET_AUX_COEF: f32 = 0.02;
 
 impl ModelConfig {
     /// A config with HF's defaults for the numerics of `shape`'s family.
@@ -29,10 +35,16 @@ impl ModelConfig {
             source_name: shape.name.clone(),
             reason: e.to_string(),
         })?;
+        let router_aux_coef = if shape.moe.is_some() {
+            PRESET_AUX_COEF
+        } else {
+            0.0
+        };
         Ok(ModelConfig {
             shape,
             norm_eps: 1e-5,
             rope_theta: 10_000.0,
+            router_aux_coef,
         })
     }
 
@@ -61,6 +73,7 @@ impl ModelConfig {
             shape,
             norm_eps: numerics.norm_eps,
             rope_theta: numerics.rope_theta,
+            router_aux_coef: numerics.router_aux_coef,
         })
     }
 

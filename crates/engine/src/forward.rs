@@ -38,6 +38,10 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
         c,
     };
     arena.backend().embedding(arena, &op);
+    if let Some(moe) = model.moe {
+        // A new pass: its load-balancing statistics start from zero.
+        arena.backend().fill(arena, moe.aux, 0.0);
+    }
 }
 
 /// The residual stream entering block `layer` as `blocks` hold it: `act.encoded`, or the
@@ -59,17 +63,20 @@ pub struct BlockPass {
     /// Whether to compute the output (not when recomputing a segment's last block, whose output
     /// the forward pass kept).
     pub write_out: bool,
+    /// Whether this is the forward pass (a recompute adds nothing to the load-balancing
+    /// statistics).
+    pub forward_pass: bool,
 }
 
 /// One block's weights and the pass's sizes, shared by the steps below.
 pub(crate) struct Ctx<'a, B: Backend> {
-    model: &'a Model,
-    arena: &'a Arena<B>,
-    be: &'a B,
-    kind: UnitKind,
+    pub(crate) model: &'a Model,
+    pub(crate) arena: &'a Arena<B>,
+    pub(crate) be: &'a B,
+    pub(crate) kind: UnitKind,
     b: usize,
     t: usize,
-    d: BlockDims,
+    pub(crate) d: BlockDims,
     /// LoRA: where this pass keeps each matrix's adapter output.
     lora_u: [Option<Tensor>; 4],
 }
@@ -94,7 +101,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
         }
     }
 
-    fn w(&self, role: Role) -> Tensor {
+    pub(crate) fn w(&self, role: Role) -> Tensor {
         self.model.weight(self.arena, self.kind, role)
     }
 
@@ -136,7 +143,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     /// Runs the f32 op `write` into the first `len` elements of `out`: directly when `out` is
     /// f32, else (a bf16 matmul input, `qkv` or `fch`) into `work.f32` and rounded once.
-    fn produce(&self, out: Tensor, len: usize, write: impl FnOnce(Tensor)) {
+    pub(crate) fn produce(&self, out: Tensor, len: usize, write: impl FnOnce(Tensor)) {
         if out.dtype == DType::F32 {
             return write(out.prefix(len));
         }
@@ -166,6 +173,19 @@ impl<'a, B: Backend> Ctx<'a, B> {
             let io = (out, x, self.bias(roles.1));
             return lora.linear(self.model, self.arena, layer as usize, roles.0, io, u, n);
         }
+        self.dense(out, x, self.w(roles.0), self.bias(roles.1), (n, ic));
+    }
+
+    /// out (rows, OC) = x (rows, IC) `weight`ᵀ (+ b) for a plain weight tensor (an expert's
+    /// rows of a fused view): the bf16 GEMM on the weight rounded when `x` is bf16.
+    pub(crate) fn dense(
+        &self,
+        out: Tensor,
+        x: Tensor,
+        w: Tensor,
+        bias: Option<Tensor>,
+        (n, ic): (usize, usize),
+    ) {
         let shape = LinearShape {
             n,
             ic,
@@ -173,7 +193,6 @@ impl<'a, B: Backend> Ctx<'a, B> {
         };
         let weight = match x.dtype {
             DType::Bf16 => {
-                let w = self.w(roles.0);
                 let rounded = self
                     .model
                     .work
@@ -183,14 +202,14 @@ impl<'a, B: Backend> Ctx<'a, B> {
                 self.be.convert(self.arena, rounded, w);
                 rounded
             }
-            _ => self.w(roles.0),
+            _ => w,
         };
         let op = Linear {
             kind: LinearKind::Dense,
             out,
             inp: x.prefix(n * ic),
             weight,
-            bias: self.bias(roles.1),
+            bias,
             shape,
         };
         self.be.linear(self.arena, &op);
@@ -200,7 +219,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
         self.norm(inp, a.ln1, a.ln1_mean, a.ln1_rstd, true);
     }
 
-    fn norm2(&self, a: &BlockActs) {
+    pub(crate) fn norm2(&self, a: &BlockActs) {
         self.norm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, false);
     }
 
@@ -255,9 +274,11 @@ impl<'a, B: Backend> Ctx<'a, B> {
         self.produce(a.fch, n * fc_w, |fch| self.linear(fch, a.ln2, roles, c));
     }
 
-    /// fch_act = GELU(fch) or SwiGLU(gate, up), as the family's MLP says.
-    fn activation(&self, a: &BlockActs) {
-        let (n, fc_w, f) = (self.n(), self.d.fc as usize, self.d.fc_act as usize);
+    /// fch_act = GELU(fch) or SwiGLU(gate, up), as the family's MLP says (over all N·k routed
+    /// rows of a mixture of experts).
+    pub(crate) fn activation(&self, a: &BlockActs) {
+        let n = self.d.routed() as usize;
+        let (fc_w, f) = (self.d.fc as usize, self.d.fc_act as usize);
         let inp = self.matmul_output(a.fch, n * fc_w);
         self.produce(a.fch_act, n * f, |out| {
             let op = Activation {
@@ -337,6 +358,7 @@ pub fn block<B: Backend>(model: &Model, arena: &Arena<B>, layer: usize, batch: u
         inp: block_input(model, &model.forward_blocks, layer),
         acts: model.forward_blocks[layer],
         write_out: true,
+        forward_pass: true,
     };
     block_with(model, arena, layer, batch, seq, &pass);
 }
@@ -362,6 +384,9 @@ pub fn block_with<B: Backend>(
     let proj = (Role::AttnProjWeight, Role::AttnProjBias);
     cx.project(a.atty, atty_w, pass.inp, a.res2, proj);
     cx.norm2(a);
+    if model.design.moe {
+        return crate::moe::forward(&cx, a, pass.write_out, pass.forward_pass);
+    }
     cx.fc(a);
     cx.activation(a);
     if pass.write_out {

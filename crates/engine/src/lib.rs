@@ -52,6 +52,7 @@ pub mod init;
 pub mod io;
 pub mod lora;
 pub mod model;
+pub mod moe;
 pub mod offload;
 pub mod optim;
 pub mod precision;

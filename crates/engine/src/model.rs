@@ -36,6 +36,10 @@ pub struct BlockActs {
     pub ln2_rstd: Tensor,
     pub fch: Tensor,
     pub fch_act: Tensor,
+    /// Mixture of experts: the router's probabilities, routing tables (u32) and gates.
+    pub probs: Option<Tensor>,
+    pub route: Option<Tensor>,
+    pub gates: Option<Tensor>,
     pub out: Tensor,
     /// LoRA: each block matrix's adapter output u (in `adapters::MATRICES` order), where targeted.
     pub lora_u: [Option<Tensor>; 4],
@@ -65,6 +69,17 @@ pub struct Bf16Work {
     pub weight: Option<Tensor>,
 }
 
+/// A mixture-of-experts model's workspaces (`None` for a dense one).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeWork {
+    /// `work.moe_in`: matmul inputs (or output gradients) in expert order, the inputs' type.
+    pub rows_in: Tensor,
+    /// `work.moe_out`: expert outputs (and input gradients) in expert order, f32.
+    pub rows_out: Tensor,
+    /// `work.moe_aux` (3E): selection counts, probability sums and the probabilities' gradient.
+    pub aux: Tensor,
+}
+
 /// Where the kernels read each unit's weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightSource {
@@ -86,6 +101,7 @@ pub struct Model {
     pub forward_blocks: Vec<BlockActs>,
     pub head: HeadActs,
     pub work: Bf16Work,
+    pub moe: Option<MoeWork>,
     pub policy: ActPolicy,
     /// Micro-batch rows and sequence length the activation buffers are sized for.
     pub shape: ActShape,
@@ -139,6 +155,18 @@ impl Model {
             f32_in: arena.try_tensor(Key::Work(Work::F32In), DType::F32),
             weight: arena.try_tensor(Key::Work(Work::WeightBf16), DType::Bf16),
         };
+        let moe_in = arena.try_id(Key::Work(Work::MoeIn));
+        let moe = moe_in.map(|id| {
+            let in_type = match policy.elem_bytes(BlockTensor::Ln2) {
+                2 => DType::Bf16,
+                _ => DType::F32,
+            };
+            MoeWork {
+                rows_in: arena.tensor(id, in_type),
+                rows_out: arena.key_tensor(Key::Work(Work::MoeOut), DType::F32),
+                aux: arena.key_tensor(Key::Work(Work::MoeAux), DType::F32),
+            }
+        });
         Model {
             design: plan::frugal::family::design(&config.shape),
             config,
@@ -147,6 +175,7 @@ impl Model {
             forward_blocks,
             head,
             work,
+            moe,
             policy,
             shape,
             lora: None,
@@ -253,6 +282,7 @@ pub(crate) fn act_tensor<B: Backend>(
 ) -> Option<Tensor> {
     let dtype = match policy.elem_bytes(t) {
         2 => DType::Bf16,
+        _ if t == BlockTensor::Route => DType::U32,
         _ => DType::F32,
     };
     arena.try_tensor(key, dtype)
@@ -275,6 +305,9 @@ pub(crate) fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor
         ln2_rstd: must(BlockTensor::Ln2Rstd),
         fch: must(BlockTensor::Fch),
         fch_act: must(BlockTensor::FchAct),
+        probs: id(BlockTensor::Probs),
+        route: id(BlockTensor::Route),
+        gates: id(BlockTensor::Gates),
         out,
         lora_u: [None; 4],
     }

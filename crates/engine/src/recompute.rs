@@ -58,6 +58,7 @@ pub fn before_backward<B: Backend>(
                     inp: forward::block_input(model, &state.blocks, l),
                     acts: state.blocks[l],
                     write_out: l != layer,
+                    forward_pass: false,
                 };
                 forward::block_with(model, arena, l, b, t, &pass);
             }

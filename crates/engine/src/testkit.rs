@@ -56,6 +56,25 @@ pub fn llama_tiny() -> ModelShape {
     }
 }
 
+/// A Mixtral block design at toy size: Llama attention and 4 SwiGLU experts of 48, top 2,
+/// trained with the preset's load-balancing loss.
+pub fn mixtral_tiny() -> ModelShape {
+    ModelShape {
+        name: "mixtral-test".into(),
+        family: Family::Mixtral,
+        d_ff: 48,
+        moe: Some(plan::model::Moe {
+            n_experts: 4,
+            n_active: 2,
+            n_shared: 0,
+            d_ff_expert: 48,
+            first_dense: 0,
+            router_bias: false,
+        }),
+        ..llama_tiny()
+    }
+}
+
 /// The tests' run: `TrainConfig::new`'s defaults with materialised attention (the golden files
 /// were written with it).
 pub fn config(shape: ModelShape, batch: u64, seq: u64) -> TrainConfig {

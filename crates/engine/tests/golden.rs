@@ -1,7 +1,8 @@
 //! Golden tests against PyTorch + HF transformers, llm.c style: the same tiny GPT-2 and Llama,
 //! the same initial weights and batch; logits, loss, every gradient and a 10-step AdamW loss
 //! trajectory must match. The files come from dev/golden_gpt2.py, dev/golden_llama.py,
-//! dev/golden_qwen2.py and dev/golden_mistral.py (a sliding window of 5 over 16 positions).
+//! dev/golden_qwen2.py, dev/golden_mistral.py (a sliding window of 5 over 16 positions) and
+//! dev/golden_mixtral.py (4 experts, top 2, with HF's load-balancing loss in the objective).
 //!
 //! Tolerances (fp32 on both sides, only the summation order differs): logits and loss within
 //! 1e-4 absolute (sums of ≤ 128 products of O(1) values lose ~1e-6 relative each); gradients
@@ -70,6 +71,11 @@ fn run_with(file: &str, attention: plan::setup::Attention) {
     t.zero_grads();
     let loss = t.forward_backward(&x, &y, 1.0 / n as f32).unwrap() / n as f32;
     assert_close(&format!("{file}: loss"), &[loss], &g.f32s("loss"), 1e-4);
+    if let Some(want) = g.meta.get("balance_loss") {
+        let got = t.state.balance_loss.get();
+        let want: f32 = want.parse().unwrap();
+        assert_close(&format!("{file}: balance loss"), &[got], &[want], 1e-5);
+    }
     for grad in t.export(Which::Grads) {
         let want = g.f32s(&format!("grad.{}", grad.name));
         let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
@@ -198,4 +204,10 @@ fn mistral_with_a_sliding_window_matches_pytorch() {
 #[test]
 fn mistral_inference_with_a_sliding_window_matches_hf_logits() {
     inference("golden_mistral.safetensors");
+}
+
+#[test]
+fn mixtral_with_its_experts_and_balance_loss_matches_pytorch() {
+    run("golden_mixtral.safetensors");
+    run_with("golden_mixtral.safetensors", plan::setup::Attention::Flash);
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, llama_tiny, tokens};
+use common::{config, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
 use engine::io::Which;
 use engine::Trainer;
 use plan::buffer::{Category, Device};
@@ -103,6 +103,11 @@ fn gpt2_recompute_is_bit_identical_to_none() {
 #[test]
 fn llama_recompute_is_bit_identical_to_none() {
     check_bit_identical(llama_tiny());
+}
+
+#[test]
+fn mixtral_recompute_is_bit_identical_to_none() {
+    check_bit_identical(mixtral_tiny());
 }
 
 #[test]

@@ -19,7 +19,8 @@ mod common;
 
 use comm::{Collective, CollectiveKind, CommStats};
 use common::{
-    assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, max_diff, on_ranks, tokens,
+    assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, max_diff, mixtral_tiny,
+    on_ranks, tokens,
 };
 use engine::{TrainConfig, Trainer};
 use plan::setup::{Recompute, ZeroStage};
@@ -130,16 +131,17 @@ fn exact(a: &Run, b: &Run, what: &str) {
 
 #[test]
 fn every_stage_on_1_2_4_ranks_follows_the_single_rank_trajectory() {
-    for shape in [gpt2_tiny(), llama_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
         let cfg = config(shape.clone(), ROWS, SEQ);
         let single = run(&cfg, 1, ZeroStage::Zero0);
         for ranks in [1, 2, 4] {
             let stage0 = run(&cfg, ranks, ZeroStage::Zero0);
-            close(
-                &stage0,
-                &single,
-                &format!("{} stage 0 x{ranks}", shape.name),
-            );
+            // A rank's load-balancing loss is over its own rows (Mixtral's): the stages agree
+            // bit for bit on a rank count, but not with one rank of the whole batch.
+            if cfg.model.router_aux_coef == 0.0 {
+                let what = format!("{} stage 0 x{ranks}", shape.name);
+                close(&stage0, &single, &what);
+            }
             for zero in &STAGES[1..] {
                 let r = run(&cfg, ranks, *zero);
                 exact(&r, &stage0, &format!("{} {zero:?} x{ranks}", shape.name));

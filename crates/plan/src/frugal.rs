@@ -326,8 +326,8 @@ mod tests {
             training_plan(&model, &s),
             Err(PlanError::Unsupported { .. })
         ));
-        let moe = presets::by_name("mixtral-8x7b").unwrap();
-        assert!(training_plan(&moe, &setup(1, 64)).is_err());
+        let mla = presets::by_name("deepseek-v2-lite").unwrap();
+        assert!(training_plan(&mla, &setup(1, 64)).is_err());
     }
 
     #[test]

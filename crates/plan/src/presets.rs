@@ -1,6 +1,6 @@
 //! Named model shapes: the published configs of GPT-2, Llama 2/3.1, Mistral, Mixtral, Qwen2.5,
 //! TinyLlama and DeepSeek-V2-Lite/V3, plus small shapes the engine trains: gpt2-tiny and
-//! llama-tiny (tests) and gpt2-mini (`frugal train`'s default).
+//! llama-tiny and mixtral-tiny (tests) and gpt2-mini (`frugal train`'s default).
 //!
 //! Values are copied from each model's HF `config.json`. Not here: weights, tokenizers, parsing
 //! (`hf_config`). Example: `presets::by_name("llama3-8b")` is Llama-3.1-8B (aliases resolve).
@@ -9,7 +9,7 @@ use crate::model::{Family, Mla, ModelShape, Moe, SlidingWindow};
 use crate::PlanError;
 
 /// Canonical preset names, in the order `frugal plan --help` lists them.
-pub const NAMES: [&str; 22] = [
+pub const NAMES: [&str; 23] = [
     "gpt2-124m",
     "gpt2-355m",
     "gpt2-774m",
@@ -32,6 +32,7 @@ pub const NAMES: [&str; 22] = [
     "gpt2-tiny",
     "gpt2-mini",
     "llama-tiny",
+    "mixtral-tiny",
 ];
 
 /// Other spellings users type, mapped to canonical names.
@@ -174,6 +175,19 @@ fn build(name: &str) -> Option<ModelShape> {
         },
         "tinyllama-1.1b" => llama(Llama, 22, 2048, (32, 4), 5632, 32000, 2048, false),
         "llama-tiny" => llama(Llama, 2, 64, (4, 2), 176, 50257, 256, false),
+        // Mixtral blocks at llama-tiny's size: 4 experts of 96, top 2 (tests).
+        "mixtral-tiny" => ModelShape {
+            family: Family::Mixtral,
+            moe: Some(Moe {
+                n_experts: 4,
+                n_active: 2,
+                n_shared: 0,
+                d_ff_expert: 96,
+                first_dense: 0,
+                router_bias: false,
+            }),
+            ..llama(Llama, 2, 64, (4, 2), 96, 50257, 256, false)
+        },
         "qwen2.5-0.5b" => llama(Qwen2, 24, 896, (14, 2), 4864, 151936, 32768, true),
         "qwen2.5-1.5b" => llama(Qwen2, 28, 1536, (12, 2), 8960, 151936, 32768, true),
         "qwen2.5-7b" => llama(Qwen2, 28, 3584, (28, 4), 18944, 152064, 131072, false),

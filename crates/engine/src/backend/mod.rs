@@ -14,10 +14,12 @@
 pub mod cpu;
 pub mod infer_ops;
 pub mod lora_ops;
+pub mod moe_ops;
 pub mod ops;
 
 pub use infer_ops::*;
 pub use lora_ops::*;
+pub use moe_ops::*;
 pub use ops::*;
 
 use crate::arena::{Arena, BufId};
@@ -151,6 +153,9 @@ pub trait Backend: Sized + Send + 'static {
     fn frozen_linear_backward(&self, a: &Arena<Self>, op: &FrozenLinearBackward);
     fn adapter(&self, a: &Arena<Self>, op: &Adapter);
     fn adapter_backward(&self, a: &Arena<Self>, op: &AdapterBackward);
+
+    // Mixture of experts (`moe_ops`): routing, expert-order gathers and combines.
+    fn moe(&self, a: &Arena<Self>, op: &MoeOp);
 
     // The backward pass (every gradient is accumulated into: `+=`).
     fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward);

@@ -27,6 +27,21 @@ impl Family for Llama {
         if obj.get("rope_scaling").is_some_and(|v| !v.is_null()) {
             return Err("rope_scaling is set: scaled RoPE is not built".into());
         }
+        // transformers 5 writes the base inside `rope_parameters` (with its type).
+        let rope = obj.get("rope_parameters").and_then(Value::as_object);
+        if let Some(kind) = rope
+            .and_then(|r| r.get("rope_type"))
+            .and_then(Value::as_str)
+        {
+            if kind != "default" {
+                return Err(format!(
+                    "rope_parameters.rope_type {kind:?}: only default RoPE is built"
+                ));
+            }
+        }
+        let nested_theta = rope
+            .and_then(|r| r.get("rope_theta"))
+            .and_then(Value::as_f64);
         for key in ["attention_bias", "mlp_bias"] {
             if obj.get(key).and_then(Value::as_bool) == Some(true) {
                 return Err(format!(
@@ -35,9 +50,15 @@ impl Family for Llama {
             }
         }
         let f = |key: &str, default: f64| obj.get(key).and_then(Value::as_f64).unwrap_or(default);
+        let theta = obj
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .or(nested_theta)
+            .unwrap_or(10_000.0);
         let numerics = Numerics {
             norm_eps: f("rms_norm_eps", 1e-6) as f32,
-            rope_theta: f("rope_theta", 10_000.0) as f32,
+            rope_theta: theta as f32,
+            router_aux_coef: 0.0,
         };
         // Either would make every loss NaN: refused here, where the config is to blame.
         if !(numerics.norm_eps.is_finite() && numerics.norm_eps > 0.0) {
@@ -49,8 +70,7 @@ impl Family for Llama {
         }
         if !(numerics.rope_theta.is_finite() && numerics.rope_theta > 1.0) {
             return Err(format!(
-                "rope_theta {}: use a base above 1 such as 10000 or 500000",
-                f("rope_theta", 10_000.0)
+                "rope_theta {theta}: use a base above 1 such as 10000 or 500000"
             ));
         }
         Ok(numerics)

@@ -9,6 +9,7 @@
 
 mod gpt2;
 mod llama;
+mod mixtral;
 mod qwen2;
 
 use crate::config::ModelConfig;
@@ -19,6 +20,8 @@ use serde_json::{Map, Value};
 pub struct Numerics {
     pub norm_eps: f32,
     pub rope_theta: f32,
+    /// The load-balancing loss's weight in the training objective (0: none, or a dense model).
+    pub router_aux_coef: f32,
 }
 
 /// One family's config.json in and out.
@@ -31,7 +34,7 @@ pub trait Family: Sync {
     fn to_hf(&self, config: &ModelConfig) -> Value;
 }
 
-const FAMILIES: [&dyn Family; 3] = [&gpt2::Gpt2, &llama::Llama, &qwen2::Qwen2];
+const FAMILIES: [&dyn Family; 4] = [&gpt2::Gpt2, &llama::Llama, &qwen2::Qwen2, &mixtral::Mixtral];
 
 /// The family that reads `model_type`.
 pub fn by_model_type(model_type: &str) -> Option<&'static dyn Family> {
@@ -45,6 +48,7 @@ pub fn of(family: plan::model::Family) -> &'static dyn Family {
     match family {
         plan::model::Family::Gpt2 => &gpt2::Gpt2,
         plan::model::Family::Qwen2 => &qwen2::Qwen2,
+        plan::model::Family::Mixtral => &mixtral::Mixtral,
         _ => &llama::Llama,
     }
 }

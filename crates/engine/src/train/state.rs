@@ -42,6 +42,11 @@ pub struct TrainState {
     pub datty: Tensor,
     pub dfch: Tensor,
     pub dfch_act: Tensor,
+    /// Mixture of experts: the router logits' and the gates' gradients.
+    pub dprobs: Option<Tensor>,
+    pub dgates: Option<Tensor>,
+    /// The last micro-batch's load-balancing loss (0 without one).
+    pub balance_loss: std::cell::Cell<f32>,
     /// With bf16 matmul inputs: the backward GEMMs' bf16 operands.
     pub bf16: Option<Bf16Scratch>,
     /// Each unit's optimizer-state buffers in the arena (fp32: AdamW m, v or SGD momentum).
@@ -117,6 +122,9 @@ impl TrainState {
             datty: f32_of(Key::DAct(DAct::Atty)),
             dfch: f32_of(Key::DAct(DAct::Fch)),
             dfch_act: f32_of(Key::DAct(DAct::FchAct)),
+            dprobs: arena.try_tensor(Key::DAct(DAct::Probs), DType::F32),
+            dgates: arena.try_tensor(Key::DAct(DAct::Gates), DType::F32),
+            balance_loss: Default::default(),
             bf16: bf16_scratch,
             opt,
             masters,

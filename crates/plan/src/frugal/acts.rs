@@ -123,6 +123,9 @@ pub struct BlockDims {
     pub lse: u64,
     /// Whether norms keep a mean (LayerNorm) besides the reciprocal std.
     pub has_mean: bool,
+    /// Mixture of experts: routed experts (0 for a dense MLP) and choices per token.
+    pub experts: u64,
+    pub top_k: u64,
 }
 
 impl BlockDims {
@@ -131,20 +134,35 @@ impl BlockDims {
         let atty = u64::from(m.n_heads) * m.d_head;
         let qkv = atty + 2 * u64::from(m.n_kv_heads) * m.d_head;
         let design = family::design(m);
+        let moe = m.moe.as_ref().filter(|_| design.moe);
+        // An expert's MLP is as wide as its own intermediate size.
+        let f = moe.map_or(m.d_ff, |e| e.d_ff_expert);
         BlockDims {
             n,
             c: m.d_model,
             qkv,
             atty,
             fc: match design.mlp {
-                Mlp::Gelu => m.d_ff,
-                Mlp::SwiGlu => 2 * m.d_ff,
+                Mlp::Gelu => f,
+                Mlp::SwiGlu => 2 * f,
             },
-            fc_act: m.d_ff,
+            fc_act: f,
             att: s.batch * u64::from(m.n_heads) * s.seq * s.seq,
             lse: s.batch * u64::from(m.n_heads) * s.seq,
             has_mean: design.norm == Norm::LayerNorm,
+            experts: moe.map_or(0, |e| e.n_experts.into()),
+            top_k: moe.map_or(1, |e| e.n_active.into()),
         }
+    }
+
+    /// Rows the MLP's matmuls run on: N, or N·k routed rows in expert order.
+    pub fn routed(&self) -> u64 {
+        self.n * self.top_k
+    }
+
+    /// u32 elements of a block's routing tables (`kernels::moe::route_len`).
+    pub fn route_len(&self) -> u64 {
+        3 * self.routed() + self.experts + 1
     }
 }
 
@@ -166,11 +184,18 @@ pub enum BlockTensor {
     Ln2Rstd,
     Fch,
     FchAct,
+    /// Mixture of experts: the router's probabilities (N, E).
+    Probs,
+    /// The routing tables (u32): each token's experts, the expert-order permutation, its
+    /// inverse and the experts' row offsets.
+    Route,
+    /// Each choice's gate (N·k).
+    Gates,
 }
 
 impl BlockTensor {
     /// In the order the forward pass writes them.
-    pub const ALL: [BlockTensor; 13] = [
+    pub const ALL: [BlockTensor; 16] = [
         BlockTensor::Ln1,
         BlockTensor::Ln1Mean,
         BlockTensor::Ln1Rstd,
@@ -182,6 +207,9 @@ impl BlockTensor {
         BlockTensor::Ln2,
         BlockTensor::Ln2Mean,
         BlockTensor::Ln2Rstd,
+        BlockTensor::Probs,
+        BlockTensor::Route,
+        BlockTensor::Gates,
         BlockTensor::Fch,
         BlockTensor::FchAct,
     ];
@@ -202,6 +230,9 @@ impl BlockTensor {
             BlockTensor::Ln2Rstd => "ln2_rstd",
             BlockTensor::Fch => "fch",
             BlockTensor::FchAct => "fch_act",
+            BlockTensor::Probs => "probs",
+            BlockTensor::Route => "route",
+            BlockTensor::Gates => "gates",
         }
     }
 
@@ -223,11 +254,17 @@ impl BlockTensor {
 
     /// `keep-matmuls` keeps the matmul outputs and recomputes everything cheap from them: the
     /// norms (from the block input and `res2`), the attention core (from `qkv`) and the
-    /// activation.
+    /// activation. The router's outputs are kept with them (the routing decides which rows
+    /// `fch` holds).
     pub fn keep_matmuls_recomputes(self) -> bool {
         !matches!(
             self,
-            BlockTensor::Qkv | BlockTensor::Res2 | BlockTensor::Fch
+            BlockTensor::Qkv
+                | BlockTensor::Res2
+                | BlockTensor::Fch
+                | BlockTensor::Probs
+                | BlockTensor::Route
+                | BlockTensor::Gates
         )
     }
 
@@ -244,8 +281,14 @@ impl BlockTensor {
             BlockTensor::Lse if flash => d.lse,
             BlockTensor::Att | BlockTensor::Lse => return None,
             BlockTensor::Atty => d.n * d.atty,
-            BlockTensor::Fch => d.n * d.fc,
-            BlockTensor::FchAct => d.n * d.fc_act,
+            BlockTensor::Fch => d.routed() * d.fc,
+            BlockTensor::FchAct => d.routed() * d.fc_act,
+            BlockTensor::Probs | BlockTensor::Route | BlockTensor::Gates if d.experts == 0 => {
+                return None
+            }
+            BlockTensor::Probs => d.n * d.experts,
+            BlockTensor::Route => d.route_len(),
+            BlockTensor::Gates => d.routed(),
         };
         Some(numel)
     }
@@ -285,6 +328,13 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     }
     out.extend(head_buffers(m, &d));
     out.extend(backward_scratch(m, &d, policy.attention));
+    let moe_life = span(Phase::Forward(0), Phase::Backward(0));
+    out.extend(moe_scratch(
+        &d,
+        policy,
+        moe_life,
+        span(Phase::Embed, Phase::Backward(0)),
+    ));
     if policy.bf16_matmul_inputs {
         out.extend(bf16_scratch(&d));
         out.extend(bf16_backward_scratch(m, &d));
@@ -301,11 +351,13 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
 fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
     let life = span(Phase::Embed, Phase::EmbedBackward);
     let outputs = d.qkv.max(d.fc);
-    let rows = d.n * d.c.max(d.atty).max(d.fc_act).max(outputs);
-    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
+    // The MLP's activation (and the gates' gradient) runs on all routed rows at once.
+    let rows = (d.n * d.c.max(d.atty).max(d.fc_act).max(outputs)).max(d.routed() * d.fc_act);
+    let widened = (d.n * d.qkv).max(d.routed() * d.fc);
+    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act).max(d.experts);
     [
         f32_buffer(Key::Work(Work::F32), Category::Other, rows, life),
-        f32_buffer(Key::Work(Work::F32In), Category::Other, d.n * outputs, life),
+        f32_buffer(Key::Work(Work::F32In), Category::Other, widened, life),
         sized_buffer(
             Key::Work(Work::WeightBf16),
             Category::Other,
@@ -321,9 +373,10 @@ fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
 /// `work.bw.w_t` (the bf16 weight transposed). They live through the block backwards only.
 fn bf16_backward_scratch(m: &ModelShape, d: &BlockDims) -> [Buffer; 4] {
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
-    let out_rows = d.n * d.c.max(d.qkv).max(d.fc);
+    // An expert's rows are at most N (a token picks an expert once).
+    let out_rows = d.n * d.c.max(d.qkv).max(d.fc).max(d.experts);
     let in_rows = d.n * d.c.max(d.atty).max(d.fc_act);
-    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act);
+    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act).max(d.experts);
     let other = Category::Other;
     [
         sized_buffer(Key::Work(Work::BwDout), other, 2 * out_rows, life),
@@ -423,19 +476,43 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
     out
 }
 
+/// Mixture of experts: the expert-order rows every MoE block's matmuls read and write
+/// (`work.moe_in` in the matmul inputs' type, `work.moe_out` f32), live over `rows`, and the
+/// load-balancing statistics and their gradient (`work.moe_aux`, 3E), live over `aux`. Nothing for a dense model.
+pub fn moe_scratch(d: &BlockDims, policy: ActPolicy, rows: Lifetime, aux: Lifetime) -> Vec<Buffer> {
+    if d.experts == 0 {
+        return Vec::new();
+    }
+    let other = Category::Other;
+    let in_bytes = policy.elem_bytes(BlockTensor::Ln2);
+    vec![
+        sized_buffer(
+            Key::Work(Work::MoeIn),
+            other,
+            in_bytes * d.routed() * d.c,
+            rows,
+        ),
+        f32_buffer(Key::Work(Work::MoeOut), other, d.routed() * d.c, rows),
+        f32_buffer(Key::Work(Work::MoeAux), other, 3 * d.experts, aux),
+    ]
+}
+
 /// Gradient-of-activation scratch shared by every block's backward (zeroed before each use).
 /// Flash attention's backward recomputes probabilities tile by tile: no `dact.att`.
 fn backward_scratch(m: &ModelShape, d: &BlockDims, attention: Attention) -> Vec<Buffer> {
     let act = Category::Activations;
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
     let datt = (attention == Attention::Eager).then_some((DAct::Att, d.att));
+    let moe = d.experts > 0;
     [
         Some((DAct::Ln, d.n * d.c)),
         Some((DAct::Qkv, d.n * d.qkv)),
         datt,
         Some((DAct::Atty, d.n * d.atty)),
-        Some((DAct::Fch, d.n * d.fc)),
-        Some((DAct::FchAct, d.n * d.fc_act)),
+        Some((DAct::Fch, d.routed() * d.fc)),
+        Some((DAct::FchAct, d.routed() * d.fc_act)),
+        moe.then_some((DAct::Probs, d.n * d.experts)),
+        moe.then_some((DAct::Gates, d.routed())),
     ]
     .into_iter()
     .flatten()

@@ -99,6 +99,14 @@ pub fn forward_plan(model: &ModelShape, setup: &ForwardSetup) -> Result<MemoryPl
         let out = span(Phase::Forward(layer), read_by);
         plan.push(buffer(Key::BlockOut(layer), act, d.n * d.c, out));
     }
+    let last = Phase::Forward(model.n_layers - 1);
+    let moe = super::acts::moe_scratch(
+        &d,
+        setup.policy(),
+        span(Phase::Forward(0), last),
+        span(Phase::Embed, last),
+    );
+    moe.into_iter().for_each(|b| plan.push(b));
     let head = span(Phase::Head, Phase::Head);
     plan.push(buffer(Key::Lnf, act, d.n * d.c, head));
     plan.push(buffer(Key::LnfRstd, act, d.n, head));

@@ -21,6 +21,10 @@ pub enum DAct {
     Atty,
     Fch,
     FchAct,
+    /// Mixture of experts: the router logits' gradient (N, E).
+    Probs,
+    /// The gates' gradient (N·k).
+    Gates,
 }
 
 /// Workspaces of the bf16 path.
@@ -46,6 +50,15 @@ pub enum Work {
     BwDoutT,
     BwInpT,
     BwWeightT,
+    /// Mixture of experts: a matmul input (or output gradient) gathered into expert order
+    /// (N·k, C), in the matmul inputs' type.
+    MoeIn,
+    /// The experts' outputs (and, in the backward, their input gradients) in expert order
+    /// (N·k, C), f32.
+    MoeOut,
+    /// The load-balancing loss's statistics over one micro-step's forward: per expert the
+    /// selection count, the probability sum and the probabilities' gradient (3E).
+    MoeAux,
 }
 
 /// Which inference step a scratch buffer serves.
@@ -131,6 +144,9 @@ impl fmt::Display for Role {
             Role::FinalNormWeight => "lnf_w",
             Role::FinalNormBias => "lnf_b",
             Role::LmHead => "lm_head",
+            Role::RouterWeight => "router_w",
+            Role::ExpertsFcWeight => "experts_fc_w",
+            Role::ExpertsProjWeight => "experts_proj_w",
             Role::LoraA(i) => return write!(f, "lora_a.{i}"),
             Role::LoraB(i) => return write!(f, "lora_b.{i}"),
         })
@@ -254,6 +270,8 @@ impl fmt::Display for Key {
                 DAct::Atty => "dact.atty",
                 DAct::Fch => "dact.fch",
                 DAct::FchAct => "dact.fch_act",
+                DAct::Probs => "dact.probs",
+                DAct::Gates => "dact.gates",
             }),
             Key::Base(u) => write!(f, "base.{u}"),
             Key::Frozen(l, r) => write!(f, "base.h.{l}.{r}"),
@@ -288,6 +306,9 @@ impl fmt::Display for Key {
                 Work::BwDoutT => "work.bw.dout_t",
                 Work::BwInpT => "work.bw.inp_t",
                 Work::BwWeightT => "work.bw.w_t",
+                Work::MoeIn => "work.moe_in",
+                Work::MoeOut => "work.moe_out",
+                Work::MoeAux => "work.moe_aux",
             }),
         }
     }

@@ -130,6 +130,14 @@ pub fn is_matrix(role: Role) -> bool {
 /// Checks `setup` against `model`, naming the field at fault.
 pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
     check_buildable(model)?;
+    if model.moe.is_some() {
+        return Err(PlanError::Unsupported {
+            runtime: "frugal",
+            what: "KV-cached serving of mixture-of-experts layers (generate with --kv-cache off, \
+                   which runs the training engine's forward)"
+                .into(),
+        });
+    }
     let positive = [
         ("kv-block", setup.kv_block),
         ("kv-blocks", setup.kv_blocks),

@@ -42,6 +42,12 @@ pub enum Role {
     FinalNormBias,
     /// Untied output projection (V, C).
     LmHead,
+    /// Mixture of experts: the router (E, C).
+    RouterWeight,
+    /// Every expert's fused gate|up projection, expert after expert (E·2F, C).
+    ExpertsFcWeight,
+    /// Every expert's down projection, expert after expert (E·C, F).
+    ExpertsProjWeight,
     /// LoRA: the `i`-th adapted HF linear of a block, its down projection A (r, IC).
     LoraA(u8),
     /// Its up projection B (rows, r).
@@ -222,10 +228,10 @@ impl UnitBuilder {
 /// Checks that the engine can build `model`; the reason names the field at fault.
 pub fn check_buildable(model: &ModelShape) -> Result<(), PlanError> {
     let arch = arch(model)?;
-    if model.moe.is_some() || model.mla.is_some() {
+    if (model.moe.is_some() && !arch.design().moe) || model.mla.is_some() {
         return Err(PlanError::Unsupported {
             runtime: "frugal",
-            what: "mixture-of-experts or latent-attention layers".into(),
+            what: "mixture-of-experts layers outside Mixtral, or latent-attention layers".into(),
         });
     }
     let invalid = |field: &str, reason: String| {

@@ -12,6 +12,7 @@
 mod infer_ops;
 mod kernels_ops;
 mod lora_ops;
+mod moe_ops;
 mod state_ops;
 mod views;
 
@@ -69,6 +70,7 @@ impl Cpu {
 use crate::arena::Arena;
 use crate::backend::infer_ops::*;
 use crate::backend::lora_ops::*;
+use crate::backend::moe_ops::MoeOp;
 use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 
@@ -165,6 +167,10 @@ impl Backend for Cpu {
 
     fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
         kernels_ops::classifier_fwd_bwd(a, op)
+    }
+
+    fn moe(&self, a: &Arena<Self>, op: &MoeOp) {
+        moe_ops::moe(a, op)
     }
 
     fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear) {

@@ -16,6 +16,7 @@ impl Arch for Gpt2 {
             norm: Norm::LayerNorm,
             positions: Positions::Learned,
             mlp: Mlp::Gelu,
+            moe: false,
         }
     }
 

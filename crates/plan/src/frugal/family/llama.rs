@@ -17,6 +17,7 @@ impl Arch for Llama {
             norm: Norm::RmsNorm,
             positions: Positions::Rope,
             mlp: Mlp::SwiGlu,
+            moe: false,
         }
     }
 

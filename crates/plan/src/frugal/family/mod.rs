@@ -7,6 +7,7 @@
 
 mod gpt2;
 mod llama;
+mod mixtral;
 mod qwen2;
 
 use super::units::UnitBuilder;
@@ -46,6 +47,8 @@ pub struct BlockDesign {
     pub norm: Norm,
     pub positions: Positions,
     pub mlp: Mlp,
+    /// The MLP is a mixture of `ModelShape::moe`'s experts, each an `mlp`, behind a router.
+    pub moe: bool,
 }
 
 /// One family: its block design, shape checks and parameter units.
@@ -67,9 +70,10 @@ pub fn arch(model: &ModelShape) -> Result<&'static dyn Arch, PlanError> {
         Family::Gpt2 => Ok(&gpt2::Gpt2),
         Family::Llama => Ok(&llama::Llama),
         Family::Qwen2 => Ok(&qwen2::Qwen2),
+        Family::Mixtral => Ok(&mixtral::Mixtral),
         other => Err(PlanError::Unsupported {
             runtime: "frugal",
-            what: format!("the {other:?} model family (GPT-2, Llama and Qwen2 only)"),
+            what: format!("the {other:?} model family (GPT-2, Llama, Qwen2 and Mixtral only)"),
         }),
     }
 }

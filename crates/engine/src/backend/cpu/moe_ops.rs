@@ -1,0 +1,116 @@
+//! The CPU backend's mixture-of-experts ops: `kernels::moe` on the tensors' slices.
+//!
+//! Example: `moe(arena, &MoeOp::Gather { .. })` copies rows into expert order.
+
+use super::Cpu;
+use crate::arena::Arena;
+use crate::backend::moe_ops::MoeOp;
+use crate::backend::DType;
+use half::bf16;
+use kernels::moe;
+
+pub fn moe(a: &Arena<Cpu>, op: &MoeOp) {
+    match *op {
+        MoeOp::Route {
+            probs,
+            gates,
+            route,
+            shape: s,
+            gating,
+            aux,
+        } => {
+            let mut p = a.view_mut::<f32>(probs);
+            let mut g = a.view_mut::<f32>(gates);
+            let mut r = a.view_mut::<u32>(route);
+            let mut aux = aux.map(|t| a.view_mut::<f32>(t));
+            let aux = aux.as_deref_mut();
+            moe::route(&mut p, &mut g, &mut r, s.n, s.experts, s.k, gating, aux);
+        }
+        MoeOp::Gather {
+            dst,
+            src,
+            route,
+            shape: s,
+            c,
+        } => {
+            let r = a.view::<u32>(route);
+            match src.dtype {
+                DType::Bf16 => {
+                    let src = a.view::<bf16>(src);
+                    moe::gather(&mut a.view_mut::<bf16>(dst), &src, &r, s.n, s.k, c);
+                }
+                _ => {
+                    let src = a.view::<f32>(src);
+                    moe::gather(&mut a.view_mut::<f32>(dst), &src, &r, s.n, s.k, c);
+                }
+            }
+        }
+        MoeOp::Combine {
+            out,
+            residual,
+            y,
+            gates,
+            route,
+            shape: s,
+            c,
+        } => {
+            let (r, y) = (a.view::<u32>(route), a.view::<f32>(y));
+            let gates = gates.map(|g| a.view::<f32>(g));
+            let mut out = a.view_mut::<f32>(out);
+            if let Some(res) = residual {
+                out.copy_from_slice(&a.view::<f32>(res));
+            }
+            moe::combine(&mut out, &y, gates.as_deref(), &r, s.n, s.k, c);
+        }
+        MoeOp::ScaleRows {
+            x,
+            gates,
+            route,
+            shape: s,
+            w,
+        } => {
+            let (r, g) = (a.view::<u32>(route), a.view::<f32>(gates));
+            moe::scale_rows(&mut a.view_mut::<f32>(x), &g, &r, s.n, s.k, w);
+        }
+        MoeOp::GateGrads {
+            dgates,
+            a: x,
+            b,
+            route,
+            shape: s,
+            w,
+        } => {
+            let (r, x) = (a.view::<u32>(route), a.view::<f32>(x));
+            let mut dg = a.view_mut::<f32>(dgates);
+            match b.dtype {
+                DType::Bf16 => {
+                    let b = a.view::<bf16>(b);
+                    moe::gate_grads(&mut dg, &x, &b, |v| v.to_f32(), &r, s.n, s.k, w);
+                }
+                _ => {
+                    let b = a.view::<f32>(b);
+                    moe::gate_grads(&mut dg, &x, &b, |v| v, &r, s.n, s.k, w);
+                }
+            }
+        }
+        MoeOp::RouteBackward {
+            dlogits,
+            dgates,
+            probs,
+            route,
+            shape: s,
+            gating,
+            dprob,
+        } => {
+            let (dg, p, r) = (
+                a.view::<f32>(dgates),
+                a.view::<f32>(probs),
+                a.view::<u32>(route),
+            );
+            let dprob = dprob.map(|t| a.view::<f32>(t));
+            let mut dl = a.view_mut::<f32>(dlogits);
+            let dims = (s.n, s.experts, s.k);
+            moe::route_backward(&mut dl, &dg, &p, &r, dims, gating, dprob.as_deref());
+        }
+    }
+}
