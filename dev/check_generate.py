@@ -2,7 +2,8 @@
 cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2, Llama
 (GQA), Qwen2 (q/k/v biases, tied embeddings), Mistral (a sliding window of 8 on every layer) and
 Qwen2 with a window from layer 1 on, saved with `save_pretrained` (Qwen2 also in bf16 and sharded
-over several files), with KV blocks of 4 tokens. Prints one JSON
+over several files), with KV blocks of 4 tokens, and Mixtral (4 experts, top 2; without a KV
+cache: `--kv-cache off`). Prints one JSON
 line per case with both token lists and
 whether they are identical.
 
@@ -16,7 +17,8 @@ import tempfile
 
 import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 
 def main():
@@ -49,6 +51,13 @@ def main():
                                                   vocab_size=50304, tie_word_embeddings=True,
                                                   use_sliding_window=True, sliding_window=8,
                                                   max_window_layers=1)),
+        # A mixture of 4 experts, top 2: frugal generates with the training engine's forward
+        # (--kv-cache off; the KV-cached server does not run experts yet).
+        "mixtral": MixtralForCausalLM(MixtralConfig(hidden_size=64, intermediate_size=96,
+                                                    num_hidden_layers=2, num_attention_heads=4,
+                                                    num_key_value_heads=2, max_position_embeddings=128,
+                                                    vocab_size=50304, num_local_experts=4,
+                                                    num_experts_per_tok=2)),
     }
     with torch.no_grad():  # HF starts q/k/v biases at zero: random ones test they are used
         for layer in models["qwen2"].model.layers:
@@ -58,8 +67,9 @@ def main():
         model.eval()
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d, safe_serialization=True)
+            cache = ["--kv-cache", "off"] if name == "mixtral" else ["--kv-block", "4"]
             out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
-                                  "--max-new-tokens", str(a.tokens), "--kv-block", "4", "--json"],
+                                  "--max-new-tokens", str(a.tokens), "--json"] + cache,
                                  capture_output=True, text=True, check=True)
             ours = json.loads(out.stdout)
             # frugal's GPT-2 tokenization of the prompt (HF's tokenizer files are not needed).

@@ -280,7 +280,8 @@ fn reference(
     let text = data::Tokenizer::gpt2().decode(&tokens).unwrap_or_default();
     if args.json {
         let v = json!({
-            "tokens": tokens, "text": text, "kv_cache": "off",
+            "tokens": tokens, "text": text, "kv_cache": "off", "prompt_tokens": prompt.len(),
+            "prompt_token_ids": prompt,
             "decode_tokens_per_s": tokens.len() as f64 / secs,
         });
         println!("{v}");

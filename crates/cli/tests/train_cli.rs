@@ -335,3 +335,71 @@ fn a_mistral_config_trains_with_its_sliding_window_planned_equal_to_measured() {
         }
     }
 }
+
+#[test]
+fn mixtral_trains_its_experts_with_the_planners_bytes_on_one_and_two_ranks() {
+    let dir = temp_dir("mixtral");
+    let runs: [&[&str]; 2] = [
+        &[],
+        &[
+            "--ranks",
+            "2",
+            "--zero",
+            "3",
+            "--precision",
+            "bf16",
+            "--recompute",
+            "full",
+        ],
+    ];
+    for extra in runs {
+        let mut args = vec![
+            "--model",
+            "mixtral-tiny",
+            "--steps",
+            "30",
+            "--lr",
+            "3e-3",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = tiny_run(&dir, &args);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (first, last) = (
+            v["loss_first"].as_f64().unwrap(),
+            v["loss_last"].as_f64().unwrap(),
+        );
+        assert!(last < first - 0.5, "{extra:?}: loss {first} -> {last}");
+        let rank = &v["ranks"][0];
+        for field in common::CATEGORY_FIELDS {
+            assert_eq!(rank["measured"][field], rank["planned"][field], "{field}");
+        }
+        // The planner's frugal runtime prints the measured peak for the same run.
+        let mut plan = vec![
+            "plan",
+            "--model",
+            "mixtral-tiny",
+            "--train",
+            "--runtime",
+            "frugal",
+        ];
+        plan.extend(["--batch", "2", "--seq", "32", "--json"]);
+        let precision = if extra.is_empty() { "fp32" } else { "bf16" };
+        plan.extend(["--precision", precision]);
+        plan.extend(
+            extra
+                .iter()
+                .filter(|f| !["--precision", "bf16"].contains(f)),
+        );
+        let p: Value = serde_json::from_slice(&frugal(&plan).stdout).unwrap();
+        assert_eq!(
+            p["per_device"]["peak_bytes"], rank["measured"]["peak_bytes"],
+            "{extra:?}"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The tensors a transformer block saves for its backward (`BlockTensor`): their names, which
+//! are stored as bf16 under `--precision bf16`, which `keep-matmuls` recomputes, and their
+//! element counts for a block's dimensions.
+//!
+//! Example: `BlockTensor::Qkv.numel(&dims, Attention::Flash)` is N·(NH + 2 NKV)·HD.
+
+use super::BlockDims;
+use crate::setup::Attention;
+
+/// The tensors a block's backward reads, besides its input and output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockTensor {
+    Ln1,
+    Ln1Mean,
+    Ln1Rstd,
+    Qkv,
+    /// Attention probabilities (materialised attention only).
+    Att,
+    /// Log-sum-exp per row (flash attention only).
+    Lse,
+    Atty,
+    Res2,
+    Ln2,
+    Ln2Mean,
+    Ln2Rstd,
+    Fch,
+    FchAct,
+    /// Mixture of experts: the router's probabilities (N, E).
+    Probs,
+    /// The routing tables (u32): each token's experts, the expert-order permutation, its
+    /// inverse and the experts' row offsets.
+    Route,
+    /// Each choice's gate (N·k).
+    Gates,
+}
+
+impl BlockTensor {
+    /// In the order the forward pass writes them.
+    pub const ALL: [BlockTensor; 16] = [
+        BlockTensor::Ln1,
+        BlockTensor::Ln1Mean,
+        BlockTensor::Ln1Rstd,
+        BlockTensor::Qkv,
+        BlockTensor::Att,
+        BlockTensor::Lse,
+        BlockTensor::Atty,
+        BlockTensor::Res2,
+        BlockTensor::Ln2,
+        BlockTensor::Ln2Mean,
+        BlockTensor::Ln2Rstd,
+        BlockTensor::Probs,
+        BlockTensor::Route,
+        BlockTensor::Gates,
+        BlockTensor::Fch,
+        BlockTensor::FchAct,
+    ];
+
+    /// The name's last part: `act.h.3.<suffix>`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            BlockTensor::Ln1 => "ln1",
+            BlockTensor::Ln1Mean => "ln1_mean",
+            BlockTensor::Ln1Rstd => "ln1_rstd",
+            BlockTensor::Qkv => "qkv",
+            BlockTensor::Att => "att",
+            BlockTensor::Lse => "lse",
+            BlockTensor::Atty => "atty",
+            BlockTensor::Res2 => "res2",
+            BlockTensor::Ln2 => "ln2",
+            BlockTensor::Ln2Mean => "ln2_mean",
+            BlockTensor::Ln2Rstd => "ln2_rstd",
+            BlockTensor::Fch => "fch",
+            BlockTensor::FchAct => "fch_act",
+            BlockTensor::Probs => "probs",
+            BlockTensor::Route => "route",
+            BlockTensor::Gates => "gates",
+        }
+    }
+
+    /// Whether a matmul reads this tensor (stored as bf16 under `--precision bf16`); norms'
+    /// statistics, matmul outputs and attention's `att`/`lse` stay f32, as under torch autocast.
+    pub fn is_matmul_input(self) -> bool {
+        matches!(
+            self,
+            BlockTensor::Ln1 | BlockTensor::Atty | BlockTensor::Ln2 | BlockTensor::FchAct
+        )
+    }
+
+    /// Whether this tensor is a matmul's output that the backward re-reads (`qkv` by attention,
+    /// `fch` by the activation): stored as bf16 under `--precision bf16`. `res2` is a matmul
+    /// output too, but it is the residual stream, which stays f32.
+    pub fn is_matmul_output(self) -> bool {
+        matches!(self, BlockTensor::Qkv | BlockTensor::Fch)
+    }
+
+    /// `keep-matmuls` keeps the matmul outputs and recomputes everything cheap from them: the
+    /// norms (from the block input and `res2`), the attention core (from `qkv`) and the
+    /// activation. The router's outputs are kept with them (the routing decides which rows
+    /// `fch` holds).
+    pub fn keep_matmuls_recomputes(self) -> bool {
+        !matches!(
+            self,
+            BlockTensor::Qkv
+                | BlockTensor::Res2
+                | BlockTensor::Fch
+                | BlockTensor::Probs
+                | BlockTensor::Route
+                | BlockTensor::Gates
+        )
+    }
+
+    /// Elements of this tensor, or `None` when the model or the attention kernel has none.
+    pub fn numel(self, d: &BlockDims, attention: Attention) -> Option<u64> {
+        let flash = attention == Attention::Flash;
+        let numel = match self {
+            BlockTensor::Ln1 | BlockTensor::Res2 | BlockTensor::Ln2 => d.n * d.c,
+            BlockTensor::Ln1Rstd | BlockTensor::Ln2Rstd => d.n,
+            BlockTensor::Ln1Mean | BlockTensor::Ln2Mean if d.has_mean => d.n,
+            BlockTensor::Ln1Mean | BlockTensor::Ln2Mean => return None,
+            BlockTensor::Qkv => d.n * d.qkv,
+            BlockTensor::Att if !flash => d.att,
+            BlockTensor::Lse if flash => d.lse,
+            BlockTensor::Att | BlockTensor::Lse => return None,
+            BlockTensor::Atty => d.n * d.atty,
+            BlockTensor::Fch => d.routed() * d.fc,
+            BlockTensor::FchAct => d.routed() * d.fc_act,
+            BlockTensor::Probs | BlockTensor::Route | BlockTensor::Gates if d.experts == 0 => {
+                return None
+            }
+            BlockTensor::Probs => d.n * d.experts,
+            BlockTensor::Route => d.route_len(),
+            BlockTensor::Gates => d.routed(),
+        };
+        Some(numel)
+    }
+}
