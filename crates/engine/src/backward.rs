@@ -30,6 +30,14 @@ pub(crate) struct Grad<'a, B: Backend> {
 }
 
 impl<B: Backend> Grad<'_, B> {
+    /// The block this backward runs.
+    pub(crate) fn layer(&self) -> usize {
+        match self.kind {
+            UnitKind::Block(l) => l as usize,
+            other => panic!("a block backward in {other:?}"),
+        }
+    }
+
     pub(crate) fn w(&self, role: Role) -> Tensor {
         self.model.weight(self.arena, self.kind, role)
     }
@@ -48,7 +56,14 @@ impl<B: Backend> Grad<'_, B> {
 
     /// dinp, dW (+ db) += the backward of `out = inp W (+ b)`: the one choke point of the
     /// block's projections (bf16 GEMMs when `inp` is stored bf16).
-    fn linear(&self, dinp: Tensor, dout: Tensor, inp: Tensor, roles: (Role, Role), ic: usize) {
+    pub(crate) fn linear(
+        &self,
+        dinp: Tensor,
+        dout: Tensor,
+        inp: Tensor,
+        roles: (Role, Role),
+        ic: usize,
+    ) {
         let n = self.n;
         if let (Some(lora), UnitKind::Block(layer)) = (&self.model.lora, self.kind) {
             let u = self.lora_u[crate::lora::matrix_index(roles.0)];
@@ -200,27 +215,34 @@ pub fn block<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, la
     };
     let a = state.blocks[layer];
     mlp(&g, &a);
-    attention(&g, &a, block_input(model, &state.blocks, layer));
+    let inp = block_input(model, &state.blocks, layer);
+    if model.design.mla {
+        return crate::mla::backward(&g, &a, inp);
+    }
+    attention(&g, &a, inp);
 }
 
 /// MLP half: out = res2 + proj(act(fc(norm2(res2)))); turns d(out) into d(res2) in `dres`.
 fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
-    if g.model.design.moe {
+    let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
+    let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
+    let d = model.dims(g.layer(), b, t);
+    if d.experts > 0 {
         return crate::moe::backward(g, a);
     }
-    let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
-    let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
     let (n, c, fc_w, f) = (d.n as usize, d.c as usize, d.fc as usize, d.fc_act as usize);
     let fch = widened(arena, a.fch, n * fc_w, model.work.f32_in);
     let dres = state.dresidual;
-    be.fill(arena, state.dfch_act, 0.0);
+    // The scratch is sized for the widest layer: this layer's part of it.
+    let (dfch_act, dfch) = (state.dfch_act.prefix(n * f), state.dfch.prefix(n * fc_w));
+    be.fill(arena, dfch_act, 0.0);
     let proj = (Role::FcProjWeight, Role::FcProjBias);
-    g.linear(state.dfch_act, dres, a.fch_act, proj, f);
-    be.fill(arena, state.dfch, 0.0);
+    g.linear(dfch_act, dres, a.fch_act, proj, f);
+    be.fill(arena, dfch, 0.0);
     let op = ActivationBackward {
-        dinp: state.dfch,
+        dinp: dfch,
         inp: fch,
-        dout: state.dfch_act,
+        dout: dfch_act,
         kind: model.design.mlp,
         n,
         width: f,
@@ -228,7 +250,7 @@ fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
     be.activation_backward(arena, &op);
     be.fill(arena, state.dln, 0.0);
     let fc = (Role::FcWeight, Role::FcBias);
-    g.linear(state.dln, state.dfch.prefix(n * fc_w), a.ln2, fc, c);
+    g.linear(state.dln, dfch, a.ln2, fc, c);
     let saved = NormSaved {
         mean: a.ln2_mean,
         rstd: a.ln2_rstd,
@@ -240,7 +262,11 @@ fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
 /// Attention half: res2 = inp + proj(attention(qkv(norm1(inp)))); turns d(res2) into d(inp).
 fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
-    let d = model.dims(model.shape.batch as usize, model.shape.seq as usize);
+    let d = model.dims(
+        g.layer(),
+        model.shape.batch as usize,
+        model.shape.seq as usize,
+    );
     let (n, c, qkv_w, atty_w) = (d.n as usize, d.c as usize, d.qkv as usize, d.atty as usize);
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let qkv = widened(arena, a.qkv, n * qkv_w, model.work.f32_in);

@@ -22,6 +22,8 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     /// Mixture of experts: the load-balancing loss's weight in the objective (0: none).
     pub router_aux_coef: f32,
+    /// Mixture of experts: how the router picks and weighs experts.
+    pub routing: kernels::moe::Routing,
 }
 
 /// The balance loss's weight for a mixture-of-experts preset (Mixtral-8x7B's
@@ -40,11 +42,13 @@ impl ModelConfig {
         } else {
             0.0
         };
+        let routing = family::of(shape.family).default_routing();
         Ok(ModelConfig {
             shape,
             norm_eps: 1e-5,
             rope_theta: 10_000.0,
             router_aux_coef,
+            routing,
         })
     }
 
@@ -74,6 +78,7 @@ impl ModelConfig {
             norm_eps: numerics.norm_eps,
             rope_theta: numerics.rope_theta,
             router_aux_coef: numerics.router_aux_coef,
+            routing: numerics.routing,
         })
     }
 

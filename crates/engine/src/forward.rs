@@ -96,7 +96,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
             kind: UnitKind::Block(layer as u32),
             b,
             t,
-            d: model.dims(b, t),
+            d: model.dims(layer, b, t),
             lora_u: [None; 4],
         }
     }
@@ -116,6 +116,11 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     fn n(&self) -> usize {
         self.d.n as usize
+    }
+
+    /// The pass's (batch, seq).
+    pub(crate) fn pass(&self) -> (usize, usize) {
+        (self.b, self.t)
     }
 
     /// Norm of `inp` into `out` (with its statistics); `first` picks norm1 or norm2's weights.
@@ -248,15 +253,24 @@ impl<'a, B: Backend> Ctx<'a, B> {
             },
             (None, None) => panic!("the plan keeps neither att nor lse"),
         };
-        self.produce(a.atty, n * self.d.atty as usize, |out| {
+        let shape = attn_shape(self.model, self.kind, self.b, self.t);
+        // Latent attention's kernel output has each head's value padded to the head size.
+        let (target, width) = match a.atty_pad {
+            Some(pad) => (pad, shape.n_heads * shape.head_dim),
+            None => (a.atty, self.d.atty as usize),
+        };
+        self.produce(target, n * width, |out| {
             let op = Attention {
                 out,
                 qkv,
                 kernel,
-                shape: attn_shape(self.model, self.kind, self.b, self.t),
+                shape,
             };
             self.be.attention(self.arena, &op);
         });
+        if a.atty_pad.is_some() {
+            crate::mla::take_values(self, a);
+        }
     }
 
     /// out = inp + x W (+ b): the projections back into the residual stream.
@@ -330,12 +344,17 @@ pub(crate) fn attn_shape(model: &Model, kind: UnitKind, batch: usize, seq: usize
         UnitKind::Block(l) => l,
         _ => 0,
     };
+    // Latent attention: every head its own key and value, nope + rope wide.
+    let (n_kv_heads, head_dim) = match &s.mla {
+        Some(a) => (s.n_heads, a.qk_nope_head_dim + a.qk_rope_head_dim),
+        None => (s.n_kv_heads, s.d_head),
+    };
     AttnShape {
         batch,
         seq,
         n_heads: s.n_heads as usize,
-        n_kv_heads: s.n_kv_heads as usize,
-        head_dim: s.d_head as usize,
+        n_kv_heads: n_kv_heads as usize,
+        head_dim: head_dim as usize,
         window: s.window_of(layer).map_or(usize::MAX, |w| w as usize),
     }
 }
@@ -378,13 +397,17 @@ pub fn block_with<B: Backend>(
         ..Ctx::new(model, arena, layer, batch, seq)
     };
     cx.norm1(pass.inp, a);
-    cx.qkv(a);
+    if model.design.mla {
+        crate::mla::qkv(&cx, a);
+    } else {
+        cx.qkv(a);
+    }
     cx.attention_core(a);
     let atty_w = cx.d.atty as usize;
     let proj = (Role::AttnProjWeight, Role::AttnProjBias);
     cx.project(a.atty, atty_w, pass.inp, a.res2, proj);
     cx.norm2(a);
-    if model.design.moe {
+    if cx.d.experts > 0 {
         return crate::moe::forward(&cx, a, pass.write_out, pass.forward_pass);
     }
     cx.fc(a);
@@ -416,6 +439,9 @@ pub fn recompute_cheap<B: Backend>(
     cx.attention_core(a);
     cx.norm2(a);
     cx.activation(a);
+    if cx.d.shared > 0 {
+        crate::moe::shared_activation(&cx, a);
+    }
 }
 
 /// Final norm of the last block's output into `act.lnf`.

@@ -51,6 +51,7 @@ pub mod infer;
 pub mod init;
 pub mod io;
 pub mod lora;
+pub mod mla;
 pub mod model;
 pub mod moe;
 pub mod offload;

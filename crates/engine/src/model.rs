@@ -40,6 +40,18 @@ pub struct BlockActs {
     pub probs: Option<Tensor>,
     pub route: Option<Tensor>,
     pub gates: Option<Tensor>,
+    /// The shared experts' gate|up output and activation (DeepSeek).
+    pub shared_fch: Option<Tensor>,
+    pub shared_fch_act: Option<Tensor>,
+    /// Multi-head latent attention: the query bottleneck, its norm and rstd (with q LoRA), the
+    /// key/value latent, its norm and rstd, and the kernels' padded output.
+    pub qa: Option<Tensor>,
+    pub qa_norm: Option<Tensor>,
+    pub qa_rstd: Option<Tensor>,
+    pub kv_latent: Option<Tensor>,
+    pub kv_norm: Option<Tensor>,
+    pub kv_rstd: Option<Tensor>,
+    pub atty_pad: Option<Tensor>,
     pub out: Tensor,
     /// LoRA: each block matrix's adapter output u (in `adapters::MATRICES` order), where targeted.
     pub lora_u: [Option<Tensor>; 4],
@@ -80,6 +92,15 @@ pub struct MoeWork {
     pub aux: Tensor,
 }
 
+/// A latent-attention model's row buffers (`None` otherwise): the queries, the key/value
+/// expansion and `kv_a_proj_with_mqa`'s output, each also their gradient in the backward.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaWork {
+    pub q: Tensor,
+    pub kv: Tensor,
+    pub ckv: Tensor,
+}
+
 /// Where the kernels read each unit's weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightSource {
@@ -102,6 +123,7 @@ pub struct Model {
     pub head: HeadActs,
     pub work: Bf16Work,
     pub moe: Option<MoeWork>,
+    pub mla: Option<MlaWork>,
     pub policy: ActPolicy,
     /// Micro-batch rows and sequence length the activation buffers are sized for.
     pub shape: ActShape,
@@ -167,6 +189,11 @@ impl Model {
                 aux: arena.key_tensor(Key::Work(Work::MoeAux), DType::F32),
             }
         });
+        let mla = arena.try_id(Key::Work(Work::MlaQ)).map(|q| MlaWork {
+            q: arena.tensor(q, DType::F32),
+            kv: arena.key_tensor(Key::Work(Work::MlaKv), DType::F32),
+            ckv: arena.key_tensor(Key::Work(Work::MlaCkv), DType::F32),
+        });
         Model {
             design: plan::frugal::family::design(&config.shape),
             config,
@@ -176,6 +203,7 @@ impl Model {
             head,
             work,
             moe,
+            mla,
             policy,
             shape,
             lora: None,
@@ -262,14 +290,15 @@ impl Model {
         }
     }
 
-    /// Element counts for `batch` rows of `seq` tokens (at most the planned shape).
-    pub fn dims(&self, batch: usize, seq: usize) -> BlockDims {
+    /// Element counts of block `layer` for `batch` rows of `seq` tokens (at most the planned
+    /// shape).
+    pub fn dims(&self, layer: usize, batch: usize, seq: usize) -> BlockDims {
         assert!(batch as u64 <= self.shape.batch && seq as u64 <= self.shape.seq);
         let shape = ActShape {
             batch: batch as u64,
             seq: seq as u64,
         };
-        BlockDims::new(&self.config.shape, shape)
+        BlockDims::layer(&self.config.shape, shape, layer as u32)
     }
 }
 
@@ -308,6 +337,15 @@ pub(crate) fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor
         probs: id(BlockTensor::Probs),
         route: id(BlockTensor::Route),
         gates: id(BlockTensor::Gates),
+        shared_fch: id(BlockTensor::SharedFch),
+        shared_fch_act: id(BlockTensor::SharedFchAct),
+        qa: id(BlockTensor::Qa),
+        qa_norm: id(BlockTensor::QaNorm),
+        qa_rstd: id(BlockTensor::QaRstd),
+        kv_latent: id(BlockTensor::KvLatent),
+        kv_norm: id(BlockTensor::KvNorm),
+        kv_rstd: id(BlockTensor::KvRstd),
+        atty_pad: id(BlockTensor::AttyPad),
         out,
         lora_u: [None; 4],
     }

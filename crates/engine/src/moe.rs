@@ -17,8 +17,9 @@
 //! place of the dense MLP.
 
 use crate::arena::Arena;
+use crate::backend::ops::Activation;
 use crate::backend::ops::ActivationBackward;
-use crate::backend::{Backend, Gating, MoeOp, MoeShape, Tensor};
+use crate::backend::{Backend, MoeOp, MoeShape, Tensor};
 use crate::backward::{Grad, NormSaved};
 use crate::forward::{widened, Ctx};
 use crate::model::{BlockActs, Model, MoeWork};
@@ -33,11 +34,6 @@ fn shape(d: &BlockDims) -> MoeShape {
         k: d.top_k as usize,
         experts: d.experts as usize,
     }
-}
-
-/// Mixtral renormalises the chosen probabilities.
-fn gating(_model: &Model) -> Gating {
-    Gating::Renormalise
 }
 
 /// This pass's probs, route and gates.
@@ -89,13 +85,12 @@ pub(crate) fn forward<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs, write_out: boo
     let (probs, route, gates) = tables(a, &d);
     cx.dense(probs, a.ln2, cx.w(Role::RouterWeight), None, (n, c));
     let aux = count.then(|| w.aux.prefix(2 * s.experts));
-    let gating = gating(model);
     let op = MoeOp::Route {
         probs,
         gates,
         route,
         shape: s,
-        gating,
+        routing: model.config.routing,
         aux,
     };
     be.moe(arena, &op);
@@ -119,6 +114,13 @@ pub(crate) fn forward<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs, write_out: boo
         });
     }
     cx.activation(a);
+    if d.shared > 0 {
+        let width = 2 * d.shared as usize;
+        cx.produce(must_t(a.shared_fch), n * width, |dst| {
+            cx.dense(dst, a.ln2, cx.w(Role::SharedFcWeight), None, (n, c))
+        });
+        shared_activation(cx, a);
+    }
     if !write_out {
         return;
     }
@@ -139,6 +141,39 @@ pub(crate) fn forward<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs, write_out: boo
         c,
     };
     be.moe(arena, &op);
+    if d.shared > 0 {
+        // The shared experts' output joins the routed one (through the free expert-order rows).
+        let y = w.rows_out.prefix(n * c);
+        let sh = d.shared as usize;
+        let act = must_t(a.shared_fch_act).prefix(n * sh);
+        cx.dense(y, act, cx.w(Role::SharedProjWeight), None, (n, sh));
+        be.residual_add(arena, a.out.prefix(n * c), y);
+    }
+}
+
+fn must_t(t: Option<Tensor>) -> Tensor {
+    t.expect("the plan keeps the shared experts' tensors")
+}
+
+/// The shared experts' SwiGLU activation from their saved gate|up output.
+pub(crate) fn shared_activation<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
+    let (n, s) = (cx.d.n as usize, cx.d.shared as usize);
+    let inp = widened(
+        cx.arena,
+        must_t(a.shared_fch),
+        n * 2 * s,
+        cx.model.work.f32_in,
+    );
+    cx.produce(must_t(a.shared_fch_act), n * s, |out| {
+        let op = Activation {
+            out,
+            inp,
+            kind: cx.model.design.mlp,
+            n,
+            width: s,
+        };
+        cx.be.activation(cx.arena, &op);
+    });
 }
 
 /// In the head: the micro-batch's load-balancing loss from the forward's statistics, and the
@@ -159,7 +194,8 @@ pub(crate) fn balance<B: Backend>(
     let mut stats = vec![0.0f32; 2 * e];
     let be = arena.backend();
     be.download(arena, w.aux.prefix(2 * e), &mut stats);
-    let layers = model.config.shape.n_layers as f64;
+    let first = model.config.shape.moe.as_ref().map_or(0, |m| m.first_dense);
+    let layers = f64::from(model.config.shape.n_layers - first);
     let mut dprob = vec![0.0f32; e];
     let loss = kernels::moe::balance_loss(&stats, e, layers * n as f64, &mut dprob);
     state.balance_loss.set(loss as f32);
@@ -173,11 +209,7 @@ pub(crate) fn balance<B: Backend>(
 pub(crate) fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
-    let layer = match g.kind {
-        plan::frugal::units::UnitKind::Block(l) => l as usize,
-        other => panic!("an MoE backward in {other:?}"),
-    };
-    let cx = Ctx::new(model, arena, layer, b, t);
+    let cx = Ctx::new(model, arena, g.layer(), b, t);
     let d = cx.d;
     let w = work(model);
     let s = shape(&d);
@@ -284,6 +316,9 @@ pub(crate) fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         c,
     };
     be.moe(arena, &op);
+    if d.shared > 0 {
+        shared_backward(g, a, &d);
+    }
     be.fill(arena, dprobs, 0.0);
     let e = s.experts;
     let on = model.config.router_aux_coef > 0.0;
@@ -293,7 +328,7 @@ pub(crate) fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         probs,
         route,
         shape: s,
-        gating: gating(model),
+        gating: model.config.routing.gating,
         dprob: on.then(|| w.aux.slice(2 * e..3 * e)),
     };
     be.moe(arena, &op);
@@ -305,4 +340,31 @@ pub(crate) fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
     };
     let norm2 = (Role::Norm2Weight, Role::Norm2Bias);
     g.norm(state.dresidual, state.dln, a.res2, norm2, saved);
+}
+
+/// The shared experts' backward: their weight gradients, and their input gradient added to
+/// `dact.ln` (d(out) is `dresidual`).
+fn shared_backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, d: &BlockDims) {
+    let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
+    let (n, c, s) = (d.n as usize, d.c as usize, d.shared as usize);
+    let grad = |role| g.g(role).expect("trained shared experts");
+    let dact = state.dfch_act.prefix(n * s);
+    be.fill(arena, dact, 0.0);
+    let proj = (g.w(Role::SharedProjWeight), grad(Role::SharedProjWeight));
+    let act = must_t(a.shared_fch_act).prefix(n * s);
+    g.dense(dact, state.dresidual.prefix(n * c), act, proj, None, (n, s));
+    let fch = widened(arena, must_t(a.shared_fch), n * 2 * s, model.work.f32_in);
+    let dfch = state.dfch.prefix(n * 2 * s);
+    be.fill(arena, dfch, 0.0);
+    let op = ActivationBackward {
+        dinp: dfch,
+        inp: fch,
+        dout: dact,
+        kind: model.design.mlp,
+        n,
+        width: s,
+    };
+    be.activation_backward(arena, &op);
+    let fc = (g.w(Role::SharedFcWeight), grad(Role::SharedFcWeight));
+    g.dense(state.dln.prefix(n * c), dfch, a.ln2, fc, None, (n, c));
 }

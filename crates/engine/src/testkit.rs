@@ -75,6 +75,34 @@ pub fn mixtral_tiny() -> ModelShape {
     }
 }
 
+/// DeepSeek-V2's design at toy size: latent attention with a query bottleneck (4 heads of
+/// 8 + 4, values 8), a dense first layer, then 4 routed experts of 16 (top 2) and 2 shared ones.
+pub fn deepseek_tiny() -> ModelShape {
+    ModelShape {
+        name: "deepseek-test".into(),
+        family: Family::Deepseek,
+        n_layers: 3,
+        d_head: 8,
+        d_ff: 64,
+        moe: Some(plan::model::Moe {
+            n_experts: 4,
+            n_active: 2,
+            n_shared: 2,
+            d_ff_expert: 16,
+            first_dense: 1,
+            router_bias: false,
+        }),
+        mla: Some(plan::model::Mla {
+            q_lora_rank: Some(24),
+            kv_lora_rank: 16,
+            qk_rope_head_dim: 4,
+            qk_nope_head_dim: 8,
+            v_head_dim: 8,
+        }),
+        ..llama_tiny()
+    }
+}
+
 /// The tests' run: `TrainConfig::new`'s defaults with materialised attention (the golden files
 /// were written with it).
 pub fn config(shape: ModelShape, batch: u64, seq: u64) -> TrainConfig {

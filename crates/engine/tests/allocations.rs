@@ -8,7 +8,7 @@
 //! than pretending it is zero: no single allocation as large as the smallest activation the
 //! step's plan holds (4 KiB at 32 × 32 tokens), and under 64 KiB in all per step.
 
-use engine::testkit::{config, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
+use engine::testkit::{config, deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
 use engine::train::Mixed;
 use engine::{TrainConfig, Trainer};
 use plan::buffer::{Category, Lifetime};
@@ -87,7 +87,7 @@ fn measure(cfg: TrainConfig, steps: usize) -> (u64, u64, u64, u64) {
 fn a_step_allocates_no_tensor() {
     let steps = 4;
     let mut cases = Vec::new();
-    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny(), deepseek_tiny()] {
         for mixed in [Mixed::fp32(), Mixed::bf16()] {
             for (recompute, attention) in [
                 (Recompute::None, Attention::Eager),

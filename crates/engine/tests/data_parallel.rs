@@ -7,7 +7,8 @@ mod common;
 
 use comm::Collective;
 use common::{
-    assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, mixtral_tiny, on_ranks, tokens,
+    assert_measured_equals_planned, config, deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny,
+    on_ranks, tokens,
 };
 use engine::io::{HfTensor, Which};
 use engine::Trainer;
@@ -53,7 +54,7 @@ fn run(shape: &ModelShape, ranks: u32, rows: u64) -> (Vec<f32>, Vec<HfTensor>) {
 
 #[test]
 fn two_and_four_ranks_follow_the_single_rank_trajectory() {
-    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny(), deepseek_tiny()] {
         let (losses_1, weights_1) = run(&shape, 1, 4);
         for ranks in [2, 4] {
             let (losses, weights) = run(&shape, ranks, 4);

@@ -211,3 +211,14 @@ fn mixtral_with_its_experts_and_balance_loss_matches_pytorch() {
     run("golden_mixtral.safetensors");
     run_with("golden_mixtral.safetensors", plan::setup::Attention::Flash);
 }
+
+#[test]
+fn deepseek_v2_with_latent_attention_and_shared_experts_matches_pytorch() {
+    for file in [
+        "golden_deepseek.safetensors",
+        "golden_deepseek_lite.safetensors",
+    ] {
+        run(file);
+        run_with(file, plan::setup::Attention::Flash);
+    }
+}

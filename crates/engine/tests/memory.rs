@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, llama_tiny, mixtral_tiny, tokens, trainer};
+use common::{config, deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny, tokens, trainer};
 use engine::{EngineError, Trainer};
 use plan::buffer::{Category, Device};
 use plan::ModelShape;
@@ -56,6 +56,7 @@ fn llama_measured_peak_equals_plan_per_category() {
 fn mixtral_measured_peak_equals_plan_per_category() {
     for (b, t) in [(1, 8), (2, 16), (4, 32)] {
         check_measured_equals_planned(mixtral_tiny(), b, t);
+        check_measured_equals_planned(deepseek_tiny(), b, t);
     }
 }
 
@@ -87,7 +88,7 @@ fn a_run_over_capacity_is_refused_with_the_breakdown() {
 
 #[test]
 fn overfitting_one_batch_drives_the_loss_down() {
-    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny(), deepseek_tiny()] {
         let vocab = shape.vocab;
         let mut cfg = config(shape, 2, 16);
         cfg.schedule = engine::Schedule::constant(1e-2);

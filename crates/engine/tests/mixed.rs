@@ -30,7 +30,9 @@
 mod common;
 
 use comm::Collective;
-use common::{config, gpt2_tiny, llama_tiny, max_diff, mixtral_tiny, on_ranks, tokens};
+use common::{
+    config, deepseek_tiny, gpt2_tiny, llama_tiny, max_diff, mixtral_tiny, on_ranks, tokens,
+};
 use engine::precision::{DeepSpeedScaling, PrecisionError, ScalerConfig, TorchScaling};
 use engine::train::Mixed;
 use engine::{EngineError, TrainConfig, Trainer};
@@ -239,7 +241,7 @@ fn bf16_and_fp16_track_fp32_within_two_hundredths_of_a_nat_over_200_steps() {
 /// fp32's.
 #[test]
 fn bf16_flash_and_recompute_measure_their_plans_and_recompute_changes_no_bit() {
-    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny(), deepseek_tiny()] {
         for attention in [Attention::Eager, Attention::Flash] {
             let mut c = config(shape.clone(), ROWS, SEQ);
             c.attention = attention;

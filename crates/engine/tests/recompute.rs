@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
+use common::{config, deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
 use engine::io::Which;
 use engine::Trainer;
 use plan::buffer::{Category, Device};
@@ -108,6 +108,11 @@ fn llama_recompute_is_bit_identical_to_none() {
 #[test]
 fn mixtral_recompute_is_bit_identical_to_none() {
     check_bit_identical(mixtral_tiny());
+}
+
+#[test]
+fn deepseek_recompute_is_bit_identical_to_none() {
+    check_bit_identical(deepseek_tiny());
 }
 
 #[test]

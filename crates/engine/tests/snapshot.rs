@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{config, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
+use common::{config, deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
 use engine::io::{export_units, HfTensor};
 use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
 use engine::{OptimizerKind, Schedule, TrainConfig, Trainer};
@@ -169,7 +169,7 @@ fn resumed_run_is_bit_identical_to_an_uninterrupted_one() {
 fn a_snapshot_from_four_ranks_at_zero_3_resumes_on_two_at_zero_1_and_on_one() {
     let adamw = OptimizerKind::adamw_default();
     let zero3 = ZeroStage::Zero3;
-    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny(), deepseek_tiny()] {
         let plan = |zero, resume, save_to, until_step| Plan {
             zero,
             resume,

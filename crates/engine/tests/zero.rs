@@ -19,8 +19,8 @@ mod common;
 
 use comm::{Collective, CollectiveKind, CommStats};
 use common::{
-    assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, max_diff, mixtral_tiny,
-    on_ranks, tokens,
+    assert_measured_equals_planned, config, deepseek_tiny, gpt2_tiny, llama_tiny, max_diff,
+    mixtral_tiny, on_ranks, tokens,
 };
 use engine::{TrainConfig, Trainer};
 use plan::setup::{Recompute, ZeroStage};
@@ -131,7 +131,7 @@ fn exact(a: &Run, b: &Run, what: &str) {
 
 #[test]
 fn every_stage_on_1_2_4_ranks_follows_the_single_rank_trajectory() {
-    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny()] {
+    for shape in [gpt2_tiny(), llama_tiny(), mixtral_tiny(), deepseek_tiny()] {
         let cfg = config(shape.clone(), ROWS, SEQ);
         let single = run(&cfg, 1, ZeroStage::Zero0);
         for ranks in [1, 2, 4] {

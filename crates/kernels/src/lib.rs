@@ -41,6 +41,7 @@ pub mod gemm_bf16;
 pub mod layernorm;
 pub mod lora;
 pub mod matmul;
+pub mod mla;
 pub mod moe;
 pub mod paged_attention;
 mod par;

@@ -17,7 +17,7 @@
 //! // 1 token, 2 experts, top-1: the larger logit wins with gate 1 after renormalisation.
 //! let mut probs = [0.0f32, 1.0];
 //! let (mut gates, mut route) = ([0.0f32; 1], [0u32; 3 + 3]);
-//! kernels::moe::route(&mut probs, &mut gates, &mut route, 1, 2, 1, kernels::moe::Gating::Renormalise, None);
+//! kernels::moe::route(&mut probs, &mut gates, &mut route, 1, 2, 1, kernels::moe::Routing::RENORMALISED, None);
 //! assert_eq!(route[0], 1); // idx
 //! assert_eq!(gates[0], 1.0);
 //! ```
@@ -31,6 +31,24 @@ pub enum Gating {
     Renormalise,
     /// Multiplied by a constant (DeepSeek-V2's `routed_scaling_factor`).
     Scaled(f32),
+}
+
+/// How a router picks and weighs its experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    pub gating: Gating,
+    /// Group-limited greedy (DeepSeek-V2): (groups, groups kept): each token first keeps the
+    /// groups of E / groups experts with the highest best probability, then picks its top k
+    /// among their experts.
+    pub groups: Option<(usize, usize)>,
+}
+
+impl Routing {
+    /// Mixtral's: top-k over all experts, renormalised.
+    pub const RENORMALISED: Routing = Routing {
+        gating: Gating::Renormalise,
+        groups: None,
+    };
 }
 
 /// u32 elements of a route tensor for `n` tokens, `k` choices and `e` experts.
@@ -59,11 +77,18 @@ pub fn route<F: Real>(
     n: usize,
     e: usize,
     k: usize,
-    gating: Gating,
+    routing: Routing,
     mut aux: Option<&mut [F]>,
 ) {
     assert!(probs.len() == n * e && gates.len() == n * k && route.len() == route_len(n, k, e));
     assert!(k >= 1 && k <= e, "top-{k} of {e} experts");
+    let gating = routing.gating;
+    if let Some((g, kept)) = routing.groups {
+        assert!(
+            g <= 64 && e.is_multiple_of(g) && kept <= g && k <= kept * (e / g),
+            "groups {g}/{kept}"
+        );
+    }
     let nk = n * k;
     for t in 0..n {
         let row = &mut probs[t * e..(t + 1) * e];
@@ -76,12 +101,18 @@ pub fn route<F: Real>(
         for x in row.iter_mut() {
             *x = *x / sum;
         }
+        let allowed = match routing.groups {
+            None => u64::MAX,
+            Some((g, kept)) => kept_groups(row, g, kept),
+        };
+        let per_group = routing.groups.map_or(e, |(g, _)| e / g);
         let chosen = &mut route[t * k..(t + 1) * k];
         for j in 0..k {
             let mut best = usize::MAX;
             for (x, &p) in row.iter().enumerate() {
                 let taken = chosen[..j].contains(&(x as u32));
-                if !taken && (best == usize::MAX || p > row[best]) {
+                let open = allowed >> (x / per_group) & 1 == 1;
+                if open && !taken && (best == usize::MAX || p > row[best]) {
                     best = x;
                 }
             }
@@ -128,6 +159,28 @@ pub fn route<F: Real>(
             }
         }
     }
+}
+
+/// The bit set of the `kept` groups (of `g`) with the largest best probability in `row`.
+fn kept_groups<F: Real>(row: &[F], g: usize, kept: usize) -> u64 {
+    let per = row.len() / g;
+    let best = |x: usize| {
+        row[x * per..(x + 1) * per]
+            .iter()
+            .fold(F::neg_infinity(), |m, &p| m.max(p))
+    };
+    let mut set = 0u64;
+    for _ in 0..kept {
+        let next = (0..g)
+            .filter(|&x| set >> x & 1 == 0)
+            .fold(None, |acc: Option<usize>, x| match acc {
+                Some(y) if best(y) >= best(x) => Some(y),
+                _ => Some(x),
+            })
+            .expect("kept <= groups");
+        set |= 1 << next;
+    }
+    set
 }
 
 /// dlogits (N, E) += the gradient of the router logits, from the gates' gradient `dgates`

@@ -1,6 +1,6 @@
 //! Named model shapes: the published configs of GPT-2, Llama 2/3.1, Mistral, Mixtral, Qwen2.5,
 //! TinyLlama and DeepSeek-V2-Lite/V3, plus small shapes the engine trains: gpt2-tiny and
-//! llama-tiny and mixtral-tiny (tests) and gpt2-mini (`frugal train`'s default).
+//! llama-tiny, mixtral-tiny and deepseek-tiny (tests) and gpt2-mini (`frugal train`'s default).
 //!
 //! Values are copied from each model's HF `config.json`. Not here: weights, tokenizers, parsing
 //! (`hf_config`). Example: `presets::by_name("llama3-8b")` is Llama-3.1-8B (aliases resolve).
@@ -9,7 +9,7 @@ use crate::model::{Family, Mla, ModelShape, Moe, SlidingWindow};
 use crate::PlanError;
 
 /// Canonical preset names, in the order `frugal plan --help` lists them.
-pub const NAMES: [&str; 23] = [
+pub const NAMES: [&str; 24] = [
     "gpt2-124m",
     "gpt2-355m",
     "gpt2-774m",
@@ -33,6 +33,7 @@ pub const NAMES: [&str; 23] = [
     "gpt2-mini",
     "llama-tiny",
     "mixtral-tiny",
+    "deepseek-tiny",
 ];
 
 /// Other spellings users type, mapped to canonical names.
@@ -203,6 +204,29 @@ fn build(name: &str) -> Option<ModelShape> {
                 router_bias: false,
             }),
             ..llama(Llama, 32, 4096, (32, 8), 14336, 32000, 32768, false)
+        },
+        // DeepSeek-V2's design at toy size (tests): latent attention with a query bottleneck, a
+        // dense first layer, then 4 routed experts of 32 (top 2) and one shared expert.
+        "deepseek-tiny" => ModelShape {
+            d_head: 16,
+            max_positions: 256,
+            mla: Some(Mla {
+                q_lora_rank: Some(32),
+                kv_lora_rank: 32,
+                qk_rope_head_dim: 8,
+                qk_nope_head_dim: 16,
+                v_head_dim: 16,
+            }),
+            ..deepseek(DeepseekDims {
+                n_layers: 3,
+                d_model: 64,
+                n_heads: 4,
+                d_ff: 128,
+                vocab: 50257,
+                q_lora_rank: Some(32),
+                moe: (4, 2, 1, 32, 1),
+                router_bias: false,
+            })
         },
         "deepseek-v2-lite" => deepseek(DeepseekDims {
             n_layers: 27,

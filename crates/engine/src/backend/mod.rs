@@ -156,6 +156,8 @@ pub trait Backend: Sized + Send + 'static {
 
     // Mixture of experts (`moe_ops`): routing, expert-order gathers and combines.
     fn moe(&self, a: &Arena<Self>, op: &MoeOp);
+    /// Multi-head latent attention's row plumbing (`moe_ops::MlaOp`).
+    fn mla(&self, a: &Arena<Self>, op: &MlaOp);
 
     // The backward pass (every gradient is accumulated into: `+=`).
     fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward);

@@ -3,11 +3,14 @@
 //! weighted combine back, and their backwards. The expert GEMMs themselves are plain `Linear`
 //! ops on each expert's rows of the sorted layout.
 //!
+//! Multi-head latent attention's row plumbing (`MlaOp`, `kernels::mla`) lives here too.
+//!
 //! Example: `MoeOp::Gather { dst: moe_in, src: ln2, route, shape, c }` lays `ln2`'s rows out in
 //! expert order.
 
 use super::Tensor;
-pub use kernels::moe::Gating;
+pub use kernels::mla::Dims as MlaDims;
+pub use kernels::moe::{Gating, Routing};
 
 /// Tokens, choices per token and routed experts of one MoE block's pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +38,7 @@ pub enum MoeOp {
         gates: Tensor,
         route: Tensor,
         shape: MoeShape,
-        gating: Gating,
+        routing: Routing,
         aux: Option<Tensor>,
     },
     /// `dst` (N·k, C) := `src` (N, C)'s rows in expert order (both f32 or both bf16).
@@ -85,5 +88,60 @@ pub enum MoeOp {
         shape: MoeShape,
         gating: Gating,
         dprob: Option<Tensor>,
+    },
+}
+
+/// One multi-head latent attention plumbing op (`kernels::mla`), all tensors f32.
+#[derive(Clone, Copy, Debug)]
+pub enum MlaOp {
+    /// `qkv` (N, 3·H·qk) := queries `q`, keys [k_nope | the RoPE key of `ckv`], padded values.
+    Assemble {
+        qkv: Tensor,
+        q: Tensor,
+        kv: Tensor,
+        ckv: Tensor,
+        n: usize,
+        dims: MlaDims,
+    },
+    /// The backward of `Assemble` into `dq`, `dkv` and the RoPE key columns of `dckv`.
+    Disassemble {
+        dq: Tensor,
+        dkv: Tensor,
+        dckv: Tensor,
+        dqkv: Tensor,
+        n: usize,
+        dims: MlaDims,
+    },
+    /// RoPE on interleaved pairs of the queries' and keys' RoPE columns of fused rows (`inverse`:
+    /// the backward).
+    Rope {
+        qkv: Tensor,
+        batch: usize,
+        seq: usize,
+        dims: MlaDims,
+        theta: f32,
+        inverse: bool,
+    },
+    /// `out` (N, H·v) := the values of the kernels' padded output.
+    TakeValues {
+        out: Tensor,
+        padded: Tensor,
+        n: usize,
+        dims: MlaDims,
+    },
+    /// `padded` := the values' gradient `dout` in each head's value columns, zero elsewhere.
+    PutValues {
+        padded: Tensor,
+        dout: Tensor,
+        n: usize,
+        dims: MlaDims,
+    },
+    /// `latent` (N, rank) := the latent columns of `ckv`; with `back`, `ckv`'s := `latent`.
+    Latent {
+        latent: Tensor,
+        ckv: Tensor,
+        n: usize,
+        dims: MlaDims,
+        back: bool,
     },
 }

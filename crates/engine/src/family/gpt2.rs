@@ -40,6 +40,7 @@ impl Family for Gpt2 {
             norm_eps: LN_EPS as f32,
             rope_theta: 10_000.0,
             router_aux_coef: 0.0,
+            routing: kernels::moe::Routing::RENORMALISED,
         })
     }
 

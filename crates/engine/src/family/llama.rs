@@ -59,6 +59,7 @@ impl Family for Llama {
             norm_eps: f("rms_norm_eps", 1e-6) as f32,
             rope_theta: theta as f32,
             router_aux_coef: 0.0,
+            routing: kernels::moe::Routing::RENORMALISED,
         };
         // Either would make every loss NaN: refused here, where the config is to blame.
         if !(numerics.norm_eps.is_finite() && numerics.norm_eps > 0.0) {

@@ -7,12 +7,14 @@
 //! Example: `family::by_model_type("mistral")` is the Llama family (a Mistral block is a Llama
 //! block; its sliding window is the shape's, honoured by the attention kernels).
 
+pub mod deepseek;
 mod gpt2;
 mod llama;
 mod mixtral;
 mod qwen2;
 
 use crate::config::ModelConfig;
+use kernels::moe::Routing;
 use serde_json::{Map, Value};
 
 /// A config's numerics.
@@ -22,6 +24,8 @@ pub struct Numerics {
     pub rope_theta: f32,
     /// The load-balancing loss's weight in the training objective (0: none, or a dense model).
     pub router_aux_coef: f32,
+    /// How a mixture of experts routes (Mixtral's for a dense model: unused).
+    pub routing: Routing,
 }
 
 /// One family's config.json in and out.
@@ -32,9 +36,19 @@ pub trait Family: Sync {
     fn numerics(&self, config: &Map<String, Value>) -> Result<Numerics, String>;
     /// The `config.json` of `config`.
     fn to_hf(&self, config: &ModelConfig) -> Value;
+    /// The routing of a preset (no config.json) of this family.
+    fn default_routing(&self) -> Routing {
+        Routing::RENORMALISED
+    }
 }
 
-const FAMILIES: [&dyn Family; 4] = [&gpt2::Gpt2, &llama::Llama, &qwen2::Qwen2, &mixtral::Mixtral];
+const FAMILIES: [&dyn Family; 5] = [
+    &gpt2::Gpt2,
+    &llama::Llama,
+    &qwen2::Qwen2,
+    &mixtral::Mixtral,
+    &deepseek::Deepseek,
+];
 
 /// The family that reads `model_type`.
 pub fn by_model_type(model_type: &str) -> Option<&'static dyn Family> {
@@ -49,7 +63,8 @@ pub fn of(family: plan::model::Family) -> &'static dyn Family {
         plan::model::Family::Gpt2 => &gpt2::Gpt2,
         plan::model::Family::Qwen2 => &qwen2::Qwen2,
         plan::model::Family::Mixtral => &mixtral::Mixtral,
-        _ => &llama::Llama,
+        plan::model::Family::Deepseek => &deepseek::Deepseek,
+        plan::model::Family::Llama => &llama::Llama,
     }
 }
 

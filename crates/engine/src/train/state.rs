@@ -45,6 +45,8 @@ pub struct TrainState {
     /// Mixture of experts: the router logits' and the gates' gradients.
     pub dprobs: Option<Tensor>,
     pub dgates: Option<Tensor>,
+    /// Multi-head latent attention: a latent's gradient after and before its norm.
+    pub dlatent: Option<(Tensor, Tensor)>,
     /// The last micro-batch's load-balancing loss (0 without one).
     pub balance_loss: std::cell::Cell<f32>,
     /// With bf16 matmul inputs: the backward GEMMs' bf16 operands.
@@ -125,6 +127,9 @@ impl TrainState {
             dprobs: arena.try_tensor(Key::DAct(DAct::Probs), DType::F32),
             dgates: arena.try_tensor(Key::DAct(DAct::Gates), DType::F32),
             balance_loss: Default::default(),
+            dlatent: arena
+                .try_tensor(Key::DAct(DAct::LatentA), DType::F32)
+                .map(|a| (a, arena.key_tensor(Key::DAct(DAct::LatentB), DType::F32))),
             bf16: bf16_scratch,
             opt,
             masters,

@@ -13,7 +13,11 @@ fn routed(
     let mut probs = logits.to_vec();
     let mut gates = vec![0.0; n * k];
     let mut r = vec![0u32; route_len(n, k, e)];
-    route(&mut probs, &mut gates, &mut r, n, e, k, g, None);
+    let routing = Routing {
+        gating: g,
+        groups: None,
+    };
+    route(&mut probs, &mut gates, &mut r, n, e, k, routing, None);
     (probs, gates, r)
 }
 
@@ -149,4 +153,20 @@ fn the_balance_loss_is_hf_formula_and_one_for_a_uniform_router() {
     let loss = balance_loss(&aux, e, rows, &mut dprob);
     assert!((loss - 1.0).abs() < 1e-12);
     assert!((f64::from(dprob[0]) - 4.0 * 2.0 / 64.0).abs() < 1e-7);
+}
+
+#[test]
+fn group_limited_routing_picks_only_inside_the_best_groups() {
+    // 2 groups of 3: group 1 holds the single best expert (5); group 0 the next three. With one
+    // group kept, both choices come from group 1 even though experts 0-2 beat expert 3.
+    let logits = [2.0f64, 1.9, 1.8, 0.0, -1.0, 3.0];
+    let mut probs = logits.to_vec();
+    let (mut gates, mut r) = (vec![0.0; 2], vec![0u32; route_len(1, 2, 6)]);
+    let routing = Routing {
+        gating: Gating::Scaled(1.0),
+        groups: Some((2, 1)),
+    };
+    route(&mut probs, &mut gates, &mut r, 1, 6, 2, routing, None);
+    assert_eq!(&r[..2], &[5, 3]);
+    assert!((gates[0] - probs[5]).abs() < 1e-15);
 }

@@ -24,7 +24,6 @@
 //! Example: GPT-2 tiny at batch 2, seq 8 saves `act.h.0.att` of 2·NH·8·8 f32; under
 //! `every:2` on 4 blocks, `act.h.0.qkv` lives from `Backward(1)` to `Backward(0)`.
 
-use super::family::{self, Mlp, Norm};
 use super::key::{DAct, Key, Work};
 use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
 use crate::recompute::{Kept, RecomputePlan};
@@ -103,69 +102,6 @@ impl ActPolicy {
     }
 }
 
-/// Element counts of one block's saved tensors and of the backward scratch.
-#[derive(Clone, Copy, Debug)]
-pub struct BlockDims {
-    /// Rows: batch × seq.
-    pub n: u64,
-    pub c: u64,
-    /// Width of the fused q|k|v row: (NH + 2 NKV) HD.
-    pub qkv: u64,
-    /// Width of the attention output: NH HD.
-    pub atty: u64,
-    /// Width of the MLP's first matmul output: 4C (GPT-2) or 2F (Llama gate|up).
-    pub fc: u64,
-    /// Width of the MLP's activation output: F.
-    pub fc_act: u64,
-    /// Elements of the attention probabilities: B NH T T.
-    pub att: u64,
-    /// Elements of flash attention's log-sum-exp per row: B NH T.
-    pub lse: u64,
-    /// Whether norms keep a mean (LayerNorm) besides the reciprocal std.
-    pub has_mean: bool,
-    /// Mixture of experts: routed experts (0 for a dense MLP) and choices per token.
-    pub experts: u64,
-    pub top_k: u64,
-}
-
-impl BlockDims {
-    pub fn new(m: &ModelShape, s: ActShape) -> BlockDims {
-        let n = s.batch * s.seq;
-        let atty = u64::from(m.n_heads) * m.d_head;
-        let qkv = atty + 2 * u64::from(m.n_kv_heads) * m.d_head;
-        let design = family::design(m);
-        let moe = m.moe.as_ref().filter(|_| design.moe);
-        // An expert's MLP is as wide as its own intermediate size.
-        let f = moe.map_or(m.d_ff, |e| e.d_ff_expert);
-        BlockDims {
-            n,
-            c: m.d_model,
-            qkv,
-            atty,
-            fc: match design.mlp {
-                Mlp::Gelu => f,
-                Mlp::SwiGlu => 2 * f,
-            },
-            fc_act: f,
-            att: s.batch * u64::from(m.n_heads) * s.seq * s.seq,
-            lse: s.batch * u64::from(m.n_heads) * s.seq,
-            has_mean: design.norm == Norm::LayerNorm,
-            experts: moe.map_or(0, |e| e.n_experts.into()),
-            top_k: moe.map_or(1, |e| e.n_active.into()),
-        }
-    }
-
-    /// Rows the MLP's matmuls run on: N, or N·k routed rows in expert order.
-    pub fn routed(&self) -> u64 {
-        self.n * self.top_k
-    }
-
-    /// u32 elements of a block's routing tables (`kernels::moe::route_len`).
-    pub fn route_len(&self) -> u64 {
-        3 * self.routed() + self.experts + 1
-    }
-}
-
 fn span(born: Phase, dies: Phase) -> Lifetime {
     Lifetime::Span { born, dies }
 }
@@ -195,8 +131,9 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
         ),
     ];
     for layer in 0..m.n_layers {
-        out.extend(block_buffers(m, &d, policy, layer));
-        out.extend(forward_scratch(&d, policy, layer));
+        let own = BlockDims::layer(m, s, layer);
+        out.extend(block_buffers(m, &own, policy, layer));
+        out.extend(forward_scratch(&own, policy, layer));
     }
     out.extend(head_buffers(m, &d));
     out.extend(backward_scratch(m, &d, policy.attention));
@@ -207,6 +144,7 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
         moe_life,
         span(Phase::Embed, Phase::Backward(0)),
     ));
+    out.extend(mla_scratch(&d, moe_life));
     if policy.bf16_matmul_inputs {
         out.extend(bf16_scratch(&d));
         out.extend(bf16_backward_scratch(m, &d));
@@ -222,11 +160,11 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
 /// backward (recompute runs block forwards inside the backward).
 fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
     let life = span(Phase::Embed, Phase::EmbedBackward);
-    let outputs = d.qkv.max(d.fc);
+    let outputs = d.qkv.max(d.fc).max(2 * d.shared);
     // The MLP's activation (and the gates' gradient) runs on all routed rows at once.
     let rows = (d.n * d.c.max(d.atty).max(d.fc_act).max(outputs)).max(d.routed() * d.fc_act);
-    let widened = (d.n * d.qkv).max(d.routed() * d.fc);
-    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act).max(d.experts);
+    let widened = (d.n * outputs).max(d.routed() * d.fc);
+    let weight = d.c * d.widest_out().max(d.widest_in());
     [
         f32_buffer(Key::Work(Work::F32), Category::Other, rows, life),
         f32_buffer(Key::Work(Work::F32In), Category::Other, widened, life),
@@ -246,9 +184,9 @@ fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
 fn bf16_backward_scratch(m: &ModelShape, d: &BlockDims) -> [Buffer; 4] {
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
     // An expert's rows are at most N (a token picks an expert once).
-    let out_rows = d.n * d.c.max(d.qkv).max(d.fc).max(d.experts);
-    let in_rows = d.n * d.c.max(d.atty).max(d.fc_act);
-    let weight = d.c * d.qkv.max(d.atty).max(d.fc).max(d.fc_act).max(d.experts);
+    let out_rows = d.n * d.widest_out();
+    let in_rows = d.n * d.widest_in();
+    let weight = d.c * d.widest_out().max(d.widest_in());
     let other = Category::Other;
     [
         sized_buffer(Key::Work(Work::BwDout), other, 2 * out_rows, life),
@@ -369,6 +307,22 @@ pub fn moe_scratch(d: &BlockDims, policy: ActPolicy, rows: Lifetime, aux: Lifeti
     ]
 }
 
+/// Multi-head latent attention's row buffers, live over `life`: the queries before they join the
+/// fused q|k|v rows (`work.mla_q`, N·NH·(nope + rope); the padded attention output's gradient and
+/// the queries' gradient in the backward), the key/value expansion (`work.mla_kv`) and the
+/// latent with the shared RoPE key (`work.mla_ckv`), and their gradients. Nothing without MLA.
+pub fn mla_scratch(d: &BlockDims, life: Lifetime) -> Vec<Buffer> {
+    let Some(a) = d.mla else {
+        return Vec::new();
+    };
+    let other = Category::Other;
+    vec![
+        f32_buffer(Key::Work(Work::MlaQ), other, d.n * a.heads * a.qk(), life),
+        f32_buffer(Key::Work(Work::MlaKv), other, d.n * a.kv(), life),
+        f32_buffer(Key::Work(Work::MlaCkv), other, d.n * a.ckv(), life),
+    ]
+}
+
 /// Gradient-of-activation scratch shared by every block's backward (zeroed before each use).
 /// Flash attention's backward recomputes probabilities tile by tile: no `dact.att`.
 fn backward_scratch(m: &ModelShape, d: &BlockDims, attention: Attention) -> Vec<Buffer> {
@@ -376,15 +330,19 @@ fn backward_scratch(m: &ModelShape, d: &BlockDims, attention: Attention) -> Vec<
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
     let datt = (attention == Attention::Eager).then_some((DAct::Att, d.att));
     let moe = d.experts > 0;
+    let latent = d.mla.map(|a| d.n * a.kv_rank.max(a.q_rank.unwrap_or(0)));
     [
         Some((DAct::Ln, d.n * d.c)),
         Some((DAct::Qkv, d.n * d.qkv)),
         datt,
         Some((DAct::Atty, d.n * d.atty)),
-        Some((DAct::Fch, d.routed() * d.fc)),
-        Some((DAct::FchAct, d.routed() * d.fc_act)),
+        // The shared experts' MLP runs its backward in the same scratch (N rows).
+        Some((DAct::Fch, (d.routed() * d.fc).max(d.n * 2 * d.shared))),
+        Some((DAct::FchAct, (d.routed() * d.fc_act).max(d.n * d.shared))),
         moe.then_some((DAct::Probs, d.n * d.experts)),
         moe.then_some((DAct::Gates, d.routed())),
+        latent.map(|e| (DAct::LatentA, e)),
+        latent.map(|e| (DAct::LatentB, e)),
     ]
     .into_iter()
     .flatten()
@@ -392,7 +350,9 @@ fn backward_scratch(m: &ModelShape, d: &BlockDims, attention: Attention) -> Vec<
     .collect()
 }
 
+mod dims;
 mod tensors;
+pub use dims::{BlockDims, MlaDims};
 pub use tensors::BlockTensor;
 
 #[cfg(test)]

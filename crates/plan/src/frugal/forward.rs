@@ -86,8 +86,9 @@ pub fn forward_plan(model: &ModelShape, setup: &ForwardSetup) -> Result<MemoryPl
     plan.push(buffer(Key::Encoded, act, d.n * d.c, into_first));
     for layer in 0..model.n_layers {
         let own = span(Phase::Forward(layer), Phase::Forward(layer));
+        let dims = BlockDims::layer(model, shape, layer);
         for t in BlockTensor::ALL {
-            if let Some(numel) = t.numel(&d, setup.attention) {
+            if let Some(numel) = t.numel(&dims, setup.attention) {
                 plan.push(buffer(Key::Act(layer, t), act, numel, own));
             }
         }
@@ -107,6 +108,10 @@ pub fn forward_plan(model: &ModelShape, setup: &ForwardSetup) -> Result<MemoryPl
         span(Phase::Embed, last),
     );
     moe.into_iter().for_each(|b| plan.push(b));
+    let rows = span(Phase::Forward(0), last);
+    super::acts::mla_scratch(&d, rows)
+        .into_iter()
+        .for_each(|b| plan.push(b));
     let head = span(Phase::Head, Phase::Head);
     plan.push(buffer(Key::Lnf, act, d.n * d.c, head));
     plan.push(buffer(Key::LnfRstd, act, d.n, head));

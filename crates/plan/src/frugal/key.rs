@@ -25,6 +25,9 @@ pub enum DAct {
     Probs,
     /// The gates' gradient (N·k).
     Gates,
+    /// Multi-head latent attention: a latent's gradient after and before its norm (N·rank).
+    LatentA,
+    LatentB,
 }
 
 /// Workspaces of the bf16 path.
@@ -59,6 +62,13 @@ pub enum Work {
     /// The load-balancing loss's statistics over one micro-step's forward: per expert the
     /// selection count, the probability sum and the probabilities' gradient (3E).
     MoeAux,
+    /// Multi-head latent attention's queries (N, NH·(nope + rope)) before they join the fused
+    /// rows, and their gradient.
+    MlaQ,
+    /// The key/value expansion (N, NH·(nope + v)) and its gradient.
+    MlaKv,
+    /// `kv_a_proj_with_mqa`'s output (N, kv_rank + rope) and its gradient.
+    MlaCkv,
 }
 
 /// Which inference step a scratch buffer serves.
@@ -147,6 +157,15 @@ impl fmt::Display for Role {
             Role::RouterWeight => "router_w",
             Role::ExpertsFcWeight => "experts_fc_w",
             Role::ExpertsProjWeight => "experts_proj_w",
+            Role::SharedFcWeight => "shared_fc_w",
+            Role::SharedProjWeight => "shared_proj_w",
+            Role::MlaQ => "q_w",
+            Role::MlaQa => "q_a_w",
+            Role::MlaQaNorm => "q_a_norm_w",
+            Role::MlaQb => "q_b_w",
+            Role::MlaKva => "kv_a_w",
+            Role::MlaKvNorm => "kv_a_norm_w",
+            Role::MlaKvb => "kv_b_w",
             Role::LoraA(i) => return write!(f, "lora_a.{i}"),
             Role::LoraB(i) => return write!(f, "lora_b.{i}"),
         })
@@ -272,6 +291,8 @@ impl fmt::Display for Key {
                 DAct::FchAct => "dact.fch_act",
                 DAct::Probs => "dact.probs",
                 DAct::Gates => "dact.gates",
+                DAct::LatentA => "dact.latent_a",
+                DAct::LatentB => "dact.latent_b",
             }),
             Key::Base(u) => write!(f, "base.{u}"),
             Key::Frozen(l, r) => write!(f, "base.h.{l}.{r}"),
@@ -309,6 +330,9 @@ impl fmt::Display for Key {
                 Work::MoeIn => "work.moe_in",
                 Work::MoeOut => "work.moe_out",
                 Work::MoeAux => "work.moe_aux",
+                Work::MlaQ => "work.mla_q",
+                Work::MlaKv => "work.mla_kv",
+                Work::MlaCkv => "work.mla_ckv",
             }),
         }
     }

@@ -48,6 +48,20 @@ pub enum Role {
     ExpertsFcWeight,
     /// Every expert's down projection, expert after expert (E·C, F).
     ExpertsProjWeight,
+    /// The shared experts' fused gate|up (2S, C) and down (C, S) projections (DeepSeek).
+    SharedFcWeight,
+    SharedProjWeight,
+    /// Multi-head latent attention: the direct query projection (NH·(nope + rope), C), or the
+    /// query bottleneck (q_rank, C), its norm (q_rank) and expansion (NH·(nope + rope), q_rank).
+    MlaQ,
+    MlaQa,
+    MlaQaNorm,
+    MlaQb,
+    /// The latent with the shared RoPE key (kv_rank + rope, C), the latent's norm (kv_rank)
+    /// and its key/value expansion (NH·(nope + v), kv_rank).
+    MlaKva,
+    MlaKvNorm,
+    MlaKvb,
     /// LoRA: the `i`-th adapted HF linear of a block, its down projection A (r, IC).
     LoraA(u8),
     /// Its up projection B (rows, r).
@@ -228,10 +242,12 @@ impl UnitBuilder {
 /// Checks that the engine can build `model`; the reason names the field at fault.
 pub fn check_buildable(model: &ModelShape) -> Result<(), PlanError> {
     let arch = arch(model)?;
-    if (model.moe.is_some() && !arch.design().moe) || model.mla.is_some() {
+    let design = arch.design();
+    if (model.moe.is_some() && !design.moe) || (model.mla.is_some() && !design.mla) {
         return Err(PlanError::Unsupported {
             runtime: "frugal",
-            what: "mixture-of-experts layers outside Mixtral, or latent-attention layers".into(),
+            what: "mixture-of-experts or latent-attention layers outside Mixtral and DeepSeek-V2"
+                .into(),
         });
     }
     let invalid = |field: &str, reason: String| {

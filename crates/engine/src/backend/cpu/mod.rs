@@ -70,7 +70,7 @@ impl Cpu {
 use crate::arena::Arena;
 use crate::backend::infer_ops::*;
 use crate::backend::lora_ops::*;
-use crate::backend::moe_ops::MoeOp;
+use crate::backend::moe_ops::{MlaOp, MoeOp};
 use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 
@@ -171,6 +171,10 @@ impl Backend for Cpu {
 
     fn moe(&self, a: &Arena<Self>, op: &MoeOp) {
         moe_ops::moe(a, op)
+    }
+
+    fn mla(&self, a: &Arena<Self>, op: &MlaOp) {
+        moe_ops::mla(a, op)
     }
 
     fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear) {

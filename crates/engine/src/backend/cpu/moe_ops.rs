@@ -1,13 +1,14 @@
-//! The CPU backend's mixture-of-experts ops: `kernels::moe` on the tensors' slices.
+//! The CPU backend's mixture-of-experts and latent-attention ops: `kernels::moe` and
+//! `kernels::mla` on the tensors' slices.
 //!
 //! Example: `moe(arena, &MoeOp::Gather { .. })` copies rows into expert order.
 
 use super::Cpu;
 use crate::arena::Arena;
-use crate::backend::moe_ops::MoeOp;
+use crate::backend::moe_ops::{MlaOp, MoeOp};
 use crate::backend::DType;
 use half::bf16;
-use kernels::moe;
+use kernels::{mla, moe};
 
 pub fn moe(a: &Arena<Cpu>, op: &MoeOp) {
     match *op {
@@ -16,7 +17,7 @@ pub fn moe(a: &Arena<Cpu>, op: &MoeOp) {
             gates,
             route,
             shape: s,
-            gating,
+            routing,
             aux,
         } => {
             let mut p = a.view_mut::<f32>(probs);
@@ -24,7 +25,7 @@ pub fn moe(a: &Arena<Cpu>, op: &MoeOp) {
             let mut r = a.view_mut::<u32>(route);
             let mut aux = aux.map(|t| a.view_mut::<f32>(t));
             let aux = aux.as_deref_mut();
-            moe::route(&mut p, &mut g, &mut r, s.n, s.experts, s.k, gating, aux);
+            moe::route(&mut p, &mut g, &mut r, s.n, s.experts, s.k, routing, aux);
         }
         MoeOp::Gather {
             dst,
@@ -111,6 +112,74 @@ pub fn moe(a: &Arena<Cpu>, op: &MoeOp) {
             let mut dl = a.view_mut::<f32>(dlogits);
             let dims = (s.n, s.experts, s.k);
             moe::route_backward(&mut dl, &dg, &p, &r, dims, gating, dprob.as_deref());
+        }
+    }
+}
+
+pub fn mla(a: &Arena<Cpu>, op: &MlaOp) {
+    match *op {
+        MlaOp::Assemble {
+            qkv,
+            q,
+            kv,
+            ckv,
+            n,
+            dims,
+        } => {
+            let (q, kv, ckv) = (a.view::<f32>(q), a.view::<f32>(kv), a.view::<f32>(ckv));
+            mla::assemble(&mut a.view_mut::<f32>(qkv), &q, &kv, &ckv, n, dims);
+        }
+        MlaOp::Disassemble {
+            dq,
+            dkv,
+            dckv,
+            dqkv,
+            n,
+            dims,
+        } => {
+            let g = a.view::<f32>(dqkv);
+            let (mut dq, mut dkv) = (a.view_mut::<f32>(dq), a.view_mut::<f32>(dkv));
+            mla::disassemble(&mut dq, &mut dkv, &mut a.view_mut::<f32>(dckv), &g, n, dims);
+        }
+        MlaOp::Rope {
+            qkv,
+            batch,
+            seq,
+            dims,
+            theta,
+            inverse,
+        } => {
+            let width = 3 * dims.heads * dims.qk();
+            let mut x = a.view_mut::<f32>(qkv);
+            mla::rope_interleaved(&mut x, (batch, seq), dims, width, theta, inverse);
+        }
+        MlaOp::TakeValues {
+            out,
+            padded,
+            n,
+            dims,
+        } => {
+            let p = a.view::<f32>(padded);
+            mla::take_values(&mut a.view_mut::<f32>(out), &p, n, dims);
+        }
+        MlaOp::PutValues {
+            padded,
+            dout,
+            n,
+            dims,
+        } => {
+            let d = a.view::<f32>(dout);
+            mla::put_values(&mut a.view_mut::<f32>(padded), &d, n, dims);
+        }
+        MlaOp::Latent {
+            latent,
+            ckv,
+            n,
+            dims,
+            back,
+        } => {
+            let mut l = a.view_mut::<f32>(latent);
+            mla::latent(&mut l, &mut a.view_mut::<f32>(ckv), n, dims, back);
         }
     }
 }

@@ -32,17 +32,39 @@ pub enum BlockTensor {
     Route,
     /// Each choice's gate (N·k).
     Gates,
+    /// Multi-head latent attention: the query bottleneck `q_a_proj`'s output (N, q_rank), its
+    /// norm and reciprocal std (with `q_lora_rank` only).
+    Qa,
+    QaNorm,
+    QaRstd,
+    /// The key/value latent (N, kv_rank), its norm and reciprocal std.
+    KvLatent,
+    KvNorm,
+    KvRstd,
+    /// The attention kernel's output with each head's value padded to nope + rope (the
+    /// projection reads `atty`, the values alone).
+    AttyPad,
+    /// The shared experts' MLP (DeepSeek): its gate|up output (N, 2S) and activation (N, S).
+    SharedFch,
+    SharedFchAct,
 }
 
 impl BlockTensor {
     /// In the order the forward pass writes them.
-    pub const ALL: [BlockTensor; 16] = [
+    pub const ALL: [BlockTensor; 25] = [
         BlockTensor::Ln1,
         BlockTensor::Ln1Mean,
         BlockTensor::Ln1Rstd,
+        BlockTensor::Qa,
+        BlockTensor::QaNorm,
+        BlockTensor::QaRstd,
+        BlockTensor::KvLatent,
+        BlockTensor::KvNorm,
+        BlockTensor::KvRstd,
         BlockTensor::Qkv,
         BlockTensor::Att,
         BlockTensor::Lse,
+        BlockTensor::AttyPad,
         BlockTensor::Atty,
         BlockTensor::Res2,
         BlockTensor::Ln2,
@@ -53,6 +75,8 @@ impl BlockTensor {
         BlockTensor::Gates,
         BlockTensor::Fch,
         BlockTensor::FchAct,
+        BlockTensor::SharedFch,
+        BlockTensor::SharedFchAct,
     ];
 
     /// The name's last part: `act.h.3.<suffix>`.
@@ -74,6 +98,15 @@ impl BlockTensor {
             BlockTensor::Probs => "probs",
             BlockTensor::Route => "route",
             BlockTensor::Gates => "gates",
+            BlockTensor::Qa => "q_a",
+            BlockTensor::QaNorm => "q_a_norm",
+            BlockTensor::QaRstd => "q_a_rstd",
+            BlockTensor::KvLatent => "kv_latent",
+            BlockTensor::KvNorm => "kv_norm",
+            BlockTensor::KvRstd => "kv_rstd",
+            BlockTensor::AttyPad => "atty_pad",
+            BlockTensor::SharedFch => "shared_fch",
+            BlockTensor::SharedFchAct => "shared_fch_act",
         }
     }
 
@@ -82,7 +115,11 @@ impl BlockTensor {
     pub fn is_matmul_input(self) -> bool {
         matches!(
             self,
-            BlockTensor::Ln1 | BlockTensor::Atty | BlockTensor::Ln2 | BlockTensor::FchAct
+            BlockTensor::Ln1
+                | BlockTensor::Atty
+                | BlockTensor::Ln2
+                | BlockTensor::FchAct
+                | BlockTensor::SharedFchAct
         )
     }
 
@@ -90,7 +127,10 @@ impl BlockTensor {
     /// `fch` by the activation): stored as bf16 under `--precision bf16`. `res2` is a matmul
     /// output too, but it is the residual stream, which stays f32.
     pub fn is_matmul_output(self) -> bool {
-        matches!(self, BlockTensor::Qkv | BlockTensor::Fch)
+        matches!(
+            self,
+            BlockTensor::Qkv | BlockTensor::Fch | BlockTensor::SharedFch
+        )
     }
 
     /// `keep-matmuls` keeps the matmul outputs and recomputes everything cheap from them: the
@@ -106,6 +146,13 @@ impl BlockTensor {
                 | BlockTensor::Probs
                 | BlockTensor::Route
                 | BlockTensor::Gates
+                | BlockTensor::SharedFch
+                | BlockTensor::Qa
+                | BlockTensor::QaNorm
+                | BlockTensor::QaRstd
+                | BlockTensor::KvLatent
+                | BlockTensor::KvNorm
+                | BlockTensor::KvRstd
         )
     }
 
@@ -130,6 +177,22 @@ impl BlockTensor {
             BlockTensor::Probs => d.n * d.experts,
             BlockTensor::Route => d.route_len(),
             BlockTensor::Gates => d.routed(),
+            BlockTensor::SharedFch | BlockTensor::SharedFchAct if d.shared == 0 => return None,
+            BlockTensor::SharedFch => d.n * 2 * d.shared,
+            BlockTensor::SharedFchAct => d.n * d.shared,
+            mla_tensor => {
+                let a = d.mla?;
+                match mla_tensor {
+                    BlockTensor::Qa | BlockTensor::QaNorm => d.n * a.q_rank?,
+                    BlockTensor::QaRstd => {
+                        a.q_rank?;
+                        d.n
+                    }
+                    BlockTensor::KvLatent | BlockTensor::KvNorm => d.n * a.kv_rank,
+                    BlockTensor::KvRstd => d.n,
+                    _ => d.n * a.heads * a.qk(),
+                }
+            }
         };
         Some(numel)
     }

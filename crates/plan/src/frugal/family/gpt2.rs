@@ -17,6 +17,7 @@ impl Arch for Gpt2 {
             positions: Positions::Learned,
             mlp: Mlp::Gelu,
             moe: false,
+            mla: false,
         }
     }
 

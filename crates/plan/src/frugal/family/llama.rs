@@ -18,6 +18,7 @@ impl Arch for Llama {
             positions: Positions::Rope,
             mlp: Mlp::SwiGlu,
             moe: false,
+            mla: false,
         }
     }
 

@@ -5,6 +5,7 @@
 //!
 //! Example: `arch(&gpt2_124m)?.design().mlp` is `Mlp::Gelu`.
 
+mod deepseek;
 mod gpt2;
 mod llama;
 mod mixtral;
@@ -47,8 +48,11 @@ pub struct BlockDesign {
     pub norm: Norm,
     pub positions: Positions,
     pub mlp: Mlp,
-    /// The MLP is a mixture of `ModelShape::moe`'s experts, each an `mlp`, behind a router.
+    /// The MLP is a mixture of `ModelShape::moe`'s experts, each an `mlp`, behind a router
+    /// (from `first_dense` on).
     pub moe: bool,
+    /// Attention is multi-head latent attention (`ModelShape::mla`).
+    pub mla: bool,
 }
 
 /// One family: its block design, shape checks and parameter units.
@@ -71,10 +75,7 @@ pub fn arch(model: &ModelShape) -> Result<&'static dyn Arch, PlanError> {
         Family::Llama => Ok(&llama::Llama),
         Family::Qwen2 => Ok(&qwen2::Qwen2),
         Family::Mixtral => Ok(&mixtral::Mixtral),
-        other => Err(PlanError::Unsupported {
-            runtime: "frugal",
-            what: format!("the {other:?} model family (GPT-2, Llama, Qwen2 and Mixtral only)"),
-        }),
+        Family::Deepseek => Ok(&deepseek::Deepseek),
     }
 }
 

@@ -1,0 +1,273 @@
+//! Multi-head latent attention (DeepSeek-V2) as backend ops, forward and backward: queries
+//! directly (`q_proj`) or through a bottleneck with its RMSNorm (`q_a_proj`, `q_a_layernorm`,
+//! `q_b_proj`); `kv_a_proj_with_mqa` to a latent and a RoPE key shared by the heads; the
+//! latent's RMSNorm and its expansion to each head's key and value (`kv_b_proj`). The queries,
+//! keys and values are assembled into the fused q|k|v rows the attention kernels read (head
+//! size nope + rope, values zero-padded to it: `kernels::mla`), RoPE turns interleaved pairs of
+//! the rope columns, and the projection reads the values' columns of the kernel's output.
+//!
+//! Saved: `ln1`, the bottleneck and its norm (with q LoRA), the latent and its norm, the fused
+//! rows and the attention's `att`/`lse`, its padded output and the values. The latents stay f32
+//! under bf16 (their matmuls run in f32); `qkv` and the values follow the bf16 policy.
+//!
+//! Example: `forward::block_with` runs `mla::qkv(&cx, acts)` in place of the q|k|v projection.
+
+use crate::backend::ops::*;
+use crate::backend::{Backend, MlaDims, MlaOp, Tensor};
+use crate::backward::{Grad, NormSaved};
+use crate::family::deepseek::LATENT_NORM_EPS;
+use crate::forward::{attn_shape, widened, Ctx};
+use crate::model::{BlockActs, MlaWork, Model};
+use plan::frugal::acts::BlockDims;
+use plan::frugal::units::Role;
+
+fn dims(d: &BlockDims) -> (plan::frugal::acts::MlaDims, MlaDims) {
+    let a = d.mla.expect("a latent-attention block");
+    let k = MlaDims {
+        heads: a.heads as usize,
+        nope: a.nope as usize,
+        rope: a.rope as usize,
+        v: a.v as usize,
+        rank: a.kv_rank as usize,
+    };
+    (a, k)
+}
+
+fn work(model: &Model) -> MlaWork {
+    model
+        .mla
+        .expect("a latent-attention model has its row buffers")
+}
+
+fn must(t: Option<Tensor>) -> Tensor {
+    t.expect("the plan keeps this latent-attention tensor")
+}
+
+/// RMSNorm of a latent (HF's fixed epsilon).
+fn latent_norm<B: Backend>(cx: &Ctx<'_, B>, inp: Tensor, out: Tensor, rstd: Tensor, role: Role) {
+    let (n, c) = (cx.d.n as usize, inp.len / cx.d.n as usize);
+    let op = NormOp {
+        out: out.prefix(n * c),
+        rstd: rstd.prefix(n),
+        inp,
+        weight: cx.w(role),
+        kind: NormKind::Rms {
+            eps: LATENT_NORM_EPS,
+        },
+        n,
+        c,
+    };
+    cx.be.norm(cx.arena, &op);
+}
+
+/// qkv from ln1: the query path, the latent path, their assembly and RoPE.
+pub(crate) fn qkv<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
+    let (model, arena, be) = (cx.model, cx.arena, cx.be);
+    let (m, k) = dims(&cx.d);
+    let w = work(model);
+    let (n, c) = (cx.d.n as usize, cx.d.c as usize);
+    let q = w.q.prefix(n * k.heads * k.qk());
+    match m.q_rank {
+        Some(rq) => {
+            let rq = rq as usize;
+            let qa = must(a.qa).prefix(n * rq);
+            cx.dense(qa, a.ln1, cx.w(Role::MlaQa), None, (n, c));
+            let qa_norm = must(a.qa_norm).prefix(n * rq);
+            latent_norm(cx, qa, qa_norm, must(a.qa_rstd), Role::MlaQaNorm);
+            cx.dense(q, qa_norm, cx.w(Role::MlaQb), None, (n, rq));
+        }
+        None => cx.dense(q, a.ln1, cx.w(Role::MlaQ), None, (n, c)),
+    }
+    let ckv = w.ckv.prefix(n * (k.rank + k.rope));
+    cx.dense(ckv, a.ln1, cx.w(Role::MlaKva), None, (n, c));
+    let latent = must(a.kv_latent).prefix(n * k.rank);
+    let op = MlaOp::Latent {
+        latent,
+        ckv,
+        n,
+        dims: k,
+        back: false,
+    };
+    be.mla(arena, &op);
+    let kv_norm = must(a.kv_norm).prefix(n * k.rank);
+    latent_norm(cx, latent, kv_norm, must(a.kv_rstd), Role::MlaKvNorm);
+    let kv = w.kv.prefix(n * k.heads * (k.nope + k.v));
+    cx.dense(kv, kv_norm, cx.w(Role::MlaKvb), None, (n, k.rank));
+    let (b, t) = cx.pass();
+    cx.produce(a.qkv, n * cx.d.qkv as usize, |dst| {
+        let op = MlaOp::Assemble {
+            qkv: dst,
+            q,
+            kv,
+            ckv,
+            n,
+            dims: k,
+        };
+        be.mla(arena, &op);
+        let rope = MlaOp::Rope {
+            qkv: dst,
+            batch: b,
+            seq: t,
+            dims: k,
+            theta: model.config.rope_theta,
+            inverse: false,
+        };
+        be.mla(arena, &rope);
+    });
+}
+
+/// After the attention kernel wrote the padded output: the values' columns into `atty`.
+pub(crate) fn take_values<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
+    let (_, k) = dims(&cx.d);
+    let n = cx.d.n as usize;
+    let padded = must(a.atty_pad).prefix(n * k.heads * k.qk());
+    cx.produce(a.atty, n * cx.d.atty as usize, |out| {
+        let op = MlaOp::TakeValues {
+            out,
+            padded,
+            n,
+            dims: k,
+        };
+        cx.be.mla(cx.arena, &op);
+    });
+}
+
+/// The attention half's backward: d(res2) in `dresidual` → d(inp), with every latent-attention
+/// weight's gradient.
+pub(crate) fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
+    let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
+    let layer = g.layer();
+    let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
+    let d = model.dims(layer, b, t);
+    let (m, k) = dims(&d);
+    let w = work(model);
+    let (n, c) = (d.n as usize, d.c as usize);
+    let (qkv_w, atty_w, hqk) = (d.qkv as usize, d.atty as usize, k.heads * k.qk());
+    let dres = state.dresidual;
+    let datty = state.datty.prefix(n * atty_w);
+    be.fill(arena, datty, 0.0);
+    let proj = (Role::AttnProjWeight, Role::AttnProjBias);
+    g.linear(datty, dres, a.atty, proj, atty_w);
+    let padded = w.q.prefix(n * hqk);
+    let put = MlaOp::PutValues {
+        padded,
+        dout: datty,
+        n,
+        dims: k,
+    };
+    be.mla(arena, &put);
+    let qkv = widened(arena, a.qkv, n * qkv_w, model.work.f32_in);
+    let dqkv = state.dqkv.prefix(n * qkv_w);
+    be.fill(arena, dqkv, 0.0);
+    let kernel = match (a.att, a.lse, state.datt) {
+        (Some(att), _, Some(datt)) => AttnGradKernel::Materialised { att, datt },
+        (None, Some(lse), _) => AttnGradKernel::Flash {
+            out: must(a.atty_pad).prefix(n * hqk),
+            lse,
+        },
+        _ => panic!("the plan keeps neither att (with dact.att) nor lse"),
+    };
+    let op = AttentionBackward {
+        dqkv,
+        dout: padded,
+        qkv,
+        kernel,
+        shape: attn_shape(model, g.kind, b, t),
+    };
+    be.attention_backward(arena, &op);
+    let rope = MlaOp::Rope {
+        qkv: dqkv,
+        batch: b,
+        seq: t,
+        dims: k,
+        theta: model.config.rope_theta,
+        inverse: true,
+    };
+    be.mla(arena, &rope);
+    let (dq, dkv) = (
+        w.q.prefix(n * hqk),
+        w.kv.prefix(n * k.heads * (k.nope + k.v)),
+    );
+    let dckv = w.ckv.prefix(n * (k.rank + k.rope));
+    let op = MlaOp::Disassemble {
+        dq,
+        dkv,
+        dckv,
+        dqkv,
+        n,
+        dims: k,
+    };
+    be.mla(arena, &op);
+    let (da, db) = state.dlatent.expect("latent gradients");
+    let grad = |role| g.g(role).expect("a trained latent-attention weight");
+    // The latent path: kv_b, the latent's norm, back into kv_a's output gradient.
+    let (dn, dl) = (da.prefix(n * k.rank), db.prefix(n * k.rank));
+    be.fill(arena, dn, 0.0);
+    let kvb = (g.w(Role::MlaKvb), grad(Role::MlaKvb));
+    g.dense(dn, dkv, must(a.kv_norm), kvb, None, (n, k.rank));
+    norm_backward(
+        g,
+        (dl, dn),
+        must(a.kv_latent),
+        must(a.kv_rstd),
+        Role::MlaKvNorm,
+    );
+    let back = MlaOp::Latent {
+        latent: dl,
+        ckv: dckv,
+        n,
+        dims: k,
+        back: true,
+    };
+    be.mla(arena, &back);
+    be.fill(arena, state.dln, 0.0);
+    let dln = state.dln.prefix(n * c);
+    let kva = (g.w(Role::MlaKva), grad(Role::MlaKva));
+    g.dense(dln, dckv, a.ln1, kva, None, (n, c));
+    match m.q_rank {
+        Some(rq) => {
+            let rq = rq as usize;
+            let (dn, dl) = (da.prefix(n * rq), db.prefix(n * rq));
+            be.fill(arena, dn, 0.0);
+            let qb = (g.w(Role::MlaQb), grad(Role::MlaQb));
+            g.dense(dn, dq, must(a.qa_norm), qb, None, (n, rq));
+            norm_backward(g, (dl, dn), must(a.qa), must(a.qa_rstd), Role::MlaQaNorm);
+            let qa = (g.w(Role::MlaQa), grad(Role::MlaQa));
+            g.dense(dln, dl, a.ln1, qa, None, (n, c));
+        }
+        None => {
+            let wq = (g.w(Role::MlaQ), grad(Role::MlaQ));
+            g.dense(dln, dq, a.ln1, wq, None, (n, c));
+        }
+    }
+    let saved = NormSaved {
+        mean: a.ln1_mean,
+        rstd: a.ln1_rstd,
+    };
+    let norm1 = (Role::Norm1Weight, Role::Norm1Bias);
+    g.norm(dres, state.dln, inp, norm1, saved);
+}
+
+/// dinp := a latent norm's backward of `dout` (zeroed first), its weight gradient accumulated.
+fn norm_backward<B: Backend>(
+    g: &Grad<'_, B>,
+    (dinp, dout): (Tensor, Tensor),
+    inp: Tensor,
+    rstd: Tensor,
+    role: Role,
+) {
+    let n = g.n;
+    g.be.fill(g.arena, dinp, 0.0);
+    let op = NormBackward {
+        dinp,
+        dweight: g.g(role),
+        dout,
+        inp: inp.prefix(dinp.len),
+        weight: g.w(role),
+        rstd: rstd.prefix(n),
+        kind: NormGradKind::Rms,
+        n,
+        c: dinp.len / n,
+    };
+    g.be.norm_backward(g.arena, &op);
+}
