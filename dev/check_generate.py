@@ -3,7 +3,9 @@ cache) against transformers' `generate(do_sample=False)` on the same tiny random
 (GQA), Qwen2 (q/k/v biases, tied embeddings), Mistral (a sliding window of 8 on every layer) and
 Qwen2 with a window from layer 1 on, saved with `save_pretrained` (Qwen2 also in bf16 and sharded
 over several files), with KV blocks of 4 tokens, and Mixtral (4 experts, top 2; without a KV
-cache: `--kv-cache off`). Prints one JSON
+cache: `--kv-cache off`) and DeepSeek-V2 (latent attention, shared experts; with a query
+bottleneck and a dense first layer, and V2-Lite's direct queries with group-limited routing;
+`--kv-cache off` too). Prints one JSON
 line per case with both token lists and
 whether they are identical.
 
@@ -16,9 +18,9 @@ import subprocess
 import tempfile
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, GPT2Config, GPT2LMHeadModel,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 
 def main():
@@ -58,16 +60,37 @@ def main():
                                                     num_key_value_heads=2, max_position_embeddings=128,
                                                     vocab_size=50304, num_local_experts=4,
                                                     num_experts_per_tok=2)),
+        # DeepSeek-V2: latent attention with a query bottleneck, a dense first layer, then 4
+        # routed experts (top 2, gates x 1.5) and 2 shared ones; V2-Lite's direct queries with
+        # group-limited routing.
+        "deepseek_v2": DeepseekV2ForCausalLM(DeepseekV2Config(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=2,
+            num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128,
+            vocab_size=50304, routed_scaling_factor=1.5)),
+        "deepseek_v2-lite": DeepseekV2ForCausalLM(DeepseekV2Config(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+            num_experts_per_tok=2, first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=32,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128,
+            vocab_size=50304, topk_method="group_limited_greedy", n_group=2, topk_group=1)),
     }
     with torch.no_grad():  # HF starts q/k/v biases at zero: random ones test they are used
         for layer in models["qwen2"].model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.normal_(0.0, 0.02)
+        # HF starts DeepSeek's routers at zero (every expert ties): random ones route.
+        for name in ("deepseek_v2", "deepseek_v2-lite"):
+            for layer in models[name].model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.weight.normal_(0.0, 0.5)
     for name, model in models.items():
         model.eval()
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d, safe_serialization=True)
-            cache = ["--kv-cache", "off"] if name == "mixtral" else ["--kv-block", "4"]
+            moe = name in ("mixtral", "deepseek_v2", "deepseek_v2-lite")
+            cache = ["--kv-cache", "off"] if moe else ["--kv-block", "4"]
             out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
                                   "--max-new-tokens", str(a.tokens), "--json"] + cache,
                                  capture_output=True, text=True, check=True)

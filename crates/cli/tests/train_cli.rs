@@ -337,8 +337,8 @@ fn a_mistral_config_trains_with_its_sliding_window_planned_equal_to_measured() {
 }
 
 #[test]
-fn mixtral_trains_its_experts_with_the_planners_bytes_on_one_and_two_ranks() {
-    let dir = temp_dir("mixtral");
+fn mixtral_and_deepseek_train_their_experts_with_the_planners_bytes_on_one_and_two_ranks() {
+    let dir = temp_dir("moe");
     let runs: [&[&str]; 2] = [
         &[],
         &[
@@ -352,16 +352,11 @@ fn mixtral_trains_its_experts_with_the_planners_bytes_on_one_and_two_ranks() {
             "full",
         ],
     ];
-    for extra in runs {
-        let mut args = vec![
-            "--model",
-            "mixtral-tiny",
-            "--steps",
-            "30",
-            "--lr",
-            "3e-3",
-            "--json",
-        ];
+    for (model, extra) in ["mixtral-tiny", "deepseek-tiny"]
+        .into_iter()
+        .flat_map(|m| runs.map(|r| (m, r)))
+    {
+        let mut args = vec!["--model", model, "--steps", "30", "--lr", "3e-3", "--json"];
         args.extend_from_slice(extra);
         let out = tiny_run(&dir, &args);
         assert!(
@@ -374,20 +369,16 @@ fn mixtral_trains_its_experts_with_the_planners_bytes_on_one_and_two_ranks() {
             v["loss_first"].as_f64().unwrap(),
             v["loss_last"].as_f64().unwrap(),
         );
-        assert!(last < first - 0.5, "{extra:?}: loss {first} -> {last}");
+        assert!(
+            last < first - 0.5,
+            "{model} {extra:?}: loss {first} -> {last}"
+        );
         let rank = &v["ranks"][0];
         for field in common::CATEGORY_FIELDS {
             assert_eq!(rank["measured"][field], rank["planned"][field], "{field}");
         }
         // The planner's frugal runtime prints the measured peak for the same run.
-        let mut plan = vec![
-            "plan",
-            "--model",
-            "mixtral-tiny",
-            "--train",
-            "--runtime",
-            "frugal",
-        ];
+        let mut plan = vec!["plan", "--model", model, "--train", "--runtime", "frugal"];
         plan.extend(["--batch", "2", "--seq", "32", "--json"]);
         let precision = if extra.is_empty() { "fp32" } else { "bf16" };
         plan.extend(["--precision", precision]);
@@ -399,7 +390,55 @@ fn mixtral_trains_its_experts_with_the_planners_bytes_on_one_and_two_ranks() {
         let p: Value = serde_json::from_slice(&frugal(&plan).stdout).unwrap();
         assert_eq!(
             p["per_device"]["peak_bytes"], rank["measured"]["peak_bytes"],
-            "{extra:?}"
+            "{model} {extra:?}"
         );
     }
+}
+
+#[test]
+fn a_trained_mixture_reloads_and_a_checkpoint_that_misfits_its_config_names_the_tensor() {
+    let dir = temp_dir("moe-reload");
+    let out_dir = dir.join("model");
+    let out = tiny_run(
+        &dir,
+        &[
+            "--model",
+            "deepseek-tiny",
+            "--steps",
+            "2",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let model = out_dir.to_str().unwrap();
+    let generate = [
+        "generate",
+        "--model",
+        model,
+        "--kv-cache",
+        "off",
+        "--max-new-tokens",
+        "3",
+    ];
+    let ok = frugal(&generate);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // The KV-cached server refuses experts, naming the flag that runs them.
+    let cached = ["generate", "--model", model, "--max-new-tokens", "3"];
+    fails_with(&frugal(&cached), "--kv-cache off");
+    // One routed expert more in the config than in the weights: refused, naming the tensor.
+    let config = out_dir.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let grown = text.replace("\"n_routed_experts\": 4", "\"n_routed_experts\": 5");
+    assert_ne!(grown, text, "the exported config names its experts");
+    std::fs::write(&config, grown).unwrap();
+    fails_with(&frugal(&generate), "model.layers.1.mlp.gate.weight");
 }
