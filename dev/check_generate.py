@@ -89,8 +89,8 @@ def main():
         model.eval()
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d, safe_serialization=True)
-            moe = name in ("mixtral", "deepseek_v2", "deepseek_v2-lite")
-            cache = ["--kv-cache", "off"] if moe else ["--kv-block", "4"]
+            mla = name in ("deepseek_v2", "deepseek_v2-lite")
+            cache = ["--kv-cache", "off"] if mla else ["--kv-block", "4"]
             out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
                                   "--max-new-tokens", str(a.tokens), "--json"] + cache,
                                  capture_output=True, text=True, check=True)

@@ -48,7 +48,11 @@ fn tables(a: &BlockActs, d: &BlockDims) -> (Tensor, Tensor, Tensor) {
 }
 
 /// Each expert's rows of the sorted layout (read back from the routing tables: host metadata).
-fn expert_rows<B: Backend>(arena: &Arena<B>, route: Tensor, s: MoeShape) -> Vec<Range<usize>> {
+pub(crate) fn expert_rows<B: Backend>(
+    arena: &Arena<B>,
+    route: Tensor,
+    s: MoeShape,
+) -> Vec<Range<usize>> {
     let at = 3 * s.rows();
     let offsets = route.slice(at..at + s.experts + 1);
     let mut bytes = vec![0u8; 4 * offsets.len];

@@ -222,3 +222,8 @@ fn deepseek_v2_with_latent_attention_and_shared_experts_matches_pytorch() {
         run_with(file, plan::setup::Attention::Flash);
     }
 }
+
+#[test]
+fn mixtral_inference_with_a_kv_cache_matches_hf_logits() {
+    inference("golden_mixtral.safetensors");
+}

@@ -29,6 +29,7 @@
 //! ```
 
 pub mod file;
+mod moe_step;
 pub mod pool;
 pub mod sample;
 pub mod schedule;
@@ -424,7 +425,7 @@ pub(crate) fn step_tensor<B: Backend>(
     kind: StepKind,
     t: StepAct,
 ) -> Option<Tensor> {
-    let dtype = if t == StepAct::Tokens {
+    let dtype = if matches!(t, StepAct::Tokens | StepAct::Route) {
         DType::U32
     } else {
         DType::F32

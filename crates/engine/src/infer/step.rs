@@ -278,6 +278,11 @@ impl<B: Backend> Server<B> {
                 residual,
                 ln,
             );
+            if self.is_moe(l) {
+                self.moe_mlp(kind, w, n, ln, proj);
+                be.residual_add(a, residual.prefix(n * c), proj.prefix(n * c));
+                continue;
+            }
             let fc = w.matrix(Role::FcWeight);
             linear(fch, ln, fc, w.vector(Role::FcBias), n);
             let f = s.d_ff as usize;

@@ -98,10 +98,17 @@ pub enum StepAct {
     Logits,
     /// Split-K attention's partial (max, sum, accumulator) triples.
     Partials,
+    /// Mixture of experts: the router's probabilities, routing tables (u32), gates, and the
+    /// rows in expert order (inputs, outputs).
+    Probs,
+    Route,
+    Gates,
+    MoeIn,
+    MoeOut,
 }
 
 impl StepAct {
-    pub const ALL: [StepAct; 12] = [
+    pub const ALL: [StepAct; 17] = [
         StepAct::Tokens,
         StepAct::Residual,
         StepAct::Ln,
@@ -114,6 +121,11 @@ impl StepAct {
         StepAct::FchAct,
         StepAct::Logits,
         StepAct::Partials,
+        StepAct::Probs,
+        StepAct::Route,
+        StepAct::Gates,
+        StepAct::MoeIn,
+        StepAct::MoeOut,
     ];
 
     fn suffix(self) -> &'static str {
@@ -130,6 +142,11 @@ impl StepAct {
             StepAct::FchAct => "fch_act",
             StepAct::Logits => "logits",
             StepAct::Partials => "partials",
+            StepAct::Probs => "probs",
+            StepAct::Route => "route",
+            StepAct::Gates => "gates",
+            StepAct::MoeIn => "moe_in",
+            StepAct::MoeOut => "moe_out",
         }
     }
 }

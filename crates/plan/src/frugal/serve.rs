@@ -124,17 +124,21 @@ pub fn is_matrix(role: Role) -> bool {
             | Role::FcWeight
             | Role::FcProjWeight
             | Role::LmHead
+            | Role::ExpertsFcWeight
+            | Role::ExpertsProjWeight
+            | Role::SharedFcWeight
+            | Role::SharedProjWeight
     )
 }
 
 /// Checks `setup` against `model`, naming the field at fault.
 pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
     check_buildable(model)?;
-    if model.moe.is_some() {
+    if model.mla.is_some() {
         return Err(PlanError::Unsupported {
             runtime: "frugal",
-            what: "KV-cached serving of mixture-of-experts layers (generate with --kv-cache off, \
-                   which runs the training engine's forward)"
+            what: "KV-cached serving of latent attention (generate with --kv-cache off, which \
+                   runs the training engine's forward)"
                 .into(),
         });
     }
@@ -217,11 +221,25 @@ pub fn step_numel(
     let c = model.d_model;
     let atty = u64::from(model.n_heads) * model.d_head;
     let qkv = atty + 2 * u64::from(model.n_kv_heads) * model.d_head;
-    let fc = match design.mlp {
-        family::Mlp::Gelu => model.d_ff,
-        family::Mlp::SwiGlu => 2 * model.d_ff,
-    };
+    let swiglu = design.mlp == family::Mlp::SwiGlu;
+    let fc = if swiglu { 2 * model.d_ff } else { model.d_ff };
     let group = u64::from(model.n_heads / model.n_kv_heads);
+    // A mixture of experts runs N·k routed rows of an expert's width, and its shared experts N.
+    let (experts, k, f_e, shared) = match &model.moe {
+        Some(e) if design.moe => (
+            u64::from(e.n_experts),
+            u64::from(e.n_active),
+            e.d_ff_expert,
+            u64::from(e.n_shared) * e.d_ff_expert,
+        ),
+        _ => (0, 1, 0, 0),
+    };
+    let dense = if model.moe.as_ref().is_some_and(|e| e.first_dense == 0) {
+        0
+    } else {
+        model.d_ff
+    };
+    let widest = |x: u64| (rows * x).max(rows * k * f_e).max(rows * shared);
     Some(match t {
         StepAct::Tokens => rows,
         StepAct::Residual | StepAct::Ln | StepAct::Proj => rows * c,
@@ -234,8 +252,19 @@ pub fn step_numel(
         }
         StepAct::Qkv => rows * qkv,
         StepAct::Atty => rows * atty,
-        StepAct::Fch => rows * fc,
-        StepAct::FchAct => rows * model.d_ff,
+        StepAct::Fch if experts == 0 => rows * fc,
+        StepAct::FchAct if experts == 0 => rows * model.d_ff,
+        StepAct::Fch => 2 * widest(dense),
+        StepAct::FchAct => widest(dense),
+        StepAct::Probs | StepAct::Route | StepAct::Gates | StepAct::MoeIn | StepAct::MoeOut
+            if experts == 0 =>
+        {
+            return None
+        }
+        StepAct::Probs => rows * experts,
+        StepAct::Route => 3 * rows * k + experts + 1,
+        StepAct::Gates => rows * k,
+        StepAct::MoeIn | StepAct::MoeOut => rows * k * c,
         StepAct::Logits => logit_rows * model.vocab,
         StepAct::Partials => {
             if kind == StepKind::Prefill || setup.split_k <= 1 {
