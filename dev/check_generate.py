@@ -2,10 +2,9 @@
 cache) against transformers' `generate(do_sample=False)` on the same tiny random GPT-2, Llama
 (GQA), Qwen2 (q/k/v biases, tied embeddings), Mistral (a sliding window of 8 on every layer) and
 Qwen2 with a window from layer 1 on, saved with `save_pretrained` (Qwen2 also in bf16 and sharded
-over several files), with KV blocks of 4 tokens, and Mixtral (4 experts, top 2; without a KV
-cache: `--kv-cache off`) and DeepSeek-V2 (latent attention, shared experts; with a query
-bottleneck and a dense first layer, and V2-Lite's direct queries with group-limited routing;
-`--kv-cache off` too). Prints one JSON
+over several files), Mixtral (4 experts, top 2) and DeepSeek-V2 (latent attention with its latent
+cache, shared experts; with a query bottleneck and a dense first layer, and V2-Lite's direct
+queries with group-limited routing), with KV blocks of 4 tokens. Prints one JSON
 line per case with both token lists and
 whether they are identical.
 
@@ -53,8 +52,7 @@ def main():
                                                   vocab_size=50304, tie_word_embeddings=True,
                                                   use_sliding_window=True, sliding_window=8,
                                                   max_window_layers=1)),
-        # A mixture of 4 experts, top 2: frugal generates with the training engine's forward
-        # (--kv-cache off; the KV-cached server does not run experts yet).
+        # A mixture of 4 experts, top 2.
         "mixtral": MixtralForCausalLM(MixtralConfig(hidden_size=64, intermediate_size=96,
                                                     num_hidden_layers=2, num_attention_heads=4,
                                                     num_key_value_heads=2, max_position_embeddings=128,
@@ -89,8 +87,7 @@ def main():
         model.eval()
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d, safe_serialization=True)
-            mla = name in ("deepseek_v2", "deepseek_v2-lite")
-            cache = ["--kv-cache", "off"] if mla else ["--kv-block", "4"]
+            cache = ["--kv-block", "4"]
             out = subprocess.run([a.frugal, "generate", "--model", d, "--prompt", a.prompt,
                                   "--max-new-tokens", str(a.tokens), "--json"] + cache,
                                  capture_output=True, text=True, check=True)

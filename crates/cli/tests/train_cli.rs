@@ -431,9 +431,22 @@ fn a_trained_mixture_reloads_and_a_checkpoint_that_misfits_its_config_names_the_
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    // The KV-cached server refuses experts, naming the flag that runs them.
+    // The latent cache generates what recomputing every prefix does; int8 latents are refused.
+    let tokens = |args: &[&str]| -> Value {
+        let out = frugal(&[args, &["--json"]].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["tokens"].clone()
+    };
     let cached = ["generate", "--model", model, "--max-new-tokens", "3"];
-    fails_with(&frugal(&cached), "--kv-cache off");
+    assert_eq!(tokens(&cached), tokens(&generate));
+    fails_with(
+        &frugal(&[&cached[..], &["--kv-dtype", "int8"]].concat()),
+        "--kv-dtype f32",
+    );
     // One routed expert more in the config than in the weights: refused, naming the tensor.
     let config = out_dir.join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();

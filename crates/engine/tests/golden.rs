@@ -227,3 +227,9 @@ fn deepseek_v2_with_latent_attention_and_shared_experts_matches_pytorch() {
 fn mixtral_inference_with_a_kv_cache_matches_hf_logits() {
     inference("golden_mixtral.safetensors");
 }
+
+#[test]
+fn deepseek_inference_with_a_latent_cache_matches_hf_logits() {
+    inference("golden_deepseek.safetensors");
+    inference("golden_deepseek_lite.safetensors");
+}

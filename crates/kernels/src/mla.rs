@@ -178,6 +178,149 @@ pub fn latent(latent: &mut [f32], ckv: &mut [f32], n: usize, d: Dims, back: bool
     }
 }
 
+/// The largest latent rank the inference kernels take (their per-task scratch is on the stack).
+pub const MAX_RANK: usize = 1024;
+
+/// RoPE on interleaved pairs, each row at its own position: in every row (`row_width` wide) the
+/// `rope` columns after `offset` of each of `heads` heads `stride` apart (queries: H heads of
+/// nope + rope after nope; the cached RoPE key: one head after the latent).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_at(
+    x: &mut [f32],
+    positions: &[u32],
+    row_width: usize,
+    (heads, stride, offset): (usize, usize, usize),
+    rope: usize,
+    theta: f32,
+) {
+    assert!(x.len() >= positions.len() * row_width);
+    for (row, &p) in x.chunks_exact_mut(row_width).zip(positions) {
+        for i in 0..rope / 2 {
+            let inv_freq = 1.0 / theta.powf((2 * i) as f32 / rope as f32);
+            let (sin, cos) = (p as f32 * inv_freq).sin_cos();
+            for h in 0..heads {
+                let at = h * stride + offset + 2 * i;
+                let (re, im) = (row[at], row[at + 1]);
+                row[at] = re * cos - im * sin;
+                row[at + 1] = re * sin + im * cos;
+            }
+        }
+    }
+}
+
+/// An element type a latent cache holds.
+pub trait CacheElem: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl CacheElem for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+}
+
+impl CacheElem for half::bf16 {
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> half::bf16 {
+        half::bf16::from_f32(x)
+    }
+}
+
+/// Stores each row of `ckv` (N, rank + rope: the normed latent and the rotated RoPE key) in its
+/// cache slot (block, slot) of a paged cache of `block` tokens per block.
+pub fn latent_write<T: CacheElem>(
+    cache: &mut [T],
+    ckv: &[f32],
+    slots: &[(u32, u32)],
+    block: usize,
+    width: usize,
+) {
+    for (row, &(b, s)) in ckv.chunks_exact(width).zip(slots) {
+        let at = (b as usize * block + s as usize) * width;
+        for (dst, &x) in cache[at..at + width].iter_mut().zip(row) {
+            *dst = T::from_f32(x);
+        }
+    }
+}
+
+/// One query row's sequence in a paged latent cache: its block table and the tokens it sees.
+#[derive(Clone, Copy, Debug)]
+pub struct LatentRow<'a> {
+    pub blocks: &'a [u32],
+    pub len: usize,
+}
+
+/// out (N, H·v) = each row's heads attending over its sequence's cached latents, the key/value
+/// expansion absorbed (DeepSeek's MLA decode): per head h, the query's nope part is mapped into
+/// the latent space by h's key rows of `w_kvb` (H·(nope + v), rank), scores are
+/// (q_lat · c + q_rope · k_rope) × `scale` with an online softmax, and the weighted latent is
+/// expanded by h's value rows. Equal to expanding every cached latent into keys and values.
+#[allow(clippy::too_many_arguments)]
+pub fn latent_attention<T: CacheElem>(
+    out: &mut [f32],
+    q: &[f32],
+    cache: &[T],
+    rows: &[LatentRow<'_>],
+    block: usize,
+    w_kvb: &[f32],
+    d: Dims,
+    scale: f32,
+) {
+    let (h, qk, r, width) = (d.heads, d.qk(), d.rank, d.rank + d.rope);
+    assert!(r <= MAX_RANK, "latent rank {r} > {MAX_RANK}");
+    assert!(out.len() >= rows.len() * h * d.v && q.len() >= rows.len() * h * qk);
+    let per_head = d.nope + d.v;
+    out[..rows.len() * h * d.v]
+        .par_chunks_mut(d.v)
+        .enumerate()
+        .for_each(|(task, o)| {
+            let (row, head) = (task / h, task % h);
+            let qh = &q[row * h * qk + head * qk..][..qk];
+            let (q_nope, q_rope) = qh.split_at(d.nope);
+            let w = &w_kvb[head * per_head * r..(head + 1) * per_head * r];
+            let mut q_lat = [0.0f32; MAX_RANK];
+            for (dn, &x) in q_nope.iter().enumerate() {
+                for (ql, &wv) in q_lat[..r].iter_mut().zip(&w[dn * r..(dn + 1) * r]) {
+                    *ql += x * wv;
+                }
+            }
+            let mut acc = [0.0f32; MAX_RANK];
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+            let seq = rows[row];
+            for j in 0..seq.len {
+                let slot = seq.blocks[j / block] as usize * block + j % block;
+                let e = &cache[slot * width..(slot + 1) * width];
+                let mut s = 0.0f32;
+                for (a, b) in q_lat[..r].iter().zip(&e[..r]) {
+                    s += a * b.to_f32();
+                }
+                for (a, b) in q_rope.iter().zip(&e[r..]) {
+                    s += a * b.to_f32();
+                }
+                let s = s * scale;
+                let m = max.max(s);
+                let (old, p) = ((max - m).exp(), (s - m).exp());
+                sum = sum * old + p;
+                for (a, b) in acc[..r].iter_mut().zip(&e[..r]) {
+                    *a = *a * old + p * b.to_f32();
+                }
+                max = m;
+            }
+            let wv = &w[d.nope * r..];
+            for (e, out) in o.iter_mut().enumerate() {
+                let row_w = &wv[e * r..(e + 1) * r];
+                let dot: f32 = row_w.iter().zip(&acc[..r]).map(|(a, b)| a * b).sum();
+                *out = dot / sum;
+            }
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +402,78 @@ mod tests {
             let col = i % D.qk();
             assert_eq!(b, if col < D.v { p } else { 0.0 });
         }
+    }
+
+    #[test]
+    fn absorbed_latent_attention_equals_attention_over_the_expanded_keys_and_values() {
+        let (n_seq, bs) = (6, 4);
+        let mut rng = Rng::new(11);
+        let mut f = |k: usize| -> Vec<f32> { rng.vec(k).into_iter().map(|v| v as f32).collect() };
+        let w = f(D.heads * (D.nope + D.v) * D.rank);
+        let latents = f(n_seq * (D.rank + D.rope));
+        let q = f(D.heads * D.qk());
+        // Blocks 1 then 0: a shuffled table.
+        let table = [1u32, 0];
+        let mut cache = vec![0.0f32; 2 * bs * (D.rank + D.rope)];
+        let slots: Vec<(u32, u32)> = (0..n_seq)
+            .map(|j| (table[j / bs], (j % bs) as u32))
+            .collect();
+        latent_write(&mut cache, &latents, &slots, bs, D.rank + D.rope);
+        let scale = 1.0 / (D.qk() as f32).sqrt();
+        let mut out = vec![0.0; D.heads * D.v];
+        let rows = [LatentRow {
+            blocks: &table,
+            len: n_seq,
+        }];
+        latent_attention(&mut out, &q, &cache, &rows, bs, &w, D, scale);
+        let per = D.nope + D.v;
+        for h in 0..D.heads {
+            let qh = &q[h * D.qk()..(h + 1) * D.qk()];
+            let expand = |j: usize, row: usize| -> f32 {
+                let c = &latents[j * (D.rank + D.rope)..][..D.rank];
+                (0..D.rank)
+                    .map(|i| w[(h * per + row) * D.rank + i] * c[i])
+                    .sum()
+            };
+            let scores: Vec<f32> = (0..n_seq)
+                .map(|j| {
+                    let kpe = &latents[j * (D.rank + D.rope) + D.rank..][..D.rope];
+                    let nope: f32 = (0..D.nope).map(|x| qh[x] * expand(j, x)).sum();
+                    let pe: f32 = (0..D.rope).map(|x| qh[D.nope + x] * kpe[x]).sum();
+                    (nope + pe) * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let p: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+            let z: f32 = p.iter().sum();
+            for e in 0..D.v {
+                let want: f32 = (0..n_seq).map(|j| p[j] / z * expand(j, D.nope + e)).sum();
+                let got = out[h * D.v + e];
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "head {h} value {e}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rope_at_a_row_position_equals_the_training_rope_at_that_position() {
+        let (t, w) = (5, D.row());
+        let mut rng = Rng::new(2);
+        let x: Vec<f32> = rng.vec(t * w).into_iter().map(|v| v as f32).collect();
+        let mut train = x.clone();
+        rope_interleaved(&mut train, (1, t), D, w, 500.0, false);
+        let mut at = x.clone();
+        let positions: Vec<u32> = (0..t as u32).collect();
+        rope_at(
+            &mut at,
+            &positions,
+            w,
+            (2 * D.heads, D.qk(), D.nope),
+            D.rope,
+            500.0,
+        );
+        assert_eq!(at, train);
     }
 }

@@ -326,7 +326,7 @@ mod tests {
             training_plan(&model, &s),
             Err(PlanError::Unsupported { .. })
         ));
-        let mla = presets::by_name("deepseek-v2-lite").unwrap();
+        let mla = presets::by_name("deepseek-v3").unwrap();
         assert!(training_plan(&mla, &setup(1, 64)).is_err());
     }
 

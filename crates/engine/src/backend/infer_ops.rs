@@ -85,3 +85,40 @@ pub struct PagedAttention<'a> {
     pub splits: usize,
     pub partials: Option<Tensor>,
 }
+
+/// Multi-head latent attention in an inference step: one layer's paged cache of latents
+/// (normed latent and rotated RoPE key per token, f32 or bf16) and its ops.
+#[derive(Clone, Copy, Debug)]
+pub enum LatentOp<'a> {
+    /// RoPE at each row's position on the `rope` columns after `offset` of `heads` heads
+    /// `stride` apart in rows `row_width` wide.
+    RopeAt {
+        x: Tensor,
+        positions: &'a [u32],
+        row_width: usize,
+        heads: usize,
+        stride: usize,
+        offset: usize,
+        rope: usize,
+        theta: f32,
+    },
+    /// Row r of `ckv` (N, rank + rope) into the cache at `slots[r]`.
+    Write {
+        cache: Tensor,
+        ckv: Tensor,
+        slots: &'a [(u32, u32)],
+        block: usize,
+    },
+    /// out (N, H·v) = each row's queries `q` (N, H·(nope + rope)) over its sequence's latents,
+    /// the key/value expansion `w_kvb` (fp32) absorbed.
+    Attention {
+        out: Tensor,
+        q: Tensor,
+        cache: Tensor,
+        rows: &'a [SeqRow<'a>],
+        block: usize,
+        w_kvb: Tensor,
+        dims: super::MlaDims,
+        scale: f32,
+    },
+}

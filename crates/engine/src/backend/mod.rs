@@ -130,6 +130,8 @@ pub trait Backend: Sized + Send + 'static {
     fn kv_write(&self, a: &Arena<Self>, op: &KvWrite);
     /// Attention of each row's queries over its sequence's cached tokens.
     fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention);
+    /// Latent attention's cache writes, RoPE at positions and absorbed attention.
+    fn latent(&self, a: &Arena<Self>, op: &LatentOp);
     /// Copies one KV block to another in every layer's cache (copy-on-write).
     fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize);
 

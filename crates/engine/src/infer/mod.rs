@@ -29,6 +29,7 @@
 //! ```
 
 pub mod file;
+mod mla_step;
 mod moe_step;
 pub mod pool;
 pub mod sample;
@@ -406,15 +407,21 @@ fn bind_cache<B: Backend>(
         KvFormat::Fp8 => DType::U8,
     };
     let s = &config.shape;
+    let k = arena.key_tensor(Key::KvK(layer), dtype);
     KvCache {
         format: setup.kv,
-        k: arena.key_tensor(Key::KvK(layer), dtype),
-        v: arena.key_tensor(Key::KvV(layer), dtype),
+        k,
+        // Latent attention caches one latent row per token (in `k`): no values.
+        v: arena.try_tensor(Key::KvV(layer), dtype).unwrap_or(k),
         k_scales: arena.try_tensor(Key::KvKScales(layer), DType::F32),
         v_scales: arena.try_tensor(Key::KvVScales(layer), DType::F32),
         n_heads: s.n_heads as usize,
-        n_kv_heads: s.n_kv_heads as usize,
-        head_dim: s.d_head as usize,
+        // A latent row per token: one "head" of latent + RoPE key.
+        n_kv_heads: s.mla.as_ref().map_or(s.n_kv_heads as usize, |_| 1),
+        head_dim: s
+            .mla
+            .as_ref()
+            .map_or(s.d_head, |m| m.kv_lora_rank + m.qk_rope_head_dim) as usize,
         block: setup.kv_block as usize,
     }
 }

@@ -235,41 +235,46 @@ impl<B: Backend> Server<B> {
                 residual,
                 ln,
             );
-            linear(
-                qkv,
-                ln,
-                w.matrix(Role::QkvWeight),
-                w.vector(Role::QkvBias),
-                n,
-            );
-            if self.design.positions == Positions::Rope {
-                let shape = RopeShape {
-                    batch: 1,
-                    seq: n,
-                    heads: nh + nkv,
-                    head_dim: hd,
-                    row_width: width,
-                    theta: self.config.rope_theta,
-                };
-                be.rope_at(a, qkv, positions, shape);
-            }
-            be.kv_write(a, &KvWrite { cache, qkv, slots });
-            be.paged_attention(
-                a,
-                &PagedAttention {
-                    out: atty,
+            if self.design.mla {
+                let io = (ln, atty, proj);
+                self.mla_attention(kind, w, cache.k, io, positions, slots, &seq_rows);
+            } else {
+                linear(
                     qkv,
-                    cache,
-                    rows: match (&windowed, s.window_of(l)) {
-                        (Some(w), Some(_)) => w,
-                        _ => &seq_rows,
+                    ln,
+                    w.matrix(Role::QkvWeight),
+                    w.vector(Role::QkvBias),
+                    n,
+                );
+                if self.design.positions == Positions::Rope {
+                    let shape = RopeShape {
+                        batch: 1,
+                        seq: n,
+                        heads: nh + nkv,
+                        head_dim: hd,
+                        row_width: width,
+                        theta: self.config.rope_theta,
+                    };
+                    be.rope_at(a, qkv, positions, shape);
+                }
+                be.kv_write(a, &KvWrite { cache, qkv, slots });
+                be.paged_attention(
+                    a,
+                    &PagedAttention {
+                        out: atty,
+                        qkv,
+                        cache,
+                        rows: match (&windowed, s.window_of(l)) {
+                            (Some(w), Some(_)) => w,
+                            _ => &seq_rows,
+                        },
+                        splits,
+                        partials,
                     },
-                    splits,
-                    partials,
-                },
-            );
-            let attn_proj = w.matrix(Role::AttnProjWeight);
-            linear(proj, atty, attn_proj, w.vector(Role::AttnProjBias), n);
+                );
+                let attn_proj = w.matrix(Role::AttnProjWeight);
+                linear(proj, atty, attn_proj, w.vector(Role::AttnProjBias), n);
+            }
             be.residual_add(a, residual.prefix(n * c), proj.prefix(n * c));
             norm(
                 w.vector(Role::Norm2Weight).expect("norm2"),

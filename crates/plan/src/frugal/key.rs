@@ -105,10 +105,14 @@ pub enum StepAct {
     Gates,
     MoeIn,
     MoeOut,
+    /// Latent attention: `kv_a_proj_with_mqa`'s rows (latent | RoPE key), and the query
+    /// bottleneck's (or the latent's, for its norm).
+    Latent,
+    QLatent,
 }
 
 impl StepAct {
-    pub const ALL: [StepAct; 17] = [
+    pub const ALL: [StepAct; 19] = [
         StepAct::Tokens,
         StepAct::Residual,
         StepAct::Ln,
@@ -126,6 +130,8 @@ impl StepAct {
         StepAct::Gates,
         StepAct::MoeIn,
         StepAct::MoeOut,
+        StepAct::Latent,
+        StepAct::QLatent,
     ];
 
     fn suffix(self) -> &'static str {
@@ -147,6 +153,8 @@ impl StepAct {
             StepAct::Gates => "gates",
             StepAct::MoeIn => "moe_in",
             StepAct::MoeOut => "moe_out",
+            StepAct::Latent => "latent",
+            StepAct::QLatent => "q_latent",
         }
     }
 }

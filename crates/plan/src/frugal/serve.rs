@@ -96,11 +96,17 @@ impl ServeSetup {
 
     /// KV bytes of one block over every layer (scales included).
     pub fn block_bytes(&self, model: &ModelShape) -> u64 {
-        2 * u64::from(model.n_layers) * self.layer_block_bytes(model)
+        // Keys and values, or latent attention's one latent row per token.
+        let parts = if model.mla.is_some() { 1 } else { 2 };
+        parts * u64::from(model.n_layers) * self.layer_block_bytes(model)
     }
 
     /// Bytes of one block of keys (or values) in one layer, scales included.
     fn layer_block_bytes(&self, model: &ModelShape) -> u64 {
+        if let Some(a) = &model.mla {
+            // The latent and the RoPE key, once per token (no values: `KvK` only).
+            return self.kv_block * (a.kv_lora_rank + a.qk_rope_head_dim) * self.kv.element_bytes();
+        }
         let per_token_head =
             model.d_head * self.kv.element_bytes() + if self.kv.has_scales() { 4 } else { 0 };
         self.kv_block * u64::from(model.n_kv_heads) * per_token_head
@@ -128,19 +134,25 @@ pub fn is_matrix(role: Role) -> bool {
             | Role::ExpertsProjWeight
             | Role::SharedFcWeight
             | Role::SharedProjWeight
+            | Role::MlaQ
+            | Role::MlaQa
+            | Role::MlaQb
+            | Role::MlaKva
     )
 }
 
 /// Checks `setup` against `model`, naming the field at fault.
 pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
     check_buildable(model)?;
-    if model.mla.is_some() {
-        return Err(PlanError::Unsupported {
-            runtime: "frugal",
-            what: "KV-cached serving of latent attention (generate with --kv-cache off, which \
-                   runs the training engine's forward)"
-                .into(),
-        });
+    if model.mla.is_some() && !matches!(setup.kv, KvFormat::F32 | KvFormat::Bf16) {
+        return Err(invalid(
+            "kv-dtype",
+            format!(
+                "{:?}: latent attention caches its latents in f32 or bf16 (--kv-dtype f32 or \
+                 bf16)",
+                setup.kv
+            ),
+        ));
     }
     let positive = [
         ("kv-block", setup.kv_block),
@@ -240,9 +252,19 @@ pub fn step_numel(
         model.d_ff
     };
     let widest = |x: u64| (rows * x).max(rows * k * f_e).max(rows * shared);
+    // Latent attention: queries alone in `qkv`, the latents apart, norms of the bottlenecks.
+    let mla = model.mla.as_ref();
+    let ranks = mla.map_or(0, |a| a.kv_lora_rank.max(a.q_lora_rank.unwrap_or(0)));
+    let qkv = mla.map_or(qkv, |a| {
+        u64::from(model.n_heads) * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    });
     Some(match t {
         StepAct::Tokens => rows,
-        StepAct::Residual | StepAct::Ln | StepAct::Proj => rows * c,
+        StepAct::Ln => rows * c.max(ranks),
+        StepAct::Residual | StepAct::Proj => rows * c,
+        StepAct::Latent | StepAct::QLatent if mla.is_none() => return None,
+        StepAct::Latent => rows * mla.map_or(0, |a| a.kv_lora_rank + a.qk_rope_head_dim),
+        StepAct::QLatent => rows * ranks,
         StepAct::Rstd => rows,
         StepAct::Mean => {
             if design.norm != family::Norm::LayerNorm {
@@ -267,7 +289,7 @@ pub fn step_numel(
         StepAct::MoeIn | StepAct::MoeOut => rows * k * c,
         StepAct::Logits => logit_rows * model.vocab,
         StepAct::Partials => {
-            if kind == StepKind::Prefill || setup.split_k <= 1 {
+            if kind == StepKind::Prefill || setup.split_k <= 1 || mla.is_some() {
                 return None;
             }
             rows * u64::from(model.n_kv_heads) * setup.split_k * group * (model.d_head + 2)
@@ -325,6 +347,9 @@ pub fn serve_plan(model: &ModelShape, setup: &ServeSetup) -> Result<MemoryPlan, 
         let kv = Category::KvCache;
         let held = Lifetime::Persistent;
         plan.push(Buffer::keyed(Key::KvK(l), kv, dev, layer - scales, held));
+        if model.mla.is_some() {
+            continue;
+        }
         plan.push(Buffer::keyed(Key::KvV(l), kv, dev, layer - scales, held));
         if scales > 0 {
             plan.push(Buffer::keyed(Key::KvKScales(l), kv, dev, scales, held));

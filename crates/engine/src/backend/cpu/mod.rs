@@ -129,6 +129,10 @@ impl Backend for Cpu {
         infer_ops::paged_attention(a, op)
     }
 
+    fn latent(&self, a: &Arena<Self>, op: &LatentOp) {
+        moe_ops::latent(a, op)
+    }
+
     fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize) {
         infer_ops::kv_copy_block(a, cache, from, to)
     }

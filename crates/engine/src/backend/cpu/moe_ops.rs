@@ -5,6 +5,7 @@
 
 use super::Cpu;
 use crate::arena::Arena;
+use crate::backend::infer_ops::LatentOp;
 use crate::backend::moe_ops::{MlaOp, MoeOp};
 use crate::backend::DType;
 use half::bf16;
@@ -180,6 +181,74 @@ pub fn mla(a: &Arena<Cpu>, op: &MlaOp) {
         } => {
             let mut l = a.view_mut::<f32>(latent);
             mla::latent(&mut l, &mut a.view_mut::<f32>(ckv), n, dims, back);
+        }
+    }
+}
+
+pub fn latent(a: &Arena<Cpu>, op: &LatentOp) {
+    match *op {
+        LatentOp::RopeAt {
+            x,
+            positions,
+            row_width,
+            heads,
+            stride,
+            offset,
+            rope,
+            theta,
+        } => {
+            let mut x = a.view_mut::<f32>(x);
+            let layout = (heads, stride, offset);
+            mla::rope_at(&mut x, positions, row_width, layout, rope, theta);
+        }
+        LatentOp::Write {
+            cache,
+            ckv,
+            slots,
+            block,
+        } => {
+            let rows = a.view::<f32>(ckv);
+            let width = rows.len() / slots.len().max(1);
+            match cache.dtype {
+                DType::Bf16 => {
+                    let mut c = a.view_mut::<bf16>(cache);
+                    mla::latent_write(&mut c, &rows, slots, block, width);
+                }
+                _ => {
+                    let mut c = a.view_mut::<f32>(cache);
+                    mla::latent_write(&mut c, &rows, slots, block, width);
+                }
+            }
+        }
+        LatentOp::Attention {
+            out,
+            q,
+            cache,
+            rows,
+            block,
+            w_kvb,
+            dims,
+            scale,
+        } => {
+            let (q, w) = (a.view::<f32>(q), a.view::<f32>(w_kvb));
+            let seqs: Vec<mla::LatentRow> = rows
+                .iter()
+                .map(|r| mla::LatentRow {
+                    blocks: r.blocks,
+                    len: r.len,
+                })
+                .collect();
+            let mut o = a.view_mut::<f32>(out);
+            match cache.dtype {
+                DType::Bf16 => {
+                    let c = a.view::<bf16>(cache);
+                    mla::latent_attention(&mut o, &q, &c, &seqs, block, &w, dims, scale);
+                }
+                _ => {
+                    let c = a.view::<f32>(cache);
+                    mla::latent_attention(&mut o, &q, &c, &seqs, block, &w, dims, scale);
+                }
+            }
         }
     }
 }
