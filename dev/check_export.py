@@ -1,7 +1,8 @@
 """Checks that `frugal export` turns a training snapshot into a folder HF transformers loads, with
 the same logits frugal computes.
 
-For GPT-2 and Llama blocks (gpt2-tiny, llama-tiny): trains a few steps on 2 ranks with
+For GPT-2, Llama, Mixtral and DeepSeek-V2 blocks (gpt2-tiny, llama-tiny, mixtral-tiny, deepseek-tiny):
+trains a few steps on 2 ranks with
 `--save-every`, so the snapshot holds two optimizer/weight shards; `frugal export SNAPSHOT --hf OUT
 --logits REF` rebuilds the model from those shards, writes config.json + model.safetensors and
 frugal's own logits on a prompt; this script loads OUT with AutoModelForCausalLM.from_pretrained,
@@ -65,7 +66,8 @@ def main():
         corpus = open(path, encoding="utf-8").read()
         with open(os.path.join(workdir, "text.txt"), "w", encoding="utf-8") as f:
             f.write(corpus[:60000])
-        results = [check(a.frugal, m, a.steps, workdir) for m in ("gpt2-tiny", "llama-tiny")]
+        models = ("gpt2-tiny", "llama-tiny", "mixtral-tiny", "deepseek-tiny")
+        results = [check(a.frugal, m, a.steps, workdir) for m in models]
     sys.exit(0 if all(results) else 1)
 
 
