@@ -26,8 +26,8 @@ pub struct ModelConfig {
     pub routing: kernels::moe::Routing,
 }
 
-/// The balance loss's weight for a mixture-of-experts preset (Mixtral-8x7B's
-/// `router_aux_loss_coef`): a model trained from scratch needs it, or its router collapses.
+/// The balance loss's weight for a Mixtral preset (Mixtral-8x7B's `router_aux_loss_coef`): a
+/// model trained from scratch needs it, or its router collapses.
 pub const PRESET_AUX_COEF: f32 = 0.02;
 
 impl ModelConfig {
@@ -37,11 +37,7 @@ impl ModelConfig {
             source_name: shape.name.clone(),
             reason: e.to_string(),
         })?;
-        let router_aux_coef = if shape.moe.is_some() {
-            PRESET_AUX_COEF
-        } else {
-            0.0
-        };
+        let router_aux_coef = family::of(shape.family).preset_aux_coef();
         let routing = family::of(shape.family).default_routing();
         Ok(ModelConfig {
             shape,

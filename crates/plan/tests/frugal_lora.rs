@@ -50,3 +50,35 @@ fn qlora_7b_plans_the_measured_peak_with_state_for_the_adapters_only() {
         "{saved} vs {most}"
     );
 }
+
+#[test]
+fn lora_over_experts_or_latent_attention_is_refused_with_the_alternative() {
+    let lora = Lora {
+        rank: 8,
+        targets: vec!["all-linear".into()],
+        base: Dtype::Bf16,
+        double_quant: false,
+        dropout: 0.0,
+    };
+    for name in ["mixtral-tiny", "deepseek-tiny"] {
+        let mut model = plan::presets::by_name(name).unwrap();
+        let setup = TrainSetup {
+            precision: Precision::Fp32,
+            lora: Some(lora.clone()),
+            ..TrainSetup::new(1, 64)
+        };
+        let err = plan::frugal::training_plan(&model, &setup).unwrap_err();
+        assert!(
+            err.to_string().contains("train the full model"),
+            "{name}: {err}"
+        );
+        // A DeepSeek model without routed experts still has latent attention: refused too.
+        model.moe = None;
+        if model.mla.is_some() {
+            assert!(
+                plan::frugal::training_plan(&model, &setup).is_err(),
+                "{name} dense"
+            );
+        }
+    }
+}

@@ -140,6 +140,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn presets_train_without_a_balance_loss_and_the_kernel_limit_matches_the_plan() {
+        let shape = plan::presets::by_name("deepseek-tiny").unwrap();
+        let config = ModelConfig::from_shape(shape).unwrap();
+        assert_eq!(
+            config.router_aux_coef, 0.0,
+            "HF 5 adds no auxiliary loss to DeepSeek"
+        );
+        let mixtral = plan::presets::by_name("mixtral-tiny").unwrap();
+        let config = ModelConfig::from_shape(mixtral).unwrap();
+        assert_eq!(config.router_aux_coef, crate::config::PRESET_AUX_COEF);
+        let limit = plan::frugal::serve::MAX_LATENT_RANK;
+        assert_eq!(kernels::mla::MAX_RANK as u64, limit);
+    }
+
+    #[test]
     fn routing_reads_the_scaling_and_the_groups_and_refuses_ambiguity() {
         let obj = |v: Value| v.as_object().unwrap().clone();
         let r = routing(&obj(json!({"routed_scaling_factor": 16.0}))).unwrap();

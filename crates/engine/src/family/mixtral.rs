@@ -52,6 +52,10 @@ impl Family for Mixtral {
         })
     }
 
+    fn preset_aux_coef(&self) -> f32 {
+        crate::config::PRESET_AUX_COEF
+    }
+
     fn to_hf(&self, config: &ModelConfig) -> Value {
         let s = &config.shape;
         let moe = s.moe.as_ref().expect("a Mixtral shape has experts");

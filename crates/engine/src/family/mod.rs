@@ -40,6 +40,10 @@ pub trait Family: Sync {
     fn default_routing(&self) -> Routing {
         Routing::RENORMALISED
     }
+    /// The load-balancing loss's weight for a preset (0: none).
+    fn preset_aux_coef(&self) -> f32 {
+        0.0
+    }
 }
 
 const FAMILIES: [&dyn Family; 5] = [

@@ -248,10 +248,12 @@ pub fn adapter_units(model: &ModelShape, lora: &Lora, world: u32) -> Result<Vec<
 
 /// Checks a LoRA setup against the model: some linear is adapted, the rank is positive.
 pub fn check(model: &ModelShape, lora: &Lora) -> Result<(), PlanError> {
-    if model.moe.is_some() {
+    if model.moe.is_some() || model.mla.is_some() {
         return Err(PlanError::Unsupported {
             runtime: "frugal",
-            what: "LoRA over mixture-of-experts layers (train the full model instead)".into(),
+            what: "LoRA over mixture-of-experts or latent-attention layers (train the full model \
+                   instead)"
+                .into(),
         });
     }
     crate::lora::check_targets(model, &lora.targets)?;

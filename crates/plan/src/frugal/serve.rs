@@ -120,6 +120,9 @@ fn invalid(field: &str, reason: String) -> PlanError {
     }
 }
 
+/// The largest latent rank the server's latent attention takes (`kernels::mla::MAX_RANK`).
+pub const MAX_LATENT_RANK: u64 = 1024;
+
 /// Whether a unit's view is stored in the weight format (a matrix) or in fp32 (a vector).
 pub fn is_matrix(role: Role) -> bool {
     matches!(
@@ -144,6 +147,20 @@ pub fn is_matrix(role: Role) -> bool {
 /// Checks `setup` against `model`, naming the field at fault.
 pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanError> {
     check_buildable(model)?;
+    if let Some(a) = model
+        .mla
+        .as_ref()
+        .filter(|a| a.kv_lora_rank > MAX_LATENT_RANK)
+    {
+        return Err(invalid(
+            "kv_lora_rank",
+            format!(
+                "{}: the cached latent attention takes ranks up to {MAX_LATENT_RANK} (generate \
+                 with --kv-cache off)",
+                a.kv_lora_rank
+            ),
+        ));
+    }
     if model.mla.is_some() && !matches!(setup.kv, KvFormat::F32 | KvFormat::Bf16) {
         return Err(invalid(
             "kv-dtype",

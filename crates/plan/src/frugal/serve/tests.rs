@@ -138,3 +138,24 @@ fn impossible_setups_name_their_field() {
     let e = serve_plan(&odd, &q).unwrap_err().to_string();
     assert!(e.contains("weight-group") && e.contains("96"), "{e}");
 }
+
+#[test]
+fn latent_attention_caches_one_latent_row_per_token_and_refuses_what_it_cannot_hold() {
+    let m = presets::by_name("deepseek-v2-lite").unwrap();
+    let s = ServeSetup::generation(&m, 1, 4096, WeightFormat::Bf16, KvFormat::Bf16, 16, 1);
+    // 27 layers × (512 latent + 64 RoPE key) bf16 values per token: no values, no heads.
+    assert_eq!(s.block_bytes(&m) / 16, 27 * 576 * 2);
+    let plan = serve_plan(&m, &s).unwrap();
+    let kv = plan.category_peaks(Device::Gpu)[Category::KvCache as usize];
+    assert_eq!(kv, s.kv_blocks * s.block_bytes(&m));
+    let int8 = ServeSetup::generation(&m, 1, 4096, WeightFormat::Bf16, KvFormat::Int8, 16, 1);
+    let err = serve_plan(&m, &int8).unwrap_err().to_string();
+    assert!(err.contains("kv-dtype"), "{err}");
+    let mut wide = m.clone();
+    wide.mla.as_mut().unwrap().kv_lora_rank = 2048;
+    let err = serve_plan(&wide, &s).unwrap_err().to_string();
+    assert!(
+        err.contains("kv_lora_rank") && err.contains("1024"),
+        "{err}"
+    );
+}
