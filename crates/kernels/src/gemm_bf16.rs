@@ -2,8 +2,10 @@
 //! with K contiguous (activations times an `nn.Linear` weight), for `--precision bf16`.
 //!
 //! Two paths, chosen at run time: AVX-512 BF16 (`vdpbf16ps`: 32 bf16 products summed pairwise
-//! into 16 f32 lanes per instruction) in 4×4 register blocks when the CPU has it, and a portable
-//! path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot products. Work is split over
+//! into 16 f32 lanes per instruction) when the CPU has it — a register-tiled kernel over `b`
+//! packed into 16-column panels of K pairs (`packed`) from 64 rows of `a` on, 4×4 dot-product
+//! tiles below — and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot
+//! products. Work is split over
 //! rayon in blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
 //! [`reference`] is the plain loop both are tested against. Backward GEMMs whose reduction axis
 //! is not contiguous need a transposed copy first ([`transpose`]).
@@ -80,6 +82,11 @@ pub fn gemm_nt_on(
         return;
     }
     let add = matches!(accum, Accum::Add);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
+        // SAFETY: Avx512Bf16 was checked against the running CPU above.
+        return unsafe { packed::gemm(out, a, b, (m, n, k), add) };
+    }
     out.par_chunks_mut(MB * n).enumerate().for_each(|(blk, o)| {
         let rows = o.len() / n;
         let a_blk = &a[blk * MB * k..][..rows * k];
@@ -199,6 +206,9 @@ fn portable_tile(o: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod packed;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
