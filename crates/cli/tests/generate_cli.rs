@@ -368,3 +368,79 @@ fn a_sharded_checkpoint_loads_as_its_single_file_does() {
     };
     assert_eq!(first(&model), first(&sharded));
 }
+
+#[test]
+fn mixtures_of_experts_and_latent_attention_generate_with_their_caches_as_planned() {
+    for family in ["mixtral-tiny", "deepseek-tiny"] {
+        let dir = temp_dir("generate", family);
+        let data = small_text("generate-moe", "data", 30_000);
+        let out = dir.join("run").display().to_string();
+        let train = [
+            "train",
+            "--model",
+            family,
+            "--batch",
+            "2",
+            "--seq",
+            "32",
+            "--steps",
+            "3",
+            "--val-batches",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--data",
+            &data,
+            "--out",
+            &out,
+        ];
+        let r = frugal(&train);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let gen = |model: &str, extra: &[&str]| {
+            let mut a = vec!["generate", "--model", model, "--prompt", "ROMEO:"];
+            a.extend(["--max-new-tokens", "12", "--json"]);
+            a.extend_from_slice(extra);
+            json(&frugal(&a))
+        };
+        let cached = gen(&out, &[]);
+        assert_eq!(
+            tokens(&cached),
+            tokens(&gen(&out, &["--kv-cache", "off"])),
+            "{family}"
+        );
+        assert_eq!(cached["planned"], cached["measured"], "{family}");
+        // Experts and latent projections quantized, saved and reloaded: the same tokens.
+        let q = dir.join("q").display().to_string();
+        let int8 = gen(&out, &["--weights", "int8", "--save-quantized", &q]);
+        assert_eq!(
+            tokens(&int8),
+            tokens(&gen(&q, &[])),
+            "{family} int8 reloaded"
+        );
+        let config = Path::new(&out).join("config.json").display().to_string();
+        let seq = (cached["prompt_tokens"].as_u64().unwrap() + 12).to_string();
+        let plan = json(&frugal(&[
+            "plan",
+            "--model",
+            &config,
+            "--infer",
+            "--runtime",
+            "frugal",
+            "--weights",
+            "f32",
+            "--kv-dtype",
+            "f32",
+            "--batch",
+            "1",
+            "--seq",
+            &seq,
+            "--kv-block",
+            "16",
+            "--json",
+        ]));
+        assert_eq!(
+            plan["per_device"]["peak_bytes"], cached["measured"]["peak_bytes"],
+            "{family}"
+        );
+    }
+}
