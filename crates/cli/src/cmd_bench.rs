@@ -4,7 +4,8 @@
 //!
 //! FLOPs per token follow the PaLM/nanoGPT convention: 6·N for the matmuls of forward and
 //! backward (N = parameters except the position table; a tied token embedding counts once, as the
-//! classifier), plus 12·L·(NH·HD)·T for attention scores and their weighted sum. Random token ids
+//! classifier; a mixture of experts counts its active experts only), plus 12·L·(NH·HD)·T for
+//! attention scores and their weighted sum (latent attention: 6·L·NH·T·(qk + v)). Random token ids
 //! are used: throughput does not depend on the text.
 //!
 //! `--precision bf16|fp16` times the mixed-precision step `frugal train --precision` runs (2-byte
@@ -137,7 +138,14 @@ pub fn flops_per_token(model: &ModelConfig, seq: u64) -> f64 {
     if s.family == Family::Gpt2 {
         n -= s.max_positions * s.d_model;
     }
-    let attn = 12 * u64::from(s.n_layers) * u64::from(s.n_heads) * s.d_head * seq;
+    // A mixture of experts multiplies only by its active experts.
+    n -= s.param_count() - s.active_param_count();
+    // Scores over the query/key width, the weighted sum over the value width (MLA: nope + rope
+    // and v; otherwise both the head size): 6·L·NH·T·(dk + dv) = 12·L·NH·HD·T.
+    let (dk, dv) = s.mla.as_ref().map_or((s.d_head, s.d_head), |a| {
+        (a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim)
+    });
+    let attn = 6 * u64::from(s.n_layers) * u64::from(s.n_heads) * (dk + dv) * seq;
     6.0 * n as f64 + attn as f64
 }
 
