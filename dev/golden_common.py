@@ -38,24 +38,37 @@ def loss_of(model, tokens, targets):
     return logits, loss
 
 
-def write(model, config_json, path, seed):
+def write(model, config_json, path, seed, rename=None, objective=None, prepare=None):
+    """Writes the golden file of `model`. Hooks for families whose tensors or objective differ:
+    `rename(named)` maps in-memory tensors to the names save_pretrained writes; `objective(model,
+    tokens, targets)` returns (logits, reported loss, loss to differentiate, metadata); `prepare`
+    runs on the model after the perturbation (before the weights are recorded)."""
+    rename = rename or (lambda named: dict(named))
+
+    def plain(m, x, y):
+        logits, loss = loss_of(m, x, y)
+        return logits, loss, loss, {}
+
+    objective = objective or plain
     torch.manual_seed(seed)
     vocab = model.config.vocab_size
     tokens = torch.randint(0, vocab, (BATCH, SEQ))
     targets = torch.randint(0, vocab, (BATCH, SEQ))
     perturb(model, seed + 1)
+    if prepare:
+        prepare(model)
     named = dict(model.named_parameters())
     out = {"input.tokens": tokens.to(torch.int32), "input.targets": targets.to(torch.int32)}
-    for name, p in named.items():
-        out["weights." + name] = p.detach().clone()
+    for name, t in rename({n: p.detach() for n, p in named.items()}).items():
+        out["weights." + name] = t.clone()
 
-    logits, loss = loss_of(model, tokens, targets)
-    loss.backward()
+    logits, loss, total, extra = objective(model, tokens, targets)
+    total.backward()
     out["logits"] = logits.detach().clone()
     out["loss"] = loss.detach().reshape(1)
     first_loss = loss.item()
-    for name, p in named.items():
-        out["grad." + name] = p.grad.detach().clone()
+    for name, t in rename({n: p.grad.detach() for n, p in named.items()}).items():
+        out["grad." + name] = t.clone()
     model.zero_grad()
 
     decay = [p for p in named.values() if p.dim() >= 2]
@@ -67,11 +80,11 @@ def write(model, config_json, path, seed):
     trajectory = []
     for _ in range(STEPS):
         opt.zero_grad()
-        _, loss = loss_of(model, tokens, targets)
-        loss.backward()
+        _, step_loss, step_total, _ = objective(model, tokens, targets)
+        step_total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
-        trajectory.append(loss.item())
+        trajectory.append(step_loss.item())
     out["trajectory"] = torch.tensor(trajectory)
 
     meta = {
@@ -82,6 +95,7 @@ def write(model, config_json, path, seed):
         "seq": str(SEQ),
         "optimizer": json.dumps({"lr": LR, "betas": BETAS, "eps": EPS,
                                  "weight_decay": WEIGHT_DECAY, "clip": CLIP}),
+        **extra,
     }
     save_file({k: v.contiguous() for k, v in out.items()}, path, metadata=meta)
     print(f"wrote {path}: loss {first_loss:.6f}, trajectory {trajectory[0]:.4f} -> {trajectory[-1]:.4f}")

@@ -17,8 +17,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import save_file
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -63,55 +61,18 @@ def write(name, config, seed):
     torch.manual_seed(seed)
     model = DeepseekV2ForCausalLM(DeepseekV2Config(**config, attn_implementation="eager")).float()
     model.train()
-    torch.manual_seed(seed)
-    vocab = config["vocab_size"]
-    tokens = torch.randint(0, vocab, (gc.BATCH, gc.SEQ))
-    targets = torch.randint(0, vocab, (gc.BATCH, gc.SEQ))
-    # HF starts the router at zero (every expert ties): the perturbation breaks the ties.
-    gc.perturb(model, seed + 1)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            gate = getattr(layer.mlp, "gate", None)
-            if gate is not None:
-                gate.weight.normal_(0.0, 0.5)
-    named = dict(model.named_parameters())
+
+    def route(m):
+        # HF starts the router at zero (every expert ties): random weights break the ties.
+        with torch.no_grad():
+            for layer in m.model.layers:
+                gate = getattr(layer.mlp, "gate", None)
+                if gate is not None:
+                    gate.weight.normal_(0.0, 0.5)
+
     f = config["moe_intermediate_size"]
-    out = {"input.tokens": tokens.to(torch.int32), "input.targets": targets.to(torch.int32)}
-    for n, t in on_disk({n: p.detach() for n, p in named.items()}, f).items():
-        out["weights." + n] = t
-    logits, loss = gc.loss_of(model, tokens, targets)
-    loss.backward()
-    out["logits"] = logits.detach().clone()
-    out["loss"] = loss.detach().reshape(1)
-    for n, t in on_disk({n: p.grad.detach() for n, p in named.items()}, f).items():
-        out["grad." + n] = t
-    model.zero_grad()
-    decay = [p for p in named.values() if p.dim() >= 2]
-    no_decay = [p for p in named.values() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": gc.WEIGHT_DECAY},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=gc.LR, betas=gc.BETAS, eps=gc.EPS,
-    )
-    trajectory = []
-    for _ in range(gc.STEPS):
-        opt.zero_grad()
-        _, step = gc.loss_of(model, tokens, targets)
-        step.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), gc.CLIP)
-        opt.step()
-        trajectory.append(step.item())
-    out["trajectory"] = torch.tensor(trajectory)
-    meta = {
-        "magic": gc.MAGIC, "version": gc.VERSION, "config": json.dumps(config),
-        "batch": str(gc.BATCH), "seq": str(gc.SEQ),
-        "optimizer": json.dumps({"lr": gc.LR, "betas": gc.BETAS, "eps": gc.EPS,
-                                 "weight_decay": gc.WEIGHT_DECAY, "clip": gc.CLIP}),
-    }
     path = f"crates/engine/tests/data/{name}.safetensors"
-    save_file({k: v.contiguous() for k, v in out.items()}, path, metadata=meta)
-    print(f"wrote {path}: loss {loss.item():.6f}, trajectory {trajectory[0]:.4f} -> "
-          f"{trajectory[-1]:.4f}")
+    gc.write(model, json.dumps(config), path, seed, rename=lambda t: on_disk(t, f), prepare=route)
 
 
 if __name__ == "__main__":

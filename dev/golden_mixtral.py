@@ -17,7 +17,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from transformers import MixtralConfig, MixtralForCausalLM
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
@@ -60,54 +59,12 @@ def objective(model, tokens, targets):
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     aux = load_balancing_loss_func(out.router_logits, CONFIG["num_local_experts"],
                                    CONFIG["num_experts_per_tok"])
-    return logits, ce, aux, ce + CONFIG["router_aux_loss_coef"] * aux
+    total = ce + CONFIG["router_aux_loss_coef"] * aux
+    return logits, ce, total, {"balance_loss": repr(aux.item())}
 
 
 if __name__ == "__main__":
     seed = 45
     torch.manual_seed(seed)
     model = MixtralForCausalLM(MixtralConfig(**CONFIG, attn_implementation="eager")).float().train()
-    torch.manual_seed(seed)
-    vocab = CONFIG["vocab_size"]
-    tokens = torch.randint(0, vocab, (gc.BATCH, gc.SEQ))
-    targets = torch.randint(0, vocab, (gc.BATCH, gc.SEQ))
-    gc.perturb(model, seed + 1)
-    named = dict(model.named_parameters())
-    out = {"input.tokens": tokens.to(torch.int32), "input.targets": targets.to(torch.int32)}
-    for name, t in on_disk({n: p.detach() for n, p in named.items()}).items():
-        out["weights." + name] = t
-
-    logits, ce, aux, total = objective(model, tokens, targets)
-    total.backward()
-    out["logits"] = logits.detach().clone()
-    out["loss"] = ce.detach().reshape(1)
-    for name, t in on_disk({n: p.grad.detach() for n, p in named.items()}).items():
-        out["grad." + name] = t
-    model.zero_grad()
-
-    decay = [p for p in named.values() if p.dim() >= 2]
-    no_decay = [p for p in named.values() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": gc.WEIGHT_DECAY},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=gc.LR, betas=gc.BETAS, eps=gc.EPS,
-    )
-    trajectory = []
-    for _ in range(gc.STEPS):
-        opt.zero_grad()
-        _, step_ce, _, step_total = objective(model, tokens, targets)
-        step_total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), gc.CLIP)
-        opt.step()
-        trajectory.append(step_ce.item())
-    out["trajectory"] = torch.tensor(trajectory)
-    meta = {
-        "magic": gc.MAGIC, "version": gc.VERSION, "config": json.dumps(CONFIG),
-        "batch": str(gc.BATCH), "seq": str(gc.SEQ),
-        "optimizer": json.dumps({"lr": gc.LR, "betas": gc.BETAS, "eps": gc.EPS,
-                                 "weight_decay": gc.WEIGHT_DECAY, "clip": gc.CLIP}),
-        "balance_loss": repr(aux.item()),
-    }
-    save_file({k: v.contiguous() for k, v in out.items()}, PATH, metadata=meta)
-    print(f"wrote {PATH}: loss {ce.item():.6f}, balance loss {aux.item():.6f}, "
-          f"trajectory {trajectory[0]:.4f} -> {trajectory[-1]:.4f}")
+    gc.write(model, json.dumps(CONFIG), PATH, seed, rename=on_disk, objective=objective)

@@ -10,13 +10,18 @@ use common::{fails_with, frugal, json, small_text, temp_dir};
 use std::path::Path;
 
 fn train_tiny(dir: &Path, group: &str) -> String {
+    train(dir, group, "gpt2-tiny")
+}
+
+/// Trains `model` 3 steps of 2 × 32 tokens on a small text into `dir/run`.
+fn train(dir: &Path, group: &str, model: &str) -> String {
     let data = small_text(group, "data", 30_000);
     let out = dir.join("run");
     let out_s = out.display().to_string();
     let args = [
         "train",
         "--model",
-        "gpt2-tiny",
+        model,
         "--batch",
         "2",
         "--seq",
@@ -373,29 +378,7 @@ fn a_sharded_checkpoint_loads_as_its_single_file_does() {
 fn mixtures_of_experts_and_latent_attention_generate_with_their_caches_as_planned() {
     for family in ["mixtral-tiny", "deepseek-tiny"] {
         let dir = temp_dir("generate", family);
-        let data = small_text("generate-moe", "data", 30_000);
-        let out = dir.join("run").display().to_string();
-        let train = [
-            "train",
-            "--model",
-            family,
-            "--batch",
-            "2",
-            "--seq",
-            "32",
-            "--steps",
-            "3",
-            "--val-batches",
-            "1",
-            "--sample-tokens",
-            "0",
-            "--data",
-            &data,
-            "--out",
-            &out,
-        ];
-        let r = frugal(&train);
-        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let out = train(&dir, "generate-moe", family);
         let gen = |model: &str, extra: &[&str]| {
             let mut a = vec!["generate", "--model", model, "--prompt", "ROMEO:"];
             a.extend(["--max-new-tokens", "12", "--json"]);

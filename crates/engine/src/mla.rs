@@ -23,14 +23,18 @@ use plan::frugal::units::Role;
 
 fn dims(d: &BlockDims) -> (plan::frugal::acts::MlaDims, MlaDims) {
     let a = d.mla.expect("a latent-attention block");
-    let k = MlaDims {
+    (a, kernel_dims(a))
+}
+
+/// The kernels' view of a layer's latent-attention sizes.
+pub(crate) fn kernel_dims(a: plan::frugal::acts::MlaDims) -> MlaDims {
+    MlaDims {
         heads: a.heads as usize,
         nope: a.nope as usize,
         rope: a.rope as usize,
         v: a.v as usize,
         rank: a.kv_rank as usize,
-    };
-    (a, k)
+    }
 }
 
 fn work(model: &Model) -> MlaWork {

@@ -10,7 +10,7 @@
 
 use super::{step_tensor, Server, UnitWeights};
 use crate::backend::ops::{NormKind, NormOp};
-use crate::backend::{Backend, LatentOp, MlaDims, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
+use crate::backend::{Backend, LatentOp, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
 use crate::family::deepseek::LATENT_NORM_EPS;
 use plan::frugal::units::Role;
 use plan::frugal::{StepAct, StepKind};
@@ -34,13 +34,9 @@ impl<B: Backend> Server<B> {
         let m = s.mla.as_ref().expect("latent attention");
         let n = positions.len();
         let c = s.d_model as usize;
-        let d = MlaDims {
-            heads: s.n_heads as usize,
-            nope: m.qk_nope_head_dim as usize,
-            rope: m.qk_rope_head_dim as usize,
-            v: m.v_head_dim as usize,
-            rank: m.kv_lora_rank as usize,
-        };
+        let shape = plan::frugal::ActShape { batch: 1, seq: 1 };
+        let layer = plan::frugal::acts::BlockDims::layer(s, shape, 0);
+        let d = crate::mla::kernel_dims(layer.mla.expect("latent attention"));
         let (hq, width) = (d.heads * d.qk(), d.rank + d.rope);
         let get = |t| step_tensor(a, kind, t).expect("a latent-attention step tensor");
         let (q, ckv, tmp) = (

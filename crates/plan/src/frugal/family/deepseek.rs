@@ -12,6 +12,7 @@
 //!
 //! Example: block 1's `Role::MlaKva` is `model.layers.1.self_attn.kv_a_proj_with_mqa.weight`.
 
+use super::llama::Llama;
 use super::{Arch, BlockDesign, Mlp, Norm, Positions};
 use crate::frugal::units::{Role, UnitBuilder};
 use crate::{ModelShape, PlanError};
@@ -72,13 +73,7 @@ impl Arch for Deepseek {
     }
 
     fn embed(&self, m: &ModelShape, u: &mut UnitBuilder) {
-        let shape = [m.vocab, m.d_model];
-        u.one(
-            Role::TokenEmbedding,
-            &shape,
-            "model.embed_tokens.weight",
-            false,
-        );
+        Llama.embed(m, u)
     }
 
     fn block(&self, m: &ModelShape, layer: u32, u: &mut UnitBuilder) {
@@ -160,14 +155,6 @@ impl Arch for Deepseek {
     }
 
     fn head(&self, m: &ModelShape, u: &mut UnitBuilder) {
-        u.one(
-            Role::FinalNormWeight,
-            &[m.d_model],
-            "model.norm.weight",
-            false,
-        );
-        if !m.tied_embeddings {
-            u.one(Role::LmHead, &[m.vocab, m.d_model], "lm_head.weight", false);
-        }
+        Llama.head(m, u)
     }
 }
