@@ -50,8 +50,9 @@ pub const DEFAULT_MODEL: &str = "gpt2-mini";
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// Model: a preset (gpt2-mini, gpt2-tiny, llama-tiny, gpt2-124m, ...), an HF config.json, or
-    /// a folder with config.json (and model.safetensors, to continue from its weights).
+    /// Model: a preset (gpt2-mini, gpt2-tiny, llama-tiny, mixtral-tiny, deepseek-tiny, gpt2-124m,
+    /// ...), an HF config.json, or a folder with config.json (and model.safetensors, to continue
+    /// from its weights).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Optimizer steps.

@@ -44,7 +44,7 @@ enum Command {
     )]
     Fit(cmd_fit::Args),
     #[command(
-        about = "Train a GPT-2 or Llama-style model on CPU ranks, with memory measured against the plan."
+        about = "Train a GPT-2, Llama, Qwen2, Mistral, Mixtral or DeepSeek-V2 model on CPU ranks, with memory measured against the plan."
     )]
     Train(cmd_train::Args),
     #[command(about = "Benchmarks: speed and memory against a baseline measured in the same run.")]
