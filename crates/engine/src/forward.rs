@@ -6,7 +6,8 @@
 //! `seq` ≤ planned sequence: sampling runs one row of a growing prefix), so every tensor is cut
 //! to the pass's length. A block is a fixed sequence of steps (norm1, qkv (+ RoPE), attention
 //! core, projection, norm2, fc, activation, fc projection), whatever the family: the design
-//! says which norm, positions and MLP activation. Attention is materialised (`att`, B·NH·T·T) or
+//! says which norm, positions and MLP activation; latent attention (`mla`) builds the q|k|v rows
+//! its own way and a mixture of experts (`moe`) replaces fc..fc projection. Attention is materialised (`att`, B·NH·T·T) or
 //! flash (`lse`, B·NH·T), as the plan chose. Recompute (see `recompute`) reruns all or some of
 //! the steps into the buffers the backward reads, with the same ops, so the values are
 //! bit-identical. Under bf16 a step that produces a bf16 tensor writes f32 into `work.f32` and
