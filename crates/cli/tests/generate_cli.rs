@@ -42,6 +42,32 @@ fn train(dir: &Path, group: &str, model: &str) -> String {
     out_s
 }
 
+/// `frugal plan --infer --runtime frugal --json` for the f32 server `generate` ran on `model`
+/// (its prompt and `new` tokens, KV blocks of 16).
+fn planned_serve(model: &str, generated: &serde_json::Value, new: u64) -> serde_json::Value {
+    let config = Path::new(model).join("config.json").display().to_string();
+    let seq = (generated["prompt_tokens"].as_u64().unwrap() + new).to_string();
+    json(&frugal(&[
+        "plan",
+        "--model",
+        &config,
+        "--infer",
+        "--runtime",
+        "frugal",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+        "--batch",
+        "1",
+        "--seq",
+        &seq,
+        "--kv-block",
+        "16",
+        "--json",
+    ]))
+}
+
 fn tokens(v: &serde_json::Value) -> Vec<u64> {
     v["tokens"]
         .as_array()
@@ -108,27 +134,7 @@ fn a_trained_model_generates_with_its_cache_what_the_reference_recomputes() {
     assert_eq!(tokens(&spec), tokens(&cached));
     assert_eq!(spec["acceptance_rate"], 1.0);
     // plan --infer --runtime frugal prints the peak generate measures.
-    let config = Path::new(&model).join("config.json").display().to_string();
-    let prompt_len = cached["prompt_tokens"].as_u64().unwrap();
-    let plan = json(&frugal(&[
-        "plan",
-        "--model",
-        &config,
-        "--infer",
-        "--runtime",
-        "frugal",
-        "--weights",
-        "f32",
-        "--kv-dtype",
-        "f32",
-        "--batch",
-        "1",
-        "--seq",
-        &(prompt_len + 12).to_string(),
-        "--kv-block",
-        "16",
-        "--json",
-    ]));
+    let plan = planned_serve(&model, &cached, 12);
     assert_eq!(
         plan["per_device"]["peak_bytes"],
         cached["measured"]["peak_bytes"]
@@ -400,27 +406,7 @@ fn mixtures_of_experts_and_latent_attention_generate_with_their_caches_as_planne
             tokens(&gen(&q, &[])),
             "{family} int8 reloaded"
         );
-        let config = Path::new(&out).join("config.json").display().to_string();
-        let seq = (cached["prompt_tokens"].as_u64().unwrap() + 12).to_string();
-        let plan = json(&frugal(&[
-            "plan",
-            "--model",
-            &config,
-            "--infer",
-            "--runtime",
-            "frugal",
-            "--weights",
-            "f32",
-            "--kv-dtype",
-            "f32",
-            "--batch",
-            "1",
-            "--seq",
-            &seq,
-            "--kv-block",
-            "16",
-            "--json",
-        ]));
+        let plan = planned_serve(&out, &cached, 12);
         assert_eq!(
             plan["per_device"]["peak_bytes"], cached["measured"]["peak_bytes"],
             "{family}"

@@ -111,6 +111,37 @@ impl<B: Backend> Grad<'_, B> {
         self.be.linear_backward(self.arena, &op);
     }
 
+    /// `dact.ln` += the input gradient of an MLP `proj(act(fc(ln2)))` whose output gradient is
+    /// `dresidual`, from its saved `fch` and `fch_act` (`widths`: fc's output and the
+    /// activation's); its weight (and bias, where the unit has one) gradients accumulate. The
+    /// block's dense MLP and DeepSeek's shared experts.
+    pub(crate) fn mlp_into_dln(
+        &self,
+        (fch, fch_act): (Tensor, Tensor),
+        ln2: Tensor,
+        [fc, proj]: [(Role, Role); 2],
+        (fc_w, f): (usize, usize),
+    ) {
+        let (state, arena, be, n) = (self.state, self.arena, self.be, self.n);
+        let c = self.model.config.shape.d_model as usize;
+        let fch = widened(arena, fch, n * fc_w, self.model.work.f32_in);
+        // The scratch is sized for the widest layer: this MLP's part of it.
+        let (dfch_act, dfch) = (state.dfch_act.prefix(n * f), state.dfch.prefix(n * fc_w));
+        be.fill(arena, dfch_act, 0.0);
+        self.linear(dfch_act, state.dresidual, fch_act, proj, f);
+        be.fill(arena, dfch, 0.0);
+        let op = ActivationBackward {
+            dinp: dfch,
+            inp: fch,
+            dout: dfch_act,
+            kind: self.model.design.mlp,
+            n,
+            width: f,
+        };
+        be.activation_backward(arena, &op);
+        self.linear(state.dln.prefix(n * c), dfch, ln2, fc, c);
+    }
+
     /// dinp += the norm's backward of `dout`; its weight (and bias) gradients accumulate.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm(
@@ -230,27 +261,14 @@ fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
     if d.experts > 0 {
         return crate::moe::backward(g, a);
     }
-    let (n, c, fc_w, f) = (d.n as usize, d.c as usize, d.fc as usize, d.fc_act as usize);
-    let fch = widened(arena, a.fch, n * fc_w, model.work.f32_in);
     let dres = state.dresidual;
-    // The scratch is sized for the widest layer: this layer's part of it.
-    let (dfch_act, dfch) = (state.dfch_act.prefix(n * f), state.dfch.prefix(n * fc_w));
-    be.fill(arena, dfch_act, 0.0);
-    let proj = (Role::FcProjWeight, Role::FcProjBias);
-    g.linear(dfch_act, dres, a.fch_act, proj, f);
-    be.fill(arena, dfch, 0.0);
-    let op = ActivationBackward {
-        dinp: dfch,
-        inp: fch,
-        dout: dfch_act,
-        kind: model.design.mlp,
-        n,
-        width: f,
-    };
-    be.activation_backward(arena, &op);
     be.fill(arena, state.dln, 0.0);
-    let fc = (Role::FcWeight, Role::FcBias);
-    g.linear(state.dln, dfch, a.ln2, fc, c);
+    let roles = [
+        (Role::FcWeight, Role::FcBias),
+        (Role::FcProjWeight, Role::FcProjBias),
+    ];
+    let widths = (d.fc as usize, d.fc_act as usize);
+    g.mlp_into_dln((a.fch, a.fch_act), a.ln2, roles, widths);
     let saved = NormSaved {
         mean: a.ln2_mean,
         rstd: a.ln2_rstd,

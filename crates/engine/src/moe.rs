@@ -347,28 +347,13 @@ pub(crate) fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
 }
 
 /// The shared experts' backward: their weight gradients, and their input gradient added to
-/// `dact.ln` (d(out) is `dresidual`).
+/// `dact.ln` (d(out) is `dresidual`). Their units have no MLP biases.
 fn shared_backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, d: &BlockDims) {
-    let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
-    let (n, c, s) = (d.n as usize, d.c as usize, d.shared as usize);
-    let grad = |role| g.g(role).expect("trained shared experts");
-    let dact = state.dfch_act.prefix(n * s);
-    be.fill(arena, dact, 0.0);
-    let proj = (g.w(Role::SharedProjWeight), grad(Role::SharedProjWeight));
-    let act = must_t(a.shared_fch_act).prefix(n * s);
-    g.dense(dact, state.dresidual.prefix(n * c), act, proj, None, (n, s));
-    let fch = widened(arena, must_t(a.shared_fch), n * 2 * s, model.work.f32_in);
-    let dfch = state.dfch.prefix(n * 2 * s);
-    be.fill(arena, dfch, 0.0);
-    let op = ActivationBackward {
-        dinp: dfch,
-        inp: fch,
-        dout: dact,
-        kind: model.design.mlp,
-        n,
-        width: s,
-    };
-    be.activation_backward(arena, &op);
-    let fc = (g.w(Role::SharedFcWeight), grad(Role::SharedFcWeight));
-    g.dense(state.dln.prefix(n * c), dfch, a.ln2, fc, None, (n, c));
+    let s = d.shared as usize;
+    let roles = [
+        (Role::SharedFcWeight, Role::FcBias),
+        (Role::SharedProjWeight, Role::FcProjBias),
+    ];
+    let saved = (must_t(a.shared_fch), must_t(a.shared_fch_act));
+    g.mlp_into_dln(saved, a.ln2, roles, (2 * s, s));
 }
