@@ -14,8 +14,12 @@ use crate::backend::{Backend, DType, Tensor};
 use crate::forward::{attn_shape, block_input, final_norm, rope_shape, widened};
 use crate::model::{BlockActs, Model};
 use crate::train::TrainState;
+use comm::ReduceOp;
+use kernels::classifier::shard::RowReduce;
 use plan::frugal::family::{Norm, Positions};
+use plan::frugal::key::Work;
 use plan::frugal::units::{Role, UnitKind};
+use plan::frugal::Key;
 
 /// What one block's backward shares: the model, its gradients and the pass's sizes.
 pub(crate) struct Grad<'a, B: Backend> {
@@ -142,6 +146,14 @@ impl<B: Backend> Grad<'_, B> {
         self.linear(state.dln.prefix(n * c), dfch, ln2, fc, c);
     }
 
+    /// Tensor parallelism: sums a column-parallel projection's input gradient over the ranks
+    /// (each rank's columns gave part of it).
+    fn tp_sum(&self, t: Tensor) {
+        if let Some(tp) = &self.model.tp {
+            tp.all_reduce(self.arena, t);
+        }
+    }
+
     /// dinp += the norm's backward of `dout`; its weight (and bias) gradients accumulate.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm(
@@ -208,7 +220,28 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
         v,
         dloss,
     };
-    let loss_sum = be.classifier(arena, &op);
+    let loss_sum = match &model.tp {
+        Some(tp) => {
+            let stats = arena.key_tensor(Key::Work(Work::TpStats), DType::F32);
+            let mut reduce = |buf: &mut [f32], op: RowReduce| {
+                let op = match op {
+                    RowReduce::Max => ReduceOp::Max,
+                    RowReduce::Sum => ReduceOp::Sum,
+                };
+                tp.reduce_host(buf, op);
+            };
+            let shard = ClassifierShard {
+                first: tp.vocab.0 as usize,
+                stats,
+                reduce: &mut reduce,
+            };
+            let sum = be.classifier_shard(arena, &op, shard);
+            // Each rank's classifier rows gave part of the input gradient.
+            tp.all_reduce(arena, state.dlnf);
+            sum
+        }
+        None => be.classifier(arena, &op),
+    };
     crate::moe::balance(model, state, arena, n, dloss);
     be.fill(arena, state.dresidual, 0.0);
     let g = Grad {
@@ -269,6 +302,7 @@ fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
     ];
     let widths = (d.fc as usize, d.fc_act as usize);
     g.mlp_into_dln((a.fch, a.fch_act), a.ln2, roles, widths);
+    g.tp_sum(state.dln.prefix(d.n as usize * d.c as usize));
     let saved = NormSaved {
         mean: a.ln2_mean,
         rstd: a.ln2_rstd,
@@ -315,6 +349,7 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     be.fill(arena, state.dln, 0.0);
     let qkv_roles = (Role::QkvWeight, Role::QkvBias);
     g.linear(state.dln, state.dqkv.prefix(n * qkv_w), a.ln1, qkv_roles, c);
+    g.tp_sum(state.dln.prefix(n * c));
     let saved = NormSaved {
         mean: a.ln1_mean,
         rstd: a.ln1_rstd,
@@ -337,6 +372,7 @@ pub fn embed<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>) {
         batch: b,
         seq: t,
         c: model.config.shape.d_model as usize,
+        shard: model.tp.as_ref().map(|tp| tp.vocab.0 as usize),
     };
     arena.backend().embedding_backward(arena, &op);
 }

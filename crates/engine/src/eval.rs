@@ -72,6 +72,7 @@ pub fn forward_chunks<B: Backend>(
     let chunk_rows = scratch.len / v;
     let n = batch * seq;
     let mut host = vec![0.0f32; chunk_rows.min(n) * v];
+    let mut whole = WholeLogits::new(model, chunk_rows.min(n));
     let be = arena.backend();
     let mut row = 0;
     while row < n {
@@ -91,16 +92,66 @@ pub fn forward_chunks<B: Backend>(
         };
         be.linear(arena, &op);
         be.download(arena, out, &mut host[..rows * v]);
-        per_chunk(row, &host[..rows * v]);
+        match whole.as_mut() {
+            Some(w) => per_chunk(row, w.gather(model, &host[..rows * v], rows)?),
+            None => per_chunk(row, &host[..rows * v]),
+        }
         row += rows;
     }
     f.end_pass();
     Ok(())
 }
 
+/// Tensor parallelism: host buffers that put every rank's vocabulary slice of a chunk of logits
+/// together into whole rows (outside the plan, as the host copy of the chunk is).
+struct WholeLogits {
+    /// This rank's slice padded to the widest, every rank's, and the whole rows.
+    padded: Vec<f32>,
+    all: Vec<f32>,
+    rows: Vec<f32>,
+    /// Each rank's `(first id, ids)`.
+    slices: Vec<(usize, usize)>,
+}
+
+impl WholeLogits {
+    fn new(model: &Model, max_rows: usize) -> Option<WholeLogits> {
+        let tp = model.tp.as_ref()?;
+        let vocab = tp.whole.shape.vocab;
+        let slices: Vec<(usize, usize)> = (0..tp.size)
+            .map(|r| plan::frugal::tp::vocab_range(vocab, tp.size, r))
+            .map(|(f, n)| (f as usize, n as usize))
+            .collect();
+        let width = slices[0].1 * max_rows;
+        Some(WholeLogits {
+            padded: vec![0.0; width],
+            all: vec![0.0; width * slices.len()],
+            rows: vec![0.0; max_rows * vocab as usize],
+            slices,
+        })
+    }
+
+    /// The whole rows of a chunk of `rows` rows whose slice on this rank is `mine`.
+    fn gather(&mut self, model: &Model, mine: &[f32], rows: usize) -> Result<&[f32], EngineError> {
+        let tp = model.tp.as_ref().expect("a tensor-parallel model");
+        let width = self.padded.len();
+        self.padded[..mine.len()].copy_from_slice(mine);
+        tp.gather_host(&self.padded, &mut self.all);
+        tp.check()?;
+        let v: usize = self.slices.iter().map(|s| s.1).sum();
+        for (r, &(first, ids)) in self.slices.iter().enumerate() {
+            let theirs = &self.all[r * width..];
+            for i in 0..rows {
+                let dst = &mut self.rows[i * v + first..][..ids];
+                dst.copy_from_slice(&theirs[i * ids..][..ids]);
+            }
+        }
+        Ok(&self.rows[..rows * v])
+    }
+}
+
 fn load_tokens<B: Backend>(f: &dyn Forward<B>, inputs: &[u32]) -> Result<(), EngineError> {
     let (model, arena) = f.parts();
-    let vocab = model.config.shape.vocab;
+    let vocab = model.vocab();
     if let Some(&id) = inputs.iter().find(|&&id| u64::from(id) >= vocab) {
         return Err(EngineError::Data(format!(
             "token id {id} is beyond the model's vocabulary of {vocab}"
@@ -120,7 +171,7 @@ pub fn eval_loss<B: Backend>(
 ) -> Result<f32, EngineError> {
     assert!(inputs.len() == batch * seq && targets.len() == batch * seq);
     load_tokens(f, inputs)?;
-    let v = f.parts().0.config.shape.vocab as usize;
+    let v = f.parts().0.vocab() as usize;
     let mut sum = 0.0f64;
     forward_chunks(f, batch, seq, &mut |first, logits| {
         for (i, row) in logits.chunks_exact(v).enumerate() {
@@ -139,7 +190,7 @@ pub fn logits<B: Backend>(
 ) -> Result<Vec<f32>, EngineError> {
     assert_eq!(inputs.len(), batch * seq);
     load_tokens(f, inputs)?;
-    let v = f.parts().0.config.shape.vocab as usize;
+    let v = f.parts().0.vocab() as usize;
     let mut out = Vec::with_capacity(inputs.len() * v);
     forward_chunks(f, batch, seq, &mut |_, logits| {
         out.extend_from_slice(logits)
@@ -160,7 +211,7 @@ pub fn generate<B: Backend>(
             "generation needs a prompt of at least one token".into(),
         ));
     }
-    let v = f.parts().0.config.shape.vocab as usize;
+    let v = f.parts().0.vocab() as usize;
     let mut rng = SplitMix64::new(sampling.seed);
     let mut tokens = prompt.to_vec();
     let mut last = vec![0.0f32; v];

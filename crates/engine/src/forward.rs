@@ -28,17 +28,24 @@ use plan::frugal::units::{Role, UnitKind};
 pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usize) {
     let (n, c) = (batch * seq, model.config.shape.d_model as usize);
     let h = &model.head;
+    // Tensor parallelism: each rank embeds the tokens of its vocabulary slice, rank 0 adds the
+    // positions, and the sum over the ranks is the embedding.
+    let (first, replicated) = model.vocab_first();
     let op = Embedding {
         out: h.encoded.prefix(n * c),
         tokens: h.tokens.prefix(n),
         wte: model.weight(arena, UnitKind::Embed, Role::TokenEmbedding),
-        wpe: (model.design.positions == Positions::Learned)
+        wpe: (model.design.positions == Positions::Learned && replicated)
             .then(|| model.weight(arena, UnitKind::Embed, Role::PositionEmbedding)),
         batch,
         seq,
         c,
+        shard: model.tp.as_ref().map(|_| first),
     };
     arena.backend().embedding(arena, &op);
+    if let Some(tp) = &model.tp {
+        tp.all_reduce(arena, op.out);
+    }
     if let Some(moe) = model.moe {
         // A new pass: its load-balancing statistics start from zero.
         arena.backend().fill(arena, moe.aux, 0.0);
@@ -275,10 +282,19 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 
     /// out = inp + x W (+ b): the projections back into the residual stream.
+    /// Tensor parallelism: a row-parallel projection of this rank's columns, summed over the
+    /// ranks (rank 0 adds the bias) before the residual.
     fn project(&self, x: Tensor, width: usize, inp: Tensor, out: Tensor, roles: (Role, Role)) {
         let nc = self.nc();
         let out = out.prefix(nc);
-        self.linear(out, x, roles, width);
+        match &self.model.tp {
+            Some(tp) => {
+                let bias = self.bias(roles.1).filter(|_| tp.rank == 0);
+                self.dense(out, x, self.w(roles.0), bias, (self.n(), width));
+                tp.all_reduce(self.arena, out);
+            }
+            None => self.linear(out, x, roles, width),
+        }
         self.be.residual_add(self.arena, out, inp.prefix(nc));
     }
 

@@ -61,6 +61,7 @@ pub mod recompute;
 pub mod runner;
 pub mod snapshot;
 pub mod testkit;
+pub mod tp;
 pub mod train;
 pub mod world;
 pub mod zero;

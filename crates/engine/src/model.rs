@@ -129,6 +129,8 @@ pub struct Model {
     pub shape: ActShape,
     /// LoRA: the frozen base; `units` and `params` are then the adapters.
     pub lora: Option<Box<crate::lora::LoraModel>>,
+    /// Tensor parallelism: this rank's group (`config` is then this rank's share of the model).
+    pub tp: Option<Box<crate::tp::TensorParallel>>,
 }
 
 impl Model {
@@ -207,6 +209,24 @@ impl Model {
             policy,
             shape,
             lora: None,
+            tp: None,
+        }
+    }
+
+    /// The whole model's vocabulary (a tensor-parallel rank holds a slice of it).
+    pub fn vocab(&self) -> u64 {
+        match &self.tp {
+            Some(tp) => tp.whole.shape.vocab,
+            None => self.config.shape.vocab,
+        }
+    }
+
+    /// The first token id of this rank's vocabulary slice and whether it adds the replicated
+    /// terms (row-parallel biases, learned positions): `(0, true)` without tensor parallelism.
+    pub fn vocab_first(&self) -> (usize, bool) {
+        match &self.tp {
+            Some(tp) => (tp.vocab.0 as usize, tp.rank == 0),
+            None => (0, true),
         }
     }
 

@@ -104,6 +104,15 @@ impl UnitSlice {
         self.params.len == 0
     }
 
+    /// The elements `r` of this slice (in its coordinates).
+    pub fn part(&self, r: std::ops::Range<usize>) -> UnitSlice {
+        UnitSlice {
+            params: self.params.slice(r.clone()),
+            grads: self.grads.slice(r.clone()),
+            base: self.base + r.start,
+        }
+    }
+
     /// The part of parameter view `v` (a range of the unit) inside this slice, in the slice's
     /// coordinates (`None` when they do not meet).
     pub fn local(&self, v: std::ops::Range<usize>) -> Option<std::ops::Range<usize>> {

@@ -36,6 +36,7 @@ mod memory;
 mod mixed;
 mod passes;
 mod state;
+mod tp;
 pub use config::{check_capacity, LoraConfig, StepStats, Timings, TrainConfig};
 pub use memory::{MemoryBreakdown, RankMemory};
 pub use mixed::Mixed;
@@ -56,8 +57,12 @@ pub struct Trainer<B: Backend = Cpu> {
     pub sharding: Sharding,
     /// Bytes this rank moved in its last optimizer step (ring model; zero on a single rank).
     pub last_step_comm: comm::CommStats,
-    /// This rank's link to the others (`comm::Solo` for a world of one), counting its bytes.
+    /// This rank's link to the others of its data-parallel group (every rank without tensor
+    /// parallelism; `comm::Solo` for a world of one), counting its bytes.
     pub(crate) comm: comm::Counted<Box<dyn Collective>>,
+    /// Tensor parallelism: the whole world (`train::tp`), and this rank's place in it.
+    world: Option<comm::Counted<Box<dyn Collective>>>,
+    world_rank: usize,
     /// fp16: the dynamic loss scaler.
     pub scaler: Option<LossScaler>,
     /// `--offload optimizer`: master weights and Adam moments on the host (RAM or a file).
@@ -97,9 +102,13 @@ impl<B: Backend> Trainer<B> {
         config: TrainConfig,
         comm: Box<dyn Collective>,
     ) -> Result<Trainer<B>, EngineError> {
-        let (rank, world) = (comm.rank(), comm.world_size());
+        let (world_rank, world) = (comm.rank(), comm.world_size());
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
-        let plan = check_capacity(&config)?;
+        let tp_size = config.tp.max(1);
+        let tp_rank = world_rank as u32 % tp_size;
+        let plan = config::check_capacity_rank(&config, tp_rank)?;
+        let comms = tp::Comms::split(comm, tp_size as usize)?;
+        let (comm, rank) = (comms.dp, world_rank / tp_size as usize);
         let mixed = config.mixed.clone();
         let shape = &config.model.shape;
         let setup = config.setup();
@@ -109,7 +118,18 @@ impl<B: Backend> Trainer<B> {
             _ => None,
         };
         let arena = Arena::new(backend, &plan, Device::Gpu, config.device_memory_bytes)?;
-        let units = plan::frugal::trainable_units(shape, &setup)?;
+        let units = plan::frugal::rank_units(shape, &setup, tp_rank)?;
+        let tp_group = match comms.tp {
+            Some(c) => Some(Box::new(crate::tp::TensorParallel::new(
+                config.model.clone(),
+                c,
+            )?)),
+            None => None,
+        };
+        let model_config = match &tp_group {
+            Some(g) => g.rank_config(),
+            None => config.model.clone(),
+        };
         let act_shape = ActShape {
             batch: config.batch,
             seq: config.seq,
@@ -120,17 +140,11 @@ impl<B: Backend> Trainer<B> {
             true => WeightSource::Gathers,
             false => WeightSource::Params,
         };
-        let mut model = Model::new(
-            config.model.clone(),
-            units,
-            &arena,
-            act_shape,
-            policy,
-            source,
-        );
+        let mut model = Model::new(model_config, units, &arena, act_shape, policy, source);
         if let Some(lora) = &config.lora {
             model.attach_lora(&arena, &lora.plan, lora.alpha);
         }
+        model.tp = tp_group;
         let offloaded = mixed.offload == Offload::Optimizer;
         let half = DType::half_of(mixed.precision);
         let fp32_opt = !offloaded && half.is_none();
@@ -159,6 +173,8 @@ impl<B: Backend> Trainer<B> {
             sharding,
             last_step_comm: comm::CommStats::default(),
             comm: comm::Counted::new(comm),
+            world: comms.world.map(comm::Counted::new),
+            world_rank,
             scaler,
             offload,
             skipped_steps: 0,
@@ -179,9 +195,9 @@ impl<B: Backend> Trainer<B> {
         &self.config.mixed
     }
 
-    /// This rank's index (0 without a communicator).
+    /// This rank's index in the world (0 without a communicator).
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.world_rank
     }
 
     /// Sums `loss_sum` over the ranks (so every rank sees the same, NaN included), then
@@ -304,6 +320,7 @@ impl<B: Backend> Trainer<B> {
         self.leave_phase(Phase::EmbedBackward)?;
         lap(&mut times.embed_backward);
         self.timings = times;
+        self.check_tp()?;
         if let Some(lora) = &self.model.lora {
             lora.dropout_seed.set(None);
         }
@@ -328,7 +345,7 @@ impl<B: Backend> Trainer<B> {
         let k = self.config.grad_accum as usize;
         // Every rank scales by the tokens of the whole global step, so the all-reduced sum is
         // the mean over the global batch.
-        let tokens = (n * k * self.config.ranks as usize) as u64;
+        let tokens = (n * k * self.config.dp() as usize) as u64;
         let comm_before = self.comm_stats();
         let loss_scale = self.scaler.as_ref().map(|s| s.scale());
         // fp16: every token's gradient is multiplied by the loss scale (the seed of the
@@ -401,8 +418,9 @@ impl<B: Backend> Trainer<B> {
     fn fp32_update_on(&mut self, lr: f32, slices: &mut Vec<UnitSlice>) -> Result<f32, EngineError> {
         let (model, grads, arena) = (&self.model, &self.state.grads, &self.arena);
         self.sharding.norm_slices(model, grads, arena, slices);
+        self.norm_share(slices);
         let sum_sq = optim::grad_sum_sq(arena, slices);
-        let sum_sq = sum_f64(&mut self.comm, sum_sq)?;
+        let sum_sq = sum_f64(self.world_comm(), sum_sq)?;
         let norm = sum_sq.sqrt() as f32;
         if !norm.is_finite() {
             return Err(EngineError::NonFiniteGradient {
@@ -453,16 +471,17 @@ impl<B: Backend> Trainer<B> {
 
     /// Waits for every rank (a snapshot commits only after every rank's shard is on disk).
     pub fn barrier(&mut self) -> Result<(), EngineError> {
-        Ok(self.comm.barrier()?)
+        Ok(self.world_comm().barrier()?)
     }
 
     /// Whether `flag` is true on any rank; every rank calls it after the same step, so all
     /// agree (e.g. to stop on a signal only one thread saw first).
     pub fn any_rank(&mut self, flag: bool) -> Result<bool, EngineError> {
-        if self.comm.world_size() == 1 {
+        let world = self.world_comm();
+        if world.world_size() == 1 {
             return Ok(flag);
         }
-        Ok(self.comm.all_gather_u64(&[u64::from(flag)])?.contains(&1))
+        Ok(world.all_gather_u64(&[u64::from(flag)])?.contains(&1))
     }
 
     /// bf16/fp16: each unit's master weights and Adam moments (this rank's part; empty when

@@ -246,5 +246,7 @@ pub mod reference {
     }
 }
 
+pub mod shard;
+
 #[cfg(test)]
 mod tests;

@@ -43,6 +43,64 @@ pub fn forward<F: Real>(
     }
 }
 
+/// Vocab-parallel [`forward`]: `wte` holds the rows of ids `first..first + V`; a token outside
+/// them embeds as zero (another rank's rows fill it when the ranks' outputs are summed).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_shard<F: Real>(
+    out: &mut [F],
+    tokens: &[u32],
+    wte: &[F],
+    wpe: Option<&[F]>,
+    (b, t, c): (usize, usize, usize),
+    first: usize,
+) {
+    assert_eq!(out.len(), b * t * c);
+    assert_eq!(tokens.len(), b * t);
+    let v = wte.len() / c;
+    if let Some(wpe) = wpe {
+        assert!(wpe.len() >= t * c, "wpe holds fewer than T positions");
+    }
+    for (row, (out_row, &tok)) in out.chunks_exact_mut(c).zip(tokens).enumerate() {
+        match (tok as usize).checked_sub(first).filter(|&i| i < v) {
+            Some(i) => out_row.copy_from_slice(&wte[i * c..][..c]),
+            None => out_row.fill(F::zero()),
+        }
+        if let Some(wpe) = wpe {
+            let pos = &wpe[(row % t) * c..][..c];
+            for (o, &p) in out_row.iter_mut().zip(pos) {
+                *o += p;
+            }
+        }
+    }
+}
+
+/// Vocab-parallel [`backward`]: only tokens in `first..first + V` reach `dwte`; `dwpe` takes
+/// every row.
+pub fn backward_shard<F: Real>(
+    dwte: &mut [F],
+    mut dwpe: Option<&mut [F]>,
+    dout: &[F],
+    tokens: &[u32],
+    (b, t, c): (usize, usize, usize),
+    first: usize,
+) {
+    assert_eq!(dout.len(), b * t * c);
+    assert_eq!(tokens.len(), b * t);
+    let v = dwte.len() / c;
+    for (row, (d_row, &tok)) in dout.chunks_exact(c).zip(tokens).enumerate() {
+        if let Some(i) = (tok as usize).checked_sub(first).filter(|&i| i < v) {
+            for (g, &d) in dwte[i * c..][..c].iter_mut().zip(d_row) {
+                *g += d;
+            }
+        }
+        if let Some(dwpe) = dwpe.as_deref_mut() {
+            for (g, &d) in dwpe[(row % t) * c..][..c].iter_mut().zip(d_row) {
+                *g += d;
+            }
+        }
+    }
+}
+
 /// Accumulates dwte (V,C) and dwpe (maxT,C) from dout (B,T,C).
 pub fn backward<F: Real>(
     dwte: &mut [F],
@@ -96,6 +154,32 @@ mod tests {
         let minus_one = |g: Vec<f32>| g.iter().map(|&x| x as f64 - 1.0).collect::<Vec<_>>();
         assert_close("dwte", &minus_one(dwte), &fd_wte, F32_TOL);
         assert_close("dwpe", &minus_one(dwpe), &fd_wpe, F32_TOL);
+    }
+
+    #[test]
+    fn vocabulary_shards_sum_to_the_whole_table() {
+        let (b, t, c, v) = (2, 3, 4, 7);
+        let mut rng = Rng::new(2);
+        let tokens: Vec<u32> = (0..b * t).map(|_| rng.below(v as u32)).collect();
+        let wte = to_f32(&rng.vec(v * c));
+        let dout = to_f32(&rng.vec(b * t * c));
+        let mut whole = vec![0.0f32; b * t * c];
+        forward(&mut whole, &tokens, &wte, None, b, t, c);
+        let mut dwhole = vec![0.0f32; v * c];
+        backward(&mut dwhole, None, &dout, &tokens, b, t, c);
+        let mut sum = vec![0.0f32; b * t * c];
+        let mut dsum = Vec::new();
+        for (first, rows) in [(0, 4), (4, 3)] {
+            let mut part = vec![0.0f32; b * t * c];
+            let table = &wte[first * c..(first + rows) * c];
+            forward_shard(&mut part, &tokens, table, None, (b, t, c), first);
+            sum.iter_mut().zip(&part).for_each(|(s, p)| *s += p);
+            let mut dpart = vec![0.0f32; rows * c];
+            backward_shard(&mut dpart, None, &dout, &tokens, (b, t, c), first);
+            dsum.extend(dpart);
+        }
+        assert_eq!(sum, whole);
+        assert_eq!(dsum, dwhole);
     }
 
     #[test]

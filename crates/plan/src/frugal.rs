@@ -22,9 +22,10 @@ pub mod key;
 pub mod layout;
 pub mod serve;
 pub mod shards;
+pub mod tp;
 pub mod units;
 
-use crate::buffer::Device;
+use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
 use crate::setup::{Offload, Optimizer, Precision, Recompute};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
 pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
@@ -69,8 +70,18 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     if setup.optimizer == Optimizer::AdamW8bit {
         return Err(unsupported("8-bit Adam (use adamw or sgd)"));
     }
-    if setup.tp != 1 || setup.pp != 1 || setup.sp {
-        return Err(unsupported("tensor, pipeline or sequence parallelism"));
+    if setup.pp != 1 || setup.sp {
+        return Err(unsupported("pipeline or sequence parallelism"));
+    }
+    tp::check(model, setup.tp)?;
+    if setup.tp > 1 && setup.lora.is_some() {
+        return Err(unsupported("LoRA with tensor parallelism (use --tp 1)"));
+    }
+    if setup.tp > 1 && setup.precision == Precision::Fp16 {
+        return Err(unsupported(
+            "fp16 with tensor parallelism (its overflow checks are per data-parallel group: \
+             use --precision bf16)",
+        ));
     }
     if setup.recompute == Recompute::Every(0) {
         return Err(invalid(
@@ -120,17 +131,41 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
 
 /// The units a training step updates: the model's, or under LoRA the adapters' (one per block).
 pub fn trainable_units(model: &ModelShape, setup: &TrainSetup) -> Result<Vec<Unit>, PlanError> {
+    rank_units(model, setup, 0)
+}
+
+/// [`trainable_units`] of tensor-parallel rank `tp_rank`: its share of the model
+/// ([`tp::rank_shape`]), padded for the data-parallel group.
+pub fn rank_units(
+    model: &ModelShape,
+    setup: &TrainSetup,
+    tp_rank: u32,
+) -> Result<Vec<Unit>, PlanError> {
     match &setup.lora {
         Some(lora) => adapters::adapter_units(model, lora, setup.dp),
+        None if setup.tp > 1 => tp::units(model, setup.tp, tp_rank, setup.dp),
         None => param_units(model, setup.dp),
     }
 }
 
-/// Every buffer the engine allocates for one training step of `model` under `setup`, per rank.
+/// Every buffer the engine allocates for one training step of `model` under `setup`, per rank
+/// (tensor parallelism: on tensor-parallel rank 0, which holds the widest vocabulary slice).
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
-    check_setup(model, setup)?;
+    training_plan_rank(model, setup, 0)
+}
+
+/// [`training_plan`] on tensor-parallel rank `tp_rank`: the plan of its share of the model
+/// ([`tp::rank_shape`]) plus the vocab-parallel loss's statistics.
+pub fn training_plan_rank(
+    whole: &ModelShape,
+    setup: &TrainSetup,
+    tp_rank: u32,
+) -> Result<MemoryPlan, PlanError> {
+    check_setup(whole, setup)?;
+    let local = tp::rank_shape(whole, setup.tp.max(1), tp_rank);
+    let model = &local;
     let mut plan = MemoryPlan::new(model.n_layers);
-    let units = trainable_units(model, setup)?;
+    let units = rank_units(whole, setup, tp_rank)?;
     shards::check_world(&units, setup.dp, setup.zero)?;
     let policy = ActPolicy::of(setup);
     let rule = StateRule::of(setup);
@@ -150,7 +185,27 @@ pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPla
             plan.push(buffer);
         }
     }
-    widen_classifier_chunk(&mut plan, model, setup.micro_batch * setup.seq);
+    let rows = setup.micro_batch * setup.seq;
+    if setup.tp > 1 {
+        // Max, sum of exponentials and target logit of each row of a chunk.
+        let stats = 3 * 4 * rows.min(CLASSIFIER_CHUNK_ROWS);
+        let head = Lifetime::Span {
+            born: Phase::Head,
+            dies: Phase::Head,
+        };
+        let key = Key::Work(key::Work::TpStats);
+        plan.push(Buffer::keyed(
+            key,
+            Category::Other,
+            Device::Gpu,
+            stats,
+            head,
+        ));
+    } else {
+        // Not under tensor parallelism: every rank's chunk must have the same rows (their
+        // reductions pair up), and the ranks' vocabulary slices differ.
+        widen_classifier_chunk(&mut plan, model, rows);
+    }
     Ok(plan)
 }
 

@@ -149,6 +149,10 @@ pub trait Backend: Sized + Send + 'static {
     fn convert(&self, a: &Arena<Self>, dst: Tensor, src: Tensor);
     /// The fused classifier and cross-entropy, forward and backward; returns the loss sum.
     fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32;
+    /// The same over this rank's vocabulary rows (tensor parallelism): `op.v` is its slice,
+    /// the loss the whole vocabulary's; `op.dlnf` gets this rank's partial input gradient.
+    fn classifier_shard(&self, a: &Arena<Self>, op: &Classifier, shard: ClassifierShard<'_>)
+        -> f32;
 
     // LoRA (`lora_ops`): a frozen matrix part by part, and the adapters beside it.
     fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear);

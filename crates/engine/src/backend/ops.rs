@@ -19,6 +19,8 @@ pub struct Embedding {
     pub batch: usize,
     pub seq: usize,
     pub c: usize,
+    /// Tensor parallelism: `wte` holds ids from this one on; others embed as zero.
+    pub shard: Option<usize>,
 }
 
 /// Which normalisation, with what it keeps besides the reciprocal std.
@@ -139,6 +141,14 @@ pub struct Classifier {
     pub dloss: f32,
 }
 
+/// The vocab-parallel classifier's part of [`Classifier`]: the first id of this rank's weight
+/// rows, the per-row statistics (3 × chunk rows) and how they are reduced over the ranks.
+pub struct ClassifierShard<'a> {
+    pub first: usize,
+    pub stats: Tensor,
+    pub reduce: &'a mut dyn FnMut(&mut [f32], kernels::classifier::shard::RowReduce),
+}
+
 /// Scatters `dout` (B·T, C) into the token (and position) table gradients.
 #[derive(Clone, Copy, Debug)]
 pub struct EmbeddingBackward {
@@ -149,6 +159,8 @@ pub struct EmbeddingBackward {
     pub batch: usize,
     pub seq: usize,
     pub c: usize,
+    /// Tensor parallelism: `dwte` holds ids from this one on; others are skipped.
+    pub shard: Option<usize>,
 }
 
 /// The normalisation's saved tensors, for its backward.

@@ -45,8 +45,11 @@ pub struct TrainConfig {
     /// when every rank's slab and host-offloaded state together exceed it. `TrainConfig::new`
     /// reads it from the machine (`capacity::host_available`).
     pub host_memory: Option<HostMemory>,
-    /// Data-parallel ranks (one `Trainer` each, built with [`Trainer::with_comm`]).
+    /// Ranks in all (one `Trainer` each, built with [`Trainer::with_comm`]): `tp` × the
+    /// data-parallel ranks.
     pub ranks: u32,
+    /// Tensor-parallel ranks per model replica (1: none); consecutive ranks form a group.
+    pub tp: u32,
     /// What the ranks share: 0 every rank holds everything and gradients are all-reduced; 1-3
     /// shard the optimizer state, then the gradients, then the weights.
     pub zero: ZeroStage,
@@ -83,12 +86,18 @@ impl TrainConfig {
             device_memory_bytes: None,
             host_memory: crate::capacity::host_available(),
             ranks: 1,
+            tp: 1,
             zero: ZeroStage::Zero0,
             recompute: Recompute::None,
             attention: Attention::DEFAULT,
             mixed: Mixed::fp32(),
             lora: None,
         }
+    }
+
+    /// Data-parallel ranks: the ranks over the tensor-parallel degree.
+    pub fn dp(&self) -> u32 {
+        self.ranks / self.tp.max(1)
     }
 
     /// The planner's view of this run, per rank: the one setup the capacity check, the arena and
@@ -98,7 +107,8 @@ impl TrainConfig {
             precision: self.mixed.precision,
             optimizer: self.optimizer.plan_optimizer(),
             zero: self.zero,
-            dp: self.ranks,
+            dp: self.dp(),
+            tp: self.tp.max(1),
             grad_accum: self.grad_accum,
             recompute: self.recompute,
             attention: self.attention,
@@ -132,9 +142,28 @@ pub struct StepStats {
 /// `host_memory`, with the plan's breakdown at its peak and the `fit` advisor's cheapest
 /// fix.
 pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
+    check_capacity_rank(config, 0)
+}
+
+/// [`check_capacity`] for tensor-parallel rank `tp_rank` (its vocabulary slice may be a row
+/// narrower than rank 0's).
+pub fn check_capacity_rank(config: &TrainConfig, tp_rank: u32) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
     let setup = config.setup();
-    let plan = plan::frugal::training_plan(shape, &setup)?;
+    let tp = config.tp.max(1);
+    if config.ranks % tp != 0 {
+        let reason = format!(
+            "{} ranks do not split into tensor-parallel groups of {tp}: use --ranks a multiple \
+             of --tp",
+            config.ranks
+        );
+        let invalid = plan::PlanError::Invalid {
+            field: "ranks".into(),
+            reason,
+        };
+        return Err(invalid.into());
+    }
+    let plan = plan::frugal::training_plan_rank(shape, &setup, tp_rank)?;
     // One rank's slab: at least the peak (the sum of `at_peak`), more where the layout leaves gaps.
     let slab_bytes = plan::frugal::assign_offsets(&plan, Device::Gpu)
         .slab_bytes

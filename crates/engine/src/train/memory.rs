@@ -6,7 +6,6 @@
 
 use super::Trainer;
 use crate::error::EngineError;
-use comm::Collective;
 use plan::buffer::Device;
 
 /// One side of the comparison: live bytes per category at the peak (they sum to the peak, the
@@ -87,7 +86,7 @@ impl Trainer {
         let mut words = mine.planned.words().to_vec();
         words.extend(mine.measured.words());
         words.push(mine.process_peak_rss_bytes);
-        let all = self.comm.all_gather_u64(&words)?;
+        let all = self.world_comm().all_gather_u64(&words)?;
         Ok(all
             .chunks_exact(17)
             .enumerate()

@@ -98,8 +98,9 @@ impl<B: Backend> Trainer<B> {
     fn half_update_on(&mut self, lr: f32, slices: &mut Vec<UnitSlice>) -> Result<f32, EngineError> {
         let (model, grads, arena) = (&self.model, &self.state.grads, &self.arena);
         self.sharding.norm_slices(model, grads, arena, slices);
+        self.norm_share(slices);
         let (sum_sq, found_inf) = half_update::grad_stats(arena, slices);
-        let sum_sq = super::sum_f64(&mut self.comm, sum_sq)?;
+        let sum_sq = super::sum_f64(self.world_comm(), sum_sq)?;
         let found_inf = self.comm.any(found_inf)?;
         let used_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         if let Some(scaler) = self.scaler.as_mut() {

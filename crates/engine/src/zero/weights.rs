@@ -21,10 +21,20 @@ impl<B: Backend> Trainer<B> {
     /// Initialises every weight from `seed` (identical on every rank and at every stage).
     /// Under LoRA the adapters start as PEFT's and the frozen base from `seed` as a full model
     /// would, packed in its format (`lora::base::init_random`).
+    /// Tensor parallelism: each rank takes its share of the whole model's values.
     pub fn init_weights(&mut self, seed: u64) {
         for u in 0..self.model.units.len() {
             let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
-            init::fill_unit(&self.model, u, &mut full, seed);
+            match &self.model.tp {
+                Some(tp) => {
+                    let whole = &tp.whole_units[u];
+                    let mut values = vec![0.0f32; whole.padded_numel as usize];
+                    let n_layers = tp.whole.shape.n_layers;
+                    init::fill(whole, u, n_layers, &mut values, seed);
+                    tp.take_unit(&self.model.units[u], &values, &mut full);
+                }
+                None => init::fill_unit(&self.model, u, &mut full, seed),
+            }
             self.upload_unit(u, &full);
         }
         if self.model.lora.is_some() {
@@ -82,6 +92,17 @@ impl<B: Backend> Trainer<B> {
             out.push(full);
         }
         Ok(out)
+    }
+
+    /// The whole model's weights in its units (`TensorParallel::whole_units`), put together
+    /// from every tensor-parallel rank's share: [`Trainer::full_params`] without tensor
+    /// parallelism. A collective.
+    pub fn whole_params(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let mine = self.full_params()?;
+        match &self.model.tp {
+            Some(tp) => tp.gather_units(&self.model.units, &mine),
+            None => Ok(mine),
+        }
     }
 
     /// This rank's fp32 weights of unit `u` (the master weights under bf16/fp16), and whether

@@ -69,6 +69,10 @@ pub enum Work {
     MlaKv,
     /// `kv_a_proj_with_mqa`'s output (N, kv_rank + rope) and its gradient.
     MlaCkv,
+    /// Tensor parallelism: the vocab-parallel cross-entropy's per-row statistics over a chunk
+    /// of logits (the row maximum, the sum of exponentials, the target's logit), reduced over
+    /// the tensor-parallel ranks.
+    TpStats,
 }
 
 /// Which inference step a scratch buffer serves.
@@ -355,6 +359,7 @@ impl fmt::Display for Key {
                 Work::MoeIn => "work.moe_in",
                 Work::MoeOut => "work.moe_out",
                 Work::MoeAux => "work.moe_aux",
+                Work::TpStats => "work.tp_stats",
                 Work::MlaQ => "work.mla_q",
                 Work::MlaKv => "work.mla_kv",
                 Work::MlaCkv => "work.mla_ckv",

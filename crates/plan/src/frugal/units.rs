@@ -281,6 +281,12 @@ pub fn check_buildable(model: &ModelShape) -> Result<(), PlanError> {
 /// embedding, one per block, the head, each laid out by the model's family module.
 pub fn param_units(model: &ModelShape, world: u32) -> Result<Vec<Unit>, PlanError> {
     check_buildable(model)?;
+    build_units(model, world)
+}
+
+/// [`param_units`] without the family's shape checks: one tensor-parallel rank's share of a
+/// checked model (`tp::rank_shape`) has fewer heads than its hidden size implies.
+pub(crate) fn build_units(model: &ModelShape, world: u32) -> Result<Vec<Unit>, PlanError> {
     let arch = arch(model)?;
     let mut embed = UnitBuilder::new();
     arch.embed(model, &mut embed);

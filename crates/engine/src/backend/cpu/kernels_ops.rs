@@ -23,7 +23,12 @@ pub fn embedding_forward(a: &A, op: &Embedding) {
     let wpe = op.wpe.map(|t| a.view::<f32>(t));
     let mut out = a.view_mut::<f32>(op.out);
     let (b, t, c) = (op.batch, op.seq, op.c);
-    embedding::forward(&mut out, &tokens, &wte, wpe.as_deref(), b, t, c);
+    match op.shard {
+        Some(first) => {
+            embedding::forward_shard(&mut out, &tokens, &wte, wpe.as_deref(), (b, t, c), first)
+        }
+        None => embedding::forward(&mut out, &tokens, &wte, wpe.as_deref(), b, t, c),
+    }
 }
 
 pub fn norm(a: &A, op: &NormOp) {
@@ -148,13 +153,44 @@ pub fn classifier_fwd_bwd(a: &A, op: &Classifier) -> f32 {
     )
 }
 
+/// The vocab-parallel classifier over this rank's rows.
+pub fn classifier_shard(a: &A, op: &Classifier, shard: ClassifierShard<'_>) -> f32 {
+    let (lnf, weight, targets) = (
+        a.view::<f32>(op.lnf),
+        a.view::<f32>(op.weight),
+        a.view::<u32>(op.targets),
+    );
+    let mut losses = a.view_mut::<f32>(op.losses);
+    let mut dlnf = a.view_mut::<f32>(op.dlnf);
+    let mut scratch = a.view_mut::<f32>(op.scratch);
+    let mut stats = a.view_mut::<f32>(shard.stats);
+    let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
+    let s = classifier::shard::Shard {
+        losses: &mut losses,
+        dinp: &mut dlnf,
+        dwte: dweight.as_deref_mut(),
+        inp: &lnf,
+        wte: &weight,
+        targets: &targets,
+        scratch: &mut scratch,
+        stats: &mut stats,
+    };
+    let shape = (op.n, op.c, op.v);
+    classifier::shard::forward_backward(s, shape, shard.first, op.dloss, shard.reduce)
+}
+
 pub fn embedding_backward(a: &A, op: &EmbeddingBackward) {
     let (dout, tokens) = (a.view::<f32>(op.dout), a.view::<u32>(op.tokens));
     let mut parts = a.parts_mut::<f32, 2>([Some(op.dwte), op.dwpe]);
     let [dwte, dwpe] = &mut parts.parts;
     let dwte = dwte.as_deref_mut().expect("a token table");
     let (b, t, c) = (op.batch, op.seq, op.c);
-    embedding::backward(dwte, dwpe.as_deref_mut(), &dout, &tokens, b, t, c);
+    match op.shard {
+        Some(first) => {
+            embedding::backward_shard(dwte, dwpe.as_deref_mut(), &dout, &tokens, (b, t, c), first)
+        }
+        None => embedding::backward(dwte, dwpe.as_deref_mut(), &dout, &tokens, b, t, c),
+    }
 }
 
 pub fn norm_backward(a: &A, op: &NormBackward) {

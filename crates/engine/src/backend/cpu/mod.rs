@@ -173,6 +173,15 @@ impl Backend for Cpu {
         kernels_ops::classifier_fwd_bwd(a, op)
     }
 
+    fn classifier_shard(
+        &self,
+        a: &Arena<Self>,
+        op: &Classifier,
+        shard: ClassifierShard<'_>,
+    ) -> f32 {
+        kernels_ops::classifier_shard(a, op, shard)
+    }
+
     fn moe(&self, a: &Arena<Self>, op: &MoeOp) {
         moe_ops::moe(a, op)
     }

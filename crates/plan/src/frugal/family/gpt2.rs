@@ -50,15 +50,16 @@ impl Arch for Gpt2 {
     }
 
     fn block(&self, m: &ModelShape, layer: u32, u: &mut UnitBuilder) {
-        let (c, f) = (m.d_model, m.d_ff);
+        // Head counts, not C: a tensor-parallel rank holds n_heads / tp heads of width d_head.
+        let (c, f, a) = (m.d_model, m.d_ff, u64::from(m.n_heads) * m.d_head);
         let p = |s: &str| format!("transformer.h.{layer}.{s}");
         u.one(Role::Norm1Weight, &[c], &p("ln_1.weight"), false);
         u.one(Role::Norm1Bias, &[c], &p("ln_1.bias"), false);
-        u.one(Role::QkvWeight, &[3 * c, c], &p("attn.c_attn.weight"), true);
-        u.one(Role::QkvBias, &[3 * c], &p("attn.c_attn.bias"), false);
+        u.one(Role::QkvWeight, &[3 * a, c], &p("attn.c_attn.weight"), true);
+        u.one(Role::QkvBias, &[3 * a], &p("attn.c_attn.bias"), false);
         u.one(
             Role::AttnProjWeight,
-            &[c, c],
+            &[c, a],
             &p("attn.c_proj.weight"),
             true,
         );
