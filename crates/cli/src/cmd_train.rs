@@ -117,6 +117,11 @@ pub struct Args {
     /// batch (--batch rows each); how gradients and state are shared is --zero's choice.
     #[arg(long, default_value_t = 1)]
     pub ranks: u32,
+    /// Tensor-parallel ranks per model replica (Megatron): each of --tp consecutive ranks holds
+    /// 1/T of every block's heads and MLP and of the vocabulary; --ranks N gives N/T
+    /// data-parallel replicas, each reading --batch rows, with --zero over them.
+    #[arg(long, default_value_t = 1)]
+    pub tp: u32,
     /// ZeRO stage: 0 all-reduces gradients; 1 shards the optimizer state; 2 also the gradients
     /// (each unit's full gradient freed after its reduce-scatter); 3 also the weights (gathered
     /// per unit for its forward and backward).
@@ -321,7 +326,7 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         val: Vec::new(),
     };
     // A fresh LoRA run starts as its base (B = 0): its first validation point is the base's.
-    let batches = args.val_batches * args.ranks as usize;
+    let batches = args.val_batches * (args.ranks / args.tp.max(1)) as usize;
     if trainer.model.lora.is_some() && trainer.step == 0 {
         curves
             .val
@@ -381,6 +386,12 @@ fn interrupted(
     data_id: u64,
 ) -> anyhow::Error {
     let step = trainer.step;
+    if args.tp > 1 {
+        return anyhow::anyhow!(
+            "interrupted after step {step}; nothing was saved (tensor-parallel runs do not \
+             snapshot yet)"
+        );
+    }
     let Some(out) = &args.out else {
         return anyhow::anyhow!(
             "interrupted after step {step}; nothing was saved (give --out DIR to keep a \

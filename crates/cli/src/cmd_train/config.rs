@@ -184,6 +184,33 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
             bail!("--save-every needs --out DIR: snapshots are written to DIR/step-NNNNNN/");
         }
     }
+    if args.tp == 0 {
+        bail!("--tp 0: use --tp 1 (no tensor parallelism) or more");
+    }
+    if args.ranks % args.tp != 0 {
+        bail!(
+            "--ranks {} is not a multiple of --tp {}: the ranks form tensor-parallel groups of \
+             --tp ranks (use --ranks {})",
+            args.ranks,
+            args.tp,
+            args.tp * (args.ranks / args.tp).max(1)
+        );
+    }
+    if args.tp > 1 {
+        for (set, flag) in [
+            (args.save_every.is_some(), "--save-every"),
+            (args.resume.is_some(), "--resume"),
+            (args.save_val_logits.is_some(), "--save-val-logits"),
+            (args.lora_rank.is_some(), "--lora-rank"),
+        ] {
+            if set {
+                bail!(
+                    "{flag} with --tp {}: not built for tensor-parallel runs yet (use --tp 1)",
+                    args.tp
+                );
+            }
+        }
+    }
     if args.comm_timeout == 0 {
         bail!("--comm-timeout 0: give the seconds a rank may wait for the others (60 by default)");
     }
@@ -238,6 +265,14 @@ fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
 /// whole fp32 units, which stage 3 never holds and which are not bf16/fp16 master weights.
 fn check_weights(args: &Args, weights: Option<&Path>) -> anyhow::Result<()> {
     let Some(path) = weights else { return Ok(()) };
+    if args.tp > 1 {
+        bail!(
+            "--tp {} cannot start from the saved weights in {} yet: train with --tp 1, or from \
+             a preset or a config.json without weights",
+            args.tp,
+            path.display()
+        );
+    }
     if args.lora_rank.is_some() {
         return Ok(()); // the weights are the frozen base, which every rank holds whole
     }
@@ -312,6 +347,7 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
         device_memory_bytes,
         ranks: args.ranks,
+        tp: args.tp,
         zero: args.zero,
         recompute: args.recompute,
         attention: args.attention,

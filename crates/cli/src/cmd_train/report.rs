@@ -46,7 +46,9 @@ fn per_device(rank: &RankMemory) -> (Map<String, Value>, Map<String, Value>) {
 /// gathered working set (stage 3's gathered units, at the step's peak).
 pub struct ModelState {
     pub stage: u8,
+    /// Data-parallel ranks (ZeRO's N) and the tensor-parallel degree.
     pub ranks: u64,
+    pub tp: u32,
     pub psi: u64,
     pub state_bytes: u64,
     pub sixteen_psi_over_n_bytes: u64,
@@ -79,6 +81,7 @@ pub fn model_state(t: &Trainer) -> ModelState {
     ModelState {
         stage: t.sharding.stage() as u8,
         ranks,
+        tp: t.config.tp.max(1),
         psi,
         state_bytes,
         sixteen_psi_over_n_bytes: 16 * psi / ranks,
@@ -153,11 +156,15 @@ fn zero_json(m: &ModelState) -> Value {
 
 /// The lines under the memory table that show ZeRO's claim.
 fn zero_lines(m: &ModelState) -> String {
+    let share = match m.tp {
+        1 => String::new(),
+        tp => format!(" of its 1/{tp} tensor-parallel share"),
+    };
     let mut out = format!(
-        "ZeRO stage {} on {}: model state per rank {} (params + grads + optimizer) \
+        "ZeRO stage {} on {}: model state per rank{share} {} (params + grads + optimizer) \
          vs 16Ψ/N = {} (Ψ = {} parameters, padded)\n",
         m.stage,
-        crate::output::plural(m.ranks, "rank"),
+        crate::output::plural(m.ranks, "data-parallel rank"),
         human_bytes(m.state_bytes),
         human_bytes(m.sixteen_psi_over_n_bytes),
         m.psi
@@ -214,7 +221,10 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         args.batch,
         args.seq,
         args.grad_accum,
-        crate::output::plural(s.memory.len() as u64, "rank")
+        match args.tp {
+            1 => crate::output::plural(s.memory.len() as u64, "rank"),
+            tp => format!("{} ranks: tp {tp} x dp {}", s.memory.len(), s.memory.len() as u32 / tp),
+        }
     );
     out.push_str(&format!(
         "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",

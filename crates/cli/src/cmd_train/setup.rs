@@ -100,7 +100,9 @@ pub fn build_rank(
 ) -> anyhow::Result<Rank> {
     let (b, t) = (args.batch as usize, args.seq as usize);
     let mut shape = data::BatchShape::single(b, t);
-    (shape.rank, shape.world_size) = (comm.rank(), comm.world_size());
+    // The ranks of one tensor-parallel group read the same rows: the data-parallel rank's.
+    let tp = args.tp.max(1) as usize;
+    (shape.rank, shape.world_size) = (comm.rank() / tp, comm.world_size() / tp);
     let loader = shared
         .dataset
         .train_loader(data::LoaderConfig::shuffled(shape, args.seed))

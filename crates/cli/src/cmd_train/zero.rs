@@ -1,7 +1,7 @@
 //! `frugal train --zero 0|1|2|3 --ranks N`: the stage flag, and what a stage-3 run must do while
 //! its ranks are still alive.
 //!
-//! At stage 3 no rank holds whole weights: the sample and the saved model need every unit
+//! At stage 3 (and under tensor parallelism, or with sharded master weights) no rank holds whole weights: the sample and the saved model need every unit
 //! gathered, a collective all ranks join. So each rank, right after its training loop, runs the
 //! same seeded generation and gathers the full weights for `--out`; rank 0 keeps the results.
 //! Stages 0-2 hold full weights everywhere, and rank 0 does this alone after the others end.
@@ -28,7 +28,11 @@ pub fn finish(
     args: &Args,
 ) -> anyhow::Result<Finished> {
     // 2-byte runs save their fp32 master weights, sharded above stage 0: gather them.
-    if trainer.sharding.stage() != ZeroStage::Zero3 && trainer.sharding.half.is_none() {
+    let tensor_parallel = trainer.model.tp.is_some();
+    if trainer.sharding.stage() != ZeroStage::Zero3
+        && trainer.sharding.half.is_none()
+        && !tensor_parallel
+    {
         return Ok(Finished::default());
     }
     let sample = if args.sample_tokens > 0 {
@@ -37,7 +41,7 @@ pub fn finish(
         None
     };
     let weights = match args.out {
-        Some(_) => Some(trainer.full_params()?),
+        Some(_) => Some(trainer.whole_params()?),
         None => None,
     };
     Ok(Finished { sample, weights })
@@ -49,6 +53,11 @@ pub fn save(trainer: &Trainer, finished: &Finished, dir: &std::path::Path) -> an
     match &finished.weights {
         Some(units) => {
             let slices: Vec<&[f32]> = units.iter().map(|u| &u[..]).collect();
+            // Tensor parallelism: the ranks' shares were put together into the whole model.
+            if let Some(tp) = &trainer.model.tp {
+                let tensors = engine::io::export_views(&tp.whole_units, &slices);
+                return engine::io::save_hf(&tp.whole, tensors, dir).with_context(context);
+            }
             let tensors = engine::io::export_units(&trainer.model, &slices);
             engine::io::save_pretrained_tensors(&trainer.model, tensors, dir).with_context(context)
         }

@@ -1,0 +1,138 @@
+//! `frugal train --ranks N --tp T`: tensor-parallel ranks follow the single rank's losses on the
+//! same global batch, each rank measures exactly its own plan, and `frugal plan --runtime frugal
+//! --tp T` prints rank 0's peak; the saved model is the whole model (HF names and shapes); bad
+//! splits are refused naming the numbers.
+
+mod common;
+
+use common::{fails_with, frugal, json};
+use serde_json::Value;
+
+fn small_text(test: &str) -> String {
+    common::small_text("parallel-cli", test, 20_000)
+}
+
+const SHAPE: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "2", "--seq", "32"];
+
+fn train(data: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "train",
+        "--steps",
+        "4",
+        "--sample-tokens",
+        "0",
+        "--val-batches",
+        "1",
+    ];
+    args.extend(SHAPE);
+    args.extend(["--data", data, "--json"]);
+    args.extend(extra);
+    json(&frugal(&args))
+}
+
+fn close(a: &Value, b: &Value, what: &str) {
+    let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+    assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: {a} vs {b}");
+}
+
+#[test]
+fn tensor_parallel_training_follows_one_rank_and_measures_its_plan() {
+    let data = small_text("follow");
+    // The same global batch: one replica of --batch rows, or two.
+    let (one, two) = (train(&data, &[]), train(&data, &["--ranks", "2"]));
+    let dir = common::temp_dir("parallel-cli", "follow-out");
+    let out = dir.join("model");
+    let out_arg = out.to_str().unwrap();
+    for extra in [
+        vec!["--ranks", "2", "--tp", "2", "--out", out_arg],
+        vec!["--ranks", "4", "--tp", "2", "--zero", "1"],
+    ] {
+        let tp = train(&data, &extra);
+        let what = extra.join(" ");
+        let one = if extra[1] == "4" { &two } else { &one };
+        close(&tp["loss_first"], &one["loss_first"], &what);
+        close(&tp["loss_last"], &one["loss_last"], &what);
+        close(&tp["val_loss"], &one["val_loss"], &what);
+        let ranks = tp["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len().to_string(), extra[1], "{what}");
+        for r in ranks {
+            assert_eq!(r["planned"], r["measured"], "{what}: rank {}", r["rank"]);
+        }
+        // GPT-2's 50257 ids split 25129 + 25128: rank 1 holds one embedding row less.
+        let peak = |i: usize| ranks[i]["measured"]["peak_bytes"].as_u64().unwrap();
+        assert!(peak(1) < peak(0), "{what}");
+        let mut plan = vec![
+            "plan",
+            "--train",
+            "--runtime",
+            "frugal",
+            "--precision",
+            "fp32",
+        ];
+        plan.extend(SHAPE);
+        let dp = (ranks.len() / 2).to_string();
+        let at = extra.iter().position(|&a| a == "--zero");
+        let zero = at.map_or("0", |i| extra[i + 1]);
+        plan.extend(["--tp", "2", "--gpus", &dp, "--zero", zero, "--json"]);
+        let planned = json(&frugal(&plan));
+        assert_eq!(
+            planned["per_device"]["peak_bytes"].as_u64(),
+            Some(peak(0)),
+            "{what}"
+        );
+    }
+    // The saved model is the whole model, as one rank saves it.
+    let config = std::fs::read_to_string(out.join("config.json")).unwrap();
+    assert!(
+        config.contains("\"n_head\": 4") || config.contains("\"n_head\":4"),
+        "{config}"
+    );
+    let weights = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&weights).unwrap();
+    let wte = st.tensor("transformer.wte.weight").unwrap();
+    assert_eq!(wte.shape(), [50257, 64]);
+    let c_attn = st.tensor("transformer.h.0.attn.c_attn.weight").unwrap();
+    assert_eq!(c_attn.shape(), [64, 192]);
+}
+
+#[test]
+fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
+    let data = small_text("refuse");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["train", "--steps", "1", "--data", &data];
+        args.extend(SHAPE);
+        args.extend(extra);
+        frugal(&args)
+    };
+    fails_with(
+        &run(&["--ranks", "3", "--tp", "2"]),
+        "--ranks 3 is not a multiple of --tp 2",
+    );
+    fails_with(
+        &run(&["--ranks", "3", "--tp", "3"]),
+        "4 attention heads do not split over --tp 3",
+    );
+    fails_with(
+        &run(&[
+            "--ranks",
+            "2",
+            "--tp",
+            "2",
+            "--save-every",
+            "1",
+            "--out",
+            "/tmp/x",
+        ]),
+        "--save-every with --tp 2",
+    );
+    let mut plan = vec![
+        "plan",
+        "--train",
+        "--runtime",
+        "frugal",
+        "--model",
+        "llama-tiny",
+    ];
+    plan.extend(["--tp", "4", "--precision", "fp32"]);
+    fails_with(&frugal(&plan), "2 key/value heads do not split over --tp 4");
+}
