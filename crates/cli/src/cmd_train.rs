@@ -122,6 +122,11 @@ pub struct Args {
     /// data-parallel replicas, each reading --batch rows, with --zero over them.
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
+    /// Sequence parallelism (Megatron, with --tp T): the residual stream and the norms hold
+    /// 1/T of the rows on each rank, gathered around the tensor-parallel GEMMs (--seq must
+    /// divide by T).
+    #[arg(long)]
+    pub sp: bool,
     /// ZeRO stage: 0 all-reduces gradients; 1 shards the optimizer state; 2 also the gradients
     /// (each unit's full gradient freed after its reduce-scatter); 3 also the weights (gathered
     /// per unit for its forward and backward).

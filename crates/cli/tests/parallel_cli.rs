@@ -45,6 +45,7 @@ fn tensor_parallel_training_follows_one_rank_and_measures_its_plan() {
     let out_arg = out.to_str().unwrap();
     for extra in [
         vec!["--ranks", "2", "--tp", "2", "--out", out_arg],
+        vec!["--ranks", "2", "--tp", "2", "--sp"],
         vec!["--ranks", "4", "--tp", "2", "--zero", "1"],
     ] {
         let tp = train(&data, &extra);
@@ -74,6 +75,9 @@ fn tensor_parallel_training_follows_one_rank_and_measures_its_plan() {
         let at = extra.iter().position(|&a| a == "--zero");
         let zero = at.map_or("0", |i| extra[i + 1]);
         plan.extend(["--tp", "2", "--gpus", &dp, "--zero", zero, "--json"]);
+        if extra.contains(&"--sp") {
+            plan.push("--sp");
+        }
         let planned = json(&frugal(&plan));
         assert_eq!(
             planned["per_device"]["peak_bytes"].as_u64(),
@@ -135,4 +139,18 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
     ];
     plan.extend(["--tp", "4", "--precision", "fp32"]);
     fails_with(&frugal(&plan), "2 key/value heads do not split over --tp 4");
+    fails_with(
+        &run(&["--ranks", "2", "--sp"]),
+        "use it with --tp 2 or more",
+    );
+    let mut odd = vec![
+        "plan",
+        "--train",
+        "--runtime",
+        "frugal",
+        "--model",
+        "gpt2-tiny",
+    ];
+    odd.extend(["--tp", "4", "--sp", "--seq", "30"]);
+    fails_with(&frugal(&odd), "--seq 30 must be a multiple of --tp 4");
 }

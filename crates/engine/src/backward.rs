@@ -116,13 +116,13 @@ impl<B: Backend> Grad<'_, B> {
     }
 
     /// `dact.ln` += the input gradient of an MLP `proj(act(fc(ln2)))` whose output gradient is
-    /// `dresidual`, from its saved `fch` and `fch_act` (`widths`: fc's output and the
+    /// `dout` (every row), from its saved `fch` and `fch_act` (`widths`: fc's output and the
     /// activation's); its weight (and bias, where the unit has one) gradients accumulate. The
     /// block's dense MLP and DeepSeek's shared experts.
     pub(crate) fn mlp_into_dln(
         &self,
         (fch, fch_act): (Tensor, Tensor),
-        ln2: Tensor,
+        (ln2, dout): (Tensor, Tensor),
         [fc, proj]: [(Role, Role); 2],
         (fc_w, f): (usize, usize),
     ) {
@@ -132,7 +132,7 @@ impl<B: Backend> Grad<'_, B> {
         // The scratch is sized for the widest layer: this MLP's part of it.
         let (dfch_act, dfch) = (state.dfch_act.prefix(n * f), state.dfch.prefix(n * fc_w));
         be.fill(arena, dfch_act, 0.0);
-        self.linear(dfch_act, state.dresidual, fch_act, proj, f);
+        self.linear(dfch_act, dout, fch_act, proj, f);
         be.fill(arena, dfch, 0.0);
         let op = ActivationBackward {
             dinp: dfch,
@@ -146,14 +146,6 @@ impl<B: Backend> Grad<'_, B> {
         self.linear(state.dln.prefix(n * c), dfch, ln2, fc, c);
     }
 
-    /// Tensor parallelism: sums a column-parallel projection's input gradient over the ranks
-    /// (each rank's columns gave part of it).
-    fn tp_sum(&self, t: Tensor) {
-        if let Some(tp) = &self.model.tp {
-            tp.all_reduce(self.arena, t);
-        }
-    }
-
     /// dinp += the norm's backward of `dout`; its weight (and bias) gradients accumulate.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm(
@@ -165,25 +157,54 @@ impl<B: Backend> Grad<'_, B> {
         a: NormSaved,
     ) {
         let c = self.model.config.shape.d_model as usize;
+        let (dweight, dbias) = (self.g(roles.0), self.g_opt(roles.1));
+        // Sequence parallelism: this rank's rows give part of the weight gradient; it is
+        // computed apart, summed over the group, then added.
+        let sp = self.model.sp.filter(|_| dweight.is_some());
+        let (dw, db) = match sp {
+            Some(sp) => {
+                self.be.fill(self.arena, sp.dnorm, 0.0);
+                let (w, b) = (sp.dnorm.slice(0..c), sp.dnorm.slice(c..2 * c));
+                (Some(w), dbias.map(|_| b))
+            }
+            None => (dweight, dbias),
+        };
         let kind = match self.model.design.norm {
             Norm::LayerNorm => NormGradKind::Layer {
                 mean: a.mean.expect("LayerNorm keeps a mean"),
-                dbias: self.g(roles.1),
+                dbias: db,
             },
             Norm::RmsNorm => NormGradKind::Rms,
         };
+        let rows = crate::sp::rows(self.model, self.n).1;
         let op = NormBackward {
-            dinp,
-            dweight: self.g(roles.0),
-            dout,
-            inp,
+            dinp: dinp.prefix(rows * c),
+            dweight: dw,
+            dout: dout.prefix(rows * c),
+            inp: inp.prefix(rows * c),
             weight: self.w(roles.0),
-            rstd: a.rstd,
-            kind,
-            n: self.n,
+            rstd: a.rstd.prefix(rows),
+            kind: match kind {
+                NormGradKind::Layer { mean, dbias } => NormGradKind::Layer {
+                    mean: mean.prefix(rows),
+                    dbias,
+                },
+                rms => rms,
+            },
+            n: rows,
             c,
         };
         self.be.norm_backward(self.arena, &op);
+        if let (Some(sp), Some(dweight)) = (sp, dweight) {
+            let tp = self.model.tp.as_ref().expect("a tensor-parallel group");
+            tp.all_reduce(self.arena, sp.dnorm);
+            self.be
+                .residual_add(self.arena, dweight, sp.dnorm.slice(0..c));
+            if let Some(dbias) = dbias {
+                self.be
+                    .residual_add(self.arena, dbias, sp.dnorm.slice(c..2 * c));
+            }
+        }
     }
 }
 
@@ -235,13 +256,13 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
                 stats,
                 reduce: &mut reduce,
             };
-            let sum = be.classifier_shard(arena, &op, shard);
-            // Each rank's classifier rows gave part of the input gradient.
-            tp.all_reduce(arena, state.dlnf);
-            sum
+            be.classifier_shard(arena, &op, shard)
         }
         None => be.classifier(arena, &op),
     };
+    // Each rank's classifier rows gave part of the input gradient (this rank's rows of it under
+    // sequence parallelism).
+    let dlnf = crate::sp::sum_input_grad(model, arena, state.dlnf.prefix(n * c));
     crate::moe::balance(model, state, arena, n, dloss);
     be.fill(arena, state.dresidual, 0.0);
     let g = Grad {
@@ -259,7 +280,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
         rstd: h.lnf_rstd,
     };
     let roles = (Role::FinalNormWeight, Role::FinalNormBias);
-    g.norm(state.dresidual, state.dlnf, last, roles, saved);
+    g.norm(state.dresidual, dlnf, last, roles, saved);
     loss_sum
 }
 
@@ -301,14 +322,18 @@ fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         (Role::FcProjWeight, Role::FcProjBias),
     ];
     let widths = (d.fc as usize, d.fc_act as usize);
-    g.mlp_into_dln((a.fch, a.fch_act), a.ln2, roles, widths);
-    g.tp_sum(state.dln.prefix(d.n as usize * d.c as usize));
+    // Sequence parallelism: the output gradient and ln2 gathered whole for the TP region.
+    let local = (d.local * d.c) as usize;
+    let dout = crate::sp::gathered_grad(model, arena, dres, local);
+    let ln2 = crate::sp::gathered(model, arena, a.ln2, local);
+    g.mlp_into_dln((a.fch, a.fch_act), (ln2, dout), roles, widths);
+    let dln = crate::sp::sum_input_grad(model, arena, state.dln.prefix((d.n * d.c) as usize));
     let saved = NormSaved {
         mean: a.ln2_mean,
         rstd: a.ln2_rstd,
     };
     let norm2 = (Role::Norm2Weight, Role::Norm2Bias);
-    g.norm(dres, state.dln, a.res2, norm2, saved);
+    g.norm(dres, dln, a.res2, norm2, saved);
 }
 
 /// Attention half: res2 = inp + proj(attention(qkv(norm1(inp)))); turns d(res2) into d(inp).
@@ -325,7 +350,9 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     let dres = state.dresidual;
     be.fill(arena, state.datty, 0.0);
     let proj = (Role::AttnProjWeight, Role::AttnProjBias);
-    g.linear(state.datty, dres, a.atty, proj, atty_w);
+    let local = (d.local * d.c) as usize;
+    let dout = crate::sp::gathered_grad(model, arena, dres, local);
+    g.linear(state.datty, dout, a.atty, proj, atty_w);
     be.fill(arena, state.dqkv, 0.0);
     let kernel = match (a.att, a.lse, state.datt) {
         (Some(att), _, Some(datt)) => AttnGradKernel::Materialised { att, datt },
@@ -348,14 +375,15 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     }
     be.fill(arena, state.dln, 0.0);
     let qkv_roles = (Role::QkvWeight, Role::QkvBias);
-    g.linear(state.dln, state.dqkv.prefix(n * qkv_w), a.ln1, qkv_roles, c);
-    g.tp_sum(state.dln.prefix(n * c));
+    let ln1 = crate::sp::gathered(model, arena, a.ln1, local);
+    g.linear(state.dln, state.dqkv.prefix(n * qkv_w), ln1, qkv_roles, c);
+    let dln = crate::sp::sum_input_grad(model, arena, state.dln.prefix(n * c));
     let saved = NormSaved {
         mean: a.ln1_mean,
         rstd: a.ln1_rstd,
     };
     let norm1 = (Role::Norm1Weight, Role::Norm1Bias);
-    g.norm(dres, state.dln, inp, norm1, saved);
+    g.norm(dres, dln, inp, norm1, saved);
 }
 
 /// Embedding backward: scatters `dact.residual` into the token (and position) table gradients.
@@ -364,10 +392,12 @@ pub fn embed<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>) {
         return; // the embedding is frozen
     }
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
+    let c = model.config.shape.d_model as usize;
+    let local = crate::sp::rows(model, b * t).1 * c;
     let op = EmbeddingBackward {
         dwte: state.grad(model, arena, UnitKind::Embed, Role::TokenEmbedding),
         dwpe: state.try_grad(model, arena, UnitKind::Embed, Role::PositionEmbedding),
-        dout: state.dresidual,
+        dout: crate::sp::gathered_grad(model, arena, state.dresidual, local),
         tokens: model.head.tokens,
         batch: b,
         seq: t,

@@ -51,6 +51,22 @@ pub fn forward_chunks<B: Backend>(
     per_chunk: &mut dyn FnMut(usize, &[f32]),
 ) -> Result<(), EngineError> {
     let n_layers = f.parts().0.config.shape.n_layers;
+    let n = batch * seq;
+    // Sequence parallelism splits the pass's rows over the group: one sequence is padded to a
+    // multiple of the ranks (causal attention keeps the padding out of the real positions).
+    let seq = match (&f.parts().0.sp, &f.parts().0.tp) {
+        (Some(_), Some(tp)) if n % tp.size as usize != 0 => {
+            if batch != 1 {
+                return Err(EngineError::Data(format!(
+                    "a pass of {batch} x {seq} rows does not split over {} sequence-parallel \
+                     ranks",
+                    tp.size
+                )));
+            }
+            seq.next_multiple_of(tp.size as usize)
+        }
+        _ => seq,
+    };
     f.enter(Phase::Embed)?;
     let (model, arena) = f.parts();
     forward::embed(model, arena, batch, seq);
@@ -70,7 +86,6 @@ pub fn forward_chunks<B: Backend>(
     let weight = model.weight(arena, lm_kind, lm_role);
     let scratch = model.head.classifier;
     let chunk_rows = scratch.len / v;
-    let n = batch * seq;
     let mut host = vec![0.0f32; chunk_rows.min(n) * v];
     let mut whole = WholeLogits::new(model, chunk_rows.min(n));
     let be = arena.backend();

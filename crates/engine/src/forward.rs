@@ -32,7 +32,7 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
     // positions, and the sum over the ranks is the embedding.
     let (first, replicated) = model.vocab_first();
     let op = Embedding {
-        out: h.encoded.prefix(n * c),
+        out: crate::sp::partial_target(model, h.encoded, n * c),
         tokens: h.tokens.prefix(n),
         wte: model.weight(arena, UnitKind::Embed, Role::TokenEmbedding),
         wpe: (model.design.positions == Positions::Learned && replicated)
@@ -43,9 +43,7 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
         shard: model.tp.as_ref().map(|_| first),
     };
     arena.backend().embedding(arena, &op);
-    if let Some(tp) = &model.tp {
-        tp.all_reduce(arena, op.out);
-    }
+    crate::sp::sum_partial(model, arena, h.encoded, n * c);
     if let Some(moe) = model.moe {
         // A new pass: its load-balancing statistics start from zero.
         arena.backend().fill(arena, moe.aux, 0.0);
@@ -117,9 +115,9 @@ impl<'a, B: Backend> Ctx<'a, B> {
         self.model.try_weight(self.arena, self.kind, role)
     }
 
-    /// Rows × d_model.
+    /// The norms' region: rows × d_model (this rank's rows under sequence parallelism).
     fn nc(&self) -> usize {
-        (self.d.n * self.d.c) as usize
+        (self.d.local * self.d.c) as usize
     }
 
     fn n(&self) -> usize {
@@ -137,7 +135,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
             true => (Role::Norm1Weight, Role::Norm1Bias),
             false => (Role::Norm2Weight, Role::Norm2Bias),
         };
-        let (n, c, nc) = (self.n(), self.d.c as usize, self.nc());
+        let (n, c, nc) = (self.d.local as usize, self.d.c as usize, self.nc());
         let kind = norm_kind(self.model, mean.map(|m| m.prefix(n)), self.bias(bias));
         let weight = self.w(weight);
         self.produce(out, nc, |dst| {
@@ -240,7 +238,8 @@ impl<'a, B: Backend> Ctx<'a, B> {
     fn qkv(&self, a: &BlockActs) {
         let (n, c, qkv_w) = (self.n(), self.d.c as usize, self.d.qkv as usize);
         self.produce(a.qkv, n * qkv_w, |qkv| {
-            self.linear(qkv, a.ln1, (Role::QkvWeight, Role::QkvBias), c);
+            let ln1 = crate::sp::gathered(self.model, self.arena, a.ln1, self.nc());
+            self.linear(qkv, ln1, (Role::QkvWeight, Role::QkvBias), c);
             if self.model.design.positions == Positions::Rope {
                 self.be
                     .rope(self.arena, qkv, rope_shape(self.model, self.b, self.t));
@@ -285,24 +284,26 @@ impl<'a, B: Backend> Ctx<'a, B> {
     /// Tensor parallelism: a row-parallel projection of this rank's columns, summed over the
     /// ranks (rank 0 adds the bias) before the residual.
     fn project(&self, x: Tensor, width: usize, inp: Tensor, out: Tensor, roles: (Role, Role)) {
-        let nc = self.nc();
-        let out = out.prefix(nc);
+        let (nc, all) = (self.nc(), self.n() * self.d.c as usize);
         match &self.model.tp {
             Some(tp) => {
                 let bias = self.bias(roles.1).filter(|_| tp.rank == 0);
-                self.dense(out, x, self.w(roles.0), bias, (self.n(), width));
-                tp.all_reduce(self.arena, out);
+                let target = crate::sp::partial_target(self.model, out, all);
+                self.dense(target, x, self.w(roles.0), bias, (self.n(), width));
+                crate::sp::sum_partial(self.model, self.arena, out, all);
             }
-            None => self.linear(out, x, roles, width),
+            None => self.linear(out.prefix(nc), x, roles, width),
         }
-        self.be.residual_add(self.arena, out, inp.prefix(nc));
+        self.be
+            .residual_add(self.arena, out.prefix(nc), inp.prefix(nc));
     }
 
     /// fch = ln2 Wfc (+ b).
     fn fc(&self, a: &BlockActs) {
         let (n, c, fc_w) = (self.n(), self.d.c as usize, self.d.fc as usize);
         let roles = (Role::FcWeight, Role::FcBias);
-        self.produce(a.fch, n * fc_w, |fch| self.linear(fch, a.ln2, roles, c));
+        let ln2 = crate::sp::gathered(self.model, self.arena, a.ln2, self.nc());
+        self.produce(a.fch, n * fc_w, |fch| self.linear(fch, ln2, roles, c));
     }
 
     /// fch_act = GELU(fch) or SwiGLU(gate, up), as the family's MLP says (over all N·k routed
@@ -468,14 +469,20 @@ pub fn final_norm<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq
     let weight = model.weight(arena, UnitKind::Head, Role::FinalNormWeight);
     let bias = model.try_weight(arena, UnitKind::Head, Role::FinalNormBias);
     let last = model.forward_blocks[model.forward_blocks.len() - 1].out;
+    // Sequence parallelism: this rank's rows into its part of `act.lnf`, then gathered whole.
+    let (first, rows) = crate::sp::rows(model, n);
     let op = NormOp {
-        out: h.lnf.prefix(n * c),
-        rstd: h.lnf_rstd.prefix(n),
-        inp: last.prefix(n * c),
+        out: h.lnf.slice(first * c..(first + rows) * c),
+        rstd: h.lnf_rstd.prefix(rows),
+        inp: last.prefix(rows * c),
         weight,
-        kind: norm_kind(model, h.lnf_mean.map(|m| m.prefix(n)), bias),
-        n,
+        kind: norm_kind(model, h.lnf_mean.map(|m| m.prefix(rows)), bias),
+        n: rows,
         c,
     };
     arena.backend().norm(arena, &op);
+    if model.sp.is_some() {
+        let tp = model.tp.as_ref().expect("a tensor-parallel group");
+        tp.collective(arena, CommOp::AllGatherInPlace(h.lnf.prefix(n * c)));
+    }
 }

@@ -60,6 +60,7 @@ pub mod precision;
 pub mod recompute;
 pub mod runner;
 pub mod snapshot;
+pub mod sp;
 pub mod testkit;
 pub mod tp;
 pub mod train;

@@ -131,6 +131,8 @@ pub struct Model {
     pub lora: Option<Box<crate::lora::LoraModel>>,
     /// Tensor parallelism: this rank's group (`config` is then this rank's share of the model).
     pub tp: Option<Box<crate::tp::TensorParallel>>,
+    /// Sequence parallelism's workspaces (`None` without it).
+    pub sp: Option<crate::sp::SpWork>,
 }
 
 impl Model {
@@ -210,6 +212,17 @@ impl Model {
             shape,
             lora: None,
             tp: None,
+            sp: arena.try_id(Key::Work(Work::SpGather)).map(|gather| {
+                let in_type = match policy.elem_bytes(BlockTensor::Ln1) {
+                    2 => DType::Bf16,
+                    _ => DType::F32,
+                };
+                crate::sp::SpWork {
+                    gather: arena.tensor(gather, in_type),
+                    full: arena.key_tensor(Key::Work(Work::SpFull), DType::F32),
+                    dnorm: arena.key_tensor(Key::Work(Work::SpDnorm), DType::F32),
+                }
+            }),
         }
     }
 
@@ -319,6 +332,7 @@ impl Model {
             seq: seq as u64,
         };
         BlockDims::layer(&self.config.shape, shape, layer as u32)
+            .sequence_parallel(self.policy.seq_shards)
     }
 }
 

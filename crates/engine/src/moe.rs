@@ -355,5 +355,5 @@ fn shared_backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, d: &BlockDims) {
         (Role::SharedProjWeight, Role::FcProjBias),
     ];
     let saved = (must_t(a.shared_fch), must_t(a.shared_fch_act));
-    g.mlp_into_dln(saved, a.ln2, roles, (2 * s, s));
+    g.mlp_into_dln(saved, (a.ln2, g.state.dresidual), roles, (2 * s, s));
 }

@@ -78,6 +78,11 @@ impl TensorParallel {
         self.run(|c| arena.backend().collective(arena, c, CommOp::AllReduce(t)));
     }
 
+    /// Any collective over arena tensors of this group.
+    pub fn collective<B: Backend>(&self, arena: &Arena<B>, op: CommOp) {
+        self.run(|c| arena.backend().collective(arena, c, op));
+    }
+
     /// Reduces a host slice over the group in place.
     pub fn reduce_host(&self, buf: &mut [f32], op: ReduceOp) {
         self.run(|c| c.all_reduce(BufMut::F32(buf), op));

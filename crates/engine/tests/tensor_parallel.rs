@@ -20,6 +20,7 @@ const SEQ: u64 = 16;
 struct Run {
     ranks: u32,
     tp: u32,
+    sp: bool,
     zero: ZeroStage,
     recompute: Recompute,
     precision: Precision,
@@ -28,6 +29,7 @@ struct Run {
 const ONE: Run = Run {
     ranks: 1,
     tp: 1,
+    sp: false,
     zero: ZeroStage::Zero0,
     recompute: Recompute::None,
     precision: Precision::Fp32,
@@ -41,7 +43,8 @@ fn run(shape: &ModelShape, r: Run, rows: u64) -> (Vec<f32>, Vec<Vec<f32>>) {
     let dp = r.ranks / r.tp;
     let local = rows / u64::from(dp);
     let mut cfg = config(shape.clone(), local, SEQ);
-    (cfg.ranks, cfg.tp, cfg.zero, cfg.recompute) = (r.ranks, r.tp, r.zero, r.recompute);
+    (cfg.ranks, cfg.tp, cfg.sp) = (r.ranks, r.tp, r.sp);
+    (cfg.zero, cfg.recompute) = (r.zero, r.recompute);
     cfg.mixed.precision = r.precision;
     let mut out: Vec<(Vec<f32>, Vec<Vec<f32>>)> = on_ranks(r.ranks as usize, |c| {
         let rank = c.rank();
@@ -103,6 +106,14 @@ fn tensor_parallel_ranks_follow_the_single_rank_trajectory() {
             &one,
             1e-5,
         );
+        // Sequence parallelism: the norms' rows split over the two ranks.
+        let sp = Run { sp: true, ..tp2 };
+        assert_follows(
+            &format!("{} tp 2 sp", shape.name),
+            run(&shape, sp, 4),
+            &one,
+            1e-5,
+        );
         // TP 2 × dp 2, ZeRO-1 over the data-parallel groups.
         let tp2_dp2 = Run {
             ranks: 4,
@@ -132,16 +143,29 @@ fn tensor_parallelism_composes_with_zero_3_recompute_and_bf16() {
     let r = Run {
         ranks: 4,
         tp: 2,
+        sp: true,
         zero: ZeroStage::Zero3,
         recompute: Recompute::Every(1),
         precision: Precision::Bf16,
     };
     // bf16 GEMMs over half the columns round differently: bf16's own tolerance.
     assert_follows(
-        "gpt2 tp 2 dp 2 zero 3 full recompute bf16",
+        "gpt2 tp 2 sp dp 2 zero 3 full recompute bf16",
         run(&shape, r, 4),
         &one,
         2e-3,
+    );
+    let cheap = Run {
+        recompute: Recompute::KeepMatmuls,
+        precision: Precision::Fp32,
+        ..r
+    };
+    let one = run(&shape, ONE, 4);
+    assert_follows(
+        "gpt2 tp 2 sp dp 2 zero 3 keep-matmuls",
+        run(&shape, cheap, 4),
+        &one,
+        1e-5,
     );
 }
 

@@ -70,8 +70,24 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     if setup.optimizer == Optimizer::AdamW8bit {
         return Err(unsupported("8-bit Adam (use adamw or sgd)"));
     }
-    if setup.pp != 1 || setup.sp {
-        return Err(unsupported("pipeline or sequence parallelism"));
+    if setup.pp != 1 {
+        return Err(unsupported("pipeline parallelism"));
+    }
+    if setup.sp && setup.tp < 2 {
+        return Err(invalid(
+            "sp",
+            "sequence parallelism splits the norms' rows over the tensor-parallel ranks: use it \
+             with --tp 2 or more"
+                .into(),
+        ));
+    }
+    if setup.sp && setup.seq % u64::from(setup.tp) != 0 {
+        let reason = format!(
+            "sequence parallelism splits the micro-batch's rows over the tensor-parallel ranks: \
+             --seq {} must be a multiple of --tp {}",
+            setup.seq, setup.tp
+        );
+        return Err(invalid("sp", reason));
     }
     tp::check(model, setup.tp)?;
     if setup.tp > 1 && setup.lora.is_some() {

@@ -348,6 +348,7 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         device_memory_bytes,
         ranks: args.ranks,
         tp: args.tp,
+        sp: args.sp,
         zero: args.zero,
         recompute: args.recompute,
         attention: args.attention,

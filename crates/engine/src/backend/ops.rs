@@ -299,4 +299,9 @@ pub enum CommOp {
     },
     /// This rank's shard is already in its slice; afterwards the tensor holds every rank's.
     AllGatherInPlace(Tensor),
+    /// `src` (world × shard, f32) summed over the ranks; this rank's shard of the sum into `dst`.
+    ReduceScatter {
+        src: Tensor,
+        dst: Tensor,
+    },
 }

@@ -50,6 +50,8 @@ pub struct TrainConfig {
     pub ranks: u32,
     /// Tensor-parallel ranks per model replica (1: none); consecutive ranks form a group.
     pub tp: u32,
+    /// Sequence parallelism over each tensor-parallel group (Megatron).
+    pub sp: bool,
     /// What the ranks share: 0 every rank holds everything and gradients are all-reduced; 1-3
     /// shard the optimizer state, then the gradients, then the weights.
     pub zero: ZeroStage,
@@ -87,6 +89,7 @@ impl TrainConfig {
             host_memory: crate::capacity::host_available(),
             ranks: 1,
             tp: 1,
+            sp: false,
             zero: ZeroStage::Zero0,
             recompute: Recompute::None,
             attention: Attention::DEFAULT,
@@ -109,6 +112,7 @@ impl TrainConfig {
             zero: self.zero,
             dp: self.dp(),
             tp: self.tp.max(1),
+            sp: self.sp,
             grad_accum: self.grad_accum,
             recompute: self.recompute,
             attention: self.attention,

@@ -53,6 +53,10 @@ pub struct ActPolicy {
     /// `work.f32_in` for the f32 attention and activation kernels. The residual stream (block
     /// outputs, `res2`) stays f32, as under torch autocast.
     pub bf16_matmul_inputs: bool,
+    /// Sequence parallelism (Megatron): the tensor-parallel degree the norms' region (the
+    /// residual stream, the norms' outputs and statistics) is split over along the rows; 1
+    /// without it.
+    pub seq_shards: u64,
 }
 
 impl ActPolicy {
@@ -61,6 +65,7 @@ impl ActPolicy {
         recompute: Recompute::None,
         attention: Attention::Eager,
         bf16_matmul_inputs: false,
+        seq_shards: 1,
     };
 
     pub fn of(setup: &TrainSetup) -> ActPolicy {
@@ -70,6 +75,7 @@ impl ActPolicy {
             // LoRA keeps its activations f32 (the frozen GEMMs run in f32 on dequantized tiles);
             // bf16 there means 2-byte adapters with fp32 masters.
             bf16_matmul_inputs: setup.precision == Precision::Bf16 && setup.lora.is_none(),
+            seq_shards: if setup.sp { u64::from(setup.tp) } else { 1 },
         }
     }
 
@@ -116,7 +122,7 @@ fn sized_buffer(key: Key, category: Category, bytes: u64, lifetime: Lifetime) ->
 
 /// Every activation-side buffer of one micro-step under `policy`, on the device.
 pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec<Buffer> {
-    let d = BlockDims::new(m, s);
+    let d = BlockDims::new(m, s).sequence_parallel(policy.seq_shards);
     let act = Category::Activations;
     let mut out = vec![
         // Token ids are u32: the same 4 bytes as an f32.
@@ -126,12 +132,15 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
         f32_buffer(
             Key::Encoded,
             act,
-            d.n * d.c,
+            d.local * d.c,
             span(Phase::Embed, Phase::Backward(0)),
         ),
     ];
+    if policy.seq_shards > 1 {
+        out.extend(sp_scratch(&d, policy));
+    }
     for layer in 0..m.n_layers {
-        let own = BlockDims::layer(m, s, layer);
+        let own = BlockDims::layer(m, s, layer).sequence_parallel(policy.seq_shards);
         out.extend(block_buffers(m, &own, policy, layer));
         out.extend(forward_scratch(&own, policy, layer));
     }
@@ -150,6 +159,24 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
         out.extend(bf16_backward_scratch(m, &d));
     }
     out
+}
+
+/// Sequence parallelism's workspaces: `work.sp_gather`, a norm's output gathered whole for the
+/// column-parallel GEMM (and again for its backward), in the matmul inputs' type; `work.sp_full`
+/// (f32), a row-parallel projection's partial sum before its reduce-scatter, the embedding's
+/// before its own, and in the backward the residual gradient gathered whole; `work.sp_dnorm`
+/// (2C), a norm's weight and bias gradient over this rank's rows, summed over the ranks before
+/// it joins the gradient.
+fn sp_scratch(d: &BlockDims, policy: ActPolicy) -> [Buffer; 3] {
+    let life = span(Phase::Embed, Phase::EmbedBackward);
+    let other = Category::Other;
+    let gather = policy.elem_bytes(BlockTensor::Ln1) * d.n * d.c;
+    let dnorm = span(Phase::Head, Phase::Backward(0));
+    [
+        sized_buffer(Key::Work(Work::SpGather), other, gather, life),
+        f32_buffer(Key::Work(Work::SpFull), other, d.n * d.c, life),
+        f32_buffer(Key::Work(Work::SpDnorm), other, 2 * d.c, dnorm),
+    ]
 }
 
 /// With bf16 activations: `work.f32`, where the f32 kernels producing a bf16 tensor write it
@@ -228,13 +255,13 @@ fn block_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy, layer: u32) -
             // Inside a segment: the forward's copy lives until the next block has read it;
             // the backward's is recomputed with the rest of the segment.
             let fwd = span(Phase::Forward(layer), Phase::Forward(layer + 1));
-            out.push(f32_buffer(Key::BlockOutFwd(layer), act, d.n * d.c, fwd));
+            out.push(f32_buffer(Key::BlockOutFwd(layer), act, d.local * d.c, fwd));
             let bwd = span(Phase::Backward(last), read_until);
-            out.push(f32_buffer(key, act, d.n * d.c, bwd));
+            out.push(f32_buffer(key, act, d.local * d.c, bwd));
         }
         _ => {
             let life = span(Phase::Forward(layer), read_until);
-            out.push(f32_buffer(key, act, d.n * d.c, life));
+            out.push(f32_buffer(key, act, d.local * d.c, life));
         }
     }
     out
@@ -267,8 +294,10 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
     let head = span(Phase::Head, Phase::Head);
     let chunk_rows = CLASSIFIER_CHUNK_ROWS.min(d.n);
     let mut out = vec![
+        // Sequence parallelism: the final norm runs on this rank's rows, written into its part
+        // of `act.lnf`, which is then gathered whole for the classifier.
         f32_buffer(Key::Lnf, act, d.n * d.c, head),
-        f32_buffer(Key::LnfRstd, act, d.n, head),
+        f32_buffer(Key::LnfRstd, act, d.local, head),
         f32_buffer(Key::Losses, act, d.n, head),
         f32_buffer(Key::DLnf, act, d.n * d.c, head),
         f32_buffer(Key::Classifier, Category::Other, chunk_rows * m.vocab, head),
@@ -276,12 +305,12 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
         f32_buffer(
             Key::DResidual,
             act,
-            d.n * d.c,
+            d.local * d.c,
             span(Phase::Head, Phase::EmbedBackward),
         ),
     ];
     if d.has_mean {
-        out.push(f32_buffer(Key::LnfMean, act, d.n, head));
+        out.push(f32_buffer(Key::LnfMean, act, d.local, head));
     }
     out
 }

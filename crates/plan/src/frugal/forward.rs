@@ -35,6 +35,7 @@ impl ForwardSetup {
             recompute: Recompute::None,
             attention: self.attention,
             bf16_matmul_inputs: false,
+            seq_shards: 1,
         }
     }
 }

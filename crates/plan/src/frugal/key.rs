@@ -73,6 +73,12 @@ pub enum Work {
     /// of logits (the row maximum, the sum of exponentials, the target's logit), reduced over
     /// the tensor-parallel ranks.
     TpStats,
+    /// Sequence parallelism: a norm's output gathered whole (the matmul inputs' type), a
+    /// projection's partial sum or a gathered gradient (f32, N × C), and a norm's weight and
+    /// bias gradient before the ranks' sum (2C).
+    SpGather,
+    SpFull,
+    SpDnorm,
 }
 
 /// Which inference step a scratch buffer serves.
@@ -360,6 +366,9 @@ impl fmt::Display for Key {
                 Work::MoeOut => "work.moe_out",
                 Work::MoeAux => "work.moe_aux",
                 Work::TpStats => "work.tp_stats",
+                Work::SpGather => "work.sp_gather",
+                Work::SpFull => "work.sp_full",
+                Work::SpDnorm => "work.sp_dnorm",
                 Work::MlaQ => "work.mla_q",
                 Work::MlaKv => "work.mla_kv",
                 Work::MlaCkv => "work.mla_ckv",

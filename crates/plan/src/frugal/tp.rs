@@ -285,3 +285,72 @@ mod tests {
         assert!(check(&moe, 2).is_err());
     }
 }
+
+#[cfg(test)]
+mod sp_tests {
+    use crate::frugal::acts::BlockTensor;
+    use crate::frugal::{training_plan, Key};
+    use crate::presets;
+    use crate::setup::{Attention, Precision, TrainSetup};
+    use crate::MemoryPlan;
+
+    fn bytes(plan: &MemoryPlan, key: Key) -> u64 {
+        plan.buffers
+            .iter()
+            .find(|b| b.key == Some(key))
+            .map_or(0, |b| b.bytes)
+    }
+
+    #[test]
+    fn tp_splits_the_tp_regions_and_sp_the_norms_region_as_korthikanti() {
+        let model = presets::by_name("gpt2-124m").unwrap();
+        let base = TrainSetup {
+            precision: Precision::Fp32,
+            attention: Attention::Eager,
+            ..TrainSetup::new(4, 256)
+        };
+        let one = training_plan(&model, &base).unwrap();
+        let tp = training_plan(
+            &model,
+            &TrainSetup {
+                tp: 2,
+                ..base.clone()
+            },
+        )
+        .unwrap();
+        let sp = training_plan(
+            &model,
+            &TrainSetup {
+                tp: 2,
+                sp: true,
+                ..base
+            },
+        )
+        .unwrap();
+        for t in [
+            BlockTensor::Qkv,
+            BlockTensor::Att,
+            BlockTensor::Atty,
+            BlockTensor::Fch,
+            BlockTensor::FchAct,
+        ] {
+            let key = Key::Act(3, t);
+            assert_eq!(2 * bytes(&tp, key), bytes(&one, key), "{t:?} /TP");
+            assert_eq!(bytes(&sp, key), bytes(&tp, key), "{t:?} stays /TP");
+        }
+        for t in [
+            BlockTensor::Ln1,
+            BlockTensor::Ln1Mean,
+            BlockTensor::Ln1Rstd,
+            BlockTensor::Res2,
+            BlockTensor::Ln2,
+        ] {
+            let key = Key::Act(3, t);
+            assert_eq!(bytes(&tp, key), bytes(&one, key), "{t:?} whole under TP");
+            assert_eq!(2 * bytes(&sp, key), bytes(&one, key), "{t:?} /TP under SP");
+        }
+        for key in [Key::BlockOut(3), Key::Encoded, Key::DResidual] {
+            assert_eq!(2 * bytes(&sp, key), bytes(&tp, key), "{key} /TP under SP");
+        }
+    }
+}

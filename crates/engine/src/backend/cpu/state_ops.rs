@@ -240,6 +240,13 @@ pub fn collective(a: &A, comm: &mut dyn Collective, op: CommOp) -> Result<(), Co
             with_buf_mut(a, t, |b| comm.reduce_scatter_in_place(b, ReduceOp::Sum))
         }
         CommOp::AllGatherInPlace(t) => with_buf_mut(a, t, |b| comm.all_gather_in_place(b)),
+        CommOp::ReduceScatter { src, dst } => {
+            assert!(src.dtype == DType::F32, "partial sums are f32");
+            let s = a.view::<f32>(src);
+            with_buf_mut(a, dst, |d| {
+                comm.reduce_scatter(Buf::F32(&s), d, ReduceOp::Sum)
+            })
+        }
         CommOp::AllGather { src, dst } => match src.dtype {
             DType::F32 => {
                 let s = a.view::<f32>(src);

@@ -45,6 +45,8 @@ impl MlaDims {
 pub struct BlockDims {
     /// Rows: batch × seq.
     pub n: u64,
+    /// Rows of the norms' region on this rank: `n`, or `n / tp` under sequence parallelism.
+    pub local: u64,
     pub c: u64,
     /// Width of the fused q|k|v row: (NH + 2 NKV) HD (MLA: 3 NH (nope + rope), values padded).
     pub qkv: u64,
@@ -96,6 +98,7 @@ impl BlockDims {
         let f = moe.map_or(m.d_ff, |e| e.d_ff_expert);
         BlockDims {
             n,
+            local: n,
             c: m.d_model,
             qkv,
             atty,
@@ -127,6 +130,14 @@ impl BlockDims {
                 ..a
             }
         })
+    }
+
+    /// These counts with the norms' region split over `shards` ranks (sequence parallelism).
+    pub fn sequence_parallel(self, shards: u64) -> BlockDims {
+        BlockDims {
+            local: self.n / shards.max(1),
+            ..self
+        }
     }
 
     /// Rows the MLP's matmuls run on: N, or N·k routed rows in expert order.

@@ -160,9 +160,10 @@ impl BlockTensor {
     pub fn numel(self, d: &BlockDims, attention: Attention) -> Option<u64> {
         let flash = attention == Attention::Flash;
         let numel = match self {
-            BlockTensor::Ln1 | BlockTensor::Res2 | BlockTensor::Ln2 => d.n * d.c,
-            BlockTensor::Ln1Rstd | BlockTensor::Ln2Rstd => d.n,
-            BlockTensor::Ln1Mean | BlockTensor::Ln2Mean if d.has_mean => d.n,
+            // The norms' region: this rank's rows under sequence parallelism.
+            BlockTensor::Ln1 | BlockTensor::Res2 | BlockTensor::Ln2 => d.local * d.c,
+            BlockTensor::Ln1Rstd | BlockTensor::Ln2Rstd => d.local,
+            BlockTensor::Ln1Mean | BlockTensor::Ln2Mean if d.has_mean => d.local,
             BlockTensor::Ln1Mean | BlockTensor::Ln2Mean => return None,
             BlockTensor::Qkv => d.n * d.qkv,
             BlockTensor::Att if !flash => d.att,
