@@ -178,6 +178,18 @@ impl<B: Backend> Arena<B> {
         self.tensor(self.id(key), dtype)
     }
 
+    /// The buffer of `key` as `dtype`, or an empty tensor naming no buffer when the plan holds
+    /// none: a pipeline stage has no token ids, head or targets where it does not run them,
+    /// and none of its ops reads them (a read would index past the slots and panic).
+    pub fn held_tensor(&self, key: Key, dtype: DType) -> Tensor {
+        self.try_tensor(key, dtype).unwrap_or(Tensor {
+            buf: BufId(usize::MAX),
+            dtype,
+            offset: 0,
+            len: 0,
+        })
+    }
+
     /// The buffer of `key` as `dtype`, when the plan holds one.
     pub fn try_tensor(&self, key: Key, dtype: DType) -> Option<Tensor> {
         self.try_id(key).map(|id| self.tensor(id, dtype))
@@ -219,6 +231,24 @@ impl<B: Backend> Arena<B> {
                 self.live_bytes[s.category as usize] -= s.bytes;
             }
         }
+    }
+
+    /// Frees `ids` before their planned end: a pipeline stage parks what one micro-batch's
+    /// forward kept (its stash holds the values) so the next forward can use the buffers.
+    pub fn park(&mut self, ids: &[BufId]) {
+        for id in ids {
+            let s = &self.slots[id.0];
+            assert_eq!(s.borrow.get(), 0, "buffer {} parked while borrowed", s.key);
+            if s.live.replace(false) {
+                self.live_bytes[s.category as usize] -= s.bytes;
+            }
+        }
+    }
+
+    /// Makes parked buffers live again, for the backward of the micro-batch they held.
+    pub fn revive(&mut self, ids: &[BufId]) {
+        let slots: Vec<usize> = ids.iter().map(|id| id.0).collect();
+        self.make_live(&slots);
     }
 
     /// Frees every non-persistent buffer: the end of a forward-only pass (validation, sampling).

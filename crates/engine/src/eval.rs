@@ -69,13 +69,30 @@ pub fn forward_chunks<B: Backend>(
     };
     f.enter(Phase::Embed)?;
     let (model, arena) = f.parts();
-    forward::embed(model, arena, batch, seq);
+    // A pipeline stage receives its input from the previous stage and sends its output on;
+    // only the last computes logits.
+    let boundary = crate::sp::rows(model, batch * seq).1 * model.config.shape.d_model as usize;
+    match &model.pp {
+        Some(pp) if !pp.stage.is_first() => {
+            let encoded = model.head.encoded.prefix(boundary);
+            pp.exchange(arena, crate::pp::Side::Prev, encoded)?;
+            pp.take(arena, crate::pp::Side::Prev, encoded);
+        }
+        _ => forward::embed(model, arena, batch, seq),
+    }
     f.leave(Phase::Embed)?;
     for l in 0..n_layers {
         f.enter(Phase::Forward(l))?;
         let (model, arena) = f.parts();
         forward::block(model, arena, l as usize, batch, seq);
         f.leave(Phase::Forward(l))?;
+    }
+    let (model, arena) = f.parts();
+    if let Some(pp) = model.pp.as_ref().filter(|p| !p.stage.is_last()) {
+        let out = model.forward_blocks[model.forward_blocks.len() - 1].out;
+        pp.exchange(arena, crate::pp::Side::Next, out.prefix(boundary))?;
+        f.end_pass();
+        return Ok(());
     }
     f.enter(Phase::Head)?;
     let (model, arena) = f.parts();
@@ -131,7 +148,7 @@ struct WholeLogits {
 impl WholeLogits {
     fn new(model: &Model, max_rows: usize) -> Option<WholeLogits> {
         let tp = model.tp.as_ref()?;
-        let vocab = tp.whole.shape.vocab;
+        let vocab = model.vocab();
         let slices: Vec<(usize, usize)> = (0..tp.size)
             .map(|r| plan::frugal::tp::vocab_range(vocab, tp.size, r))
             .map(|(f, n)| (f as usize, n as usize))
@@ -193,6 +210,9 @@ pub fn eval_loss<B: Backend>(
             sum += f64::from(cross_entropy(row, targets[first + i] as usize));
         }
     })?;
+    if let Some(pp) = &f.parts().0.pp {
+        sum = pp.from_last(sum)?;
+    }
     Ok((sum / (batch * seq) as f64) as f32)
 }
 
@@ -242,7 +262,11 @@ pub fn generate<B: Backend>(
             }
         })?;
         let limit = sampling.vocab_limit.unwrap_or(v).clamp(1, v);
-        tokens.push(pick(&last[..limit], sampling, &mut rng));
+        let mut next = pick(&last[..limit], sampling, &mut rng);
+        if let Some(pp) = &f.parts().0.pp {
+            next = pp.token_from_last(next)?;
+        }
+        tokens.push(next);
     }
     Ok(tokens[prompt.len()..].to_vec())
 }

@@ -133,6 +133,10 @@ pub struct Model {
     pub tp: Option<Box<crate::tp::TensorParallel>>,
     /// Sequence parallelism's workspaces (`None` without it).
     pub sp: Option<crate::sp::SpWork>,
+    /// Pipeline parallelism: this rank's stage and its links to the neighbouring stages.
+    pub pp: Option<Box<crate::pp::Pipeline>>,
+    /// Tensor or pipeline parallelism: where this rank's units sit in the whole model.
+    pub share: Option<Box<crate::share::Share>>,
 }
 
 impl Model {
@@ -168,13 +172,15 @@ impl Model {
             })
             .collect();
         let f32_of = |key: Key| arena.key_tensor(key, DType::F32);
+        // A pipeline stage holds the ids and the head only where it runs them.
+        let held = |key: Key| arena.held_tensor(key, DType::F32);
         let head = HeadActs {
-            tokens: arena.key_tensor(Key::Tokens, DType::U32),
+            tokens: arena.held_tensor(Key::Tokens, DType::U32),
             encoded: f32_of(Key::Encoded),
-            lnf: f32_of(Key::Lnf),
+            lnf: held(Key::Lnf),
             lnf_mean: arena.try_tensor(Key::LnfMean, DType::F32),
-            lnf_rstd: f32_of(Key::LnfRstd),
-            classifier: f32_of(Key::Classifier),
+            lnf_rstd: held(Key::LnfRstd),
+            classifier: held(Key::Classifier),
         };
         let work = Bf16Work {
             f32: arena.try_tensor(Key::Work(Work::F32), DType::F32),
@@ -212,6 +218,8 @@ impl Model {
             shape,
             lora: None,
             tp: None,
+            pp: None,
+            share: None,
             sp: arena.try_id(Key::Work(Work::SpGather)).map(|gather| {
                 let in_type = match policy.elem_bytes(BlockTensor::Ln1) {
                     2 => DType::Bf16,
@@ -226,10 +234,20 @@ impl Model {
         }
     }
 
+    /// Whether this rank runs the embedding (and its backward) and the head: every model but a
+    /// pipeline stage other than the first (last).
+    pub fn runs_embedding(&self) -> bool {
+        self.share.as_ref().is_none_or(|s| s.stage.is_first())
+    }
+
+    pub fn runs_head(&self) -> bool {
+        self.share.as_ref().is_none_or(|s| s.stage.is_last())
+    }
+
     /// The whole model's vocabulary (a tensor-parallel rank holds a slice of it).
     pub fn vocab(&self) -> u64 {
-        match &self.tp {
-            Some(tp) => tp.whole.shape.vocab,
+        match &self.share {
+            Some(s) => s.whole.shape.vocab,
             None => self.config.shape.vocab,
         }
     }
@@ -265,8 +283,12 @@ impl Model {
         match (kind, &self.lora) {
             (UnitKind::Block(l), Some(_)) => l as usize,
             (_, Some(_)) => panic!("LoRA trains only block adapters, not {kind:?}"),
+            // A pipeline stage holds the embedding (first stage; the last too when tied) and the
+            // head (last stage) only where it runs them.
             (UnitKind::Embed, None) => 0,
-            (UnitKind::Block(l), None) => 1 + l as usize,
+            (UnitKind::Block(l), None) => {
+                usize::from(self.units[0].kind == UnitKind::Embed) + l as usize
+            }
             (UnitKind::Head, None) => self.units.len() - 1,
         }
     }

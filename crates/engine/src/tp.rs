@@ -1,5 +1,5 @@
 //! Tensor parallelism inside the model (Megatron-LM): one rank's link to the others of its
-//! tensor-parallel group, and the whole model its share is cut from.
+//! tensor-parallel group (the whole model its share is cut from is `share::Share`).
 //!
 //! The model a tensor-parallel rank builds is its share (`plan::frugal::tp::rank_shape`: its
 //! heads, its slice of the MLP and of the vocabulary), so the forward and backward run the
@@ -19,11 +19,11 @@
 
 use crate::arena::Arena;
 use crate::backend::{Backend, CommOp, Tensor};
-use crate::config::ModelConfig;
 use crate::error::EngineError;
+use crate::share::Share;
 use comm::{Buf, BufMut, Collective, CommError, ReduceOp};
-use plan::frugal::tp::{self, Split};
-use plan::frugal::units::{Unit, UnitKind};
+use plan::frugal::tp;
+use plan::frugal::units::Unit;
 use std::cell::RefCell;
 
 /// One rank of a tensor-parallel group.
@@ -32,35 +32,20 @@ pub struct TensorParallel {
     pub size: u32,
     /// The vocabulary rows `(first id, rows)` this rank's embedding and classifier hold.
     pub vocab: (u64, u64),
-    /// The whole model: its config (saved with the model) and units (every rank's share is cut
-    /// from them: initialisation, loading, saving).
-    pub whole: ModelConfig,
-    pub whole_units: Vec<Unit>,
     comm: RefCell<comm::Counted<Box<dyn Collective>>>,
     failed: RefCell<Option<CommError>>,
 }
 
 impl TensorParallel {
-    /// Rank `comm.rank()` of a group of `comm.world_size()` over the whole model `whole`.
-    pub fn new(whole: ModelConfig, comm: Box<dyn Collective>) -> Result<Self, EngineError> {
+    /// Rank `comm.rank()` of a group of `comm.world_size()` over a model of `vocab` ids.
+    pub fn new(vocab: u64, comm: Box<dyn Collective>) -> TensorParallel {
         let (rank, size) = (comm.rank() as u32, comm.world_size() as u32);
-        let whole_units = plan::frugal::param_units(&whole.shape, 1)?;
-        Ok(TensorParallel {
+        TensorParallel {
             rank,
             size,
-            vocab: tp::vocab_range(whole.shape.vocab, size, rank),
-            whole,
-            whole_units,
+            vocab: tp::vocab_range(vocab, size, rank),
             comm: RefCell::new(comm::Counted::new(comm)),
             failed: RefCell::new(None),
-        })
-    }
-
-    /// The shape this rank computes with.
-    pub fn rank_config(&self) -> ModelConfig {
-        ModelConfig {
-            shape: tp::rank_shape(&self.whole.shape, self.size, self.rank),
-            ..self.whole.clone()
         }
     }
 
@@ -106,51 +91,16 @@ impl TensorParallel {
         self.comm.borrow().stats()
     }
 
-    fn whole_unit(&self, kind: UnitKind) -> &Unit {
-        (self.whole_units.iter().find(|u| u.kind == kind)).expect("every unit kind is whole too")
-    }
-
-    /// This rank's share (`unit`, padded) of the whole unit's values `whole`.
-    pub fn take_unit(&self, unit: &Unit, whole: &[f32], part: &mut [f32]) {
-        let w = self.whole_unit(unit.kind);
-        part.fill(0.0);
-        for view in &unit.views {
-            let wv = w.view(view.role);
-            let split = tp::split(&self.whole.shape, view.role, self.size, self.rank);
-            let src = &whole[wv.offset as usize..][..wv.numel() as usize];
-            let dst = &mut part[view.offset as usize..][..view.numel() as usize];
-            tp::take(&split, &wv.shape, src, dst);
-        }
-    }
-
-    /// Writes rank `rank`'s share `part` of `unit` into the whole unit's values.
-    pub fn put_unit(&self, unit: &Unit, rank: u32, part: &[f32], whole: &mut [f32]) {
-        let w = self.whole_unit(unit.kind);
-        for view in &unit.views {
-            let wv = w.view(view.role);
-            let split = tp::split(&self.whole.shape, view.role, self.size, rank);
-            let src = &part[view.offset as usize..][..view.numel() as usize];
-            let dst = &mut whole[wv.offset as usize..][..wv.numel() as usize];
-            tp::put(&split, &wv.shape, src, dst);
-        }
-    }
-
-    /// Whether `role` of this rank's units is whole on every rank (its gradient counts once in
-    /// the global norm: on rank 0).
-    pub fn replicated(&self, role: plan::frugal::units::Role) -> bool {
-        tp::split(&self.whole.shape, role, self.size, self.rank) == Split::Whole
-    }
-
-    /// Every rank's share of each unit (`mine`, this rank's, in unit order) put together into
-    /// the whole model's units: a collective over the group.
+    /// Every rank's share of each unit (`mine`, this rank's, in the order of `units`) put
+    /// together into the whole model's units (`share.whole_units` of the same kinds, in the
+    /// same order): a collective over the group.
     pub fn gather_units(
         &self,
+        share: &Share,
         units: &[Unit],
         mine: &[Vec<f32>],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let shares = (0..self.size)
-            .map(|r| tp::units(&self.whole.shape, self.size, r, 1))
-            .collect::<Result<Vec<_>, _>>()?;
+        let shares = share.tp_units()?;
         let mut out = Vec::with_capacity(units.len());
         for (u, unit) in units.iter().enumerate() {
             // Shares differ in length (the vocabulary slices): gather them padded to the longest.
@@ -160,11 +110,11 @@ impl TensorParallel {
             let mut all = vec![0.0f32; width * self.size as usize];
             self.gather_host(&padded, &mut all);
             self.check()?;
-            let whole = self.whole_unit(unit.kind);
+            let whole = &share.whole_units[share.whole_index(unit.kind)];
             let mut values = vec![0.0f32; whole.padded_numel as usize];
             for (r, theirs) in shares.iter().enumerate() {
                 let part = &all[r * width..][..theirs[u].numel as usize];
-                self.put_unit(&theirs[u], r as u32, part, &mut values);
+                share.put_unit(&theirs[u], r as u32, part, &mut values);
             }
             out.push(values);
         }

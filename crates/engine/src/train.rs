@@ -23,6 +23,7 @@ use crate::model::{Model, WeightSource};
 use crate::offload::OffloadStore;
 use crate::optim::{self, UnitSlice};
 use crate::precision::LossScaler;
+use crate::share::Share;
 use crate::zero::{Pass, Sharding};
 use crate::{backward, forward};
 use comm::Collective;
@@ -35,6 +36,7 @@ mod config;
 mod memory;
 mod mixed;
 mod passes;
+mod pipeline;
 mod state;
 mod tp;
 pub use config::{check_capacity, LoraConfig, StepStats, Timings, TrainConfig};
@@ -104,11 +106,10 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<Trainer<B>, EngineError> {
         let (world_rank, world) = (comm.rank(), comm.world_size());
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
-        let tp_size = config.tp.max(1);
-        let tp_rank = world_rank as u32 % tp_size;
-        let plan = config::check_capacity_rank(&config, tp_rank)?;
-        let comms = tp::Comms::split(comm, tp_size as usize)?;
-        let (comm, rank) = (comms.dp, world_rank / tp_size as usize);
+        let place = tp::Place::of(world_rank, config.tp.max(1), config.dp(), config.pp.max(1));
+        let plan = config::check_capacity_of(&config, place.tp_rank, place.stage)?;
+        let mut comms = tp::Comms::split(comm, place)?;
+        let (comm, rank) = (comms.dp, place.dp_rank as usize);
         let mixed = config.mixed.clone();
         let shape = &config.model.shape;
         let setup = config.setup();
@@ -118,16 +119,21 @@ impl<B: Backend> Trainer<B> {
             _ => None,
         };
         let arena = Arena::new(backend, &plan, Device::Gpu, config.device_memory_bytes)?;
-        let units = plan::frugal::rank_units(shape, &setup, tp_rank)?;
-        let tp_group = match comms.tp {
-            Some(c) => Some(Box::new(crate::tp::TensorParallel::new(
+        let stage = plan::frugal::place::stage_of(shape, &setup, place.stage);
+        let units = plan::frugal::stage_units(shape, &setup, place.tp_rank, stage)?;
+        let tp_group = comms
+            .tp
+            .map(|c| Box::new(crate::tp::TensorParallel::new(shape.vocab, c)));
+        let share = match comms.world.is_some() {
+            true => Some(Box::new(Share::new(
                 config.model.clone(),
-                c,
+                (place.tp_rank, place.tp),
+                stage,
             )?)),
-            None => None,
+            false => None,
         };
-        let model_config = match &tp_group {
-            Some(g) => g.rank_config(),
+        let model_config = match &share {
+            Some(s) => s.rank_config(),
             None => config.model.clone(),
         };
         let act_shape = ActShape {
@@ -144,7 +150,12 @@ impl<B: Backend> Trainer<B> {
         if let Some(lora) = &config.lora {
             model.attach_lora(&arena, &lora.plan, lora.alpha);
         }
-        model.tp = tp_group;
+        (model.tp, model.share) = (tp_group, share);
+        if let Some(links) = comms.pp.take() {
+            model.pp = Some(Box::new(crate::pp::Pipeline::new(
+                stage, links, &plan, &arena,
+            )));
+        }
         let offloaded = mixed.offload == Offload::Optimizer;
         let half = DType::half_of(mixed.precision);
         let fp32_opt = !offloaded && half.is_none();
@@ -241,7 +252,11 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// Copies a batch into the arena, refusing ids the model has no embedding for.
-    fn load_batch(&mut self, inputs: &[u32], targets: &[u32]) -> Result<(), EngineError> {
+    pub(crate) fn load_batch(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+    ) -> Result<(), EngineError> {
         let n = self.micro_tokens();
         assert!(
             inputs.len() == n && targets.len() == n,
@@ -261,8 +276,13 @@ impl<B: Backend> Trainer<B> {
             )));
         }
         let be = self.arena.backend();
-        be.upload_ids(&self.arena, self.model.head.tokens, inputs);
-        be.upload_ids(&self.arena, self.state.targets, targets);
+        // A pipeline stage holds the ids only where it embeds, the targets where it has the head.
+        if self.model.runs_embedding() {
+            be.upload_ids(&self.arena, self.model.head.tokens, inputs);
+        }
+        if self.model.runs_head() {
+            be.upload_ids(&self.arena, self.state.targets, targets);
+        }
         Ok(())
     }
 
@@ -354,7 +374,18 @@ impl<B: Backend> Trainer<B> {
         self.zero_grads();
         let (mut inputs, mut targets) = std::mem::take(&mut self.batch);
         let mut loss_sum = 0.0f64;
-        for micro in 0..k {
+        // A pipeline stage runs its micro-batches under 1F1B (`train::pipeline`).
+        let piped = self.model.pp.is_some();
+        if piped {
+            match self.pipeline_steps(next_batch, (&mut inputs, &mut targets), dloss) {
+                Ok(sum) => loss_sum = sum,
+                Err(e) => {
+                    self.batch = (inputs, targets);
+                    return Err(e);
+                }
+            }
+        }
+        for micro in (0..k).filter(|_| !piped) {
             self.micro = micro as u32;
             next_batch(&mut inputs, &mut targets);
             let micro = self.forward_backward(&inputs, &targets, dloss);

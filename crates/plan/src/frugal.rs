@@ -20,12 +20,14 @@ pub mod family;
 pub mod forward;
 pub mod key;
 pub mod layout;
+pub mod place;
+pub mod pp;
 pub mod serve;
 pub mod shards;
 pub mod tp;
 pub mod units;
 
-use crate::buffer::{Buffer, Category, Device, Lifetime, Phase};
+use crate::buffer::Device;
 use crate::setup::{Offload, Optimizer, Precision, Recompute};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
 pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
@@ -70,8 +72,9 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     if setup.optimizer == Optimizer::AdamW8bit {
         return Err(unsupported("8-bit Adam (use adamw or sgd)"));
     }
-    if setup.pp != 1 {
-        return Err(unsupported("pipeline parallelism"));
+    pp::check(model, setup.pp)?;
+    if setup.pp > 1 {
+        check_pipeline(model, setup)?;
     }
     if setup.sp && setup.tp < 2 {
         return Err(invalid(
@@ -145,96 +148,57 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     Ok(())
 }
 
+/// What the pipeline does not run yet, named.
+fn check_pipeline(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanError> {
+    if model.moe.is_some() {
+        return Err(unsupported(
+            "pipeline parallelism over mixture-of-experts layers (their load-balancing \
+             statistics span every stage; use --pp 1)",
+        ));
+    }
+    if setup.lora.is_some() {
+        return Err(unsupported("LoRA with pipeline parallelism (use --pp 1)"));
+    }
+    if setup.precision == Precision::Fp16 {
+        return Err(unsupported(
+            "fp16 with pipeline parallelism (its overflow checks are per data-parallel group: \
+             use --precision bf16)",
+        ));
+    }
+    let tied = model.tied_embeddings;
+    if tied && (setup.precision != Precision::Fp32 || setup.zero as u8 >= 2) {
+        return Err(unsupported(
+            "a tied embedding (GPT-2) over pipeline stages with 2-byte weights or ZeRO 2-3: the \
+             first and last stages' copies are summed as whole fp32 gradients (use \
+             --precision fp32 with --zero 0 or 1, or an untied model)",
+        ));
+    }
+    Ok(())
+}
+
 /// The units a training step updates: the model's, or under LoRA the adapters' (one per block).
 pub fn trainable_units(model: &ModelShape, setup: &TrainSetup) -> Result<Vec<Unit>, PlanError> {
     rank_units(model, setup, 0)
 }
-
-/// [`trainable_units`] of tensor-parallel rank `tp_rank`: its share of the model
-/// ([`tp::rank_shape`]), padded for the data-parallel group.
-pub fn rank_units(
-    model: &ModelShape,
-    setup: &TrainSetup,
-    tp_rank: u32,
-) -> Result<Vec<Unit>, PlanError> {
-    match &setup.lora {
-        Some(lora) => adapters::adapter_units(model, lora, setup.dp),
-        None if setup.tp > 1 => tp::units(model, setup.tp, tp_rank, setup.dp),
-        None => param_units(model, setup.dp),
-    }
-}
+pub use place::{rank_units, stage_plans, stage_units, training_plan_of, training_plan_rank};
 
 /// Every buffer the engine allocates for one training step of `model` under `setup`, per rank
-/// (tensor parallelism: on tensor-parallel rank 0, which holds the widest vocabulary slice).
+/// (tensor parallelism: on tensor-parallel rank 0, which holds the widest vocabulary slice;
+/// pipeline parallelism: on the stage with the largest peak, see [`place`]).
 pub fn training_plan(model: &ModelShape, setup: &TrainSetup) -> Result<MemoryPlan, PlanError> {
     training_plan_rank(model, setup, 0)
-}
-
-/// [`training_plan`] on tensor-parallel rank `tp_rank`: the plan of its share of the model
-/// ([`tp::rank_shape`]) plus the vocab-parallel loss's statistics.
-pub fn training_plan_rank(
-    whole: &ModelShape,
-    setup: &TrainSetup,
-    tp_rank: u32,
-) -> Result<MemoryPlan, PlanError> {
-    check_setup(whole, setup)?;
-    let local = tp::rank_shape(whole, setup.tp.max(1), tp_rank);
-    let model = &local;
-    let mut plan = MemoryPlan::new(model.n_layers);
-    let units = rank_units(whole, setup, tp_rank)?;
-    shards::check_world(&units, setup.dp, setup.zero)?;
-    let policy = ActPolicy::of(setup);
-    let rule = StateRule::of(setup);
-    for buffer in shards::state_buffers(model, &units, rule, policy) {
-        plan.push(buffer);
-    }
-    let shape = ActShape {
-        batch: setup.micro_batch,
-        seq: setup.seq,
-    };
-    for buffer in acts::activation_buffers(model, shape, policy) {
-        plan.push(buffer);
-    }
-    if let Some(lora) = &setup.lora {
-        let dims = acts::BlockDims::new(model, shape);
-        for buffer in adapters::lora_buffers(model, lora, &dims, policy)? {
-            plan.push(buffer);
-        }
-    }
-    let rows = setup.micro_batch * setup.seq;
-    if setup.tp > 1 {
-        // Max, sum of exponentials and target logit of each row of a chunk.
-        let stats = 3 * 4 * rows.min(CLASSIFIER_CHUNK_ROWS);
-        let head = Lifetime::Span {
-            born: Phase::Head,
-            dies: Phase::Head,
-        };
-        let key = Key::Work(key::Work::TpStats);
-        plan.push(Buffer::keyed(
-            key,
-            Category::Other,
-            Device::Gpu,
-            stats,
-            head,
-        ));
-    } else {
-        // Not under tensor parallelism: every rank's chunk must have the same rows (their
-        // reductions pair up), and the ranks' vocabulary slices differ.
-        widen_classifier_chunk(&mut plan, model, rows);
-    }
-    Ok(plan)
 }
 
 /// Chunks of logits the fused classifier may take instead of [`acts::CLASSIFIER_CHUNK_ROWS`],
 /// widest first: its GEMMs run faster on more rows (GPT-2 124M at B4 T256 on a 2-core Zen 5, the
 /// head took 813 ms per step at 64 rows, 622-630 ms at 256).
-const WIDER_CHUNK_ROWS: [u64; 2] = [256, 128];
+pub(crate) const WIDER_CHUNK_ROWS: [u64; 2] = [256, 128];
 
 /// Widens the classifier's chunk into room the step already has: the widest of
 /// [`WIDER_CHUNK_ROWS`] that leaves the device peak and the slab exactly as they are (the head is
 /// not the step's peak), else the chunk stays at [`acts::CLASSIFIER_CHUNK_ROWS`] rows. Memory is
 /// never spent on it; the engine reads the chunk's rows from this buffer's size.
-fn widen_classifier_chunk(plan: &mut MemoryPlan, model: &ModelShape, rows: u64) {
+pub(crate) fn widen_classifier_chunk(plan: &mut MemoryPlan, model: &ModelShape, rows: u64) {
     let Some(at) = plan
         .buffers
         .iter()

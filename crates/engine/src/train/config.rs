@@ -52,6 +52,8 @@ pub struct TrainConfig {
     pub tp: u32,
     /// Sequence parallelism over each tensor-parallel group (Megatron).
     pub sp: bool,
+    /// Pipeline stages (1: none); `grad_accum` is the micro-batches of the 1F1B schedule.
+    pub pp: u32,
     /// What the ranks share: 0 every rank holds everything and gradients are all-reduced; 1-3
     /// shard the optimizer state, then the gradients, then the weights.
     pub zero: ZeroStage,
@@ -90,6 +92,7 @@ impl TrainConfig {
             ranks: 1,
             tp: 1,
             sp: false,
+            pp: 1,
             zero: ZeroStage::Zero0,
             recompute: Recompute::None,
             attention: Attention::DEFAULT,
@@ -98,9 +101,9 @@ impl TrainConfig {
         }
     }
 
-    /// Data-parallel ranks: the ranks over the tensor-parallel degree.
+    /// Data-parallel ranks: the ranks over the tensor-parallel and pipeline degrees.
     pub fn dp(&self) -> u32 {
-        self.ranks / self.tp.max(1)
+        (self.ranks / (self.tp.max(1) * self.pp.max(1))).max(1)
     }
 
     /// The planner's view of this run, per rank: the one setup the capacity check, the arena and
@@ -113,6 +116,7 @@ impl TrainConfig {
             dp: self.dp(),
             tp: self.tp.max(1),
             sp: self.sp,
+            pp: self.pp.max(1),
             grad_accum: self.grad_accum,
             recompute: self.recompute,
             attention: self.attention,
@@ -146,20 +150,25 @@ pub struct StepStats {
 /// `host_memory`, with the plan's breakdown at its peak and the `fit` advisor's cheapest
 /// fix.
 pub fn check_capacity(config: &TrainConfig) -> Result<MemoryPlan, EngineError> {
-    check_capacity_rank(config, 0)
+    check_capacity_of(config, 0, 0)
 }
 
-/// [`check_capacity`] for tensor-parallel rank `tp_rank` (its vocabulary slice may be a row
-/// narrower than rank 0's).
-pub fn check_capacity_rank(config: &TrainConfig, tp_rank: u32) -> Result<MemoryPlan, EngineError> {
+/// [`check_capacity`] for tensor-parallel rank `tp_rank` of pipeline stage `stage` (a
+/// vocabulary slice may be a row narrower than rank 0's; stages hold different layers).
+pub fn check_capacity_of(
+    config: &TrainConfig,
+    tp_rank: u32,
+    stage: u32,
+) -> Result<MemoryPlan, EngineError> {
     let shape = &config.model.shape;
     let setup = config.setup();
-    let tp = config.tp.max(1);
-    if config.ranks % tp != 0 {
+    let (tp, pp) = (config.tp.max(1), config.pp.max(1));
+    if config.ranks % (tp * pp) != 0 {
         let reason = format!(
-            "{} ranks do not split into tensor-parallel groups of {tp}: use --ranks a multiple \
-             of --tp",
-            config.ranks
+            "{} ranks do not split into {pp} pipeline stages of tensor-parallel groups of {tp}: \
+             use --ranks a multiple of --tp x --pp = {}",
+            config.ranks,
+            tp * pp
         );
         let invalid = plan::PlanError::Invalid {
             field: "ranks".into(),
@@ -167,7 +176,7 @@ pub fn check_capacity_rank(config: &TrainConfig, tp_rank: u32) -> Result<MemoryP
         };
         return Err(invalid.into());
     }
-    let plan = plan::frugal::training_plan_rank(shape, &setup, tp_rank)?;
+    let plan = plan::frugal::training_plan_of(shape, &setup, tp_rank, stage)?;
     // One rank's slab: at least the peak (the sum of `at_peak`), more where the layout leaves gaps.
     let slab_bytes = plan::frugal::assign_offsets(&plan, Device::Gpu)
         .slab_bytes

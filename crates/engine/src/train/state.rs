@@ -114,9 +114,10 @@ impl TrainState {
         TrainState {
             grads: units.iter().map(|u| arena.id(Key::Grads(u.kind))).collect(),
             blocks,
-            targets: arena.key_tensor(Key::Targets, DType::U32),
-            losses: f32_of(Key::Losses),
-            dlnf: f32_of(Key::DLnf),
+            // A pipeline stage has targets and the head's tensors only on the last stage.
+            targets: arena.held_tensor(Key::Targets, DType::U32),
+            losses: arena.held_tensor(Key::Losses, DType::F32),
+            dlnf: arena.held_tensor(Key::DLnf, DType::F32),
             dresidual: f32_of(Key::DResidual),
             dln: f32_of(Key::DAct(DAct::Ln)),
             dqkv: f32_of(Key::DAct(DAct::Qkv)),

@@ -1,15 +1,17 @@
-//! A tensor-parallel trainer's communicators and the parts of the step that see the whole world:
-//! with `tp` > 1 the world of `ranks` splits into tensor-parallel groups of `tp` consecutive
-//! ranks (Megatron's order: rank = dp_rank · tp + tp_rank) and data-parallel groups of the ranks
-//! with the same `tp_rank`. ZeRO shards and reduces over the data-parallel group; the model's
-//! own collectives run over the tensor-parallel group; the global gradient norm, the
+//! A 3D-parallel trainer's communicators and the parts of the step that see the whole world: the
+//! world of `ranks` = pp × dp × tp is laid out as Megatron's, tensor-parallel ranks fastest
+//! (rank = (stage · dp + dp_rank) · tp + tp_rank): tensor-parallel groups of `tp` consecutive
+//! ranks, data-parallel groups of the ranks of one stage with the same `tp_rank`, and each
+//! pipeline's stages (`pp::Links`). ZeRO shards and reduces over the data-parallel group; the
+//! model's own collectives run over the tensor-parallel group; the global gradient norm, the
 //! any-rank flags and the memory report span the world.
 //!
 //! The norm counts a replicated weight (a norm, a row-parallel bias, learned positions) once:
-//! its gradient is the same on every tensor-parallel rank, so only rank 0 of the group sums it.
+//! its gradient is the same on every tensor-parallel rank, so only rank 0 of the group sums it;
+//! and a tied embedding's copy on the last stage not at all.
 //!
-//! Example: `let comms = Comms::split(comm, 2)?;` then `comms.dp` for ZeRO, `comms.tp` for the
-//! model.
+//! Example: `let comms = Comms::split(comm, Place::of(rank, 2, 2, 2))?;` then `comms.dp` for
+//! ZeRO, `comms.tp` for the model.
 
 use super::Trainer;
 use crate::backend::Backend;
@@ -18,31 +20,68 @@ use crate::model::view_range;
 use crate::optim::UnitSlice;
 use comm::Collective;
 
+/// Where a rank sits in the 3D world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub tp_rank: u32,
+    pub tp: u32,
+    pub dp_rank: u32,
+    pub dp: u32,
+    pub stage: u32,
+    pub pp: u32,
+}
+
+impl Place {
+    pub fn of(rank: usize, tp: u32, dp: u32, pp: u32) -> Place {
+        let rank = rank as u32;
+        Place {
+            tp_rank: rank % tp,
+            tp,
+            dp_rank: (rank / tp) % dp,
+            dp,
+            stage: rank / (tp * dp),
+            pp,
+        }
+    }
+}
+
 /// The communicators of one rank.
 pub(crate) struct Comms {
-    /// The data-parallel group (the whole world without tensor parallelism).
+    /// The data-parallel group (the whole world without tensor or pipeline parallelism).
     pub dp: Box<dyn Collective>,
-    /// The tensor-parallel group and the whole world (`None` without tensor parallelism).
+    /// The tensor-parallel group, the pipeline's links and the whole world (`None` without
+    /// them).
     pub tp: Option<Box<dyn Collective>>,
+    pub pp: Option<crate::pp::Links>,
     pub world: Option<Box<dyn Collective>>,
 }
 
 impl Comms {
-    /// Splits `world` into groups of `tp` ranks (a collective every rank calls).
-    pub fn split(mut world: Box<dyn Collective>, tp: usize) -> Result<Comms, EngineError> {
-        if tp <= 1 {
+    /// Splits `world` into the groups of `place` (a collective every rank calls).
+    pub fn split(mut world: Box<dyn Collective>, place: Place) -> Result<Comms, EngineError> {
+        if place.tp <= 1 && place.pp <= 1 {
             return Ok(Comms {
                 dp: world,
                 tp: None,
+                pp: None,
                 world: None,
             });
         }
-        let rank = world.rank();
-        let tp_group = world.split((rank / tp) as u32, rank as u32)?;
-        let dp_group = world.split((rank % tp) as u32, rank as u32)?;
+        let rank = world.rank() as u32;
+        let tp_group = world.split(rank / place.tp, rank)?;
+        let dp_group = world.split(place.stage * place.tp + place.tp_rank, rank)?;
+        let pp = match place.pp > 1 {
+            true => Some(crate::pp::Links::split(
+                &mut *world,
+                place.pp,
+                place.tp * place.dp,
+            )?),
+            false => None,
+        };
         Ok(Comms {
             dp: dp_group,
-            tp: Some(tp_group),
+            tp: (place.tp > 1).then_some(tp_group),
+            pp,
             world: Some(world),
         })
     }
@@ -57,20 +96,31 @@ impl<B: Backend> Trainer<B> {
         }
     }
 
-    /// On a tensor-parallel rank other than 0, `slices` without the replicated views (rank 0
-    /// counts them in the norm); as they are otherwise.
+    /// `slices` without what another rank counts in the global norm: on a tensor-parallel rank
+    /// other than 0 the replicated views (rank 0 counts them), on the last pipeline stage its
+    /// copy of a tied embedding (the first stage counts it).
     pub(crate) fn norm_share(&self, slices: &mut Vec<UnitSlice>) {
-        let Some(tp) = self.model.tp.as_ref().filter(|tp| tp.rank != 0) else {
+        let Some(share) = self.model.share.as_ref() else {
             return;
         };
+        // The last stage's copy of a tied embedding is the first stage's.
+        let copy =
+            share.stage.is_last() && !share.stage.is_first() && share.whole.shape.tied_embeddings;
         let mut kept = Vec::with_capacity(slices.len());
         for (u, s) in slices.iter().enumerate() {
+            if copy && self.model.units[u].kind == plan::frugal::units::UnitKind::Embed {
+                continue;
+            }
+            if share.tp_rank == 0 {
+                kept.push(*s);
+                continue;
+            }
             let mut at = 0;
             for view in &self.model.units[u].views {
                 let Some(local) = s.local(view_range(view)) else {
                     continue;
                 };
-                if !tp.replicated(view.role) {
+                if !share.replicated(view.role) {
                     continue;
                 }
                 kept.push(s.part(at..local.start));

@@ -25,13 +25,15 @@ impl<B: Backend> Trainer<B> {
     pub fn init_weights(&mut self, seed: u64) {
         for u in 0..self.model.units.len() {
             let mut full = vec![0.0f32; self.model.units[u].padded_numel as usize];
-            match &self.model.tp {
-                Some(tp) => {
-                    let whole = &tp.whole_units[u];
+            match &self.model.share {
+                Some(share) => {
+                    // The whole model's unit, from its own stream, cut to this rank's share.
+                    let w = share.whole_index(self.model.units[u].kind);
+                    let whole = &share.whole_units[w];
                     let mut values = vec![0.0f32; whole.padded_numel as usize];
-                    let n_layers = tp.whole.shape.n_layers;
-                    init::fill(whole, u, n_layers, &mut values, seed);
-                    tp.take_unit(&self.model.units[u], &values, &mut full);
+                    let n_layers = share.whole.shape.n_layers;
+                    init::fill(whole, w, n_layers, &mut values, seed);
+                    share.take_unit(&self.model.units[u], &values, &mut full);
                 }
                 None => init::fill_unit(&self.model, u, &mut full, seed),
             }
@@ -94,14 +96,21 @@ impl<B: Backend> Trainer<B> {
         Ok(out)
     }
 
-    /// The whole model's weights in its units (`TensorParallel::whole_units`), put together
-    /// from every tensor-parallel rank's share: [`Trainer::full_params`] without tensor
-    /// parallelism. A collective.
+    /// The whole model's weights in its units (`Share::whole_units`), put together from every
+    /// tensor-parallel rank's share and every pipeline stage's units:
+    /// [`Trainer::full_params`] without either. A collective.
     pub fn whole_params(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
         let mine = self.full_params()?;
-        match &self.model.tp {
-            Some(tp) => tp.gather_units(&self.model.units, &mine),
-            None => Ok(mine),
+        let Some(share) = &self.model.share else {
+            return Ok(mine);
+        };
+        let stage_units = match &self.model.tp {
+            Some(tp) => tp.gather_units(share, &self.model.units, &mine)?,
+            None => mine,
+        };
+        match &self.model.pp {
+            Some(pp) => pp.gather_units(share, &self.model.units, stage_units),
+            None => Ok(stage_units),
         }
     }
 

@@ -79,6 +79,9 @@ pub enum Work {
     SpGather,
     SpFull,
     SpDnorm,
+    /// Pipeline parallelism: both halves of one exchange with a neighbouring stage (what this
+    /// stage sends and what it receives: a boundary activation or its gradient).
+    PpExchange,
 }
 
 /// Which inference step a scratch buffer serves.
@@ -277,6 +280,9 @@ pub enum Key {
     KvVScales(u32),
     /// An inference step's scratch.
     Step(StepKind, StepAct),
+    /// Pipeline parallelism: slot `k` of a stage's stash of in-flight micro-batches' saved
+    /// activations.
+    Stash(u32),
 }
 
 impl fmt::Display for UnitKind {
@@ -317,6 +323,7 @@ impl fmt::Display for Key {
             Key::DLnf => f.write_str("dact.lnf"),
             Key::Classifier => f.write_str("work.classifier"),
             Key::DResidual => f.write_str("dact.residual"),
+            Key::Stash(k) => write!(f, "act.stash.{k}"),
             Key::DAct(d) => f.write_str(match d {
                 DAct::Ln => "dact.ln",
                 DAct::Qkv => "dact.qkv",
@@ -369,6 +376,7 @@ impl fmt::Display for Key {
                 Work::SpGather => "work.sp_gather",
                 Work::SpFull => "work.sp_full",
                 Work::SpDnorm => "work.sp_dnorm",
+                Work::PpExchange => "work.pp_exchange",
                 Work::MlaQ => "work.mla_q",
                 Work::MlaKv => "work.mla_kv",
                 Work::MlaCkv => "work.mla_ckv",

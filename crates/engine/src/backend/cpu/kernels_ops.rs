@@ -124,6 +124,15 @@ pub fn convert(a: &A, dst: Tensor, src: Tensor) {
             let src = a.view::<f16>(src);
             convert::f16_to_f32(&mut a.view_mut::<f32>(dst), &src);
         }
+        // A copy (a pipeline's exchange and stash: f32 rows, raw bytes).
+        (DType::F32, DType::F32) => {
+            let src = a.view::<f32>(src);
+            a.view_mut::<f32>(dst).copy_from_slice(&src);
+        }
+        (DType::U8, DType::U8) => {
+            let src = a.view::<u8>(src);
+            a.view_mut::<u8>(dst).copy_from_slice(&src);
+        }
         (d, s) => panic!("no conversion from {s:?} to {d:?}"),
     }
 }

@@ -1,8 +1,9 @@
-//! Tensor parallelism (Megatron-style) over thread ranks: TP ranks of one model replica follow
-//! the single rank's trajectory on the same global batch (fp32 losses within 1e-5 relative),
-//! with ZeRO over the data-parallel groups, recompute and bf16 composing; every rank's measured
-//! bytes are its own plan (rank 0 holds a vocabulary row more than rank 1 for GPT-2's 50257);
-//! each rank holds exactly 1/TP of every block matrix.
+//! Tensor, sequence and pipeline parallelism (Megatron-style) over thread ranks: the ranks of
+//! one model replica follow the single rank's trajectory on the same global batch (fp32 losses
+//! within 1e-5 relative), with ZeRO over the data-parallel groups, recompute and bf16 composing;
+//! every rank's measured bytes are its own plan (rank 0 holds a vocabulary row more than rank 1
+//! for an odd vocabulary; pipeline stages hold different layers, the first and last the
+//! embedding and head); each tensor-parallel rank holds exactly 1/TP of every block matrix.
 
 mod common;
 
@@ -21,6 +22,9 @@ struct Run {
     ranks: u32,
     tp: u32,
     sp: bool,
+    pp: u32,
+    /// Micro-batches per step.
+    micro: u32,
     zero: ZeroStage,
     recompute: Recompute,
     precision: Precision,
@@ -30,41 +34,50 @@ const ONE: Run = Run {
     ranks: 1,
     tp: 1,
     sp: false,
+    pp: 1,
+    micro: 1,
     zero: ZeroStage::Zero0,
     recompute: Recompute::None,
     precision: Precision::Fp32,
 };
 
-/// Losses and gradient norms of 3 steps over a global batch of `rows` rows and the whole model's final weights;
-/// every rank's memory checked against its plan.
+/// Losses and gradient norms of 3 steps over a global batch of `rows` rows per micro-batch
+/// (`r.micro` of them) and the whole model's final weights; every rank's memory checked
+/// against its plan.
 fn run(shape: &ModelShape, r: Run, rows: u64) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let n = (rows * SEQ) as usize;
+    let m = u64::from(r.micro);
+    let n = (rows * SEQ * m) as usize;
     let (x, y) = (tokens(n, shape.vocab, 31), tokens(n, shape.vocab, 32));
-    let dp = r.ranks / r.tp;
+    let dp = r.ranks / (r.tp * r.pp);
     let local = rows / u64::from(dp);
     let mut cfg = config(shape.clone(), local, SEQ);
-    (cfg.ranks, cfg.tp, cfg.sp) = (r.ranks, r.tp, r.sp);
-    (cfg.zero, cfg.recompute) = (r.zero, r.recompute);
+    (cfg.ranks, cfg.tp, cfg.sp, cfg.pp) = (r.ranks, r.tp, r.sp, r.pp);
+    (cfg.zero, cfg.recompute, cfg.grad_accum) = (r.zero, r.recompute, r.micro);
     cfg.mixed.precision = r.precision;
     let mut out: Vec<(Vec<f32>, Vec<Vec<f32>>)> = on_ranks(r.ranks as usize, |c| {
         let rank = c.rank();
         let mut t = Trainer::with_comm(cfg.clone(), c).unwrap();
         t.init_weights(5);
-        // The ranks of one tensor-parallel group read the same rows of the global batch.
-        let d = (rank / r.tp as usize) as u64;
-        let span = (d * local * SEQ) as usize..((d + 1) * local * SEQ) as usize;
+        // The ranks of one replica (its tensor-parallel ranks and pipeline stages) read the
+        // same rows: micro-batch i is rows i·R..(i+1)·R, of which this replica takes its part.
+        let d = ((rank / r.tp as usize) % dp as usize) as u64;
+        let mut calls = 0u64;
         let mut losses = Vec::new();
         for _ in 0..3 {
             let s = t
                 .step(&mut |i, o| {
+                    let at = ((calls % m) * rows + d * local) * SEQ;
+                    let span = at as usize..(at + local * SEQ) as usize;
                     i.copy_from_slice(&x[span.clone()]);
-                    o.copy_from_slice(&y[span.clone()]);
+                    o.copy_from_slice(&y[span]);
+                    calls += 1;
                 })
                 .unwrap();
             // The global norm counts every replicated weight once (clipping at 1 is active).
             losses.extend([s.loss, s.grad_norm]);
         }
-        assert_measured_equals_planned(&t, &format!("rank {rank} of {} (tp {})", r.ranks, r.tp));
+        let what = format!("rank {rank} of {} (tp {}, pp {})", r.ranks, r.tp, r.pp);
+        assert_measured_equals_planned(&t, &what);
         (losses, t.whole_params().unwrap())
     });
     for (rank, (losses, _)) in out.iter().enumerate().skip(1) {
@@ -147,6 +160,7 @@ fn tensor_parallelism_composes_with_zero_3_recompute_and_bf16() {
         zero: ZeroStage::Zero3,
         recompute: Recompute::Every(1),
         precision: Precision::Bf16,
+        ..ONE
     };
     // bf16 GEMMs over half the columns round differently: bf16's own tolerance.
     assert_follows(
@@ -166,6 +180,62 @@ fn tensor_parallelism_composes_with_zero_3_recompute_and_bf16() {
         run(&shape, cheap, 4),
         &one,
         1e-5,
+    );
+}
+
+#[test]
+fn pipeline_stages_follow_the_single_rank_trajectory() {
+    for shape in [gpt2_tiny(), llama_tiny()] {
+        for micro in [1, 4] {
+            let one = run(&shape, Run { micro, ..ONE }, 4);
+            let pp2 = Run {
+                ranks: 2,
+                pp: 2,
+                micro,
+                ..ONE
+            };
+            let what = format!("{} pp 2, {micro} micro-batches", shape.name);
+            assert_follows(&what, run(&shape, pp2, 4), &one, 1e-5);
+        }
+        // 3D: 2 stages x 2 data-parallel replicas x 2 tensor-parallel ranks, ZeRO-1.
+        let one = run(&shape, Run { micro: 2, ..ONE }, 4);
+        let three = Run {
+            ranks: 8,
+            tp: 2,
+            pp: 2,
+            micro: 2,
+            zero: ZeroStage::Zero1,
+            ..ONE
+        };
+        assert_follows(
+            &format!("{} tp 2 pp 2 dp 2", shape.name),
+            run(&shape, three, 4),
+            &one,
+            1e-5,
+        );
+    }
+    // An untied model composes with bf16, ZeRO-3, sequence parallelism and recompute.
+    let llama = llama_tiny();
+    let bf16 = Run {
+        micro: 4,
+        precision: Precision::Bf16,
+        ..ONE
+    };
+    let one = run(&llama, bf16, 4);
+    let r = Run {
+        ranks: 8,
+        tp: 2,
+        sp: true,
+        pp: 2,
+        zero: ZeroStage::Zero3,
+        recompute: Recompute::Every(1),
+        ..bf16
+    };
+    assert_follows(
+        "llama tp 2 sp pp 2 dp 2 zero 3 full bf16",
+        run(&llama, r, 4),
+        &one,
+        2e-3,
     );
 }
 
