@@ -16,6 +16,7 @@
 
 mod comm;
 mod generate;
+mod pipeline;
 mod quality;
 mod serve;
 
@@ -46,6 +47,8 @@ pub enum What {
     Quality(quality::Args),
     /// The all-reduce of thread or MPI ranks against the memory bandwidth measured in the run.
     Comm(comm::Args),
+    /// The 1F1B pipeline's idle fraction per stage against (p - 1)/(m + p - 1), same run.
+    Pipeline(pipeline::Args),
 }
 
 const TRAIN_EXAMPLES: &str = "\
@@ -106,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         What::Serve(a) => serve::run(a),
         What::Quality(a) => quality::run(a),
         What::Comm(a) => comm::run(a),
+        What::Pipeline(a) => pipeline::run(a),
     }
 }
 

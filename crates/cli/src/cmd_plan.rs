@@ -295,6 +295,9 @@ fn model_report(
         let mut hw = plan::fit::Hardware::of(plan::fit::gpu_by_name(&args.gpu)?);
         hw.tf32 = args.tf32;
         let mut r = report::training(runtime, Some(model), 0, &setup, &est);
+        if runtime == "frugal" {
+            r.rank_peaks = report::rank_peaks(model, &setup)?;
+        }
         r.step_time = Some(plan::fit::step_time(model, &setup, &hw));
         r.gpu = Some(hw.gpu.name.to_string());
         r

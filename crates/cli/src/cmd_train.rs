@@ -127,6 +127,11 @@ pub struct Args {
     /// divide by T).
     #[arg(long)]
     pub sp: bool,
+    /// Pipeline stages (layers split into contiguous stages, the embedding on the first, the
+    /// head on the last): each step's --grad-accum micro-batches run 1F1B, so --ranks N gives
+    /// N/(T·P) data-parallel replicas.
+    #[arg(long, default_value_t = 1)]
+    pub pp: u32,
     /// ZeRO stage: 0 all-reduces gradients; 1 shards the optimizer state; 2 also the gradients
     /// (each unit's full gradient freed after its reduce-scatter); 3 also the weights (gathered
     /// per unit for its forward and backward).
@@ -331,7 +336,8 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         val: Vec::new(),
     };
     // A fresh LoRA run starts as its base (B = 0): its first validation point is the base's.
-    let batches = args.val_batches * (args.ranks / args.tp.max(1)) as usize;
+    let batches =
+        args.val_batches * (args.ranks / (args.tp.max(1) * args.pp.max(1))).max(1) as usize;
     if trainer.model.lora.is_some() && trainer.step == 0 {
         curves
             .val
@@ -391,10 +397,10 @@ fn interrupted(
     data_id: u64,
 ) -> anyhow::Error {
     let step = trainer.step;
-    if args.tp > 1 {
+    if args.tp > 1 || args.pp > 1 {
         return anyhow::anyhow!(
-            "interrupted after step {step}; nothing was saved (tensor-parallel runs do not \
-             snapshot yet)"
+            "interrupted after step {step}; nothing was saved (tensor- and pipeline-parallel \
+             runs do not snapshot yet)"
         );
     }
     let Some(out) = &args.out else {

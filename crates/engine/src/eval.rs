@@ -189,8 +189,11 @@ fn load_tokens<B: Backend>(f: &dyn Forward<B>, inputs: &[u32]) -> Result<(), Eng
             "token id {id} is beyond the model's vocabulary of {vocab}"
         )));
     }
-    let tokens = model.head.tokens.prefix(inputs.len());
-    arena.backend().upload_ids(arena, tokens, inputs);
+    // A pipeline stage holds the ids only where it embeds them.
+    if model.runs_embedding() {
+        let tokens = model.head.tokens.prefix(inputs.len());
+        arena.backend().upload_ids(arena, tokens, inputs);
+    }
     Ok(())
 }
 

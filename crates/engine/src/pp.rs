@@ -84,8 +84,9 @@ pub struct Pipeline {
     pub kept: Vec<BufId>,
     pub stashed: Vec<BufId>,
     pub stash: Vec<BufId>,
-    /// Time spent inside exchanges so far: this stage's idle time.
+    /// Time spent inside exchanges so far (this stage's idle time), and inside the schedule.
     pub idle: Cell<Duration>,
+    pub scheduled: Cell<Duration>,
 }
 
 fn link(c: Option<Box<dyn Collective>>) -> Option<Link> {
@@ -122,6 +123,7 @@ impl Pipeline {
             stashed,
             stash,
             idle: Cell::new(Duration::ZERO),
+            scheduled: Cell::new(Duration::ZERO),
         }
     }
 

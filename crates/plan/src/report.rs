@@ -147,6 +147,46 @@ pub struct Report {
     pub gpu: Option<String>,
     pub device_memory_bytes: Option<u64>,
     pub fits: Option<bool>,
+    /// The `frugal` runtime under tensor or pipeline parallelism: every rank's peak (the
+    /// report's own numbers are the busiest rank's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rank_peaks: Vec<RankPeak>,
+}
+
+/// One rank of a tensor/pipeline-parallel plan: its stage, its layers and tensor-parallel rank,
+/// and its peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankPeak {
+    pub stage: u32,
+    pub first_layer: u32,
+    pub layers: u32,
+    pub tp_rank: u32,
+    pub peak_bytes: u64,
+}
+
+/// Every rank's peak under `setup` in the `frugal` runtime, stage by stage (empty without
+/// tensor or pipeline parallelism).
+pub fn rank_peaks(
+    model: &ModelShape,
+    setup: &TrainSetup,
+) -> Result<Vec<RankPeak>, crate::PlanError> {
+    if setup.tp <= 1 && setup.pp <= 1 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for tp_rank in 0..setup.tp.max(1) {
+        for (stage, plan) in crate::frugal::stage_plans(model, setup, tp_rank)? {
+            out.push(RankPeak {
+                stage: stage.index,
+                first_layer: stage.first_layer,
+                layers: stage.layers,
+                tp_rank,
+                peak_bytes: plan.peak_bytes(crate::buffer::Device::Gpu),
+            });
+        }
+    }
+    out.sort_by_key(|r| (r.stage, r.tp_rank));
+    Ok(out)
 }
 
 /// Makes the categories at the peak sum to the profile's `peak_bytes`. A profile that finds its
@@ -235,6 +275,7 @@ pub fn training(
         gpu: None,
         device_memory_bytes: None,
         fits: None,
+        rank_peaks: Vec::new(),
     }
 }
 
@@ -286,6 +327,7 @@ pub fn inference(
         gpu: None,
         device_memory_bytes: None,
         fits: None,
+        rank_peaks: Vec::new(),
     }
 }
 

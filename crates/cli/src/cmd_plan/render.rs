@@ -31,10 +31,24 @@ fn describe(report: &Report) -> String {
         ),
         None => what,
     };
-    let note = match &report.runtime_note {
+    let mut note = match &report.runtime_note {
         Some(n) => format!("note: {n}\n"),
         None => String::new(),
     };
+    if !report.rank_peaks.is_empty() {
+        note.push_str("every rank planned (the table is the busiest one's):\n");
+        for r in &report.rank_peaks {
+            note.push_str(&format!(
+                "  stage {} (layers {}..{}), tp rank {}: peak {} = {} bytes\n",
+                r.stage,
+                r.first_layer,
+                r.first_layer + r.layers,
+                r.tp_rank,
+                crate::output::human_bytes(r.peak_bytes),
+                r.peak_bytes
+            ));
+        }
+    }
     let convention = match (report.runtime.as_str(), report.mode) {
         ("formula", "train") => format!(
             " (convention {})",

@@ -187,16 +187,22 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
     if args.tp == 0 {
         bail!("--tp 0: use --tp 1 (no tensor parallelism) or more");
     }
-    if args.ranks % args.tp != 0 {
+    if args.pp == 0 {
+        bail!("--pp 0: use --pp 1 (no pipeline) or more stages");
+    }
+    let model_ranks = args.tp * args.pp;
+    if args.ranks % model_ranks != 0 {
         bail!(
-            "--ranks {} is not a multiple of --tp {}: the ranks form tensor-parallel groups of \
-             --tp ranks (use --ranks {})",
+            "--ranks {} is not a multiple of --tp {} x --pp {} = {model_ranks}: the ranks form \
+             replicas of {model_ranks} (use --ranks {})",
             args.ranks,
             args.tp,
-            args.tp * (args.ranks / args.tp).max(1)
+            args.pp,
+            model_ranks * (args.ranks / model_ranks).max(1)
         );
     }
-    if args.tp > 1 {
+    if args.tp > 1 || args.pp > 1 {
+        let what = if args.tp > 1 { "tensor" } else { "pipeline" };
         for (set, flag) in [
             (args.save_every.is_some(), "--save-every"),
             (args.resume.is_some(), "--resume"),
@@ -205,8 +211,10 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
         ] {
             if set {
                 bail!(
-                    "{flag} with --tp {}: not built for tensor-parallel runs yet (use --tp 1)",
-                    args.tp
+                    "{flag} with --tp {} --pp {}: not built for {what}-parallel runs yet (use \
+                     --tp 1 --pp 1)",
+                    args.tp,
+                    args.pp
                 );
             }
         }
@@ -265,11 +273,12 @@ fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
 /// whole fp32 units, which stage 3 never holds and which are not bf16/fp16 master weights.
 fn check_weights(args: &Args, weights: Option<&Path>) -> anyhow::Result<()> {
     let Some(path) = weights else { return Ok(()) };
-    if args.tp > 1 {
+    if args.tp > 1 || args.pp > 1 {
         bail!(
-            "--tp {} cannot start from the saved weights in {} yet: train with --tp 1, or from \
-             a preset or a config.json without weights",
+            "--tp {} --pp {} cannot start from the saved weights in {} yet: train with --tp 1 \
+             --pp 1, or from a preset or a config.json without weights",
             args.tp,
+            args.pp,
             path.display()
         );
     }
@@ -349,6 +358,7 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         ranks: args.ranks,
         tp: args.tp,
         sp: args.sp,
+        pp: args.pp,
         zero: args.zero,
         recompute: args.recompute,
         attention: args.attention,

@@ -49,6 +49,7 @@ pub struct ModelState {
     /// Data-parallel ranks (ZeRO's N) and the tensor-parallel degree.
     pub ranks: u64,
     pub tp: u32,
+    pub pp: u32,
     pub psi: u64,
     pub state_bytes: u64,
     pub sixteen_psi_over_n_bytes: u64,
@@ -82,6 +83,7 @@ pub fn model_state(t: &Trainer) -> ModelState {
         stage: t.sharding.stage() as u8,
         ranks,
         tp: t.config.tp.max(1),
+        pp: t.config.pp.max(1),
         psi,
         state_bytes,
         sixteen_psi_over_n_bytes: 16 * psi / ranks,
@@ -156,9 +158,11 @@ fn zero_json(m: &ModelState) -> Value {
 
 /// The lines under the memory table that show ZeRO's claim.
 fn zero_lines(m: &ModelState) -> String {
-    let share = match m.tp {
-        1 => String::new(),
-        tp => format!(" of its 1/{tp} tensor-parallel share"),
+    let share = match (m.tp, m.pp) {
+        (1, 1) => String::new(),
+        (tp, 1) => format!(" of its 1/{tp} tensor-parallel share"),
+        (1, _) => " of its pipeline stage".to_string(),
+        (tp, _) => format!(" of its 1/{tp} tensor-parallel share of its pipeline stage"),
     };
     let mut out = format!(
         "ZeRO stage {} on {}: model state per rank{share} {} (params + grads + optimizer) \
@@ -221,9 +225,13 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         args.batch,
         args.seq,
         args.grad_accum,
-        match args.tp {
-            1 => crate::output::plural(s.memory.len() as u64, "rank"),
-            tp => format!("{} ranks: tp {tp} x dp {}", s.memory.len(), s.memory.len() as u32 / tp),
+        match (args.tp, args.pp) {
+            (1, 1) => crate::output::plural(s.memory.len() as u64, "rank"),
+            (tp, pp) => format!(
+                "{} ranks: tp {tp} x pp {pp} x dp {}",
+                s.memory.len(),
+                s.memory.len() as u32 / (tp * pp)
+            ),
         }
     );
     out.push_str(&format!(
@@ -242,6 +250,22 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
             "(each of the {} ranks measured exactly its plan)\n",
             s.memory.len()
         ));
+    }
+    if args.tp > 1 || args.pp > 1 {
+        // Ranks differ: a pipeline stage holds its layers, a tensor-parallel rank its slice.
+        let (tp, dp) = (
+            args.tp.max(1) as usize,
+            s.memory.len() / (args.tp * args.pp) as usize,
+        );
+        for r in s.memory {
+            out.push_str(&format!(
+                "  rank {} (stage {}, tp rank {}): peak {} planned and measured\n",
+                r.rank,
+                r.rank / (tp * dp.max(1)),
+                r.rank % tp,
+                human_bytes(r.measured.peak_bytes)
+            ));
+        }
     }
     let rss: Vec<String> = s
         .memory

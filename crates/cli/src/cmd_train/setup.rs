@@ -100,9 +100,11 @@ pub fn build_rank(
 ) -> anyhow::Result<Rank> {
     let (b, t) = (args.batch as usize, args.seq as usize);
     let mut shape = data::BatchShape::single(b, t);
-    // The ranks of one tensor-parallel group read the same rows: the data-parallel rank's.
-    let tp = args.tp.max(1) as usize;
-    (shape.rank, shape.world_size) = (comm.rank() / tp, comm.world_size() / tp);
+    // The ranks of one replica (its tensor-parallel ranks and pipeline stages) read the same
+    // rows: the data-parallel rank's (rank = (stage · dp + dp_rank) · tp + tp_rank).
+    let (tp, pp) = (args.tp.max(1) as usize, args.pp.max(1) as usize);
+    let dp = (comm.world_size() / (tp * pp)).max(1);
+    (shape.rank, shape.world_size) = ((comm.rank() / tp) % dp, dp);
     let loader = shared
         .dataset
         .train_loader(data::LoaderConfig::shuffled(shape, args.seed))

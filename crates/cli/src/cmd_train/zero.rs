@@ -1,7 +1,7 @@
 //! `frugal train --zero 0|1|2|3 --ranks N`: the stage flag, and what a stage-3 run must do while
 //! its ranks are still alive.
 //!
-//! At stage 3 (and under tensor parallelism, or with sharded master weights) no rank holds whole weights: the sample and the saved model need every unit
+//! At stage 3 (and under tensor or pipeline parallelism, or with sharded master weights) no rank holds whole weights: the sample and the saved model need every unit
 //! gathered, a collective all ranks join. So each rank, right after its training loop, runs the
 //! same seeded generation and gathers the full weights for `--out`; rank 0 keeps the results.
 //! Stages 0-2 hold full weights everywhere, and rank 0 does this alone after the others end.
@@ -28,10 +28,8 @@ pub fn finish(
     args: &Args,
 ) -> anyhow::Result<Finished> {
     // 2-byte runs save their fp32 master weights, sharded above stage 0: gather them.
-    let tensor_parallel = trainer.model.tp.is_some();
-    if trainer.sharding.stage() != ZeroStage::Zero3
-        && trainer.sharding.half.is_none()
-        && !tensor_parallel
+    let parallel = trainer.model.share.is_some();
+    if trainer.sharding.stage() != ZeroStage::Zero3 && trainer.sharding.half.is_none() && !parallel
     {
         return Ok(Finished::default());
     }
@@ -53,10 +51,11 @@ pub fn save(trainer: &Trainer, finished: &Finished, dir: &std::path::Path) -> an
     match &finished.weights {
         Some(units) => {
             let slices: Vec<&[f32]> = units.iter().map(|u| &u[..]).collect();
-            // Tensor parallelism: the ranks' shares were put together into the whole model.
-            if let Some(tp) = &trainer.model.tp {
-                let tensors = engine::io::export_views(&tp.whole_units, &slices);
-                return engine::io::save_hf(&tp.whole, tensors, dir).with_context(context);
+            // Tensor or pipeline parallelism: the ranks' shares were put together into the
+            // whole model.
+            if let Some(share) = &trainer.model.share {
+                let tensors = engine::io::export_views(&share.whole_units, &slices);
+                return engine::io::save_hf(&share.whole, tensors, dir).with_context(context);
             }
             let tensors = engine::io::export_units(&trainer.model, &slices);
             engine::io::save_pretrained_tensors(&trainer.model, tensors, dir).with_context(context)

@@ -33,9 +33,33 @@ impl<B: Backend> Trainer<B> {
         dloss: f32,
     ) -> Result<f64, EngineError> {
         let pipe = self.model.pp.take().expect("a pipeline stage");
+        let started = std::time::Instant::now();
         let result = self.schedule(&pipe, next_batch, batch, dloss);
+        pipe.scheduled.set(pipe.scheduled.get() + started.elapsed());
+        let result = result.and_then(|sum| self.after_schedule(&pipe, sum));
         self.model.pp = Some(pipe);
         result
+    }
+
+    /// After the micro-batches: a tied embedding's two copies take their summed gradient (the
+    /// last stage's copy took the head's, the first stage's the embedding's; whole fp32
+    /// gradients: ZeRO 0-1, fp32), and every stage learns the last stage's loss sum.
+    fn after_schedule(&mut self, pipe: &Pipeline, loss_sum: f64) -> Result<f64, EngineError> {
+        let stage = pipe.stage;
+        if self.config.model.shape.tied_embeddings && (stage.is_first() || stage.is_last()) {
+            let embed = self
+                .arena
+                .tensor(self.state.grads[0], crate::backend::DType::F32);
+            pipe.sum_embedding(&self.arena, embed)?;
+        }
+        pipe.from_last(loss_sum)
+    }
+
+    /// A pipeline stage's time inside exchanges and inside the 1F1B schedule so far: its idle
+    /// fraction is their ratio (`None` without a pipeline).
+    pub fn pipeline_time(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        let pp = self.model.pp.as_ref()?;
+        Some((pp.idle.get(), pp.scheduled.get()))
     }
 
     fn schedule(
@@ -79,15 +103,7 @@ impl<B: Backend> Trainer<B> {
             self.stage_backward(pipe, k, false)?;
         }
         self.check_tp()?;
-        // A tied embedding: the last stage's copy took the head's gradient, the first stage's
-        // the embedding's; both take their sum (whole fp32 gradients: ZeRO 0-1, fp32).
-        if self.config.model.shape.tied_embeddings && (stage.is_first() || last) {
-            let embed = self
-                .arena
-                .tensor(self.state.grads[0], crate::backend::DType::F32);
-            pipe.sum_embedding(&self.arena, embed)?;
-        }
-        pipe.from_last(loss_sum)
+        Ok(loss_sum)
     }
 
     /// A micro-batch's forward on this stage (the last stage's head included); `ready`: its
