@@ -193,11 +193,6 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Sums `x` over the pipeline's stages (every stage's part of the global norm).
-    pub fn sum_stages(&self, x: f64) -> Result<f64, EngineError> {
-        crate::train::sum_f64(&mut *self.group.borrow_mut(), x)
-    }
-
     /// Every stage's whole units (`stage_units`: this stage's, the kinds of `units`) put
     /// together into the whole model's: each unit broadcast from the stage that holds it.
     pub fn gather_units(
