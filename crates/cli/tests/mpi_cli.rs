@@ -1,6 +1,7 @@
 //! `frugal train --comm mpi` under `mpiexec` (built with `--features mpi`; `.ci/run` installs
 //! MPICH and runs `cargo test --release -p frugal --features mpi --test mpi_cli`): losses and
-//! bytes on the wire bit-identical to thread ranks at every ZeRO stage, snapshots that move
+//! bytes on the wire bit-identical to thread ranks at every ZeRO stage and under tensor,
+//! sequence and pipeline parallelism, snapshots that move
 //! between MPI and thread ranks, and a rank that dies or stalls ends the job instead of hanging
 //! it. Without the feature, `--comm mpi` is refused with how to build it.
 
@@ -112,6 +113,26 @@ mod with_mpi {
                     "VmHWM per process"
                 );
                 assert_eq!(r["planned"]["peak_bytes"], r["measured"]["peak_bytes"]);
+            }
+        }
+    }
+
+    #[test]
+    fn tensor_sequence_and_pipeline_parallel_mpi_ranks_match_thread_ranks() {
+        let data = data("parallel");
+        let cases: [(usize, &[&str]); 3] = [
+            (2, &["--tp", "2", "--sp"]),
+            (2, &["--pp", "2", "--grad-accum", "2"]),
+            (4, &["--tp", "2", "--pp", "2", "--grad-accum", "2"]),
+        ];
+        for (n, extra) in cases {
+            let args = run_args(&data, extra);
+            let (m, t) = (json(&mpiexec(n, &args)), json(&threads(n, &args)));
+            assert_eq!(outcome(&m), outcome(&t), "n {n} {extra:?}");
+            let ranks = m["ranks"].as_array().unwrap();
+            assert_eq!(ranks.len(), n, "{extra:?}");
+            for r in ranks {
+                assert_eq!(r["planned"], r["measured"], "{extra:?}");
             }
         }
     }

@@ -1,7 +1,7 @@
-//! `frugal train --ranks N --tp T`: tensor-parallel ranks follow the single rank's losses on the
-//! same global batch, each rank measures exactly its own plan, and `frugal plan --runtime frugal
-//! --tp T` prints rank 0's peak; the saved model is the whole model (HF names and shapes); bad
-//! splits are refused naming the numbers.
+//! `frugal train --ranks N --tp T --pp P [--sp]`: tensor-parallel ranks and pipeline stages
+//! follow the single rank's losses on the same global batch, each rank measures exactly its own
+//! plan, and `frugal plan --runtime frugal --tp T --pp P` prints those peaks; the saved model is
+//! the whole model (HF names and shapes); bad splits are refused naming the numbers.
 
 mod common;
 
@@ -99,6 +99,89 @@ fn tensor_parallel_training_follows_one_rank_and_measures_its_plan() {
     assert_eq!(c_attn.shape(), [64, 192]);
 }
 
+/// The safetensors file's tensors, by name.
+fn tensors(path: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<u8>)> = (st.tensors().into_iter())
+        .map(|(name, t)| (name, t.data().to_vec()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn pipeline_stages_follow_one_rank_and_every_stage_measures_its_plan() {
+    let data = small_text("pipeline");
+    let dir = common::temp_dir("parallel-cli", "pipeline-out");
+    let (one_out, pp_out) = (dir.join("one"), dir.join("pp"));
+    // GPT-2 ties its head to the embedding: the last stage holds a copy.
+    let micro = ["--grad-accum", "4"];
+    let mut one_args = micro.to_vec();
+    one_args.extend(["--out", one_out.to_str().unwrap()]);
+    let one = train(&data, &one_args);
+    let mut pp_args = micro.to_vec();
+    pp_args.extend([
+        "--ranks",
+        "2",
+        "--pp",
+        "2",
+        "--out",
+        pp_out.to_str().unwrap(),
+    ]);
+    let pp = train(&data, &pp_args);
+    for field in ["loss_first", "loss_last", "val_loss"] {
+        close(&pp[field], &one[field], field);
+    }
+    // Each stage measured its own plan, and `frugal plan` lists exactly those peaks.
+    let mut plan = vec![
+        "plan",
+        "--train",
+        "--runtime",
+        "frugal",
+        "--precision",
+        "fp32",
+    ];
+    plan.extend(SHAPE);
+    plan.extend(["--pp", "2", "--grad-accum", "4", "--json"]);
+    let planned = json(&frugal(&plan));
+    let stages = planned["rank_peaks"].as_array().unwrap();
+    let ranks = pp["ranks"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    for (r, s) in ranks.iter().zip(stages) {
+        assert_eq!(r["planned"], r["measured"], "rank {}", r["rank"]);
+        assert_eq!(
+            r["measured"]["peak_bytes"], s["peak_bytes"],
+            "stage {}",
+            s["stage"]
+        );
+    }
+    // The first stage stashes a micro-batch in flight; the last holds the head instead.
+    assert_ne!(stages[0]["peak_bytes"], stages[1]["peak_bytes"]);
+    // The saved model is the whole model: the same tensors, names and shapes as one rank's.
+    let (a, b) = (
+        tensors(&one_out.join("model.safetensors")),
+        tensors(&pp_out.join("model.safetensors")),
+    );
+    assert_eq!(
+        a.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        b.iter().map(|t| &t.0).collect::<Vec<_>>()
+    );
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let f = |v: &[u8]| {
+            v.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect::<Vec<_>>()
+        };
+        let diff = f(x)
+            .iter()
+            .zip(f(y))
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-4, "{name} differs by {diff}");
+    }
+}
+
 #[test]
 fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
     let data = small_text("refuse");
@@ -153,4 +236,14 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
     ];
     odd.extend(["--tp", "4", "--sp", "--seq", "30"]);
     fails_with(&frugal(&odd), "--seq 30 must be a multiple of --tp 4");
+    fails_with(
+        &run(&["--ranks", "3", "--pp", "3"]),
+        "--pp 3 stages over 2 layers",
+    );
+    let tied = ["--ranks", "2", "--pp", "2", "--precision", "bf16"];
+    fails_with(&run(&tied), "a tied embedding (GPT-2) over pipeline stages");
+    fails_with(
+        &run(&["--ranks", "3", "--tp", "2", "--pp", "2"]),
+        "--tp 2 x --pp 2 = 4",
+    );
 }
