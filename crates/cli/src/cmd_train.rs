@@ -397,12 +397,6 @@ fn interrupted(
     data_id: u64,
 ) -> anyhow::Error {
     let step = trainer.step;
-    if args.tp > 1 || args.pp > 1 {
-        return anyhow::anyhow!(
-            "interrupted after step {step}; nothing was saved (tensor- and pipeline-parallel \
-             runs do not snapshot yet)"
-        );
-    }
     let Some(out) = &args.out else {
         return anyhow::anyhow!(
             "interrupted after step {step}; nothing was saved (give --out DIR to keep a \

@@ -183,6 +183,52 @@ fn pipeline_stages_follow_one_rank_and_every_stage_measures_its_plan() {
 }
 
 #[test]
+fn a_tensor_parallel_snapshot_resumes_on_pipeline_stages_and_one_rank() {
+    let data = small_text("snapshot");
+    let dir = common::temp_dir("parallel-cli", "snapshot-out");
+    let out = dir.join("run");
+    let out = out.to_str().unwrap();
+    let whole = train(&data, &[]);
+    let save = [
+        "--ranks",
+        "2",
+        "--tp",
+        "2",
+        "--save-every",
+        "2",
+        "--out",
+        out,
+    ];
+    let saved = train(&data, &save);
+    close(&saved["loss_last"], &whole["loss_last"], "tp 2");
+    let snap = format!("{out}/step-000002");
+    for layout in [
+        vec!["--ranks", "2", "--pp", "2"],
+        vec![],
+        vec!["--ranks", "4", "--tp", "2", "--pp", "2", "--sp"],
+    ] {
+        let mut args = vec!["--resume", &snap];
+        args.extend(layout.iter().copied());
+        let resumed = train(&data, &args);
+        let what = format!("resumed on {layout:?}");
+        close(&resumed["loss_last"], &whole["loss_last"], &what);
+        close(&resumed["val_loss"], &whole["val_loss"], &what);
+    }
+    // The snapshot is the whole model: `frugal export` writes it as a Hugging Face folder.
+    let hf = dir.join("hf");
+    let export = frugal(&["export", &snap, "--hf", hf.to_str().unwrap()]);
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    assert_eq!(
+        tensors(&hf.join("model.safetensors")),
+        tensors(&std::path::Path::new(&snap).join("model.safetensors"))
+    );
+}
+
+#[test]
 fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
     let data = small_text("refuse");
     let run = |extra: &[&str]| {
@@ -200,17 +246,8 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
         "4 attention heads do not split over --tp 3",
     );
     fails_with(
-        &run(&[
-            "--ranks",
-            "2",
-            "--tp",
-            "2",
-            "--save-every",
-            "1",
-            "--out",
-            "/tmp/x",
-        ]),
-        "--save-every with --tp 2",
+        &run(&["--ranks", "2", "--tp", "2", "--lora-rank", "4"]),
+        "--lora-rank with --tp 2 --pp 1",
     );
     let mut plan = vec![
         "plan",

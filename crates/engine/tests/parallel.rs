@@ -276,3 +276,105 @@ fn shapes_and_worlds_that_do_not_split_are_refused_naming_the_numbers() {
         "{e}"
     );
 }
+
+/// Losses of `steps` steps of `r` from a fresh start or from the snapshot in `from`, saving one
+/// into `to` at the end.
+fn steps(
+    shape: &ModelShape,
+    r: Run,
+    (rows, steps): (u64, u64),
+    from: Option<&std::path::Path>,
+    to: Option<&std::path::Path>,
+) -> Vec<f32> {
+    use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
+    let m = u64::from(r.micro);
+    let n = (rows * SEQ * m) as usize;
+    let (x, y) = (tokens(n, shape.vocab, 41), tokens(n, shape.vocab, 42));
+    let dp = r.ranks / (r.tp * r.pp);
+    let local = rows / u64::from(dp);
+    let mut cfg = config(shape.clone(), local, SEQ);
+    (cfg.ranks, cfg.tp, cfg.sp, cfg.pp) = (r.ranks, r.tp, r.sp, r.pp);
+    (cfg.zero, cfg.recompute, cfg.grad_accum) = (r.zero, r.recompute, r.micro);
+    cfg.mixed.precision = r.precision;
+    let run = RunState {
+        loader: data::LoaderPosition::default(),
+        seed: 5,
+        data: None,
+    };
+    let out = on_ranks(r.ranks as usize, |c| {
+        let rank = c.rank();
+        let mut t = Trainer::with_comm(cfg.clone(), c).unwrap();
+        t.init_weights(5);
+        if let Some(dir) = from {
+            let snap = Snapshot::open(dir).unwrap();
+            snap.check_compatible(&t.config, 5).unwrap();
+            snap.restore(&mut t).unwrap();
+        }
+        let d = ((rank / r.tp as usize) % dp as usize) as u64;
+        let mut calls = 0u64;
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            let s = t
+                .step(&mut |i, o| {
+                    let at = ((calls % m) * rows + d * local) * SEQ;
+                    let span = at as usize..(at + local * SEQ) as usize;
+                    i.copy_from_slice(&x[span.clone()]);
+                    o.copy_from_slice(&y[span]);
+                    calls += 1;
+                })
+                .unwrap();
+            losses.push(s.loss);
+        }
+        if let Some(dir) = to {
+            snapshot::save(&mut t, dir, &run, &SaveOptions::default()).unwrap();
+        }
+        losses
+    });
+    out.into_iter().next().unwrap()
+}
+
+#[test]
+fn snapshots_of_any_3d_layout_resume_on_any_other() {
+    let dir = std::env::temp_dir().join(format!("frugal-parallel-snap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for shape in [gpt2_tiny(), llama_tiny()] {
+        let one = Run { micro: 2, ..ONE };
+        let whole = steps(&shape, one, (4, 4), None, None);
+        let layouts = [
+            one,
+            Run {
+                ranks: 2,
+                tp: 2,
+                sp: true,
+                ..one
+            },
+            Run {
+                ranks: 4,
+                pp: 2,
+                zero: ZeroStage::Zero1,
+                ..one
+            },
+            Run {
+                ranks: 8,
+                tp: 2,
+                pp: 2,
+                ..one
+            },
+        ];
+        for (i, save) in layouts.iter().enumerate() {
+            let snap = dir.join(format!("{}-{i}", shape.name));
+            let first = steps(&shape, *save, (4, 2), None, Some(&snap));
+            for resume in &layouts {
+                let rest = steps(&shape, *resume, (4, 2), Some(&snap), None);
+                let what = format!(
+                    "{}: saved on {i}, resumed on {}x{}x{}",
+                    shape.name, resume.tp, resume.pp, resume.ranks
+                );
+                for (a, b) in first.iter().chain(&rest).zip(&whole) {
+                    assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: loss {a} vs {b}");
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

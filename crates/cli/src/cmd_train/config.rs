@@ -204,8 +204,6 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
     if args.tp > 1 || args.pp > 1 {
         let what = if args.tp > 1 { "tensor" } else { "pipeline" };
         for (set, flag) in [
-            (args.save_every.is_some(), "--save-every"),
-            (args.resume.is_some(), "--resume"),
             (args.save_val_logits.is_some(), "--save-val-logits"),
             (args.lora_rank.is_some(), "--lora-rank"),
         ] {

@@ -40,6 +40,7 @@ pub mod error;
 pub mod files;
 pub mod shards;
 pub mod state;
+pub mod whole;
 
 pub use error::{Difference, SnapshotError};
 pub use files::{FileEntry, Manifest, FORMAT_VERSION};
@@ -92,6 +93,9 @@ pub fn save<B: Backend>(
         files::fresh_dir(out, &dir)?;
     }
     trainer.barrier()?;
+    if trainer.model.share.is_some() {
+        return save_whole(trainer, out, &dir, run, options);
+    }
     let shard_name = shards::rank_file_name(rank, world);
     let own = files::write_file(&dir, &shard_name, &shards::shard_bytes(trainer))?;
     trainer.barrier()?;
@@ -126,6 +130,46 @@ pub fn save<B: Backend>(
     // No rank returns before the snapshot is committed (or rank 0's failure reaches it).
     trainer.barrier()?;
     Ok(dir)
+}
+
+/// [`save`] of a tensor- or pipeline-parallel run: the whole model's weights and optimizer state
+/// put together from every rank (a collective), written by rank 0 as one shard file of a world
+/// of one ([`whole`]).
+fn save_whole<B: Backend>(
+    trainer: &mut Trainer<B>,
+    out: &Path,
+    dir: &Path,
+    run: &RunState,
+    options: &SaveOptions,
+) -> Result<PathBuf, SnapshotError> {
+    let tensors = whole::tensors(trainer)?;
+    if trainer.rank() == 0 {
+        let share = trainer.model.share.as_ref().expect("a parallel run");
+        let slices: Vec<&[f32]> = tensors[0].iter().map(Vec::as_slice).collect();
+        let hf = crate::io::export_views(&share.whole_units, &slices);
+        let weights = crate::io::tensors_to_safetensors(hf);
+        let state = TrainState::of(trainer, run);
+        let state_json = serde_json::to_string_pretty(&state).expect("train state serialises");
+        let name = shards::rank_file_name(0, 1);
+        let entries = vec![
+            files::write_file(dir, WEIGHTS_FILE, &weights)?,
+            files::write_file(dir, CONFIG_FILE, share.whole.to_hf_json().as_bytes())?,
+            files::write_file(dir, STATE_FILE, state_json.as_bytes())?,
+            files::write_file(dir, &name, &whole::shard_bytes(trainer, &tensors))?,
+        ];
+        if let Some(pause) = options.pause_before_commit {
+            std::thread::sleep(pause);
+        }
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            step: trainer.step,
+            files: entries,
+        };
+        files::commit(dir, &manifest)?;
+        files::prune(out, options.keep.max(1))?;
+    }
+    trainer.barrier()?;
+    Ok(dir.to_path_buf())
 }
 
 /// The gathered model (HF names) from every unit's full weights, its config.json, and
@@ -211,7 +255,8 @@ impl Snapshot {
             })?;
         let hf_config = String::from_utf8_lossy(&take(CONFIG_FILE)?).into_owned();
         take(WEIGHTS_FILE)?;
-        let world = state.world.ranks as usize;
+        // A tensor- or pipeline-parallel run writes one shard file of the whole model.
+        let world = state.world.shard_files.unwrap_or(state.world.ranks) as usize;
         let shards = (0..world)
             .map(|r| {
                 let name = shards::rank_file_name(r, world);

@@ -58,7 +58,7 @@ pub struct ShardLayout {
 
 /// The plan's buffer names of a unit: `params.<unit>` then its optimizer state (AdamW m, v or
 /// SGD momentum), the names the shard files store them under.
-fn tensor_names<B: Backend>(trainer: &Trainer<B>, unit: UnitKind) -> Vec<String> {
+pub(super) fn tensor_names<B: Backend>(trainer: &Trainer<B>, unit: UnitKind) -> Vec<String> {
     let mut names = vec![Key::Params(unit).to_string()];
     let optimizer = trainer.config.optimizer.plan_optimizer();
     names.extend(optimizer_keys(optimizer, unit).iter().map(Key::to_string));
@@ -66,7 +66,7 @@ fn tensor_names<B: Backend>(trainer: &Trainer<B>, unit: UnitKind) -> Vec<String>
 }
 
 /// The optimizer state's short names (`m`, `v` or `momentum`), as the layout metadata lists them.
-fn state_names<B: Backend>(trainer: &Trainer<B>) -> Vec<String> {
+pub(super) fn state_names<B: Backend>(trainer: &Trainer<B>) -> Vec<String> {
     let optimizer = trainer.config.optimizer.plan_optimizer();
     let keys = optimizer_keys(optimizer, UnitKind::Embed);
     keys.iter()
@@ -106,7 +106,11 @@ fn arena_ids<B: Backend>(trainer: &Trainer<B>, u: usize) -> Option<Vec<BufId>> {
 }
 
 /// Calls `f(k, held)` for each of unit `u`'s tensors (k in `tensor_names`' order).
-fn for_each_held<B: Backend>(trainer: &Trainer<B>, u: usize, mut f: impl FnMut(usize, &[f32])) {
+pub(super) fn for_each_held<B: Backend>(
+    trainer: &Trainer<B>,
+    u: usize,
+    mut f: impl FnMut(usize, &[f32]),
+) {
     match (arena_ids(trainer, u), trainer.offload.as_ref()) {
         (Some(ids), _) => ids.iter().enumerate().for_each(|(k, &id)| {
             let t = trainer.arena.tensor(id, DType::F32);
@@ -127,7 +131,7 @@ fn for_each_held<B: Backend>(trainer: &Trainer<B>, u: usize, mut f: impl FnMut(u
 }
 
 /// Calls `f(held)` on unit `u`'s tensor `k` (in `tensor_names`' order), writable.
-fn with_held_mut<B: Backend>(
+pub(super) fn with_held_mut<B: Backend>(
     trainer: &mut Trainer<B>,
     u: usize,
     k: usize,
@@ -151,7 +155,7 @@ fn with_held_mut<B: Backend>(
 }
 
 /// Which elements of the padded unit a buffer of `len` elements holds on `rank`.
-fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize> {
+pub(super) fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize> {
     let padded = unit.padded_numel as usize;
     if len == padded {
         return 0..padded;
@@ -167,7 +171,7 @@ fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> Range<usize>
 
 /// This rank's shard file: its slice of every unit's weights and optimizer state.
 pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>) -> Vec<u8> {
-    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let (rank, world) = (trainer.sharding.rank, trainer.sharding.world);
     let model = &trainer.model;
     let mut tensors: Vec<(String, Vec<u8>)> = Vec::new();
     let mut units = Vec::new();
@@ -195,6 +199,11 @@ pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>) -> Vec<u8> {
         states: state_names(trainer),
         units,
     };
+    serialize(&tensors, &layout)
+}
+
+/// A shard file of `tensors` (name, little-endian f32 bytes) with `layout` in its metadata.
+pub(super) fn serialize(tensors: &[(String, Vec<u8>)], layout: &ShardLayout) -> Vec<u8> {
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
         .map(|(name, bytes)| {
@@ -205,7 +214,7 @@ pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>) -> Vec<u8> {
         .collect();
     let metadata = HashMap::from([(
         "layout".to_string(),
-        serde_json::to_string(&layout).expect("a layout serialises"),
+        serde_json::to_string(layout).expect("a layout serialises"),
     )]);
     safetensors::serialize(views, Some(metadata)).expect("in-memory serialisation succeeds")
 }
@@ -220,13 +229,17 @@ pub enum Parts {
 }
 
 /// A parsed shard file and its layout.
-struct Shard<'a> {
+pub(super) struct Shard<'a> {
     name: &'a str,
     tensors: SafeTensors<'a>,
     layout: ShardLayout,
 }
 
-fn parse<'a>(dir: &Path, name: &'a str, bytes: &'a [u8]) -> Result<Shard<'a>, SnapshotError> {
+pub(super) fn parse<'a>(
+    dir: &Path,
+    name: &'a str,
+    bytes: &'a [u8],
+) -> Result<Shard<'a>, SnapshotError> {
     let bad = |reason: String| SnapshotError::BadContents {
         path: dir.join(name),
         reason,
@@ -252,7 +265,7 @@ fn parse<'a>(dir: &Path, name: &'a str, bytes: &'a [u8]) -> Result<Shard<'a>, Sn
 /// Checks the shards against this trainer's units and optimizer before anything is written.
 /// `optimizer_states`: how many state tensors per unit this run's optimizer keeps, when the
 /// optimizer state is restored too.
-fn check_layouts(
+pub(super) fn check_layouts(
     dir: &Path,
     shards: &[Shard<'_>],
     units: &[Unit],
@@ -298,14 +311,14 @@ fn check_layouts(
     Ok(())
 }
 
-fn to_f32(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+pub(super) fn to_f32(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
     bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// The whole (unpadded) tensor `name` of unit `u`: the shards' slices in rank order.
-fn assemble(
+pub(super) fn assemble(
     dir: &Path,
     shards: &[Shard<'_>],
     u: usize,
@@ -362,8 +375,11 @@ pub fn restore<B: Backend>(
         .map(|(name, bytes)| parse(dir, name, bytes))
         .collect::<Result<Vec<_>, _>>()?;
     let states = (parts == Parts::WeightsAndOptimizer).then(|| state_names(trainer).len());
+    if trainer.model.share.is_some() {
+        return super::whole::restore(trainer, dir, &shards, parts, states);
+    }
     check_layouts(dir, &shards, &trainer.model.units, states)?;
-    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let (rank, world) = (trainer.sharding.rank, trainer.sharding.world);
     // Everything is read and checked before the first write, so a bad file changes nothing.
     let mut staged = Vec::new();
     for (u, unit) in trainer.model.units.iter().enumerate() {
@@ -394,12 +410,12 @@ pub fn restore<B: Backend>(
 
 /// bf16/fp16: unit `u`'s 2-byte working copy (whole below stage 3, this rank's shard at stage 3)
 /// := its restored master weights `full` (unpadded) rounded, as each optimizer step leaves it.
-fn round_working_copy<B: Backend>(trainer: &Trainer<B>, u: usize, full: &[f32]) {
+pub(super) fn round_working_copy<B: Backend>(trainer: &Trainer<B>, u: usize, full: &[f32]) {
     let Some(half) = trainer.sharding.half else {
         return;
     };
     let unit = &trainer.model.units[u];
-    let (rank, world) = (trainer.rank(), trainer.config.ranks as usize);
+    let (rank, world) = (trainer.sharding.rank, trainer.sharding.world);
     let mut padded = full.to_vec();
     padded.resize(unit.padded_numel as usize, 0.0);
     let id = trainer.sharding.working_weights()[u];

@@ -75,7 +75,7 @@ pub struct RunFields {
     pub min_lr_ratio: f32,
     pub grad_clip: Option<f32>,
     pub seq: u64,
-    /// Rows of one global micro-batch: ranks × rows per rank.
+    /// Rows of one global micro-batch: data-parallel ranks × rows per rank.
     pub global_rows: u64,
     pub grad_accum: u32,
     pub seed: u64,
@@ -95,6 +95,10 @@ pub struct RunFields {
     pub lora: serde_json::Value,
 }
 
+fn one() -> u32 {
+    1
+}
+
 fn fp32_name() -> String {
     "fp32".into()
 }
@@ -103,6 +107,15 @@ fn fp32_name() -> String {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorldFields {
     pub ranks: u32,
+    /// Tensor-parallel ranks and pipeline stages (1 in older snapshots).
+    #[serde(default = "one")]
+    pub tp: u32,
+    #[serde(default = "one")]
+    pub pp: u32,
+    /// Shard files: one per rank, or one of the whole model from a tensor- or pipeline-parallel
+    /// run (absent: `ranks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_files: Option<u32>,
     pub zero: serde_json::Value,
     pub rows_per_rank: u64,
     pub precision: serde_json::Value,
@@ -187,6 +200,9 @@ impl TrainState {
             run: RunFields::of(c, &c.mixed, run.seed, run.data),
             world: WorldFields {
                 ranks: c.ranks,
+                tp: c.tp.max(1),
+                pp: c.pp.max(1),
+                shard_files: (c.tp > 1 || c.pp > 1).then_some(1),
                 zero: json(setup.zero),
                 rows_per_rank: c.batch,
                 precision: json(setup.precision),
@@ -234,7 +250,7 @@ impl RunFields {
             min_lr_ratio: c.schedule.min_lr_ratio,
             grad_clip: c.grad_clip,
             seq: c.seq,
-            global_rows: c.batch * u64::from(c.ranks),
+            global_rows: c.batch * u64::from(c.dp()),
             grad_accum: c.grad_accum,
             seed,
             precision: format!("{:?}", mixed.precision).to_lowercase(),
