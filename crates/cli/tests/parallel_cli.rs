@@ -229,6 +229,59 @@ fn a_tensor_parallel_snapshot_resumes_on_pipeline_stages_and_one_rank() {
 }
 
 #[test]
+fn every_layout_starts_from_a_saved_model_folder() {
+    let data = small_text("from-folder");
+    let dir = common::temp_dir("parallel-cli", "from-folder-out");
+    let saved = dir.join("saved");
+    let saved = saved.to_str().unwrap();
+    train(&data, &["--out", saved]);
+    // --model DIR names the folder; the other flags as `train` gives them (SHAPE's model last
+    // would win, so these runs spell their own).
+    let from = |extra: &[&str]| {
+        let mut args = vec!["train", "--model", saved, "--steps", "2", "--batch", "2"];
+        args.extend([
+            "--seq",
+            "32",
+            "--sample-tokens",
+            "0",
+            "--val-batches",
+            "1",
+            "--json",
+        ]);
+        args.extend(["--data", &data]);
+        args.extend(extra);
+        json(&frugal(&args))
+    };
+    let one = from(&[]);
+    let fresh = train(&data, &[]);
+    assert_ne!(
+        one["loss_first"], fresh["loss_first"],
+        "the folder's weights are loaded"
+    );
+    for extra in [
+        vec!["--ranks", "2", "--tp", "2", "--sp"],
+        vec!["--ranks", "2", "--pp", "2"],
+    ] {
+        let run = from(&extra);
+        close(&run["loss_first"], &one["loss_first"], &extra.join(" "));
+    }
+    // ZeRO-3 holds only shards of the weights: it starts where ZeRO-0 on as many ranks does.
+    let (z0, z3) = (
+        from(&["--ranks", "2"]),
+        from(&["--ranks", "2", "--zero", "3"]),
+    );
+    assert_eq!(z3["loss_first"], z0["loss_first"]);
+    assert_eq!(z3["loss_last"], z0["loss_last"]);
+    // bf16 starts from the same weights, rounded: its first loss within bf16's error.
+    let bf16 = from(&["--precision", "bf16"]);
+    let (a, b) = (
+        bf16["loss_first"].as_f64().unwrap(),
+        one["loss_first"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() < 2e-2 * b, "bf16 {a} vs {b}");
+}
+
+#[test]
 fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
     let data = small_text("refuse");
     let run = |extra: &[&str]| {

@@ -267,40 +267,6 @@ fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
     }))
 }
 
-/// Refuses starting from saved weights where loading cannot honour the run yet: loading writes
-/// whole fp32 units, which stage 3 never holds and which are not bf16/fp16 master weights.
-fn check_weights(args: &Args, weights: Option<&Path>) -> anyhow::Result<()> {
-    let Some(path) = weights else { return Ok(()) };
-    if args.tp > 1 || args.pp > 1 {
-        bail!(
-            "--tp {} --pp {} cannot start from the saved weights in {} yet: train with --tp 1 \
-             --pp 1, or from a preset or a config.json without weights",
-            args.tp,
-            args.pp,
-            path.display()
-        );
-    }
-    if args.lora_rank.is_some() {
-        return Ok(()); // the weights are the frozen base, which every rank holds whole
-    }
-    if args.zero == ZeroStage::Zero3 {
-        bail!(
-            "--zero 3 cannot start from the saved weights in {} yet: train with --zero 2 or \
-             less, or from a preset or a config.json without weights",
-            path.display()
-        );
-    }
-    if args.precision != Precision::Fp32 {
-        bail!(
-            "--precision {} cannot start from the saved weights in {} yet: use --precision fp32, \
-             or a preset or a config.json without weights",
-            args.precision,
-            path.display()
-        );
-    }
-    Ok(())
-}
-
 /// The one validated run of `args`; refuses it before any data is read if it does not fit.
 pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     check_flags(args)?;
@@ -365,6 +331,5 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     };
     // The run exactly as it will run: a bf16 run is refused on its own bf16 peak.
     engine::train::check_capacity(&config)?;
-    check_weights(args, weights.as_deref())?;
     Ok(Validated { config, weights })
 }

@@ -117,11 +117,10 @@ pub fn build_rank(
     let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);
     if let Some(dir) = &shared.weights {
-        let (model, arena) = (&trainer.model, &trainer.arena);
-        match model.lora.is_some() {
+        match trainer.model.lora.is_some() {
             // The weights are the frozen base; the adapters start as PEFT's.
-            true => engine::lora::base::load_hf_folder(model, arena, dir),
-            false => engine::io::load_hf_folder(model, arena, dir),
+            true => engine::lora::base::load_hf_folder(&trainer.model, &trainer.arena, dir),
+            false => trainer.load_hf_folder(dir),
         }
         .with_context(|| format!("--model {}", dir.display()))?;
     }

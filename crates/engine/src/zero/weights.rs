@@ -44,6 +44,36 @@ impl<B: Backend> Trainer<B> {
         }
     }
 
+    /// Loads a Hugging Face folder's weights (`io::read_hf_folder`) into this rank, wherever it
+    /// keeps them: whole or as its ZeRO-3 shard, as fp32 or as bf16/fp16 masters with the
+    /// working copy rounded from them, and under tensor or pipeline parallelism its share of the
+    /// whole model's units. Every tensor is checked before any weight changes.
+    pub fn load_hf_folder(&mut self, dir: &std::path::Path) -> Result<(), EngineError> {
+        let data = crate::io::read_hf_folder(dir)?;
+        let files = crate::io::file_slices(&data);
+        let mut values: Vec<Vec<f32>> = match &self.model.share {
+            Some(share) => {
+                let whole = crate::io::read_units(&share.whole_units, &files, "")?;
+                (self.model.units.iter())
+                    .map(|unit| {
+                        let w = share.whole_index(unit.kind);
+                        let mut padded = whole[w].clone();
+                        padded.resize(share.whole_units[w].padded_numel as usize, 0.0);
+                        let mut mine = vec![0.0f32; unit.padded_numel as usize];
+                        share.take_unit(unit, &padded, &mut mine);
+                        mine
+                    })
+                    .collect()
+            }
+            None => crate::io::read_units(&self.model.units, &files, "")?,
+        };
+        for (u, v) in values.iter_mut().enumerate() {
+            v.resize(self.model.units[u].padded_numel as usize, 0.0);
+            self.upload_unit(u, v);
+        }
+        Ok(())
+    }
+
     /// Writes unit `u`'s whole (padded) fp32 weights `full` where this rank keeps them.
     pub(crate) fn upload_unit(&mut self, u: usize, full: &[f32]) {
         let rule = self.sharding.rule;
