@@ -310,8 +310,18 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
         "--model",
         "llama-tiny",
     ];
-    plan.extend(["--tp", "4", "--precision", "fp32"]);
-    fails_with(&frugal(&plan), "2 key/value heads do not split over --tp 4");
+    // 2 key/value heads over 4 ranks replicate (each on 2); over 8 the query heads do not split.
+    plan.extend(["--precision", "fp32", "--json", "--tp"]);
+    let four = frugal(&[&plan[..], &["4"]].concat());
+    assert!(
+        four.status.success(),
+        "{}",
+        String::from_utf8_lossy(&four.stderr)
+    );
+    fails_with(
+        &frugal(&[&plan[..], &["8"]].concat()),
+        "4 attention heads do not split over --tp 8",
+    );
     fails_with(
         &run(&["--ranks", "2", "--sp"]),
         "use it with --tp 2 or more",

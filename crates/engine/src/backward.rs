@@ -146,6 +146,20 @@ impl<B: Backend> Grad<'_, B> {
         self.linear(state.dln.prefix(n * c), dfch, ln2, fc, c);
     }
 
+    /// The key and value rows of the block's q|k|v weight gradient, then of its bias: what a
+    /// key/value head shared by tensor-parallel ranks sums over them.
+    fn kv_rows(&self) -> [Option<Tensor>; 2] {
+        let s = &self.model.config.shape;
+        let q = s.n_heads as usize * s.d_head as usize;
+        let kv = 2 * s.n_kv_heads as usize * s.d_head as usize;
+        let c = s.d_model as usize;
+        let w = self
+            .g(Role::QkvWeight)
+            .map(|t| t.slice(q * c..(q + kv) * c));
+        let b = self.g_opt(Role::QkvBias).map(|t| t.slice(q..q + kv));
+        [w, b]
+    }
+
     /// dinp += the norm's backward of `dout`; its weight (and bias) gradients accumulate.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm(
@@ -376,7 +390,15 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     be.fill(arena, state.dln, 0.0);
     let qkv_roles = (Role::QkvWeight, Role::QkvBias);
     let ln1 = crate::sp::gathered(model, arena, a.ln1, local);
+    // A key/value head shared by several tensor-parallel ranks: its gradient is their sum.
+    let kv_rows = g.kv_rows();
+    if let Some(tp) = &model.tp {
+        tp.kv_before(arena, kv_rows);
+    }
     g.linear(state.dln, state.dqkv.prefix(n * qkv_w), ln1, qkv_roles, c);
+    if let Some(tp) = &model.tp {
+        tp.kv_after(arena, kv_rows);
+    }
     let dln = crate::sp::sum_input_grad(model, arena, state.dln.prefix(n * c));
     let saved = NormSaved {
         mean: a.ln1_mean,

@@ -34,6 +34,9 @@ pub struct TensorParallel {
     pub vocab: (u64, u64),
     comm: RefCell<comm::Counted<Box<dyn Collective>>>,
     failed: RefCell<Option<CommError>>,
+    /// Fewer key/value heads than ranks: the ranks sharing this rank's head, and
+    /// `work.tp_kv` (the head's gradient set aside while a micro-step's is summed).
+    kv: Option<(RefCell<comm::Counted<Box<dyn Collective>>>, Tensor)>,
 }
 
 impl TensorParallel {
@@ -46,7 +49,54 @@ impl TensorParallel {
             vocab: tp::vocab_range(vocab, size, rank),
             comm: RefCell::new(comm::Counted::new(comm)),
             failed: RefCell::new(None),
+            kv: None,
         }
+    }
+
+    /// Makes this rank's key/value head one it shares with the ranks of `group`.
+    pub fn share_kv(&mut self, group: Box<dyn Collective>, scratch: Tensor) {
+        self.kv = Some((RefCell::new(comm::Counted::new(group)), scratch));
+    }
+
+    /// Around a block's q|k|v weight gradient (`rows`: its key and value rows, then those of
+    /// its bias): `before` sets the accumulated rows aside and zeroes them, so the backward
+    /// writes one micro-step's part; `after` sums that part over the ranks sharing the head and
+    /// adds the rest back. Nothing when the heads split over the ranks.
+    pub fn kv_before<B: Backend>(&self, arena: &Arena<B>, rows: [Option<Tensor>; 2]) {
+        let Some((_, scratch)) = &self.kv else { return };
+        let be = arena.backend();
+        let mut at = 0;
+        for t in rows.into_iter().flatten() {
+            be.convert(arena, scratch.slice(at..at + t.len), t);
+            be.fill(arena, t, 0.0);
+            at += t.len;
+        }
+    }
+
+    pub fn kv_after<B: Backend>(&self, arena: &Arena<B>, rows: [Option<Tensor>; 2]) {
+        let Some((group, scratch)) = &self.kv else {
+            return;
+        };
+        let be = arena.backend();
+        let mut at = 0;
+        for t in rows.into_iter().flatten() {
+            if self.failed.borrow().is_none() {
+                let op = CommOp::AllReduce(t);
+                if let Err(e) = be.collective(arena, &mut *group.borrow_mut(), op) {
+                    *self.failed.borrow_mut() = Some(e);
+                }
+            }
+            be.residual_add(arena, t, scratch.slice(at..at + t.len));
+            at += t.len;
+        }
+    }
+
+    /// Whether this rank's key/value head is shared and another rank of its group counts it in
+    /// the global norm.
+    pub fn kv_counted_elsewhere(&self) -> bool {
+        self.kv
+            .as_ref()
+            .is_some_and(|(g, _)| g.borrow().rank() != 0)
     }
 
     fn run(&self, f: impl FnOnce(&mut dyn Collective) -> Result<(), CommError>) {

@@ -184,6 +184,37 @@ fn tensor_parallelism_composes_with_zero_3_recompute_and_bf16() {
 }
 
 #[test]
+fn key_value_heads_fewer_than_the_ranks_are_replicated_and_summed() {
+    // llama-tiny's 2 key/value heads over 4 ranks, and one (MQA) over 2: each head on 2 ranks.
+    let mqa = ModelShape {
+        n_kv_heads: 1,
+        ..llama_tiny()
+    };
+    for (shape, tp) in [(llama_tiny(), 4), (mqa, 2)] {
+        let one = run(&shape, ONE, 4);
+        let r = Run {
+            ranks: tp,
+            tp,
+            ..ONE
+        };
+        let what = format!("{} kv {} tp {tp}", shape.name, shape.n_kv_heads);
+        assert_follows(&what, run(&shape, r, 4), &one, 1e-5);
+        let sp = Run {
+            sp: true,
+            micro: 2,
+            ..r
+        };
+        let one = run(&shape, Run { micro: 2, ..ONE }, 4);
+        assert_follows(
+            &format!("{what} sp, 2 micro-batches"),
+            run(&shape, sp, 4),
+            &one,
+            1e-5,
+        );
+    }
+}
+
+#[test]
 fn pipeline_stages_follow_the_single_rank_trajectory() {
     for shape in [gpt2_tiny(), llama_tiny()] {
         for micro in [1, 4] {

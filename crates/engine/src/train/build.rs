@@ -15,7 +15,8 @@ use crate::share::Share;
 use crate::zero::Sharding;
 use comm::Collective;
 use plan::buffer::Device;
-use plan::frugal::{ActShape, StateRule};
+use plan::frugal::key::Work;
+use plan::frugal::{ActShape, Key, StateRule};
 use plan::setup::{Offload, Precision};
 
 impl<B: Backend> Trainer<B> {
@@ -29,7 +30,11 @@ impl<B: Backend> Trainer<B> {
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
         let place = tp::Place::of(world_rank, config.tp.max(1), config.dp(), config.pp.max(1));
         let plan = config::check_capacity_of(&config, place.tp_rank, place.stage)?;
-        let mut comms = tp::Comms::split(comm, place)?;
+        let replicas = match place.tp > 1 {
+            true => plan::frugal::tp::kv_replicas(&config.model.shape, place.tp),
+            false => 1,
+        };
+        let mut comms = tp::Comms::split(comm, place, replicas)?;
         let (comm, rank) = (comms.dp, place.dp_rank as usize);
         let mixed = config.mixed.clone();
         let shape = &config.model.shape;
@@ -42,9 +47,14 @@ impl<B: Backend> Trainer<B> {
         let arena = Arena::new(backend, &plan, Device::Gpu, config.device_memory_bytes)?;
         let stage = plan::frugal::place::stage_of(shape, &setup, place.stage);
         let units = plan::frugal::stage_units(shape, &setup, place.tp_rank, stage)?;
-        let tp_group = comms
-            .tp
-            .map(|c| Box::new(crate::tp::TensorParallel::new(shape.vocab, c)));
+        let kv_group = comms.kv.take();
+        let tp_group = comms.tp.take().map(|c| {
+            let mut tp = crate::tp::TensorParallel::new(shape.vocab, c);
+            if let Some(kv) = kv_group {
+                tp.share_kv(kv, arena.key_tensor(Key::Work(Work::TpKv), DType::F32));
+            }
+            Box::new(tp)
+        });
         let share = match comms.world.is_some() {
             true => Some(Box::new(Share::new(
                 config.model.clone(),

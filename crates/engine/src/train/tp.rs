@@ -19,6 +19,7 @@ use crate::error::EngineError;
 use crate::model::view_range;
 use crate::optim::UnitSlice;
 use comm::Collective;
+use plan::frugal::units::Role;
 
 /// Where a rank sits in the 3D world.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,17 +53,25 @@ pub(crate) struct Comms {
     /// The tensor-parallel group, the pipeline's links and the whole world (`None` without
     /// them).
     pub tp: Option<Box<dyn Collective>>,
+    /// The ranks of the tensor-parallel group that share one key/value head (when there are
+    /// fewer heads than ranks).
+    pub kv: Option<Box<dyn Collective>>,
     pub pp: Option<crate::pp::Links>,
     pub world: Option<Box<dyn Collective>>,
 }
 
 impl Comms {
     /// Splits `world` into the groups of `place` (a collective every rank calls).
-    pub fn split(mut world: Box<dyn Collective>, place: Place) -> Result<Comms, EngineError> {
+    pub fn split(
+        mut world: Box<dyn Collective>,
+        place: Place,
+        kv_replicas: u32,
+    ) -> Result<Comms, EngineError> {
         if place.tp <= 1 && place.pp <= 1 {
             return Ok(Comms {
                 dp: world,
                 tp: None,
+                kv: None,
                 pp: None,
                 world: None,
             });
@@ -70,6 +79,10 @@ impl Comms {
         let rank = world.rank() as u32;
         let tp_group = world.split(rank / place.tp, rank)?;
         let dp_group = world.split(place.stage * place.tp + place.tp_rank, rank)?;
+        let kv_group = match place.tp > 1 {
+            true => Some(world.split(rank / kv_replicas.max(1), rank)?),
+            false => None,
+        };
         let pp = match place.pp > 1 {
             true => Some(crate::pp::Links::split(
                 &mut *world,
@@ -81,6 +94,7 @@ impl Comms {
         Ok(Comms {
             dp: dp_group,
             tp: (place.tp > 1).then_some(tp_group),
+            kv: kv_group.filter(|_| kv_replicas > 1),
             pp,
             world: Some(world),
         })
@@ -111,18 +125,34 @@ impl<B: Backend> Trainer<B> {
             if copy && self.model.units[u].kind == plan::frugal::units::UnitKind::Embed {
                 continue;
             }
-            if share.tp_rank == 0 {
+            let kv_elsewhere = self
+                .model
+                .tp
+                .as_ref()
+                .is_some_and(|tp| tp.kv_counted_elsewhere());
+            if share.tp_rank == 0 && !kv_elsewhere {
                 kept.push(*s);
                 continue;
             }
             let mut at = 0;
             for view in &self.model.units[u].views {
-                let Some(local) = s.local(view_range(view)) else {
+                // What another rank counts: a replicated view (tp rank 0 does), or the rows of
+                // a key/value head this rank shares (the first rank sharing it does).
+                let range = view_range(view);
+                let skip = match view.role {
+                    _ if share.tp_rank != 0 && share.replicated(view.role) => Some(range),
+                    Role::QkvWeight | Role::QkvBias if kv_elsewhere => {
+                        let s = &self.model.config.shape;
+                        let q = (s.n_heads as u64 * s.d_head) as usize;
+                        let kv = (2 * s.n_kv_heads as u64 * s.d_head) as usize;
+                        let width = view.shape.get(1).copied().unwrap_or(1) as usize;
+                        Some(range.start + q * width..range.start + (q + kv) * width)
+                    }
+                    _ => None,
+                };
+                let Some(local) = skip.and_then(|r| s.local(r)) else {
                     continue;
                 };
-                if !share.replicated(view.role) {
-                    continue;
-                }
                 kept.push(s.part(at..local.start));
                 at = local.end;
             }

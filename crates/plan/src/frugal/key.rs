@@ -79,6 +79,10 @@ pub enum Work {
     SpGather,
     SpFull,
     SpDnorm,
+    /// Tensor parallelism with fewer key/value heads than ranks: a block's replicated key and
+    /// value rows' gradient (weights, then biases) set aside while one micro-step's is summed
+    /// over the ranks that share the head.
+    TpKv,
     /// Pipeline parallelism: both halves of one exchange with a neighbouring stage (what this
     /// stage sends and what it receives: a boundary activation or its gradient).
     PpExchange,
@@ -377,6 +381,7 @@ impl fmt::Display for Key {
                 Work::SpFull => "work.sp_full",
                 Work::SpDnorm => "work.sp_dnorm",
                 Work::PpExchange => "work.pp_exchange",
+                Work::TpKv => "work.tp_kv",
                 Work::MlaQ => "work.mla_q",
                 Work::MlaKv => "work.mla_kv",
                 Work::MlaCkv => "work.mla_ckv",

@@ -135,6 +135,21 @@ pub fn training_plan_of(
         // reductions pair up), and the ranks' vocabulary slices differ.
         widen_classifier_chunk(&mut plan, model, rows);
     }
+    if setup.tp > 1 && tp::kv_replicas(whole, setup.tp) > 1 {
+        let kv = 2 * model.d_head * (model.d_model + 1);
+        let life = Lifetime::Span {
+            born: Phase::Backward(model.n_layers - 1),
+            dies: Phase::Backward(0),
+        };
+        let key = Key::Work(super::key::Work::TpKv);
+        plan.push(Buffer::keyed(
+            key,
+            Category::Other,
+            Device::Gpu,
+            4 * kv,
+            life,
+        ));
+    }
     if setup.pp > 1 {
         // The boundary tensor: the residual stream's rows on this rank.
         let boundary = 4 * (rows / policy.seq_shards) * model.d_model;

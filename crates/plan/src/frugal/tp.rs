@@ -63,10 +63,13 @@ pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
         let reason = format!("{heads} attention heads do not split over --tp {tp}");
         return Err(invalid("tp", reason));
     }
-    if model.n_kv_heads % tp != 0 {
+    // Fewer key/value heads than ranks: each is replicated on the tp / n_kv ranks whose query
+    // heads read it (Megatron's GQA with TP > groups).
+    let kv = model.n_kv_heads;
+    if (kv >= tp && kv % tp != 0) || (kv < tp && tp % kv != 0) {
         let reason = format!(
-            "{} key/value heads do not split over --tp {tp} (replicating them is not built)",
-            model.n_kv_heads
+            "{kv} key/value heads neither split over --tp {tp} nor replicate evenly on it (use a \
+             --tp that divides {kv} or that {kv} divides)"
         );
         return Err(invalid("tp", reason));
     }
@@ -90,11 +93,16 @@ pub fn vocab_range(vocab: u64, tp: u32, rank: u32) -> (u64, u64) {
     (first, base + u64::from(rank < extra))
 }
 
+/// Ranks that share one key/value head (1 when the heads split over the ranks).
+pub fn kv_replicas(model: &ModelShape, tp: u32) -> u32 {
+    (tp / model.n_kv_heads).max(1)
+}
+
 /// The model shape rank `rank` of `tp` computes with (after [`check`]).
 pub fn rank_shape(model: &ModelShape, tp: u32, rank: u32) -> ModelShape {
     ModelShape {
         n_heads: model.n_heads / tp,
-        n_kv_heads: model.n_kv_heads / tp,
+        n_kv_heads: (model.n_kv_heads / tp).max(1),
         d_ff: model.d_ff / u64::from(tp),
         vocab: vocab_range(model.vocab, tp, rank).1,
         ..model.clone()
@@ -124,11 +132,18 @@ pub fn split(model: &ModelShape, role: Role, tp: u32, rank: u32) -> Split {
         Role::TokenEmbedding | Role::LmHead => {
             Split::Rows(vec![vocab_range(model.vocab, tp, rank)])
         }
-        Role::QkvWeight | Role::QkvBias => Split::Rows(vec![
-            (r * q / t, q / t),
-            (q + r * kv / t, kv / t),
-            (q + kv + r * kv / t, kv / t),
-        ]),
+        Role::QkvWeight | Role::QkvBias => {
+            // This rank's key/value heads: its slice, or the one its query heads share.
+            let (first, rows) = match kv_replicas(model, tp) {
+                1 => (r * kv / t, kv / t),
+                shared => ((r / u64::from(shared)) * model.d_head, model.d_head),
+            };
+            Split::Rows(vec![
+                (r * q / t, q / t),
+                (q + first, rows),
+                (q + kv + first, rows),
+            ])
+        }
         Role::AttnProjWeight => Split::Cols(r * q / t, q / t),
         Role::FcWeight | Role::FcBias if swiglu => {
             Split::Rows(vec![(r * f / t, f / t), (f + r * f / t, f / t)])
@@ -221,7 +236,14 @@ mod tests {
 
     #[test]
     fn every_rank_holds_its_share_and_the_shares_rebuild_the_whole_model() {
-        for (name, tp) in [("gpt2-tiny", 2), ("llama-tiny", 2), ("gpt2-tiny", 4)] {
+        // llama-tiny at 4: its 2 key/value heads each replicated on 2 ranks.
+        let cases = [
+            ("gpt2-tiny", 2),
+            ("llama-tiny", 2),
+            ("gpt2-tiny", 4),
+            ("llama-tiny", 4),
+        ];
+        for (name, tp) in cases {
             let model = presets::by_name(name).unwrap();
             check(&model, tp).unwrap();
             let whole = param_units(&model, 1).unwrap();
@@ -248,13 +270,19 @@ mod tests {
                 }
             }
             assert_eq!(rebuilt, values, "{name} tp {tp}");
-            // Block matrices split exactly; the replicated vectors are counted once per rank.
+            // Block matrices split exactly; the replicated vectors are counted once per rank, a
+            // replicated key/value head once per rank sharing it.
             let vectors: u64 = (whole[1].views.iter())
                 .filter(|v| split(&model, v.role, tp, 0) == Split::Whole)
                 .map(|v| v.numel())
                 .sum();
+            let shared = u64::from(kv_replicas(&model, tp));
+            let kv = 2
+                * u64::from(model.n_kv_heads)
+                * model.d_head
+                * (model.d_model + u64::from(whole[1].has(Role::QkvBias)));
             assert_eq!(
-                block_numel - u64::from(tp - 1) * vectors,
+                block_numel - u64::from(tp - 1) * vectors - (shared - 1) * kv,
                 whole[1].numel,
                 "{name}"
             );
@@ -274,8 +302,15 @@ mod tests {
             n_kv_heads: 1,
             ..llama.clone()
         };
-        let kv = check(&gqa, 2).unwrap_err().to_string();
-        assert!(kv.contains("key/value heads"), "{kv}");
+        // One key/value head replicates on both ranks; three neither split nor replicate on 2.
+        check(&gqa, 2).unwrap();
+        let odd = ModelShape {
+            n_heads: 6,
+            n_kv_heads: 3,
+            ..gqa.clone()
+        };
+        let kv = check(&odd, 2).unwrap_err().to_string();
+        assert!(kv.contains("3 key/value heads"), "{kv}");
         let narrow = ModelShape { d_ff: 177, ..llama };
         assert!(check(&narrow, 2)
             .unwrap_err()
