@@ -32,12 +32,15 @@ pub struct TensorParallel {
     pub size: u32,
     /// The vocabulary rows `(first id, rows)` this rank's embedding and classifier hold.
     pub vocab: (u64, u64),
-    comm: RefCell<comm::Counted<Box<dyn Collective>>>,
+    comm: Group,
     failed: RefCell<Option<CommError>>,
     /// Fewer key/value heads than ranks: the ranks sharing this rank's head, and
     /// `work.tp_kv` (the head's gradient set aside while a micro-step's is summed).
-    kv: Option<(RefCell<comm::Counted<Box<dyn Collective>>>, Tensor)>,
+    kv: Option<(Group, Tensor)>,
 }
+
+/// A communicator shared by `&self` methods (the ops of a pass take the model by reference).
+type Group = RefCell<comm::Counted<Box<dyn Collective>>>;
 
 impl TensorParallel {
     /// Rank `comm.rank()` of a group of `comm.world_size()` over a model of `vocab` ids.
