@@ -30,6 +30,16 @@ fn train(data: &str, extra: &[&str]) -> Value {
     json(&frugal(&args))
 }
 
+/// `frugal plan` for the engine's own runtime, in fp32 as `train` runs.
+const PLAN: [&str; 6] = [
+    "plan",
+    "--train",
+    "--runtime",
+    "frugal",
+    "--precision",
+    "fp32",
+];
+
 fn close(a: &Value, b: &Value, what: &str) {
     let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
     assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: {a} vs {b}");
@@ -62,14 +72,7 @@ fn tensor_parallel_training_follows_one_rank_and_measures_its_plan() {
         // GPT-2's 50257 ids split 25129 + 25128: rank 1 holds one embedding row less.
         let peak = |i: usize| ranks[i]["measured"]["peak_bytes"].as_u64().unwrap();
         assert!(peak(1) < peak(0), "{what}");
-        let mut plan = vec![
-            "plan",
-            "--train",
-            "--runtime",
-            "frugal",
-            "--precision",
-            "fp32",
-        ];
+        let mut plan = PLAN.to_vec();
         plan.extend(SHAPE);
         let dp = (ranks.len() / 2).to_string();
         let at = extra.iter().position(|&a| a == "--zero");
@@ -134,14 +137,7 @@ fn pipeline_stages_follow_one_rank_and_every_stage_measures_its_plan() {
         close(&pp[field], &one[field], field);
     }
     // Each stage measured its own plan, and `frugal plan` lists exactly those peaks.
-    let mut plan = vec![
-        "plan",
-        "--train",
-        "--runtime",
-        "frugal",
-        "--precision",
-        "fp32",
-    ];
+    let mut plan = PLAN.to_vec();
     plan.extend(SHAPE);
     plan.extend(["--pp", "2", "--grad-accum", "4", "--json"]);
     let planned = json(&frugal(&plan));
@@ -302,16 +298,10 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
         &run(&["--ranks", "2", "--tp", "2", "--lora-rank", "4"]),
         "--lora-rank with --tp 2 --pp 1",
     );
-    let mut plan = vec![
-        "plan",
-        "--train",
-        "--runtime",
-        "frugal",
-        "--model",
-        "llama-tiny",
-    ];
+    let mut plan = PLAN.to_vec();
+    plan.extend(["--model", "llama-tiny"]);
     // 2 key/value heads over 4 ranks replicate (each on 2); over 8 the query heads do not split.
-    plan.extend(["--precision", "fp32", "--json", "--tp"]);
+    plan.extend(["--json", "--tp"]);
     let four = frugal(&[&plan[..], &["4"]].concat());
     assert!(
         four.status.success(),
@@ -326,14 +316,8 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
         &run(&["--ranks", "2", "--sp"]),
         "use it with --tp 2 or more",
     );
-    let mut odd = vec![
-        "plan",
-        "--train",
-        "--runtime",
-        "frugal",
-        "--model",
-        "gpt2-tiny",
-    ];
+    let mut odd = PLAN.to_vec();
+    odd.extend(["--model", "gpt2-tiny"]);
     odd.extend(["--tp", "4", "--sp", "--seq", "30"]);
     fails_with(&frugal(&odd), "--seq 30 must be a multiple of --tp 4");
     fails_with(

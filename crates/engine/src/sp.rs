@@ -53,24 +53,7 @@ fn run<B: Backend>(model: &Model, arena: &Arena<B>, op: CommOp) {
 /// `local` (this rank's `len` elements of a norm's output) gathered whole into
 /// `work.sp_gather`; `local` itself without sequence parallelism.
 pub fn gathered<B: Backend>(model: &Model, arena: &Arena<B>, local: Tensor, len: usize) -> Tensor {
-    let Some(sp) = model.sp else {
-        return local.prefix(len);
-    };
-    let world = model.tp.as_ref().map_or(1, |t| t.size as usize);
-    assert_eq!(
-        local.dtype, sp.gather.dtype,
-        "a norm's output gathers in its own type"
-    );
-    let dst = sp.gather.prefix(len * world);
-    run(
-        model,
-        arena,
-        CommOp::AllGather {
-            src: local.prefix(len),
-            dst,
-        },
-    );
-    dst
+    gather_into(model, arena, local, len, |sp| sp.gather)
 }
 
 /// The residual gradient `local` (this rank's `len` elements) gathered whole into
@@ -81,19 +64,27 @@ pub fn gathered_grad<B: Backend>(
     local: Tensor,
     len: usize,
 ) -> Tensor {
+    gather_into(model, arena, local, len, |sp| sp.full)
+}
+
+/// Every rank's `len` elements of `local` gathered, in rank order, into the workspace `dst`
+/// picks (of `local`'s type).
+fn gather_into<B: Backend>(
+    model: &Model,
+    arena: &Arena<B>,
+    local: Tensor,
+    len: usize,
+    dst: impl FnOnce(&SpWork) -> Tensor,
+) -> Tensor {
     let Some(sp) = model.sp else {
         return local.prefix(len);
     };
     let world = model.tp.as_ref().map_or(1, |t| t.size as usize);
-    let dst = sp.full.prefix(len * world);
-    run(
-        model,
-        arena,
-        CommOp::AllGather {
-            src: local.prefix(len),
-            dst,
-        },
-    );
+    let dst = dst(&sp);
+    assert_eq!(local.dtype, dst.dtype, "a gather keeps its rows' type");
+    let dst = dst.prefix(len * world);
+    let src = local.prefix(len);
+    run(model, arena, CommOp::AllGather { src, dst });
     dst
 }
 

@@ -45,6 +45,19 @@ const ONE: Run = Run {
 /// (`r.micro` of them) and the whole model's final weights; every rank's memory checked
 /// against its plan.
 fn run(shape: &ModelShape, r: Run, rows: u64) -> (Vec<f32>, Vec<Vec<f32>>) {
+    train(shape, r, (rows, 3), None, None)
+}
+
+/// [`run`] for `steps` steps, from a fresh start or from the snapshot in `from`, saving one
+/// into `to` at the end.
+fn train(
+    shape: &ModelShape,
+    r: Run,
+    (rows, steps): (u64, u64),
+    from: Option<&std::path::Path>,
+    to: Option<&std::path::Path>,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
     let m = u64::from(r.micro);
     let n = (rows * SEQ * m) as usize;
     let (x, y) = (tokens(n, shape.vocab, 31), tokens(n, shape.vocab, 32));
@@ -54,16 +67,26 @@ fn run(shape: &ModelShape, r: Run, rows: u64) -> (Vec<f32>, Vec<Vec<f32>>) {
     (cfg.ranks, cfg.tp, cfg.sp, cfg.pp) = (r.ranks, r.tp, r.sp, r.pp);
     (cfg.zero, cfg.recompute, cfg.grad_accum) = (r.zero, r.recompute, r.micro);
     cfg.mixed.precision = r.precision;
+    let run = RunState {
+        loader: data::LoaderPosition::default(),
+        seed: 5,
+        data: None,
+    };
     let mut out: Vec<(Vec<f32>, Vec<Vec<f32>>)> = on_ranks(r.ranks as usize, |c| {
         let rank = c.rank();
         let mut t = Trainer::with_comm(cfg.clone(), c).unwrap();
         t.init_weights(5);
+        if let Some(dir) = from {
+            let snap = Snapshot::open(dir).unwrap();
+            snap.check_compatible(&t.config, 5).unwrap();
+            snap.restore(&mut t).unwrap();
+        }
         // The ranks of one replica (its tensor-parallel ranks and pipeline stages) read the
         // same rows: micro-batch i is rows i·R..(i+1)·R, of which this replica takes its part.
         let d = ((rank / r.tp as usize) % dp as usize) as u64;
         let mut calls = 0u64;
         let mut losses = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..steps {
             let s = t
                 .step(&mut |i, o| {
                     let at = ((calls % m) * rows + d * local) * SEQ;
@@ -78,6 +101,9 @@ fn run(shape: &ModelShape, r: Run, rows: u64) -> (Vec<f32>, Vec<Vec<f32>>) {
         }
         let what = format!("rank {rank} of {} (tp {}, pp {})", r.ranks, r.tp, r.pp);
         assert_measured_equals_planned(&t, &what);
+        if let Some(dir) = to {
+            snapshot::save(&mut t, dir, &run, &SaveOptions::default()).unwrap();
+        }
         (losses, t.whole_params().unwrap())
     });
     for (rank, (losses, _)) in out.iter().enumerate().skip(1) {
@@ -308,69 +334,13 @@ fn shapes_and_worlds_that_do_not_split_are_refused_naming_the_numbers() {
     );
 }
 
-/// Losses of `steps` steps of `r` from a fresh start or from the snapshot in `from`, saving one
-/// into `to` at the end.
-fn steps(
-    shape: &ModelShape,
-    r: Run,
-    (rows, steps): (u64, u64),
-    from: Option<&std::path::Path>,
-    to: Option<&std::path::Path>,
-) -> Vec<f32> {
-    use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
-    let m = u64::from(r.micro);
-    let n = (rows * SEQ * m) as usize;
-    let (x, y) = (tokens(n, shape.vocab, 41), tokens(n, shape.vocab, 42));
-    let dp = r.ranks / (r.tp * r.pp);
-    let local = rows / u64::from(dp);
-    let mut cfg = config(shape.clone(), local, SEQ);
-    (cfg.ranks, cfg.tp, cfg.sp, cfg.pp) = (r.ranks, r.tp, r.sp, r.pp);
-    (cfg.zero, cfg.recompute, cfg.grad_accum) = (r.zero, r.recompute, r.micro);
-    cfg.mixed.precision = r.precision;
-    let run = RunState {
-        loader: data::LoaderPosition::default(),
-        seed: 5,
-        data: None,
-    };
-    let out = on_ranks(r.ranks as usize, |c| {
-        let rank = c.rank();
-        let mut t = Trainer::with_comm(cfg.clone(), c).unwrap();
-        t.init_weights(5);
-        if let Some(dir) = from {
-            let snap = Snapshot::open(dir).unwrap();
-            snap.check_compatible(&t.config, 5).unwrap();
-            snap.restore(&mut t).unwrap();
-        }
-        let d = ((rank / r.tp as usize) % dp as usize) as u64;
-        let mut calls = 0u64;
-        let mut losses = Vec::new();
-        for _ in 0..steps {
-            let s = t
-                .step(&mut |i, o| {
-                    let at = ((calls % m) * rows + d * local) * SEQ;
-                    let span = at as usize..(at + local * SEQ) as usize;
-                    i.copy_from_slice(&x[span.clone()]);
-                    o.copy_from_slice(&y[span]);
-                    calls += 1;
-                })
-                .unwrap();
-            losses.push(s.loss);
-        }
-        if let Some(dir) = to {
-            snapshot::save(&mut t, dir, &run, &SaveOptions::default()).unwrap();
-        }
-        losses
-    });
-    out.into_iter().next().unwrap()
-}
-
 #[test]
 fn snapshots_of_any_3d_layout_resume_on_any_other() {
     let dir = std::env::temp_dir().join(format!("frugal-parallel-snap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for shape in [gpt2_tiny(), llama_tiny()] {
         let one = Run { micro: 2, ..ONE };
-        let whole = steps(&shape, one, (4, 4), None, None);
+        let whole = train(&shape, one, (4, 4), None, None).0;
         let layouts = [
             one,
             Run {
@@ -394,9 +364,9 @@ fn snapshots_of_any_3d_layout_resume_on_any_other() {
         ];
         for (i, save) in layouts.iter().enumerate() {
             let snap = dir.join(format!("{}-{i}", shape.name));
-            let first = steps(&shape, *save, (4, 2), None, Some(&snap));
+            let first = train(&shape, *save, (4, 2), None, Some(&snap)).0;
             for resume in &layouts {
-                let rest = steps(&shape, *resume, (4, 2), Some(&snap), None);
+                let rest = train(&shape, *resume, (4, 2), Some(&snap), None).0;
                 let what = format!(
                     "{}: saved on {i}, resumed on {}x{}x{}",
                     shape.name, resume.tp, resume.pp, resume.ranks

@@ -63,19 +63,31 @@ pub fn forward_backward(
             v,
             Some(dloss),
         );
-        let dl = view(dl, cr, v);
-        let dx = view_mut(&mut dinp[i0 * c..(i0 + cr) * c], cr, c);
-        gemm(dx, Accum::Add, dl, view(wte, v, c));
-        if let Some(dwte) = dwte.as_deref_mut() {
-            gemm(
-                view_mut(dwte, v, c),
-                Accum::Add,
-                dl.transpose(),
-                view(x, cr, c),
-            );
-        }
+        let dx = &mut dinp[i0 * c..(i0 + cr) * c];
+        chunk_backward(dl, x, wte, (dx, dwte.as_deref_mut()), (cr, c, v));
     }
     sum as f32
+}
+
+/// dx (rows, C) += dl (rows, V) @ wte (V, C) and, unless frozen, dwte (V, C) += dlᵀ @ x: the
+/// two GEMMs that push a chunk's logit gradient back.
+fn chunk_backward(
+    dl: &[f32],
+    x: &[f32],
+    wte: &[f32],
+    (dx, dwte): (&mut [f32], Option<&mut [f32]>),
+    (rows, c, v): (usize, usize, usize),
+) {
+    let dl = view(dl, rows, v);
+    gemm(view_mut(dx, rows, c), Accum::Add, dl, view(wte, v, c));
+    if let Some(dwte) = dwte {
+        gemm(
+            view_mut(dwte, v, c),
+            Accum::Add,
+            dl.transpose(),
+            view(x, rows, c),
+        );
+    }
 }
 
 /// The forward alone: per-row losses (N); returns their sum. Same shapes as [`forward_backward`].

@@ -24,22 +24,15 @@ pub fn forward<F: Real>(
     t: usize,
     c: usize,
 ) {
-    assert_eq!(out.len(), b * t * c);
-    assert_eq!(tokens.len(), b * t);
-    let v = wte.len() / c;
-    if let Some(wpe) = wpe {
-        assert!(wpe.len() >= t * c, "wpe holds fewer than T positions");
-    }
-    for (row, (out_row, &tok)) in out.chunks_exact_mut(c).zip(tokens).enumerate() {
-        assert!((tok as usize) < v, "token {tok} beyond vocabulary {v}");
-        let emb = &wte[tok as usize * c..][..c];
-        out_row.copy_from_slice(emb);
-        if let Some(wpe) = wpe {
-            let pos = &wpe[(row % t) * c..][..c];
-            for (o, &p) in out_row.iter_mut().zip(pos) {
-                *o += p;
-            }
-        }
+    check_ids(tokens, wte.len() / c);
+    forward_shard(out, tokens, wte, wpe, (b, t, c), 0);
+}
+
+/// Panics on an id beyond a whole table of `v` rows (the loader validates ids; this is a
+/// programmer error).
+fn check_ids(tokens: &[u32], v: usize) {
+    if let Some(&tok) = tokens.iter().find(|&&tok| tok as usize >= v) {
+        panic!("token {tok} beyond vocabulary {v}");
     }
 }
 
@@ -104,27 +97,15 @@ pub fn backward_shard<F: Real>(
 /// Accumulates dwte (V,C) and dwpe (maxT,C) from dout (B,T,C).
 pub fn backward<F: Real>(
     dwte: &mut [F],
-    mut dwpe: Option<&mut [F]>,
+    dwpe: Option<&mut [F]>,
     dout: &[F],
     tokens: &[u32],
     b: usize,
     t: usize,
     c: usize,
 ) {
-    assert_eq!(dout.len(), b * t * c);
-    assert_eq!(tokens.len(), b * t);
-    let v = dwte.len() / c;
-    for (row, (d_row, &tok)) in dout.chunks_exact(c).zip(tokens).enumerate() {
-        assert!((tok as usize) < v, "token {tok} beyond vocabulary {v}");
-        for (g, &d) in dwte[tok as usize * c..][..c].iter_mut().zip(d_row) {
-            *g += d;
-        }
-        if let Some(dwpe) = dwpe.as_deref_mut() {
-            for (g, &d) in dwpe[(row % t) * c..][..c].iter_mut().zip(d_row) {
-                *g += d;
-            }
-        }
-    }
+    check_ids(tokens, dwte.len() / c);
+    backward_shard(dwte, dwpe, dout, tokens, (b, t, c), 0);
 }
 
 #[cfg(test)]

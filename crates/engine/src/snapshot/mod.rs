@@ -116,16 +116,7 @@ pub fn save<B: Backend>(
                 _ => files::entry_of(&dir, &shards::rank_file_name(r, world))?,
             });
         }
-        if let Some(pause) = options.pause_before_commit {
-            std::thread::sleep(pause);
-        }
-        let manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            step: trainer.step,
-            files: entries,
-        };
-        files::commit(&dir, &manifest)?;
-        files::prune(out, options.keep.max(1))?;
+        commit(out, &dir, trainer.step, entries, options)?;
     }
     // No rank returns before the snapshot is committed (or rank 0's failure reaches it).
     trainer.barrier()?;
@@ -157,19 +148,31 @@ fn save_whole<B: Backend>(
             files::write_file(dir, STATE_FILE, state_json.as_bytes())?,
             files::write_file(dir, &name, &whole::shard_bytes(trainer, &tensors))?,
         ];
-        if let Some(pause) = options.pause_before_commit {
-            std::thread::sleep(pause);
-        }
-        let manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            step: trainer.step,
-            files: entries,
-        };
-        files::commit(dir, &manifest)?;
-        files::prune(out, options.keep.max(1))?;
+        commit(out, dir, trainer.step, entries, options)?;
     }
     trainer.barrier()?;
     Ok(dir.to_path_buf())
+}
+
+/// Rank 0's last act: the manifest of `entries` renamed into place (after the test hook's
+/// pause), then the older snapshots beyond `keep` deleted.
+fn commit(
+    out: &Path,
+    dir: &Path,
+    step: u64,
+    entries: Vec<FileEntry>,
+    options: &SaveOptions,
+) -> Result<(), SnapshotError> {
+    if let Some(pause) = options.pause_before_commit {
+        std::thread::sleep(pause);
+    }
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        step,
+        files: entries,
+    };
+    files::commit(dir, &manifest)?;
+    files::prune(out, options.keep.max(1))
 }
 
 /// The gathered model (HF names) from every unit's full weights, its config.json, and

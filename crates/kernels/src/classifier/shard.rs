@@ -10,10 +10,8 @@
 //! The reductions are the caller's (`reduce`), so the kernel knows no communicator; one rank with
 //! an identity `reduce` is the unsharded classifier up to rounding.
 
-use super::{chunk_logits, scale_row};
+use super::{chunk_backward, chunk_logits, scale_row};
 use crate::fastmath::{exp_shifted_sum, row_max};
-use crate::matmul::{gemm, view, view_mut};
-use faer::Accum;
 use rayon::prelude::*;
 
 /// How `reduce` combines a statistics slice over the ranks.
@@ -97,17 +95,8 @@ pub fn forward_backward(
                     row[i] -= dloss;
                 }
             });
-        let dl = view(logits, cr, v);
-        let dx = view_mut(&mut dinp[i0 * c..(i0 + cr) * c], cr, c);
-        gemm(dx, Accum::Add, dl, view(wte, v, c));
-        if let Some(dwte) = dwte.as_deref_mut() {
-            gemm(
-                view_mut(dwte, v, c),
-                Accum::Add,
-                dl.transpose(),
-                view(x, cr, c),
-            );
-        }
+        let dx = &mut dinp[i0 * c..(i0 + cr) * c];
+        chunk_backward(logits, x, wte, (dx, dwte.as_deref_mut()), (cr, c, v));
     }
     total as f32
 }

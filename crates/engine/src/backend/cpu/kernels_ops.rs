@@ -137,7 +137,8 @@ pub fn convert(a: &A, dst: Tensor, src: Tensor) {
     }
 }
 
-pub fn classifier_fwd_bwd(a: &A, op: &Classifier) -> f32 {
+/// The fused classifier over the whole vocabulary, or (`shard`) over this rank's rows of it.
+pub fn classifier(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -> f32 {
     let (lnf, weight, targets) = (
         a.view::<f32>(op.lnf),
         a.view::<f32>(op.weight),
@@ -147,33 +148,23 @@ pub fn classifier_fwd_bwd(a: &A, op: &Classifier) -> f32 {
     let mut dlnf = a.view_mut::<f32>(op.dlnf);
     let mut scratch = a.view_mut::<f32>(op.scratch);
     let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
-    classifier::forward_backward(
-        &mut losses,
-        &mut dlnf,
-        dweight.as_deref_mut(),
-        &lnf,
-        &weight,
-        &targets,
-        &mut scratch,
-        op.n,
-        op.c,
-        op.v,
-        op.dloss,
-    )
-}
-
-/// The vocab-parallel classifier over this rank's rows.
-pub fn classifier_shard(a: &A, op: &Classifier, shard: ClassifierShard<'_>) -> f32 {
-    let (lnf, weight, targets) = (
-        a.view::<f32>(op.lnf),
-        a.view::<f32>(op.weight),
-        a.view::<u32>(op.targets),
-    );
-    let mut losses = a.view_mut::<f32>(op.losses);
-    let mut dlnf = a.view_mut::<f32>(op.dlnf);
-    let mut scratch = a.view_mut::<f32>(op.scratch);
+    let Some(shard) = shard else {
+        let (n, c, v) = (op.n, op.c, op.v);
+        return classifier::forward_backward(
+            &mut losses,
+            &mut dlnf,
+            dweight.as_deref_mut(),
+            &lnf,
+            &weight,
+            &targets,
+            &mut scratch,
+            n,
+            c,
+            v,
+            op.dloss,
+        );
+    };
     let mut stats = a.view_mut::<f32>(shard.stats);
-    let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
     let s = classifier::shard::Shard {
         losses: &mut losses,
         dinp: &mut dlnf,

@@ -170,7 +170,7 @@ impl Backend for Cpu {
     }
 
     fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
-        kernels_ops::classifier_fwd_bwd(a, op)
+        kernels_ops::classifier(a, op, None)
     }
 
     fn classifier_shard(
@@ -179,7 +179,7 @@ impl Backend for Cpu {
         op: &Classifier,
         shard: ClassifierShard<'_>,
     ) -> f32 {
-        kernels_ops::classifier_shard(a, op, shard)
+        kernels_ops::classifier(a, op, Some(shard))
     }
 
     fn moe(&self, a: &Arena<Self>, op: &MoeOp) {
