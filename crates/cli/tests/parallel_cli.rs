@@ -268,6 +268,14 @@ fn every_layout_starts_from_a_saved_model_folder() {
     );
     assert_eq!(z3["loss_first"], z0["loss_first"]);
     assert_eq!(z3["loss_last"], z0["loss_last"]);
+    // bf16 with the optimizer state offloaded to a file per rank (the two tensor-parallel
+    // ranks share a data-parallel rank, not a file) trains as with it in the arena.
+    let two = ["--ranks", "2", "--tp", "2", "--precision", "bf16"];
+    let (arena, disk) = (
+        from(&two),
+        from(&[&two[..], &["--offload", "optimizer:disk"]].concat()),
+    );
+    assert_eq!(arena["loss_last"], disk["loss_last"]);
     // bf16 starts from the same weights, rounded: its first loss within bf16's error.
     let bf16 = from(&["--precision", "bf16"]);
     let (a, b) = (

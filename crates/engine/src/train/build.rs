@@ -98,7 +98,12 @@ impl<B: Backend> Trainer<B> {
                 .for_each(|&id| be.fill(&arena, arena.tensor(id, DType::F32), 0.0));
         }
         let offload = match mixed.offload {
-            Offload::Optimizer => Some(mixed::offload_store(&model, rule, rank, &mixed)?),
+            Offload::Optimizer => Some(mixed::offload_store(
+                &model,
+                rule,
+                (world_rank, world),
+                &mixed,
+            )?),
             _ => None,
         };
         let sharding = Sharding::new(rule, half, rank, &model, &arena);

@@ -165,7 +165,7 @@ impl<B: Backend> Trainer<B> {
 pub(super) fn offload_store(
     model: &Model,
     rule: StateRule,
-    rank: usize,
+    (rank, world): (usize, usize),
     mixed: &Mixed,
 ) -> Result<OffloadStore, EngineError> {
     let numels: Vec<u64> = model
@@ -176,7 +176,8 @@ pub(super) fn offload_store(
             true => plan::frugal::shards::shard_numel(u, rule.world),
         })
         .collect();
-    Ok(match &mixed.store_path(rank, rule.world as usize) {
+    // One file per rank of the world (tensor-parallel ranks share a data-parallel rank).
+    Ok(match &mixed.store_path(rank, world) {
         Some(path) => OffloadStore::on_disk(path, &numels)?,
         None => OffloadStore::in_memory(&numels),
     })
