@@ -16,6 +16,9 @@ Examples:
   frugal train --steps 50 --json --plot loss.svg  one JSON object and an SVG of the losses
   frugal train --model llama-tiny --precision bf16 --recompute sqrt
   frugal train --ranks 4 --zero 3                 four in-process ranks, everything sharded
+  frugal train --ranks 2 --tp 2 --sp              tensor + sequence parallelism (Megatron)
+  frugal train --ranks 8 --tp 2 --pp 2 --zero 1 --grad-accum 4
+                                  3D: 2 stages x 2 replicas x 2 TP ranks, 1F1B over 4 micro-batches
   frugal train --save-every 100 --out run1        snapshots; SIGTERM/Ctrl-C saves one and stops
   frugal train --out run1 --resume run1           continue from run1's newest snapshot
   frugal train --data my.txt --device-memory 512MiB   refused before step one if it won't fit
