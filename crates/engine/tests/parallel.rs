@@ -379,3 +379,41 @@ fn snapshots_of_any_3d_layout_resume_on_any_other() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_rank_that_fails_stops_its_tensor_and_pipeline_peers_with_an_error_not_a_hang() {
+    // Rank 1 of each world reads an id beyond the vocabulary: under TP its group waits for it
+    // inside a block, under PP its stage's neighbour waits for an exchange.
+    for (tp, pp) in [(2, 1), (1, 2), (2, 2)] {
+        let ranks = tp * pp;
+        let mut cfg = config(gpt2_tiny(), 1, SEQ);
+        (cfg.ranks, cfg.tp, cfg.pp, cfg.grad_accum) = (ranks, tp, pp, 2);
+        let started = std::time::Instant::now();
+        let results: Vec<Result<(), engine::EngineError>> = on_ranks(ranks as usize, |c| {
+            let rank = c.rank();
+            let mut t = Trainer::with_comm(cfg.clone(), c)?;
+            t.init_weights(1);
+            let bad = if rank == 1 { 96 } else { 3 };
+            t.step(&mut |i, o| {
+                i.fill(bad);
+                o.fill(bad);
+            })
+            .map(|_| ())
+        });
+        match ranks {
+            2 => common::assert_rank_failure_named(&results, 1),
+            // In a 3D world a rank may first see another that already gave up: every rank
+            // but the failing one ends with a communication error.
+            _ => {
+                for (rank, r) in results.iter().enumerate() {
+                    match (rank, r) {
+                        (1, Err(engine::EngineError::Data(_))) => {}
+                        (r, Err(engine::EngineError::Comm(_))) if r != 1 => {}
+                        other => panic!("tp {tp} pp {pp}: rank {rank}: {other:?}"),
+                    }
+                }
+            }
+        }
+        assert!(started.elapsed().as_secs() < 30, "tp {tp} pp {pp}: no hang");
+    }
+}
