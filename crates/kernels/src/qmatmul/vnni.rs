@@ -27,7 +27,9 @@ pub(super) struct QActs {
 }
 
 thread_local! {
-    static SCRATCH: RefCell<QActs> = RefCell::new(QActs::default());
+    /// This thread's activation scratches: one per product running on it at once (a rayon
+    /// task stolen while a product waits runs another), kept for reuse.
+    static SCRATCH: RefCell<Vec<QActs>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Quantizes `rows` rows of `a` (IC each) for groups of `group`.
@@ -87,13 +89,14 @@ pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
     out
 }
 
-/// Runs `f` with this thread's activation scratch (a fresh one if a product nested inside
-/// another on this thread, a rayon task stolen while waiting, holds it).
+/// Runs `f` with one of this thread's activation scratches: a product nested inside another
+/// on this thread (a rayon task stolen while waiting) takes the next, so once the threads have
+/// run as deep as they nest no product allocates.
 pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
-    SCRATCH.with(|s| match s.try_borrow_mut() {
-        Ok(mut q) => f(&mut q),
-        Err(_) => f(&mut QActs::default()),
-    })
+    let mut q = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    let out = f(&mut q);
+    SCRATCH.with(|s| s.borrow_mut().push(q));
+    out
 }
 
 /// # Safety
