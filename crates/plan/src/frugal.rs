@@ -6,9 +6,10 @@
 //! family's module ([`units`], [`family`]); activations follow llm.c's layout ([`acts`]), under
 //! any recompute policy and either attention kernel; what each ZeRO stage × precision × offload
 //! keeps where is one rule ([`shards::StateRule`]). Mixed precision (bf16, fp16 with master
-//! weights), optimizer offload and LoRA/QLoRA (a frozen base and trainable adapters,
-//! [`adapters`]) are planned; a setup the engine cannot run (TP/PP, parameter offload, 8-bit
-//! Adam, ...) is refused with `PlanError::Unsupported`, never silently
+//! weights), optimizer offload, LoRA/QLoRA (a frozen base and trainable adapters,
+//! [`adapters`]) and tensor, sequence and pipeline parallelism (each rank's own plan, [`place`],
+//! [`tp`], [`pp`]) are planned; a setup the engine cannot run (parameter offload, 8-bit Adam,
+//! LoRA with TP/PP, ...) is refused with `PlanError::Unsupported`, never silently
 //! planned as something else. A forward-only model (export, evaluation) is [`forward_plan`].
 //!
 //! Example: `training_plan(&gpt2_tiny, &setup)?.peak_bytes(Device::Gpu)` is the engine's measured
