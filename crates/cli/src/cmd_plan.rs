@@ -86,7 +86,8 @@ pub struct Args {
     /// Data-parallel GPUs (the ranks ZeRO shards over; `--ranks` as `frugal train` says it).
     #[arg(long, visible_alias = "ranks", default_value_t = 1)]
     gpus: u32,
-    /// Tensor-parallel degree (divides heads and key/value heads).
+    /// Tensor-parallel degree (divides the query heads; key/value heads split over it, or each
+    /// replicates on the ranks that share it).
     #[arg(long, default_value_t = 1)]
     tp: u32,
     /// Pipeline-parallel degree (1F1B schedule; the busiest stage is reported).
