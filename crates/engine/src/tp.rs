@@ -139,11 +139,6 @@ impl TensorParallel {
         }
     }
 
-    /// Bytes this rank moved over the group so far.
-    pub fn stats(&self) -> comm::CommStats {
-        self.comm.borrow().stats()
-    }
-
     /// Every rank's share of each unit (`mine`, this rank's, in the order of `units`) put
     /// together into the whole model's units (`share.whole_units` of the same kinds, in the
     /// same order): a collective over the group.
