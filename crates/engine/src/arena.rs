@@ -294,6 +294,18 @@ impl<B: Backend> Arena<B> {
     pub fn is_live(&self, id: BufId) -> bool {
         self.slots[id.0].live.get()
     }
+
+    /// Where a live tensor's first element lies in the slab, in bytes: how a backend outside
+    /// this crate (CUDA) addresses device memory, with the same lifetime and range checks as a
+    /// CPU view.
+    pub fn byte_offset(&self, t: Tensor) -> u64 {
+        self.checked(t).offset_bytes + (t.offset * t.dtype.size_bytes()) as u64
+    }
+
+    /// This arena's device memory.
+    pub fn slab(&self) -> &B::Slab {
+        &self.slab
+    }
 }
 
 #[cfg(test)]

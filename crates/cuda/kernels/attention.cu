@@ -1,0 +1,103 @@
+// Causal GQA flash attention over fused q|k|v rows (N, (NH + 2 NKV) HD), keeping only the
+// log-sum-exp (B, NH, T): one warp per (batch, head, query position), an online softmax over
+// the keys the query sees (a sliding window skips keys before t + 1 - window), each lane holding
+// head elements lane, lane + 32, ... (HD <= 256). The backward recomputes each probability from
+// the LSE; dK and dV are shared by every query of a key/value head, so they are added
+// atomically. Same formulas as `flash` in crates/kernels.
+
+#define MAXD 8
+
+struct Shape { u64 b, t, nh, nkv, hd, window; };
+
+__device__ __forceinline__ bool row_of(Shape s, u64* bb, u64* h, u64* t) {
+    u64 w = blockIdx.x * (u64)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (w >= s.b * s.nh * s.t) return false;
+    *t = w % s.t; *h = (w / s.t) % s.nh; *bb = w / (s.t * s.nh);
+    return true;
+}
+
+extern "C" __global__ void flash_forward(float* out, float* lse, const float* qkv, u64 b, u64 t, u64 nh,
+                                         u64 nkv, u64 hd, u64 window) {
+    Shape s = {b, t, nh, nkv, hd, window};
+    u64 bb, h, i;
+    if (!row_of(s, &bb, &h, &i)) return;
+    int lane = threadIdx.x & 31;
+    u64 width = (nh + 2 * nkv) * hd, g = h / (nh / nkv);
+    const float* base = qkv + bb * t * width;
+    const float* q = base + i * width + h * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float qr[MAXD], o[MAXD];
+    for (int k = 0; k < MAXD; k++) {
+        u64 d = lane + 32 * k;
+        qr[k] = d < hd ? q[d] : 0.0f;
+        o[k] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    u64 start = window > i ? 0 : i + 1 - window;
+    for (u64 j = start; j <= i; j++) {
+        const float* kr = base + j * width + (nh + g) * hd;
+        const float* vr = base + j * width + (nh + nkv + g) * hd;
+        float dot = 0.0f;
+        for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) dot += qr[k] * kr[d]; }
+        float sc = scale * warp_sum(dot);
+        float mn = fmaxf(m, sc);
+        float corr = expf(m - mn), p = expf(sc - mn);
+        l = l * corr + p;
+        for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) o[k] = o[k] * corr + p * vr[d]; }
+        m = mn;
+    }
+    float* orow = out + (bb * t + i) * nh * hd + h * hd;
+    for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) orow[d] = o[k] / l; }
+    if (lane == 0) lse[(bb * nh + h) * t + i] = m + logf(l);
+}
+
+// dqkv += the backward of `flash_forward` for dout (N, NH HD).
+extern "C" __global__ void flash_backward(float* dqkv, const float* dout, const float* out, const float* lse,
+                                          const float* qkv, u64 b, u64 t, u64 nh, u64 nkv, u64 hd, u64 window) {
+    Shape s = {b, t, nh, nkv, hd, window};
+    u64 bb, h, i;
+    if (!row_of(s, &bb, &h, &i)) return;
+    int lane = threadIdx.x & 31;
+    u64 width = (nh + 2 * nkv) * hd, g = h / (nh / nkv);
+    const float* base = qkv + bb * t * width;
+    float* dbase = dqkv + bb * t * width;
+    const float* q = base + i * width + h * hd;
+    const float* go = dout + (bb * t + i) * nh * hd + h * hd;
+    const float* orow = out + (bb * t + i) * nh * hd + h * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float qr[MAXD], gr[MAXD], dq[MAXD];
+    float dd = 0.0f;
+    for (int k = 0; k < MAXD; k++) {
+        u64 d = lane + 32 * k;
+        qr[k] = d < hd ? q[d] : 0.0f;
+        gr[k] = d < hd ? go[d] : 0.0f;
+        dq[k] = 0.0f;
+        if (d < hd) dd += gr[k] * orow[d];
+    }
+    float D = warp_sum(dd);
+    float L = lse[(bb * nh + h) * t + i];
+    u64 start = window > i ? 0 : i + 1 - window;
+    for (u64 j = start; j <= i; j++) {
+        const float* kr = base + j * width + (nh + g) * hd;
+        const float* vr = base + j * width + (nh + nkv + g) * hd;
+        float dot = 0.0f, dpv = 0.0f;
+        for (int k = 0; k < MAXD; k++) {
+            u64 d = lane + 32 * k;
+            if (d < hd) { dot += qr[k] * kr[d]; dpv += gr[k] * vr[d]; }
+        }
+        float p = expf(scale * warp_sum(dot) - L);
+        float ds = scale * p * (warp_sum(dpv) - D);
+        float* dk = dbase + j * width + (nh + g) * hd;
+        float* dv = dbase + j * width + (nh + nkv + g) * hd;
+        for (int k = 0; k < MAXD; k++) {
+            u64 d = lane + 32 * k;
+            if (d < hd) {
+                dq[k] += ds * kr[d];
+                atomicAdd(&dk[d], ds * qr[k]);
+                atomicAdd(&dv[d], p * gr[k]);
+            }
+        }
+    }
+    float* dqr = dbase + i * width + h * hd;
+    for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) dqr[d] += dq[k]; }
+}

@@ -1,0 +1,363 @@
+//! The forward and backward ops of `engine::Backend` on the GPU: each resolves its tensors to
+//! device addresses (`Arena::byte_offset`, with the arena's lifetime and range checks) and
+//! launches the kernel of the same name in `kernels/*.cu`, or a cuBLAS GEMM ([`crate::gemm`]).
+//! Same contracts as the CPU backend (`engine::backend::cpu`): gradients are accumulated into.
+//!
+//! Example: `linear(gpu, arena, &op)` is one `cublasGemmEx` (+ `add_bias`).
+
+use crate::device::{blocks, Arg, Cuda};
+use crate::gemm::{self, Operand};
+use engine::backend::{
+    Activation, ActivationBackward, Attention, AttentionBackward, AttnGradKernel, AttnKernel,
+    Classifier, DType, Embedding, EmbeddingBackward, Linear, LinearBackward, LinearKind,
+    NormBackward, NormGradKind, NormKind, NormOp, RopeShape, Tensor,
+};
+use engine::Arena;
+use plan::frugal::family::Mlp;
+
+type A = Arena<Cuda>;
+
+/// Threads per block of the element-wise and row kernels (8 warps: 8 rows per block).
+pub(crate) const THREADS: u32 = 256;
+const WARPS: u64 = (THREADS / 32) as u64;
+
+/// The device address of a live tensor's first element.
+pub(crate) fn at(a: &A, t: Tensor) -> u64 {
+    a.slab().base + a.byte_offset(t)
+}
+
+pub(crate) fn ptr(a: &A, t: Tensor) -> Arg {
+    Arg::Ptr(at(a, t))
+}
+
+fn opt_ptr(a: &A, t: Option<Tensor>) -> Arg {
+    Arg::Ptr(t.map_or(0, |t| at(a, t)))
+}
+
+fn u(x: usize) -> Arg {
+    Arg::U64(x as u64)
+}
+
+/// The `dtype` code of kernels that read several formats (0 f32, 1 bf16, 2 f16).
+pub(crate) fn code(d: DType) -> Arg {
+    Arg::I32(match d {
+        DType::F32 => 0,
+        DType::Bf16 => 1,
+        DType::F16 => 2,
+        other => panic!("no float kernel for {other:?}"),
+    })
+}
+
+/// Grid of a one-warp-per-row kernel.
+fn row_blocks(rows: usize) -> u64 {
+    (rows as u64).div_ceil(WARPS)
+}
+
+pub(crate) fn elementwise(gpu: &Cuda, name: &str, n: usize, args: &[Arg]) {
+    gpu.launch(name, blocks(n as u64, THREADS), THREADS, args);
+}
+
+pub fn embedding(gpu: &Cuda, a: &A, op: &Embedding) {
+    assert!(op.shard.is_none(), "tensor parallelism is refused on CUDA");
+    let rows = op.batch * op.seq;
+    let args = [
+        ptr(a, op.out),
+        ptr(a, op.tokens),
+        ptr(a, op.wte),
+        opt_ptr(a, op.wpe),
+        u(rows),
+        u(op.seq),
+        u(op.c),
+    ];
+    elementwise(gpu, "embedding_forward", rows * op.c, &args);
+}
+
+pub fn norm(gpu: &Cuda, a: &A, op: &NormOp) {
+    let (n, c) = (op.n, op.c);
+    match op.kind {
+        NormKind::Layer { mean, bias } => {
+            let args = [
+                ptr(a, op.out),
+                ptr(a, mean),
+                ptr(a, op.rstd),
+                ptr(a, op.inp),
+                ptr(a, op.weight),
+                ptr(a, bias),
+                u(n),
+                u(c),
+            ];
+            gpu.launch("layernorm_forward", row_blocks(n), THREADS, &args);
+        }
+        NormKind::Rms { eps } => {
+            let args = [
+                ptr(a, op.out),
+                ptr(a, op.rstd),
+                ptr(a, op.inp),
+                ptr(a, op.weight),
+                u(n),
+                u(c),
+                Arg::F32(eps),
+            ];
+            gpu.launch("rmsnorm_forward", row_blocks(n), THREADS, &args);
+        }
+    }
+}
+
+fn operand(t: Tensor) -> Operand {
+    match t.dtype {
+        DType::Bf16 => Operand::Bf16,
+        DType::F32 => Operand::F32,
+        other => panic!("no CUDA GEMM on {other:?} operands"),
+    }
+}
+
+pub fn linear(gpu: &Cuda, a: &A, op: &Linear) {
+    let LinearKind::Dense = op.kind;
+    let s = op.shape;
+    let (out, inp, w) = (at(a, op.out), at(a, op.inp), at(a, op.weight));
+    gemm::forward(
+        gpu,
+        (out, inp, w),
+        operand(op.inp),
+        (s.n, s.ic, s.oc),
+        false,
+    );
+    if let Some(bias) = op.bias {
+        let args = [Arg::Ptr(out), ptr(a, bias), u(s.n), u(s.oc)];
+        elementwise(gpu, "add_bias", s.n * s.oc, &args);
+    }
+}
+
+pub fn rope(gpu: &Cuda, a: &A, qkv: Tensor, s: RopeShape, sign: f32) {
+    let rows = s.batch * s.seq;
+    let args = [
+        ptr(a, qkv),
+        u(rows),
+        u(s.seq),
+        u(s.heads),
+        u(s.head_dim),
+        u(s.row_width),
+        Arg::F32(s.theta),
+        Arg::F32(sign),
+    ];
+    elementwise(gpu, "rope", rows * s.heads * s.head_dim / 2, &args);
+}
+
+fn window(w: usize) -> Arg {
+    Arg::U64(w.min(u64::MAX as usize) as u64)
+}
+
+pub fn attention(gpu: &Cuda, a: &A, op: &Attention) {
+    let s = op.shape;
+    let AttnKernel::Flash { lse } = op.kernel else {
+        panic!("the materialised attention is refused on CUDA (flash only)");
+    };
+    assert!(
+        s.head_dim <= 256,
+        "CUDA flash attention holds at most 256 head elements"
+    );
+    let args = [
+        ptr(a, op.out),
+        ptr(a, lse),
+        ptr(a, op.qkv),
+        u(s.batch),
+        u(s.seq),
+        u(s.n_heads),
+        u(s.n_kv_heads),
+        u(s.head_dim),
+        window(s.window),
+    ];
+    let rows = s.batch * s.n_heads * s.seq;
+    gpu.launch("flash_forward", row_blocks(rows), THREADS, &args);
+}
+
+pub fn attention_backward(gpu: &Cuda, a: &A, op: &AttentionBackward) {
+    let s = op.shape;
+    let AttnGradKernel::Flash { out, lse } = op.kernel else {
+        panic!("the materialised attention is refused on CUDA (flash only)");
+    };
+    let args = [
+        ptr(a, op.dqkv),
+        ptr(a, op.dout),
+        ptr(a, out),
+        ptr(a, lse),
+        ptr(a, op.qkv),
+        u(s.batch),
+        u(s.seq),
+        u(s.n_heads),
+        u(s.n_kv_heads),
+        u(s.head_dim),
+        window(s.window),
+    ];
+    let rows = s.batch * s.n_heads * s.seq;
+    gpu.launch("flash_backward", row_blocks(rows), THREADS, &args);
+}
+
+pub fn activation(gpu: &Cuda, a: &A, op: &Activation) {
+    match op.kind {
+        Mlp::Gelu => {
+            let args = [ptr(a, op.out), ptr(a, op.inp), u(op.out.len)];
+            elementwise(gpu, "gelu_forward", op.out.len, &args);
+        }
+        Mlp::SwiGlu => {
+            let args = [ptr(a, op.out), ptr(a, op.inp), u(op.n), u(op.width)];
+            elementwise(gpu, "swiglu_forward", op.n * op.width, &args);
+        }
+    }
+}
+
+pub fn activation_backward(gpu: &Cuda, a: &A, op: &ActivationBackward) {
+    match op.kind {
+        Mlp::Gelu => {
+            let args = [
+                ptr(a, op.dinp),
+                ptr(a, op.inp),
+                ptr(a, op.dout),
+                u(op.dinp.len),
+            ];
+            elementwise(gpu, "gelu_backward", op.dinp.len, &args);
+        }
+        Mlp::SwiGlu => {
+            let args = [
+                ptr(a, op.dinp),
+                ptr(a, op.inp),
+                ptr(a, op.dout),
+                u(op.n),
+                u(op.width),
+            ];
+            elementwise(gpu, "swiglu_backward", op.n * op.width, &args);
+        }
+    }
+}
+
+pub fn residual_add(gpu: &Cuda, a: &A, out: Tensor, inp: Tensor) {
+    assert_eq!(out.len, inp.len, "the residual add keeps the element count");
+    let args = [ptr(a, out), ptr(a, inp), u(out.len)];
+    elementwise(gpu, "residual_add", out.len, &args);
+}
+
+pub fn convert(gpu: &Cuda, a: &A, dst: Tensor, src: Tensor) {
+    assert_eq!(dst.len, src.len, "convert keeps the element count");
+    if dst.dtype == src.dtype {
+        gpu.copy(at(a, dst), at(a, src), dst.len * dst.dtype.size_bytes());
+        return;
+    }
+    let args = [
+        ptr(a, dst),
+        code(dst.dtype),
+        ptr(a, src),
+        code(src.dtype),
+        u(dst.len),
+    ];
+    elementwise(gpu, "convert", dst.len, &args);
+}
+
+/// The fused classifier: per chunk of rows, logits into the scratch (one GEMM), the softmax
+/// cross-entropy and its gradient in place (one block per row), then the two GEMMs back.
+pub fn classifier(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
+    let (n, c, v) = (op.n, op.c, op.v);
+    let rows = (op.scratch.len / v).min(n).max(1);
+    assert!(
+        op.scratch.len >= v,
+        "the classifier's scratch holds a row of logits"
+    );
+    let (lnf, w, dlnf) = (at(a, op.lnf), at(a, op.weight), at(a, op.dlnf));
+    let scratch = at(a, op.scratch);
+    for i0 in (0..n).step_by(rows) {
+        let cr = rows.min(n - i0);
+        let x = lnf + (i0 * c * 4) as u64;
+        gemm::forward(gpu, (scratch, x, w), Operand::F32, (cr, c, v), false);
+        let args = [
+            Arg::Ptr(scratch),
+            ptr(a, op.losses.slice(i0..i0 + cr)),
+            ptr(a, op.targets.slice(i0..i0 + cr)),
+            u(v),
+            Arg::F32(op.dloss),
+        ];
+        gpu.launch("softmax_xent", cr as u64, THREADS, &args);
+        let dx = dlnf + (i0 * c * 4) as u64;
+        gemm::input_grad(gpu, (dx, scratch, w), Operand::F32, (cr, c, v));
+        if let Some(dw) = op.dweight {
+            gemm::weight_grad(gpu, (at(a, dw), scratch, x), Operand::F32, (cr, c, v));
+        }
+    }
+    let mut losses = vec![0.0f32; n];
+    gpu.download_f32(at(a, op.losses), &mut losses);
+    losses.iter().map(|&l| f64::from(l)).sum::<f64>() as f32
+}
+
+pub fn embedding_backward(gpu: &Cuda, a: &A, op: &EmbeddingBackward) {
+    assert!(op.shard.is_none(), "tensor parallelism is refused on CUDA");
+    let rows = op.batch * op.seq;
+    let args = [
+        ptr(a, op.dwte),
+        opt_ptr(a, op.dwpe),
+        ptr(a, op.dout),
+        ptr(a, op.tokens),
+        u(rows),
+        u(op.seq),
+        u(op.c),
+    ];
+    elementwise(gpu, "embedding_backward", rows * op.c, &args);
+}
+
+pub fn norm_backward(gpu: &Cuda, a: &A, op: &NormBackward) {
+    let (n, c) = (op.n, op.c);
+    let (mean, dbias) = match op.kind {
+        NormGradKind::Layer { mean, dbias } => (Some(mean), dbias),
+        NormGradKind::Rms => (None, None),
+    };
+    let args = [
+        ptr(a, op.dinp),
+        ptr(a, op.dout),
+        ptr(a, op.inp),
+        ptr(a, op.weight),
+        opt_ptr(a, mean),
+        ptr(a, op.rstd),
+        u(n),
+        u(c),
+    ];
+    gpu.launch("norm_backward_input", row_blocks(n), THREADS, &args);
+    if let Some(dw) = op.dweight {
+        let args = [
+            ptr(a, dw),
+            opt_ptr(a, dbias),
+            ptr(a, op.dout),
+            ptr(a, op.inp),
+            opt_ptr(a, mean),
+            ptr(a, op.rstd),
+            u(n),
+            u(c),
+        ];
+        elementwise(gpu, "norm_backward_params", c, &args);
+    }
+}
+
+/// dinp += dout · W, dW += doutᵀ · inp, dbias += Σ dout. A bf16 input runs both GEMMs in bf16
+/// as the CPU does (dout and W rounded into the planned scratch; cuBLAS needs no transposes).
+pub fn linear_backward(gpu: &Cuda, a: &A, op: &LinearBackward) {
+    let LinearKind::Dense = op.kind;
+    let s = op.shape;
+    let shape = (s.n, s.ic, s.oc);
+    let (dinp, dw) = (at(a, op.dinp), at(a, op.dweight));
+    match op.bf16 {
+        None => {
+            let (dout, w, inp) = (at(a, op.dout), at(a, op.weight), at(a, op.inp));
+            gemm::input_grad(gpu, (dinp, dout, w), Operand::F32, shape);
+            gemm::weight_grad(gpu, (dw, dout, inp), Operand::F32, shape);
+        }
+        Some(scratch) => {
+            let g = scratch.dout.prefix(s.n * s.oc);
+            let w = scratch.weight.prefix(s.oc * s.ic);
+            convert(gpu, a, g, op.dout);
+            convert(gpu, a, w, op.weight);
+            let (g, w, inp) = (at(a, g), at(a, w), at(a, op.inp));
+            gemm::input_grad(gpu, (dinp, g, w), Operand::Bf16, shape);
+            gemm::weight_grad(gpu, (dw, g, inp), Operand::Bf16, shape);
+        }
+    }
+    if let Some(db) = op.dbias {
+        let args = [ptr(a, db), ptr(a, op.dout), u(s.n), u(s.oc)];
+        elementwise(gpu, "bias_grad", s.oc, &args);
+    }
+}
