@@ -27,6 +27,7 @@ Examples:
   mpirun -n 2 frugal train --comm mpi --zero 3    ranks as MPI processes (a --features mpi build)";
 
 pub(crate) mod config;
+mod cuda;
 mod guard;
 mod mpi;
 mod precision;
@@ -116,6 +117,10 @@ pub struct Args {
     /// safetensors file (dev/check_hf_logits.py compares them with HF transformers).
     #[arg(long, hide = true)]
     pub save_val_logits: Option<PathBuf>,
+    /// Where the step runs: cpu, or cuda (GPU 0, in a `--features cuda` build; one device,
+    /// dense GPT-2/Llama models, flash attention).
+    #[arg(long, default_value = "cpu")]
+    pub device: cuda::DeviceArg,
     /// Data-parallel ranks, as threads in this process: each takes its share of every global
     /// batch (--batch rows each); how gradients and state are shared is --zero's choice.
     #[arg(long, default_value_t = 1)]
@@ -218,6 +223,9 @@ pub struct Curves {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.device == cuda::DeviceArg::Cuda {
+        return cuda::run(&args);
+    }
     match args.comm {
         mpi::CommArg::Mpi => mpi::run(args),
         mpi::CommArg::Threads => run_on(args, None),

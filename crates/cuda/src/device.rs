@@ -11,18 +11,12 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
-/// The cuBLAS workspace this backend hands to cuBLAS (`cublasSetWorkspace`): 32 MiB, as cuBLAS
-/// asks for on Hopper.
-pub const BLAS_WORKSPACE_BYTES: u64 = 32 << 20;
-/// Blocks of a grid-stride reduction, hence f64 partials kept on the device.
-pub const REDUCE_BLOCKS: u32 = 1024;
-/// The backend's own allocation: the workspace, then the partials.
-pub const SCRATCH_BYTES: u64 = BLAS_WORKSPACE_BYTES + REDUCE_BLOCKS as u64 * 8;
+pub use plan::frugal::cuda::{BLAS_WORKSPACE_BYTES, REDUCE_BLOCKS, SCRATCH_BYTES};
 
 /// What went wrong before or while talking to the GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    #[error("no CUDA here: {0} not found")]
+    #[error("{0}")]
     Missing(String),
     #[error("no CUDA device: {0}")]
     NoDevice(String),
@@ -46,19 +40,22 @@ pub fn available() -> Result<(), CudaError> {
     };
     if !driver {
         return Err(CudaError::Missing(
-            "libcuda.so (the NVIDIA driver): this machine has no NVIDIA GPU driver".into(),
+            "libcuda.so (the NVIDIA driver) not found: this machine has no NVIDIA GPU driver; \
+             use --device cpu"
+                .into(),
         ));
     }
     if !crate::ptx::nvrtc_present() {
         return Err(CudaError::Missing(
-            "libnvrtc (`pip install nvidia-cuda-nvrtc`, then add its lib folder to \
-             LD_LIBRARY_PATH)"
+            "libnvrtc (NVRTC) not found: `pip install nvidia-cuda-nvrtc`, then add its lib \
+             folder to LD_LIBRARY_PATH"
                 .into(),
         ));
     }
     if !blas {
         return Err(CudaError::Missing(
-            "libcublas (`pip install nvidia-cublas`, then add its lib folder to LD_LIBRARY_PATH)"
+            "libcublas not found: `pip install nvidia-cublas`, then add its lib folder to \
+             LD_LIBRARY_PATH"
                 .into(),
         ));
     }

@@ -90,8 +90,8 @@ fn key(src: &Source) -> u64 {
 pub fn compile(src: &Source) -> Result<String, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::Missing(
-            "libnvrtc (NVRTC, the CUDA run-time compiler): install the CUDA toolkit or `pip \
-             install nvidia-cuda-nvrtc` and put its lib folder on LD_LIBRARY_PATH"
+            "libnvrtc (NVRTC, the CUDA run-time compiler) not found: install the CUDA toolkit \
+             or `pip install nvidia-cuda-nvrtc` and put its lib folder on LD_LIBRARY_PATH"
                 .into(),
         ));
     }

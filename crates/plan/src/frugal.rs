@@ -17,6 +17,7 @@
 
 pub mod acts;
 pub mod adapters;
+pub mod cuda;
 pub mod family;
 pub mod forward;
 pub mod key;

@@ -5,6 +5,7 @@
 //! Example: `let all = trainer.gather_memory()?; assert!(all.iter().all(|r| r.planned == r.measured));`
 
 use super::Trainer;
+use crate::backend::Backend;
 use crate::error::EngineError;
 use plan::buffer::Device;
 
@@ -57,7 +58,7 @@ pub fn process_peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-impl Trainer {
+impl<B: Backend> Trainer<B> {
     /// This rank's planned and measured bytes.
     pub fn memory(&self) -> RankMemory {
         let (_, at_peak_bytes) = self.plan.at_peak(Device::Gpu);

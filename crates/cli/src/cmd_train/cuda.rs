@@ -1,0 +1,188 @@
+//! `frugal train --device cuda`: the run on GPU 0 through the CUDA backend (`crates/cuda`),
+//! with the same validated config, data and trainer as on the CPU; the report adds the bytes
+//! the driver gave (`cuMemGetInfo`) next to the arena's planned and measured peak.
+//!
+//! Refused before any GPU work, naming the flag: several ranks (NCCL is not built), tensor or
+//! pipeline parallelism, LoRA, mixture-of-experts and latent-attention models, eager attention,
+//! optimizer offload, snapshots (`--save-every`, `--resume`) and `--out`. A build without the
+//! `cuda` feature, or a machine without an NVIDIA driver, gets an error (exit 2) saying which.
+//!
+//! Example: `frugal train --device cuda --model gpt2-124m --precision bf16 --batch 16 --seq 1024`.
+
+use super::Args;
+use anyhow::bail;
+use std::str::FromStr;
+
+/// `--device`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+impl FromStr for DeviceArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceArg::Cpu),
+            "cuda" | "gpu" => Ok(DeviceArg::Cuda),
+            _ => Err("use cpu or cuda".into()),
+        }
+    }
+}
+
+/// The flags a CUDA run cannot take yet, each with what to do instead.
+fn refuse(args: &Args) -> anyhow::Result<()> {
+    let no =
+        |flag: &str, why: &str| -> anyhow::Result<()> { bail!("--device cuda with {flag}: {why}") };
+    if args.ranks > 1 || args.comm == super::CommArg::Mpi {
+        no(
+            "several ranks",
+            "one GPU per run for now (NCCL is not built); drop --ranks/--comm",
+        )?;
+    }
+    if args.tp > 1 || args.pp > 1 {
+        no(
+            "--tp/--pp",
+            "tensor and pipeline parallelism run on the CPU backend only",
+        )?;
+    }
+    if args.lora_rank.is_some() {
+        no("--lora-rank", "LoRA runs on the CPU backend only")?;
+    }
+    if args.attention == plan::setup::Attention::Eager {
+        no(
+            "--attention eager",
+            "the CUDA backend has flash attention only; drop the flag",
+        )?;
+    }
+    if !matches!(args.offload, super::config::OffloadArg::None) {
+        no(
+            "--offload",
+            "optimizer offload runs on the CPU backend only",
+        )?;
+    }
+    if args.save_every.is_some() || args.resume.is_some() || args.out.is_some() {
+        no(
+            "--out/--save-every/--resume",
+            "saving a CUDA run is not built yet; train on the CPU to keep weights",
+        )?;
+    }
+    Ok(())
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    refuse(args)?;
+    #[cfg(not(feature = "cuda"))]
+    bail!(
+        "--device cuda needs the CUDA backend in this binary: cargo build --release -p frugal \
+         --features cuda (it builds with no CUDA installed)"
+    );
+    #[cfg(feature = "cuda")]
+    gpu::run(args)
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::super::{setup, Args};
+    use anyhow::{bail, Context};
+    use serde_json::json;
+    use std::time::Instant;
+
+    pub fn run(args: &Args) -> anyhow::Result<()> {
+        cuda::available().context("--device cuda")?;
+        let shared = setup::prepare(args, true)?;
+        let shape = &shared.config.model.shape;
+        if shape.moe.is_some() || shape.mla.is_some() {
+            bail!(
+                "--device cuda with --model {}: mixture-of-experts and latent-attention layers \
+                 run on the CPU backend only",
+                args.model
+            );
+        }
+        let (b, t) = (args.batch as usize, args.seq as usize);
+        let mut loader = shared
+            .dataset
+            .train_loader(data::LoaderConfig::shuffled(
+                data::BatchShape::single(b, t),
+                args.seed,
+            ))
+            .context("the training split is too short for one batch: lower --batch or --seq")?;
+        let val = shared
+            .dataset
+            .val_batches(data::BatchShape::single(b, t))
+            .context("the validation split is too short for one batch: lower --batch or --seq")?;
+        let gpu = cuda::Cuda::new(0)?;
+        let (device, context_bytes) = (gpu.describe(), gpu.context_bytes);
+        let mut trainer =
+            engine::Trainer::on(gpu, shared.config.clone(), Box::new(comm::Solo::new()))?;
+        trainer.init_weights(args.seed);
+        if let Some(dir) = &shared.weights {
+            trainer
+                .load_hf_folder(dir)
+                .with_context(|| format!("--model {}", dir.display()))?;
+        }
+        let started = Instant::now();
+        let (mut tokens, mut losses) = (0u64, Vec::new());
+        for step in 0..args.steps {
+            let stats = trainer.step(&mut |x, y| {
+                loader.next_batch(x, y);
+            })?;
+            tokens += stats.tokens;
+            losses.push(stats.loss);
+            if !args.json {
+                eprintln!("step {}/{} | loss {:.4}", step + 1, args.steps, stats.loss);
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let n = trainer.micro_tokens();
+        let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
+        let batches = val.n_batches().min(args.val_batches.max(1));
+        let mut sum = 0.0f64;
+        for i in 0..batches {
+            val.fill_batch(i, &mut x, &mut y);
+            sum += f64::from(trainer.eval_loss(&x, &y)?);
+        }
+        let val_loss = sum / batches as f64;
+        let memory = trainer.memory();
+        let driver_bytes = trainer.arena.backend().device_bytes_in_use()?;
+        let out = json!({
+            "device": device,
+            "steps": args.steps,
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens as f64 / seconds,
+            "loss_first": losses.first(),
+            "loss_last": losses.last(),
+            "losses": losses,
+            "val_loss": val_loss,
+            "planned_peak_bytes": memory.planned.peak_bytes,
+            "measured_peak_bytes": memory.measured.peak_bytes,
+            "planned_slab_bytes": memory.planned.reserved_bytes,
+            "backend_scratch_bytes": plan::frugal::cuda::SCRATCH_BYTES,
+            "driver_bytes": driver_bytes,
+            "context_bytes": context_bytes,
+        });
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            println!(
+                "{device}: {} steps, loss {:.4} -> {:.4}, validation {val_loss:.4}, {:.0} tokens/s",
+                args.steps,
+                losses.first().copied().unwrap_or(f32::NAN),
+                losses.last().copied().unwrap_or(f32::NAN),
+                tokens as f64 / seconds
+            );
+            println!(
+                "arena peak planned {:.3} GiB, measured {:.3} GiB; driver gave {:.3} GiB (arena \
+                 slab + backend scratch), context {:.3} GiB",
+                gib(memory.planned.peak_bytes),
+                gib(memory.measured.peak_bytes),
+                gib(driver_bytes),
+                gib(context_bytes)
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,59 @@
+//! `frugal train --device cuda` on a machine without a GPU, or in a build without the CUDA
+//! backend: exit 2 with an error that says which and what to do, never a panic; and the flags
+//! a CUDA run cannot take are refused by name before any GPU work. (`.ci/run` runs this file
+//! on the default build and on a `--features cuda` one.)
+
+mod common;
+use common::frugal;
+
+fn stderr_of(args: &[&str]) -> String {
+    let out = frugal(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+#[test]
+fn without_a_gpu_device_cuda_exits_2_saying_why() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // a GPU machine: dev/gpu_check.sh trains there
+    }
+    let stderr = stderr_of(&["train", "--device", "cuda", "--steps", "1"]);
+    if cfg!(feature = "cuda") {
+        // A CUDA build on a machine with no GPU: the missing library is named.
+        assert!(
+            stderr.contains("libcuda.so (the NVIDIA driver) not found")
+                || stderr.contains("libnvrtc")
+                || stderr.contains("libcublas"),
+            "{stderr}"
+        );
+    } else {
+        assert!(stderr.contains("--features cuda"), "{stderr}");
+    }
+}
+
+#[test]
+fn flags_a_cuda_run_cannot_take_are_refused_by_name() {
+    for (flags, says) in [
+        (&["--ranks", "2"][..], "several ranks"),
+        (&["--tp", "2", "--ranks", "2"][..], "several ranks"),
+        (&["--pp", "2"][..], "--tp/--pp"),
+        (&["--lora-rank", "8"][..], "--lora-rank"),
+        (&["--attention", "eager"][..], "--attention eager"),
+        (&["--out", "/tmp/frugal-cuda-never"][..], "--out"),
+    ] {
+        let mut args = vec!["train", "--device", "cuda", "--steps", "1"];
+        args.extend(flags);
+        let stderr = stderr_of(&args);
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+    assert!(!std::path::Path::new("/tmp/frugal-cuda-never").exists());
+}
+
+#[test]
+fn an_unknown_device_is_a_usage_error() {
+    let out = frugal(&["train", "--device", "tpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use cpu or cuda"));
+}
