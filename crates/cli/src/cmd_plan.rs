@@ -153,6 +153,11 @@ pub struct Args {
     /// engine). auto: pytorch unless it refuses the setup, then formula, and says why.
     #[arg(long, default_value = "auto")]
     runtime: String,
+    /// The frugal runtime's backend: cpu (the arena's slab, no context) or cuda (the slab and
+    /// the CUDA backend's 32 MiB cuBLAS workspace in 2 MiB driver pages, and a CUDA context;
+    /// `frugal train --device cuda` measures both).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
     /// Print one JSON object (ARCHITECTURE.md's JSON contract) instead of tables.
     #[arg(long)]
     json: bool,
@@ -292,7 +297,16 @@ fn model_report(
         report::inference(runtime, Some(model), 0, &setup, &est)
     } else {
         let setup = train_setup(args, seq)?;
-        let est = train_estimate(runtime, model, &setup)?;
+        let mut est = train_estimate(runtime, model, &setup)?;
+        if args.device == "cuda" {
+            if runtime != "frugal" {
+                bail!(
+                    "--device cuda is the frugal runtime's backend: add --runtime frugal (the \
+                     pytorch and formula runtimes plan a GPU already)"
+                );
+            }
+            est = plan::frugal::cuda::on_cuda(est);
+        }
         let mut hw = plan::fit::Hardware::of(plan::fit::gpu_by_name(&args.gpu)?);
         hw.tf32 = args.tf32;
         let mut r = report::training(runtime, Some(model), 0, &setup, &est);

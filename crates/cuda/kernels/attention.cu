@@ -2,8 +2,7 @@
 // log-sum-exp (B, NH, T): one warp per (batch, head, query position), an online softmax over
 // the keys the query sees (a sliding window skips keys before t + 1 - window), each lane holding
 // head elements lane, lane + 32, ... (HD <= 256). The backward recomputes each probability from
-// the LSE; dK and dV are shared by every query of a key/value head, so they are added
-// atomically. Same formulas as `flash` in crates/kernels.
+// the LSE, in two passes with one writer per gradient row. Same formulas as `flash` in crates/kernels.
 
 #define MAXD 8
 
@@ -51,16 +50,19 @@ extern "C" __global__ void flash_forward(float* out, float* lse, const float* qk
     if (lane == 0) lse[(bb * nh + h) * t + i] = m + logf(l);
 }
 
-// dqkv += the backward of `flash_forward` for dout (N, NH HD).
-extern "C" __global__ void flash_backward(float* dqkv, const float* dout, const float* out, const float* lse,
-                                          const float* qkv, u64 b, u64 t, u64 nh, u64 nkv, u64 hd, u64 window) {
+// The backward of `flash_forward` for dout (N, NH HD), in two kernels with one writer per
+// gradient row (no atomics, so the sums do not depend on timing): dQ with one warp per
+// (batch, head, query) over the keys it saw, dK and dV with one warp per (batch, kv head, key)
+// over the queries of every head of its group that saw it. Both recompute p = exp(s − lse) and
+// D = rowsum(dO ∘ O).
+extern "C" __global__ void flash_backward_dq(float* dqkv, const float* dout, const float* out, const float* lse,
+                                             const float* qkv, u64 b, u64 t, u64 nh, u64 nkv, u64 hd, u64 window) {
     Shape s = {b, t, nh, nkv, hd, window};
     u64 bb, h, i;
     if (!row_of(s, &bb, &h, &i)) return;
     int lane = threadIdx.x & 31;
     u64 width = (nh + 2 * nkv) * hd, g = h / (nh / nkv);
     const float* base = qkv + bb * t * width;
-    float* dbase = dqkv + bb * t * width;
     const float* q = base + i * width + h * hd;
     const float* go = dout + (bb * t + i) * nh * hd + h * hd;
     const float* orow = out + (bb * t + i) * nh * hd + h * hd;
@@ -87,17 +89,55 @@ extern "C" __global__ void flash_backward(float* dqkv, const float* dout, const 
         }
         float p = expf(scale * warp_sum(dot) - L);
         float ds = scale * p * (warp_sum(dpv) - D);
-        float* dk = dbase + j * width + (nh + g) * hd;
-        float* dv = dbase + j * width + (nh + nkv + g) * hd;
-        for (int k = 0; k < MAXD; k++) {
-            u64 d = lane + 32 * k;
-            if (d < hd) {
-                dq[k] += ds * kr[d];
-                atomicAdd(&dk[d], ds * qr[k]);
-                atomicAdd(&dv[d], p * gr[k]);
+        for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) dq[k] += ds * kr[d]; }
+    }
+    float* dqr = dqkv + bb * t * width + i * width + h * hd;
+    for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) dqr[d] += dq[k]; }
+}
+
+extern "C" __global__ void flash_backward_dkv(float* dqkv, const float* dout, const float* out, const float* lse,
+                                              const float* qkv, u64 b, u64 t, u64 nh, u64 nkv, u64 hd, u64 window) {
+    u64 w = blockIdx.x * (u64)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (w >= b * nkv * t) return;
+    u64 j = w % t, g = (w / t) % nkv, bb = w / (t * nkv);
+    int lane = threadIdx.x & 31;
+    u64 width = (nh + 2 * nkv) * hd, group = nh / nkv;
+    const float* base = qkv + bb * t * width;
+    const float* kr = base + j * width + (nh + g) * hd;
+    const float* vr = base + j * width + (nh + nkv + g) * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float kk[MAXD], vv[MAXD], dk[MAXD], dv[MAXD];
+    for (int k = 0; k < MAXD; k++) {
+        u64 d = lane + 32 * k;
+        kk[k] = d < hd ? kr[d] : 0.0f;
+        vv[k] = d < hd ? vr[d] : 0.0f;
+        dk[k] = 0.0f;
+        dv[k] = 0.0f;
+    }
+    // Queries i >= j that see key j: i < j + window.
+    u64 end = window >= t - j ? t : j + window;
+    for (u64 i = j; i < end; i++) {
+        for (u64 h = g * group; h < (g + 1) * group; h++) {
+            const float* q = base + i * width + h * hd;
+            const float* go = dout + (bb * t + i) * nh * hd + h * hd;
+            const float* orow = out + (bb * t + i) * nh * hd + h * hd;
+            float dot = 0.0f, dpv = 0.0f, dd = 0.0f;
+            for (int k = 0; k < MAXD; k++) {
+                u64 d = lane + 32 * k;
+                if (d < hd) { dot += q[d] * kk[k]; dpv += go[d] * vv[k]; dd += go[d] * orow[d]; }
+            }
+            float p = expf(scale * warp_sum(dot) - lse[(bb * nh + h) * t + i]);
+            float ds = scale * p * (warp_sum(dpv) - warp_sum(dd));
+            for (int k = 0; k < MAXD; k++) {
+                u64 d = lane + 32 * k;
+                if (d < hd) { dk[k] += ds * q[d]; dv[k] += p * go[d]; }
             }
         }
     }
-    float* dqr = dbase + i * width + h * hd;
-    for (int k = 0; k < MAXD; k++) { u64 d = lane + 32 * k; if (d < hd) dqr[d] += dq[k]; }
+    float* dkr = dqkv + bb * t * width + j * width + (nh + g) * hd;
+    float* dvr = dqkv + bb * t * width + j * width + (nh + nkv + g) * hd;
+    for (int k = 0; k < MAXD; k++) {
+        u64 d = lane + 32 * k;
+        if (d < hd) { dkr[d] += dk[k]; dvr[d] += dv[k]; }
+    }
 }

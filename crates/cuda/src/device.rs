@@ -70,14 +70,15 @@ pub struct Cuda {
     pub(crate) blas: Blas,
     /// The workspace and partials ([`SCRATCH_BYTES`]).
     pub(crate) scratch: u64,
-    /// Device bytes the context took (total − free once it exists, before any allocation).
+    /// Device bytes the context took: total − free once the context, the modules and the
+    /// cuBLAS handle exist, before this backend's first allocation (other processes' use too).
     pub context_bytes: u64,
     /// Free device bytes right after the context was made.
     free_after_context: u64,
 }
 
 #[derive(Clone, Copy)]
-struct Func(sys::CUfunction);
+struct Func(sys::CUfunction, &'static [crate::ptx::Param]);
 // SAFETY: a CUfunction is a handle into a module the context owns; the driver API is thread-safe.
 unsafe impl Send for Func {}
 
@@ -113,24 +114,29 @@ impl Cuda {
         }
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.default_stream();
-        let (free, total) = result::mem_get_info()?;
         let mut funcs = HashMap::new();
         for src in crate::ptx::SOURCES {
             let text = crate::ptx::compile_cached(src)?;
-            let image = CString::new(text).expect("PTX has no NUL byte");
+            let image = CString::new(text.clone()).expect("PTX has no NUL byte");
             // SAFETY: a NUL-terminated PTX image; the module lives as long as the context.
             let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void)? };
             for name in crate::ptx::kernel_names(src.code) {
+                let params = crate::ptx::entry_params(&text, name).ok_or(CudaError::Compile {
+                    file: src.name,
+                    log: format!("no PTX entry {name} with the parameter types launches pass"),
+                })?;
                 let cname = CString::new(name).expect("a kernel name");
                 // SAFETY: the module was just loaded.
                 let f = unsafe { result::module::get_function(module, cname)? };
-                funcs.insert(name, Func(f));
+                funcs.insert(name, Func(f, Vec::leak(params)));
             }
         }
-        // SAFETY: plain allocation of the backend's scratch.
-        let scratch = unsafe { result::malloc_sync(SCRATCH_BYTES as usize)? };
         let blas = cudarc::cublas::result::create_handle()
             .map_err(|e| CudaError::Blas(format!("{e:?}")))?;
+        // The context's share: driver, modules, the cuBLAS handle, before any allocation.
+        let (free, total) = result::mem_get_info()?;
+        // SAFETY: plain allocation of the backend's scratch.
+        let scratch = unsafe { result::malloc_sync(SCRATCH_BYTES as usize)? };
         // SAFETY: the handle is live, the stream belongs to this context, the workspace is ours.
         unsafe {
             cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _)
@@ -200,6 +206,14 @@ impl Cuda {
             .get(name)
             .unwrap_or_else(|| panic!("no CUDA kernel {name}"));
         assert!(args.len() <= 16, "at most 16 kernel parameters");
+        // The call site must pass what the PTX entry declares: a wrong count or type would
+        // be read as garbage by the kernel, so it is a panic naming both.
+        let matches = args.len() == f.1.len() && args.iter().zip(f.1).all(|(a, p)| a.param() == *p);
+        assert!(
+            matches,
+            "CUDA kernel {name}: arguments {args:?} vs PTX parameters {:?}",
+            f.1
+        );
         // Each parameter in its own 8-byte slot; the driver reads as many bytes as the kernel's
         // parameter has (4 for a float or int: the low half, little-endian).
         let mut slots = [0u64; 16];
@@ -240,6 +254,16 @@ pub(crate) enum Arg {
     U64(u64),
     F32(f32),
     I32(i32),
+}
+
+impl Arg {
+    fn param(&self) -> crate::ptx::Param {
+        match self {
+            Arg::Ptr(_) | Arg::U64(_) => crate::ptx::Param::U64,
+            Arg::F32(_) => crate::ptx::Param::F32,
+            Arg::I32(_) => crate::ptx::Param::U32,
+        }
+    }
 }
 
 /// Blocks of `threads` threads covering `n` items (grid-stride kernels loop past the cap).

@@ -189,8 +189,10 @@ pub fn attention_backward(gpu: &Cuda, a: &A, op: &AttentionBackward) {
         u(s.head_dim),
         window(s.window),
     ];
-    let rows = s.batch * s.n_heads * s.seq;
-    gpu.launch("flash_backward", row_blocks(rows), THREADS, &args);
+    let queries = s.batch * s.n_heads * s.seq;
+    gpu.launch("flash_backward_dq", row_blocks(queries), THREADS, &args);
+    let keys = s.batch * s.n_kv_heads * s.seq;
+    gpu.launch("flash_backward_dkv", row_blocks(keys), THREADS, &args);
 }
 
 pub fn activation(gpu: &Cuda, a: &A, op: &Activation) {

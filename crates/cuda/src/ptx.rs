@@ -67,6 +67,33 @@ pub fn kernel_names(code: &str) -> Vec<&str> {
         .collect()
 }
 
+/// A kernel parameter's PTX type, as `Cuda::launch` checks its arguments against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// `.u64`: a device pointer or a 64-bit count.
+    U64,
+    /// `.u32` / `.s32`: an int.
+    U32,
+    F32,
+}
+
+/// The parameter types of entry `name` in `ptx`, in order (`None`: no such entry, or a
+/// parameter type the backend never passes).
+pub fn entry_params(ptx: &str, name: &str) -> Option<Vec<Param>> {
+    let head = ptx.split(&format!(".entry {name}(")).nth(1)?;
+    let list = head.split(')').next()?;
+    list.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_whitespace().nth(1)? {
+            ".u64" | ".s64" | ".b64" => Some(Param::U64),
+            ".u32" | ".s32" | ".b32" => Some(Param::U32),
+            ".f32" => Some(Param::F32),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Whether libnvrtc can be loaded (`cudarc` panics on first use otherwise).
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library by its candidate names.
@@ -163,6 +190,15 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted.len(), all.len(), "a kernel name is defined twice");
+    }
+
+    #[test]
+    fn entry_parameters_are_read_from_ptx() {
+        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1,\n\t\
+                   .param .f32 k_param_2\n)\n{";
+        let params = entry_params(ptx, "k");
+        assert_eq!(params, Some(vec![Param::U64, Param::U32, Param::F32]));
+        assert_eq!(entry_params(ptx, "other"), None);
     }
 
     #[test]

@@ -147,7 +147,7 @@ pub fn fill(gpu: &Cuda, a: &A, t: Tensor, value: f32) {
         gpu,
         name,
         t.len,
-        &[ptr(a, t), Arg::U64(t.len as u64), Arg::U64(u64::from(bits))],
+        &[ptr(a, t), Arg::U64(t.len as u64), Arg::I32(bits as i32)],
     );
 }
 

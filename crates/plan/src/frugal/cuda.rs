@@ -25,6 +25,17 @@ pub fn driver_bytes(sizes: &[u64]) -> u64 {
         .sum()
 }
 
+/// A `frugal` training estimate for the CUDA backend: the driver's pages of the arena's slab
+/// and of the backend's scratch as what is reserved, and a context. The context is not
+/// frugal's own measurement: it is PyTorch's on an H200 (`crate::pytorch::context_bytes`, the
+/// same driver and cuBLAS, plus PyTorch's kernels, so an upper estimate) until `frugal train
+/// --device cuda` reports the measured one (`context_bytes` in its JSON).
+pub fn on_cuda(mut e: crate::runtime::Estimate) -> crate::runtime::Estimate {
+    e.reserved_bytes = driver_bytes(&[e.reserved_bytes, SCRATCH_BYTES]);
+    e.context_bytes = crate::pytorch::context_bytes();
+    e
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,5 +45,17 @@ mod tests {
         assert_eq!(SCRATCH_BYTES, 33_562_624);
         assert_eq!(driver_bytes(&[SCRATCH_BYTES]), 34 << 20);
         assert_eq!(driver_bytes(&[1, 2 << 20, 0]), 4 << 20);
+    }
+
+    #[test]
+    fn a_cuda_estimate_adds_the_scratch_pages_and_a_context() {
+        let model = crate::presets::by_name("gpt2-124m").unwrap();
+        let setup = crate::setup::TrainSetup::new(4, 256);
+        let cpu = crate::frugal::training_estimate(&model, &setup).unwrap();
+        let gpu = on_cuda(cpu.clone());
+        assert_eq!(gpu.peak_bytes, cpu.peak_bytes);
+        let slab_pages = cpu.reserved_bytes.next_multiple_of(DRIVER_PAGE_BYTES);
+        assert_eq!(gpu.reserved_bytes, slab_pages + (34 << 20));
+        assert!(gpu.context_bytes > 0 && cpu.context_bytes == 0);
     }
 }
