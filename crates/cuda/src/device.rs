@@ -167,6 +167,13 @@ impl Cuda {
         Ok(self.free_after_context.saturating_sub(free as u64))
     }
 
+    /// Device bytes an arena may take: free once the context was up, less the backend's own
+    /// scratch (in driver pages). A run config's device capacity on this GPU.
+    pub fn capacity_bytes(&self) -> u64 {
+        let scratch = plan::frugal::cuda::driver_bytes(&[SCRATCH_BYTES]);
+        self.free_after_context.saturating_sub(scratch)
+    }
+
     /// The GPU's name and compute capability, for reports.
     pub fn describe(&self) -> String {
         let name = self.ctx.name().unwrap_or_else(|_| "an NVIDIA GPU".into());

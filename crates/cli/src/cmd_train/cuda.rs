@@ -114,8 +114,13 @@ mod gpu {
             .context("the validation split is too short for one batch: lower --batch or --seq")?;
         let gpu = cuda::Cuda::new(0)?;
         let (device, context_bytes) = (gpu.describe(), gpu.context_bytes);
-        let mut trainer =
-            engine::Trainer::on(gpu, shared.config.clone(), Box::new(comm::Solo::new()))?;
+        let mut config = shared.config.clone();
+        // The slab lives on the GPU: it is checked against the GPU's free bytes (or a smaller
+        // --device-memory), not host RAM (which holds nothing of a CUDA run but the data).
+        let free = gpu.capacity_bytes();
+        config.device_memory_bytes = Some(config.device_memory_bytes.map_or(free, |d| d.min(free)));
+        config.host_memory = None;
+        let mut trainer = engine::Trainer::on(gpu, config, Box::new(comm::Solo::new()))?;
         trainer.init_weights(args.seed);
         if let Some(dir) = &shared.weights {
             trainer
