@@ -22,12 +22,33 @@ pub fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
-/// A fresh, empty folder named after the test file (`group`) and the test.
+/// Folders made by [`temp_dir`] in this test process, removed when it exits.
+static MADE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_made() {
+    if std::env::var_os("FRUGAL_KEEP_TEST_DIRS").is_some() {
+        return;
+    }
+    let made = MADE.lock().map(|m| m.clone()).unwrap_or_default();
+    for dir in made {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A fresh, empty folder named after the test file (`group`) and the test. It is removed when
+/// the test process exits (snapshots and models of a whole test file would otherwise fill the
+/// disk over repeated runs); set `FRUGAL_KEEP_TEST_DIRS=1` to keep them for a look.
 pub fn temp_dir(group: &str, test: &str) -> PathBuf {
     let name = format!("frugal-{group}-{}-{test}", std::process::id());
     let dir = std::env::temp_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if made.is_empty() {
+        // SAFETY: registers a plain function with no arguments, run once at exit.
+        unsafe { libc::atexit(remove_made) };
+    }
+    made.push(dir.clone());
     dir
 }
 
