@@ -12,7 +12,9 @@ extern "C" __global__ void embedding_forward(float* out, const u32* tokens, cons
     }
 }
 
-// dwte[tokens[r]] += dout[r] (atomic: repeated tokens), dwpe[r % t] += dout[r].
+// dwte[tokens[r]] += dout[r] (atomic: repeated tokens), dwpe[r % t] += dout[r]. The one reduction
+// here whose order depends on timing (as PyTorch's embedding backward on CUDA): equal within rounding,
+// not bit-stable from run to run.
 extern "C" __global__ void embedding_backward(float* dwte, float* dwpe, const float* dout, const u32* tokens,
                                               u64 rows, u64 t, u64 c) {
     GRID_STRIDE(i, rows * c) {

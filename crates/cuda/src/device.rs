@@ -235,7 +235,7 @@ impl Cuda {
         for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()) {
             *p = s as *mut u64 as *mut c_void;
         }
-        let grid = u32::try_from(grid.clamp(1, 1 << 31)).expect("grid fits u32");
+        let grid = u32::try_from(grid.clamp(1, (1 << 31) - 1)).expect("grid fits u32");
         self.ctx.bind_to_thread().expect("CUDA context");
         // SAFETY: the arguments match the kernel's signature (each call site mirrors its .cu
         // declaration) and point into live arena buffers checked by `Arena::byte_offset`.

@@ -129,6 +129,11 @@ pub fn linear(gpu: &Cuda, a: &A, op: &Linear) {
 }
 
 pub fn rope(gpu: &Cuda, a: &A, qkv: Tensor, s: RopeShape, sign: f32) {
+    assert!(
+        s.head_dim % 2 == 0,
+        "RoPE needs an even head dim, got {}",
+        s.head_dim
+    );
     let rows = s.batch * s.seq;
     let args = [
         ptr(a, qkv),
@@ -176,6 +181,10 @@ pub fn attention_backward(gpu: &Cuda, a: &A, op: &AttentionBackward) {
     let AttnGradKernel::Flash { out, lse } = op.kernel else {
         panic!("the materialised attention is refused on CUDA (flash only)");
     };
+    assert!(
+        s.head_dim <= 256,
+        "CUDA flash attention holds at most 256 head elements"
+    );
     let args = [
         ptr(a, op.dqkv),
         ptr(a, op.dout),
