@@ -282,6 +282,9 @@ fn model_report(
     seq: u64,
     runtime: &str,
 ) -> anyhow::Result<Report> {
+    if args.infer && args.device == "cuda" {
+        bail!("--device cuda plans training on the CUDA backend; inference runs on the CPU backend only");
+    }
     Ok(if args.infer {
         let setup = infer_setup(args, seq);
         let est = match runtime {

@@ -57,3 +57,58 @@ fn an_unknown_device_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("use cpu or cuda"));
 }
+
+#[test]
+fn the_cuda_plan_adds_the_backend_scratch_pages_and_a_context_to_the_cpu_plan() {
+    let plan = |device: &str| {
+        common::json(&frugal(&[
+            "plan",
+            "--model",
+            "gpt2-mini",
+            "--train",
+            "--runtime",
+            "frugal",
+            "--batch",
+            "4",
+            "--seq",
+            "64",
+            "--device",
+            device,
+            "--json",
+        ]))["per_device"]
+            .clone()
+    };
+    let (cpu, gpu) = (plan("cpu"), plan("cuda"));
+    let bytes = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert_eq!(bytes(&gpu, "peak_bytes"), bytes(&cpu, "peak_bytes"));
+    let page = 2u64 << 20;
+    let slab_pages = bytes(&cpu, "reserved_bytes").div_ceil(page) * page;
+    // The 32 MiB cuBLAS workspace and 8 KiB of reduction partials: 17 pages.
+    assert_eq!(bytes(&gpu, "reserved_bytes"), slab_pages + 17 * page);
+    assert_eq!(bytes(&cpu, "context_bytes"), 0);
+    assert!(bytes(&gpu, "context_bytes") > 0);
+    assert_eq!(
+        bytes(&gpu, "total_bytes"),
+        bytes(&gpu, "reserved_bytes") + bytes(&gpu, "context_bytes")
+    );
+    let other = frugal(&[
+        "plan",
+        "--model",
+        "gpt2-mini",
+        "--train",
+        "--device",
+        "cuda",
+    ]);
+    common::fails_with(&other, "add --runtime frugal");
+    let infer = frugal(&[
+        "plan",
+        "--model",
+        "gpt2-mini",
+        "--infer",
+        "--runtime",
+        "frugal",
+        "--device",
+        "cuda",
+    ]);
+    common::fails_with(&infer, "inference runs on the CPU backend only");
+}
