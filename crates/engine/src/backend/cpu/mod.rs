@@ -27,8 +27,9 @@ use std::sync::Mutex;
 pub struct Cpu {
     /// Per-chunk partial sums of a parallel sum of squares.
     partials: Mutex<Vec<f64>>,
-    /// A chunk of 2-byte values widened to f32.
-    widened: Mutex<Vec<f32>>,
+    /// Per-chunk partial sums of squares of 2-byte values, and whether the chunk held a
+    /// non-finite one.
+    half_partials: Mutex<Vec<(f64, bool)>>,
 }
 
 impl Cpu {

@@ -66,23 +66,54 @@ pub fn sum_squares(cpu: &Cpu, a: &A, t: Tensor, start: f64) -> (f64, bool) {
         // A non-finite element makes the sum non-finite.
         return (sum, !sum.is_finite());
     }
-    let mut buf = cpu.widened.lock().unwrap_or_else(|e| e.into_inner());
-    buf.resize(HALF_CHUNK, 0.0);
-    let (mut sum, mut found_inf) = (start, false);
-    let widen = |x: &mut [f32], range: std::ops::Range<usize>| match t.dtype {
-        DType::Bf16 => convert::bf16_to_f32(x, &a.view::<bf16>(t)[range]),
-        _ => convert::f16_to_f32(x, &a.view::<f16>(t)[range]),
-    };
+    // 2-byte values: each chunk widened block by block on its task's stack, the chunks'
+    // partials added in chunk order (as a serial pass would: the same bits).
+    let mut partials = cpu.half_partials.lock().unwrap_or_else(|e| e.into_inner());
+    match t.dtype {
+        DType::Bf16 => a
+            .view::<bf16>(t)
+            .par_chunks(HALF_CHUNK)
+            .map(|c| sum_sq_half(c.len(), |x, r| convert::bf16_to_f32(x, &c[r])))
+            .collect_into_vec(&mut partials),
+        _ => a
+            .view::<f16>(t)
+            .par_chunks(HALF_CHUNK)
+            .map(|c| sum_sq_half(c.len(), |x, r| convert::f16_to_f32(x, &c[r])))
+            .collect_into_vec(&mut partials),
+    }
+    partials
+        .iter()
+        .fold((start, false), |(sum, inf), &(s, i)| (sum + s, inf | i))
+}
+
+/// Widened elements per stack block of [`sum_sq_half`] (a multiple of its 8 lanes).
+const WIDE_BLOCK: usize = 1024;
+
+/// [`sum_sq`] of `len` 2-byte values that `widen` writes as f32 (`widen(dst, range)`), and
+/// whether any is non-finite: widened a block at a time into a stack buffer, with the same
+/// eight lanes, order and tail as `sum_sq` over the whole widened chunk.
+fn sum_sq_half(len: usize, widen: impl Fn(&mut [f32], std::ops::Range<usize>)) -> (f64, bool) {
+    let mut buf = [0.0f32; WIDE_BLOCK];
+    let (mut acc, mut inf) = ([0.0f64; 8], false);
+    let body = len - len % 8;
     let mut at = 0;
-    while at < t.len {
-        let end = (at + HALF_CHUNK).min(t.len);
+    while at < body {
+        let end = (at + WIDE_BLOCK).min(body);
         let x = &mut buf[..end - at];
         widen(x, at..end);
-        found_inf |= x.iter().any(|v| !v.is_finite());
-        sum += sq(x);
+        inf |= x.iter().any(|v| !v.is_finite());
+        for c in x.chunks_exact(8) {
+            for (a, &g) in acc.iter_mut().zip(c) {
+                *a += f64::from(g) * f64::from(g);
+            }
+        }
         at = end;
     }
-    (sum, found_inf)
+    let x = &mut buf[..len - body];
+    widen(x, body..len);
+    inf |= x.iter().any(|v| !v.is_finite());
+    let tail: f64 = x.iter().map(|&g| f64::from(g) * f64::from(g)).sum();
+    (acc.iter().sum::<f64>() + tail, inf)
 }
 
 pub fn scale(a: &A, t: Tensor, factor: f32) {
