@@ -14,6 +14,7 @@ use engine::backend::{AdamW, CommOp, DType, MasterAdamW, MasterAdamWHost, Sgd, T
 use engine::precision::{adamw_master_step, Grads, UnderflowStats, Working};
 use engine::Arena;
 use half::{bf16, f16};
+use kernels::convert;
 
 type A = Arena<Cuda>;
 
@@ -60,7 +61,7 @@ impl Cuda {
     }
 }
 
-/// Writes `src` into `dst`, rounded to a 2-byte `dst`.
+/// Writes `src` into `dst`, rounded to a 2-byte `dst` (the CPU's `kernels::convert`).
 pub fn upload(gpu: &Cuda, a: &A, dst: Tensor, src: &[f32]) {
     assert_eq!(
         dst.len,
@@ -72,17 +73,20 @@ pub fn upload(gpu: &Cuda, a: &A, dst: Tensor, src: &[f32]) {
     match dst.dtype {
         DType::F32 => gpu.write(at(a, dst), src),
         DType::Bf16 => {
-            let h: Vec<u16> = src.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+            let mut h = vec![bf16::ZERO; src.len()];
+            convert::f32_to_bf16(&mut h, src);
             gpu.write(at(a, dst), &h);
         }
         DType::F16 => {
-            let h: Vec<u16> = src.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+            let mut h = vec![f16::ZERO; src.len()];
+            convert::f32_to_f16(&mut h, src);
             gpu.write(at(a, dst), &h);
         }
         DType::U32 | DType::U8 | DType::I8 => panic!("upload ids with upload_ids"),
     }
 }
 
+/// Reads `src` into `dst`, widened from a 2-byte `src`.
 pub fn download(gpu: &Cuda, a: &A, src: Tensor, dst: &mut [f32]) {
     assert_eq!(
         src.len,
@@ -93,16 +97,15 @@ pub fn download(gpu: &Cuda, a: &A, src: Tensor, dst: &mut [f32]) {
     );
     match src.dtype {
         DType::F32 => gpu.read(dst, at(a, src)),
-        DType::Bf16 | DType::F16 => {
-            let mut h = vec![0u16; src.len];
+        DType::Bf16 => {
+            let mut h = vec![bf16::ZERO; src.len];
             gpu.read(&mut h, at(a, src));
-            for (d, &b) in dst.iter_mut().zip(&h) {
-                *d = if src.dtype == DType::Bf16 {
-                    bf16::from_bits(b).to_f32()
-                } else {
-                    f16::from_bits(b).to_f32()
-                };
-            }
+            convert::bf16_to_f32(dst, &h);
+        }
+        DType::F16 => {
+            let mut h = vec![f16::ZERO; src.len];
+            gpu.read(&mut h, at(a, src));
+            convert::f16_to_f32(dst, &h);
         }
         DType::U32 | DType::U8 | DType::I8 => panic!("token ids are not weights"),
     }
@@ -255,39 +258,24 @@ pub fn master_adamw(gpu: &Cuda, a: &A, op: &MasterAdamW) {
 /// the host master weights and moments, the rounded working copy goes back.
 pub fn master_adamw_host(gpu: &Cuda, a: &A, op: MasterAdamWHost<'_>) {
     let n = op.grads.len;
-    let mut g = vec![0u16; n];
-    gpu.read(&mut g, at(a, op.grads));
-    let mut w = vec![0u16; n];
+    let (grads, working) = (at(a, op.grads), at(a, op.working));
     match op.grads.dtype {
         DType::Bf16 => {
-            let g: Vec<bf16> = g.iter().map(|&b| bf16::from_bits(b)).collect();
-            let mut wk = vec![bf16::ZERO; n];
-            adamw_master_step(
-                op.master,
-                op.m,
-                op.v,
-                Grads::Bf16(&g),
-                Some(Working::Bf16(&mut wk)),
-                op.step,
-            );
-            w.iter_mut().zip(&wk).for_each(|(o, x)| *o = x.to_bits());
+            let (mut g, mut w) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+            gpu.read(&mut g, grads);
+            let (gr, wk) = (Grads::Bf16(&g), Some(Working::Bf16(&mut w)));
+            adamw_master_step(op.master, op.m, op.v, gr, wk, op.step);
+            gpu.write(working, &w);
         }
         DType::F16 => {
-            let g: Vec<f16> = g.iter().map(|&b| f16::from_bits(b)).collect();
-            let mut wk = vec![f16::ZERO; n];
-            adamw_master_step(
-                op.master,
-                op.m,
-                op.v,
-                Grads::F16(&g),
-                Some(Working::F16(&mut wk)),
-                op.step,
-            );
-            w.iter_mut().zip(&wk).for_each(|(o, x)| *o = x.to_bits());
+            let (mut g, mut w) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
+            gpu.read(&mut g, grads);
+            let (gr, wk) = (Grads::F16(&g), Some(Working::F16(&mut w)));
+            adamw_master_step(op.master, op.m, op.v, gr, wk, op.step);
+            gpu.write(working, &w);
         }
         other => panic!("master weights step 2-byte gradients, not {other:?}"),
     }
-    gpu.write(at(a, op.working), &w);
 }
 
 pub fn underflow(gpu: &Cuda, a: &A, t: Tensor) -> UnderflowStats {
@@ -299,15 +287,16 @@ pub fn underflow(gpu: &Cuda, a: &A, t: Tensor) -> UnderflowStats {
 /// The first `t.len` 2-byte elements at `t`'s start, widened in place to f32 (through the host:
 /// in place on the device, element i's write would race with element 2i's read).
 pub fn widen_in_place(gpu: &Cuda, a: &A, t: Tensor, half: DType) {
-    let mut h = vec![0u16; t.len];
-    gpu.read(&mut h, at(a, t));
-    let wide: Vec<f32> = h
-        .iter()
-        .map(|&b| match half {
-            DType::Bf16 => bf16::from_bits(b).to_f32(),
-            _ => f16::from_bits(b).to_f32(),
-        })
-        .collect();
+    let mut wide = vec![0.0f32; t.len];
+    if half == DType::Bf16 {
+        let mut h = vec![bf16::ZERO; t.len];
+        gpu.read(&mut h, at(a, t));
+        convert::bf16_to_f32(&mut wide, &h);
+    } else {
+        let mut h = vec![f16::ZERO; t.len];
+        gpu.read(&mut h, at(a, t));
+        convert::f16_to_f32(&mut wide, &h);
+    }
     gpu.write(at(a, t), &wide);
 }
 

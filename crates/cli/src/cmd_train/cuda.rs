@@ -140,15 +140,7 @@ mod gpu {
             }
         }
         let seconds = started.elapsed().as_secs_f64();
-        let n = trainer.micro_tokens();
-        let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
-        let batches = val.n_batches().min(args.val_batches.max(1));
-        let mut sum = 0.0f64;
-        for i in 0..batches {
-            val.fill_batch(i, &mut x, &mut y);
-            sum += f64::from(trainer.eval_loss(&x, &y)?);
-        }
-        let val_loss = sum / batches as f64;
+        let val_loss = setup::val_loss(&mut trainer, &val, args.val_batches)?;
         let memory = trainer.memory();
         let driver_bytes = trainer.arena.backend().device_bytes_in_use()?;
         let out = json!({

@@ -137,8 +137,8 @@ pub fn build_rank(
 }
 
 /// Mean validation loss over up to `max_batches` fixed batches.
-pub fn val_loss(
-    trainer: &mut Trainer,
+pub fn val_loss<B: engine::Backend>(
+    trainer: &mut Trainer<B>,
     val: &data::ValBatches,
     max_batches: usize,
 ) -> anyhow::Result<f32> {
