@@ -121,6 +121,10 @@ impl Backend for Cuda {
         ops::classifier(self, a, op)
     }
 
+    fn classifier_logits(&self, a: &Arena<Self>, op: &ClassifierLogits) {
+        ops::classifier_logits(self, a, op)
+    }
+
     fn classifier_shard(&self, _: &Arena<Self>, _: &Classifier, _: ClassifierShard<'_>) -> f32 {
         refused("tensor parallelism")
     }

@@ -9,8 +9,8 @@ use crate::device::{blocks, Arg, Cuda};
 use crate::gemm::{self, Operand};
 use engine::backend::{
     Activation, ActivationBackward, Attention, AttentionBackward, AttnGradKernel, AttnKernel,
-    Classifier, DType, Embedding, EmbeddingBackward, Linear, LinearBackward, LinearKind,
-    NormBackward, NormGradKind, NormKind, NormOp, RopeShape, Tensor,
+    Classifier, ClassifierLogits, DType, Embedding, EmbeddingBackward, Linear, LinearBackward,
+    LinearKind, NormBackward, NormGradKind, NormKind, NormOp, RopeShape, Tensor,
 };
 use engine::Arena;
 use plan::frugal::family::Mlp;
@@ -266,6 +266,9 @@ pub fn convert(gpu: &Cuda, a: &A, dst: Tensor, src: Tensor) {
 /// The fused classifier: per chunk of rows, logits into the scratch (one GEMM), the softmax
 /// cross-entropy and its gradient in place (one block per row), then the two GEMMs back.
 pub fn classifier(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
+    if op.weight.dtype == DType::Bf16 {
+        return classifier_bf16(gpu, a, op);
+    }
     let (n, c, v) = (op.n, op.c, op.v);
     let rows = (op.scratch.len / v).min(n).max(1);
     assert!(
@@ -295,6 +298,79 @@ pub fn classifier(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
     let mut losses = vec![0.0f32; n];
     gpu.download_f32(at(a, op.losses), &mut losses);
     losses.iter().map(|&l| f64::from(l)).sum::<f64>() as f32
+}
+
+/// The bf16 head's scratch (`plan::frugal::classifier_row_bytes` a row): f32 logits at the
+/// start, bf16 logit gradients at byte 4·rows·V (one layout: cuBLAS transposes for itself) and
+/// the rounded rows at 6·rows·V. Returns the rows and the three addresses.
+fn bf16_scratch(a: &A, scratch: Tensor, c: usize, v: usize) -> (usize, u64, u64, u64) {
+    let whole = a.tensor(scratch.buf, DType::Bf16);
+    let rows = 2 * whole.len / (6 * v + 2 * c);
+    assert!(rows >= 1, "the bf16 classifier's scratch holds a row");
+    let base = at(a, whole);
+    (
+        rows,
+        base,
+        base + (4 * rows * v) as u64,
+        base + (6 * rows * v) as u64,
+    )
+}
+
+/// f32 → bf16 of `n` elements between raw addresses.
+fn round_bf16(gpu: &Cuda, dst: u64, src: u64, n: usize) {
+    let args = [
+        Arg::Ptr(dst),
+        code(DType::Bf16),
+        Arg::Ptr(src),
+        code(DType::F32),
+        u(n),
+    ];
+    elementwise(gpu, "convert", n, &args);
+}
+
+/// The fused classifier on bf16 operands (`ActPolicy::bf16_head`): per chunk the rows rounded
+/// to bf16, bf16 GEMMs with f32 accumulation, the softmax in f32, its gradient rounded to bf16
+/// for the two GEMMs back (as the CPU's `classifier::bf16`).
+fn classifier_bf16(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
+    let (n, c, v) = (op.n, op.c, op.v);
+    let (rows, logits, dl, xb) = bf16_scratch(a, op.scratch, c, v);
+    let (lnf, w, dlnf) = (at(a, op.lnf), at(a, op.weight), at(a, op.dlnf));
+    for i0 in (0..n).step_by(rows) {
+        let cr = rows.min(n - i0);
+        round_bf16(gpu, xb, lnf + (i0 * c * 4) as u64, cr * c);
+        gemm::forward(gpu, (logits, xb, w), Operand::Bf16, (cr, c, v), false);
+        let args = [
+            Arg::Ptr(logits),
+            ptr(a, op.losses.slice(i0..i0 + cr)),
+            ptr(a, op.targets.slice(i0..i0 + cr)),
+            u(v),
+            Arg::F32(op.dloss),
+        ];
+        gpu.launch("softmax_xent", cr as u64, THREADS, &args);
+        round_bf16(gpu, dl, logits, cr * v);
+        let dx = dlnf + (i0 * c * 4) as u64;
+        gemm::input_grad(gpu, (dx, dl, w), Operand::Bf16, (cr, c, v));
+        if let Some(dw) = op.dweight {
+            gemm::weight_grad(gpu, (at(a, dw), dl, xb), Operand::Bf16, (cr, c, v));
+        }
+    }
+    let mut losses = vec![0.0f32; n];
+    gpu.download_f32(at(a, op.losses), &mut losses);
+    losses.iter().map(|&l| f64::from(l)).sum::<f64>() as f32
+}
+
+/// The bf16 head's logits of a chunk (forward-only passes), into the scratch's start.
+pub fn classifier_logits(gpu: &Cuda, a: &A, op: &ClassifierLogits) {
+    let (_, logits, _, xb) = bf16_scratch(a, op.scratch, op.c, op.v);
+    round_bf16(gpu, xb, at(a, op.lnf), op.rows * op.c);
+    let w = at(a, op.weight);
+    gemm::forward(
+        gpu,
+        (logits, xb, w),
+        Operand::Bf16,
+        (op.rows, op.c, op.v),
+        false,
+    );
 }
 
 pub fn embedding_backward(gpu: &Cuda, a: &A, op: &EmbeddingBackward) {
@@ -359,9 +435,17 @@ pub fn linear_backward(gpu: &Cuda, a: &A, op: &LinearBackward) {
         }
         Some(scratch) => {
             let g = scratch.dout.prefix(s.n * s.oc);
-            let w = scratch.weight.prefix(s.oc * s.ic);
             convert(gpu, a, g, op.dout);
-            convert(gpu, a, w, op.weight);
+            // The bf16 working copy itself, or (stage 3) the f32 gather rounded into scratch.
+            let w = match op.weight.dtype {
+                DType::Bf16 => op.weight,
+                _ => {
+                    let w = scratch.weight.expect("an f32 weight has a bf16 workspace");
+                    let w = w.prefix(s.oc * s.ic);
+                    convert(gpu, a, w, op.weight);
+                    w
+                }
+            };
             let (g, w, inp) = (at(a, g), at(a, w), at(a, op.inp));
             gemm::input_grad(gpu, (dinp, g, w), Operand::Bf16, shape);
             gemm::weight_grad(gpu, (dw, g, inp), Operand::Bf16, shape);

@@ -13,7 +13,7 @@
 //! vocab_limit: None })`.
 
 use crate::arena::Arena;
-use crate::backend::{Backend, Linear, LinearKind, LinearShape};
+use crate::backend::{Backend, ClassifierLogits, DType, Linear, LinearKind, LinearShape};
 use crate::error::EngineError;
 use crate::forward;
 use crate::model::Model;
@@ -99,10 +99,16 @@ pub fn forward_chunks<B: Backend>(
     forward::final_norm(model, arena, batch, seq);
     let s = &model.config.shape;
     let (c, v) = (s.d_model as usize, s.vocab as usize);
-    let (lm_kind, lm_role) = model.lm_head();
-    let weight = model.weight(arena, lm_kind, lm_role);
+    let weight = model.lm_weight(arena);
     let scratch = model.head.classifier;
-    let chunk_rows = scratch.len / v;
+    let chunk_rows = match model.policy.bf16_head {
+        // The bf16 head's scratch also holds the rounded rows (`classifier_row_bytes`).
+        true => {
+            let bytes = 2 * arena.tensor(scratch.buf, DType::Bf16).len as u64;
+            (bytes / plan::frugal::classifier_row_bytes(s, model.policy)) as usize
+        }
+        false => scratch.len / v,
+    };
     let mut host = vec![0.0f32; chunk_rows.min(n) * v];
     let mut whole = WholeLogits::new(model, chunk_rows.min(n));
     let be = arena.backend();
@@ -110,19 +116,35 @@ pub fn forward_chunks<B: Backend>(
     while row < n {
         let rows = chunk_rows.min(n - row);
         let out = scratch.prefix(rows * v);
-        let op = Linear {
-            kind: LinearKind::Dense,
-            out,
-            inp: model.head.lnf.slice(row * c..(row + rows) * c),
-            weight,
-            bias: None,
-            shape: LinearShape {
-                n: rows,
-                ic: c,
-                oc: v,
-            },
-        };
-        be.linear(arena, &op);
+        let lnf = model.head.lnf.slice(row * c..(row + rows) * c);
+        match model.policy.bf16_head {
+            true => {
+                let op = ClassifierLogits {
+                    lnf,
+                    weight,
+                    scratch,
+                    rows,
+                    c,
+                    v,
+                };
+                be.classifier_logits(arena, &op);
+            }
+            false => {
+                let op = Linear {
+                    kind: LinearKind::Dense,
+                    out,
+                    inp: lnf,
+                    weight,
+                    bias: None,
+                    shape: LinearShape {
+                        n: rows,
+                        ic: c,
+                        oc: v,
+                    },
+                };
+                be.linear(arena, &op);
+            }
+        }
         be.download(arena, out, &mut host[..rows * v]);
         match whole.as_mut() {
             Some(w) => per_chunk(row, w.gather(model, &host[..rows * v], rows)?),

@@ -175,8 +175,8 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     /// out (N,OC) = x (N,IC) W (+ b): the one choke point of the block's projections (under LoRA
     /// the frozen matrix part by part and its adapters, `lora::LoraModel::linear`). A bf16
-    /// `x` runs the bf16 GEMM on W rounded to bf16 (exact: the f32 weights were widened from
-    /// the bf16 working copy).
+    /// `x` runs the bf16 GEMM on W's bf16 working copy (`Model::half_of`), or at stage 3 on W
+    /// rounded from its gather (exact: the gather was widened from the 2-byte shards).
     fn linear(&self, out: Tensor, x: Tensor, roles: (Role, Role), ic: usize) {
         let n = self.n();
         if let (Some(lora), UnitKind::Block(layer)) = (&self.model.lora, self.kind) {
@@ -202,8 +202,10 @@ impl<'a, B: Backend> Ctx<'a, B> {
             ic,
             oc: out.len / n,
         };
-        let weight = match x.dtype {
-            DType::Bf16 => {
+        // A bf16 `x`: the weight's bf16 working copy, or (stage 3) the gather rounded.
+        let weight = match (x.dtype, self.model.half_of(self.kind, w)) {
+            (DType::Bf16, Some(half)) => half,
+            (DType::Bf16, None) => {
                 let rounded = self
                     .model
                     .work

@@ -118,6 +118,13 @@ pub struct Model {
     pub units: Vec<Unit>,
     /// Each unit's full fp32 weights as the kernels read them now.
     pub params: Vec<BufId>,
+    /// `ActPolicy::bf16_in_place`: each unit's 2-byte working copy, which the bf16 GEMMs (and,
+    /// `ActPolicy::bf16_head`, the classifier) read in place (set by the trainer; empty
+    /// otherwise).
+    pub half: Vec<BufId>,
+    /// Stage 3 under `ActPolicy::bf16_head`: the tied embedding's 2-byte gather, while it lives
+    /// (set by `zero::Sharding`).
+    pub lm_bits: Option<BufId>,
     /// Where each block's forward writes.
     pub forward_blocks: Vec<BlockActs>,
     pub head: HeadActs,
@@ -209,6 +216,8 @@ impl Model {
             config,
             units,
             params,
+            half: Vec::new(),
+            lm_bits: None,
             forward_blocks,
             head,
             work,
@@ -324,6 +333,39 @@ impl Model {
         arena
             .tensor(self.params[u], DType::F32)
             .slice(self.unit_range(kind, role))
+    }
+
+    /// The output projection as the classifier reads it: the bf16 working copy's view under
+    /// `ActPolicy::bf16_head`, else [`Model::weight`] (fp32).
+    pub fn lm_weight<B: Backend>(&self, arena: &Arena<B>) -> Tensor {
+        let (kind, role) = self.lm_head();
+        if let (true, Some(id)) = (self.policy.bf16_head, self.lm_bits) {
+            let range = self.unit_range(kind, role);
+            return arena.tensor(id, DType::Bf16).slice(range);
+        }
+        let w = self.weight(arena, kind, role);
+        match self.policy.bf16_head {
+            true => self
+                .half_of(kind, w)
+                .expect("the bf16 head has a working copy"),
+            false => w,
+        }
+    }
+
+    /// The bf16 working copy's view of `w`, a view of unit `kind`'s current fp32 weights, where
+    /// the unit has one (`ActPolicy::bf16_in_place`).
+    pub fn half_of(&self, kind: UnitKind, w: Tensor) -> Option<Tensor> {
+        let u = self.unit_index(kind);
+        let &id = self.half.get(u)?;
+        assert_eq!(
+            w.buf, self.params[u],
+            "a view of the unit's current weights"
+        );
+        Some(Tensor {
+            buf: id,
+            dtype: DType::Bf16,
+            ..w
+        })
     }
 
     /// [`Model::weight`] when the unit has that view.

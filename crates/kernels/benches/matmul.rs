@@ -11,7 +11,11 @@
 //! A second table times the bf16-input GEMM (`gemm_bf16`, f32 accumulate) on its AVX-512 BF16
 //! path (when the CPU has one) and its portable path, against faer's f32 GEMM on the same shape.
 //!
-//! `cargo bench -p kernels --bench matmul -- bf16` runs the second table only.
+//! A third times the fused classifier (logits, loss, both backward GEMMs) of GPT-2 124M at
+//! 1024 rows in chunks of 64 and 256: f32 (`classifier::forward_backward`) against bf16
+//! (`classifier::bf16`, which reads the token table in bf16 in place), at 6·N·C·V FLOPs.
+//!
+//! `cargo bench -p kernels --bench matmul -- bf16` runs the second and third tables only.
 //!
 //! The reference loop runs on the first 32 rows only (its rate does not depend on the row count
 //! and the full classifier would take minutes); faer runs on all rows.
@@ -34,7 +38,8 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 fn main() {
     if std::env::args().any(|a| a == "bf16") {
-        return bench_bf16();
+        bench_bf16();
+        return bench_classifier();
     }
     let peak: f64 = std::env::var("PEAK_GFLOPS")
         .ok()
@@ -118,6 +123,59 @@ fn main() {
         );
     }
     bench_bf16();
+    bench_classifier();
+}
+
+/// The classifier, f32 against bf16, per chunk size.
+fn bench_classifier() {
+    use kernels::classifier;
+    let (c, v) = (768, 50257);
+    println!("\nfused classifier, N = {N}, C = {c}, V = {v} (forward + backward)");
+    println!(
+        "{:<8} {:>10} {:>10} {:>10}",
+        "chunk", "f32 GF/s", "bf16 GF/s", "bf16/f32"
+    );
+    let inp = common::fill(N * c, 4, 1.0);
+    let wte = common::fill(v * c, 5, 0.1);
+    let wte_h: Vec<bf16> = wte.iter().map(|&x| bf16::from_f32(x)).collect();
+    let targets: Vec<u32> = (0..N as u32).map(|i| (i * 7919) % v as u32).collect();
+    let (mut losses, mut dinp, mut dwte) =
+        (vec![0.0f32; N], vec![0.0f32; N * c], vec![0.0f32; v * c]);
+    let flops = 6.0 * (N * c * v) as f64;
+    for rows in [64, 256] {
+        let mut scratch = vec![0.0f32; rows * v];
+        let f32_s = common::median_secs(3, || {
+            classifier::forward_backward(
+                &mut losses,
+                &mut dinp,
+                Some(&mut dwte),
+                &inp,
+                &wte,
+                &targets,
+                &mut scratch,
+                N,
+                c,
+                v,
+                1.0 / N as f32,
+            );
+        });
+        let mut raw = vec![bf16::ZERO; rows * classifier::bf16::scratch_bytes_per_row(c, v) / 2];
+        let bf16_s = common::median_secs(3, || {
+            classifier::bf16::forward_backward(
+                &mut losses,
+                &mut dinp,
+                Some(&mut dwte),
+                &inp,
+                &wte_h,
+                &targets,
+                &mut raw,
+                (N, c, v),
+                1.0 / N as f32,
+            );
+        });
+        let (f, b) = (flops / f32_s / 1e9, flops / bf16_s / 1e9);
+        println!("{rows:<8} {f:>10.1} {b:>10.1} {:>9.2}x", b / f);
+    }
 }
 
 /// bf16 inputs, f32 accumulate, against faer f32 on the same shape, forward only.

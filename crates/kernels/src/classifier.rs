@@ -258,6 +258,7 @@ pub mod reference {
     }
 }
 
+pub mod bf16;
 pub mod shard;
 
 #[cfg(test)]

@@ -7,8 +7,10 @@
 //! tiles below — and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot
 //! products. Work is split over
 //! rayon in blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
-//! [`reference`] is the plain loop both are tested against. Backward GEMMs whose reduction axis
-//! is not contiguous need a transposed copy first ([`transpose`]).
+//! [`gemm_nn`] takes `b` as (K, N), row-major over N, and reads it in place (`nn`): the
+//! classifier's input gradient over the token table and backward GEMMs need no copy of `b`.
+//! [`reference`] is the plain loop both are tested against. A GEMM whose `a` has its reduction
+//! axis strided needs a transposed copy first ([`transpose`]).
 //!
 //! ```
 //! use kernels::gemm_bf16::{gemm_nt, bf16};
@@ -114,6 +116,52 @@ pub fn gemm_nt_on(
     });
 }
 
+/// out (M,N) f32 (+)= a (M,K) bf16 · b (K,N) bf16, `b` row-major over N and read in place
+/// (no packed or transposed copy: see `nn`), on the best path for this CPU.
+pub fn gemm_nn(
+    out: &mut [f32],
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    accum: Accum,
+) {
+    gemm_nn_on(best_isa(), out, a, b, m, n, k, accum);
+}
+
+/// As [`gemm_nn`] on a chosen path.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nn_on(
+    isa: Isa,
+    out: &mut [f32],
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    accum: Accum,
+) {
+    assert!(
+        out.len() == m * n && a.len() == m * k && b.len() == k * n,
+        "shapes: out (M,N), a (M,K), b (K,N)"
+    );
+    if isa == Isa::Avx512Bf16 {
+        assert_eq!(best_isa(), Isa::Avx512Bf16, "this CPU has no AVX-512 BF16");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if matches!(accum, Accum::Replace) {
+            out.fill(0.0);
+        }
+        return;
+    }
+    let add = matches!(accum, Accum::Add);
+    nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
+}
+
 /// out (N,OC) f32 = inp (N,IC) bf16 · weight (OC,IC)ᵀ bf16 + bias (OC) f32.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
@@ -207,6 +255,7 @@ fn portable_tile(o: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
     }
 }
 
+mod nn;
 #[cfg(target_arch = "x86_64")]
 mod packed;
 
@@ -268,6 +317,19 @@ pub mod reference {
                 let mut acc = 0.0f32;
                 for p in 0..k {
                     acc += a[i * k + p].to_f32() * b[j * k + p].to_f32();
+                }
+                out[i * n + j] = acc;
+            }
+        }
+    }
+
+    /// out (M,N) = a (M,K) · b (K,N).
+    pub fn gemm_nn(out: &mut [f32], a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) {
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0.0f32;
+                for p in 0..k {
+                    acc += a[i * k + p].to_f32() * b[p * n + j].to_f32();
                 }
                 out[i * n + j] = acc;
             }

@@ -32,7 +32,7 @@ pub mod units;
 use crate::buffer::Device;
 use crate::setup::{Offload, Optimizer, Precision, Recompute};
 use crate::{Estimate, MemoryPlan, ModelShape, PlanError, TrainSetup};
-pub use acts::{ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
+pub use acts::{classifier_row_bytes, ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS};
 pub use forward::{forward_plan, ForwardSetup};
 pub use key::{Key, StepAct, StepKind};
 pub use layout::{assign_offsets, assign_offsets_aligned, SlabLayout};
@@ -200,7 +200,7 @@ pub(crate) const WIDER_CHUNK_ROWS: [u64; 2] = [256, 128];
 /// [`WIDER_CHUNK_ROWS`] that leaves the device peak and the slab exactly as they are (the head is
 /// not the step's peak), else the chunk stays at [`acts::CLASSIFIER_CHUNK_ROWS`] rows. Memory is
 /// never spent on it; the engine reads the chunk's rows from this buffer's size.
-pub(crate) fn widen_classifier_chunk(plan: &mut MemoryPlan, model: &ModelShape, rows: u64) {
+pub(crate) fn widen_classifier_chunk(plan: &mut MemoryPlan, row_bytes: u64, rows: u64) {
     let Some(at) = plan
         .buffers
         .iter()
@@ -214,7 +214,7 @@ pub(crate) fn widen_classifier_chunk(plan: &mut MemoryPlan, model: &ModelShape, 
     );
     let narrow = plan.buffers[at].bytes;
     for wide in WIDER_CHUNK_ROWS {
-        let bytes = wide.min(rows) * model.vocab * 4;
+        let bytes = wide.min(rows) * row_bytes;
         if bytes <= narrow {
             continue;
         }

@@ -149,6 +149,8 @@ pub trait Backend: Sized + Send + 'static {
     fn convert(&self, a: &Arena<Self>, dst: Tensor, src: Tensor);
     /// The fused classifier and cross-entropy, forward and backward; returns the loss sum.
     fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32;
+    /// The bf16 head's logits of a chunk of rows, for forward-only passes.
+    fn classifier_logits(&self, a: &Arena<Self>, op: &ClassifierLogits);
     /// The same over this rank's vocabulary rows (tensor parallelism): `op.v` is its slice,
     /// the loss the whole vocabulary's; `op.dlnf` gets this rank's partial input gradient.
     fn classifier_shard(&self, a: &Arena<Self>, op: &Classifier, shard: ClassifierShard<'_>)

@@ -141,6 +141,19 @@ pub struct Classifier {
     pub dloss: f32,
 }
 
+/// The forward-only head under `ActPolicy::bf16_head`: logits (rows, V) f32 of `rows` rows of
+/// `lnf` (f32) against the bf16 `weight` (V, C), written to the first rows·V f32 of the
+/// classifier's `scratch` (the rows are rounded to bf16 inside the scratch first).
+#[derive(Clone, Copy, Debug)]
+pub struct ClassifierLogits {
+    pub lnf: Tensor,
+    pub weight: Tensor,
+    pub scratch: Tensor,
+    pub rows: usize,
+    pub c: usize,
+    pub v: usize,
+}
+
 /// The vocab-parallel classifier's part of [`Classifier`]: the first id of this rank's weight
 /// rows, the per-row statistics (3 × chunk rows) and how they are reduced over the ranks.
 pub struct ClassifierShard<'a> {
@@ -192,11 +205,12 @@ pub struct NormBackward {
 /// The bf16 backward GEMMs' operands (CPU: `gemm_nt` wants both operands row-major over K).
 #[derive(Clone, Copy, Debug)]
 pub struct Bf16Scratch {
+    /// The output gradient rounded to bf16, and its transpose.
     pub dout: Tensor,
     pub dout_t: Tensor,
-    pub inp_t: Tensor,
-    pub weight: Tensor,
-    pub weight_t: Tensor,
+    /// Where an f32 weight is rounded (stage 3: `work.w_bf16`); `None` where every bf16 GEMM
+    /// gets its weight's bf16 working copy (`ActPolicy::bf16_in_place`).
+    pub weight: Option<Tensor>,
 }
 
 /// dinp (N, IC) += dout · weight, dweight (OC, IC) += doutᵀ · inp, dbias (OC) += Σ dout. With

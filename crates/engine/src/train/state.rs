@@ -82,12 +82,7 @@ impl TrainState {
         let bf16_scratch = bf16(Work::BwDout).map(|dout| Bf16Scratch {
             dout,
             dout_t: bf16(Work::BwDoutT).expect("with work.bw.dout"),
-            inp_t: bf16(Work::BwInpT).expect("with work.bw.dout"),
-            weight: model
-                .work
-                .weight
-                .expect("bf16 scratch has a weight workspace"),
-            weight_t: bf16(Work::BwWeightT).expect("with work.bw.dout"),
+            weight: model.work.weight,
         });
         let units = &model.units;
         let opt = match fp32_optimizer {

@@ -27,10 +27,11 @@
 //! overlap communication with compute (the in-process collectives are synchronous; a prefetched
 //! gather is planned and measured one phase early, but runs at that phase's start).
 //!
-//! 2-byte precisions (bf16, fp16) at every stage: the kernels read and write fp32, so every unit
+//! 2-byte precisions (bf16, fp16) at every stage: the fp32 kernels read fp32, so every unit
 //! is widened into the fp32 `gather.*` buffers on the stage-3 schedule (from the 2-byte full copy
 //! `params.<u>` at stages 0-2; at stage 3 the 2-byte shards are all-gathered into the gather
-//! buffer's first half and widened in place), and gradients take the stage-2 path: an fp32 span
+//! buffer's first half and widened in place; bf16 GEMMs read `params.<u>` itself below stage 3,
+//! and a gather marked `bits`, the bf16 head's tied embedding at stage 3, is never widened), and gradients take the stage-2 path: an fp32 span
 //! `grads.<u>`, reduced at its end (all-reduce at stage 0, reduce-scatter above) and added,
 //! rounded once, into the 2-byte accumulator `grads.shard.<u>` (full at stages 0-1). fp16 bits
 //! travel through the collectives as bf16-typed words: gathers copy bits, they never add them.
@@ -87,6 +88,8 @@ pub struct Sharding {
     gathers: Vec<(Gather, BufId)>,
     /// Grad spans: the phases each unit's full gradient is first and last written in.
     grad_spans: Vec<(Phase, Phase)>,
+    /// `gather.head.vectors`, where the plan has it.
+    head_vectors: Option<BufId>,
 }
 
 type Comm<'a> = &'a mut dyn Collective;
@@ -106,7 +109,7 @@ impl Sharding {
             units.map(|u| arena.id(key(u.kind))).collect()
         };
         let gathers = match rule.gathers() {
-            true => shards::gathers(shape, &model.units, model.policy)
+            true => shards::gathers(shape, &model.units, model.policy, rule.params_sharded())
                 .into_iter()
                 .map(|g| {
                     let id = arena.id(g.key);
@@ -132,6 +135,7 @@ impl Sharding {
             grad_shards: ids(Key::GradsShard, rule.grad_spans()),
             param_shards: ids(Key::ParamsShard, rule.params_sharded()),
             gathers,
+            head_vectors: arena.try_id(Key::GatherHeadVectors),
             grad_spans: model
                 .units
                 .iter()
@@ -165,6 +169,19 @@ impl Sharding {
     ) -> Result<(), EngineError> {
         let be = arena.backend();
         let full = arena.tensor(id, DType::F32);
+        if self.gathers.iter().any(|(g, i)| *i == id && g.bits) {
+            // The bf16 head's output projection: the 2-byte bits, not widened (an untied head's
+            // final-norm vectors are widened into their own buffer).
+            let half = self.half.expect("a bits gather holds 2-byte weights");
+            let src = arena.tensor(self.param_shards[u], half);
+            let dst = arena.tensor(id, half);
+            be.collective(arena, comm, CommOp::AllGather { src, dst })?;
+            if let Some(v) = self.head_vectors {
+                let vectors = arena.tensor(v, DType::F32);
+                be.convert(arena, vectors, dst.prefix(vectors.len));
+            }
+            return Ok(());
+        }
         let Some(half) = self.half else {
             let src = arena.tensor(self.param_shards[u], DType::F32);
             be.collective(arena, comm, CommOp::AllGather { src, dst: full })?;
@@ -228,7 +245,11 @@ impl Sharding {
                 g.dies.ordinal(self.n_layers),
             );
             if from <= at && at <= to {
-                model.params[g.unit] = *id;
+                match (g.bits, self.head_vectors) {
+                    (true, Some(v)) => (model.lm_bits, model.params[g.unit]) = (Some(*id), v),
+                    (true, None) => model.lm_bits = Some(*id),
+                    (false, _) => model.params[g.unit] = *id,
+                }
             }
         }
         if self.rule.grad_spans() && pass == Pass::Training {

@@ -80,3 +80,173 @@ fn target_beyond_vocabulary_panics() {
         V,
     );
 }
+
+/// Largest |got - want| within `tol` of the largest |want| (gradients are dloss-sized, far below
+/// the absolute floor of `assert_close`); `want` must not be all zeros.
+#[track_caller]
+fn assert_close_rel(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+    assert!(scale > 0.0, "{what}: the reference is all zeros");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let diff = (g as f64 - w).abs();
+        assert!(
+            diff <= tol * scale,
+            "{what}[{i}]: got {g}, want {w} (scale {scale})"
+        );
+    }
+}
+
+/// The bf16 classifier against the f64 reference on the same bf16 values of the input and the
+/// table: V over one softmax block (1024 rows) and past the GEMMs' packed and dot-product
+/// thresholds, 7 rows in chunks of 3 (a partial last chunk). Losses agree to f32 rounding; the
+/// gradients carry dl's bf16 rounding (2^-9 relative per element).
+#[test]
+fn bf16_matches_reference_on_bf16_values() {
+    use crate::classifier::bf16 as cls;
+    use half::bf16;
+    let (n, c, v) = (7, 40, 1100);
+    let mut rng = Rng::new(15);
+    let round = |x: &[f64]| -> Vec<bf16> { x.iter().map(|&y| bf16::from_f64(y)).collect() };
+    let inp = rng.vec(n * c);
+    let wte_h = round(&rng.vec(v * c));
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
+    let wide = |x: &[bf16]| -> Vec<f64> { x.iter().map(|y| y.to_f64()).collect() };
+    let (inp_r, wte_r) = (wide(&round(&inp)), wide(&wte_h));
+    let dloss = 1.0 / n as f64;
+    let (mut di, mut dw) = (vec![0.0; n * c], vec![0.0; v * c]);
+    let total =
+        reference::forward_backward(&mut di, &mut dw, &inp_r, &wte_r, &targets, n, c, v, dloss);
+
+    // Three rows of scratch, in u32 words for the 4-byte alignment the kernel asks for.
+    let rows = 3;
+    let mut words = vec![0u32; rows * cls::scratch_bytes_per_row(c, v) / 4];
+    // SAFETY: u32 and bf16 have no invalid bit patterns; the view covers exactly the words.
+    let scratch: &mut [bf16] =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) };
+    assert_eq!(cls::scratch_rows(scratch, c, v), rows);
+    let (mut losses, mut di32, mut dw32) =
+        (vec![0.0f32; n], vec![0.0f32; n * c], vec![0.0f32; v * c]);
+    let sum = cls::forward_backward(
+        &mut losses,
+        &mut di32,
+        Some(&mut dw32),
+        &to_f32(&inp),
+        &wte_h,
+        &targets,
+        scratch,
+        (n, c, v),
+        dloss as f32,
+    );
+    assert_close("sum of losses", &[sum as f64], &[total], F32_TOL);
+    assert_close_rel("dinp bf16", &di32, &di, 1e-2);
+    assert_close_rel("dwte bf16", &dw32, &dw, 1e-2);
+
+    // The forward-only logits of the first chunk give the fused pass's losses.
+    cls::logits(scratch, &to_f32(&inp[..rows * c]), &wte_h, rows, c, v);
+    // SAFETY: the first rows·V f32 of the 4-byte aligned scratch (as the kernel reads them).
+    let lg: &[f32] = unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast(), rows * v) };
+    for r in 0..rows {
+        let row = &lg[r * v..(r + 1) * v];
+        let lse = row.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+        let want = lse - row[targets[r] as usize] as f64;
+        assert_close("loss from logits", &[losses[r] as f64], &[want], F32_TOL);
+    }
+}
+
+/// A 4-byte aligned bf16 scratch of `rows` chunk rows for the bf16 classifier.
+fn bf16_scratch(rows: usize, c: usize, v: usize) -> Vec<u32> {
+    vec![0u32; rows * super::bf16::scratch_bytes_per_row(c, v) / 4]
+}
+
+fn as_bf16(words: &mut [u32]) -> &mut [half::bf16] {
+    // SAFETY: u32 and bf16 have no invalid bit patterns; the view covers exactly the words.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) }
+}
+
+/// Two vocabulary shards of the bf16 classifier (ranks as threads, the reductions through
+/// shared slots) give the whole bf16 classifier's losses, input gradient (summed) and table
+/// gradient (concatenated): the shards see the same bf16 logits, and their lse differs only in
+/// summation order.
+#[test]
+fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
+    use super::bf16::{forward_backward, forward_backward_shard, VocabShard};
+    use super::shard::RowReduce;
+    use half::bf16;
+    use std::sync::{Barrier, Mutex};
+    let (n, c, v, chunk) = (37, 24, 1100, 16);
+    let mut rng = Rng::new(16);
+    let inp = to_f32(&rng.vec(n * c));
+    let wte: Vec<bf16> = rng.vec(v * c).iter().map(|&x| bf16::from_f64(x)).collect();
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
+    let dloss = 1.0 / n as f32;
+    let (mut losses, mut dinp, mut dwte) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
+    let mut words = bf16_scratch(chunk, c, v);
+    let whole = forward_backward(
+        &mut losses,
+        &mut dinp,
+        Some(&mut dwte),
+        &inp,
+        &wte,
+        &targets,
+        as_bf16(&mut words),
+        (n, c, v),
+        dloss,
+    );
+    let shards = [(0usize, 600usize), (600, 500)];
+    let (barrier, slots) = (Barrier::new(2), Mutex::new(vec![Vec::new(), Vec::new()]));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let joins: Vec<_> = (shards.iter().enumerate())
+            .map(|(r, &(first, rows))| {
+                let (inp, wte, targets, barrier, slots) = (&inp, &wte, &targets, &barrier, &slots);
+                s.spawn(move || {
+                    let mut reduce = |buf: &mut [f32], op: RowReduce| {
+                        slots.lock().unwrap()[r] = buf.to_vec();
+                        barrier.wait();
+                        let all = slots.lock().unwrap().clone();
+                        for (i, x) in buf.iter_mut().enumerate() {
+                            *x = match op {
+                                RowReduce::Max => all[0][i].max(all[1][i]),
+                                RowReduce::Sum => all[0][i] + all[1][i],
+                            };
+                        }
+                        barrier.wait();
+                    };
+                    let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
+                    let mut dwte = vec![0.0; rows * c];
+                    let (mut words, mut stats) =
+                        (bf16_scratch(chunk, c, rows), vec![0.0; 3 * chunk]);
+                    let shard = VocabShard {
+                        first,
+                        stats: &mut stats,
+                        reduce: &mut reduce,
+                    };
+                    let sum = forward_backward_shard(
+                        &mut losses,
+                        &mut dinp,
+                        Some(&mut dwte),
+                        inp,
+                        &wte[first * c..(first + rows) * c],
+                        targets,
+                        as_bf16(&mut words),
+                        (n, c, rows),
+                        dloss,
+                        shard,
+                    );
+                    (sum, losses, dinp, dwte)
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-3);
+    for (sum, l, _, _) in &results {
+        assert!(rel(*sum, whole) < 1e-5, "{sum} vs {whole}");
+        (l.iter().zip(&losses)).for_each(|(a, b)| assert!(rel(*a, *b) < 1e-5));
+    }
+    let dinp_sum: Vec<f32> = (results[0].2.iter().zip(&results[1].2))
+        .map(|(a, b)| a + b)
+        .collect();
+    let dwte_cat: Vec<f32> = [results[0].3.clone(), results[1].3.clone()].concat();
+    assert_close_rel("dinp", &dinp_sum, &to_f64(&dinp), 1e-3);
+    assert_close_rel("dwte", &dwte_cat, &to_f64(&dwte), 1e-3);
+}

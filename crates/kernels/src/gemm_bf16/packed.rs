@@ -3,9 +3,10 @@
 //! so one `vdpbf16ps` multiplies a broadcast pair of one row of `a` by 16 columns and adds both
 //! products into 16 f32 accumulators. A micro-tile is 8 rows × 2 panels (16 accumulators, 2 panel
 //! loads and 8 broadcasts per 16 `vdpbf16ps`): compute-bound, where the dot-product tiles load
-//! one vector per two multiply-adds. The packed copy is a per-thread buffer that grows once
-//! (kernel-internal, like faer's scratch); packing reads `b` once, against M / 8 reads of it by
-//! the kernel.
+//! one vector per two multiply-adds. `b` is packed 512 columns at a time into a per-thread
+//! buffer that grows once to at most 512 × K (kernel-internal, like faer's scratch); packing
+//! reads `b` once, against M / 8 reads of it by the kernel. Each block of columns is then a grid
+//! of (64 rows, 32 columns) tasks, so a GEMM of few rows still splits over every thread.
 //!
 //! Rows past M repeat the last row and columns past N are zero in the panel; neither is stored.
 
@@ -20,6 +21,9 @@ const LANES: usize = 16;
 const MR: usize = 8;
 /// Rows of `a` per rayon task.
 const MB: usize = 64;
+/// Columns of `b` packed at a time: the packed copy is at most 512 × K bf16 (768 KiB at
+/// K = 768), whatever N is (the classifier's N is the vocabulary).
+const NC: usize = 512;
 
 thread_local! {
     static PACKED: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
@@ -51,47 +55,63 @@ pub(super) unsafe fn gemm(
     out: &mut [f32],
     a: &[bf16],
     b: &[bf16],
-    (_m, n, k): (usize, usize, usize),
+    (m, n, k): (usize, usize, usize),
     add: bool,
 ) {
-    let panels = n.div_ceil(LANES);
     let len = panel_len(k);
     PACKED.with(|cell| {
         let mut buf = cell.borrow_mut();
-        if buf.len() < panels * len {
-            buf.resize(panels * len, 0);
+        let most = NC.min(n).div_ceil(LANES) * len;
+        if buf.len() < most {
+            buf.resize(most, 0);
         }
-        let packed = &mut buf[..panels * len];
-        pack(packed, b, n, k);
-        let packed = &*packed;
-        out.par_chunks_mut(MB * n).enumerate().for_each(|(blk, o)| {
-            let rows = o.len() / n;
-            let a_blk = &a[blk * MB * k..][..rows * k];
-            for p0 in (0..panels).step_by(2) {
-                for i0 in (0..rows).step_by(MR) {
-                    let tile = Tile {
-                        i0,
-                        mr: MR.min(rows - i0),
-                        p0,
-                        np: 2.min(panels - p0),
-                        n,
-                        k,
-                        add,
-                    };
-                    // SAFETY: the caller checked the CPU; the tile lies inside the slices.
-                    unsafe { tile_8x32(o, a_blk, packed, tile) };
-                }
-            }
-        });
+        let out_addr = out.as_mut_ptr() as usize;
+        for c0 in (0..n).step_by(NC) {
+            let cols = NC.min(n - c0);
+            let panels = cols.div_ceil(LANES);
+            let packed = &mut buf[..panels * len];
+            pack(packed, &b[c0 * k..(c0 + cols) * k], cols, k);
+            let packed = &*packed;
+            // One task per (64 rows of a, pair of panels): disjoint blocks of out.
+            let pairs = panels.div_ceil(2);
+            (0..m.div_ceil(MB) * pairs)
+                .into_par_iter()
+                .for_each(|task| {
+                    let (i0, p0) = ((task / pairs) * MB, (task % pairs) * 2);
+                    // SAFETY: the tasks' blocks of out are disjoint and inside its M·N elements.
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, m * n) };
+                    for r0 in (i0..m.min(i0 + MB)).step_by(MR) {
+                        let tile = Tile {
+                            i0: r0,
+                            mr: MR.min(m - r0),
+                            p0,
+                            np: 2.min(panels - p0),
+                            c0,
+                            cols,
+                            n,
+                            k,
+                            add,
+                        };
+                        // SAFETY: the caller checked the CPU; the tile lies inside the slices.
+                        unsafe { tile_8x32(out, a, packed, tile) };
+                    }
+                });
+        }
     });
 }
 
 #[derive(Clone, Copy)]
 struct Tile {
+    /// First row of a (and of out).
     i0: usize,
     mr: usize,
+    /// First panel within the packed block, and panels in the tile (1 or 2).
     p0: usize,
     np: usize,
+    /// The packed block's first column of out and its width.
+    c0: usize,
+    cols: usize,
     n: usize,
     k: usize,
     add: bool,
@@ -134,8 +154,8 @@ unsafe fn tile_8x32(o: &mut [f32], a: &[bf16], packed: &[u16], t: Tile) {
     }
     for (r, acc_r) in acc.iter().enumerate().take(t.mr) {
         for (c, &v) in acc_r.iter().enumerate().take(t.np) {
-            let col = (t.p0 + c) * LANES;
-            let cols = LANES.min(t.n - col);
+            let within = (t.p0 + c) * LANES;
+            let (col, cols) = (t.c0 + within, LANES.min(t.cols - within));
             let mask: __mmask16 = if cols == LANES {
                 !0
             } else {

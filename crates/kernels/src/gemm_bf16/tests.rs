@@ -25,8 +25,14 @@ fn exact(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) -> Vec<f64> {
 
 #[test]
 fn paths_match_reference() {
-    // M, N not multiples of 4 or 64; K not a multiple of 32 or 16.
-    let (m, n, k) = (70, 131, 777);
+    // M, N not multiples of 4 or 64; K not a multiple of 32 or 16; N over two packed blocks of
+    // 512 columns with a ragged last one; M within one task.
+    for (m, n, k) in [(70, 131, 777), (64, 1100, 33), (200, 529, 8)] {
+        nt_paths_match_reference(m, n, k);
+    }
+}
+
+fn nt_paths_match_reference(m: usize, n: usize, k: usize) {
     let mut rng = Rng::new(17);
     let (a, b) = (bf(&rng.vec(m * k)), bf(&rng.vec(n * k)));
     let want = exact(&a, &b, m, n, k);
@@ -85,6 +91,42 @@ fn transpose_moves_every_element_across_tiles() {
                     "({i},{j}) of {rows}x{cols}"
                 );
             }
+        }
+    }
+}
+
+/// `gemm_nn` on shapes that cross its 64 × 128 blocks, 32-column tiles, 8-row tiles and 256-deep
+/// K blocks unevenly (odd K, a K block of one row, N below one tile), both accumulate modes.
+#[test]
+fn nn_paths_match_reference() {
+    let mut isas = vec![Isa::Portable];
+    if best_isa() == Isa::Avx512Bf16 {
+        isas.push(Isa::Avx512Bf16);
+    }
+    for (m, n, k) in [
+        (70, 131, 777),
+        (9, 33, 257),
+        (1, 5, 3),
+        (130, 768, 64),
+        (3, 200, 1),
+    ] {
+        let mut rng = Rng::new(21);
+        let (a, b) = (bf(&rng.vec(m * k)), bf(&rng.vec(k * n)));
+        // The (N, K) copy of b turns the known nt product into the nn one.
+        let mut bt = vec![bf16::ZERO; n * k];
+        transpose(&mut bt, &b, k, n);
+        let want = exact(&a, &bt, m, n, k);
+        let mut out = vec![0.0f32; m * n];
+        reference::gemm_nn(&mut out, &a, &b, m, n, k);
+        assert_close_f32("nn reference", &out, &want, BF16_GEMM_TOL);
+        for &isa in &isas {
+            out.fill(f32::NAN);
+            gemm_nn_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
+            let at = format!("{isa:?} nn {m}x{n}x{k}");
+            assert_close_f32(&format!("{at} replace"), &out, &want, BF16_GEMM_TOL);
+            gemm_nn_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
+            let twice: Vec<f64> = want.iter().map(|x| 2.0 * x).collect();
+            assert_close_f32(&format!("{at} add"), &out, &twice, BF16_GEMM_TOL);
         }
     }
 }

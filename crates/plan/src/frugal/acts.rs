@@ -57,6 +57,17 @@ pub struct ActPolicy {
     /// residual stream, the norms' outputs and statistics) is split over along the rows; 1
     /// without it.
     pub seq_shards: u64,
+    /// The bf16 GEMMs of the blocks read the 2-byte working copy of each weight in place:
+    /// `bf16_matmul_inputs` below ZeRO stage 3, where that copy is whole on every rank. Stage 3
+    /// rounds each weight from its widened gather into `work.w_bf16` instead.
+    pub bf16_in_place: bool,
+    /// The classifier runs on bf16 operands (`kernels::classifier::bf16`; vocab-parallel under
+    /// tensor parallelism), reading its weight's 2-byte working copy in place
+    /// (`bf16_in_place`), or at stage 3 the 2-byte bits gathered, never widened (the tied
+    /// embedding's `gather.head.embed`, or the untied head unit's `gather.fwd.head` with its
+    /// final-norm vectors widened into `gather.head.vectors`): `--precision bf16` without LoRA,
+    /// at every stage alike. The chunk scratch is [`classifier_row_bytes`] a row.
+    pub bf16_head: bool,
 }
 
 impl ActPolicy {
@@ -66,16 +77,22 @@ impl ActPolicy {
         attention: Attention::Eager,
         bf16_matmul_inputs: false,
         seq_shards: 1,
+        bf16_in_place: false,
+        bf16_head: false,
     };
 
     pub fn of(setup: &TrainSetup) -> ActPolicy {
+        // LoRA keeps its activations f32 (the frozen GEMMs run in f32 on dequantized tiles);
+        // bf16 there means 2-byte adapters with fp32 masters.
+        let bf16 = setup.precision == Precision::Bf16 && setup.lora.is_none();
+        let in_place = bf16 && setup.zero != crate::setup::ZeroStage::Zero3;
         ActPolicy {
             recompute: setup.recompute,
             attention: setup.attention,
-            // LoRA keeps its activations f32 (the frozen GEMMs run in f32 on dequantized tiles);
-            // bf16 there means 2-byte adapters with fp32 masters.
-            bf16_matmul_inputs: setup.precision == Precision::Bf16 && setup.lora.is_none(),
+            bf16_matmul_inputs: bf16,
             seq_shards: if setup.sp { u64::from(setup.tp) } else { 1 },
+            bf16_in_place: in_place,
+            bf16_head: bf16,
         }
     }
 
@@ -112,6 +129,16 @@ fn span(born: Phase, dies: Phase) -> Lifetime {
     Lifetime::Span { born, dies }
 }
 
+/// Bytes of the classifier's scratch per row of its chunk: V f32 logits, and under
+/// [`ActPolicy::bf16_head`] a V bf16 logit gradient (its second layout over the dead logits)
+/// and C bf16 inputs too.
+pub fn classifier_row_bytes(m: &ModelShape, policy: ActPolicy) -> u64 {
+    match policy.bf16_head {
+        true => 6 * m.vocab + 2 * m.d_model,
+        false => 4 * m.vocab,
+    }
+}
+
 fn f32_buffer(key: Key, category: Category, numel: u64, lifetime: Lifetime) -> Buffer {
     sized_buffer(key, category, 4 * numel, lifetime)
 }
@@ -144,7 +171,7 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
         out.extend(block_buffers(m, &own, policy, layer));
         out.extend(forward_scratch(&own, policy, layer));
     }
-    out.extend(head_buffers(m, &d));
+    out.extend(head_buffers(m, &d, policy));
     out.extend(backward_scratch(m, &d, policy.attention));
     let moe_life = span(Phase::Forward(0), Phase::Backward(0));
     out.extend(moe_scratch(
@@ -155,7 +182,7 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     ));
     out.extend(mla_scratch(&d, moe_life));
     if policy.bf16_matmul_inputs {
-        out.extend(bf16_scratch(&d));
+        out.extend(bf16_scratch(&d, policy));
         out.extend(bf16_backward_scratch(m, &d));
     }
     out
@@ -182,44 +209,40 @@ fn sp_scratch(d: &BlockDims, policy: ActPolicy) -> [Buffer; 3] {
 /// With bf16 activations: `work.f32`, where the f32 kernels producing a bf16 tensor write it
 /// before it is rounded (and where the backward widens a matmul input back for an f32 kernel),
 /// `work.f32_in`, where a saved bf16 `qkv` or `fch` is widened for the f32 attention or
-/// activation kernel while that kernel writes `work.f32`, and `work.w_bf16`, where a block
-/// matmul's f32 weight is rounded for the bf16 GEMM. All live from the embedding to its
-/// backward (recompute runs block forwards inside the backward).
-fn bf16_scratch(d: &BlockDims) -> [Buffer; 3] {
+/// activation kernel while that kernel writes `work.f32`, and (stage 3: not
+/// [`ActPolicy::bf16_in_place`]) `work.w_bf16`, where a block matmul's f32 weight is rounded
+/// for the bf16 GEMM. All live from the embedding to its backward (recompute runs block
+/// forwards inside the backward).
+fn bf16_scratch(d: &BlockDims, policy: ActPolicy) -> Vec<Buffer> {
     let life = span(Phase::Embed, Phase::EmbedBackward);
     let outputs = d.qkv.max(d.fc).max(2 * d.shared);
     // The MLP's activation (and the gates' gradient) runs on all routed rows at once.
     let rows = (d.n * d.c.max(d.atty).max(d.fc_act).max(outputs)).max(d.routed() * d.fc_act);
     let widened = (d.n * outputs).max(d.routed() * d.fc);
     let weight = d.c * d.widest_out().max(d.widest_in());
-    [
+    let mut out = vec![
         f32_buffer(Key::Work(Work::F32), Category::Other, rows, life),
         f32_buffer(Key::Work(Work::F32In), Category::Other, widened, life),
-        sized_buffer(
-            Key::Work(Work::WeightBf16),
-            Category::Other,
-            2 * weight,
-            life,
-        ),
-    ]
+    ];
+    if !policy.bf16_in_place {
+        let key = Key::Work(Work::WeightBf16);
+        out.push(sized_buffer(key, Category::Other, 2 * weight, life));
+    }
+    out
 }
 
-/// With bf16 matmul inputs, the backward GEMMs' 2-byte operands (`gemm_bf16::gemm_nt` takes
-/// both operands row-major over K): `work.bw.dout` (a matmul's output gradient rounded),
-/// `work.bw.dout_t` (its transpose), `work.bw.inp_t` (the saved input transposed) and
-/// `work.bw.w_t` (the bf16 weight transposed). They live through the block backwards only.
-fn bf16_backward_scratch(m: &ModelShape, d: &BlockDims) -> [Buffer; 4] {
+/// With bf16 matmul inputs, the backward GEMMs' 2-byte output gradient: `work.bw.dout` (a
+/// matmul's output gradient rounded) and `work.bw.dout_t` (its transpose, the reduction over
+/// rows of the weight gradient); the weight and the saved input are read where they lie
+/// (`gemm_bf16::gemm_nn`). They live through the block backwards only.
+fn bf16_backward_scratch(m: &ModelShape, d: &BlockDims) -> [Buffer; 2] {
     let life = span(Phase::Backward(m.n_layers - 1), Phase::Backward(0));
     // An expert's rows are at most N (a token picks an expert once).
     let out_rows = d.n * d.widest_out();
-    let in_rows = d.n * d.widest_in();
-    let weight = d.c * d.widest_out().max(d.widest_in());
     let other = Category::Other;
     [
         sized_buffer(Key::Work(Work::BwDout), other, 2 * out_rows, life),
         sized_buffer(Key::Work(Work::BwDoutT), other, 2 * out_rows, life),
-        sized_buffer(Key::Work(Work::BwInpT), other, 2 * in_rows, life),
-        sized_buffer(Key::Work(Work::BwWeightT), other, 2 * weight, life),
     ]
 }
 
@@ -289,7 +312,7 @@ fn forward_scratch(d: &BlockDims, policy: ActPolicy, layer: u32) -> Vec<Buffer> 
 
 /// The head's forward-and-backward buffers: final norm, losses, its input gradient, the
 /// classifier's chunk of logits (at most `CLASSIFIER_CHUNK_ROWS` × V: never B×T×V).
-fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
+fn head_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy) -> Vec<Buffer> {
     let act = Category::Activations;
     let head = span(Phase::Head, Phase::Head);
     let chunk_rows = CLASSIFIER_CHUNK_ROWS.min(d.n);
@@ -300,7 +323,12 @@ fn head_buffers(m: &ModelShape, d: &BlockDims) -> Vec<Buffer> {
         f32_buffer(Key::LnfRstd, act, d.local, head),
         f32_buffer(Key::Losses, act, d.n, head),
         f32_buffer(Key::DLnf, act, d.n * d.c, head),
-        f32_buffer(Key::Classifier, Category::Other, chunk_rows * m.vocab, head),
+        sized_buffer(
+            Key::Classifier,
+            Category::Other,
+            chunk_rows * classifier_row_bytes(m, policy),
+            head,
+        ),
         // The residual stream's gradient, from the head down to the embedding.
         f32_buffer(
             Key::DResidual,

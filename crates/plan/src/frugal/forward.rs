@@ -36,6 +36,8 @@ impl ForwardSetup {
             attention: self.attention,
             bf16_matmul_inputs: false,
             seq_shards: 1,
+            bf16_in_place: false,
+            bf16_head: false,
         }
     }
 }

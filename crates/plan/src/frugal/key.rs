@@ -51,8 +51,6 @@ pub enum Work {
     /// transposed, the weight transposed.
     BwDout,
     BwDoutT,
-    BwInpT,
-    BwWeightT,
     /// Mixture of experts: a matmul input (or output gradient) gathered into expert order
     /// (N·k, C), in the matmul inputs' type.
     MoeIn,
@@ -236,6 +234,9 @@ pub enum Key {
     GatherBwd(u32),
     /// The tied token embedding gathered for the head.
     GatherHeadEmbed,
+    /// Stage 3, bf16 head, untied: the head unit's vectors before its output projection (the
+    /// final norm's), widened from its 2-byte gather.
+    GatherHeadVectors,
     Tokens,
     Targets,
     /// The embedding's output: block 0's input.
@@ -313,6 +314,7 @@ impl fmt::Display for Key {
             Key::GatherFwd(u) => write!(f, "gather.fwd.{u}"),
             Key::GatherBwd(l) => write!(f, "gather.bwd.h.{l}"),
             Key::GatherHeadEmbed => f.write_str("gather.head.embed"),
+            Key::GatherHeadVectors => f.write_str("gather.head.vectors"),
             Key::Tokens => f.write_str("batch.tokens"),
             Key::Targets => f.write_str("batch.targets"),
             Key::Encoded => f.write_str("act.encoded"),
@@ -371,8 +373,6 @@ impl fmt::Display for Key {
                 Work::LoraDx => "work.lora_dx",
                 Work::BwDout => "work.bw.dout",
                 Work::BwDoutT => "work.bw.dout_t",
-                Work::BwInpT => "work.bw.inp_t",
-                Work::BwWeightT => "work.bw.w_t",
                 Work::MoeIn => "work.moe_in",
                 Work::MoeOut => "work.moe_out",
                 Work::MoeAux => "work.moe_aux",

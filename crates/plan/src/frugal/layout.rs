@@ -61,7 +61,12 @@ pub fn assign_offsets_aligned(plan: &MemoryPlan, device: Device, align: u64) -> 
         use super::key::Key;
         matches!(
             b.key,
-            Some(Key::GatherFwd(_) | Key::GatherBwd(_) | Key::GatherHeadEmbed)
+            Some(
+                Key::GatherFwd(_)
+                    | Key::GatherBwd(_)
+                    | Key::GatherHeadEmbed
+                    | Key::GatherHeadVectors
+            )
         )
     };
     if !plan.buffers.iter().any(gathers) {

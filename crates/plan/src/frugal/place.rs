@@ -133,7 +133,7 @@ pub fn training_plan_of(
     } else if setup.tp == 1 {
         // Not under tensor parallelism: every rank's chunk must have the same rows (their
         // reductions pair up), and the ranks' vocabulary slices differ.
-        widen_classifier_chunk(&mut plan, model, rows);
+        widen_classifier_chunk(&mut plan, acts::classifier_row_bytes(model, policy), rows);
     }
     if setup.tp > 1 && tp::kv_replicas(whole, setup.tp) > 1 {
         let kv = 2 * model.d_head * (model.d_model + 1);

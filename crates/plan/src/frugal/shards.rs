@@ -14,12 +14,15 @@
 //! Stage 3 gathers every unit into `gather.fwd.<u>` for its forward (the embedding at `Embed`,
 //! block l at `Forward(l)`, the head at `Head`, where its forward and backward both run) and
 //! every block again into `gather.bwd.h.<l>` for its backward. With tied embeddings the head
-//! also needs the token embedding: `gather.head.embed`. The embedding's backward reads no
+//! also needs the token embedding: `gather.head.embed` (not under `ActPolicy::bf16_head`, which
+//! reads the 2-byte working copy). The embedding's backward reads no
 //! weights, so it has no backward gather. Under a segment recompute policy the backward of a
 //! segment's last block re-runs the whole segment's forward, so each block's backward gather is
 //! born there and serves both the recompute and the block's own backward: one gather per unit
-//! per backward, never two. Prefetch: every gather is born one phase before its first use (the
-//! next unit is gathered while the current one computes), which costs one more unit's bytes.
+//! per backward, never two. Prefetch: at stage 3 every gather is born one phase before its first
+//! use (the next unit is gathered while the current one computes), which costs one more unit's
+//! bytes; below stage 3 (2-byte weights widened from the rank's own whole copy, no
+//! communication to hide) a gather is born where it is first used.
 //! Gathered units count as `Other` (the seed's "gathered working set"), so `params_bytes` is
 //! exactly the shard: model state is (4 + 4 + 8)·Ψ/N = 16Ψ/N bytes per rank for fp32 AdamW.
 //!
@@ -31,7 +34,7 @@
 //! never more than one unit's full gradient live (two with tied embeddings: the embedding's
 //! lives from `Head` to `EmbedBackward`).
 //!
-//! Example: `gathers(&gpt2_tiny, &units, ActPolicy::PLAIN)` lists `gather.fwd.h.0` born in `Embed`,
+//! Example: `gathers(&gpt2_tiny, &units, ActPolicy::PLAIN, true)` lists `gather.fwd.h.0` born in `Embed`,
 //! dying in `Forward(0)`, and `gather.bwd.h.1` born in `Head`, dying in `Backward(1)`.
 
 use super::acts::ActPolicy;
@@ -47,7 +50,7 @@ use crate::{ModelShape, PlanError};
 /// | question | fp32 | bf16/fp16 |
 /// |---|---|---|
 /// | weights | `params.<u>` whole at 0-2, `params.shard.<u>` at 3 | the same, 2-byte |
-/// | what the kernels read | `params.<u>`; stage 3 `gather.*` | fp32 `gather.*` at every stage |
+/// | what the kernels read | `params.<u>`; stage 3 `gather.*` | fp32 `gather.*` at every stage; bf16 GEMMs the 2-byte `params.<u>` (stages 0-2) |
 /// | full gradient | persistent at 0-1; a span at 2-3 | an fp32 span at every stage |
 /// | accumulator | the full gradient at 0-1; `grads.shard.<u>` at 2-3 | 2-byte `grads.shard.<u>`, whole at 0-1 |
 /// | optimizer state | whole at 0, shard at 1-3 | + fp32 `master.<u>`; on the host with offload |
@@ -163,6 +166,17 @@ pub struct Gather {
     pub born: Phase,
     pub used_from: Phase,
     pub dies: Phase,
+    /// The 2-byte shards' bits as gathered, not widened to fp32 (2 bytes an element): the bf16
+    /// head's output projection at stage 3 (the tied embedding, or the untied head unit).
+    pub bits: bool,
+}
+
+/// Elements of the untied head unit before its output projection (the final norm's vectors),
+/// which a bits gather of it widens into `gather.head.vectors` for the fp32 norm kernels.
+pub fn head_vectors(units: &[Unit]) -> Option<u64> {
+    let head = units.iter().find(|u| u.kind == UnitKind::Head)?;
+    let lm = head.views.iter().find(|v| v.role == super::Role::LmHead)?;
+    Some(lm.offset)
 }
 
 /// The phase before `phase` on the training timeline (the first phase has none before it).
@@ -182,15 +196,25 @@ fn previous(phase: Phase, n_layers: u32) -> Phase {
 /// Every stage-3 gather of one micro-step for the model's `units` (all of them, or a LoRA
 /// model's adapter units, one per block: those have no embedding or head gathers), in the order
 /// they are born.
-pub fn gathers(model: &ModelShape, units: &[Unit], policy: ActPolicy) -> Vec<Gather> {
+/// `prefetch` (stage 3): each is born one phase before its first use.
+pub fn gathers(
+    model: &ModelShape,
+    units: &[Unit],
+    policy: ActPolicy,
+    prefetch: bool,
+) -> Vec<Gather> {
     let n = model.n_layers;
     let index = |kind: UnitKind| units.iter().position(|u| u.kind == kind);
     let gather = |unit: usize, key: Key, used_from: Phase, dies: Phase| Gather {
         unit,
         key,
-        born: previous(used_from, n),
+        born: match prefetch {
+            true => previous(used_from, n),
+            false => used_from,
+        },
         used_from,
         dies,
+        bits: false,
     };
     let mut out = Vec::new();
     if let Some(u) = index(UnitKind::Embed) {
@@ -208,11 +232,20 @@ pub fn gathers(model: &ModelShape, units: &[Unit], policy: ActPolicy) -> Vec<Gat
         }
     }
     if let Some(u) = index(UnitKind::Head) {
-        let head_key = Key::GatherFwd(UnitKind::Head);
-        out.push(gather(u, head_key, Phase::Head, Phase::Head));
+        let head = gather(u, Key::GatherFwd(UnitKind::Head), Phase::Head, Phase::Head);
+        // Stage 3's bf16 head on an untied projection reads the unit's 2-byte bits.
+        let bits = policy.bf16_head && !policy.bf16_in_place && head_vectors(units).is_some();
+        out.push(Gather { bits, ..head });
     }
+    // The bf16 head reads the tied embedding's 2-byte working copy in place, or at stage 3
+    // (where no copy is whole, `bf16_in_place` is off) its 2-byte bits gathered.
     if let Some(u) = index(UnitKind::Embed).filter(|_| model.tied_embeddings) {
-        out.push(gather(u, Key::GatherHeadEmbed, Phase::Head, Phase::Head));
+        let head = gather(u, Key::GatherHeadEmbed, Phase::Head, Phase::Head);
+        match (policy.bf16_head, policy.bf16_in_place) {
+            (false, _) => out.push(head),
+            (true, false) => out.push(Gather { bits: true, ..head }),
+            (true, true) => {}
+        }
     }
     for l in (0..n).rev() {
         // A segment's recompute runs in the backward of its last block and reads every block
@@ -304,13 +337,22 @@ pub fn state_buffers(
         }
     }
     if rule.gathers() {
-        for g in gathers(model, units, policy) {
+        for g in gathers(model, units, policy, rule.params_sharded()) {
             let span = Lifetime::Span {
                 born: g.born,
                 dies: g.dies,
             };
-            let bytes = 4 * units[g.unit].padded_numel;
+            let bytes = if g.bits { 2 } else { 4 } * units[g.unit].padded_numel;
             out.push(dev(g.key, Category::Other, bytes, span));
+            if let (true, Key::GatherFwd(UnitKind::Head)) = (g.bits, g.key) {
+                let vectors = head_vectors(units).expect("an untied head");
+                out.push(dev(
+                    Key::GatherHeadVectors,
+                    Category::Other,
+                    4 * vectors,
+                    span,
+                ));
+            }
         }
     }
     out
@@ -332,7 +374,7 @@ mod tests {
             ..ActPolicy::PLAIN
         };
         let units = param_units(&model, 1).unwrap();
-        let g = gathers(&model, &units, policy);
+        let g = gathers(&model, &units, policy, true);
         let find = |name: &str| {
             g.iter()
                 .find(|g| g.key.to_string() == name)

@@ -137,8 +137,54 @@ pub fn convert(a: &A, dst: Tensor, src: Tensor) {
     }
 }
 
+/// The whole `work.classifier` buffer as bf16 elements (the bf16 classifier carves it).
+fn raw_scratch(a: &A, scratch: Tensor) -> Tensor {
+    a.tensor(scratch.buf, DType::Bf16)
+}
+
+/// The fused classifier on bf16 operands (the weight is the bf16 working copy), or (`shard`)
+/// its vocab-parallel form.
+fn classifier_bf16(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -> f32 {
+    let (lnf, weight, targets) = (
+        a.view::<f32>(op.lnf),
+        a.view::<bf16>(op.weight),
+        a.view::<u32>(op.targets),
+    );
+    let mut losses = a.view_mut::<f32>(op.losses);
+    let mut dlnf = a.view_mut::<f32>(op.dlnf);
+    let mut raw = a.view_mut::<bf16>(raw_scratch(a, op.scratch));
+    let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
+    let shape = (op.n, op.c, op.v);
+    let (losses, dlnf, dw) = (&mut *losses, &mut *dlnf, dweight.as_deref_mut());
+    let Some(shard) = shard else {
+        let io = (losses, dlnf, dw, &*lnf, &*weight, &*targets);
+        return classifier::bf16::forward_backward(
+            io.0, io.1, io.2, io.3, io.4, io.5, &mut raw, shape, op.dloss,
+        );
+    };
+    let mut stats = a.view_mut::<f32>(shard.stats);
+    let vocab = classifier::bf16::VocabShard {
+        first: shard.first,
+        stats: &mut stats,
+        reduce: shard.reduce,
+    };
+    classifier::bf16::forward_backward_shard(
+        losses, dlnf, dw, &lnf, &weight, &targets, &mut raw, shape, op.dloss, vocab,
+    )
+}
+
+pub fn classifier_logits(a: &A, op: &ClassifierLogits) {
+    let (lnf, weight) = (a.view::<f32>(op.lnf), a.view::<bf16>(op.weight));
+    let mut raw = a.view_mut::<bf16>(raw_scratch(a, op.scratch));
+    let (rows, c, v) = (op.rows, op.c, op.v);
+    classifier::bf16::logits(&mut raw, &lnf[..rows * c], &weight, rows, c, v);
+}
+
 /// The fused classifier over the whole vocabulary, or (`shard`) over this rank's rows of it.
 pub fn classifier(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -> f32 {
+    if op.weight.dtype == DType::Bf16 {
+        return classifier_bf16(a, op, shard);
+    }
     let (lnf, weight, targets) = (
         a.view::<f32>(op.lnf),
         a.view::<f32>(op.weight),
@@ -225,17 +271,16 @@ pub fn linear_backward(a: &A, op: &LinearBackward) {
     let LinearKind::Dense = op.kind;
     let s = op.shape;
     let dout = a.view::<f32>(op.dout);
-    let weight = a.view::<f32>(op.weight);
     let mut dinp = a.view_mut::<f32>(op.dinp);
     let mut parts = a.parts_mut::<f32, 2>([Some(op.dweight), op.dbias]);
     let [dw, db] = &mut parts.parts;
     let dw = dw.as_deref_mut().expect("a weight gradient");
     let Some(scratch) = op.bf16 else {
-        let inp = a.view::<f32>(op.inp);
+        let (inp, weight) = (a.view::<f32>(op.inp), a.view::<f32>(op.weight));
         let db = db.as_deref_mut();
         return matmul::backward(&mut dinp, dw, db, &dout, &inp, &weight, s.n, s.ic, s.oc);
     };
-    bf16_linear_backward(a, &scratch, s, (&mut dinp, dw), &dout, op.inp, &weight);
+    bf16_linear_backward(a, &scratch, s, (&mut dinp, dw), &dout, op.inp, op.weight);
     if let Some(db) = db.as_deref_mut() {
         for row in dout.chunks_exact(s.oc) {
             for (d, &x) in db.iter_mut().zip(row) {
@@ -245,10 +290,11 @@ pub fn linear_backward(a: &A, op: &LinearBackward) {
     }
 }
 
-/// dinp += dout·W and dW += doutᵀ·inp as two `gemm_bf16` GEMMs (AVX-512 BF16 when the CPU has
-/// it) on bf16 operands, as torch autocast does (dout rounded to bf16, f32 accumulation into the
-/// f32 gradient span). `gemm_nt` wants both operands row-major over K, hence the transposes into
-/// the planned scratch.
+/// dinp += dout·W and dW += doutᵀ·inp as two `gemm_bf16::gemm_nn` GEMMs (AVX-512 BF16 when the
+/// CPU has it) on bf16 operands, as torch autocast does (dout rounded to bf16, f32 accumulation
+/// into the f32 gradient span). W (OC, IC) and inp (N, IC) are read where they lie: W is the
+/// bf16 working copy, or (stage 3) rounded from its f32 gather into `work.w_bf16`; only dout is
+/// transposed (the weight gradient reduces over rows).
 fn bf16_linear_backward(
     a: &A,
     s: &Bf16Scratch,
@@ -256,22 +302,29 @@ fn bf16_linear_backward(
     (dinp, dweight): (&mut [f32], &mut [f32]),
     dout: &[f32],
     inp: Tensor,
-    weight: &[f32],
+    weight: Tensor,
 ) {
     let (n, ic, oc) = (shape.n, shape.ic, shape.oc);
     let (mut g, mut gt) = (a.view_mut::<bf16>(s.dout), a.view_mut::<bf16>(s.dout_t));
     let (g, gt) = (&mut g[..n * oc], &mut gt[..oc * n]);
     convert::f32_to_bf16(g, dout);
-    let (mut w, mut wt) = (a.view_mut::<bf16>(s.weight), a.view_mut::<bf16>(s.weight_t));
-    let (w, wt) = (&mut w[..oc * ic], &mut wt[..ic * oc]);
-    convert::f32_to_bf16(w, weight);
-    gemm_bf16::transpose(wt, w, oc, ic);
-    gemm_bf16::gemm_nt(&mut dinp[..n * ic], g, wt, n, ic, oc, gemm_bf16::Accum::Add);
+    let (held, mut rounded);
+    let w: &[bf16] = match weight.dtype {
+        DType::Bf16 => {
+            held = a.view::<bf16>(weight);
+            &held
+        }
+        _ => {
+            let t = s.weight.expect("an f32 weight has a bf16 workspace");
+            rounded = a.view_mut::<bf16>(t);
+            convert::f32_to_bf16(&mut rounded[..oc * ic], &a.view::<f32>(weight));
+            &rounded[..oc * ic]
+        }
+    };
+    gemm_bf16::gemm_nn(&mut dinp[..n * ic], g, w, n, ic, oc, gemm_bf16::Accum::Add);
     gemm_bf16::transpose(gt, g, n, oc);
-    let mut xt = a.view_mut::<bf16>(s.inp_t);
-    let xt = &mut xt[..ic * n];
-    gemm_bf16::transpose(xt, &a.view::<bf16>(inp), n, ic);
-    gemm_bf16::gemm_nt(dweight, gt, xt, oc, ic, n, gemm_bf16::Accum::Add);
+    let x = a.view::<bf16>(inp);
+    gemm_bf16::gemm_nn(dweight, gt, &x, oc, ic, n, gemm_bf16::Accum::Add);
 }
 
 pub fn attention_backward(a: &A, op: &AttentionBackward) {

@@ -174,6 +174,10 @@ impl Backend for Cpu {
         kernels_ops::classifier(a, op, None)
     }
 
+    fn classifier_logits(&self, a: &Arena<Self>, op: &ClassifierLogits) {
+        kernels_ops::classifier_logits(a, op)
+    }
+
     fn classifier_shard(
         &self,
         a: &Arena<Self>,

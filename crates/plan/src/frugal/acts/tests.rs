@@ -183,3 +183,49 @@ fn bf16_halves_the_matmul_inputs_and_outputs_and_nothing_else() {
         assert!(plan.buffers.iter().all(|b| !work(b)));
     }
 }
+
+/// bf16 reads weights in 2 bytes where they lie: below stage 3 no rounded weight copy
+/// (`work.w_bf16`), no transposed GEMM operands but the output gradient's, and no fp32 copy of
+/// the tied embedding for the head; at stage 3 the head's output projection is gathered as its
+/// 2-byte bits (the tied embedding, or the untied head unit with its final-norm vectors widened
+/// apart) and block weights are rounded into `work.w_bf16`. The classifier's chunk rows are
+/// `classifier_row_bytes` each.
+#[test]
+fn bf16_reads_weights_in_place_and_gathers_the_head_as_bits_at_stage_3() {
+    use crate::frugal::UnitKind;
+    use crate::setup::ZeroStage;
+    for name in ["gpt2-tiny", "llama-tiny"] {
+        let model = presets::by_name(name).unwrap();
+        let units = crate::frugal::param_units(&model, 2).unwrap();
+        let padded = |kind| units.iter().find(|u| u.kind == kind).unwrap().padded_numel;
+        for zero in [ZeroStage::Zero0, ZeroStage::Zero2, ZeroStage::Zero3] {
+            let s = TrainSetup {
+                precision: Precision::Bf16,
+                zero,
+                dp: 2,
+                ..setup(2, 64, Recompute::None, Attention::Flash)
+            };
+            let plan = training_plan(&model, &s).unwrap();
+            let find = |n: &str| plan.buffers.iter().find(|b| b.name == n).map(|b| b.bytes);
+            let what = format!("{name} {zero:?}");
+            assert_eq!(find("work.bw.inp_t"), None, "{what}");
+            assert_eq!(find("work.bw.w_t"), None, "{what}");
+            let row = classifier_row_bytes(&model, ActPolicy::of(&s));
+            assert_eq!(row, 6 * model.vocab + 2 * model.d_model);
+            assert_eq!(find("work.classifier").unwrap() % row, 0, "{what}");
+            let stage3 = zero == ZeroStage::Zero3;
+            assert_eq!(find("work.w_bf16").is_some(), stage3, "{what}");
+            let (tied, head) = (find("gather.head.embed"), find("gather.fwd.head"));
+            match (model.tied_embeddings, stage3) {
+                (true, false) => assert_eq!(tied, None, "{what}"),
+                (true, true) => assert_eq!(tied, Some(2 * padded(UnitKind::Embed)), "{what}"),
+                (false, true) => {
+                    assert_eq!(head, Some(2 * padded(UnitKind::Head)), "{what}");
+                    let vectors = find("gather.head.vectors").unwrap();
+                    assert_eq!(vectors, 4 * model.d_model, "{what}");
+                }
+                (false, false) => assert_eq!(head, Some(4 * padded(UnitKind::Head)), "{what}"),
+            }
+        }
+    }
+}
