@@ -153,11 +153,14 @@ pub fn flops_per_token(model: &ModelConfig, seq: u64) -> f64 {
     6.0 * n as f64 + attn as f64
 }
 
-/// The engine's own GEMM (`kernels::matmul`, forward and backward) on the step's linear shapes
-/// at `rows` = batch × seq, measured now: FLOPs over seconds, each shape weighted by how often
-/// the step runs it (every block's projections, the head once). The yardstick `gflops` is held
-/// to: what this machine's GEMM does on these shapes in this run.
-fn gemm_gflops(model: &ModelConfig, rows: usize) -> f64 {
+/// The engine's own GEMM on the step's linear shapes at `rows` = batch × seq, measured now:
+/// FLOPs over seconds, each shape weighted by how often the step runs it (every block's
+/// projections, the head once). fp32 (and fp16, whose kernels are f32): `kernels::matmul`
+/// forward and backward; bf16: `gemm_bf16::forward`, then the backward as the engine runs it
+/// (`gemm_nn` for the input gradient, the output gradient transposed, `gemm_nn` for the weight
+/// gradient). The yardstick `gflops` is held to: what this machine's GEMM of that precision
+/// does on these shapes in this run.
+fn gemm_gflops(model: &ModelConfig, rows: usize, bf16: bool) -> f64 {
     let s = &model.shape;
     let (c, hd) = (s.d_model as usize, s.d_head as usize);
     let qkv = (s.n_heads as usize + 2 * s.n_kv_heads as usize) * hd;
@@ -181,12 +184,27 @@ fn gemm_gflops(model: &ModelConfig, rows: usize) -> f64 {
         let w = vec![0.01f32; oc * ic];
         let mut out = vec![0.0f32; rows * oc];
         let (mut dinp, mut dw) = (vec![0.0f32; rows * ic], vec![0.0f32; oc * ic]);
+        let half = |x: &[f32]| -> Vec<kernels::gemm_bf16::bf16> {
+            x.iter()
+                .map(|&v| kernels::gemm_bf16::bf16::from_f32(v))
+                .collect()
+        };
+        let (inp_h, w_h, g) = (half(&inp), half(&w), half(&out));
+        let mut gt = g.clone();
+        let add = kernels::gemm_bf16::Accum::Add;
         // One untimed pass touches every page; the best of three timed ones counts.
         let mut best = f64::MAX;
         for round in 0..4 {
             let started = Instant::now();
-            kernels::matmul::forward(&mut out, &inp, &w, None, rows, ic, oc);
-            kernels::matmul::backward(&mut dinp, &mut dw, None, &out, &inp, &w, rows, ic, oc);
+            if bf16 {
+                kernels::gemm_bf16::forward(&mut out, &inp_h, &w_h, None, rows, ic, oc);
+                kernels::gemm_bf16::gemm_nn(&mut dinp, &g, &w_h, rows, ic, oc, add);
+                kernels::gemm_bf16::transpose(&mut gt, &g, rows, oc);
+                kernels::gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, oc, ic, rows, add);
+            } else {
+                kernels::matmul::forward(&mut out, &inp, &w, None, rows, ic, oc);
+                kernels::matmul::backward(&mut dinp, &mut dw, None, &out, &inp, &w, rows, ic, oc);
+            }
             if round > 0 {
                 best = best.min(started.elapsed().as_secs_f64());
             }
@@ -261,7 +279,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         Some("pytorch") => Some(pytorch(&model, &a)?),
         Some(other) => bail!("--baseline {other}: the only baseline is pytorch"),
     };
-    let gemm = gemm_gflops(&model, n);
+    let bf16_gemm = a.precision == Precision::Bf16;
+    let gemm = gemm_gflops(&model, n, bf16_gemm);
+    let gemm_precision = if bf16_gemm { "bf16" } else { "fp32" };
     let t = trainer.timings;
     let parts = [
         ("embed", t.embed),
@@ -282,7 +302,8 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             "attention": a.attention.to_string(),
             "recompute": a.recompute.to_string(),
             "tokens_per_s": tokens_per_s, "gflops": gflops,
-            "gemm_gflops": gemm, "gflops_over_gemm": gflops / gemm,
+            "gemm_gflops": gemm, "gemm_precision": gemm_precision,
+            "gflops_over_gemm": gflops / gemm,
             "cpu": generate::cpu_name(),
             "flops_per_token": flops_per_token(&model, a.seq),
             "step_seconds": profile,
@@ -294,7 +315,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     }
     print_human(&a, &model, tokens_per_s, gflops, &parts, baseline);
     println!(
-        "  the engine's GEMM on the step's shapes, same run: {gemm:.1} GFLOP/s; the step reaches {:.2} of it",
+        "  the engine's {gemm_precision} GEMM on the step's shapes, same run: {gemm:.1} GFLOP/s; the step reaches {:.2} of it",
         gflops / gemm
     );
     Ok(())
