@@ -9,7 +9,9 @@
 //! the last column; default 460 = ~230 GFLOP/s per core × 2 cores, AVX-512 FMA).
 //!
 //! A second table times the bf16-input GEMM (`gemm_bf16`, f32 accumulate) on its AVX-512 BF16
-//! path (when the CPU has one) and its portable path, against faer's f32 GEMM on the same shape.
+//! path (when the CPU has one) and its portable path, against faer's f32 GEMM on the same shape,
+//! and (`bwd GF/s`) the backward as the engine runs it: `gemm_nn` for the input and weight
+//! gradients around the output gradient's transpose.
 //!
 //! A third times the fused classifier (logits, loss, both backward GEMMs) of GPT-2 124M at
 //! 1024 rows in chunks of 64 and 256: f32 (`classifier::forward_backward`) against bf16
@@ -183,8 +185,8 @@ fn bench_bf16() {
     let best = gemm_bf16::best_isa();
     println!("\nbf16 GEMM (forward, f32 accumulate); best path on this CPU: {best:?}");
     println!(
-        "{:<10} {:>10} {:>12} {:>12} {:>10} {:>12}",
-        "layer", "f32 GF/s", "bf16 GF/s", "portable", "bf16/f32", "portable/f32"
+        "{:<10} {:>10} {:>12} {:>12} {:>10} {:>12} {:>12}",
+        "layer", "f32 GF/s", "bf16 GF/s", "portable", "bf16/f32", "portable/f32", "bwd GF/s"
     );
     for (name, ic, oc) in SHAPES {
         let (inp, w) = (common::fill(N * ic, 1, 1.0), common::fill(oc * ic, 2, 1.0));
@@ -213,8 +215,20 @@ fn bench_bf16() {
         } else {
             portable
         };
+        // The backward as the engine runs it: dinp = g·W and dW = gᵀ·x with `gemm_nn`.
+        let g: Vec<bf16> = (0..N * oc)
+            .map(|i| bf16::from_f32(((i % 7) as f32 - 3.0) * 0.1))
+            .collect();
+        let (mut gt, mut dinp, mut dw) = (g.clone(), vec![0.0f32; N * ic], vec![0.0f32; oc * ic]);
+        let bwd = 2.0 * flops
+            / common::median_secs(reps, || {
+                gemm_bf16::gemm_nn(&mut dinp, &g, &w_h, N, ic, oc, Accum::Replace);
+                gemm_bf16::transpose(&mut gt, &g, N, oc);
+                gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, oc, ic, N, Accum::Replace);
+            })
+            / 1e9;
         println!(
-            "{name:<10} {f32_gf:>10.1} {fast:>12.1} {portable:>12.1} {:>9.2}x {:>11.2}x",
+            "{name:<10} {f32_gf:>10.1} {fast:>12.1} {portable:>12.1} {:>9.2}x {:>11.2}x {bwd:>12.1}",
             fast / f32_gf,
             portable / f32_gf
         );
