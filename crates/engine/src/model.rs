@@ -160,7 +160,10 @@ impl Model {
             .iter()
             .map(|u| match weights {
                 WeightSource::Params => arena.id(Key::Params(u.kind)),
-                WeightSource::Gathers => arena.id(Key::GatherFwd(u.kind)),
+                // The bf16 head of an untied model widens only its vectors below stage 3.
+                WeightSource::Gathers => arena
+                    .try_id(Key::GatherFwd(u.kind))
+                    .unwrap_or_else(|| arena.id(Key::GatherHeadVectors)),
             })
             .collect();
         let forward_blocks = (0..config.shape.n_layers)
@@ -339,17 +342,17 @@ impl Model {
     /// `ActPolicy::bf16_head`, else [`Model::weight`] (fp32).
     pub fn lm_weight<B: Backend>(&self, arena: &Arena<B>) -> Tensor {
         let (kind, role) = self.lm_head();
-        if let (true, Some(id)) = (self.policy.bf16_head, self.lm_bits) {
-            let range = self.unit_range(kind, role);
-            return arena.tensor(id, DType::Bf16).slice(range);
+        if !self.policy.bf16_head {
+            return self.weight(arena, kind, role);
         }
-        let w = self.weight(arena, kind, role);
-        match self.policy.bf16_head {
-            true => self
-                .half_of(kind, w)
-                .expect("the bf16 head has a working copy"),
-            false => w,
-        }
+        // Stage 3's 2-byte gather while it lives, else the working copy.
+        let id = self.lm_bits.unwrap_or_else(|| {
+            let u = self.unit_index(kind);
+            *self.half.get(u).expect("the bf16 head has a working copy")
+        });
+        arena
+            .tensor(id, DType::Bf16)
+            .slice(self.unit_range(kind, role))
     }
 
     /// The bf16 working copy's view of `w`, a view of unit `kind`'s current fp32 weights, where

@@ -188,7 +188,9 @@ impl Sharding {
             return Ok(());
         };
         if !self.rule.params_sharded() {
-            be.convert(arena, full, arena.tensor(self.param_store[u], half));
+            // Every element, or (the bf16 head's untied unit) the final norm's vectors.
+            let store = arena.tensor(self.param_store[u], half);
+            be.convert(arena, full, store.prefix(full.len));
             return Ok(());
         }
         // The 2-byte shards gather into the buffer's first half, then widen in place.

@@ -233,9 +233,18 @@ pub fn gathers(
     }
     if let Some(u) = index(UnitKind::Head) {
         let head = gather(u, Key::GatherFwd(UnitKind::Head), Phase::Head, Phase::Head);
-        // Stage 3's bf16 head on an untied projection reads the unit's 2-byte bits.
-        let bits = policy.bf16_head && !policy.bf16_in_place && head_vectors(units).is_some();
-        out.push(Gather { bits, ..head });
+        // The bf16 head on an untied projection: below stage 3 it reads the working copy, so
+        // only the final norm's vectors are widened (`gather.head.vectors`); at stage 3 the
+        // unit's 2-byte bits are gathered (its vectors widened beside them).
+        let untied = policy.bf16_head && head_vectors(units).is_some();
+        match (untied, policy.bf16_in_place) {
+            (false, _) => out.push(head),
+            (true, true) => out.push(Gather {
+                key: Key::GatherHeadVectors,
+                ..head
+            }),
+            (true, false) => out.push(Gather { bits: true, ..head }),
+        }
     }
     // The bf16 head reads the tied embedding's 2-byte working copy in place, or at stage 3
     // (where no copy is whole, `bf16_in_place` is off) its 2-byte bits gathered.
@@ -342,7 +351,11 @@ pub fn state_buffers(
                 born: g.born,
                 dies: g.dies,
             };
-            let bytes = if g.bits { 2 } else { 4 } * units[g.unit].padded_numel;
+            let bytes = match (g.bits, g.key) {
+                (_, Key::GatherHeadVectors) => 4 * head_vectors(units).expect("an untied head"),
+                (true, _) => 2 * units[g.unit].padded_numel,
+                (false, _) => 4 * units[g.unit].padded_numel,
+            };
             out.push(dev(g.key, Category::Other, bytes, span));
             if let (true, Key::GatherFwd(UnitKind::Head)) = (g.bits, g.key) {
                 let vectors = head_vectors(units).expect("an untied head");
