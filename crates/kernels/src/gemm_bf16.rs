@@ -73,14 +73,8 @@ pub fn gemm_nt_on(
     k: usize,
     accum: Accum,
 ) {
-    assert!(
-        out.len() == m * n && a.len() == m * k && b.len() == n * k,
-        "shapes: out (M,N), a (M,K), b (N,K)"
-    );
-    if isa == Isa::Avx512Bf16 {
-        assert_eq!(best_isa(), Isa::Avx512Bf16, "this CPU has no AVX-512 BF16");
-    }
-    if m == 0 || n == 0 {
+    let sizes = (out.len(), a.len(), b.len());
+    if !work_to_do(isa, sizes, (m, n, k), "b (N,K)") {
         return;
     }
     let add = matches!(accum, Accum::Add);
@@ -142,14 +136,8 @@ pub fn gemm_nn_on(
     k: usize,
     accum: Accum,
 ) {
-    assert!(
-        out.len() == m * n && a.len() == m * k && b.len() == k * n,
-        "shapes: out (M,N), a (M,K), b (K,N)"
-    );
-    if isa == Isa::Avx512Bf16 {
-        assert_eq!(best_isa(), Isa::Avx512Bf16, "this CPU has no AVX-512 BF16");
-    }
-    if m == 0 || n == 0 {
+    let sizes = (out.len(), a.len(), b.len());
+    if !work_to_do(isa, sizes, (m, n, k), "b (K,N)") {
         return;
     }
     if k == 0 {
@@ -160,6 +148,24 @@ pub fn gemm_nn_on(
     }
     let add = matches!(accum, Accum::Add);
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
+}
+
+/// The checks both GEMMs make: the slices' lengths against out (M,N), a (M,K) and `b` (N·K
+/// elements in either layout), the path against the CPU. False when out is empty.
+fn work_to_do(
+    isa: Isa,
+    (out, a, b): (usize, usize, usize),
+    (m, n, k): (usize, usize, usize),
+    b_shape: &str,
+) -> bool {
+    assert!(
+        out == m * n && a == m * k && b == n * k,
+        "shapes: out (M,N), a (M,K), {b_shape}"
+    );
+    if isa == Isa::Avx512Bf16 {
+        assert_eq!(best_isa(), Isa::Avx512Bf16, "this CPU has no AVX-512 BF16");
+    }
+    m > 0 && n > 0
 }
 
 /// out (N,OC) f32 = inp (N,IC) bf16 · weight (OC,IC)ᵀ bf16 + bias (OC) f32.

@@ -105,7 +105,6 @@ pub fn forward_backward(
 mod tests {
     use super::*;
     use crate::testutil::*;
-    use std::sync::{Barrier, Mutex};
 
     #[test]
     fn two_vocabulary_shards_give_the_whole_classifiers_loss_and_gradients() {
@@ -131,26 +130,14 @@ mod tests {
             dloss,
         );
         let shards = [(0usize, 15usize), (15, 14)];
-        let barrier = Barrier::new(2);
-        let slots = Mutex::new(vec![Vec::new(), Vec::new()]);
+        let ranks = TwoRanks::new();
         let results: Vec<_> = std::thread::scope(|s| {
             let joins: Vec<_> = (shards.iter().enumerate())
                 .map(|(r, &(first, rows))| {
                     let (inp, wte, targets) = (&inp, &wte, &targets);
-                    let (barrier, slots) = (&barrier, &slots);
+                    let ranks = &ranks;
                     s.spawn(move || {
-                        let mut reduce = |buf: &mut [f32], op: RowReduce| {
-                            slots.lock().unwrap()[r] = buf.to_vec();
-                            barrier.wait();
-                            let all = slots.lock().unwrap().clone();
-                            for (i, x) in buf.iter_mut().enumerate() {
-                                *x = match op {
-                                    RowReduce::Max => all[0][i].max(all[1][i]),
-                                    RowReduce::Sum => all[0][i] + all[1][i],
-                                };
-                            }
-                            barrier.wait();
-                        };
+                        let mut reduce = |buf: &mut [f32], op| ranks.reduce(r, buf, op);
                         let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
                         let mut dwte = vec![0.0; rows * c];
                         let (mut scratch, mut stats) =

@@ -170,9 +170,7 @@ fn as_bf16(words: &mut [u32]) -> &mut [half::bf16] {
 #[test]
 fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
     use super::bf16::{forward_backward, forward_backward_shard, VocabShard};
-    use super::shard::RowReduce;
     use half::bf16;
-    use std::sync::{Barrier, Mutex};
     let (n, c, v, chunk) = (37, 24, 1100, 16);
     let mut rng = Rng::new(16);
     let inp = to_f32(&rng.vec(n * c));
@@ -193,24 +191,13 @@ fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
         dloss,
     );
     let shards = [(0usize, 600usize), (600, 500)];
-    let (barrier, slots) = (Barrier::new(2), Mutex::new(vec![Vec::new(), Vec::new()]));
+    let ranks = TwoRanks::new();
     let results: Vec<_> = std::thread::scope(|s| {
         let joins: Vec<_> = (shards.iter().enumerate())
             .map(|(r, &(first, rows))| {
-                let (inp, wte, targets, barrier, slots) = (&inp, &wte, &targets, &barrier, &slots);
+                let (inp, wte, targets, ranks) = (&inp, &wte, &targets, &ranks);
                 s.spawn(move || {
-                    let mut reduce = |buf: &mut [f32], op: RowReduce| {
-                        slots.lock().unwrap()[r] = buf.to_vec();
-                        barrier.wait();
-                        let all = slots.lock().unwrap().clone();
-                        for (i, x) in buf.iter_mut().enumerate() {
-                            *x = match op {
-                                RowReduce::Max => all[0][i].max(all[1][i]),
-                                RowReduce::Sum => all[0][i] + all[1][i],
-                            };
-                        }
-                        barrier.wait();
-                    };
+                    let mut reduce = |buf: &mut [f32], op| ranks.reduce(r, buf, op);
                     let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
                     let mut dwte = vec![0.0; rows * c];
                     let (mut words, mut stats) =
