@@ -47,8 +47,8 @@ pub enum Work {
     LoraDropped,
     /// LoRA dropout: the adapter's input gradient before the mask (N, IC).
     LoraDx,
-    /// The backward GEMMs' bf16 operands: the output gradient, its transpose, the saved input
-    /// transposed, the weight transposed.
+    /// The backward GEMMs' bf16 output gradient and its transpose (the weight and the saved
+    /// input are read where they lie).
     BwDout,
     BwDoutT,
     /// Mixture of experts: a matmul input (or output gradient) gathered into expert order
