@@ -122,8 +122,8 @@ pub struct Model {
     /// `ActPolicy::bf16_head`, the classifier) read in place (set by the trainer; empty
     /// otherwise).
     pub half: Vec<BufId>,
-    /// Stage 3 under `ActPolicy::bf16_head`: the tied embedding's 2-byte gather, while it lives
-    /// (set by `zero::Sharding`).
+    /// Stage 3 under `ActPolicy::bf16_head`: the output projection's 2-byte gather (the tied
+    /// embedding's or the untied head unit's), while it lives (set by `zero::Sharding`).
     pub lm_bits: Option<BufId>,
     /// Where each block's forward writes.
     pub forward_blocks: Vec<BlockActs>,

@@ -28,10 +28,12 @@
 //! gather is planned and measured one phase early, but runs at that phase's start).
 //!
 //! 2-byte precisions (bf16, fp16) at every stage: the fp32 kernels read fp32, so every unit
-//! is widened into the fp32 `gather.*` buffers on the stage-3 schedule (from the 2-byte full copy
+//! is widened into the fp32 `gather.*` buffers on the stage-3 schedule, less the prefetch below
+//! stage 3 (from the 2-byte full copy
 //! `params.<u>` at stages 0-2; at stage 3 the 2-byte shards are all-gathered into the gather
 //! buffer's first half and widened in place; bf16 GEMMs read `params.<u>` itself below stage 3,
-//! and a gather marked `bits`, the bf16 head's tied embedding at stage 3, is never widened), and gradients take the stage-2 path: an fp32 span
+//! and a gather marked `bits`, the bf16 head's output projection at stage 3, is never widened),
+//! and gradients take the stage-2 path: an fp32 span
 //! `grads.<u>`, reduced at its end (all-reduce at stage 0, reduce-scatter above) and added,
 //! rounded once, into the 2-byte accumulator `grads.shard.<u>` (full at stages 0-1). fp16 bits
 //! travel through the collectives as bf16-typed words: gathers copy bits, they never add them.

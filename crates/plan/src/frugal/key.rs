@@ -234,8 +234,8 @@ pub enum Key {
     GatherBwd(u32),
     /// The tied token embedding gathered for the head.
     GatherHeadEmbed,
-    /// Stage 3, bf16 head, untied: the head unit's vectors before its output projection (the
-    /// final norm's), widened from its 2-byte gather.
+    /// bf16 head, untied: the head unit's vectors before its output projection (the final
+    /// norm's), widened from the working copy (below stage 3) or the unit's 2-byte gather.
     GatherHeadVectors,
     Tokens,
     Targets,

@@ -14,8 +14,8 @@
 //! Stage 3 gathers every unit into `gather.fwd.<u>` for its forward (the embedding at `Embed`,
 //! block l at `Forward(l)`, the head at `Head`, where its forward and backward both run) and
 //! every block again into `gather.bwd.h.<l>` for its backward. With tied embeddings the head
-//! also needs the token embedding: `gather.head.embed` (not under `ActPolicy::bf16_head`, which
-//! reads the 2-byte working copy). The embedding's backward reads no
+//! also needs the token embedding: `gather.head.embed` (under `ActPolicy::bf16_head` only at
+//! stage 3, as the 2-byte bits: below it the head reads the working copy). The embedding's backward reads no
 //! weights, so it has no backward gather. Under a segment recompute policy the backward of a
 //! segment's last block re-runs the whole segment's forward, so each block's backward gather is
 //! born there and serves both the recompute and the block's own backward: one gather per unit
@@ -34,8 +34,9 @@
 //! never more than one unit's full gradient live (two with tied embeddings: the embedding's
 //! lives from `Head` to `EmbedBackward`).
 //!
-//! Example: `gathers(&gpt2_tiny, &units, ActPolicy::PLAIN, true)` lists `gather.fwd.h.0` born in `Embed`,
-//! dying in `Forward(0)`, and `gather.bwd.h.1` born in `Head`, dying in `Backward(1)`.
+//! Example: `gathers(&gpt2_tiny, &units, ActPolicy::PLAIN, true)` lists `gather.fwd.h.0` born
+//! in `Embed`, dying in `Forward(0)`, and `gather.bwd.h.1` born in `Head`, dying in
+//! `Backward(1)`.
 
 use super::acts::ActPolicy;
 use super::key::Key;
@@ -172,7 +173,8 @@ pub struct Gather {
 }
 
 /// Elements of the untied head unit before its output projection (the final norm's vectors),
-/// which a bits gather of it widens into `gather.head.vectors` for the fp32 norm kernels.
+/// which the bf16 head widens into `gather.head.vectors` for the fp32 norm kernels (from the
+/// working copy below stage 3, from the unit's bits gather at stage 3).
 pub fn head_vectors(units: &[Unit]) -> Option<u64> {
     let head = units.iter().find(|u| u.kind == UnitKind::Head)?;
     let lm = head.views.iter().find(|v| v.role == super::Role::LmHead)?;

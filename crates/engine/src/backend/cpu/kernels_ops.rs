@@ -157,9 +157,8 @@ fn classifier_bf16(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -
     let shape = (op.n, op.c, op.v);
     let (losses, dlnf, dw) = (&mut *losses, &mut *dlnf, dweight.as_deref_mut());
     let Some(shard) = shard else {
-        let io = (losses, dlnf, dw, &*lnf, &*weight, &*targets);
         return classifier::bf16::forward_backward(
-            io.0, io.1, io.2, io.3, io.4, io.5, &mut raw, shape, op.dloss,
+            losses, dlnf, dw, &lnf, &weight, &targets, &mut raw, shape, op.dloss,
         );
     };
     let mut stats = a.view_mut::<f32>(shard.stats);
