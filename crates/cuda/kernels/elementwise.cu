@@ -19,8 +19,8 @@ extern "C" __global__ void residual_add(float* out, const float* inp, u64 n) {
 extern "C" __global__ void scale(float* x, u64 n, float factor) { GRID_STRIDE(i, n) x[i] *= factor; }
 
 // acc (acc_dtype) += x (f32), rounded once into a 2-byte acc.
-extern "C" __global__ void accumulate(void* acc, int acc_dtype, const float* x, u64 n) {
-    GRID_STRIDE(i, n) store_from_f32(acc, i, acc_dtype, load_as_f32(acc, i, acc_dtype) + x[i]);
+extern "C" __global__ void accumulate(void* acc, int acc_dtype, const void* x, int x_dtype, u64 n) {
+    GRID_STRIDE(i, n) store_from_f32(acc, i, acc_dtype, load_as_f32(acc, i, acc_dtype) + load_as_f32(x, i, x_dtype));
 }
 
 // out (n, oc) += bias (oc) broadcast over rows (after a GEMM with beta 0).

@@ -2,13 +2,46 @@
 // Face Llama's rotate_half convention (`embedding`, `rope` in crates/kernels).
 
 // out (b·t, c) = wte[tokens] (+ wpe[row % t]); `wpe` null: none.
-extern "C" __global__ void embedding_forward(float* out, const u32* tokens, const float* wte, const float* wpe,
-                                             u64 rows, u64 t, u64 c) {
+// `dtype` the tables' format: f32, or the 2-byte working copy widened (bf16 head).
+extern "C" __global__ void embedding_forward(float* out, const u32* tokens, const void* wte, const void* wpe,
+                                             int dtype, u64 rows, u64 t, u64 c) {
     GRID_STRIDE(i, rows * c) {
         u64 r = i / c, j = i % c;
-        float x = wte[(u64)tokens[r] * c + j];
-        if (wpe) x += wpe[(r % t) * c + j];
+        float x = load_as_f32(wte, (u64)tokens[r] * c + j, dtype);
+        if (wpe) x += load_as_f32(wpe, (r % t) * c + j, dtype);
         out[i] = x;
+    }
+}
+
+// The 2-byte token table's gradient written directly (`kernels::embedding::backward_bf16`): one
+// block per position r; the block of a token's first position sums that token's rows of dout in
+// position order in f32 and adds the sum to the bf16 row with one rounding (the others return).
+// Deterministic, no atomics: O(rows) token compares per block.
+extern "C" __global__ void embedding_backward_bf16(u16* dwte, const float* dout, const u32* tokens, u64 rows,
+                                                   u64 c) {
+    u64 r = blockIdx.x;
+    if (r >= rows) return;
+    u32 tok = tokens[r];
+    int earlier = 0;
+    for (u64 q = threadIdx.x; q < r; q += blockDim.x) earlier |= tokens[q] == tok;
+    if (__syncthreads_or(earlier)) return;
+    for (u64 j = threadIdx.x; j < c; j += blockDim.x) {
+        float s = 0.0f;
+        for (u64 q = r; q < rows; q++)
+            if (tokens[q] == tok) s += dout[q * c + j];
+        u64 at = (u64)tok * c + j;
+        dwte[at] = f32_to_bf16(bf16_to_f32(dwte[at]) + s);
+    }
+}
+
+// The 2-byte position table's gradient: dwpe[p] takes the sum over the batch of dout rows at
+// position p (batch order, f32) with one rounding.
+extern "C" __global__ void position_backward_bf16(u16* dwpe, const float* dout, u64 rows, u64 t, u64 c) {
+    GRID_STRIDE(i, t * c) {
+        u64 p = i / c, j = i % c;
+        float s = 0.0f;
+        for (u64 r = p; r < rows; r += t) s += dout[r * c + j];
+        dwpe[i] = f32_to_bf16(bf16_to_f32(dwpe[i]) + s);
     }
 }
 

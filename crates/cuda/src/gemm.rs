@@ -35,12 +35,25 @@ fn int(x: usize) -> i32 {
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     gpu: &Cuda,
+    ops: (Op, Op),
+    mnk: (usize, usize, usize),
+    a: (u64, usize),
+    b: (u64, usize),
+    c: (u64, usize),
+    operand: Operand,
+    accumulate: bool,
+) {
+    gemm_into(gpu, ops, mnk, (a, b, c), operand, Operand::F32, accumulate);
+}
+
+/// [`gemm`] with C of type `out` (f32, or bf16: each element added in f32 and rounded once).
+fn gemm_into(
+    gpu: &Cuda,
     (op_a, op_b): (Op, Op),
     (m, n, k): (usize, usize, usize),
-    (a, lda): (u64, usize),
-    (b, ldb): (u64, usize),
-    (c, ldc): (u64, usize),
+    ((a, lda), (b, ldb), (c, ldc)): ((u64, usize), (u64, usize), (u64, usize)),
     operand: Operand,
+    out: Operand,
     accumulate: bool,
 ) {
     if m == 0 || n == 0 {
@@ -69,7 +82,7 @@ fn gemm(
             int(ldb),
             &beta as *const f32 as *const c_void,
             c as *mut c_void,
-            cudaDataType::CUDA_R_32F,
+            out.data_type(),
             int(ldc),
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -113,6 +126,26 @@ pub fn input_grad(
         (dout, oc),
         (dinp, ic),
         operand,
+        true,
+    );
+}
+
+/// dw (oc, ic) bf16 += dout (n, oc)ᵀ · inp (n, ic), bf16 operands: each element of the 2-byte
+/// gradient widened, the product added in f32 and rounded once (cuBLAS, C in bf16).
+pub fn weight_grad_bf16(
+    gpu: &Cuda,
+    (dw, dout, inp): (u64, u64, u64),
+    (n, ic, oc): (usize, usize, usize),
+) {
+    let ops = (Op::CUBLAS_OP_N, Op::CUBLAS_OP_T);
+    let abc = ((inp, ic), (dout, oc), (dw, ic));
+    gemm_into(
+        gpu,
+        ops,
+        (ic, oc, n),
+        abc,
+        Operand::Bf16,
+        Operand::Bf16,
         true,
     );
 }

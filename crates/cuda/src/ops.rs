@@ -65,6 +65,7 @@ pub fn embedding(gpu: &Cuda, a: &A, op: &Embedding) {
         ptr(a, op.tokens),
         ptr(a, op.wte),
         opt_ptr(a, op.wpe),
+        code(op.wte.dtype),
         u(rows),
         u(op.seq),
         u(op.c),
@@ -300,20 +301,32 @@ pub fn classifier(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
     losses.iter().map(|&l| f64::from(l)).sum::<f64>() as f32
 }
 
-/// The bf16 head's scratch (`plan::frugal::classifier_row_bytes` a row): f32 logits at the
-/// start, bf16 logit gradients at byte 4·rows·V (one layout: cuBLAS transposes for itself) and
-/// the rounded rows at 6·rows·V. Returns the rows and the three addresses.
-fn bf16_scratch(a: &A, scratch: Tensor, c: usize, v: usize) -> (usize, u64, u64, u64) {
+/// The bf16 head's scratch (`plan::frugal::classifier_row_bytes`, 4V + 2C bytes a row): per
+/// chunk of `chunk` rows f32 logits at the start, the rounded rows at byte 4·chunk·V and (`dl`)
+/// the bf16 logit gradients after them (one layout: cuBLAS transposes for itself), which fits
+/// from half the scratch's rows on. Returns the three addresses.
+fn bf16_scratch(
+    a: &A,
+    scratch: Tensor,
+    (c, v): (usize, usize),
+    chunk: usize,
+    dl: bool,
+) -> (u64, u64, u64) {
     let whole = a.tensor(scratch.buf, DType::Bf16);
-    let rows = 2 * whole.len / (6 * v + 2 * c);
-    assert!(rows >= 1, "the bf16 classifier's scratch holds a row");
+    let need = chunk * (4 * v + 2 * c + if dl { 2 * v } else { 0 });
+    assert!(
+        need <= 2 * whole.len,
+        "the bf16 classifier's scratch holds the chunk"
+    );
     let base = at(a, whole);
-    (
-        rows,
-        base,
-        base + (4 * rows * v) as u64,
-        base + (6 * rows * v) as u64,
-    )
+    let xb = base + (4 * chunk * v) as u64;
+    (base, xb, xb + (2 * chunk * c) as u64)
+}
+
+/// Rows of the bf16 head's scratch.
+fn bf16_rows(a: &A, scratch: Tensor, c: usize, v: usize) -> usize {
+    let whole = a.tensor(scratch.buf, DType::Bf16);
+    2 * whole.len / (4 * v + 2 * c)
 }
 
 /// f32 → bf16 of `n` elements between raw addresses.
@@ -333,7 +346,10 @@ fn round_bf16(gpu: &Cuda, dst: u64, src: u64, n: usize) {
 /// for the two GEMMs back (as the CPU's `classifier::bf16`).
 fn classifier_bf16(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
     let (n, c, v) = (op.n, op.c, op.v);
-    let (rows, logits, dl, xb) = bf16_scratch(a, op.scratch, c, v);
+    // Chunks of half the scratch's rows: the logit gradients get their own bytes.
+    let rows = bf16_rows(a, op.scratch, c, v) / 2;
+    assert!(rows >= 1, "the bf16 classifier's scratch holds two rows");
+    let (logits, xb, dl) = bf16_scratch(a, op.scratch, (c, v), rows, true);
     let (lnf, w, dlnf) = (at(a, op.lnf), at(a, op.weight), at(a, op.dlnf));
     for i0 in (0..n).step_by(rows) {
         let cr = rows.min(n - i0);
@@ -351,7 +367,13 @@ fn classifier_bf16(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
         let dx = dlnf + (i0 * c * 4) as u64;
         gemm::input_grad(gpu, (dx, dl, w), Operand::Bf16, (cr, c, v));
         if let Some(dw) = op.dweight {
-            gemm::weight_grad(gpu, (at(a, dw), dl, xb), Operand::Bf16, (cr, c, v));
+            // The 2-byte table gradient, accumulated by cuBLAS (beta 1) and rounded once.
+            assert_eq!(
+                dw.dtype,
+                DType::Bf16,
+                "the bf16 head writes a 2-byte gradient"
+            );
+            gemm::weight_grad_bf16(gpu, (at(a, dw), dl, xb), (cr, c, v));
         }
     }
     let mut losses = vec![0.0f32; n];
@@ -361,7 +383,7 @@ fn classifier_bf16(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
 
 /// The bf16 head's logits of a chunk (forward-only passes), into the scratch's start.
 pub fn classifier_logits(gpu: &Cuda, a: &A, op: &ClassifierLogits) {
-    let (_, logits, _, xb) = bf16_scratch(a, op.scratch, op.c, op.v);
+    let (logits, xb, _) = bf16_scratch(a, op.scratch, (op.c, op.v), op.rows, false);
     round_bf16(gpu, xb, at(a, op.lnf), op.rows * op.c);
     let w = at(a, op.weight);
     gemm::forward(
@@ -376,6 +398,21 @@ pub fn classifier_logits(gpu: &Cuda, a: &A, op: &ClassifierLogits) {
 pub fn embedding_backward(gpu: &Cuda, a: &A, op: &EmbeddingBackward) {
     assert!(op.shard.is_none(), "tensor parallelism is refused on CUDA");
     let rows = op.batch * op.seq;
+    if op.dwte.dtype == DType::Bf16 {
+        let args = [
+            ptr(a, op.dwte),
+            ptr(a, op.dout),
+            ptr(a, op.tokens),
+            u(rows),
+            u(op.c),
+        ];
+        gpu.launch("embedding_backward_bf16", rows as u64, THREADS, &args);
+        if let Some(dwpe) = op.dwpe {
+            let args = [ptr(a, dwpe), ptr(a, op.dout), u(rows), u(op.seq), u(op.c)];
+            elementwise(gpu, "position_backward_bf16", op.seq * op.c, &args);
+        }
+        return;
+    }
     let args = [
         ptr(a, op.dwte),
         opt_ptr(a, op.dwpe),

@@ -181,6 +181,7 @@ pub fn accumulate(gpu: &Cuda, a: &A, acc: Tensor, x: Tensor) {
         ptr(a, acc),
         code(acc.dtype),
         ptr(a, x),
+        code(x.dtype),
         Arg::U64(x.len as u64),
     ];
     elementwise(gpu, "accumulate", x.len, &args);

@@ -432,6 +432,7 @@ pub fn embed<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>) {
         seq: t,
         c: model.config.shape.d_model as usize,
         shard: model.tp.as_ref().map(|tp| tp.vocab.0 as usize),
+        order: arena.try_tensor(Key::Work(Work::EmbedOrder), DType::U32),
     };
     arena.backend().embedding_backward(arena, &op);
 }

@@ -31,12 +31,17 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
     // Tensor parallelism: each rank embeds the tokens of its vocabulary slice, rank 0 adds the
     // positions, and the sum over the ranks is the embedding.
     let (first, replicated) = model.vocab_first();
+    // The bf16 tables are read in 2 bytes where they lie (or at stage 3 as gathered).
+    let table = |role| match model.policy.bf16_head {
+        true => model.embed_table(arena, role),
+        false => model.weight(arena, UnitKind::Embed, role),
+    };
     let op = Embedding {
         out: crate::sp::partial_target(model, h.encoded, n * c),
         tokens: h.tokens.prefix(n),
-        wte: model.weight(arena, UnitKind::Embed, Role::TokenEmbedding),
+        wte: table(Role::TokenEmbedding),
         wpe: (model.design.positions == Positions::Learned && replicated)
-            .then(|| model.weight(arena, UnitKind::Embed, Role::PositionEmbedding)),
+            .then(|| table(Role::PositionEmbedding)),
         batch,
         seq,
         c,

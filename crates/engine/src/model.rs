@@ -160,10 +160,13 @@ impl Model {
             .iter()
             .map(|u| match weights {
                 WeightSource::Params => arena.id(Key::Params(u.kind)),
-                // The bf16 head of an untied model widens only its vectors below stage 3.
-                WeightSource::Gathers => arena
-                    .try_id(Key::GatherFwd(u.kind))
-                    .unwrap_or_else(|| arena.id(Key::GatherHeadVectors)),
+                // Below stage 3 the bf16 tables are never widened: the embedding's weights are
+                // its working copy, an untied head's its widened vectors.
+                WeightSource::Gathers => match arena.try_id(Key::GatherFwd(u.kind)) {
+                    Some(id) => id,
+                    None if u.kind == UnitKind::Embed => arena.id(Key::Params(u.kind)),
+                    None => arena.id(Key::GatherHeadVectors),
+                },
             })
             .collect();
         let forward_blocks = (0..config.shape.n_layers)
@@ -353,6 +356,16 @@ impl Model {
         arena
             .tensor(id, DType::Bf16)
             .slice(self.unit_range(kind, role))
+    }
+
+    /// The embedding's 2-byte table `role` under `ActPolicy::bf16_head`: the working copy, or at
+    /// stage 3 its bits gathered (`gather.fwd.embed`, which `params` names from the start).
+    pub fn embed_table<B: Backend>(&self, arena: &Arena<B>, role: Role) -> Tensor {
+        let u = self.unit_index(UnitKind::Embed);
+        let id = self.half.get(u).copied().unwrap_or(self.params[u]);
+        arena
+            .tensor(id, DType::Bf16)
+            .slice(self.unit_range(UnitKind::Embed, role))
     }
 
     /// The bf16 working copy's view of `w`, a view of unit `kind`'s current fp32 weights, where

@@ -122,7 +122,24 @@ fn assert_follows(
         assert!((a - b).abs() <= tol * b.abs(), "{what}: loss {a} vs {b}");
     }
     let err = common::max_diff(&weights, &one.1);
-    assert!(err < 1e-4, "{what}: weights differ by {err:e}");
+    if !what.contains("bf16") {
+        return assert!(err < 1e-4, "{what}: weights differ by {err:e}");
+    }
+    // bf16 writes the tables' gradients in 2 bytes, rounded per chunk of rows and summed over
+    // the data-parallel ranks in bf16, so a near-zero gradient may round to the other side of
+    // zero and Adam moves that weight by about lr the other way: a few weights may part by
+    // about lr (1e-3), and the trajectories then part a little everywhere: at most 1% of the
+    // weights part by 1e-4 or more (0.5% for llama over 8 ranks, 0.1% for gpt2 over 4).
+    let all = weights.iter().map(Vec::len).sum::<usize>();
+    let apart = (weights.iter().zip(&one.1))
+        .flat_map(|(p, q)| p.iter().zip(q))
+        .filter(|(x, y)| (*x - *y).abs() >= 1e-4)
+        .count();
+    assert!(err < 3e-3, "{what}: weights differ by {err:e}");
+    assert!(
+        apart * 100 <= all,
+        "{what}: {apart} of {all} weights differ by 1e-4 or more"
+    );
 }
 
 #[test]

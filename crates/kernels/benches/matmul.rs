@@ -143,6 +143,8 @@ fn bench_classifier() {
     let targets: Vec<u32> = (0..N as u32).map(|i| (i * 7919) % v as u32).collect();
     let (mut losses, mut dinp, mut dwte) =
         (vec![0.0f32; N], vec![0.0f32; N * c], vec![0.0f32; v * c]);
+    // The bf16 classifier writes the 2-byte table gradient directly.
+    let mut dwte_h = vec![bf16::ZERO; v * c];
     let flops = 6.0 * (N * c * v) as f64;
     for rows in [64, 256] {
         let mut scratch = vec![0.0f32; rows * v];
@@ -166,7 +168,7 @@ fn bench_classifier() {
             classifier::bf16::forward_backward(
                 &mut losses,
                 &mut dinp,
-                Some(&mut dwte),
+                Some(&mut dwte_h),
                 &inp,
                 &wte_h,
                 &targets,

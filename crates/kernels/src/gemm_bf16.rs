@@ -147,7 +147,62 @@ pub fn gemm_nn_on(
         return;
     }
     let add = matches!(accum, Accum::Add);
-    nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
+    nn::gemm(
+        nn::Out::F32(out),
+        a,
+        b,
+        (m, n, k),
+        add,
+        isa == Isa::Avx512Bf16,
+    );
+}
+
+/// out (M,N) bf16 (+)= a (M,K) bf16 · b (K,N) bf16, as [`gemm_nn`] but into 2 bytes: each
+/// element widened, its whole K sum added in f32 and rounded once (a 2-byte gradient written
+/// directly, no f32 copy of it), on the best path for this CPU.
+pub fn gemm_nn_bf16(
+    out: &mut [bf16],
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    accum: Accum,
+) {
+    gemm_nn_bf16_on(best_isa(), out, a, b, m, n, k, accum);
+}
+
+/// As [`gemm_nn_bf16`] on a chosen path.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nn_bf16_on(
+    isa: Isa,
+    out: &mut [bf16],
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    accum: Accum,
+) {
+    let sizes = (out.len(), a.len(), b.len());
+    if !work_to_do(isa, sizes, (m, n, k), "b (K,N)") {
+        return;
+    }
+    if k == 0 {
+        if matches!(accum, Accum::Replace) {
+            out.fill(bf16::ZERO);
+        }
+        return;
+    }
+    let add = matches!(accum, Accum::Add);
+    nn::gemm(
+        nn::Out::Bf16(out),
+        a,
+        b,
+        (m, n, k),
+        add,
+        isa == Isa::Avx512Bf16,
+    );
 }
 
 /// The checks both GEMMs make: the slices' lengths against out (M,N), a (M,K) and `b` (N·K

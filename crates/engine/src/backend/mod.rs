@@ -183,7 +183,8 @@ pub trait Backend: Sized + Send + 'static {
     fn sum_squares(&self, a: &Arena<Self>, t: Tensor, start: f64) -> (f64, bool);
     /// `t *= factor`.
     fn scale(&self, a: &Arena<Self>, t: Tensor, factor: f32);
-    /// `acc += x`, `x` f32, rounded once into a 2-byte `acc`.
+    /// `acc += x`, `x` f32 (or bf16 into bf16: a 2-byte gradient span), rounded once into a
+    /// 2-byte `acc`.
     fn accumulate(&self, a: &Arena<Self>, acc: Tensor, x: Tensor);
     fn adamw(&self, a: &Arena<Self>, op: &AdamW);
     fn sgd(&self, a: &Arena<Self>, op: &Sgd);

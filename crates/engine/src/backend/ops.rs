@@ -174,6 +174,8 @@ pub struct EmbeddingBackward {
     pub c: usize,
     /// Tensor parallelism: `dwte` holds ids from this one on; others are skipped.
     pub shard: Option<usize>,
+    /// A 2-byte `dwte`: scratch (B·T u32) for the positions sorted by token (`work.embed_order`).
+    pub order: Option<Tensor>,
 }
 
 /// The normalisation's saved tensors, for its backward.

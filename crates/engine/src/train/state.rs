@@ -26,8 +26,14 @@ pub struct MasterState {
 
 /// The gradients, the backward's tensors and the optimizer state of one rank.
 pub struct TrainState {
-    /// Each unit's full fp32 gradient (live only while the backward writes it when it is a span).
+    /// Each unit's full fp32 gradient (live only while the backward writes it when it is a span),
+    /// or for the bf16 tables (`plan::frugal::shards::direct_grads`) the 2-byte tensor the
+    /// backward writes directly: the accumulator at stages 0-1, a 2-byte span at 2-3.
     pub grads: Vec<BufId>,
+    /// The element type of each of `grads`.
+    pub grad_types: Vec<DType>,
+    /// `grads.head.vectors`: an untied bf16 head's final-norm gradients (fp32, the head only).
+    pub head_vectors: Option<BufId>,
     /// What each block's backward reads.
     pub blocks: Vec<BlockActs>,
     pub targets: Tensor,
@@ -106,8 +112,21 @@ impl TrainState {
                 .collect(),
             false => Vec::new(),
         };
+        let direct = |kind| plan::frugal::shards::direct_grads(model.policy, units, kind);
         TrainState {
-            grads: units.iter().map(|u| arena.id(Key::Grads(u.kind))).collect(),
+            grads: (units.iter())
+                .map(|u| match arena.try_id(Key::Grads(u.kind)) {
+                    Some(id) => id,
+                    None => arena.id(Key::GradsShard(u.kind)),
+                })
+                .collect(),
+            grad_types: (units.iter())
+                .map(|u| match direct(u.kind) {
+                    true => DType::Bf16,
+                    false => DType::F32,
+                })
+                .collect(),
+            head_vectors: arena.try_id(Key::GradHeadVectors),
             blocks,
             // A pipeline stage has targets and the head's tensors only on the last stage.
             targets: arena.held_tensor(Key::Targets, DType::U32),
@@ -132,7 +151,8 @@ impl TrainState {
         }
     }
 
-    /// The gradient of `role` in the unit of `kind` (fp32).
+    /// The gradient of `role` in the unit of `kind`: fp32, or a bf16 table's 2-byte gradient
+    /// (an untied bf16 head's final-norm vectors are fp32, in `grads.head.vectors`).
     pub fn grad<B: Backend>(
         &self,
         model: &Model,
@@ -141,9 +161,13 @@ impl TrainState {
         role: Role,
     ) -> Tensor {
         let u = model.unit_index(kind);
-        arena
-            .tensor(self.grads[u], DType::F32)
-            .slice(model.unit_range(kind, role))
+        let range = model.unit_range(kind, role);
+        match (self.head_vectors, kind, role) {
+            (Some(v), UnitKind::Head, r) if r != Role::LmHead => {
+                arena.tensor(v, DType::F32).slice(range)
+            }
+            _ => arena.tensor(self.grads[u], self.grad_types[u]).slice(range),
+        }
     }
 
     /// [`TrainState::grad`] when the unit has that view.

@@ -92,6 +92,10 @@ pub struct Sharding {
     grad_spans: Vec<(Phase, Phase)>,
     /// `gather.head.vectors`, where the plan has it.
     head_vectors: Option<BufId>,
+    /// Each unit: whether its gradient is written in 2 bytes directly (`shards::direct_grads`).
+    direct: Vec<bool>,
+    /// `grads.head.vectors`, where the plan has it.
+    grad_head_vectors: Option<BufId>,
 }
 
 type Comm<'a> = &'a mut dyn Collective;
@@ -138,6 +142,10 @@ impl Sharding {
             param_shards: ids(Key::ParamsShard, rule.params_sharded()),
             gathers,
             head_vectors: arena.try_id(Key::GatherHeadVectors),
+            direct: (model.units.iter())
+                .map(|u| shards::direct_grads(model.policy, &model.units, u.kind))
+                .collect(),
+            grad_head_vectors: arena.try_id(Key::GradHeadVectors),
             grad_spans: model
                 .units
                 .iter()
@@ -171,14 +179,15 @@ impl Sharding {
     ) -> Result<(), EngineError> {
         let be = arena.backend();
         let full = arena.tensor(id, DType::F32);
-        if self.gathers.iter().any(|(g, i)| *i == id && g.bits) {
-            // The bf16 head's output projection: the 2-byte bits, not widened (an untied head's
-            // final-norm vectors are widened into their own buffer).
+        if let Some((g, _)) = self.gathers.iter().find(|(g, i)| *i == id && g.bits) {
+            // The bf16 tables: the 2-byte bits, not widened (an untied head's final-norm
+            // vectors are widened into their own buffer).
             let half = self.half.expect("a bits gather holds 2-byte weights");
             let src = arena.tensor(self.param_shards[u], half);
             let dst = arena.tensor(id, half);
             be.collective(arena, comm, CommOp::AllGather { src, dst })?;
-            if let Some(v) = self.head_vectors {
+            let head = g.key == Key::GatherFwd(plan::frugal::UnitKind::Head);
+            if let Some(v) = self.head_vectors.filter(|_| head) {
                 let vectors = arena.tensor(v, DType::F32);
                 be.convert(arena, vectors, dst.prefix(vectors.len));
             }
@@ -248,7 +257,9 @@ impl Sharding {
                 g.used_from.ordinal(self.n_layers),
                 g.dies.ordinal(self.n_layers),
             );
-            if from <= at && at <= to {
+            // The embedding's bits are `params[u]` from the start (`Model::embed_table`).
+            let embed_bits = g.bits && g.key == Key::GatherFwd(plan::frugal::UnitKind::Embed);
+            if from <= at && at <= to && !embed_bits {
                 match (g.bits, self.head_vectors) {
                     (true, Some(v)) => (model.lm_bits, model.params[g.unit]) = (Some(*id), v),
                     (true, None) => model.lm_bits = Some(*id),
@@ -257,15 +268,32 @@ impl Sharding {
             }
         }
         if self.rule.grad_spans() && pass == Pass::Training {
+            let be = arena.backend();
             for (u, &(first, _)) in self.grad_spans.iter().enumerate() {
-                if first == phase {
-                    arena
-                        .backend()
-                        .fill(arena, arena.tensor(grads[u], DType::F32), 0.0);
+                // A direct gradient at stages 0-1 is the accumulator itself.
+                if first == phase && !self.is_accumulator(u) {
+                    be.fill(arena, arena.tensor(grads[u], self.grad_type(u)), 0.0);
                 }
+            }
+            if let Some(v) = self.grad_head_vectors.filter(|_| phase == Phase::Head) {
+                be.fill(arena, arena.tensor(v, DType::F32), 0.0);
             }
         }
         Ok(())
+    }
+
+    /// The element type of unit `u`'s gradient as the backward writes it.
+    fn grad_type(&self, u: usize) -> DType {
+        match self.direct[u] {
+            true => self.elem(),
+            false => DType::F32,
+        }
+    }
+
+    /// Whether the backward writes unit `u`'s gradient straight into its accumulator (a direct
+    /// 2-byte gradient at stages 0-1).
+    fn is_accumulator(&self, u: usize) -> bool {
+        self.direct[u] && !self.rule.grad_acc_sharded()
     }
 
     /// Before `arena.leave(phase)`: with gradient spans, reduces the full gradients that die
@@ -286,7 +314,19 @@ impl Sharding {
             if last != phase {
                 continue;
             }
-            let full = arena.tensor(grads[u], DType::F32);
+            let head = phase == Phase::Head && self.direct[u];
+            if let (Some(v), true) = (self.grad_head_vectors, head) {
+                // An untied head's final-norm gradients, rounded into its 2-byte gradient.
+                let vectors = arena.tensor(v, DType::F32);
+                let head = arena
+                    .tensor(grads[u], self.grad_type(u))
+                    .prefix(vectors.len);
+                be.accumulate(arena, head, vectors);
+            }
+            if self.is_accumulator(u) {
+                continue; // reduced once after the micro-steps (`reduce_grads`)
+            }
+            let full = arena.tensor(grads[u], self.grad_type(u));
             match self.rule.optimizer_sharded() {
                 false => be.collective(arena, comm, CommOp::AllReduce(full))?,
                 true => be.collective(arena, comm, CommOp::ReduceScatterInPlace(full))?,
@@ -310,18 +350,23 @@ impl Sharding {
     }
 
     /// After the micro-steps: without gradient spans, stage 0 all-reduces and stage 1
-    /// reduce-scatters every full gradient (spans were reduced during the backward).
+    /// reduce-scatters every full gradient (spans were reduced during the backward); with them,
+    /// the same for the 2-byte accumulators written directly (`shards::direct_grads`).
     pub fn reduce_grads<B: Backend>(
         &self,
         grads: &[BufId],
         arena: &Arena<B>,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
-        if self.rule.grad_spans() {
-            return Ok(());
-        }
-        for &id in grads {
-            let t = arena.tensor(id, DType::F32);
+        let whole: Vec<(BufId, DType)> = match self.rule.grad_spans() {
+            true => (0..grads.len())
+                .filter(|&u| self.is_accumulator(u))
+                .map(|u| (grads[u], self.elem()))
+                .collect(),
+            false => grads.iter().map(|&id| (id, DType::F32)).collect(),
+        };
+        for (id, dtype) in whole {
+            let t = arena.tensor(id, dtype);
             let op = match self.rule.optimizer_sharded() {
                 false => CommOp::AllReduce(t),
                 true => CommOp::ReduceScatterInPlace(t),

@@ -6,31 +6,34 @@
 //! 2. `logitsᵀ (V, rows) = wte · xᵀ` (`gemm_bf16::gemm_nt` with the table as `a`, so only the
 //!    chunk's rows are packed);
 //! 3. per column (one input row): max, exp and the sum of exponentials (f64, in fixed block
-//!    order), the loss, and `dloss * (softmax - onehot)` rounded to bf16 as `dlᵀ (V, rows)`;
-//! 4. `dl (rows, V)`, its transpose, written over the dead f32 logits; `dinp += dl · wte` and
-//!    `dwte += dlᵀ · x` (`gemm_bf16::gemm_nn`, both reading their `b` in place), f32
-//!    accumulation into f32.
+//!    order), the loss, and `dloss * (softmax - onehot)` rounded to bf16 as `dlᵀ (V, rows)`,
+//!    written over the f32 logits it is computed from (each block of vocabulary rows into its
+//!    own first half, then moved together: the logits' first half);
+//! 4. `dl (rows, V)`, its transpose, into the logits' second half; `dinp += dl · wte` (f32) and
+//!    `dwte += dlᵀ · x` (`gemm_bf16::gemm_nn` and `gemm_nn_bf16`, both reading their `b` in
+//!    place), f32 accumulation; the table's gradient is 2-byte and each chunk's part is added
+//!    and rounded once (`N / rows` roundings an element per pass), so no f32 V×C copy exists.
 //!
 //! This is torch autocast's classifier (bf16 operands, f32 accumulation; the softmax in f32 as
 //! HF upcasts logits for the loss) without the N×V logits. The scratch is one 4-byte aligned
-//! region of [`scratch_bytes_per_row`] a row: V f32 logits (later `dl`), V bf16 `dlᵀ` and C bf16
-//! inputs, carved here.
+//! region of [`scratch_bytes_per_row`] a row: V f32 logits (later `dlᵀ` and `dl`, 2 bytes each)
+//! and C bf16 inputs, carved here: what the f32 classifier's logits take, plus 2C.
 
 use super::check;
 use super::shard::RowReduce;
 use crate::convert::{bf16_bits, f32_to_bf16};
 use crate::fastmath::{exp_with, simd_fn};
-use crate::gemm_bf16::{gemm_nn, gemm_nt, transpose, Accum};
+use crate::gemm_bf16::{gemm_nn, gemm_nn_bf16, gemm_nt, transpose, Accum};
 use half::bf16;
 use rayon::prelude::*;
 
 /// Vocabulary rows per rayon task of the column softmax.
 const VB: usize = 1024;
 
-/// Scratch bytes per row of a chunk: V f32 logits (then V bf16 `dl`), V bf16 `dlᵀ`, C bf16
+/// Scratch bytes per row of a chunk: V f32 logits (then V bf16 `dlᵀ` and V bf16 `dl`), C bf16
 /// inputs.
 pub fn scratch_bytes_per_row(c: usize, v: usize) -> usize {
-    6 * v + 2 * c
+    4 * v + 2 * c
 }
 
 /// Rows of a chunk `scratch` (bf16 elements) holds.
@@ -40,9 +43,8 @@ pub fn scratch_rows(scratch: &[bf16], c: usize, v: usize) -> usize {
 
 /// The parts of a chunk's scratch, `rows` rows each.
 struct Parts<'a> {
-    /// rows·V f32 logits; the same bytes hold rows·V bf16 `dl` once the logits are dead.
+    /// rows·V f32 logits; the same bytes hold rows·V bf16 `dlᵀ`, then rows·V bf16 `dl`.
     logits: &'a mut [f32],
-    dl_t: &'a mut [bf16],
     x: &'a mut [bf16],
 }
 
@@ -60,11 +62,9 @@ fn carve(raw: &mut [bf16], rows: usize, c: usize, v: usize) -> Parts<'_> {
     // SAFETY: 2·rows·V bf16 are the bytes of rows·V f32, 4-byte aligned (checked), and every
     // bit pattern is an f32; the slice borrows `raw` for its lifetime.
     let logits = unsafe { std::slice::from_raw_parts_mut(logits.as_mut_ptr().cast(), rows * v) };
-    let (dl_t, x) = rest.split_at_mut(rows * v);
     Parts {
         logits,
-        dl_t,
-        x: &mut x[..rows * c],
+        x: &mut rest[..rows * c],
     }
 }
 
@@ -84,13 +84,14 @@ pub fn logits(scratch: &mut [bf16], inp: &[f32], wte: &[bf16], rows: usize, c: u
     crate::gemm_bf16::forward(p.logits, p.x, wte, None, rows, c, v);
 }
 
-/// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) and dwte (V,C)
-/// (`None`: frozen); inp (N,C) f32, wte (V,C) bf16, targets (N). Returns the sum of the losses.
+/// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) f32 and the
+/// 2-byte dwte (V,C) (`None`: frozen; each chunk's part added and rounded once); inp (N,C) f32,
+/// wte (V,C) bf16, targets (N). Returns the sum of the losses.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward(
     losses: &mut [f32],
     dinp: &mut [f32],
-    dwte: Option<&mut [f32]>,
+    dwte: Option<&mut [bf16]>,
     inp: &[f32],
     wte: &[bf16],
     targets: &[u32],
@@ -117,7 +118,7 @@ pub struct VocabShard<'a> {
 pub fn forward_backward_shard(
     losses: &mut [f32],
     dinp: &mut [f32],
-    dwte: Option<&mut [f32]>,
+    dwte: Option<&mut [bf16]>,
     inp: &[f32],
     wte: &[bf16],
     targets: &[u32],
@@ -133,7 +134,7 @@ pub fn forward_backward_shard(
 type Io<'a> = (
     &'a mut [f32],
     &'a mut [f32],
-    Option<&'a mut [f32]>,
+    Option<&'a mut [bf16]>,
     &'a [f32],
     &'a [bf16],
     &'a [u32],
@@ -177,11 +178,11 @@ fn run(
         let cr = rows.min(n - i0);
         let x = &mut s.x[..cr * c];
         f32_to_bf16(x, &inp[i0 * c..(i0 + cr) * c]);
-        let (lt, dl_t) = (&mut s.logits[..v * cr], &mut s.dl_t[..v * cr]);
+        let lt = &mut s.logits[..v * cr];
         gemm_nt(lt, wte, x, v, cr, c, Accum::Replace);
         let (ls, ts) = (&mut losses[i0..i0 + cr], &targets[i0..i0 + cr]);
-        sum += softmax_xent_cols(lt, dl_t, ls, ts, dloss, shard.as_mut());
-        let dl = &mut as_bf16(lt)[..cr * v];
+        sum += softmax_xent_cols(lt, ls, ts, dloss, shard.as_mut());
+        let (dl_t, dl) = as_bf16(lt).split_at_mut(v * cr);
         transpose(dl, dl_t, v, cr);
         gemm_nn(
             &mut dinp[i0 * c..(i0 + cr) * c],
@@ -193,19 +194,18 @@ fn run(
             Accum::Add,
         );
         if let Some(dwte) = dwte.as_deref_mut() {
-            gemm_nn(dwte, dl_t, x, v, c, cr, Accum::Add);
+            gemm_nn_bf16(dwte, dl_t, x, v, c, cr, Accum::Add);
         }
     }
     sum as f32
 }
 
 /// logitsᵀ (V, w) of w rows: each column's loss into `losses` (w), and
-/// `dl_t = bf16(dloss * (softmax - onehot))` per column. Returns the sum of the losses. With a
-/// vocabulary shard the max, the sums and the target logits are reduced over the ranks (the
-/// sums as f32, as the ranks exchange them).
+/// `dlᵀ = bf16(dloss * (softmax - onehot))` (V, w) per column into the first half of `lt`'s
+/// bytes. Returns the sum of the losses. With a vocabulary shard the max, the sums and the
+/// target logits are reduced over the ranks (the sums as f32, as the ranks exchange them).
 fn softmax_xent_cols(
     lt: &mut [f32],
-    dl_t: &mut [bf16],
     losses: &mut [f32],
     targets: &[u32],
     dloss: f32,
@@ -267,13 +267,21 @@ fn softmax_xent_cols(
         total += losses[j] as f64;
         scale[j] = (dloss as f64 / sums[j]) as f32;
     }
-    (dl_t.par_chunks_mut(VB * w))
-        .zip(lt.par_chunks(VB * w))
-        .for_each(|(d, blk)| col_scale_round(blk, &scale, d));
-    for (j, &t) in targets.iter().enumerate() {
-        if let Some(i) = own(t) {
-            let at = i * w + j;
-            dl_t[at] = bf16::from_bits(bf16_bits(lt[at] * scale[j] - dloss));
+    // The targets' exponentials, before their bytes hold bf16.
+    let target_exp: Vec<Option<f32>> = (targets.iter().enumerate())
+        .map(|(j, &t)| own(t).map(|i| lt[i * w + j]))
+        .collect();
+    // Each block rounds into the first half of its own bytes; the halves then move together.
+    lt.par_chunks_mut(VB * w)
+        .for_each(|blk| col_scale_round(blk, &scale));
+    let dl_t = as_bf16(lt);
+    for blk in 1..v.div_ceil(VB) {
+        let (from, len) = (2 * blk * VB * w, VB.min(v - blk * VB) * w);
+        dl_t.copy_within(from..from + len, blk * VB * w);
+    }
+    for (j, (&t, e)) in targets.iter().zip(target_exp).enumerate() {
+        if let (Some(i), Some(e)) = (own(t), e) {
+            dl_t[i * w + j] = bf16::from_bits(bf16_bits(e * scale[j] - dloss));
         }
     }
     total
@@ -310,16 +318,29 @@ fn col_exp_sum_body<const FMA: bool>(blk: &mut [f32], max: &[f32], sums: &mut [f
 }
 
 simd_fn! {
-    /// out[r·w + j] = bf16(blk[r·w + j] · scale[j]).
-    fn col_scale_round(blk: &[f32], scale: &[f32], out: &mut [bf16]) = col_scale_round_body;
+    /// bf16 element r·w + j of blk's bytes = bf16(blk[r·w + j] · scale[j]): the block rounded
+    /// into its own first half.
+    fn col_scale_round(blk: &mut [f32], scale: &[f32]) = col_scale_round_body;
 }
 
+/// Columns per piece of [`col_scale_round`]: rounded on the stack, then stored.
+const PIECE: usize = 256;
+
 #[inline(always)]
-fn col_scale_round_body<const FMA: bool>(blk: &[f32], scale: &[f32], out: &mut [bf16]) {
+fn col_scale_round_body<const FMA: bool>(blk: &mut [f32], scale: &[f32]) {
     let w = scale.len();
-    for (row, o) in blk.chunks_exact(w).zip(out.chunks_exact_mut(w)) {
-        for ((&x, &s), d) in row.iter().zip(scale).zip(o.iter_mut()) {
-            *d = bf16::from_bits(bf16_bits(x * s));
+    let mut piece = [bf16::ZERO; PIECE];
+    for r in 0..blk.len() / w {
+        for j0 in (0..w).step_by(PIECE) {
+            let at = r * w + j0;
+            let cols = PIECE.min(w - j0);
+            let src = &blk[at..at + cols];
+            for ((d, &x), &s) in piece.iter_mut().zip(src).zip(&scale[j0..]) {
+                *d = bf16::from_bits(bf16_bits(x * s));
+            }
+            // bf16 elements at..at + cols are the bytes of f32 elements at / 2 .. (at + cols) / 2,
+            // all read already (this piece or before): nothing unread is overwritten.
+            as_bf16(blk)[at..at + cols].copy_from_slice(&piece[..cols]);
         }
     }
 }

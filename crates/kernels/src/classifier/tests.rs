@@ -99,7 +99,8 @@ fn assert_close_rel(what: &str, got: &[f32], want: &[f64], tol: f64) {
 /// The bf16 classifier against the f64 reference on the same bf16 values of the input and the
 /// table: V over one softmax block (1024 rows) and past the GEMMs' packed and dot-product
 /// thresholds, 7 rows in chunks of 3 (a partial last chunk). Losses agree to f32 rounding; the
-/// gradients carry dl's bf16 rounding (2^-9 relative per element).
+/// gradients carry dl's bf16 rounding (2^-9 relative per element), the 2-byte table gradient
+/// also one rounding per chunk.
 #[test]
 fn bf16_matches_reference_on_bf16_values() {
     use crate::classifier::bf16 as cls;
@@ -124,12 +125,15 @@ fn bf16_matches_reference_on_bf16_values() {
     let scratch: &mut [bf16] =
         unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) };
     assert_eq!(cls::scratch_rows(scratch, c, v), rows);
-    let (mut losses, mut di32, mut dw32) =
-        (vec![0.0f32; n], vec![0.0f32; n * c], vec![0.0f32; v * c]);
+    let (mut losses, mut di32, mut dw16) = (
+        vec![0.0f32; n],
+        vec![0.0f32; n * c],
+        vec![bf16::ZERO; v * c],
+    );
     let sum = cls::forward_backward(
         &mut losses,
         &mut di32,
-        Some(&mut dw32),
+        Some(&mut dw16),
         &to_f32(&inp),
         &wte_h,
         &targets,
@@ -139,6 +143,7 @@ fn bf16_matches_reference_on_bf16_values() {
     );
     assert_close("sum of losses", &[sum as f64], &[total], F32_TOL);
     assert_close_rel("dinp bf16", &di32, &di, 1e-2);
+    let dw32: Vec<f32> = dw16.iter().map(|x| x.to_f32()).collect();
     assert_close_rel("dwte bf16", &dw32, &dw, 1e-2);
 
     // The forward-only logits of the first chunk give the fused pass's losses.
@@ -166,7 +171,8 @@ fn as_bf16(words: &mut [u32]) -> &mut [half::bf16] {
 /// Two vocabulary shards of the bf16 classifier (ranks as threads, the reductions through
 /// shared slots) give the whole bf16 classifier's losses, input gradient (summed) and table
 /// gradient (concatenated): the shards see the same bf16 logits, and their lse differs only in
-/// summation order.
+/// summation order (so a 2-byte table gradient may round one bf16 step apart: 2^-8 of the
+/// largest).
 #[test]
 fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
     use super::bf16::{forward_backward, forward_backward_shard, VocabShard};
@@ -177,7 +183,8 @@ fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
     let wte: Vec<bf16> = rng.vec(v * c).iter().map(|&x| bf16::from_f64(x)).collect();
     let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
     let dloss = 1.0 / n as f32;
-    let (mut losses, mut dinp, mut dwte) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
+    let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
+    let mut dwte = vec![bf16::ZERO; v * c];
     let mut words = bf16_scratch(chunk, c, v);
     let whole = forward_backward(
         &mut losses,
@@ -199,7 +206,7 @@ fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
                 s.spawn(move || {
                     let mut reduce = |buf: &mut [f32], op| ranks.reduce(r, buf, op);
                     let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
-                    let mut dwte = vec![0.0; rows * c];
+                    let mut dwte = vec![bf16::ZERO; rows * c];
                     let (mut words, mut stats) =
                         (bf16_scratch(chunk, c, rows), vec![0.0; 3 * chunk]);
                     let shard = VocabShard {
@@ -233,7 +240,8 @@ fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
     let dinp_sum: Vec<f32> = (results[0].2.iter().zip(&results[1].2))
         .map(|(a, b)| a + b)
         .collect();
-    let dwte_cat: Vec<f32> = [results[0].3.clone(), results[1].3.clone()].concat();
+    let wide = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
+    let dwte_cat: Vec<f32> = [wide(&results[0].3), wide(&results[1].3)].concat();
     assert_close_rel("dinp", &dinp_sum, &to_f64(&dinp), 1e-3);
-    assert_close_rel("dwte", &dwte_cat, &to_f64(&dwte), 1e-3);
+    assert_close_rel("dwte", &dwte_cat, &to_f64(&wide(&dwte)), 4e-3);
 }

@@ -10,6 +10,10 @@
 //! `a` multiplies both: 16 `vdpbf16ps` per 2 loads and 2 shuffles of `b`. Work is a grid of
 //! 64-row × 128-column blocks over rayon, each sweeping K in blocks of 256 so its slice of `b`
 //! (256 × 128 bf16 = 64 KiB) stays in L2 while every 8-row tile of the block reuses it.
+//!
+//! The output is f32, or bf16 ([`Out::Bf16`]: a 2-byte gradient accumulated directly): each
+//! element is widened, its whole K sum added in f32 and the result rounded once (round to
+//! nearest even, as `convert::bf16_bits`), so a bf16 output sweeps all of K in one block.
 
 use super::{bf16, widen};
 use rayon::prelude::*;
@@ -19,22 +23,44 @@ const MB: usize = 64;
 const NB: usize = 128;
 const KB: usize = 256;
 
+/// Where the product goes: M·N f32, or M·N bf16 rounded once per call.
+pub(super) enum Out<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [bf16]),
+}
+
+/// The output's base address and element type, shared by the tasks.
+#[derive(Clone, Copy)]
+enum OutPtr {
+    F32(usize),
+    Bf16(usize),
+}
+
 /// out (M,N) (+)= a (M,K) · b (K,N) on `avx512` (AVX-512 BF16, checked by the caller) or the
 /// portable widening loop.
 pub(super) fn gemm(
-    out: &mut [f32],
+    out: Out<'_>,
     a: &[bf16],
     b: &[bf16],
     (m, n, k): (usize, usize, usize),
     add: bool,
     avx512: bool,
 ) {
+    let out = match out {
+        Out::F32(o) => {
+            assert_eq!(o.len(), m * n);
+            OutPtr::F32(o.as_mut_ptr() as usize)
+        }
+        Out::Bf16(o) => {
+            assert_eq!(o.len(), m * n);
+            OutPtr::Bf16(o.as_mut_ptr() as usize)
+        }
+    };
     let blocks_n = n.div_ceil(NB);
     // One task per (64-row, 128-column) block; a task owns its rows' columns j0..j1 of out.
     let tasks: Vec<(usize, usize)> = (0..m.div_ceil(MB))
         .flat_map(|bi| (0..blocks_n).map(move |bj| (bi, bj)))
         .collect();
-    let out_addr = out.as_mut_ptr() as usize;
     tasks.par_iter().for_each(|&(bi, bj)| {
         let (i0, j0) = (bi * MB, bj * NB);
         let blk = Block {
@@ -45,17 +71,17 @@ pub(super) fn gemm(
             n,
             k,
             add,
+            out,
         };
-        // SAFETY: the tasks' (rows, columns) blocks are disjoint, so no two write one element,
-        // and every block lies inside out (M·N elements).
-        let out = unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, m * n) };
+        // SAFETY (both calls): the tasks' (rows, columns) blocks are disjoint, so no two write
+        // one element, and every block lies inside out (M·N elements, checked above).
         #[cfg(target_arch = "x86_64")]
         if avx512 {
             // SAFETY: the caller checked AVX-512 BF16 on the running CPU.
-            return unsafe { avx512::block(out, a, b, blk) };
+            return unsafe { avx512::block(a, b, blk) };
         }
         let _ = avx512;
-        portable_block(out, a, b, blk);
+        unsafe { portable_block(a, b, blk) };
     });
 }
 
@@ -69,9 +95,12 @@ struct Block {
     n: usize,
     k: usize,
     add: bool,
+    out: OutPtr,
 }
 
-fn portable_block(out: &mut [f32], a: &[bf16], b: &[bf16], t: Block) {
+/// # Safety
+/// The block lies inside the output, and no other thread writes it during the call.
+unsafe fn portable_block(a: &[bf16], b: &[bf16], t: Block) {
     let mut acc = vec![0.0f32; t.cols];
     for i in t.i0..t.i0 + t.rows {
         acc.fill(0.0);
@@ -83,16 +112,28 @@ fn portable_block(out: &mut [f32], a: &[bf16], b: &[bf16], t: Block) {
                 *s += x * widen(y);
             }
         }
-        let o = &mut out[i * t.n + t.j0..][..t.cols];
-        for (d, &s) in o.iter_mut().zip(&acc) {
-            *d = if t.add { *d + s } else { s };
+        let at = i * t.n + t.j0;
+        match t.out {
+            OutPtr::F32(base) => {
+                let o = std::slice::from_raw_parts_mut((base as *mut f32).add(at), t.cols);
+                for (d, &s) in o.iter_mut().zip(&acc) {
+                    *d = if t.add { *d + s } else { s };
+                }
+            }
+            OutPtr::Bf16(base) => {
+                let o = std::slice::from_raw_parts_mut((base as *mut bf16).add(at), t.cols);
+                for (d, &s) in o.iter_mut().zip(&acc) {
+                    let sum = if t.add { widen(*d) + s } else { s };
+                    *d = bf16::from_bits(crate::convert::bf16_bits(sum));
+                }
+            }
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{bf16, Block, KB};
+    use super::{bf16, Block, OutPtr, KB};
     use std::arch::x86_64::*;
 
     const MR: usize = 8;
@@ -100,9 +141,14 @@ mod avx512 {
     /// # Safety
     /// The CPU must support avx512f, avx512bw and avx512bf16; the block lies inside the slices.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn block(out: &mut [f32], a: &[bf16], b: &[bf16], t: Block) {
-        for k0 in (0..t.k).step_by(KB) {
-            let kn = KB.min(t.k - k0);
+    pub(super) unsafe fn block(a: &[bf16], b: &[bf16], t: Block) {
+        // A bf16 output is rounded once: all of K in one block.
+        let kb = match t.out {
+            OutPtr::F32(_) => KB,
+            OutPtr::Bf16(_) => t.k,
+        };
+        for k0 in (0..t.k).step_by(kb) {
+            let kn = kb.min(t.k - k0);
             // The first K block replaces (or adds into) out; later ones add their part.
             let add = t.add || k0 > 0;
             for c0 in (0..t.cols).step_by(32) {
@@ -117,8 +163,9 @@ mod avx512 {
                         n: t.n,
                         k: t.k,
                         add,
+                        out: t.out,
                     };
-                    tile_8x32(out, a, b, tile);
+                    tile_8x32(a, b, tile);
                 }
             }
         }
@@ -135,10 +182,11 @@ mod avx512 {
         n: usize,
         k: usize,
         add: bool,
+        out: OutPtr,
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn tile_8x32(out: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
+    unsafe fn tile_8x32(a: &[bf16], b: &[bf16], t: Tile) {
         // Rows past the edge repeat the last valid row; their results are not stored.
         let rows: [*const u16; MR] = std::array::from_fn(|r| {
             a.as_ptr().add((t.i0 + r.min(t.mr - 1)) * t.k + t.k0) as *const u16
@@ -190,14 +238,45 @@ mod avx512 {
                 }
                 let cols = 16.min(t.nc - col);
                 let mask: __mmask16 = if cols == 16 { !0 } else { (1u16 << cols) - 1 };
-                let dst = out.as_mut_ptr().add((t.i0 + r) * t.n + t.j0 + col);
-                let v = if t.add {
-                    _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst))
-                } else {
-                    v
-                };
-                _mm512_mask_storeu_ps(dst, mask, v);
+                let at = (t.i0 + r) * t.n + t.j0 + col;
+                match t.out {
+                    OutPtr::F32(base) => store_f32((base as *mut f32).add(at), mask, v, t.add),
+                    OutPtr::Bf16(base) => store_bf16((base as *mut u16).add(at), mask, v, t.add),
+                }
             }
         }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_f32(dst: *mut f32, mask: __mmask16, v: __m512, add: bool) {
+        let v = match add {
+            true => _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst)),
+            false => v,
+        };
+        _mm512_mask_storeu_ps(dst, mask, v);
+    }
+
+    /// Widens 16 bf16 (exact), adds `v` in f32 and rounds back to nearest even with
+    /// `convert::bf16_bits`'s integer rule (NaN kept quiet), not `vcvtneps2bf16`, which flushes
+    /// subnormals: the portable path's bits.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn store_bf16(dst: *mut u16, mask: __mmask16, v: __m512, add: bool) {
+        let v = match add {
+            true => {
+                let old = _mm256_maskz_loadu_epi16(mask, dst as *const i16);
+                let wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(old), 16);
+                _mm512_add_ps(v, _mm512_castsi512_ps(wide))
+            }
+            false => v,
+        };
+        let bits = _mm512_castps_si512(v);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+        let bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF));
+        let rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+        let quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+        let abs = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
+        let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+        let out = _mm512_mask_blend_epi32(nan, rounded, quiet);
+        _mm256_mask_storeu_epi16(dst as *mut i16, mask, _mm512_cvtepi32_epi16(out));
     }
 }

@@ -130,3 +130,43 @@ fn nn_paths_match_reference() {
         }
     }
 }
+
+/// `gemm_nn_bf16` adds each element's whole K sum to its widened bf16 and rounds once: the
+/// portable path exactly as `bf16(old + reference sum)` (the same f32 summation order), the
+/// AVX-512 path within one bf16 rounding of the exact value, K beyond one 256-deep block.
+#[test]
+fn nn_into_bf16_rounds_once() {
+    let mut isas = vec![Isa::Portable];
+    if best_isa() == Isa::Avx512Bf16 {
+        isas.push(Isa::Avx512Bf16);
+    }
+    for (m, n, k) in [(70, 131, 300), (9, 33, 64), (1, 5, 3), (130, 200, 1)] {
+        let mut rng = Rng::new(22);
+        let (a, b) = (bf(&rng.vec(m * k)), bf(&rng.vec(k * n)));
+        let old = bf(&rng.vec(m * n));
+        let mut sum = vec![0.0f32; m * n];
+        reference::gemm_nn(&mut sum, &a, &b, m, n, k);
+        let once: Vec<u16> = (old.iter().zip(&sum))
+            .map(|(o, &s)| bf16::from_f32(o.to_f32() + s).to_bits())
+            .collect();
+        for &isa in &isas {
+            let mut out = old.clone();
+            gemm_nn_bf16_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
+            let at = format!("{isa:?} nn into bf16 {m}x{n}x{k}");
+            if isa == Isa::Portable {
+                let got: Vec<u16> = out.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, once, "{at}");
+            }
+            for ((&g, &s), &o) in out.iter().zip(&sum).zip(&old) {
+                let want = o.to_f64() + f64::from(s);
+                let err = (g.to_f64() - want).abs();
+                assert!(err <= want.abs() / 256.0 + 1e-4, "{at}: {g} vs {want}");
+            }
+            gemm_nn_bf16_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
+            for (&g, &s) in out.iter().zip(&sum) {
+                let err = (g.to_f64() - f64::from(s)).abs();
+                assert!(err <= f64::from(s.abs()) / 256.0 + 1e-4, "{at} replace");
+            }
+        }
+    }
+}

@@ -66,7 +66,10 @@ pub struct ActPolicy {
     /// (`bf16_in_place`), or at stage 3 the 2-byte bits gathered, never widened (the tied
     /// embedding's `gather.head.embed`, or the untied head unit's `gather.fwd.head` with its
     /// final-norm vectors widened into `gather.head.vectors`): `--precision bf16` without LoRA,
-    /// at every stage alike. The chunk scratch is [`classifier_row_bytes`] a row.
+    /// at every stage alike. The chunk scratch is [`classifier_row_bytes`] a row. The tables
+    /// (the embedding, an untied head) are then read and written in 2 bytes only: the embedding
+    /// forward reads the working copy (stage 3: its bits gathered), and their gradients are
+    /// 2-byte, written directly (`shards::direct_grads`).
     pub bf16_head: bool,
 }
 
@@ -129,12 +132,12 @@ fn span(born: Phase, dies: Phase) -> Lifetime {
     Lifetime::Span { born, dies }
 }
 
-/// Bytes of the classifier's scratch per row of its chunk: V f32 logits, and under
-/// [`ActPolicy::bf16_head`] a V bf16 logit gradient (its second layout over the dead logits)
-/// and C bf16 inputs too.
+/// Bytes of the classifier's scratch per row of its chunk: V f32 logits (under
+/// [`ActPolicy::bf16_head`] later both layouts of the bf16 logit gradient, over the dead
+/// logits), and under `bf16_head` C bf16 inputs too.
 pub fn classifier_row_bytes(m: &ModelShape, policy: ActPolicy) -> u64 {
     match policy.bf16_head {
-        true => 6 * m.vocab + 2 * m.d_model,
+        true => 4 * m.vocab + 2 * m.d_model,
         false => 4 * m.vocab,
     }
 }
@@ -184,6 +187,12 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     if policy.bf16_matmul_inputs {
         out.extend(bf16_scratch(&d, policy));
         out.extend(bf16_backward_scratch(m, &d));
+    }
+    if policy.bf16_head {
+        // The 2-byte embedding gradient's sort of the positions by token (u32).
+        let key = Key::Work(Work::EmbedOrder);
+        let life = span(Phase::EmbedBackward, Phase::EmbedBackward);
+        out.push(f32_buffer(key, Category::Other, d.n, life));
     }
     out
 }

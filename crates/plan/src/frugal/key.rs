@@ -39,6 +39,9 @@ pub enum Work {
     F32In,
     /// A block weight rounded to bf16 for the bf16 GEMM.
     WeightBf16,
+    /// The bf16 embedding's backward: the micro-batch's positions sorted by token (u32), so
+    /// each table row's part is summed in f32 and rounded once into its 2-byte gradient.
+    EmbedOrder,
     /// LoRA: one frozen HF linear dequantized to f32 for its GEMM (forward and backward).
     Dequant,
     /// LoRA: the gradient of an adapter's rank-sized output, `du` (N, r·parts).
@@ -237,6 +240,9 @@ pub enum Key {
     /// bf16 head, untied: the head unit's vectors before its output projection (the final
     /// norm's), widened from the working copy (below stage 3) or the unit's 2-byte gather.
     GatherHeadVectors,
+    /// bf16 head, untied: the fp32 gradient of the head unit's vectors (the final norm's),
+    /// rounded into the unit's 2-byte gradient at the end of the head (`shards::direct_grads`).
+    GradHeadVectors,
     Tokens,
     Targets,
     /// The embedding's output: block 0's input.
@@ -315,6 +321,7 @@ impl fmt::Display for Key {
             Key::GatherBwd(l) => write!(f, "gather.bwd.h.{l}"),
             Key::GatherHeadEmbed => f.write_str("gather.head.embed"),
             Key::GatherHeadVectors => f.write_str("gather.head.vectors"),
+            Key::GradHeadVectors => f.write_str("grads.head.vectors"),
             Key::Tokens => f.write_str("batch.tokens"),
             Key::Targets => f.write_str("batch.targets"),
             Key::Encoded => f.write_str("act.encoded"),
@@ -367,6 +374,7 @@ impl fmt::Display for Key {
                 Work::F32 => "work.f32",
                 Work::F32In => "work.f32_in",
                 Work::WeightBf16 => "work.w_bf16",
+                Work::EmbedOrder => "work.embed_order",
                 Work::Dequant => "work.dequant",
                 Work::LoraDu => "work.lora_du",
                 Work::LoraDropped => "work.lora_dropped",

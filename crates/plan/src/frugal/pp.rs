@@ -145,7 +145,8 @@ pub fn not_held(key: Key, stage: Stage) -> bool {
             | Key::Targets
             | Key::Work(super::key::Work::TpStats)
     );
-    (head && !stage.is_last()) || (key == Key::Tokens && !stage.is_first())
+    let embedding = matches!(key, Key::Tokens | Key::Work(super::key::Work::EmbedOrder));
+    (head && !stage.is_last()) || (embedding && !stage.is_first())
 }
 
 /// Indices of the plan's device buffers live across the boundary between a micro-batch's last

@@ -26,6 +26,13 @@
 //! Gathered units count as `Other` (the seed's "gathered working set"), so `params_bytes` is
 //! exactly the shard: model state is (4 + 4 + 8)·Ψ/N = 16Ψ/N bytes per rank for fp32 AdamW.
 //!
+//! Under `ActPolicy::bf16_head` the tables (the embedding, an untied head: [`direct_grads`])
+//! never exist in fp32: the embedding's forward reads the working copy (stage 3: the bits
+//! gathered, `gather.fwd.embed` 2 bytes an element), and their gradients are written in 2
+//! bytes directly — into the whole accumulator at stages 0-1 (reduced once at the end of the
+//! step, as fp32's full gradients), into a 2-byte span at stages 2-3 — with an untied head's
+//! final-norm vectors through `grads.head.vectors` (fp32, the head only).
+//!
 //! Gradient accumulation: stages 0 and 1 accumulate full gradients locally over the K
 //! micro-steps and reduce once at the end (all-reduce / reduce-scatter: 2Ψ of traffic per
 //! step, 4Ψ of persistent gradient memory). Stages 2 and 3 reduce-scatter each unit's gradient
@@ -52,7 +59,7 @@ use crate::{ModelShape, PlanError};
 /// |---|---|---|
 /// | weights | `params.<u>` whole at 0-2, `params.shard.<u>` at 3 | the same, 2-byte |
 /// | what the kernels read | `params.<u>`; stage 3 `gather.*` | fp32 `gather.*` at every stage; bf16 GEMMs the 2-byte `params.<u>` (stages 0-2) |
-/// | full gradient | persistent at 0-1; a span at 2-3 | an fp32 span at every stage |
+/// | full gradient | persistent at 0-1; a span at 2-3 | an fp32 span at every stage; bf16 tables ([`direct_grads`]): none at 0-1, a 2-byte span at 2-3 |
 /// | accumulator | the full gradient at 0-1; `grads.shard.<u>` at 2-3 | 2-byte `grads.shard.<u>`, whole at 0-1 |
 /// | optimizer state | whole at 0, shard at 1-3 | + fp32 `master.<u>`; on the host with offload |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +165,20 @@ pub fn grad_span(model: &ModelShape, kind: UnitKind) -> (Phase, Phase) {
     }
 }
 
+/// Whether unit `kind`'s gradient is written in 2 bytes directly (no fp32 span): under
+/// `ActPolicy::bf16_head`, the embedding and an untied head (its final-norm vectors through the
+/// fp32 `grads.head.vectors`). At stages 0-1 the backward writes the whole accumulator
+/// `grads.shard.<u>`, reduced once after the micro-steps; at 2-3 a 2-byte span `grads.<u>`,
+/// reduce-scattered into the accumulator at the end of its last phase as the fp32 spans are.
+pub fn direct_grads(policy: ActPolicy, units: &[Unit], kind: UnitKind) -> bool {
+    policy.bf16_head
+        && match kind {
+            UnitKind::Embed => true,
+            UnitKind::Head => head_vectors(units).is_some(),
+            UnitKind::Block(_) => false,
+        }
+}
+
 /// One stage-3 gather: unit `unit` (index into the units) all-gathered into buffer `key`,
 /// live from `born` to `dies`, read by the kernels in the phases `used_from ..= dies`.
 #[derive(Clone, Debug, PartialEq)]
@@ -167,8 +188,9 @@ pub struct Gather {
     pub born: Phase,
     pub used_from: Phase,
     pub dies: Phase,
-    /// The 2-byte shards' bits as gathered, not widened to fp32 (2 bytes an element): the bf16
-    /// head's output projection at stage 3 (the tied embedding, or the untied head unit).
+    /// The 2-byte shards' bits as gathered, not widened to fp32 (2 bytes an element), at stage 3
+    /// under `ActPolicy::bf16_head`: the output projection (the tied embedding, or the untied
+    /// head unit) and the embedding for its forward.
     pub bits: bool,
 }
 
@@ -220,12 +242,21 @@ pub fn gathers(
     };
     let mut out = Vec::new();
     if let Some(u) = index(UnitKind::Embed) {
-        out.push(gather(
+        let embed = gather(
             u,
             Key::GatherFwd(UnitKind::Embed),
             Phase::Embed,
             Phase::Embed,
-        ));
+        );
+        // The bf16 tables: the embedding reads its working copy, or at stage 3 its bits.
+        match (policy.bf16_head, policy.bf16_in_place) {
+            (false, _) => out.push(embed),
+            (true, false) => out.push(Gather {
+                bits: true,
+                ..embed
+            }),
+            (true, true) => {}
+        }
     }
     for l in 0..n {
         let f = Phase::Forward(l);
@@ -315,7 +346,26 @@ pub fn state_buffers(
         if rule.grad_spans() {
             let (born, dies) = grad_span(model, u);
             let span = Lifetime::Span { born, dies };
-            out.push(dev(Key::Grads(u), Category::Grads, 4 * full, span));
+            match direct_grads(policy, units, u) {
+                true if rule.grad_acc_sharded() => {
+                    out.push(dev(Key::Grads(u), Category::Grads, w * full, span))
+                }
+                true => {}
+                false => out.push(dev(Key::Grads(u), Category::Grads, 4 * full, span)),
+            }
+            if u == UnitKind::Head && direct_grads(policy, units, u) {
+                let vectors = head_vectors(units).expect("an untied head");
+                let head = Lifetime::Span {
+                    born: Phase::Head,
+                    dies: Phase::Head,
+                };
+                out.push(dev(
+                    Key::GradHeadVectors,
+                    Category::Grads,
+                    4 * vectors,
+                    head,
+                ));
+            }
             let acc = if rule.grad_acc_sharded() { shard } else { full };
             out.push(dev(
                 Key::GradsShard(u),

@@ -19,6 +19,13 @@ type A = Arena<Cpu>;
 
 pub fn embedding_forward(a: &A, op: &Embedding) {
     let tokens = a.view::<u32>(op.tokens);
+    if op.wte.dtype == DType::Bf16 {
+        let (wte, wpe) = (a.view::<bf16>(op.wte), op.wpe.map(|t| a.view::<bf16>(t)));
+        let mut out = a.view_mut::<f32>(op.out);
+        let shape = (op.batch, op.seq, op.c);
+        let first = op.shard.unwrap_or(0);
+        return embedding::forward_bf16(&mut out, &tokens, &wte, wpe.as_deref(), shape, first);
+    }
     let wte = a.view::<f32>(op.wte);
     let wpe = op.wpe.map(|t| a.view::<f32>(t));
     let mut out = a.view_mut::<f32>(op.out);
@@ -153,7 +160,7 @@ fn classifier_bf16(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -
     let mut losses = a.view_mut::<f32>(op.losses);
     let mut dlnf = a.view_mut::<f32>(op.dlnf);
     let mut raw = a.view_mut::<bf16>(raw_scratch(a, op.scratch));
-    let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
+    let mut dweight = op.dweight.map(|d| a.view_mut::<bf16>(d));
     let shape = (op.n, op.c, op.v);
     let (losses, dlnf, dw) = (&mut *losses, &mut *dlnf, dweight.as_deref_mut());
     let Some(shard) = shard else {
@@ -226,6 +233,15 @@ pub fn classifier(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) ->
 
 pub fn embedding_backward(a: &A, op: &EmbeddingBackward) {
     let (dout, tokens) = (a.view::<f32>(op.dout), a.view::<u32>(op.tokens));
+    if op.dwte.dtype == DType::Bf16 {
+        let mut parts = a.parts_mut::<bf16, 2>([Some(op.dwte), op.dwpe]);
+        let [dwte, dwpe] = &mut parts.parts;
+        let dwte = dwte.as_deref_mut().expect("a token table");
+        let (shape, first) = ((op.batch, op.seq, op.c), op.shard.unwrap_or(0));
+        let mut order = a.view_mut::<u32>(op.order.expect("work.embed_order"));
+        let dwpe = dwpe.as_deref_mut();
+        return embedding::backward_bf16(dwte, dwpe, &dout, &tokens, &mut order, shape, first);
+    }
     let mut parts = a.parts_mut::<f32, 2>([Some(op.dwte), op.dwpe]);
     let [dwte, dwpe] = &mut parts.parts;
     let dwte = dwte.as_deref_mut().expect("a token table");

@@ -123,6 +123,24 @@ pub fn scale(a: &A, t: Tensor, factor: f32) {
 }
 
 pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
+    if x.dtype == DType::Bf16 {
+        // A 2-byte gradient span (`plan::frugal::shards::direct_grads`) into its accumulator.
+        assert_eq!(
+            acc.dtype,
+            DType::Bf16,
+            "a bf16 gradient accumulates into bf16"
+        );
+        let g = a.view::<bf16>(x);
+        return a
+            .view_mut::<bf16>(acc)
+            .par_chunks_mut(HALF_CHUNK)
+            .zip(g.par_chunks(HALF_CHUNK))
+            .for_each(|(a, g)| {
+                a.iter_mut()
+                    .zip(g)
+                    .for_each(|(a, g)| *a = bf16::from_f32(a.to_f32() + g.to_f32()))
+            });
+    }
     let g = a.view::<f32>(x);
     match acc.dtype {
         DType::F32 => {
