@@ -341,7 +341,7 @@ fn round_bf16(gpu: &Cuda, dst: u64, src: u64, n: usize) {
     elementwise(gpu, "convert", n, &args);
 }
 
-/// The fused classifier on bf16 operands (`ActPolicy::bf16_head`): per chunk the rows rounded
+/// The fused classifier on bf16 operands (`ActPolicy::bf16_units`): per chunk the rows rounded
 /// to bf16, bf16 GEMMs with f32 accumulation, the softmax in f32, its gradient rounded to bf16
 /// for the two GEMMs back (as the CPU's `classifier::bf16`).
 fn classifier_bf16(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
@@ -473,19 +473,21 @@ pub fn linear_backward(gpu: &Cuda, a: &A, op: &LinearBackward) {
         Some(scratch) => {
             let g = scratch.dout.prefix(s.n * s.oc);
             convert(gpu, a, g, op.dout);
-            // The bf16 working copy itself, or (stage 3) the f32 gather rounded into scratch.
-            let w = match op.weight.dtype {
-                DType::Bf16 => op.weight,
-                _ => {
-                    let w = scratch.weight.expect("an f32 weight has a bf16 workspace");
-                    let w = w.prefix(s.oc * s.ic);
-                    convert(gpu, a, w, op.weight);
-                    w
-                }
-            };
-            let (g, w, inp) = (at(a, g), at(a, w), at(a, op.inp));
+            // The 2-byte weights where they lie; the 2-byte gradient takes the product rounded
+            // once (`ActPolicy`'s `bf16_units`).
+            assert_eq!(
+                op.weight.dtype,
+                DType::Bf16,
+                "bf16 GEMMs read 2-byte weights"
+            );
+            assert_eq!(
+                op.dweight.dtype,
+                DType::Bf16,
+                "bf16 GEMMs write 2-byte gradients"
+            );
+            let (g, w, inp) = (at(a, g), at(a, op.weight), at(a, op.inp));
             gemm::input_grad(gpu, (dinp, g, w), Operand::Bf16, shape);
-            gemm::weight_grad(gpu, (dw, g, inp), Operand::Bf16, shape);
+            gemm::weight_grad_bf16(gpu, (dw, g, inp), shape);
         }
     }
     if let Some(db) = op.dbias {

@@ -101,11 +101,6 @@ impl<B: Backend> Grad<'_, B> {
                 .bf16
                 .expect("bf16 matmul inputs have backward GEMM scratch")
         });
-        // bf16: the weight's working copy where the unit has one (else the backend rounds it).
-        let weight = match bf16 {
-            Some(_) => self.model.half_of(self.kind, weight).unwrap_or(weight),
-            None => weight,
-        };
         let op = LinearBackward {
             kind: LinearKind::Dense,
             dinp,
@@ -246,7 +241,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
     final_norm(model, arena, b, t);
     let (lm_kind, lm_role) = model.lm_head();
     be.fill(arena, state.dlnf, 0.0);
-    // bf16 (`ActPolicy::bf16_head`): the weight is the bf16 working copy, and the backend
+    // bf16 (`ActPolicy::bf16_units`): the weight is the bf16 working copy, and the backend
     // runs the classifier on bf16 operands.
     let h = &model.head;
     let op = Classifier {

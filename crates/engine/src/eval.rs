@@ -101,7 +101,7 @@ pub fn forward_chunks<B: Backend>(
     let (c, v) = (s.d_model as usize, s.vocab as usize);
     let weight = model.lm_weight(arena);
     let scratch = model.head.classifier;
-    let chunk_rows = match model.policy.bf16_head {
+    let chunk_rows = match model.policy.bf16_units {
         // The bf16 head's scratch also holds the rounded rows (`classifier_row_bytes`).
         true => {
             let bytes = 2 * arena.tensor(scratch.buf, DType::Bf16).len as u64;
@@ -117,7 +117,7 @@ pub fn forward_chunks<B: Backend>(
         let rows = chunk_rows.min(n - row);
         let out = scratch.prefix(rows * v);
         let lnf = model.head.lnf.slice(row * c..(row + rows) * c);
-        match model.policy.bf16_head {
+        match model.policy.bf16_units {
             true => {
                 let op = ClassifierLogits {
                     lnf,

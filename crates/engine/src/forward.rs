@@ -31,11 +31,8 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
     // Tensor parallelism: each rank embeds the tokens of its vocabulary slice, rank 0 adds the
     // positions, and the sum over the ranks is the embedding.
     let (first, replicated) = model.vocab_first();
-    // The bf16 tables are read in 2 bytes where they lie (or at stage 3 as gathered).
-    let table = |role| match model.policy.bf16_head {
-        true => model.embed_table(arena, role),
-        false => model.weight(arena, UnitKind::Embed, role),
-    };
+    // 2-byte tables (bf16 units) are read where they lie, or at stage 3 as gathered.
+    let table = |role| model.weight(arena, UnitKind::Embed, role);
     let op = Embedding {
         out: crate::sp::partial_target(model, h.encoded, n * c),
         tokens: h.tokens.prefix(n),
@@ -180,8 +177,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     /// out (N,OC) = x (N,IC) W (+ b): the one choke point of the block's projections (under LoRA
     /// the frozen matrix part by part and its adapters, `lora::LoraModel::linear`). A bf16
-    /// `x` runs the bf16 GEMM on W's bf16 working copy (`Model::half_of`), or at stage 3 on W
-    /// rounded from its gather (exact: the gather was widened from the 2-byte shards).
+    /// `x` runs the bf16 GEMM on W's 2-byte weights where they lie (`ActPolicy::bf16_units`).
     fn linear(&self, out: Tensor, x: Tensor, roles: (Role, Role), ic: usize) {
         let n = self.n();
         if let (Some(lora), UnitKind::Block(layer)) = (&self.model.lora, self.kind) {
@@ -193,7 +189,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 
     /// out (rows, OC) = x (rows, IC) `weight`ᵀ (+ b) for a plain weight tensor (an expert's
-    /// rows of a fused view): the bf16 GEMM on the weight rounded when `x` is bf16.
+    /// rows of a fused view): the bf16 GEMM when both are bf16, else fp32.
     pub(crate) fn dense(
         &self,
         out: Tensor,
@@ -207,26 +203,15 @@ impl<'a, B: Backend> Ctx<'a, B> {
             ic,
             oc: out.len / n,
         };
-        // A bf16 `x`: the weight's bf16 working copy, or (stage 3) the gather rounded.
-        let weight = match (x.dtype, self.model.half_of(self.kind, w)) {
-            (DType::Bf16, Some(half)) => half,
-            (DType::Bf16, None) => {
-                let rounded = self
-                    .model
-                    .work
-                    .weight
-                    .expect("bf16 weights have a workspace");
-                let rounded = rounded.prefix(w.len);
-                self.be.convert(self.arena, rounded, w);
-                rounded
-            }
-            _ => w,
-        };
+        assert_eq!(
+            x.dtype, w.dtype,
+            "a GEMM's input and weight share their type"
+        );
         let op = Linear {
             kind: LinearKind::Dense,
             out,
             inp: x.prefix(n * ic),
-            weight,
+            weight: w,
             bias,
             shape,
         };

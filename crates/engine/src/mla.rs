@@ -50,18 +50,21 @@ fn must(t: Option<Tensor>) -> Tensor {
 /// RMSNorm of a latent (HF's fixed epsilon).
 fn latent_norm<B: Backend>(cx: &Ctx<'_, B>, inp: Tensor, out: Tensor, rstd: Tensor, role: Role) {
     let (n, c) = (cx.d.n as usize, inp.len / cx.d.n as usize);
-    let op = NormOp {
-        out: out.prefix(n * c),
-        rstd: rstd.prefix(n),
-        inp,
-        weight: cx.w(role),
-        kind: NormKind::Rms {
-            eps: LATENT_NORM_EPS,
-        },
-        n,
-        c,
-    };
-    cx.be.norm(cx.arena, &op);
+    // A matmul input: bf16 under `--precision bf16`, written through `work.f32`.
+    cx.produce(out, n * c, |dst| {
+        let op = NormOp {
+            out: dst,
+            rstd: rstd.prefix(n),
+            inp,
+            weight: cx.w(role),
+            kind: NormKind::Rms {
+                eps: LATENT_NORM_EPS,
+            },
+            n,
+            c,
+        };
+        cx.be.norm(cx.arena, &op);
+    });
 }
 
 /// qkv from ln1: the query path, the latent path, their assembly and RoPE.

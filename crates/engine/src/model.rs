@@ -77,8 +77,6 @@ pub struct Bf16Work {
     pub f32: Option<Tensor>,
     /// Where a saved bf16 `qkv` or `fch` is widened for the f32 attention/activation kernel.
     pub f32_in: Option<Tensor>,
-    /// A block weight rounded to bf16 for the bf16 GEMM.
-    pub weight: Option<Tensor>,
 }
 
 /// A mixture-of-experts model's workspaces (`None` for a dense one).
@@ -106,7 +104,8 @@ pub struct MlaWork {
 pub enum WeightSource {
     /// The persistent fp32 `params.<u>`.
     Params,
-    /// Each phase's gathered (widened) fp32 copy (ZeRO-3, 2-byte weights): `Model::params` is
+    /// Each phase's gathered copy (ZeRO-3, 2-byte weights: widened to fp32, or under
+    /// `ActPolicy::bf16_units` the bits, the working copy below stage 3): `Model::params` is
     /// repointed as phases begin.
     Gathers,
 }
@@ -116,15 +115,12 @@ pub struct Model {
     pub config: ModelConfig,
     pub design: BlockDesign,
     pub units: Vec<Unit>,
-    /// Each unit's full fp32 weights as the kernels read them now.
+    /// Each unit's full weights as the kernels read them now: fp32, or the 2-byte working copy
+    /// or bits gathered under `ActPolicy::bf16_units`.
     pub params: Vec<BufId>,
-    /// `ActPolicy::bf16_in_place`: each unit's 2-byte working copy, which the bf16 GEMMs (and,
-    /// `ActPolicy::bf16_head`, the classifier) read in place (set by the trainer; empty
-    /// otherwise).
-    pub half: Vec<BufId>,
-    /// Stage 3 under `ActPolicy::bf16_head`: the output projection's 2-byte gather (the tied
-    /// embedding's or the untied head unit's), while it lives (set by `zero::Sharding`).
-    pub lm_bits: Option<BufId>,
+    /// `ActPolicy::bf16_units`: each unit's vectors widened to fp32 as the kernels read them
+    /// now (`gather.*.vectors`, repointed by `zero::Sharding`); `None` for a unit without.
+    pub vectors: Vec<Option<BufId>>,
     /// Where each block's forward writes.
     pub forward_blocks: Vec<BlockActs>,
     pub head: HeadActs,
@@ -156,16 +152,15 @@ impl Model {
         policy: ActPolicy,
         weights: WeightSource,
     ) -> Model {
+        let kinds: Vec<UnitKind> = units.iter().map(|u| u.kind).collect();
         let params = units
             .iter()
             .map(|u| match weights {
                 WeightSource::Params => arena.id(Key::Params(u.kind)),
-                // Below stage 3 the bf16 tables are never widened: the embedding's weights are
-                // its working copy, an untied head's its widened vectors.
+                // 2-byte units below stage 3: their working copy (nothing is gathered).
                 WeightSource::Gathers => match arena.try_id(Key::GatherFwd(u.kind)) {
                     Some(id) => id,
-                    None if u.kind == UnitKind::Embed => arena.id(Key::Params(u.kind)),
-                    None => arena.id(Key::GatherHeadVectors),
+                    None => arena.id(Key::Params(u.kind)),
                 },
             })
             .collect();
@@ -198,7 +193,6 @@ impl Model {
         let work = Bf16Work {
             f32: arena.try_tensor(Key::Work(Work::F32), DType::F32),
             f32_in: arena.try_tensor(Key::Work(Work::F32In), DType::F32),
-            weight: arena.try_tensor(Key::Work(Work::WeightBf16), DType::Bf16),
         };
         let moe_in = arena.try_id(Key::Work(Work::MoeIn));
         let moe = moe_in.map(|id| {
@@ -222,8 +216,9 @@ impl Model {
             config,
             units,
             params,
-            half: Vec::new(),
-            lm_bits: None,
+            vectors: (kinds.iter())
+                .map(|&kind| arena.try_id(Key::VectorsFwd(kind)))
+                .collect(),
             forward_blocks,
             head,
             work,
@@ -333,55 +328,34 @@ impl Model {
         }
     }
 
-    /// The trainable weight `role` of the unit of `kind` (under LoRA, an adapter).
+    /// The trainable weight `role` of the unit of `kind` (under LoRA, an adapter): fp32, or
+    /// under `ActPolicy::bf16_units` a matrix's 2-byte weights where they lie and a vector's
+    /// fp32 copy in the unit's current `gather.*.vectors`.
     pub fn param<B: Backend>(&self, arena: &Arena<B>, kind: UnitKind, role: Role) -> Tensor {
         let u = self.unit_index(kind);
-        arena
-            .tensor(self.params[u], DType::F32)
-            .slice(self.unit_range(kind, role))
+        if !self.policy.bf16_units {
+            return (arena.tensor(self.params[u], DType::F32)).slice(self.unit_range(kind, role));
+        }
+        match self.vector_range(kind, role) {
+            Some(r) => {
+                let id = self.vectors[u].expect("a unit with vectors has their buffer");
+                arena.tensor(id, DType::F32).slice(r)
+            }
+            None => (arena.tensor(self.params[u], DType::Bf16)).slice(self.unit_range(kind, role)),
+        }
     }
 
-    /// The output projection as the classifier reads it: the bf16 working copy's view under
-    /// `ActPolicy::bf16_head`, else [`Model::weight`] (fp32).
+    /// Where `role` sits among the vectors of the unit of `kind` (`Unit::vector_range`), if it
+    /// is one.
+    pub fn vector_range(&self, kind: UnitKind, role: Role) -> Option<Range<usize>> {
+        let r = self.units[self.unit_index(kind)].vector_range(role)?;
+        Some(r.start as usize..r.end as usize)
+    }
+
+    /// The output projection as the classifier reads it (2-byte under `ActPolicy::bf16_units`).
     pub fn lm_weight<B: Backend>(&self, arena: &Arena<B>) -> Tensor {
         let (kind, role) = self.lm_head();
-        if !self.policy.bf16_head {
-            return self.weight(arena, kind, role);
-        }
-        // Stage 3's 2-byte gather while it lives, else the working copy.
-        let id = self.lm_bits.unwrap_or_else(|| {
-            let u = self.unit_index(kind);
-            *self.half.get(u).expect("the bf16 head has a working copy")
-        });
-        arena
-            .tensor(id, DType::Bf16)
-            .slice(self.unit_range(kind, role))
-    }
-
-    /// The embedding's 2-byte table `role` under `ActPolicy::bf16_head`: the working copy, or at
-    /// stage 3 its bits gathered (`gather.fwd.embed`, which `params` names from the start).
-    pub fn embed_table<B: Backend>(&self, arena: &Arena<B>, role: Role) -> Tensor {
-        let u = self.unit_index(UnitKind::Embed);
-        let id = self.half.get(u).copied().unwrap_or(self.params[u]);
-        arena
-            .tensor(id, DType::Bf16)
-            .slice(self.unit_range(UnitKind::Embed, role))
-    }
-
-    /// The bf16 working copy's view of `w`, a view of unit `kind`'s current fp32 weights, where
-    /// the unit has one (`ActPolicy::bf16_in_place`).
-    pub fn half_of(&self, kind: UnitKind, w: Tensor) -> Option<Tensor> {
-        let u = self.unit_index(kind);
-        let &id = self.half.get(u)?;
-        assert_eq!(
-            w.buf, self.params[u],
-            "a view of the unit's current weights"
-        );
-        Some(Tensor {
-            buf: id,
-            dtype: DType::Bf16,
-            ..w
-        })
+        self.weight(arena, kind, role)
     }
 
     /// [`Model::weight`] when the unit has that view.

@@ -89,7 +89,8 @@ impl TensorParallel {
                     *self.failed.borrow_mut() = Some(e);
                 }
             }
-            be.residual_add(arena, t, scratch.slice(at..at + t.len));
+            // The rows set aside, added back (rounded once into a 2-byte gradient).
+            be.accumulate(arena, t, scratch.slice(at..at + t.len));
             at += t.len;
         }
     }

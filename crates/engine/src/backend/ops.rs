@@ -141,7 +141,7 @@ pub struct Classifier {
     pub dloss: f32,
 }
 
-/// The forward-only head under `ActPolicy::bf16_head`: logits (rows, V) f32 of `rows` rows of
+/// The forward-only head under `ActPolicy::bf16_units`: logits (rows, V) f32 of `rows` rows of
 /// `lnf` (f32) against the bf16 `weight` (V, C), written to the first rows·V f32 of the
 /// classifier's `scratch` (the rows are rounded to bf16 inside the scratch first).
 #[derive(Clone, Copy, Debug)]
@@ -210,9 +210,6 @@ pub struct Bf16Scratch {
     /// The output gradient rounded to bf16, and its transpose.
     pub dout: Tensor,
     pub dout_t: Tensor,
-    /// Where an f32 weight is rounded (stage 3: `work.w_bf16`); `None` where every bf16 GEMM
-    /// gets its weight's bf16 working copy (`ActPolicy::bf16_in_place`).
-    pub weight: Option<Tensor>,
 }
 
 /// dinp (N, IC) += dout · weight, dweight (OC, IC) += doutᵀ · inp, dbias (OC) += Σ dout. With

@@ -107,9 +107,6 @@ impl<B: Backend> Trainer<B> {
             _ => None,
         };
         let sharding = Sharding::new(rule, half, rank, &model, &arena);
-        if policy.bf16_in_place {
-            model.half = sharding.working_weights().to_vec();
-        }
         let n = (config.batch * config.seq) as usize;
         let n_units = model.units.len();
         Ok(Trainer {

@@ -32,8 +32,8 @@ pub struct TrainState {
     pub grads: Vec<BufId>,
     /// The element type of each of `grads`.
     pub grad_types: Vec<DType>,
-    /// `grads.head.vectors`: an untied bf16 head's final-norm gradients (fp32, the head only).
-    pub head_vectors: Option<BufId>,
+    /// `grads.<u>.vectors` of each unit (2-byte units): its vectors' fp32 gradients.
+    pub grad_vectors: Vec<Option<BufId>>,
     /// What each block's backward reads.
     pub blocks: Vec<BlockActs>,
     pub targets: Tensor,
@@ -88,7 +88,6 @@ impl TrainState {
         let bf16_scratch = bf16(Work::BwDout).map(|dout| Bf16Scratch {
             dout,
             dout_t: bf16(Work::BwDoutT).expect("with work.bw.dout"),
-            weight: model.work.weight,
         });
         let units = &model.units;
         let opt = match fp32_optimizer {
@@ -112,7 +111,7 @@ impl TrainState {
                 .collect(),
             false => Vec::new(),
         };
-        let direct = |kind| plan::frugal::shards::direct_grads(model.policy, units, kind);
+        let direct = |kind| plan::frugal::shards::direct_grads(model.policy, kind);
         TrainState {
             grads: (units.iter())
                 .map(|u| match arena.try_id(Key::Grads(u.kind)) {
@@ -126,7 +125,9 @@ impl TrainState {
                     false => DType::F32,
                 })
                 .collect(),
-            head_vectors: arena.try_id(Key::GradHeadVectors),
+            grad_vectors: (units.iter())
+                .map(|u| arena.try_id(Key::GradVectors(u.kind)))
+                .collect(),
             blocks,
             // A pipeline stage has targets and the head's tensors only on the last stage.
             targets: arena.held_tensor(Key::Targets, DType::U32),
@@ -151,8 +152,8 @@ impl TrainState {
         }
     }
 
-    /// The gradient of `role` in the unit of `kind`: fp32, or a bf16 table's 2-byte gradient
-    /// (an untied bf16 head's final-norm vectors are fp32, in `grads.head.vectors`).
+    /// The gradient of `role` in the unit of `kind`: fp32, or under `ActPolicy::bf16_units` a
+    /// matrix's 2-byte gradient and a vector's fp32 one in `grads.<u>.vectors`.
     pub fn grad<B: Backend>(
         &self,
         model: &Model,
@@ -161,12 +162,10 @@ impl TrainState {
         role: Role,
     ) -> Tensor {
         let u = model.unit_index(kind);
-        let range = model.unit_range(kind, role);
-        match (self.head_vectors, kind, role) {
-            (Some(v), UnitKind::Head, r) if r != Role::LmHead => {
-                arena.tensor(v, DType::F32).slice(range)
-            }
-            _ => arena.tensor(self.grads[u], self.grad_types[u]).slice(range),
+        match (self.grad_vectors[u], model.vector_range(kind, role)) {
+            (Some(v), Some(r)) => arena.tensor(v, DType::F32).slice(r),
+            _ => (arena.tensor(self.grads[u], self.grad_types[u]))
+                .slice(model.unit_range(kind, role)),
         }
     }
 

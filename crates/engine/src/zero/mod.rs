@@ -46,16 +46,18 @@
 //! `sharding.leave(phase, ..)` before `arena.leave(phase)`.
 
 use crate::arena::{Arena, BufId};
-use crate::backend::{Backend, CommOp, DType, Tensor};
+use crate::backend::{Backend, CommOp, DType};
 use crate::error::EngineError;
 use crate::model::Model;
 use crate::optim::UnitSlice;
 use comm::Collective;
+use gather::Slot;
 use plan::buffer::Phase;
-use plan::frugal::shards::{self, Gather, StateRule};
+use plan::frugal::shards::{self, StateRule};
 use plan::frugal::Key;
 use std::ops::Range;
 
+mod gather;
 mod weights;
 
 /// Whether a pass runs the backward (training) or only the forward (validation, sampling):
@@ -87,15 +89,15 @@ pub struct Sharding {
     /// Stage 3: each unit's weight shard.
     param_shards: Vec<BufId>,
     /// The plan's gathers and their buffers.
-    gathers: Vec<(Gather, BufId)>,
+    gathers: Vec<Slot>,
     /// Grad spans: the phases each unit's full gradient is first and last written in.
     grad_spans: Vec<(Phase, Phase)>,
-    /// `gather.head.vectors`, where the plan has it.
-    head_vectors: Option<BufId>,
-    /// Each unit: whether its gradient is written in 2 bytes directly (`shards::direct_grads`).
-    direct: Vec<bool>,
-    /// `grads.head.vectors`, where the plan has it.
-    grad_head_vectors: Option<BufId>,
+    /// 2-byte units (`shards::direct_grads`): gradients written in 2 bytes directly.
+    direct: bool,
+    /// Each unit's vectors: (range in the unit, range in `gather.*.vectors`).
+    vector_views: Vec<Vec<(Range<usize>, Range<usize>)>>,
+    /// Each unit's `grads.<u>.vectors`, where the plan has it.
+    grad_vectors: Vec<Option<BufId>>,
 }
 
 type Comm<'a> = &'a mut dyn Collective;
@@ -117,9 +119,13 @@ impl Sharding {
         let gathers = match rule.gathers() {
             true => shards::gathers(shape, &model.units, model.policy, rule.params_sharded())
                 .into_iter()
-                .map(|g| {
-                    let id = arena.id(g.key);
-                    (g, id)
+                .map(|gather| Slot {
+                    id: arena.id(gather.key),
+                    from: match gather.holds {
+                        shards::Holds::Vectors(Some(bits)) => Some(arena.id(bits)),
+                        _ => None,
+                    },
+                    gather,
                 })
                 .collect(),
             false => Vec::new(),
@@ -141,11 +147,11 @@ impl Sharding {
             grad_shards: ids(Key::GradsShard, rule.grad_spans()),
             param_shards: ids(Key::ParamsShard, rule.params_sharded()),
             gathers,
-            head_vectors: arena.try_id(Key::GatherHeadVectors),
-            direct: (model.units.iter())
-                .map(|u| shards::direct_grads(model.policy, &model.units, u.kind))
+            direct: shards::direct_grads(model.policy, plan::frugal::UnitKind::Embed),
+            vector_views: model.units.iter().map(gather::vector_views).collect(),
+            grad_vectors: (model.units.iter())
+                .map(|u| arena.try_id(Key::GradVectors(u.kind)))
                 .collect(),
-            grad_head_vectors: arena.try_id(Key::GradHeadVectors),
             grad_spans: model
                 .units
                 .iter()
@@ -167,52 +173,6 @@ impl Sharding {
     /// The element type of the working weights and the gradient accumulators.
     fn elem(&self) -> DType {
         self.half.unwrap_or(DType::F32)
-    }
-
-    /// Fills gather buffer `id` with unit `u`'s full fp32 weights.
-    fn fill_gather<B: Backend>(
-        &self,
-        u: usize,
-        id: BufId,
-        arena: &Arena<B>,
-        comm: Comm<'_>,
-    ) -> Result<(), EngineError> {
-        let be = arena.backend();
-        let full = arena.tensor(id, DType::F32);
-        if let Some((g, _)) = self.gathers.iter().find(|(g, i)| *i == id && g.bits) {
-            // The bf16 tables: the 2-byte bits, not widened (an untied head's final-norm
-            // vectors are widened into their own buffer).
-            let half = self.half.expect("a bits gather holds 2-byte weights");
-            let src = arena.tensor(self.param_shards[u], half);
-            let dst = arena.tensor(id, half);
-            be.collective(arena, comm, CommOp::AllGather { src, dst })?;
-            let head = g.key == Key::GatherFwd(plan::frugal::UnitKind::Head);
-            if let Some(v) = self.head_vectors.filter(|_| head) {
-                let vectors = arena.tensor(v, DType::F32);
-                be.convert(arena, vectors, dst.prefix(vectors.len));
-            }
-            return Ok(());
-        }
-        let Some(half) = self.half else {
-            let src = arena.tensor(self.param_shards[u], DType::F32);
-            be.collective(arena, comm, CommOp::AllGather { src, dst: full })?;
-            return Ok(());
-        };
-        if !self.rule.params_sharded() {
-            // Every element, or (the bf16 head's untied unit) the final norm's vectors.
-            let store = arena.tensor(self.param_store[u], half);
-            be.convert(arena, full, store.prefix(full.len));
-            return Ok(());
-        }
-        // The 2-byte shards gather into the buffer's first half, then widen in place.
-        let src = arena.tensor(self.param_shards[u], half);
-        let bits = Tensor {
-            dtype: half,
-            ..full
-        };
-        be.collective(arena, comm, CommOp::AllGather { src, dst: bits })?;
-        be.widen_in_place(arena, full, half);
-        Ok(())
     }
 
     /// This rank's elements of unit `u`.
@@ -248,43 +208,41 @@ impl Sharding {
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
         let at = phase.ordinal(self.n_layers);
-        for (g, id) in &self.gathers {
+        for slot in &self.gathers {
+            let g = &slot.gather;
             let backward = g.used_from.ordinal(self.n_layers) > Phase::Head.ordinal(self.n_layers);
             if g.born == phase && !(backward && pass == Pass::ForwardOnly) {
-                self.fill_gather(g.unit, *id, arena, comm)?;
+                self.fill(slot, arena, comm)?;
             }
             let (from, to) = (
                 g.used_from.ordinal(self.n_layers),
                 g.dies.ordinal(self.n_layers),
             );
-            // The embedding's bits are `params[u]` from the start (`Model::embed_table`).
-            let embed_bits = g.bits && g.key == Key::GatherFwd(plan::frugal::UnitKind::Embed);
-            if from <= at && at <= to && !embed_bits {
-                match (g.bits, self.head_vectors) {
-                    (true, Some(v)) => (model.lm_bits, model.params[g.unit]) = (Some(*id), v),
-                    (true, None) => model.lm_bits = Some(*id),
-                    (false, _) => model.params[g.unit] = *id,
-                }
+            if from <= at && at <= to {
+                Sharding::point(slot, model);
             }
         }
         if self.rule.grad_spans() && pass == Pass::Training {
             let be = arena.backend();
             for (u, &(first, _)) in self.grad_spans.iter().enumerate() {
                 // A direct gradient at stages 0-1 is the accumulator itself.
-                if first == phase && !self.is_accumulator(u) {
-                    be.fill(arena, arena.tensor(grads[u], self.grad_type(u)), 0.0);
+                if first != phase {
+                    continue;
                 }
-            }
-            if let Some(v) = self.grad_head_vectors.filter(|_| phase == Phase::Head) {
-                be.fill(arena, arena.tensor(v, DType::F32), 0.0);
+                if !self.is_accumulator() {
+                    be.fill(arena, arena.tensor(grads[u], self.grad_type()), 0.0);
+                }
+                if let Some(v) = self.grad_vectors[u] {
+                    be.fill(arena, arena.tensor(v, DType::F32), 0.0);
+                }
             }
         }
         Ok(())
     }
 
     /// The element type of unit `u`'s gradient as the backward writes it.
-    fn grad_type(&self, u: usize) -> DType {
-        match self.direct[u] {
+    fn grad_type(&self) -> DType {
+        match self.direct {
             true => self.elem(),
             false => DType::F32,
         }
@@ -292,8 +250,8 @@ impl Sharding {
 
     /// Whether the backward writes unit `u`'s gradient straight into its accumulator (a direct
     /// 2-byte gradient at stages 0-1).
-    fn is_accumulator(&self, u: usize) -> bool {
-        self.direct[u] && !self.rule.grad_acc_sharded()
+    fn is_accumulator(&self) -> bool {
+        self.direct && !self.rule.grad_acc_sharded()
     }
 
     /// Before `arena.leave(phase)`: with gradient spans, reduces the full gradients that die
@@ -314,19 +272,19 @@ impl Sharding {
             if last != phase {
                 continue;
             }
-            let head = phase == Phase::Head && self.direct[u];
-            if let (Some(v), true) = (self.grad_head_vectors, head) {
-                // An untied head's final-norm gradients, rounded into its 2-byte gradient.
+            if let Some(v) = self.grad_vectors[u] {
+                // The vectors' fp32 gradients, rounded into the unit's 2-byte gradient.
                 let vectors = arena.tensor(v, DType::F32);
-                let head = arena
-                    .tensor(grads[u], self.grad_type(u))
-                    .prefix(vectors.len);
-                be.accumulate(arena, head, vectors);
+                let dst = arena.tensor(grads[u], self.elem());
+                for (inside, compact) in &self.vector_views[u] {
+                    let (d, v) = (dst.slice(inside.clone()), vectors.slice(compact.clone()));
+                    be.accumulate(arena, d, v);
+                }
             }
-            if self.is_accumulator(u) {
+            if self.is_accumulator() {
                 continue; // reduced once after the micro-steps (`reduce_grads`)
             }
-            let full = arena.tensor(grads[u], self.grad_type(u));
+            let full = arena.tensor(grads[u], self.grad_type());
             match self.rule.optimizer_sharded() {
                 false => be.collective(arena, comm, CommOp::AllReduce(full))?,
                 true => be.collective(arena, comm, CommOp::ReduceScatterInPlace(full))?,
@@ -360,7 +318,7 @@ impl Sharding {
     ) -> Result<(), EngineError> {
         let whole: Vec<(BufId, DType)> = match self.rule.grad_spans() {
             true => (0..grads.len())
-                .filter(|&u| self.is_accumulator(u))
+                .filter(|_| self.is_accumulator())
                 .map(|u| (grads[u], self.elem()))
                 .collect(),
             false => grads.iter().map(|&id| (id, DType::F32)).collect(),

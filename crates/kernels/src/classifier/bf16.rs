@@ -267,10 +267,13 @@ fn softmax_xent_cols(
         total += losses[j] as f64;
         scale[j] = (dloss as f64 / sums[j]) as f32;
     }
-    // The targets' exponentials, before their bytes hold bf16.
-    let target_exp: Vec<Option<f32>> = (targets.iter().enumerate())
-        .map(|(j, &t)| own(t).map(|i| lt[i * w + j]))
-        .collect();
+    // The targets' exponentials, before their bytes hold bf16 (the target logits are spent).
+    let target_exp = &mut target_logit;
+    for (j, &t) in targets.iter().enumerate() {
+        if let Some(i) = own(t) {
+            target_exp[j] = lt[i * w + j];
+        }
+    }
     // Each block rounds into the first half of its own bytes; the halves then move together.
     lt.par_chunks_mut(VB * w)
         .for_each(|blk| col_scale_round(blk, &scale));
@@ -279,8 +282,8 @@ fn softmax_xent_cols(
         let (from, len) = (2 * blk * VB * w, VB.min(v - blk * VB) * w);
         dl_t.copy_within(from..from + len, blk * VB * w);
     }
-    for (j, (&t, e)) in targets.iter().zip(target_exp).enumerate() {
-        if let (Some(i), Some(e)) = (own(t), e) {
+    for (j, (&t, &e)) in targets.iter().zip(target_exp.iter()).enumerate() {
+        if let Some(i) = own(t) {
             dl_t[i * w + j] = bf16::from_bits(bf16_bits(e * scale[j] - dloss));
         }
     }

@@ -57,9 +57,8 @@ pub struct ActPolicy {
     /// residual stream, the norms' outputs and statistics) is split over along the rows; 1
     /// without it.
     pub seq_shards: u64,
-    /// The bf16 GEMMs of the blocks read the 2-byte working copy of each weight in place:
-    /// `bf16_matmul_inputs` below ZeRO stage 3, where that copy is whole on every rank. Stage 3
-    /// rounds each weight from its widened gather into `work.w_bf16` instead.
+    /// The 2-byte weights are the working copy, whole on every rank (`bf16_units` below ZeRO
+    /// stage 3); at stage 3 the kernels read each unit's bits as gathered.
     pub bf16_in_place: bool,
     /// The classifier runs on bf16 operands (`kernels::classifier::bf16`; vocab-parallel under
     /// tensor parallelism), reading its weight's 2-byte working copy in place
@@ -70,7 +69,7 @@ pub struct ActPolicy {
     /// (the embedding, an untied head) are then read and written in 2 bytes only: the embedding
     /// forward reads the working copy (stage 3: its bits gathered), and their gradients are
     /// 2-byte, written directly (`shards::direct_grads`).
-    pub bf16_head: bool,
+    pub bf16_units: bool,
 }
 
 impl ActPolicy {
@@ -81,7 +80,7 @@ impl ActPolicy {
         bf16_matmul_inputs: false,
         seq_shards: 1,
         bf16_in_place: false,
-        bf16_head: false,
+        bf16_units: false,
     };
 
     pub fn of(setup: &TrainSetup) -> ActPolicy {
@@ -95,7 +94,7 @@ impl ActPolicy {
             bf16_matmul_inputs: bf16,
             seq_shards: if setup.sp { u64::from(setup.tp) } else { 1 },
             bf16_in_place: in_place,
-            bf16_head: bf16,
+            bf16_units: bf16,
         }
     }
 
@@ -133,10 +132,10 @@ fn span(born: Phase, dies: Phase) -> Lifetime {
 }
 
 /// Bytes of the classifier's scratch per row of its chunk: V f32 logits (under
-/// [`ActPolicy::bf16_head`] later both layouts of the bf16 logit gradient, over the dead
-/// logits), and under `bf16_head` C bf16 inputs too.
+/// [`ActPolicy::bf16_units`] later both layouts of the bf16 logit gradient, over the dead
+/// logits), and under `bf16_units` C bf16 inputs too.
 pub fn classifier_row_bytes(m: &ModelShape, policy: ActPolicy) -> u64 {
-    match policy.bf16_head {
+    match policy.bf16_units {
         true => 4 * m.vocab + 2 * m.d_model,
         false => 4 * m.vocab,
     }
@@ -185,10 +184,10 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
     ));
     out.extend(mla_scratch(&d, moe_life));
     if policy.bf16_matmul_inputs {
-        out.extend(bf16_scratch(&d, policy));
+        out.extend(bf16_scratch(&d));
         out.extend(bf16_backward_scratch(m, &d));
     }
-    if policy.bf16_head {
+    if policy.bf16_units {
         // The 2-byte embedding gradient's sort of the positions by token (u32).
         let key = Key::Work(Work::EmbedOrder);
         let life = span(Phase::EmbedBackward, Phase::EmbedBackward);
@@ -218,26 +217,22 @@ fn sp_scratch(d: &BlockDims, policy: ActPolicy) -> [Buffer; 3] {
 /// With bf16 activations: `work.f32`, where the f32 kernels producing a bf16 tensor write it
 /// before it is rounded (and where the backward widens a matmul input back for an f32 kernel),
 /// `work.f32_in`, where a saved bf16 `qkv` or `fch` is widened for the f32 attention or
-/// activation kernel while that kernel writes `work.f32`, and (stage 3: not
-/// [`ActPolicy::bf16_in_place`]) `work.w_bf16`, where a block matmul's f32 weight is rounded
-/// for the bf16 GEMM. All live from the embedding to its backward (recompute runs block
-/// forwards inside the backward).
-fn bf16_scratch(d: &BlockDims, policy: ActPolicy) -> Vec<Buffer> {
+/// activation kernel while that kernel writes `work.f32`. Both live from the embedding to its
+/// backward (recompute runs block forwards inside the backward). No weight is ever rounded:
+/// the GEMMs read the 2-byte weights where they lie (`ActPolicy::bf16_units`).
+fn bf16_scratch(d: &BlockDims) -> Vec<Buffer> {
     let life = span(Phase::Embed, Phase::EmbedBackward);
     let outputs = d.qkv.max(d.fc).max(2 * d.shared);
+    // Latent attention's normed latents are matmul inputs too.
+    let latents = d.mla.map_or(0, |a| a.kv_rank.max(a.q_rank.unwrap_or(0)));
     // The MLP's activation (and the gates' gradient) runs on all routed rows at once.
-    let rows = (d.n * d.c.max(d.atty).max(d.fc_act).max(outputs)).max(d.routed() * d.fc_act);
+    let widest = d.c.max(d.atty).max(d.fc_act).max(outputs).max(latents);
+    let rows = (d.n * widest).max(d.routed() * d.fc_act);
     let widened = (d.n * outputs).max(d.routed() * d.fc);
-    let weight = d.c * d.widest_out().max(d.widest_in());
-    let mut out = vec![
+    vec![
         f32_buffer(Key::Work(Work::F32), Category::Other, rows, life),
         f32_buffer(Key::Work(Work::F32In), Category::Other, widened, life),
-    ];
-    if !policy.bf16_in_place {
-        let key = Key::Work(Work::WeightBf16);
-        out.push(sized_buffer(key, Category::Other, 2 * weight, life));
-    }
-    out
+    ]
 }
 
 /// With bf16 matmul inputs, the backward GEMMs' 2-byte output gradient: `work.bw.dout` (a

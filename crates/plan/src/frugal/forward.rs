@@ -37,7 +37,7 @@ impl ForwardSetup {
             bf16_matmul_inputs: false,
             seq_shards: 1,
             bf16_in_place: false,
-            bf16_head: false,
+            bf16_units: false,
         }
     }
 }

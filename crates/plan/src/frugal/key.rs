@@ -37,8 +37,6 @@ pub enum Work {
     F32,
     /// A saved bf16 matmul output (`qkv`, `fch`) widened for the f32 attention/activation kernel.
     F32In,
-    /// A block weight rounded to bf16 for the bf16 GEMM.
-    WeightBf16,
     /// The bf16 embedding's backward: the micro-batch's positions sorted by token (u32), so
     /// each table row's part is summed in f32 and rounded once into its 2-byte gradient.
     EmbedOrder,
@@ -237,12 +235,15 @@ pub enum Key {
     GatherBwd(u32),
     /// The tied token embedding gathered for the head.
     GatherHeadEmbed,
-    /// bf16 head, untied: the head unit's vectors before its output projection (the final
-    /// norm's), widened from the working copy (below stage 3) or the unit's 2-byte gather.
-    GatherHeadVectors,
-    /// bf16 head, untied: the fp32 gradient of the head unit's vectors (the final norm's),
-    /// rounded into the unit's 2-byte gradient at the end of the head (`shards::direct_grads`).
-    GradHeadVectors,
+    /// 2-byte units (`ActPolicy`'s `bf16_units`): a unit's vectors (`Unit::vectors`, norm
+    /// weights and biases) widened to fp32 for its forward, from the working copy or (stage 3)
+    /// beside its bits gathered.
+    VectorsFwd(UnitKind),
+    /// The same for block `l`'s backward.
+    VectorsBwd(u32),
+    /// 2-byte units: the fp32 gradient of a unit's vectors while the backward writes it,
+    /// rounded into the unit's 2-byte gradient at the end of its last phase.
+    GradVectors(UnitKind),
     Tokens,
     Targets,
     /// The embedding's output: block 0's input.
@@ -320,8 +321,9 @@ impl fmt::Display for Key {
             Key::GatherFwd(u) => write!(f, "gather.fwd.{u}"),
             Key::GatherBwd(l) => write!(f, "gather.bwd.h.{l}"),
             Key::GatherHeadEmbed => f.write_str("gather.head.embed"),
-            Key::GatherHeadVectors => f.write_str("gather.head.vectors"),
-            Key::GradHeadVectors => f.write_str("grads.head.vectors"),
+            Key::VectorsFwd(u) => write!(f, "gather.fwd.{u}.vectors"),
+            Key::VectorsBwd(l) => write!(f, "gather.bwd.h.{l}.vectors"),
+            Key::GradVectors(u) => write!(f, "grads.{u}.vectors"),
             Key::Tokens => f.write_str("batch.tokens"),
             Key::Targets => f.write_str("batch.targets"),
             Key::Encoded => f.write_str("act.encoded"),
@@ -373,7 +375,6 @@ impl fmt::Display for Key {
             Key::Work(w) => f.write_str(match w {
                 Work::F32 => "work.f32",
                 Work::F32In => "work.f32_in",
-                Work::WeightBf16 => "work.w_bf16",
                 Work::EmbedOrder => "work.embed_order",
                 Work::Dequant => "work.dequant",
                 Work::LoraDu => "work.lora_du",

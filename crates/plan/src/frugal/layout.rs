@@ -65,7 +65,8 @@ pub fn assign_offsets_aligned(plan: &MemoryPlan, device: Device, align: u64) -> 
                 Key::GatherFwd(_)
                     | Key::GatherBwd(_)
                     | Key::GatherHeadEmbed
-                    | Key::GatherHeadVectors
+                    | Key::VectorsFwd(_)
+                    | Key::VectorsBwd(_)
             )
         )
     };

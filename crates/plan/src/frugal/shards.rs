@@ -14,24 +14,28 @@
 //! Stage 3 gathers every unit into `gather.fwd.<u>` for its forward (the embedding at `Embed`,
 //! block l at `Forward(l)`, the head at `Head`, where its forward and backward both run) and
 //! every block again into `gather.bwd.h.<l>` for its backward. With tied embeddings the head
-//! also needs the token embedding: `gather.head.embed` (under `ActPolicy::bf16_head` only at
-//! stage 3, as the 2-byte bits: below it the head reads the working copy). The embedding's backward reads no
+//! also needs the token embedding: `gather.head.embed`. The embedding's backward reads no
 //! weights, so it has no backward gather. Under a segment recompute policy the backward of a
 //! segment's last block re-runs the whole segment's forward, so each block's backward gather is
 //! born there and serves both the recompute and the block's own backward: one gather per unit
 //! per backward, never two. Prefetch: at stage 3 every gather is born one phase before its first
 //! use (the next unit is gathered while the current one computes), which costs one more unit's
-//! bytes; below stage 3 (2-byte weights widened from the rank's own whole copy, no
-//! communication to hide) a gather is born where it is first used.
+//! bytes; below stage 3 (fp16 weights widened from the rank's own whole copy, 2-byte units'
+//! vectors; no communication to hide) a gather is born where it is first used.
 //! Gathered units count as `Other` (the seed's "gathered working set"), so `params_bytes` is
 //! exactly the shard: model state is (4 + 4 + 8)·Ψ/N = 16Ψ/N bytes per rank for fp32 AdamW.
 //!
-//! Under `ActPolicy::bf16_head` the tables (the embedding, an untied head: [`direct_grads`])
-//! never exist in fp32: the embedding's forward reads the working copy (stage 3: the bits
-//! gathered, `gather.fwd.embed` 2 bytes an element), and their gradients are written in 2
-//! bytes directly — into the whole accumulator at stages 0-1 (reduced once at the end of the
-//! step, as fp32's full gradients), into a 2-byte span at stages 2-3 — with an untied head's
-//! final-norm vectors through `grads.head.vectors` (fp32, the head only).
+//! 2-byte units (`ActPolicy`'s `bf16_units`: bf16 without LoRA) never exist in fp32 as a
+//! whole: the GEMMs, the embedding and the classifier read the 2-byte weights where they lie
+//! (the working copy below stage 3, the bits gathered at stage 3, [`Holds::Bits`]), and only a
+//! unit's vectors (`Unit::vectors`: norm weights and biases, a few C each) are widened for the
+//! fp32 kernels, on the gathers' schedule (`gather.fwd.<u>.vectors`, [`Holds::Vectors`]).
+//! Their gradients are written in 2 bytes directly ([`direct_grads`]) — into the whole
+//! accumulator at stages 0-1 (reduced once at the end of the step, as fp32's full gradients),
+//! into a 2-byte span at stages 2-3 — the vectors' through `grads.<u>.vectors` (fp32, while
+//! the backward writes them, rounded in at the end of the unit's last phase). So a bf16 step
+//! holds 2 + 2 + 4 + 8 bytes per parameter and nothing unit-sized in fp32, and never peaks
+//! above the fp32 step of the same shape.
 //!
 //! Gradient accumulation: stages 0 and 1 accumulate full gradients locally over the K
 //! micro-steps and reduce once at the end (all-reduce / reduce-scatter: 2Ψ of traffic per
@@ -44,6 +48,9 @@
 //! Example: `gathers(&gpt2_tiny, &units, ActPolicy::PLAIN, true)` lists `gather.fwd.h.0` born
 //! in `Embed`, dying in `Forward(0)`, and `gather.bwd.h.1` born in `Head`, dying in
 //! `Backward(1)`.
+
+mod gathers;
+pub use gathers::{gathers, Gather, Holds};
 
 use super::acts::ActPolicy;
 use super::key::Key;
@@ -58,8 +65,8 @@ use crate::{ModelShape, PlanError};
 /// | question | fp32 | bf16/fp16 |
 /// |---|---|---|
 /// | weights | `params.<u>` whole at 0-2, `params.shard.<u>` at 3 | the same, 2-byte |
-/// | what the kernels read | `params.<u>`; stage 3 `gather.*` | fp32 `gather.*` at every stage; bf16 GEMMs the 2-byte `params.<u>` (stages 0-2) |
-/// | full gradient | persistent at 0-1; a span at 2-3 | an fp32 span at every stage; bf16 tables ([`direct_grads`]): none at 0-1, a 2-byte span at 2-3 |
+/// | what the kernels read | `params.<u>`; stage 3 `gather.*` | fp16: fp32 `gather.*` at every stage; bf16: the 2-byte `params.<u>` (stage 3 `gather.*` bits) and fp32 `gather.*.vectors` |
+/// | full gradient | persistent at 0-1; a span at 2-3 | fp16: an fp32 span at every stage; bf16 ([`direct_grads`]): none at 0-1, a 2-byte span at 2-3, fp32 `grads.<u>.vectors` |
 /// | accumulator | the full gradient at 0-1; `grads.shard.<u>` at 2-3 | 2-byte `grads.shard.<u>`, whole at 0-1 |
 /// | optimizer state | whole at 0, shard at 1-3 | + fp32 `master.<u>`; on the host with offload |
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,8 +105,8 @@ impl StateRule {
         self.zero == ZeroStage::Zero3
     }
 
-    /// The kernels read fp32 copies gathered (and widened) on the stage-3 schedule: at stage 3,
-    /// and at every stage with 2-byte weights.
+    /// The kernels read copies gathered on the stage-3 schedule: at stage 3, and at every stage
+    /// with 2-byte weights (fp16 widened whole, bf16 units' vectors).
     pub fn gathers(&self) -> bool {
         self.params_sharded() || self.is_half()
     }
@@ -165,140 +172,13 @@ pub fn grad_span(model: &ModelShape, kind: UnitKind) -> (Phase, Phase) {
     }
 }
 
-/// Whether unit `kind`'s gradient is written in 2 bytes directly (no fp32 span): under
-/// `ActPolicy::bf16_head`, the embedding and an untied head (its final-norm vectors through the
-/// fp32 `grads.head.vectors`). At stages 0-1 the backward writes the whole accumulator
+/// Whether unit `kind`'s gradient is written in 2 bytes directly (no fp32 span): every unit of
+/// a model of 2-byte units (`ActPolicy`'s `bf16_units`), its vectors through the fp32
+/// `grads.<u>.vectors`. At stages 0-1 the backward writes the whole accumulator
 /// `grads.shard.<u>`, reduced once after the micro-steps; at 2-3 a 2-byte span `grads.<u>`,
 /// reduce-scattered into the accumulator at the end of its last phase as the fp32 spans are.
-pub fn direct_grads(policy: ActPolicy, units: &[Unit], kind: UnitKind) -> bool {
-    policy.bf16_head
-        && match kind {
-            UnitKind::Embed => true,
-            UnitKind::Head => head_vectors(units).is_some(),
-            UnitKind::Block(_) => false,
-        }
-}
-
-/// One stage-3 gather: unit `unit` (index into the units) all-gathered into buffer `key`,
-/// live from `born` to `dies`, read by the kernels in the phases `used_from ..= dies`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Gather {
-    pub unit: usize,
-    pub key: Key,
-    pub born: Phase,
-    pub used_from: Phase,
-    pub dies: Phase,
-    /// The 2-byte shards' bits as gathered, not widened to fp32 (2 bytes an element), at stage 3
-    /// under `ActPolicy::bf16_head`: the output projection (the tied embedding, or the untied
-    /// head unit) and the embedding for its forward.
-    pub bits: bool,
-}
-
-/// Elements of the untied head unit before its output projection (the final norm's vectors),
-/// which the bf16 head widens into `gather.head.vectors` for the fp32 norm kernels (from the
-/// working copy below stage 3, from the unit's bits gather at stage 3).
-pub fn head_vectors(units: &[Unit]) -> Option<u64> {
-    let head = units.iter().find(|u| u.kind == UnitKind::Head)?;
-    let lm = head.views.iter().find(|v| v.role == super::Role::LmHead)?;
-    Some(lm.offset)
-}
-
-/// The phase before `phase` on the training timeline (the first phase has none before it).
-fn previous(phase: Phase, n_layers: u32) -> Phase {
-    match phase {
-        Phase::Embed | Phase::Forward(0) => Phase::Embed,
-        Phase::Forward(l) => Phase::Forward(l - 1),
-        Phase::Head => Phase::Forward(n_layers - 1),
-        Phase::Backward(l) if l == n_layers - 1 => Phase::Head,
-        Phase::Backward(l) => Phase::Backward(l + 1),
-        Phase::EmbedBackward => Phase::Backward(0),
-        Phase::Optimizer => Phase::EmbedBackward,
-        Phase::Prefill | Phase::Decode => unreachable!("training gathers"),
-    }
-}
-
-/// Every stage-3 gather of one micro-step for the model's `units` (all of them, or a LoRA
-/// model's adapter units, one per block: those have no embedding or head gathers), in the order
-/// they are born.
-/// `prefetch` (stage 3): each is born one phase before its first use.
-pub fn gathers(
-    model: &ModelShape,
-    units: &[Unit],
-    policy: ActPolicy,
-    prefetch: bool,
-) -> Vec<Gather> {
-    let n = model.n_layers;
-    let index = |kind: UnitKind| units.iter().position(|u| u.kind == kind);
-    let gather = |unit: usize, key: Key, used_from: Phase, dies: Phase| Gather {
-        unit,
-        key,
-        born: match prefetch {
-            true => previous(used_from, n),
-            false => used_from,
-        },
-        used_from,
-        dies,
-        bits: false,
-    };
-    let mut out = Vec::new();
-    if let Some(u) = index(UnitKind::Embed) {
-        let embed = gather(
-            u,
-            Key::GatherFwd(UnitKind::Embed),
-            Phase::Embed,
-            Phase::Embed,
-        );
-        // The bf16 tables: the embedding reads its working copy, or at stage 3 its bits.
-        match (policy.bf16_head, policy.bf16_in_place) {
-            (false, _) => out.push(embed),
-            (true, false) => out.push(Gather {
-                bits: true,
-                ..embed
-            }),
-            (true, true) => {}
-        }
-    }
-    for l in 0..n {
-        let f = Phase::Forward(l);
-        if let Some(u) = index(UnitKind::Block(l)) {
-            out.push(gather(u, Key::GatherFwd(UnitKind::Block(l)), f, f));
-        }
-    }
-    if let Some(u) = index(UnitKind::Head) {
-        let head = gather(u, Key::GatherFwd(UnitKind::Head), Phase::Head, Phase::Head);
-        // The bf16 head on an untied projection: below stage 3 it reads the working copy, so
-        // only the final norm's vectors are widened (`gather.head.vectors`); at stage 3 the
-        // unit's 2-byte bits are gathered (its vectors widened beside them).
-        let untied = policy.bf16_head && head_vectors(units).is_some();
-        match (untied, policy.bf16_in_place) {
-            (false, _) => out.push(head),
-            (true, true) => out.push(Gather {
-                key: Key::GatherHeadVectors,
-                ..head
-            }),
-            (true, false) => out.push(Gather { bits: true, ..head }),
-        }
-    }
-    // The bf16 head reads the tied embedding's 2-byte working copy in place, or at stage 3
-    // (where no copy is whole, `bf16_in_place` is off) its 2-byte bits gathered.
-    if let Some(u) = index(UnitKind::Embed).filter(|_| model.tied_embeddings) {
-        let head = gather(u, Key::GatherHeadEmbed, Phase::Head, Phase::Head);
-        match (policy.bf16_head, policy.bf16_in_place) {
-            (false, _) => out.push(head),
-            (true, false) => out.push(Gather { bits: true, ..head }),
-            (true, true) => {}
-        }
-    }
-    for l in (0..n).rev() {
-        // A segment's recompute runs in the backward of its last block and reads every block
-        // of the segment: gather there once, keep until the block's own backward.
-        let last = policy.segment(n, l).map_or(l, |(_, last)| last);
-        let (used, dies) = (Phase::Backward(last), Phase::Backward(l));
-        if let Some(u) = index(UnitKind::Block(l)) {
-            out.push(gather(u, Key::GatherBwd(l), used, dies));
-        }
-    }
-    out
+pub fn direct_grads(policy: ActPolicy, _kind: UnitKind) -> bool {
+    policy.bf16_units
 }
 
 /// The optimizer-state keys of one unit for `optimizer` (AdamW m, v; SGD momentum).
@@ -346,25 +226,16 @@ pub fn state_buffers(
         if rule.grad_spans() {
             let (born, dies) = grad_span(model, u);
             let span = Lifetime::Span { born, dies };
-            match direct_grads(policy, units, u) {
+            match direct_grads(policy, u) {
                 true if rule.grad_acc_sharded() => {
                     out.push(dev(Key::Grads(u), Category::Grads, w * full, span))
                 }
                 true => {}
                 false => out.push(dev(Key::Grads(u), Category::Grads, 4 * full, span)),
             }
-            if u == UnitKind::Head && direct_grads(policy, units, u) {
-                let vectors = head_vectors(units).expect("an untied head");
-                let head = Lifetime::Span {
-                    born: Phase::Head,
-                    dies: Phase::Head,
-                };
-                out.push(dev(
-                    Key::GradHeadVectors,
-                    Category::Grads,
-                    4 * vectors,
-                    head,
-                ));
+            let vectors = unit.vector_numel();
+            if direct_grads(policy, u) && vectors > 0 {
+                out.push(dev(Key::GradVectors(u), Category::Grads, 4 * vectors, span));
             }
             let acc = if rule.grad_acc_sharded() { shard } else { full };
             out.push(dev(
@@ -403,21 +274,7 @@ pub fn state_buffers(
                 born: g.born,
                 dies: g.dies,
             };
-            let bytes = match (g.bits, g.key) {
-                (_, Key::GatherHeadVectors) => 4 * head_vectors(units).expect("an untied head"),
-                (true, _) => 2 * units[g.unit].padded_numel,
-                (false, _) => 4 * units[g.unit].padded_numel,
-            };
-            out.push(dev(g.key, Category::Other, bytes, span));
-            if let (true, Key::GatherFwd(UnitKind::Head)) = (g.bits, g.key) {
-                let vectors = head_vectors(units).expect("an untied head");
-                out.push(dev(
-                    Key::GatherHeadVectors,
-                    Category::Other,
-                    4 * vectors,
-                    span,
-                ));
-            }
+            out.push(dev(g.key, Category::Other, g.bytes(&units[g.unit]), span));
         }
     }
     out
@@ -428,36 +285,6 @@ mod tests {
     use super::*;
     use crate::frugal::param_units;
     use crate::presets;
-    use crate::setup::Recompute;
-
-    #[test]
-    fn recompute_gathers_a_segment_once_in_its_last_blocks_backward() {
-        let mut model = presets::by_name("gpt2-tiny").unwrap();
-        model.n_layers = 4;
-        let policy = ActPolicy {
-            recompute: Recompute::Every(2),
-            ..ActPolicy::PLAIN
-        };
-        let units = param_units(&model, 1).unwrap();
-        let g = gathers(&model, &units, policy, true);
-        let find = |name: &str| {
-            g.iter()
-                .find(|g| g.key.to_string() == name)
-                .unwrap()
-                .clone()
-        };
-        let b0 = find("gather.bwd.h.0");
-        assert_eq!(
-            (b0.born, b0.used_from, b0.dies),
-            (Phase::Backward(2), Phase::Backward(1), Phase::Backward(0))
-        );
-        let b3 = find("gather.bwd.h.3");
-        assert_eq!((b3.born, b3.dies), (Phase::Head, Phase::Backward(3)));
-        let backward = g.iter().filter(|g| matches!(g.key, Key::GatherBwd(_)));
-        assert_eq!(backward.count(), 4);
-        let f0 = find("gather.fwd.h.0");
-        assert_eq!((f0.born, f0.dies), (Phase::Embed, Phase::Forward(0)));
-    }
 
     #[test]
     fn a_world_larger_than_the_smallest_unit_is_refused() {

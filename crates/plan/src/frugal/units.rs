@@ -131,6 +131,29 @@ impl Unit {
     pub fn has(&self, role: Role) -> bool {
         self.views.iter().any(|v| v.role == role)
     }
+
+    /// The views only fp32 kernels read (norm weights and biases: one dimension), in order:
+    /// what a 2-byte unit widens (`ActPolicy`'s `bf16_units`), laid out one after another.
+    pub fn vectors(&self) -> impl Iterator<Item = &ParamView> {
+        self.views.iter().filter(|v| v.shape.len() == 1)
+    }
+
+    /// Elements of [`Unit::vectors`].
+    pub fn vector_numel(&self) -> u64 {
+        self.vectors().map(ParamView::numel).sum()
+    }
+
+    /// Where `role` sits among the unit's vectors laid out one after another, if it is one.
+    pub fn vector_range(&self, role: Role) -> Option<std::ops::Range<u64>> {
+        let mut at = 0;
+        for v in self.vectors() {
+            if v.role == role {
+                return Some(at..at + v.numel());
+            }
+            at += v.numel();
+        }
+        None
+    }
 }
 
 /// A view as [`UnitBuilder::view`] takes it: role, shape, parts as (HF name, rows, transposed).

@@ -287,16 +287,25 @@ pub fn linear_backward(a: &A, op: &LinearBackward) {
     let s = op.shape;
     let dout = a.view::<f32>(op.dout);
     let mut dinp = a.view_mut::<f32>(op.dinp);
-    let mut parts = a.parts_mut::<f32, 2>([Some(op.dweight), op.dbias]);
-    let [dw, db] = &mut parts.parts;
-    let dw = dw.as_deref_mut().expect("a weight gradient");
     let Some(scratch) = op.bf16 else {
+        let mut parts = a.parts_mut::<f32, 2>([Some(op.dweight), op.dbias]);
+        let [dw, db] = &mut parts.parts;
+        let dw = dw.as_deref_mut().expect("a weight gradient");
         let (inp, weight) = (a.view::<f32>(op.inp), a.view::<f32>(op.weight));
         let db = db.as_deref_mut();
         return matmul::backward(&mut dinp, dw, db, &dout, &inp, &weight, s.n, s.ic, s.oc);
     };
-    bf16_linear_backward(a, &scratch, s, (&mut dinp, dw), &dout, op.inp, op.weight);
-    if let Some(db) = db.as_deref_mut() {
+    bf16_linear_backward(
+        a,
+        &scratch,
+        s,
+        &mut dinp,
+        op.dweight,
+        &dout,
+        (op.inp, op.weight),
+    );
+    if let Some(db) = op.dbias {
+        let mut db = a.view_mut::<f32>(db);
         for row in dout.chunks_exact(s.oc) {
             for (d, &x) in db.iter_mut().zip(row) {
                 *d += x;
@@ -306,40 +315,29 @@ pub fn linear_backward(a: &A, op: &LinearBackward) {
 }
 
 /// dinp += dout·W and dW += doutᵀ·inp as two `gemm_bf16::gemm_nn` GEMMs (AVX-512 BF16 when the
-/// CPU has it) on bf16 operands, as torch autocast does (dout rounded to bf16, f32 accumulation
-/// into the f32 gradient span). W (OC, IC) and inp (N, IC) are read where they lie: W is the
-/// bf16 working copy, or (stage 3) rounded from its f32 gather into `work.w_bf16`; only dout is
-/// transposed (the weight gradient reduces over rows).
+/// CPU has it) on bf16 operands, as torch autocast does (dout rounded to bf16, f32
+/// accumulation). W (OC, IC) and inp (N, IC) are read where they lie (2-byte units); only dout
+/// is transposed (the weight gradient reduces over rows). dW is 2-byte (`ActPolicy`'s
+/// `bf16_units`) and takes the product with one rounding (`gemm_nn_bf16`).
 fn bf16_linear_backward(
     a: &A,
     s: &Bf16Scratch,
     shape: LinearShape,
-    (dinp, dweight): (&mut [f32], &mut [f32]),
+    dinp: &mut [f32],
+    dweight: Tensor,
     dout: &[f32],
-    inp: Tensor,
-    weight: Tensor,
+    (inp, weight): (Tensor, Tensor),
 ) {
     let (n, ic, oc) = (shape.n, shape.ic, shape.oc);
     let (mut g, mut gt) = (a.view_mut::<bf16>(s.dout), a.view_mut::<bf16>(s.dout_t));
     let (g, gt) = (&mut g[..n * oc], &mut gt[..oc * n]);
     convert::f32_to_bf16(g, dout);
-    let (held, mut rounded);
-    let w: &[bf16] = match weight.dtype {
-        DType::Bf16 => {
-            held = a.view::<bf16>(weight);
-            &held
-        }
-        _ => {
-            let t = s.weight.expect("an f32 weight has a bf16 workspace");
-            rounded = a.view_mut::<bf16>(t);
-            convert::f32_to_bf16(&mut rounded[..oc * ic], &a.view::<f32>(weight));
-            &rounded[..oc * ic]
-        }
-    };
-    gemm_bf16::gemm_nn(&mut dinp[..n * ic], g, w, n, ic, oc, gemm_bf16::Accum::Add);
+    let w = a.view::<bf16>(weight);
+    gemm_bf16::gemm_nn(&mut dinp[..n * ic], g, &w, n, ic, oc, gemm_bf16::Accum::Add);
     gemm_bf16::transpose(gt, g, n, oc);
     let x = a.view::<bf16>(inp);
-    gemm_bf16::gemm_nn(dweight, gt, &x, oc, ic, n, gemm_bf16::Accum::Add);
+    let mut dw = a.view_mut::<bf16>(dweight);
+    gemm_bf16::gemm_nn_bf16(&mut dw, gt, &x, oc, ic, n, gemm_bf16::Accum::Add);
 }
 
 pub fn attention_backward(a: &A, op: &AttentionBackward) {

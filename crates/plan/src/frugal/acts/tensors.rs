@@ -112,6 +112,7 @@ impl BlockTensor {
 
     /// Whether a matmul reads this tensor (stored as bf16 under `--precision bf16`); norms'
     /// statistics, matmul outputs and attention's `att`/`lse` stay f32, as under torch autocast.
+    /// Latent attention's normed latents feed `q_b_proj` and `kv_b_proj`.
     pub fn is_matmul_input(self) -> bool {
         matches!(
             self,
@@ -120,6 +121,8 @@ impl BlockTensor {
                 | BlockTensor::Ln2
                 | BlockTensor::FchAct
                 | BlockTensor::SharedFchAct
+                | BlockTensor::QaNorm
+                | BlockTensor::KvNorm
         )
     }
 

@@ -190,14 +190,20 @@ fn bf16_halves_the_matmul_inputs_and_outputs_and_nothing_else() {
 /// projection is gathered as its 2-byte bits (the tied embedding, or the untied head unit with
 /// its vectors widened apart) and block weights are rounded into `work.w_bf16`. The classifier's chunk rows are
 /// `classifier_row_bytes` each.
+/// 2-byte units: no buffer holds a unit in fp32. Below stage 3 the kernels read the working
+/// copy and only the vectors are widened; at stage 3 every gather holds the bits (2 bytes an
+/// element) with the vectors beside them; the gradients are 2-byte (a span only at stages 2-3)
+/// with the vectors' in fp32; no weight is rounded for a GEMM.
 #[test]
-fn bf16_reads_weights_in_place_and_gathers_the_head_as_bits_at_stage_3() {
+fn bf16_units_stay_in_two_bytes_at_every_stage() {
     use crate::frugal::UnitKind;
     use crate::setup::ZeroStage;
     for name in ["gpt2-tiny", "llama-tiny"] {
         let model = presets::by_name(name).unwrap();
         let units = crate::frugal::param_units(&model, 2).unwrap();
-        let padded = |kind| units.iter().find(|u| u.kind == kind).unwrap().padded_numel;
+        let unit = |kind| units.iter().find(|u| u.kind == kind).unwrap();
+        let padded = |kind| unit(kind).padded_numel;
+        let vectors = |kind| 4 * unit(kind).vector_numel();
         for zero in [ZeroStage::Zero0, ZeroStage::Zero2, ZeroStage::Zero3] {
             let s = TrainSetup {
                 precision: Precision::Bf16,
@@ -208,33 +214,43 @@ fn bf16_reads_weights_in_place_and_gathers_the_head_as_bits_at_stage_3() {
             let plan = training_plan(&model, &s).unwrap();
             let find = |n: &str| plan.buffers.iter().find(|b| b.name == n).map(|b| b.bytes);
             let what = format!("{name} {zero:?}");
-            assert_eq!(find("work.bw.inp_t"), None, "{what}");
-            assert_eq!(find("work.bw.w_t"), None, "{what}");
+            for gone in ["work.bw.inp_t", "work.bw.w_t", "work.w_bf16"] {
+                assert_eq!(find(gone), None, "{what}: {gone}");
+            }
             let row = classifier_row_bytes(&model, ActPolicy::of(&s));
             assert_eq!(row, 4 * model.vocab + 2 * model.d_model);
             assert_eq!(find("work.classifier").unwrap() % row, 0, "{what}");
             let stage3 = zero == ZeroStage::Zero3;
-            assert_eq!(find("work.w_bf16").is_some(), stage3, "{what}");
-            // The embedding's forward reads 2 bytes: the working copy, or stage 3's bits.
             let bits = |kind| stage3.then(|| 2 * padded(kind));
-            assert_eq!(find("gather.fwd.embed"), bits(UnitKind::Embed), "{what}");
-            // Its gradient is 2-byte and direct: the accumulator below stage 2, a 2-byte span
-            // reduce-scattered into the shard above.
             let span = |kind| (zero as u8 >= 2).then(|| 2 * padded(kind));
-            assert_eq!(find("grads.embed"), span(UnitKind::Embed), "{what}");
-            let (tied, head) = (find("gather.head.embed"), find("gather.fwd.head"));
-            match (model.tied_embeddings, stage3) {
-                (true, false) => assert_eq!(tied, None, "{what}"),
-                (true, true) => assert_eq!(tied, Some(2 * padded(UnitKind::Embed)), "{what}"),
-                (false, _) => {
-                    // The final norm's vectors alone in fp32; the projection in 2 bytes.
-                    assert_eq!(head, bits(UnitKind::Head), "{what}");
-                    let vectors = find("gather.head.vectors").unwrap();
-                    assert_eq!(vectors, 4 * model.d_model, "{what}");
-                    assert_eq!(find("grads.head"), span(UnitKind::Head), "{what}");
-                    assert_eq!(find("grads.head.vectors"), Some(vectors), "{what}");
-                }
+            let (b0, head) = (UnitKind::Block(0), UnitKind::Head);
+            assert_eq!(find("gather.fwd.embed"), bits(UnitKind::Embed), "{what}");
+            assert_eq!(find("gather.fwd.h.0"), bits(b0), "{what}");
+            assert_eq!(find("gather.bwd.h.0"), bits(b0), "{what}");
+            assert_eq!(find("gather.fwd.head"), bits(head), "{what}");
+            assert_eq!(find("gather.fwd.h.0.vectors"), Some(vectors(b0)), "{what}");
+            assert_eq!(find("gather.bwd.h.0.vectors"), Some(vectors(b0)), "{what}");
+            assert_eq!(
+                find("gather.fwd.head.vectors"),
+                Some(vectors(head)),
+                "{what}"
+            );
+            assert_eq!(
+                find("gather.fwd.embed.vectors"),
+                None,
+                "{what}: the tables have none"
+            );
+            let tied = find("gather.head.embed");
+            assert_eq!(
+                tied,
+                bits(UnitKind::Embed).filter(|_| model.tied_embeddings)
+            );
+            for kind in [UnitKind::Embed, b0, head] {
+                let key = crate::frugal::Key::Grads(kind).to_string();
+                assert_eq!(find(&key), span(kind), "{what}: {key}");
             }
+            assert_eq!(find("grads.h.0.vectors"), Some(vectors(b0)), "{what}");
+            assert_eq!(find("grads.head.vectors"), Some(vectors(head)), "{what}");
         }
     }
 }
@@ -246,18 +262,24 @@ fn bf16_reads_weights_in_place_and_gathers_the_head_as_bits_at_stage_3() {
 fn bf16_never_peaks_above_fp32() {
     use crate::buffer::Device;
     use crate::setup::ZeroStage;
-    let small: &[(u64, u64)] = &[(1, 16), (4, 64), (4, 128), (8, 256)];
-    let large: &[(u64, u64)] = &[(4, 128), (8, 256)];
-    for (name, shapes) in [
-        ("gpt2-tiny", small),
-        ("gpt2-mini", small),
-        ("llama-tiny", small),
-        ("gpt2-124m", large),
-        ("llama3-8b", large),
-    ] {
+    let shapes = [(1, 16), (4, 64), (4, 128), (8, 256)];
+    let models = [
+        "gpt2-tiny",
+        "gpt2-mini",
+        "llama-tiny",
+        "gpt2-124m",
+        "llama3-8b",
+        "mixtral-8x7b",
+    ];
+    for name in models {
         let model = presets::by_name(name).unwrap();
-        for &(b, t) in shapes {
-            for zero in [ZeroStage::Zero0, ZeroStage::Zero2, ZeroStage::Zero3] {
+        for (b, t) in shapes {
+            for zero in [
+                ZeroStage::Zero0,
+                ZeroStage::Zero1,
+                ZeroStage::Zero2,
+                ZeroStage::Zero3,
+            ] {
                 let of = |precision| {
                     let s = TrainSetup {
                         precision,
