@@ -195,7 +195,8 @@ impl<B: Backend> Grad<'_, B> {
             dinp: dinp.prefix(rows * c),
             dweight: dw,
             dout: dout.prefix(rows * c),
-            inp: inp.prefix(rows * c),
+            // The residual stream saved in bf16 is widened for the f32 kernel.
+            inp: widened(self.arena, inp, rows * c, self.model.work.resid_in),
             weight: self.w(roles.0),
             rstd: a.rstd.prefix(rows),
             kind: match kind {

@@ -33,8 +33,11 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
     let (first, replicated) = model.vocab_first();
     // 2-byte tables (bf16 units) are read where they lie, or at stage 3 as gathered.
     let table = |role| model.weight(arena, UnitKind::Embed, role);
+    // Under bf16 the sum lands in f32 and is rounded once into the saved residual stream.
+    let local = crate::sp::rows(model, n).1 * c;
+    let encoded = residual_target(h.encoded, local, model.work.resid_in);
     let op = Embedding {
-        out: crate::sp::partial_target(model, h.encoded, n * c),
+        out: crate::sp::partial_target(model, encoded, n * c),
         tokens: h.tokens.prefix(n),
         wte: table(Role::TokenEmbedding),
         wpe: (model.design.positions == Positions::Learned && replicated)
@@ -45,7 +48,8 @@ pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usi
         shard: model.tp.as_ref().map(|_| first),
     };
     arena.backend().embedding(arena, &op);
-    crate::sp::sum_partial(model, arena, h.encoded, n * c);
+    crate::sp::sum_partial(model, arena, encoded, n * c);
+    settle(arena, h.encoded.prefix(local), encoded);
     if let Some(moe) = model.moe {
         // A new pass: its load-balancing statistics start from zero.
         arena.backend().fill(arena, moe.aux, 0.0);
@@ -222,8 +226,9 @@ impl<'a, B: Backend> Ctx<'a, B> {
         self.norm(inp, a.ln1, a.ln1_mean, a.ln1_rstd, true);
     }
 
-    pub(crate) fn norm2(&self, a: &BlockActs) {
-        self.norm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, false);
+    /// norm2 of `res2` (f32: the saved tensor, or its widened rows).
+    pub(crate) fn norm2(&self, res2: Tensor, a: &BlockActs) {
+        self.norm(res2, a.ln2, a.ln2_mean, a.ln2_rstd, false);
     }
 
     /// qkv = ln1 Wqkv (+ b), then RoPE on q and k where the family rotates positions.
@@ -317,6 +322,27 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 }
 
+/// Where the f32 value of a residual-stream tensor is computed: `t` itself (f32), or (a saved
+/// bf16 tensor) its `scratch`.
+fn residual_target(t: Tensor, len: usize, scratch: Option<Tensor>) -> Tensor {
+    match t.dtype {
+        DType::F32 => t.prefix(len),
+        _ => scratch
+            .expect("a bf16 residual stream has f32 rows")
+            .prefix(len),
+    }
+}
+
+/// Rounds the f32 `value` once into the saved bf16 `t` and `value` to the same bits, the values
+/// every later reader of `t` sees; nothing for an f32 `t` (which `value` is).
+fn settle<B: Backend>(arena: &Arena<B>, t: Tensor, value: Tensor) {
+    if t.dtype == DType::F32 {
+        return;
+    }
+    arena.backend().convert(arena, t, value);
+    arena.backend().convert(arena, value, t);
+}
+
 /// A bf16 tensor widened into `scratch` (its first `len` elements), or the f32 tensor itself.
 pub(crate) fn widened<B: Backend>(
     arena: &Arena<B>,
@@ -406,7 +432,12 @@ pub fn block_with<B: Backend>(
         lora_u: a.lora_u,
         ..Ctx::new(model, arena, layer, batch, seq)
     };
-    cx.norm1(pass.inp, a);
+    // The residual stream in f32: the saved input itself, or (bf16) widened into
+    // `work.resid_in`; res2 and the output are added in f32 and rounded once into their saved
+    // bf16 tensors (`settle`), the f32 rows keeping the rounded values every reader sees.
+    let nc = cx.nc();
+    let inp = widened(arena, pass.inp, nc, model.work.resid_in);
+    cx.norm1(inp, a);
     if model.design.mla {
         crate::mla::qkv(&cx, a);
     } else {
@@ -415,17 +446,26 @@ pub fn block_with<B: Backend>(
     cx.attention_core(a);
     let atty_w = cx.d.atty as usize;
     let proj = (Role::AttnProjWeight, Role::AttnProjBias);
-    cx.project(a.atty, atty_w, pass.inp, a.res2, proj);
-    cx.norm2(a);
+    let res2 = residual_target(a.res2, nc, model.work.resid_mid);
+    cx.project(a.atty, atty_w, inp, res2, proj);
+    settle(arena, a.res2.prefix(nc), res2);
+    cx.norm2(res2, a);
+    // The output over the input's rows (no longer read).
+    let out = residual_target(a.out, nc, model.work.resid_in);
     if cx.d.experts > 0 {
-        return crate::moe::forward(&cx, a, pass.write_out, pass.forward_pass);
+        crate::moe::forward(&cx, a, (res2, out), pass.write_out, pass.forward_pass);
+        if pass.write_out {
+            settle(arena, a.out.prefix(nc), out);
+        }
+        return;
     }
     cx.fc(a);
     cx.activation(a);
     if pass.write_out {
         let f = cx.d.fc_act as usize;
         let proj = (Role::FcProjWeight, Role::FcProjBias);
-        cx.project(a.fch_act, f, a.res2, a.out, proj);
+        cx.project(a.fch_act, f, res2, out, proj);
+        settle(arena, a.out.prefix(nc), out);
     } else if let Some(lora) = &model.lora {
         // The output is kept, but the backward reads the projection's adapter output.
         let role = Role::FcProjWeight;
@@ -445,9 +485,16 @@ pub fn recompute_cheap<B: Backend>(
 ) {
     let cx = Ctx::new(model, arena, layer, batch, seq);
     let a = &blocks[layer];
-    cx.norm1(block_input(model, blocks, layer), a);
+    let nc = cx.nc();
+    let inp = widened(
+        arena,
+        block_input(model, blocks, layer),
+        nc,
+        model.work.resid_in,
+    );
+    cx.norm1(inp, a);
     cx.attention_core(a);
-    cx.norm2(a);
+    cx.norm2(widened(arena, a.res2, nc, model.work.resid_mid), a);
     cx.activation(a);
     if cx.d.shared > 0 {
         crate::moe::shared_activation(&cx, a);
@@ -466,7 +513,7 @@ pub fn final_norm<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq
     let op = NormOp {
         out: h.lnf.slice(first * c..(first + rows) * c),
         rstd: h.lnf_rstd.prefix(rows),
-        inp: last.prefix(rows * c),
+        inp: widened(arena, last, rows * c, model.work.resid_in),
         weight,
         kind: norm_kind(model, h.lnf_mean.map(|m| m.prefix(rows)), bias),
         n: rows,

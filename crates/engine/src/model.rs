@@ -77,6 +77,10 @@ pub struct Bf16Work {
     pub f32: Option<Tensor>,
     /// Where a saved bf16 `qkv` or `fch` is widened for the f32 attention/activation kernel.
     pub f32_in: Option<Tensor>,
+    /// The residual stream's f32 rows while a block adds into them (`work.resid_in`: its input,
+    /// then its output; `work.resid_mid`: `res2`), before each is rounded into its bf16 tensor.
+    pub resid_in: Option<Tensor>,
+    pub resid_mid: Option<Tensor>,
 }
 
 /// A mixture-of-experts model's workspaces (`None` for a dense one).
@@ -176,15 +180,14 @@ impl Model {
                 let out = arena
                     .try_id(Key::BlockOutFwd(l))
                     .unwrap_or_else(|| arena.id(Key::BlockOut(l)));
-                block_acts(&written, arena.tensor(out, DType::F32))
+                block_acts(&written, arena.tensor(out, residual_type(policy)))
             })
             .collect();
-        let f32_of = |key: Key| arena.key_tensor(key, DType::F32);
         // A pipeline stage holds the ids and the head only where it runs them.
         let held = |key: Key| arena.held_tensor(key, DType::F32);
         let head = HeadActs {
             tokens: arena.held_tensor(Key::Tokens, DType::U32),
-            encoded: f32_of(Key::Encoded),
+            encoded: arena.key_tensor(Key::Encoded, residual_type(policy)),
             lnf: held(Key::Lnf),
             lnf_mean: arena.try_tensor(Key::LnfMean, DType::F32),
             lnf_rstd: held(Key::LnfRstd),
@@ -193,6 +196,8 @@ impl Model {
         let work = Bf16Work {
             f32: arena.try_tensor(Key::Work(Work::F32), DType::F32),
             f32_in: arena.try_tensor(Key::Work(Work::F32In), DType::F32),
+            resid_in: arena.try_tensor(Key::Work(Work::ResidIn), DType::F32),
+            resid_mid: arena.try_tensor(Key::Work(Work::ResidMid), DType::F32),
         };
         let moe_in = arena.try_id(Key::Work(Work::MoeIn));
         let moe = moe_in.map(|id| {
@@ -391,6 +396,15 @@ impl Model {
 }
 
 /// The tensor of block tensor `t` at `key`, in the type the policy stores it in.
+/// The element type the residual stream is saved in between blocks (`act.encoded`, block
+/// outputs): bf16 under `--precision bf16`.
+pub(crate) fn residual_type(policy: ActPolicy) -> DType {
+    match policy.residual_bytes() {
+        2 => DType::Bf16,
+        _ => DType::F32,
+    }
+}
+
 pub(crate) fn act_tensor<B: Backend>(
     arena: &Arena<B>,
     policy: ActPolicy,

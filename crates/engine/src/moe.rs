@@ -81,7 +81,15 @@ fn expert(t: Tensor, x: usize, numel: usize) -> Tensor {
 /// The MoE MLP of one block: from `ln2` (written by `norm2`) to `out` = res2 + Σ gate · expert.
 /// With `write_out` false (a recompute of a segment's last block, whose output is kept) it stops
 /// after the activation; `forward_pass` adds to the load-balancing statistics.
-pub(crate) fn forward<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs, write_out: bool, count: bool) {
+/// `res2` and `out` are the residual stream's f32 rows (the saved tensors, or under bf16 their
+/// working rows, rounded into the saved ones by the caller).
+pub(crate) fn forward<B: Backend>(
+    cx: &Ctx<'_, B>,
+    a: &BlockActs,
+    (res2, out): (Tensor, Tensor),
+    write_out: bool,
+    count: bool,
+) {
     let (model, arena, be, d) = (cx.model, cx.arena, cx.be, cx.d);
     let w = work(model);
     let s = shape(&d);
@@ -136,8 +144,8 @@ pub(crate) fn forward<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs, write_out: boo
         cx.dense(rows(y, r, c), inp, weight, None, (r.len(), f));
     }
     let op = MoeOp::Combine {
-        out: a.out.prefix(n * c),
-        residual: Some(a.res2.prefix(n * c)),
+        out: out.prefix(n * c),
+        residual: Some(res2.prefix(n * c)),
         y,
         gates: Some(gates),
         route,
@@ -151,7 +159,7 @@ pub(crate) fn forward<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs, write_out: boo
         let sh = d.shared as usize;
         let act = must_t(a.shared_fch_act).prefix(n * sh);
         cx.dense(y, act, cx.w(Role::SharedProjWeight), None, (n, sh));
-        be.residual_add(arena, a.out.prefix(n * c), y);
+        be.residual_add(arena, out.prefix(n * c), y);
     }
 }
 

@@ -144,8 +144,16 @@ impl Pipeline {
         send: Tensor,
     ) -> Result<(), EngineError> {
         let started = Instant::now();
-        let dst = self.exchange.prefix(2 * send.len);
-        let op = CommOp::AllGather { src: send, dst };
+        // In f32 both ways (one side may send a bf16 activation while the other sends an f32
+        // gradient): this stage's tensor widened into its half, then gathered in place.
+        let len = send.len;
+        let both = self.exchange.prefix(2 * len);
+        let mine = match side {
+            Side::Prev => both.slice(len..2 * len),
+            Side::Next => both.prefix(len),
+        };
+        arena.backend().convert(arena, mine, send);
+        let op = CommOp::AllGatherInPlace(both);
         let result = arena
             .backend()
             .collective(arena, &mut *self.side(side).borrow_mut(), op);

@@ -9,7 +9,7 @@
 use crate::arena::{Arena, BufId};
 use crate::backend::ops::Bf16Scratch;
 use crate::backend::{Backend, DType, Tensor};
-use crate::model::{act_tensor, block_acts, lora_u, BlockActs, Model};
+use crate::model::{act_tensor, block_acts, lora_u, residual_type, BlockActs, Model};
 use plan::frugal::key::{DAct, Work};
 use plan::frugal::shards::optimizer_keys;
 use plan::frugal::units::{Role, UnitKind};
@@ -80,7 +80,10 @@ impl TrainState {
                 let read = |t| act_tensor(arena, model.policy, Key::Act(l, t), t);
                 BlockActs {
                     lora_u: lora_u(arena, l, false),
-                    ..block_acts(&read, f32_of(Key::BlockOut(l)))
+                    ..block_acts(
+                        &read,
+                        arena.key_tensor(Key::BlockOut(l), residual_type(model.policy)),
+                    )
                 }
             })
             .collect();

@@ -51,7 +51,8 @@ pub struct ActPolicy {
     /// outputs the backward re-reads (`qkv`, `fch`) are stored as bf16 (`--precision bf16`):
     /// 2 bytes each, written through the f32 scratch `work.f32` and widened back into
     /// `work.f32_in` for the f32 attention and activation kernels. The residual stream (block
-    /// outputs, `res2`) stays f32, as under torch autocast.
+    /// outputs, `res2`) is saved in bf16 too, as Megatron does ([`ActPolicy::residual_bytes`]):
+    /// each add runs in f32 (`work.resid_in`, `work.resid_mid`) and rounds once.
     pub bf16_matmul_inputs: bool,
     /// Sequence parallelism (Megatron): the tensor-parallel degree the norms' region (the
     /// residual stream, the norms' outputs and statistics) is split over along the rows; 1
@@ -98,12 +99,23 @@ impl ActPolicy {
         }
     }
 
-    /// Bytes per element of block tensor `t` under this policy.
+    /// Bytes per element of block tensor `t` under this policy: the matmul inputs and outputs
+    /// the backward reads and the residual stream's `res2` in bf16, as Megatron saves them.
     pub fn elem_bytes(self, t: BlockTensor) -> u64 {
-        if self.bf16_matmul_inputs && (t.is_matmul_input() || t.is_matmul_output()) {
+        let saved_bf16 = t.is_matmul_input() || t.is_matmul_output() || t == BlockTensor::Res2;
+        if self.bf16_matmul_inputs && saved_bf16 {
             2
         } else {
             4
+        }
+    }
+
+    /// Bytes per element of the residual stream as saved between blocks (`act.encoded`, each
+    /// block's output): 2 under bf16 (each block's adds run in f32 and round once).
+    pub fn residual_bytes(self) -> u64 {
+        match self.bf16_matmul_inputs {
+            true => 2,
+            false => 4,
         }
     }
 
@@ -158,10 +170,10 @@ pub fn activation_buffers(m: &ModelShape, s: ActShape, policy: ActPolicy) -> Vec
         f32_buffer(Key::Tokens, act, d.n, Lifetime::Persistent),
         f32_buffer(Key::Targets, act, d.n, Lifetime::Persistent),
         // Block 0's input: the first recompute segment's kept input too.
-        f32_buffer(
+        sized_buffer(
             Key::Encoded,
             act,
-            d.local * d.c,
+            policy.residual_bytes() * d.local * d.c,
             span(Phase::Embed, Phase::Backward(0)),
         ),
     ];
@@ -217,9 +229,12 @@ fn sp_scratch(d: &BlockDims, policy: ActPolicy) -> [Buffer; 3] {
 /// With bf16 activations: `work.f32`, where the f32 kernels producing a bf16 tensor write it
 /// before it is rounded (and where the backward widens a matmul input back for an f32 kernel),
 /// `work.f32_in`, where a saved bf16 `qkv` or `fch` is widened for the f32 attention or
-/// activation kernel while that kernel writes `work.f32`. Both live from the embedding to its
-/// backward (recompute runs block forwards inside the backward). No weight is ever rounded:
-/// the GEMMs read the 2-byte weights where they lie (`ActPolicy::bf16_units`).
+/// activation kernel while that kernel writes `work.f32`, and the residual stream's two f32
+/// working rows (`work.resid_in`: a block's input, then its output; `work.resid_mid`: `res2`),
+/// where the adds and norms run before each is rounded into its saved bf16 tensor. All live
+/// from the embedding to its backward (recompute runs block forwards inside the backward; the
+/// norms' backwards widen their saved input there). No weight is ever rounded: the GEMMs read
+/// the 2-byte weights where they lie (`ActPolicy::bf16_units`).
 fn bf16_scratch(d: &BlockDims) -> Vec<Buffer> {
     let life = span(Phase::Embed, Phase::EmbedBackward);
     let outputs = d.qkv.max(d.fc).max(2 * d.shared);
@@ -232,6 +247,18 @@ fn bf16_scratch(d: &BlockDims) -> Vec<Buffer> {
     vec![
         f32_buffer(Key::Work(Work::F32), Category::Other, rows, life),
         f32_buffer(Key::Work(Work::F32In), Category::Other, widened, life),
+        f32_buffer(
+            Key::Work(Work::ResidIn),
+            Category::Other,
+            d.local * d.c,
+            life,
+        ),
+        f32_buffer(
+            Key::Work(Work::ResidMid),
+            Category::Other,
+            d.local * d.c,
+            life,
+        ),
     ]
 }
 
@@ -277,18 +304,19 @@ fn block_buffers(m: &ModelShape, d: &BlockDims, policy: ActPolicy, layer: u32) -
         Phase::Backward(layer + 1)
     };
     let key = Key::BlockOut(layer);
+    let bytes = policy.residual_bytes() * d.local * d.c;
     match segment {
         Some((_, last)) if last != layer => {
             // Inside a segment: the forward's copy lives until the next block has read it;
             // the backward's is recomputed with the rest of the segment.
             let fwd = span(Phase::Forward(layer), Phase::Forward(layer + 1));
-            out.push(f32_buffer(Key::BlockOutFwd(layer), act, d.local * d.c, fwd));
+            out.push(sized_buffer(Key::BlockOutFwd(layer), act, bytes, fwd));
             let bwd = span(Phase::Backward(last), read_until);
-            out.push(f32_buffer(key, act, d.local * d.c, bwd));
+            out.push(sized_buffer(key, act, bytes, bwd));
         }
         _ => {
             let life = span(Phase::Forward(layer), read_until);
-            out.push(f32_buffer(key, act, d.local * d.c, life));
+            out.push(sized_buffer(key, act, bytes, life));
         }
     }
     out

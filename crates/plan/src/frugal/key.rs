@@ -37,6 +37,10 @@ pub enum Work {
     F32,
     /// A saved bf16 matmul output (`qkv`, `fch`) widened for the f32 attention/activation kernel.
     F32In,
+    /// The residual stream's f32 working rows under bf16 (`work.resid_in`: a block's input,
+    /// then its output; `work.resid_mid`: `res2`).
+    ResidIn,
+    ResidMid,
     /// The bf16 embedding's backward: the micro-batch's positions sorted by token (u32), so
     /// each table row's part is summed in f32 and rounded once into its 2-byte gradient.
     EmbedOrder,
@@ -376,6 +380,8 @@ impl fmt::Display for Key {
                 Work::F32 => "work.f32",
                 Work::F32In => "work.f32_in",
                 Work::EmbedOrder => "work.embed_order",
+                Work::ResidIn => "work.resid_in",
+                Work::ResidMid => "work.resid_mid",
                 Work::Dequant => "work.dequant",
                 Work::LoraDu => "work.lora_du",
                 Work::LoraDropped => "work.lora_dropped",

@@ -127,8 +127,8 @@ impl BlockTensor {
     }
 
     /// Whether this tensor is a matmul's output that the backward re-reads (`qkv` by attention,
-    /// `fch` by the activation): stored as bf16 under `--precision bf16`. `res2` is a matmul
-    /// output too, but it is the residual stream, which stays f32.
+    /// `fch` by the activation): stored as bf16 under `--precision bf16`. `res2`, the residual
+    /// stream, is a matmul output too, saved in bf16 by `ActPolicy::elem_bytes`.
     pub fn is_matmul_output(self) -> bool {
         matches!(
             self,
