@@ -11,7 +11,11 @@
 //! flash (`lse`, B·NH·T), as the plan chose. Recompute (see `recompute`) reruns all or some of
 //! the steps into the buffers the backward reads, with the same ops, so the values are
 //! bit-identical. Under bf16 a step that produces a bf16 tensor writes f32 into `work.f32` and
-//! rounds once; a bf16 `qkv`/`fch` is widened into `work.f32_in` for the f32 kernels.
+//! rounds once; a bf16 `qkv`/`fch` is widened into `work.f32_in` for the f32 kernels. The
+//! residual stream is saved in bf16 too: a block widens its input into `work.resid_in`, adds
+//! `res2` in `work.resid_mid` and its output over its input's rows, rounding each once into
+//! its saved tensor and keeping the rounded values (`settle`), so the forward, a recompute
+//! and the backward all read the same.
 //!
 //! Example: `forward::embed(model, arena, b, t); for l in 0..L { forward::block(model, arena, l, b, t) }`
 //! inside the arena's `Embed` and `Forward(l)` phases.
@@ -21,8 +25,12 @@ use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 use crate::model::{BlockActs, Model};
 use plan::frugal::acts::BlockDims;
-use plan::frugal::family::{Norm, Positions};
+use plan::frugal::family::Positions;
 use plan::frugal::units::{Role, UnitKind};
+
+mod rows;
+pub(crate) use rows::{attn_shape, norm_kind, rope_shape, widened};
+use rows::{residual_target, settle};
 
 /// Token (and position) embedding into `act.encoded`.
 pub fn embed<B: Backend>(model: &Model, arena: &Arena<B>, batch: usize, seq: usize) {
@@ -319,91 +327,6 @@ impl<'a, B: Backend> Ctx<'a, B> {
             };
             self.be.activation(self.arena, &op);
         });
-    }
-}
-
-/// Where the f32 value of a residual-stream tensor is computed: `t` itself (f32), or (a saved
-/// bf16 tensor) its `scratch`.
-fn residual_target(t: Tensor, len: usize, scratch: Option<Tensor>) -> Tensor {
-    match t.dtype {
-        DType::F32 => t.prefix(len),
-        _ => scratch
-            .expect("a bf16 residual stream has f32 rows")
-            .prefix(len),
-    }
-}
-
-/// Rounds the f32 `value` once into the saved bf16 `t` and `value` to the same bits, the values
-/// every later reader of `t` sees; nothing for an f32 `t` (which `value` is).
-fn settle<B: Backend>(arena: &Arena<B>, t: Tensor, value: Tensor) {
-    if t.dtype == DType::F32 {
-        return;
-    }
-    arena.backend().convert(arena, t, value);
-    arena.backend().convert(arena, value, t);
-}
-
-/// A bf16 tensor widened into `scratch` (its first `len` elements), or the f32 tensor itself.
-pub(crate) fn widened<B: Backend>(
-    arena: &Arena<B>,
-    t: Tensor,
-    len: usize,
-    scratch: Option<Tensor>,
-) -> Tensor {
-    if t.dtype == DType::F32 {
-        return t.prefix(len);
-    }
-    let work = scratch
-        .expect("a bf16 tensor has an f32 workspace")
-        .prefix(len);
-    arena.backend().convert(arena, work, t.prefix(len));
-    work
-}
-
-/// The family's norm, with LayerNorm's saved mean and bias.
-pub(crate) fn norm_kind(model: &Model, mean: Option<Tensor>, bias: Option<Tensor>) -> NormKind {
-    match model.design.norm {
-        Norm::LayerNorm => NormKind::Layer {
-            mean: mean.expect("LayerNorm keeps a mean"),
-            bias: bias.expect("LayerNorm has a bias"),
-        },
-        Norm::RmsNorm => NormKind::Rms {
-            eps: model.config.norm_eps,
-        },
-    }
-}
-
-/// Attention's shape in block `kind` (its sliding window, if the layer has one).
-pub(crate) fn attn_shape(model: &Model, kind: UnitKind, batch: usize, seq: usize) -> AttnShape {
-    let s = &model.config.shape;
-    let layer = match kind {
-        UnitKind::Block(l) => l,
-        _ => 0,
-    };
-    // Latent attention: every head its own key and value, nope + rope wide.
-    let (n_kv_heads, head_dim) = match &s.mla {
-        Some(a) => (s.n_heads, a.qk_nope_head_dim + a.qk_rope_head_dim),
-        None => (s.n_kv_heads, s.d_head),
-    };
-    AttnShape {
-        batch,
-        seq,
-        n_heads: s.n_heads as usize,
-        n_kv_heads: n_kv_heads as usize,
-        head_dim: head_dim as usize,
-        window: s.window_of(layer).map_or(usize::MAX, |w| w as usize),
-    }
-}
-
-pub(crate) fn rope_shape(model: &Model, batch: usize, seq: usize) -> RopeShape {
-    let s = &model.config.shape;
-    RopeShape {
-        batch,
-        seq,
-        heads: (s.n_heads + s.n_kv_heads) as usize,
-        head_dim: s.d_head as usize,
-        row_width: ((s.n_heads + 2 * s.n_kv_heads) as u64 * s.d_head) as usize,
-        theta: model.config.rope_theta,
     }
 }
 

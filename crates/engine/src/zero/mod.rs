@@ -27,16 +27,18 @@
 //! overlap communication with compute (the in-process collectives are synchronous; a prefetched
 //! gather is planned and measured one phase early, but runs at that phase's start).
 //!
-//! 2-byte precisions (bf16, fp16) at every stage: the fp32 kernels read fp32, so every unit
-//! is widened into the fp32 `gather.*` buffers on the stage-3 schedule, less the prefetch below
-//! stage 3 (from the 2-byte full copy
-//! `params.<u>` at stages 0-2; at stage 3 the 2-byte shards are all-gathered into the gather
-//! buffer's first half and widened in place; bf16 GEMMs read `params.<u>` itself below stage 3,
-//! and a gather marked `bits`, the bf16 head's output projection at stage 3, is never widened),
-//! and gradients take the stage-2 path: an fp32 span
-//! `grads.<u>`, reduced at its end (all-reduce at stage 0, reduce-scatter above) and added,
-//! rounded once, into the 2-byte accumulator `grads.shard.<u>` (full at stages 0-1). fp16 bits
-//! travel through the collectives as bf16-typed words: gathers copy bits, they never add them.
+//! 2-byte precisions at every stage. fp16: the fp32 kernels read fp32, so every unit is
+//! widened into the fp32 `gather.*` buffers on the stage-3 schedule, less the prefetch below
+//! stage 3 (from the 2-byte full copy `params.<u>` at stages 0-2; at stage 3 the 2-byte shards
+//! are all-gathered into the gather buffer's first half and widened in place), and gradients
+//! take the stage-2 path: an fp32 span `grads.<u>`, reduced at its end (all-reduce at stage 0,
+//! reduce-scatter above) and added, rounded once, into the 2-byte accumulator
+//! `grads.shard.<u>` (full at stages 0-1). bf16 (`ActPolicy`'s `bf16_units`): no unit is
+//! widened — stage 3 gathers the bits, only the vectors are widened (`gather::Slot`), and the
+//! backward writes 2-byte gradients directly: into the accumulator at stages 0-1 (reduced once
+//! in [`Sharding::reduce_grads`]), into a 2-byte span at 2-3 (reduce-scattered as bf16), the
+//! vectors' fp32 gradients rounded in at the end of the unit's last phase. fp16 bits travel
+//! through the collectives as bf16-typed words: gathers copy bits, they never add them.
 //!
 //! What each stage keeps where is `plan::frugal::StateRule`, the rule the plan emitted the
 //! buffers from; this module asks it rather than deciding again. Every byte moves through the
