@@ -136,25 +136,7 @@ pub fn gemm_nn_on(
     k: usize,
     accum: Accum,
 ) {
-    let sizes = (out.len(), a.len(), b.len());
-    if !work_to_do(isa, sizes, (m, n, k), "b (K,N)") {
-        return;
-    }
-    if k == 0 {
-        if matches!(accum, Accum::Replace) {
-            out.fill(0.0);
-        }
-        return;
-    }
-    let add = matches!(accum, Accum::Add);
-    nn::gemm(
-        nn::Out::F32(out),
-        a,
-        b,
-        (m, n, k),
-        add,
-        isa == Isa::Avx512Bf16,
-    );
+    run_nn(isa, nn::Out::F32(out), a, b, (m, n, k), accum);
 }
 
 /// out (M,N) bf16 (+)= a (M,K) bf16 · b (K,N) bf16, as [`gemm_nn`] but into 2 bytes: each
@@ -184,25 +166,35 @@ pub fn gemm_nn_bf16_on(
     k: usize,
     accum: Accum,
 ) {
-    let sizes = (out.len(), a.len(), b.len());
-    if !work_to_do(isa, sizes, (m, n, k), "b (K,N)") {
-        return;
-    }
-    if k == 0 {
-        if matches!(accum, Accum::Replace) {
-            out.fill(bf16::ZERO);
-        }
+    run_nn(isa, nn::Out::Bf16(out), a, b, (m, n, k), accum);
+}
+
+/// Both `nn` GEMMs: the shape checks, an empty K (out replaced by zeros or left), the kernel.
+fn run_nn(
+    isa: Isa,
+    out: nn::Out<'_>,
+    a: &[bf16],
+    b: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    accum: Accum,
+) {
+    let len = match &out {
+        nn::Out::F32(o) => o.len(),
+        nn::Out::Bf16(o) => o.len(),
+    };
+    if !work_to_do(isa, (len, a.len(), b.len()), (m, n, k), "b (K,N)") {
         return;
     }
     let add = matches!(accum, Accum::Add);
-    nn::gemm(
-        nn::Out::Bf16(out),
-        a,
-        b,
-        (m, n, k),
-        add,
-        isa == Isa::Avx512Bf16,
-    );
+    if k == 0 {
+        match out {
+            nn::Out::F32(o) if !add => o.fill(0.0),
+            nn::Out::Bf16(o) if !add => o.fill(bf16::ZERO),
+            _ => {}
+        }
+        return;
+    }
+    nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }
 
 /// The checks both GEMMs make: the slices' lengths against out (M,N), a (M,K) and `b` (N·K

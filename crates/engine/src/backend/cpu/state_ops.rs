@@ -130,16 +130,7 @@ pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
             DType::Bf16,
             "a bf16 gradient accumulates into bf16"
         );
-        let g = a.view::<bf16>(x);
-        return a
-            .view_mut::<bf16>(acc)
-            .par_chunks_mut(HALF_CHUNK)
-            .zip(g.par_chunks(HALF_CHUNK))
-            .for_each(|(a, g)| {
-                a.iter_mut()
-                    .zip(g)
-                    .for_each(|(a, g)| *a = bf16::from_f32(a.to_f32() + g.to_f32()))
-            });
+        return add_into_bf16(a, acc, &a.view::<bf16>(x), |g| g.to_f32());
     }
     let g = a.view::<f32>(x);
     match acc.dtype {
@@ -147,15 +138,7 @@ pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
             let mut acc = a.view_mut::<f32>(acc);
             acc.iter_mut().zip(g.iter()).for_each(|(a, &g)| *a += g);
         }
-        DType::Bf16 => a
-            .view_mut::<bf16>(acc)
-            .par_chunks_mut(HALF_CHUNK)
-            .zip(g.par_chunks(HALF_CHUNK))
-            .for_each(|(a, g)| {
-                a.iter_mut()
-                    .zip(g)
-                    .for_each(|(a, &g)| *a = bf16::from_f32(a.to_f32() + g))
-            }),
+        DType::Bf16 => add_into_bf16(a, acc, &g, |g| g),
         DType::F16 => a
             .view_mut::<f16>(acc)
             .par_chunks_mut(HALF_CHUNK)
@@ -167,6 +150,16 @@ pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
             }),
         DType::U32 | DType::U8 | DType::I8 => panic!("gradients are not token ids"),
     }
+}
+
+/// bf16 `acc` += `g` (widened by `wide`), each element rounded once, in parallel chunks.
+fn add_into_bf16<T: Copy + Sync>(a: &A, acc: Tensor, g: &[T], wide: impl Fn(T) -> f32 + Sync) {
+    a.view_mut::<bf16>(acc)
+        .par_chunks_mut(HALF_CHUNK)
+        .zip(g.par_chunks(HALF_CHUNK))
+        .for_each(|(a, g)| {
+            (a.iter_mut().zip(g)).for_each(|(a, &g)| *a = bf16::from_f32(a.to_f32() + wide(g)))
+        });
 }
 
 pub fn adamw_step(a: &A, op: &AdamW) {
