@@ -114,7 +114,10 @@ impl TrainState {
                 .collect(),
             false => Vec::new(),
         };
-        let direct = |kind| plan::frugal::shards::direct_grads(model.policy, kind);
+        let grad_type = match plan::frugal::shards::direct_grads(model.policy) {
+            true => DType::Bf16,
+            false => DType::F32,
+        };
         TrainState {
             grads: (units.iter())
                 .map(|u| match arena.try_id(Key::Grads(u.kind)) {
@@ -122,12 +125,7 @@ impl TrainState {
                     None => arena.id(Key::GradsShard(u.kind)),
                 })
                 .collect(),
-            grad_types: (units.iter())
-                .map(|u| match direct(u.kind) {
-                    true => DType::Bf16,
-                    false => DType::F32,
-                })
-                .collect(),
+            grad_types: vec![grad_type; units.len()],
             grad_vectors: (units.iter())
                 .map(|u| arena.try_id(Key::GradVectors(u.kind)))
                 .collect(),

@@ -149,7 +149,7 @@ impl Sharding {
             grad_shards: ids(Key::GradsShard, rule.grad_spans()),
             param_shards: ids(Key::ParamsShard, rule.params_sharded()),
             gathers,
-            direct: shards::direct_grads(model.policy, plan::frugal::UnitKind::Embed),
+            direct: shards::direct_grads(model.policy),
             vector_views: model.units.iter().map(gather::vector_views).collect(),
             grad_vectors: (model.units.iter())
                 .map(|u| arena.try_id(Key::GradVectors(u.kind)))

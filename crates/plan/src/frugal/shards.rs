@@ -172,12 +172,12 @@ pub fn grad_span(model: &ModelShape, kind: UnitKind) -> (Phase, Phase) {
     }
 }
 
-/// Whether unit `kind`'s gradient is written in 2 bytes directly (no fp32 span): every unit of
+/// Whether the units' gradients are written in 2 bytes directly (no fp32 span): every unit of
 /// a model of 2-byte units (`ActPolicy`'s `bf16_units`), its vectors through the fp32
 /// `grads.<u>.vectors`. At stages 0-1 the backward writes the whole accumulator
 /// `grads.shard.<u>`, reduced once after the micro-steps; at 2-3 a 2-byte span `grads.<u>`,
 /// reduce-scattered into the accumulator at the end of its last phase as the fp32 spans are.
-pub fn direct_grads(policy: ActPolicy, _kind: UnitKind) -> bool {
+pub fn direct_grads(policy: ActPolicy) -> bool {
     policy.bf16_units
 }
 
@@ -226,7 +226,7 @@ pub fn state_buffers(
         if rule.grad_spans() {
             let (born, dies) = grad_span(model, u);
             let span = Lifetime::Span { born, dies };
-            match direct_grads(policy, u) {
+            match direct_grads(policy) {
                 true if rule.grad_acc_sharded() => {
                     out.push(dev(Key::Grads(u), Category::Grads, w * full, span))
                 }
@@ -234,7 +234,7 @@ pub fn state_buffers(
                 false => out.push(dev(Key::Grads(u), Category::Grads, 4 * full, span)),
             }
             let vectors = unit.vector_numel();
-            if direct_grads(policy, u) && vectors > 0 {
+            if direct_grads(policy) && vectors > 0 {
                 out.push(dev(Key::GradVectors(u), Category::Grads, 4 * vectors, span));
             }
             let acc = if rule.grad_acc_sharded() { shard } else { full };

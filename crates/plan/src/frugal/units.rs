@@ -14,6 +14,7 @@
 
 use super::family::arch;
 use crate::{ModelShape, PlanError};
+use std::ops::Range;
 
 /// What a parameter tensor is for, as the engine's kernels see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -143,16 +144,23 @@ impl Unit {
         self.vectors().map(ParamView::numel).sum()
     }
 
-    /// Where `role` sits among the unit's vectors laid out one after another, if it is one.
-    pub fn vector_range(&self, role: Role) -> Option<std::ops::Range<u64>> {
+    /// Each vector with its range in the unit and its range among the vectors laid out one
+    /// after another (`gather.*.vectors`, `grads.<u>.vectors`).
+    pub fn vector_layout(&self) -> Vec<(Role, Range<u64>, Range<u64>)> {
         let mut at = 0;
-        for v in self.vectors() {
-            if v.role == role {
-                return Some(at..at + v.numel());
-            }
-            at += v.numel();
-        }
-        None
+        self.vectors()
+            .map(|v| {
+                let n = v.numel();
+                at += n;
+                (v.role, v.offset..v.offset + n, at - n..at)
+            })
+            .collect()
+    }
+
+    /// Where `role` sits among the unit's vectors laid out one after another, if it is one.
+    pub fn vector_range(&self, role: Role) -> Option<Range<u64>> {
+        let layout = self.vector_layout();
+        layout.into_iter().find(|v| v.0 == role).map(|v| v.2)
     }
 }
 
