@@ -23,7 +23,7 @@ pub(super) struct Slot {
 /// Each unit's vectors: (range in the unit, range among the vectors laid out one after another).
 pub(super) fn vector_views(unit: &plan::frugal::Unit) -> Vec<(Range<usize>, Range<usize>)> {
     let usize_range = |r: Range<u64>| r.start as usize..r.end as usize;
-    let layout = unit.vector_layout().into_iter();
+    let layout = unit.vector_layout();
     layout
         .map(|(_, inside, compact)| (usize_range(inside), usize_range(compact)))
         .collect()

@@ -146,21 +146,17 @@ impl Unit {
 
     /// Each vector with its range in the unit and its range among the vectors laid out one
     /// after another (`gather.*.vectors`, `grads.<u>.vectors`).
-    pub fn vector_layout(&self) -> Vec<(Role, Range<u64>, Range<u64>)> {
-        let mut at = 0;
-        self.vectors()
-            .map(|v| {
-                let n = v.numel();
-                at += n;
-                (v.role, v.offset..v.offset + n, at - n..at)
-            })
-            .collect()
+    pub fn vector_layout(&self) -> impl Iterator<Item = (Role, Range<u64>, Range<u64>)> + '_ {
+        self.vectors().scan(0, |at, v| {
+            let n = v.numel();
+            *at += n;
+            Some((v.role, v.offset..v.offset + n, *at - n..*at))
+        })
     }
 
     /// Where `role` sits among the unit's vectors laid out one after another, if it is one.
     pub fn vector_range(&self, role: Role) -> Option<Range<u64>> {
-        let layout = self.vector_layout();
-        layout.into_iter().find(|v| v.0 == role).map(|v| v.2)
+        self.vector_layout().find(|v| v.0 == role).map(|v| v.2)
     }
 }
 
