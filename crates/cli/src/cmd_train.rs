@@ -210,6 +210,12 @@ pub struct Args {
     /// call (a stalled or dead rank never hangs the others).
     #[arg(long, default_value_t = 60)]
     pub comm_timeout: u64,
+    /// ZeRO-3: run the data-parallel collectives on a thread of their own, so each unit's
+    /// prefetched all-gather overlaps the computation of the phase before it (DeepSpeed's
+    /// overlap_comm): true, false (blocking), or auto, on when this node runs no more ranks
+    /// than it has cores. Losses and bytes are the same either way.
+    #[arg(long, default_value_t = mpi::Overlap::Auto)]
+    pub overlap_comm: mpi::Overlap,
     /// Start a new run in an --out folder that holds another run's snapshots, deleting them
     /// (without it such a folder is refused: continue it with --resume instead).
     #[arg(long)]

@@ -200,6 +200,17 @@ impl fmt::Display for CollectiveKind {
     }
 }
 
+/// A collective started with [`Collective::start_all_gather`], to be finished by
+/// [`Collective::wait`]. Tickets of one endpoint finish in the order they were issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a started collective must be waited for before its buffers are used"]
+pub struct Ticket(pub(crate) u64);
+
+impl Ticket {
+    /// A collective that finished before its start returned (every blocking backend's).
+    pub const DONE: Ticket = Ticket(0);
+}
+
 /// One rank's endpoint in a world of `world_size()` ranks.
 ///
 /// Every rank must make the same sequence of calls with the same element type, lengths, op and
@@ -248,6 +259,29 @@ pub trait Collective: Send {
     /// their rank here. Returns this rank's endpoint in its group, a world of its own (TP, PP
     /// and DP groups are made this way). The parent stays usable.
     fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError>;
+
+    /// `all_gather` that may still be running when it returns: the transfer goes on beside the
+    /// caller until [`Collective::wait`] on the ticket (`comm::Overlapped` runs it on its own
+    /// thread). Calls made meanwhile are queued behind it, in order. By default it is the
+    /// blocking `all_gather` and returns [`Ticket::DONE`].
+    ///
+    /// # Safety
+    /// Until `wait(ticket)` returns (or the endpoint is dropped), `input` and `output` stay
+    /// allocated, nothing writes `input`, and nothing reads or writes `output`.
+    unsafe fn start_all_gather(
+        &mut self,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+    ) -> Result<Ticket, CommError> {
+        self.all_gather(input, output).map(|()| Ticket::DONE)
+    }
+
+    /// Blocks until the collective `ticket` names (and every one started before it) is done;
+    /// its error, or the world's failure since, if any.
+    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+        let _ = ticket;
+        Ok(())
+    }
 
     /// One f32 reduced over all ranks, e.g. the squared gradient norm of each rank's shard.
     fn all_reduce_f32(&mut self, value: f32, op: ReduceOp) -> Result<f32, CommError> {
@@ -318,5 +352,15 @@ impl<C: Collective + ?Sized> Collective for Box<C> {
     }
     fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
         (**self).split(color, key)
+    }
+    unsafe fn start_all_gather(
+        &mut self,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+    ) -> Result<Ticket, CommError> {
+        (**self).start_all_gather(input, output)
+    }
+    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+        (**self).wait(ticket)
     }
 }

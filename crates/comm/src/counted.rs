@@ -1,10 +1,12 @@
 //! `Counted`: the one place bytes are counted. It wraps any `Collective` (in-process, MPI, NCCL,
 //! a sub-group) and records each successful call in `CommStats` by the ring model, so backends
-//! only move bytes and the engine reads one counter whatever the backend.
+//! only move bytes and the engine reads one counter whatever the backend. It also sums the time
+//! its caller spends inside calls (`Counted::blocked`): with `Overlapped` below it, what a started
+//! gather costs the caller is only its `wait`.
 //!
 //! Sizes counted per call: all-reduce, broadcast and the in-place forms their buffer;
-//! reduce-scatter its input (world × shard); all-gather its output (world × shard); barrier and
-//! split nothing.
+//! reduce-scatter its input (world × shard); all-gather its output (world × shard), a started
+//! one when it starts; barrier, split and `wait` nothing.
 //!
 //! ```
 //! use comm::{Collective, Counted, ReduceOp, Solo};
@@ -14,12 +16,14 @@
 //! assert_eq!(c.stats().total_sent_bytes(), 0); // a world of one moves nothing
 //! ```
 
-use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, CommStats, ReduceOp};
+use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, CommStats, ReduceOp, Ticket};
+use std::time::{Duration, Instant};
 
-/// An endpoint and the bytes it has moved.
+/// An endpoint, the bytes it has moved and the time its caller spent in it.
 pub struct Counted<C> {
     inner: C,
     stats: CommStats,
+    blocked: Duration,
 }
 
 impl<C: Collective> Counted<C> {
@@ -27,7 +31,14 @@ impl<C: Collective> Counted<C> {
         Counted {
             inner,
             stats: CommStats::default(),
+            blocked: Duration::ZERO,
         }
+    }
+
+    /// Time the caller has spent inside this endpoint's calls so far (a started gather counts
+    /// only its start and its `wait`).
+    pub fn blocked(&self) -> Duration {
+        self.blocked
     }
 
     /// Bytes this rank moved so far, per collective kind (ring model, see `CommStats`).
@@ -39,8 +50,10 @@ impl<C: Collective> Counted<C> {
         &mut self,
         kind: CollectiveKind,
         bytes: usize,
+        since: Instant,
         result: Result<T, CommError>,
     ) -> Result<T, CommError> {
+        self.blocked += since.elapsed();
         if result.is_ok() {
             let world = self.inner.world_size();
             self.stats.record(kind, bytes as u64, world);
@@ -60,8 +73,9 @@ impl<C: Collective> Collective for Counted<C> {
 
     fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
         let bytes = buf.size_bytes();
+        let t0 = Instant::now();
         let r = self.inner.all_reduce(buf, op);
-        self.count(CollectiveKind::AllReduce, bytes, r)
+        self.count(CollectiveKind::AllReduce, bytes, t0, r)
     }
 
     fn reduce_scatter(
@@ -71,37 +85,43 @@ impl<C: Collective> Collective for Counted<C> {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let bytes = input.size_bytes();
+        let t0 = Instant::now();
         let r = self.inner.reduce_scatter(input, output, op);
-        self.count(CollectiveKind::ReduceScatter, bytes, r)
+        self.count(CollectiveKind::ReduceScatter, bytes, t0, r)
     }
 
     fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
         let bytes = output.size_bytes();
+        let t0 = Instant::now();
         let r = self.inner.all_gather(input, output);
-        self.count(CollectiveKind::AllGather, bytes, r)
+        self.count(CollectiveKind::AllGather, bytes, t0, r)
     }
 
     fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
         let bytes = buf.size_bytes();
+        let t0 = Instant::now();
         let r = self.inner.reduce_scatter_in_place(buf, op);
-        self.count(CollectiveKind::ReduceScatter, bytes, r)
+        self.count(CollectiveKind::ReduceScatter, bytes, t0, r)
     }
 
     fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
         let bytes = buf.size_bytes();
+        let t0 = Instant::now();
         let r = self.inner.all_gather_in_place(buf);
-        self.count(CollectiveKind::AllGather, bytes, r)
+        self.count(CollectiveKind::AllGather, bytes, t0, r)
     }
 
     fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
         let bytes = buf.size_bytes();
+        let t0 = Instant::now();
         let r = self.inner.broadcast(buf, root);
-        self.count(CollectiveKind::Broadcast, bytes, r)
+        self.count(CollectiveKind::Broadcast, bytes, t0, r)
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
+        let t0 = Instant::now();
         let r = self.inner.barrier();
-        self.count(CollectiveKind::Barrier, 0, r)
+        self.count(CollectiveKind::Barrier, 0, t0, r)
     }
 
     fn abort(&self, reason: &str) {
@@ -109,7 +129,27 @@ impl<C: Collective> Collective for Counted<C> {
     }
 
     fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+        let t0 = Instant::now();
         let r = self.inner.split(color, key);
-        self.count(CollectiveKind::Split, 0, r)
+        self.count(CollectiveKind::Split, 0, t0, r)
+    }
+
+    unsafe fn start_all_gather(
+        &mut self,
+        input: Buf<'_>,
+        output: BufMut<'_>,
+    ) -> Result<Ticket, CommError> {
+        let bytes = output.size_bytes();
+        let t0 = Instant::now();
+        // SAFETY: the caller's promise, passed on.
+        let r = unsafe { self.inner.start_all_gather(input, output) };
+        self.count(CollectiveKind::AllGather, bytes, t0, r)
+    }
+
+    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+        let t0 = Instant::now();
+        let r = self.inner.wait(ticket);
+        self.blocked += t0.elapsed();
+        r
     }
 }

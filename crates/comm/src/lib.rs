@@ -1,7 +1,10 @@
 //! Collective communication for data-parallel training: the `Collective` trait (all-reduce,
 //! reduce-scatter, all-gather, broadcast, barrier over f32 and bf16 buffers) and its backends.
-//! Today: `InProcess`, N ranks as threads sharing memory, and `Solo`, the world of one; `Counted`
-//! wraps any of them and counts the bytes it moves. Knows nothing about models.
+//! Today: `InProcess`, N ranks as threads sharing memory, `Mpi` (the `mpi` feature), and `Solo`,
+//! the world of one; `Counted` wraps any of them and counts the bytes it moves and the time its
+//! caller spends blocked; `Overlapped` moves any of them onto a thread of its own, so an
+//! all-gather started with `start_all_gather` runs while the caller computes. Knows nothing
+//! about models.
 //!
 //! # Contract every backend keeps
 //! - **Deterministic reduction order.** Element i of a reduction is
@@ -61,16 +64,18 @@ mod error;
 mod inprocess;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod overlapped;
 mod reduce;
 mod solo;
 mod stats;
 
-pub use collective::{Buf, BufMut, Collective, CollectiveKind, DType, ReduceOp};
+pub use collective::{Buf, BufMut, Collective, CollectiveKind, DType, ReduceOp, Ticket};
 pub use counted::Counted;
 pub use error::CommError;
 pub use inprocess::{InProcess, InProcessComm, InProcessOptions};
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
+pub use overlapped::Overlapped;
 pub use reduce::reference;
 pub use solo::Solo;
 pub use stats::{CommStats, KindStats};

@@ -10,10 +10,14 @@
 //! (N−1)/N of the buffer in each half, the ring model `Counted` counts: 2Ψ(N−1)/N per
 //! all-reduce. bf16 travels as its 16 bits (MPI has no bf16 type) and is only added locally.
 //!
-//! **Threads.** MPI is initialised with `MPI_THREAD_FUNNELED`: only the thread that called
-//! [`Mpi::init`] calls MPI (the engine's rayon workers never do); one endpoint per process.
+//! **Threads.** MPI is initialised asking for `MPI_THREAD_MULTIPLE`, so an endpoint may move to
+//! another thread (`Overlapped`: the ZeRO-3 prefetch runs on a communication thread while the
+//! main thread uses the tensor- and pipeline-parallel groups); [`Mpi::thread_multiple`] says
+//! whether the library granted it (MPICH does). Each endpoint is used by one thread at a time;
+//! the engine's rayon workers never call MPI.
 //!
-//! **Never a hang.** Every collective is non-blocking and polled against the timeout; a rank
+//! **Never a hang.** Every collective is non-blocking and polled against the timeout (hot, but
+//! every 50 µs on an `Overlapped` thread while its caller computes); a rank
 //! that waits longer prints which call it was stuck in and calls `MPI_Abort`, which ends every
 //! process of the job (the launcher reports each one's exit). A process that dies is reported by
 //! the launcher (MPICH's `mpiexec` names its rank and ends the others). MPI cannot tell a
@@ -32,6 +36,9 @@ use std::time::{Duration, Instant};
 
 /// The MPI environment: initialised once per process, finalised by [`Mpi::finalize`].
 static UNIVERSE: Mutex<Option<mpi::environment::Universe>> = Mutex::new(None);
+
+/// Whether MPI granted `MPI_THREAD_MULTIPLE` at [`Mpi::init`].
+static MULTIPLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// One process's endpoint in an MPI communicator.
 pub struct Mpi {
@@ -52,8 +59,8 @@ pub struct Mpi {
     send_bf16: Vec<bf16>,
 }
 
-// SAFETY: an endpoint is used by one thread at a time (FUNNELED: the thread that initialised MPI);
-// the engine moves it into that thread's rank before the first call and never shares it.
+// SAFETY: an endpoint is used by one thread at a time and never shared; it moves to another
+// thread (`Overlapped`) only where MPI granted MPI_THREAD_MULTIPLE (`Mpi::thread_multiple`).
 unsafe impl Send for Mpi {}
 
 /// bf16 as the 16-bit words MPI carries.
@@ -74,13 +81,15 @@ impl Mpi {
     pub fn init(timeout: Duration, report: fn(&str)) -> Result<Mpi, CommError> {
         let mut universe = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner());
         if universe.is_none() {
-            let (u, _) = mpi::initialize_with_threading(mpi::Threading::Funneled).ok_or(
+            let (u, granted) = mpi::initialize_with_threading(mpi::Threading::Multiple).ok_or(
                 CommError::BadArgs {
                     rank: 0,
                     op: "init",
                     detail: "MPI was already initialised outside frugal".into(),
                 },
             )?;
+            let multiple = granted == mpi::Threading::Multiple;
+            MULTIPLE.store(multiple, std::sync::atomic::Ordering::Relaxed);
             *universe = Some(u);
         }
         let comm = universe.as_ref().expect("initialised").world();
@@ -101,6 +110,18 @@ impl Mpi {
             recv_bf16: Vec::new(),
             send_bf16: Vec::new(),
         }
+    }
+
+    /// Whether endpoints may be called from threads other than the one that made them (MPI
+    /// granted `MPI_THREAD_MULTIPLE`); `comm::Overlapped` needs it.
+    pub fn thread_multiple() -> bool {
+        MULTIPLE.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many of this world's processes share this one's node (`MPI_COMM_TYPE_SHARED`): a
+    /// collective every rank calls.
+    pub fn node_ranks(&self) -> usize {
+        self.comm.split_shared(self.rank as i32).size() as usize
     }
 
     /// Finalises MPI (after every endpoint is dropped); a no-op when it was never initialised.
@@ -130,7 +151,7 @@ impl Mpi {
     }
 
     /// Polls `req` until it completes; past the timeout, aborts the job naming the call.
-    fn wait<'a, R: ?Sized, S: Scope<'a>>(&self, req: Request<'a, R, S>, op: &'static str) {
+    fn finish<'a, R: ?Sized, S: Scope<'a>>(&self, req: Request<'a, R, S>, op: &'static str) {
         let deadline = Instant::now() + self.timeout;
         let mut req = req;
         let mut spins = 0u64;
@@ -139,10 +160,14 @@ impl Mpi {
                 Ok(_) => return,
                 Err(r) => req = r,
             }
-            // MPI progresses a transfer only inside its calls: poll hot, and yield (not sleep)
-            // so a long wait still leaves the core to others.
+            // MPI progresses a transfer only inside its calls, piece by piece: poll hot, and
+            // yield (not sleep) so a long wait still leaves the core to others. A prefetch on a
+            // communication thread whose caller is computing polls every 50 µs instead, so it
+            // does not wake into that computation thousands of times a millisecond.
             spins += 1;
-            if spins % 64 == 0 {
+            if crate::overlapped::caller_busy() {
+                std::thread::sleep(Duration::from_micros(50));
+            } else if spins % 64 == 0 {
                 std::thread::yield_now();
             }
             if Instant::now() >= deadline {
@@ -217,7 +242,7 @@ impl Mpi {
         let op = CollectiveKind::ReduceScatter.name();
         mpi::request::scope(|scope| {
             let req = self.comm.immediate_all_to_all_into(scope, send, recv);
-            self.wait(req, op);
+            self.finish(req, op);
         });
     }
 
@@ -225,7 +250,7 @@ impl Mpi {
         let op = CollectiveKind::AllGather.name();
         mpi::request::scope(|scope| {
             let req = self.comm.immediate_all_gather_into(scope, send, recv);
-            self.wait(req, op);
+            self.finish(req, op);
         });
     }
 }
@@ -431,11 +456,11 @@ impl Collective for Mpi {
         match buf {
             BufMut::F32(b) => mpi::request::scope(|scope| {
                 let req = root.immediate_broadcast_into(scope, b);
-                self.wait(req, "broadcast");
+                self.finish(req, "broadcast");
             }),
             BufMut::Bf16(b) => mpi::request::scope(|scope| {
                 let req = root.immediate_broadcast_into(scope, words_mut(b));
-                self.wait(req, "broadcast");
+                self.finish(req, "broadcast");
             }),
         }
         Ok(())
@@ -444,7 +469,7 @@ impl Collective for Mpi {
     fn barrier(&mut self) -> Result<(), CommError> {
         self.calls += 1;
         let req = self.comm.immediate_barrier();
-        self.wait(req, "barrier");
+        self.finish(req, "barrier");
         Ok(())
     }
 

@@ -44,6 +44,11 @@ pub use mixed::Mixed;
 pub use state::{MasterState, TrainState};
 
 pub struct Trainer<B: Backend = Cpu> {
+    /// This rank's link to the others of its data-parallel group (every rank without tensor
+    /// parallelism; `comm::Solo` for a world of one; `comm::Overlapped` under ZeRO-3 with
+    /// `overlap_comm`), counting its bytes. Declared first so it is dropped first: a gather
+    /// still in flight finishes before the arena it writes is freed.
+    pub(crate) comm: comm::Counted<Box<dyn Collective>>,
     pub config: TrainConfig,
     pub plan: MemoryPlan,
     pub arena: Arena<B>,
@@ -58,9 +63,6 @@ pub struct Trainer<B: Backend = Cpu> {
     pub sharding: Sharding,
     /// Bytes this rank moved in its last optimizer step (ring model; zero on a single rank).
     pub last_step_comm: comm::CommStats,
-    /// This rank's link to the others of its data-parallel group (every rank without tensor
-    /// parallelism; `comm::Solo` for a world of one), counting its bytes.
-    pub(crate) comm: comm::Counted<Box<dyn Collective>>,
     /// Tensor parallelism: the whole world (`train::tp`), and this rank's place in it.
     world: Option<comm::Counted<Box<dyn Collective>>>,
     world_rank: usize,
@@ -392,6 +394,18 @@ impl<B: Backend> Trainer<B> {
     /// Bytes this rank has moved so far, per collective (zero on a single rank).
     pub fn comm_stats(&self) -> comm::CommStats {
         self.comm.stats()
+    }
+
+    /// Time this rank has spent blocked in its data-parallel collectives so far: every blocking
+    /// call, and of an overlapped gather only its start and its wait.
+    pub fn comm_blocked(&self) -> Duration {
+        self.comm.blocked()
+    }
+
+    /// Whether the data-parallel collectives run on a thread of their own (ZeRO-3 with
+    /// `overlap_comm` over several ranks).
+    pub fn comm_overlapped(&self) -> bool {
+        self.config.overlap_comm && self.sharding.rule.params_sharded() && self.sharding.world > 1
     }
 
     /// fp16: how this rank's fp32 gradients of the last step fared when rounded to fp16 at the

@@ -239,6 +239,33 @@ fn check_comm(shape: &ModelShape, got: &CommStats, ranks: u32, zero: ZeroStage, 
 }
 
 #[test]
+fn overlapped_stage_3_is_the_blocking_one_bit_for_bit() {
+    // The prefetch on the link's own thread (`overlap_comm`, the default) against blocking
+    // gathers: the same bits, bytes moved and measured memory, in every form a gather holds
+    // (fp32 widened, bf16 bits and vectors, fp16 bits widened in place), recompute included.
+    let torch = engine::precision::ScalerConfig::Torch(Default::default());
+    let cases = [
+        (gpt2_tiny(), engine::train::Mixed::fp32(), Recompute::None),
+        (llama_tiny(), engine::train::Mixed::bf16(), Recompute::Full),
+        (
+            gpt2_tiny(),
+            engine::train::Mixed::fp16(torch),
+            Recompute::None,
+        ),
+    ];
+    for (shape, mixed, recompute) in cases {
+        let mut cfg = config(shape.clone(), ROWS, SEQ);
+        (cfg.mixed, cfg.recompute) = (mixed.clone(), recompute);
+        let overlapped = run(&cfg, 2, ZeroStage::Zero3);
+        cfg.overlap_comm = false;
+        let blocking = run(&cfg, 2, ZeroStage::Zero3);
+        let what = format!("{} {:?} {recompute:?}", shape.name, mixed.precision);
+        exact(&overlapped, &blocking, &what);
+        assert_eq!(overlapped.step_comm, blocking.step_comm, "{what}");
+    }
+}
+
+#[test]
 fn a_rank_that_fails_mid_gather_stops_the_others() {
     let mut cfg = config(gpt2_tiny(), 1, SEQ);
     (cfg.ranks, cfg.zero) = (2, ZeroStage::Zero3);

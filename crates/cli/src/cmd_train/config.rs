@@ -327,6 +327,8 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         recompute: args.recompute,
         attention: args.attention,
         mixed: mixed(args)?,
+        // Thread ranks all run on this node; under MPI `mpi::run` has already decided.
+        overlap_comm: args.overlap_comm.resolve(args.ranks as usize),
         ..TrainConfig::new(model, args.batch, args.seq)
     };
     // The run exactly as it will run: a bf16 run is refused on its own bf16 peak.

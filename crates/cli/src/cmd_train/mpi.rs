@@ -35,6 +35,52 @@ impl FromStr for CommArg {
     }
 }
 
+/// `--overlap-comm`: whether ZeRO-3's data-parallel collectives run on a thread of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overlap {
+    /// On when this node runs no more ranks than it has cores: beside more, the communication
+    /// thread competes with the computation (measured slower at 4 MPI ranks on 2 cores).
+    Auto,
+    On,
+    Off,
+}
+
+impl Overlap {
+    /// The choice for a node that runs `node_ranks` ranks.
+    pub fn resolve(self, node_ranks: usize) -> bool {
+        match self {
+            Overlap::On => true,
+            Overlap::Off => false,
+            Overlap::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                node_ranks <= cores
+            }
+        }
+    }
+}
+
+impl FromStr for Overlap {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Overlap::Auto),
+            "true" | "on" => Ok(Overlap::On),
+            "false" | "off" => Ok(Overlap::Off),
+            _ => Err("use auto (on when this node has a core for each rank), true or false".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for Overlap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Overlap::Auto => "auto",
+            Overlap::On => "true",
+            Overlap::Off => "false",
+        })
+    }
+}
+
 /// Runs this process's rank of an MPI job.
 #[cfg(feature = "mpi")]
 pub fn run(mut args: Args) -> anyhow::Result<()> {
@@ -50,6 +96,22 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         );
     }
     args.ranks = size as u32;
+    // Every process asks how many of the job's processes share its node (a collective).
+    let node_ranks = comm.node_ranks();
+    let overlap = args.overlap_comm.resolve(node_ranks);
+    args.overlap_comm = match overlap && !comm::Mpi::thread_multiple() {
+        true => {
+            // An endpoint may not move to a communication thread: the collectives stay blocking.
+            if rank == 0 {
+                eprintln!(
+                    "note: this MPI library did not grant MPI_THREAD_MULTIPLE; --overlap-comm false"
+                );
+            }
+            Overlap::Off
+        }
+        false if overlap => Overlap::On,
+        false => Overlap::Off,
+    };
     let result = super::run_on(args, Some(Box::new(comm)));
     if let Err(e) = &result {
         if size > 1 {

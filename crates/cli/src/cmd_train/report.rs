@@ -56,6 +56,10 @@ pub struct ModelState {
     pub gathered_at_peak_bytes: u64,
     /// Bytes rank 0 sent in its last optimizer step (ring model).
     pub comm_bytes_per_step: u64,
+    /// Seconds rank 0 spent blocked in its data-parallel collectives over the run, and whether
+    /// they ran on their own thread (`--overlap-comm`, ZeRO-3).
+    pub comm_blocked_s: f64,
+    pub overlap_comm: bool,
 }
 
 pub fn model_state(t: &Trainer) -> ModelState {
@@ -89,6 +93,8 @@ pub fn model_state(t: &Trainer) -> ModelState {
         sixteen_psi_over_n_bytes: 16 * psi / ranks,
         gathered_at_peak_bytes,
         comm_bytes_per_step: t.last_step_comm.total_sent_bytes(),
+        comm_blocked_s: t.comm_blocked().as_secs_f64(),
+        overlap_comm: t.comm_overlapped(),
     }
 }
 
@@ -153,6 +159,8 @@ fn zero_json(m: &ModelState) -> Value {
         "sixteen_psi_over_n_bytes": m.sixteen_psi_over_n_bytes,
         "gathered_at_peak_bytes": m.gathered_at_peak_bytes,
         "comm_sent_bytes_per_step": m.comm_bytes_per_step,
+        "comm_blocked_s": m.comm_blocked_s,
+        "overlap_comm": m.overlap_comm,
     })
 }
 

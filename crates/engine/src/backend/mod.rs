@@ -203,4 +203,22 @@ pub trait Backend: Sized + Send + 'static {
         comm: &mut dyn comm::Collective,
         op: CommOp,
     ) -> Result<(), comm::CommError>;
+
+    /// Starts `op` so that it may still be running when this returns (`comm::Collective::
+    /// start_all_gather` for an `AllGather` on the CPU); `comm.wait(ticket)` finishes it. By
+    /// default the blocking [`Backend::collective`], returning `Ticket::DONE` (the CUDA
+    /// backend stages through the host).
+    ///
+    /// # Safety
+    /// Until the ticket is waited for, nothing reads or writes the destination or writes the
+    /// source, and both stay allocated (the plan keeps a gather's buffer alive from its birth
+    /// to past its first use; the trainer drops its communicator before its arena).
+    unsafe fn start_collective(
+        &self,
+        a: &Arena<Self>,
+        comm: &mut dyn comm::Collective,
+        op: CommOp,
+    ) -> Result<comm::Ticket, comm::CommError> {
+        self.collective(a, comm, op).map(|()| comm::Ticket::DONE)
+    }
 }

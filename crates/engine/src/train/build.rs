@@ -73,6 +73,11 @@ impl<B: Backend> Trainer<B> {
         };
         let policy = plan::frugal::ActPolicy::of(&setup);
         let rule = StateRule::of(&setup);
+        // ZeRO-3's prefetch runs beside the computation on the link's own thread.
+        let comm = match config.overlap_comm && rule.params_sharded() && comm.world_size() > 1 {
+            true => Box::new(comm::Overlapped::new(comm)),
+            false => comm,
+        };
         let source = match rule.gathers() {
             true => WeightSource::Gathers,
             false => WeightSource::Params,

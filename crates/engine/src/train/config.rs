@@ -65,6 +65,10 @@ pub struct TrainConfig {
     pub mixed: Mixed,
     /// LoRA/QLoRA: a frozen base and trainable adapters (`None`: full training).
     pub lora: Option<LoraConfig>,
+    /// ZeRO-3 over several ranks: run the data-parallel collectives on a thread of their own
+    /// (`comm::Overlapped`), so each unit's prefetched all-gather overlaps the phase before the
+    /// one that reads it (DeepSpeed's `overlap_comm`). Bits and bytes are the same either way.
+    pub overlap_comm: bool,
 }
 
 /// A LoRA run: what the plan sees (rank, targets, base format) and the scaling α.
@@ -98,6 +102,7 @@ impl TrainConfig {
             attention: Attention::DEFAULT,
             mixed: Mixed::fp32(),
             lora: None,
+            overlap_comm: true,
         }
     }
 

@@ -12,9 +12,10 @@
 //!   shard into `grads.shard.<u>`, and the arena frees the full gradient. Update and gather as
 //!   stage 1.
 //! - stage 3: as stage 2, and weights exist only as `params.shard.<u>`: entering a phase
-//!   all-gathers the units the plan's gathers say are born there (one phase early: prefetch),
-//!   and points `Model::params` at the gathered copy the kernels of that phase read. The
-//!   update writes the shard; nothing is gathered after it.
+//!   starts the all-gathers of the units the plan's gathers say are born there (one phase
+//!   early: prefetch), finishes those the phase reads first, and points `Model::params` at the
+//!   gathered copy the kernels of that phase read. The update writes the shard; nothing is
+//!   gathered after it.
 //!
 //! Reductions keep the comm crate's rank order, and every stage reduces a unit's gradient as one
 //! rank-ordered sum of the same per-rank values, so stages 0-3 on N ranks give bit-identical
@@ -23,9 +24,14 @@
 //! order. With K > 1 micro-steps stages 2-3 add K rank-ordered sums where stages 0-1 sum the K
 //! micro-steps locally first: equal up to rounding, not bit for bit.
 //!
-//! What it does not do: allocate (the arena holds every buffer), decide lifetimes (the plan), or
-//! overlap communication with compute (the in-process collectives are synchronous; a prefetched
-//! gather is planned and measured one phase early, but runs at that phase's start).
+//! Overlap: a started gather runs while the phase computes when the trainer's communicator is a
+//! `comm::Overlapped` (stage 3 over several ranks, `TrainConfig::overlap_comm`); otherwise
+//! `start` is the blocking gather and `finish` finds it done. The bytes are the same either way
+//! (a gather copies bits), and so is the plan: the prefetched buffer lives from its birth.
+//! Reductions stay blocking (an overlapped reduce-scatter would keep a full gradient alive a
+//! phase longer, which the plan does not hold).
+//!
+//! What it does not do: allocate (the arena holds every buffer) or decide lifetimes (the plan).
 //!
 //! 2-byte precisions at every stage. fp16: the fp32 kernels read fp32, so every unit is
 //! widened into the fp32 `gather.*` buffers on the stage-3 schedule, less the prefetch below
@@ -52,11 +58,12 @@ use crate::backend::{Backend, CommOp, DType};
 use crate::error::EngineError;
 use crate::model::Model;
 use crate::optim::UnitSlice;
-use comm::Collective;
+use comm::{Collective, Ticket};
 use gather::Slot;
 use plan::buffer::Phase;
 use plan::frugal::shards::{self, StateRule};
 use plan::frugal::Key;
+use std::cell::Cell;
 use std::ops::Range;
 
 mod gather;
@@ -92,6 +99,8 @@ pub struct Sharding {
     param_shards: Vec<BufId>,
     /// The plan's gathers and their buffers.
     gathers: Vec<Slot>,
+    /// Each gather's fill started and not finished: the ticket of its transfer.
+    pending: Vec<Cell<Option<Ticket>>>,
     /// Grad spans: the phases each unit's full gradient is first and last written in.
     grad_spans: Vec<(Phase, Phase)>,
     /// 2-byte units (`shards::direct_grads`): gradients written in 2 bytes directly.
@@ -118,20 +127,24 @@ impl Sharding {
             let units = model.units.iter().filter(|_| on);
             units.map(|u| arena.id(key(u.kind))).collect()
         };
-        let gathers = match rule.gathers() {
-            true => shards::gathers(shape, &model.units, model.policy, rule.params_sharded())
-                .into_iter()
-                .map(|gather| Slot {
-                    id: arena.id(gather.key),
-                    from: match gather.holds {
-                        shards::Holds::Vectors(Some(bits)) => Some(arena.id(bits)),
-                        _ => None,
-                    },
-                    gather,
-                })
-                .collect(),
+        let planned = match rule.gathers() {
+            true => shards::gathers(shape, &model.units, model.policy, rule.params_sharded()),
             false => Vec::new(),
         };
+        let slot_of = |key: Key| planned.iter().position(|g| g.key == key);
+        let gathers: Vec<Slot> = (planned.iter())
+            .map(|gather| Slot {
+                id: arena.id(gather.key),
+                from: match gather.holds {
+                    shards::Holds::Vectors(Some(bits)) => Some((
+                        arena.id(bits),
+                        slot_of(bits).expect("the bits a unit's vectors widen from are gathered"),
+                    )),
+                    _ => None,
+                },
+                gather: gather.clone(),
+            })
+            .collect();
         let world = rule.world as usize;
         Sharding {
             rule,
@@ -148,6 +161,7 @@ impl Sharding {
                 .collect(),
             grad_shards: ids(Key::GradsShard, rule.grad_spans()),
             param_shards: ids(Key::ParamsShard, rule.params_sharded()),
+            pending: gathers.iter().map(|_| Cell::new(None)).collect(),
             gathers,
             direct: shards::direct_grads(model.policy),
             vector_views: model.units.iter().map(gather::vector_views).collect(),
@@ -198,8 +212,9 @@ impl Sharding {
         &self.param_shards
     }
 
-    /// After `arena.enter(phase)`: gathers what is born here and repoints the model's weights;
-    /// with gradient spans, zeroes the full gradients born here.
+    /// After `arena.enter(phase)`: starts the gathers born here (the next phase's prefetch
+    /// runs while this one computes), finishes those first read here, and repoints the model's
+    /// weights; with gradient spans, zeroes the full gradients born here.
     pub fn enter<B: Backend>(
         &self,
         phase: Phase,
@@ -210,11 +225,19 @@ impl Sharding {
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
         let at = phase.ordinal(self.n_layers);
-        for slot in &self.gathers {
-            let g = &slot.gather;
+        let runs = |g: &shards::Gather| {
             let backward = g.used_from.ordinal(self.n_layers) > Phase::Head.ordinal(self.n_layers);
-            if g.born == phase && !(backward && pass == Pass::ForwardOnly) {
-                self.fill(slot, arena, comm)?;
+            !(backward && pass == Pass::ForwardOnly)
+        };
+        for (i, slot) in self.gathers.iter().enumerate() {
+            if slot.gather.born == phase && runs(&slot.gather) {
+                self.start(i, arena, comm)?;
+            }
+        }
+        for (i, slot) in self.gathers.iter().enumerate() {
+            let g = &slot.gather;
+            if g.used_from == phase && runs(g) {
+                self.finish(i, arena, comm)?;
             }
             let (from, to) = (
                 g.used_from.ordinal(self.n_layers),
@@ -266,6 +289,11 @@ impl Sharding {
         arena: &Arena<B>,
         comm: Comm<'_>,
     ) -> Result<(), EngineError> {
+        for (i, slot) in self.gathers.iter().enumerate() {
+            if slot.gather.dies == phase {
+                self.abandon(i, comm)?;
+            }
+        }
         if !self.rule.grad_spans() {
             return Ok(());
         }

@@ -283,4 +283,14 @@ impl Backend for Cpu {
     ) -> Result<(), comm::CommError> {
         state_ops::collective(a, comm, op)
     }
+
+    unsafe fn start_collective(
+        &self,
+        a: &Arena<Self>,
+        comm: &mut dyn comm::Collective,
+        op: CommOp,
+    ) -> Result<comm::Ticket, comm::CommError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { state_ops::start_collective(a, comm, op) }
+    }
 }

@@ -12,7 +12,7 @@ use crate::arena::Arena;
 use crate::backend::ops::*;
 use crate::backend::{DType, Tensor};
 use crate::precision::{adamw_master_step, Grads, UnderflowStats, Working};
-use comm::{Buf, BufMut, Collective, CommError, ReduceOp};
+use comm::{Buf, BufMut, Collective, CommError, ReduceOp, Ticket};
 use half::{bf16, f16};
 use kernels::{adamw, convert, sgd};
 use rayon::prelude::*;
@@ -271,6 +271,42 @@ fn with_buf_mut<R>(a: &A, t: Tensor, f: impl FnOnce(BufMut<'_>) -> R) -> R {
         DType::F32 => f(BufMut::F32(&mut a.view_mut::<f32>(t))),
         DType::Bf16 => f(BufMut::Bf16(&mut a.view_mut::<bf16>(t))),
         DType::F16 => f(BufMut::Bf16(as_bf16_mut(&mut a.view_mut::<f16>(t)))),
+        DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
+    }
+}
+
+/// An `AllGather` started on `comm` (the buffers' bits travel as they lie, fp16 as bf16-typed
+/// words); any other op runs blocking.
+///
+/// # Safety
+/// As `Backend::start_collective`.
+pub unsafe fn start_collective(
+    a: &A,
+    comm: &mut dyn Collective,
+    op: CommOp,
+) -> Result<Ticket, CommError> {
+    let CommOp::AllGather { src, dst } = op else {
+        return collective(a, comm, op).map(|()| Ticket::DONE);
+    };
+    // The views are released when this returns; the caller's promise keeps the bytes to `comm`.
+    match src.dtype {
+        DType::F32 => {
+            let s = a.view::<f32>(src);
+            with_buf_mut(a, dst, |d| unsafe {
+                comm.start_all_gather(Buf::F32(&s), d)
+            })
+        }
+        DType::Bf16 => {
+            let s = a.view::<bf16>(src);
+            with_buf_mut(a, dst, |d| unsafe {
+                comm.start_all_gather(Buf::Bf16(&s), d)
+            })
+        }
+        DType::F16 => {
+            let s = a.view::<f16>(src);
+            let s = Buf::Bf16(as_bf16(&s));
+            with_buf_mut(a, dst, |d| unsafe { comm.start_all_gather(s, d) })
+        }
         DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
     }
 }
