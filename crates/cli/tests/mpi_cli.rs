@@ -90,11 +90,23 @@ mod with_mpi {
     #[test]
     fn mpi_ranks_train_bit_identically_to_thread_ranks_at_every_stage() {
         let data = data("parity");
-        let cases: [(usize, &[&str]); 6] = [
+        let cases: [(usize, &[&str]); 8] = [
             (2, &["--zero", "0"]),
             (2, &["--zero", "1"]),
             (2, &["--zero", "2"]),
-            (2, &["--zero", "3"]),
+            (2, &["--zero", "3", "--overlap-comm", "false"]),
+            (2, &["--zero", "3", "--overlap-comm", "true"]),
+            (
+                2,
+                &[
+                    "--zero",
+                    "3",
+                    "--overlap-comm",
+                    "true",
+                    "--precision",
+                    "bf16",
+                ],
+            ),
             (3, &["--zero", "3", "--recompute", "full"]),
             (
                 2,
@@ -106,6 +118,11 @@ mod with_mpi {
             let (m, t) = (json(&mpiexec(n, &args)), json(&threads(n, &args)));
             assert_eq!(outcome(&m), outcome(&t), "n {n} {extra:?}");
             assert!(m["zero"]["comm_sent_bytes_per_step"].as_u64().unwrap() > 0);
+            // The prefetch runs on a communication thread where asked (MPICH grants
+            // MPI_THREAD_MULTIPLE), in both launchers.
+            let overlapped = extra.contains(&"true");
+            assert_eq!(m["zero"]["overlap_comm"], overlapped, "{extra:?}");
+            assert_eq!(t["zero"]["overlap_comm"], overlapped, "{extra:?}");
             assert_eq!(m["ranks"].as_array().unwrap().len(), n);
             for r in m["ranks"].as_array().unwrap() {
                 assert!(
@@ -120,8 +137,10 @@ mod with_mpi {
     #[test]
     fn tensor_sequence_and_pipeline_parallel_mpi_ranks_match_thread_ranks() {
         let data = data("parallel");
-        let cases: [(usize, &[&str]); 3] = [
+        let cases: [(usize, &[&str]); 4] = [
             (2, &["--tp", "2", "--sp"]),
+            // The data-parallel prefetch on its thread while the tensor-parallel group talks.
+            (4, &["--tp", "2", "--zero", "3", "--overlap-comm", "true"]),
             (2, &["--pp", "2", "--grad-accum", "2"]),
             (4, &["--tp", "2", "--pp", "2", "--grad-accum", "2"]),
         ];
