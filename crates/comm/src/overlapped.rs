@@ -136,6 +136,7 @@ thread_local! {
 /// Whether this thread runs an `Overlapped` endpoint whose caller is computing rather than
 /// waiting for it: a backend that must poll its transfer (MPI) may then poll lazily, leaving
 /// the core to that computation, and polls hot as soon as the caller waits.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn caller_busy() -> bool {
     CALLER.with(|c| {
         c.borrow()
