@@ -20,11 +20,11 @@ use comm::Ticket;
 use plan::frugal::shards::{Gather, Holds};
 use std::ops::Range;
 
-/// One gather with its buffer and, for vectors widened beside bits, the bits' buffer and slot.
+/// One gather with its buffer and, for vectors widened beside bits, the bits' slot.
 pub(super) struct Slot {
     pub gather: Gather,
     pub id: BufId,
-    pub from: Option<(BufId, usize)>,
+    pub from: Option<usize>,
 }
 
 /// Each unit's vectors: (range in the unit, range among the vectors laid out one after another).
@@ -101,9 +101,9 @@ impl Sharding {
             Holds::Vectors(_) => {
                 let half = self.half.expect("2-byte units widen their vectors");
                 let src = match slot.from {
-                    Some((bits, j)) => {
+                    Some(j) => {
                         self.settle(j, comm)?;
-                        arena.tensor(bits, half)
+                        arena.tensor(self.gathers[j].id, half)
                     }
                     None => arena.tensor(self.param_store[u], half),
                 };

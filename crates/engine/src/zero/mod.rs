@@ -136,10 +136,9 @@ impl Sharding {
             .map(|gather| Slot {
                 id: arena.id(gather.key),
                 from: match gather.holds {
-                    shards::Holds::Vectors(Some(bits)) => Some((
-                        arena.id(bits),
+                    shards::Holds::Vectors(Some(bits)) => Some(
                         slot_of(bits).expect("the bits a unit's vectors widen from are gathered"),
-                    )),
+                    ),
                     _ => None,
                 },
                 gather: gather.clone(),

@@ -266,6 +266,15 @@ fn as_bf16_mut(x: &mut [f16]) -> &mut [bf16] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut bf16, x.len()) }
 }
 
+fn with_buf<R>(a: &A, t: Tensor, f: impl FnOnce(Buf<'_>) -> R) -> R {
+    match t.dtype {
+        DType::F32 => f(Buf::F32(&a.view::<f32>(t))),
+        DType::Bf16 => f(Buf::Bf16(&a.view::<bf16>(t))),
+        DType::F16 => f(Buf::Bf16(as_bf16(&a.view::<f16>(t)))),
+        DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
+    }
+}
+
 fn with_buf_mut<R>(a: &A, t: Tensor, f: impl FnOnce(BufMut<'_>) -> R) -> R {
     match t.dtype {
         DType::F32 => f(BufMut::F32(&mut a.view_mut::<f32>(t))),
@@ -289,26 +298,9 @@ pub unsafe fn start_collective(
         return collective(a, comm, op).map(|()| Ticket::DONE);
     };
     // The views are released when this returns; the caller's promise keeps the bytes to `comm`.
-    match src.dtype {
-        DType::F32 => {
-            let s = a.view::<f32>(src);
-            with_buf_mut(a, dst, |d| unsafe {
-                comm.start_all_gather(Buf::F32(&s), d)
-            })
-        }
-        DType::Bf16 => {
-            let s = a.view::<bf16>(src);
-            with_buf_mut(a, dst, |d| unsafe {
-                comm.start_all_gather(Buf::Bf16(&s), d)
-            })
-        }
-        DType::F16 => {
-            let s = a.view::<f16>(src);
-            let s = Buf::Bf16(as_bf16(&s));
-            with_buf_mut(a, dst, |d| unsafe { comm.start_all_gather(s, d) })
-        }
-        DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
-    }
+    with_buf(a, src, |s| {
+        with_buf_mut(a, dst, |d| unsafe { comm.start_all_gather(s, d) })
+    })
 }
 
 pub fn collective(a: &A, comm: &mut dyn Collective, op: CommOp) -> Result<(), CommError> {
@@ -325,20 +317,8 @@ pub fn collective(a: &A, comm: &mut dyn Collective, op: CommOp) -> Result<(), Co
                 comm.reduce_scatter(Buf::F32(&s), d, ReduceOp::Sum)
             })
         }
-        CommOp::AllGather { src, dst } => match src.dtype {
-            DType::F32 => {
-                let s = a.view::<f32>(src);
-                with_buf_mut(a, dst, |d| comm.all_gather(Buf::F32(&s), d))
-            }
-            DType::Bf16 => {
-                let s = a.view::<bf16>(src);
-                with_buf_mut(a, dst, |d| comm.all_gather(Buf::Bf16(&s), d))
-            }
-            DType::F16 => {
-                let s = a.view::<f16>(src);
-                with_buf_mut(a, dst, |d| comm.all_gather(Buf::Bf16(as_bf16(&s)), d))
-            }
-            DType::U32 | DType::U8 | DType::I8 => panic!("collectives carry weights and gradients"),
-        },
+        CommOp::AllGather { src, dst } => {
+            with_buf(a, src, |s| with_buf_mut(a, dst, |d| comm.all_gather(s, d)))
+        }
     }
 }
