@@ -8,9 +8,9 @@
 //! Run: `cargo bench -p kernels --bench matmul` (set PEAK_GFLOPS to override the peak used for
 //! the last column; default 460 = ~230 GFLOP/s per core × 2 cores, AVX-512 FMA).
 //!
-//! A second table times the bf16-input GEMM (`gemm_bf16`, f32 accumulate) on its AVX-512 BF16
-//! path (when the CPU has one) and its portable path, against faer's f32 GEMM on the same shape,
-//! and (`bwd GF/s`) the backward as the engine runs it: `gemm_nn` for the input and weight
+//! A second table times the bf16-input GEMM (`gemm_bf16`, f32 accumulate) on every path the CPU
+//! runs (AMX, AVX-512 BF16, portable), against faer's f32 GEMM on the same shape, and (`bwd
+//! GF/s`) the backward as the engine runs it on the best path: `gemm_nn` for the input and weight
 //! gradients around the output gradient's transpose.
 //!
 //! A third times the fused classifier (logits, loss, both backward GEMMs) of GPT-2 124M at
@@ -182,14 +182,18 @@ fn bench_classifier() {
     }
 }
 
-/// bf16 inputs, f32 accumulate, against faer f32 on the same shape, forward only.
+/// bf16 inputs, f32 accumulate, against faer f32 on the same shape: the forward on every path
+/// this CPU runs, the backward on the best one.
 fn bench_bf16() {
+    let isas = gemm_bf16::supported();
     let best = gemm_bf16::best_isa();
-    println!("\nbf16 GEMM (forward, f32 accumulate); best path on this CPU: {best:?}");
-    println!(
-        "{:<10} {:>10} {:>12} {:>12} {:>10} {:>12} {:>12}",
-        "layer", "f32 GF/s", "bf16 GF/s", "portable", "bf16/f32", "portable/f32", "bwd GF/s"
-    );
+    println!("\nbf16 GEMM (f32 accumulate); paths on this CPU: {isas:?}, best: {best:?}");
+    let mut head = format!("{:<10} {:>10}", "layer", "f32 GF/s");
+    for isa in isas {
+        head += &format!(" {:>12}", format!("{isa:?}"));
+    }
+    head += &format!(" {:>10} {:>12} {:>9}", "best/f32", "bwd GF/s", "bwd/f32");
+    println!("{head}");
     for (name, ic, oc) in SHAPES {
         let (inp, w) = (common::fill(N * ic, 1, 1.0), common::fill(oc * ic, 2, 1.0));
         let (inp_h, w_h): (Vec<bf16>, Vec<bf16>) = (
@@ -204,19 +208,15 @@ fn bench_bf16() {
                 matmul::forward(&mut out, &inp, &w, None, N, ic, oc)
             })
             / 1e9;
-        let mut run = |isa| {
+        let mut run = |isa: Isa| {
+            let reps = if isa == Isa::Portable { 1 } else { reps };
             flops
                 / common::median_secs(reps, || {
                     gemm_bf16::gemm_nt_on(isa, &mut out, &inp_h, &w_h, N, oc, ic, Accum::Replace)
                 })
                 / 1e9
         };
-        let portable = run(Isa::Portable);
-        let fast = if best == Isa::Avx512Bf16 {
-            run(Isa::Avx512Bf16)
-        } else {
-            portable
-        };
+        let rates: Vec<f64> = isas.iter().map(|&isa| run(isa)).collect();
         // The backward as the engine runs it: dinp = g·W and dW = gᵀ·x with `gemm_nn`.
         let g: Vec<bf16> = (0..N * oc)
             .map(|i| bf16::from_f32(((i % 7) as f32 - 3.0) * 0.1))
@@ -229,10 +229,15 @@ fn bench_bf16() {
                 gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, oc, ic, N, Accum::Replace);
             })
             / 1e9;
-        println!(
-            "{name:<10} {f32_gf:>10.1} {fast:>12.1} {portable:>12.1} {:>9.2}x {:>11.2}x {bwd:>12.1}",
-            fast / f32_gf,
-            portable / f32_gf
+        let mut row = format!("{name:<10} {f32_gf:>10.1}");
+        for r in &rates {
+            row += &format!(" {r:>12.1}");
+        }
+        row += &format!(
+            " {:>9.2}x {bwd:>12.1} {:>8.2}x",
+            rates[0] / f32_gf,
+            bwd / f32_gf
         );
+        println!("{row}");
     }
 }

@@ -33,19 +33,53 @@ const NB: usize = 64;
 /// Which instruction set runs the GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
+    /// AMX tiles (`tdpbf16ps`, `amx`); panics if the CPU or the OS does not grant them.
+    Amx,
     /// `vdpbf16ps`; panics if the CPU lacks AVX-512 BF16 (see [`best_isa`]).
     Avx512Bf16,
     /// Widen to f32 and multiply-add; runs anywhere.
     Portable,
 }
 
-/// The fastest path this CPU supports, detected at run time.
+/// The fastest path this CPU supports, detected at run time (once). `FRUGAL_BF16_GEMM=avx512`
+/// or `=portable` caps it (to compare paths end to end in `frugal bench train`).
 pub fn best_isa() -> Isa {
+    static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *BEST.get_or_init(|| {
+        let cap = std::env::var("FRUGAL_BF16_GEMM").unwrap_or_default();
+        let allowed = |isa| match cap.as_str() {
+            "portable" => isa == Isa::Portable,
+            "avx512" => isa != Isa::Amx,
+            _ => true,
+        };
+        supported()
+            .iter()
+            .copied()
+            .find(|&isa| allowed(isa))
+            .unwrap_or(Isa::Portable)
+    })
+}
+
+/// Every path this CPU runs, fastest first (tests and benchmarks compare them).
+pub fn supported() -> &'static [Isa] {
+    static ISAS: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+    ISAS.get_or_init(detect)
+}
+
+fn detect() -> Vec<Isa> {
+    let mut isas = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw") {
-        return Isa::Avx512Bf16;
+    {
+        if amx::available() {
+            isas.push(Isa::Amx);
+        }
+        if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw")
+        {
+            isas.push(Isa::Avx512Bf16);
+        }
     }
-    Isa::Portable
+    isas.push(Isa::Portable);
+    isas
 }
 
 /// out (M,N) f32, a (M,K) bf16, b (N,K) bf16, on the best path for this CPU.
@@ -79,6 +113,12 @@ pub fn gemm_nt_on(
     }
     let add = matches!(accum, Accum::Add);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && k > 0 {
+        let out = nn::Out::F32(out);
+        // SAFETY: AMX was checked against the running CPU and OS above.
+        return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nt) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
         // SAFETY: Avx512Bf16 was checked against the running CPU above.
         return unsafe { packed::gemm(out, a, b, (m, n, k), add) };
@@ -100,8 +140,11 @@ pub fn gemm_nt_on(
                     };
                     match isa {
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: Avx512Bf16 was checked against the running CPU above.
-                        Isa::Avx512Bf16 => unsafe { avx512::tile_4x4(o, a_blk, b, tile) },
+                        // SAFETY: Avx512Bf16 was checked against the running CPU above (and
+                        // every AMX CPU has it: an empty K comes here).
+                        Isa::Avx512Bf16 | Isa::Amx => unsafe {
+                            avx512::tile_4x4(o, a_blk, b, tile)
+                        },
                         _ => portable_tile(o, a_blk, b, tile),
                     }
                 }
@@ -194,6 +237,11 @@ fn run_nn(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx {
+        // SAFETY: AMX was checked against the running CPU and OS above.
+        return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nn) };
+    }
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }
 
@@ -209,9 +257,10 @@ fn work_to_do(
         out == m * n && a == m * k && b == n * k,
         "shapes: out (M,N), a (M,K), {b_shape}"
     );
-    if isa == Isa::Avx512Bf16 {
-        assert_eq!(best_isa(), Isa::Avx512Bf16, "this CPU has no AVX-512 BF16");
-    }
+    assert!(
+        supported().contains(&isa),
+        "this CPU (or OS) does not run the bf16 GEMM path {isa:?}"
+    );
     m > 0 && n > 0
 }
 
@@ -308,6 +357,8 @@ fn portable_tile(o: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod nn;
 #[cfg(target_arch = "x86_64")]
 mod packed;

@@ -31,9 +31,25 @@ pub(super) enum Out<'a> {
 
 /// The output's base address and element type, shared by the tasks.
 #[derive(Clone, Copy)]
-enum OutPtr {
+pub(super) enum OutPtr {
     F32(usize),
     Bf16(usize),
+}
+
+impl OutPtr {
+    /// The address of `out`, which must hold `len` elements.
+    pub(super) fn of(out: Out<'_>, len: usize) -> OutPtr {
+        match out {
+            Out::F32(o) => {
+                assert_eq!(o.len(), len);
+                OutPtr::F32(o.as_mut_ptr() as usize)
+            }
+            Out::Bf16(o) => {
+                assert_eq!(o.len(), len);
+                OutPtr::Bf16(o.as_mut_ptr() as usize)
+            }
+        }
+    }
 }
 
 /// out (M,N) (+)= a (M,K) · b (K,N) on `avx512` (AVX-512 BF16, checked by the caller) or the
@@ -46,16 +62,7 @@ pub(super) fn gemm(
     add: bool,
     avx512: bool,
 ) {
-    let out = match out {
-        Out::F32(o) => {
-            assert_eq!(o.len(), m * n);
-            OutPtr::F32(o.as_mut_ptr() as usize)
-        }
-        Out::Bf16(o) => {
-            assert_eq!(o.len(), m * n);
-            OutPtr::Bf16(o.as_mut_ptr() as usize)
-        }
-    };
+    let out = OutPtr::of(out, m * n);
     let blocks_n = n.div_ceil(NB);
     // One task per (64-row, 128-column) block; a task owns its rows' columns j0..j1 of out.
     let tasks: Vec<(usize, usize)> = (0..m.div_ceil(MB))
@@ -130,6 +137,9 @@ unsafe fn portable_block(a: &[bf16], b: &[bf16], t: Block) {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use avx512::{store_bf16, store_f32};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -248,7 +258,12 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn store_f32(dst: *mut f32, mask: __mmask16, v: __m512, add: bool) {
+    pub(in crate::gemm_bf16) unsafe fn store_f32(
+        dst: *mut f32,
+        mask: __mmask16,
+        v: __m512,
+        add: bool,
+    ) {
         let v = match add {
             true => _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst)),
             false => v,
@@ -260,7 +275,12 @@ mod avx512 {
     /// `convert::bf16_bits`'s integer rule (NaN kept quiet), not `vcvtneps2bf16`, which flushes
     /// subnormals: the portable path's bits.
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn store_bf16(dst: *mut u16, mask: __mmask16, v: __m512, add: bool) {
+    pub(in crate::gemm_bf16) unsafe fn store_bf16(
+        dst: *mut u16,
+        mask: __mmask16,
+        v: __m512,
+        add: bool,
+    ) {
         let v = match add {
             true => {
                 let old = _mm256_maskz_loadu_epi16(mask, dst as *const i16);

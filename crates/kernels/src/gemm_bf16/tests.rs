@@ -26,8 +26,14 @@ fn exact(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) -> Vec<f64> {
 #[test]
 fn paths_match_reference() {
     // M, N not multiples of 4 or 64; K not a multiple of 32 or 16; N over two packed blocks of
-    // 512 columns with a ragged last one; M within one task.
-    for (m, n, k) in [(70, 131, 777), (64, 1100, 33), (200, 529, 8)] {
+    // 512 columns with a ragged last one; M within one task; (AMX) M over two 256-row tasks
+    // with a ragged group of 32, K over two 512-deep blocks with an odd ragged one.
+    for (m, n, k) in [
+        (70, 131, 777),
+        (64, 1100, 33),
+        (200, 529, 8),
+        (300, 70, 1031),
+    ] {
         nt_paths_match_reference(m, n, k);
     }
 }
@@ -39,11 +45,7 @@ fn nt_paths_match_reference(m: usize, n: usize, k: usize) {
     let mut out = vec![0.0f32; m * n];
     reference::gemm_nt(&mut out, &a, &b, m, n, k);
     assert_close_f32("reference", &out, &want, BF16_GEMM_TOL);
-    let mut isas = vec![Isa::Portable];
-    if best_isa() == Isa::Avx512Bf16 {
-        isas.push(Isa::Avx512Bf16);
-    }
-    for isa in isas {
+    for &isa in supported() {
         gemm_nt_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
         assert_close_f32(&format!("{isa:?} replace"), &out, &want, BF16_GEMM_TOL);
         gemm_nt_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
@@ -99,16 +101,14 @@ fn transpose_moves_every_element_across_tiles() {
 /// K blocks unevenly (odd K, a K block of one row, N below one tile), both accumulate modes.
 #[test]
 fn nn_paths_match_reference() {
-    let mut isas = vec![Isa::Portable];
-    if best_isa() == Isa::Avx512Bf16 {
-        isas.push(Isa::Avx512Bf16);
-    }
+    let isas = supported();
     for (m, n, k) in [
         (70, 131, 777),
         (9, 33, 257),
         (1, 5, 3),
         (130, 768, 64),
         (3, 200, 1),
+        (300, 70, 1031),
     ] {
         let mut rng = Rng::new(21);
         let (a, b) = (bf(&rng.vec(m * k)), bf(&rng.vec(k * n)));
@@ -119,7 +119,7 @@ fn nn_paths_match_reference() {
         let mut out = vec![0.0f32; m * n];
         reference::gemm_nn(&mut out, &a, &b, m, n, k);
         assert_close_f32("nn reference", &out, &want, BF16_GEMM_TOL);
-        for &isa in &isas {
+        for &isa in isas {
             out.fill(f32::NAN);
             gemm_nn_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
             let at = format!("{isa:?} nn {m}x{n}x{k}");
@@ -133,14 +133,18 @@ fn nn_paths_match_reference() {
 
 /// `gemm_nn_bf16` adds each element's whole K sum to its widened bf16 and rounds once: the
 /// portable path exactly as `bf16(old + reference sum)` (the same f32 summation order), the
-/// AVX-512 path within one bf16 rounding of the exact value, K beyond one 256-deep block.
+/// AVX-512 and AMX paths within one bf16 rounding of the exact value, K beyond one 256-deep
+/// (AVX-512) and one 512-deep (AMX) block.
 #[test]
 fn nn_into_bf16_rounds_once() {
-    let mut isas = vec![Isa::Portable];
-    if best_isa() == Isa::Avx512Bf16 {
-        isas.push(Isa::Avx512Bf16);
-    }
-    for (m, n, k) in [(70, 131, 300), (9, 33, 64), (1, 5, 3), (130, 200, 1)] {
+    let isas = supported();
+    for (m, n, k) in [
+        (70, 131, 300),
+        (9, 33, 64),
+        (1, 5, 3),
+        (130, 200, 1),
+        (300, 70, 1031),
+    ] {
         let mut rng = Rng::new(22);
         let (a, b) = (bf(&rng.vec(m * k)), bf(&rng.vec(k * n)));
         let old = bf(&rng.vec(m * n));
@@ -149,7 +153,7 @@ fn nn_into_bf16_rounds_once() {
         let once: Vec<u16> = (old.iter().zip(&sum))
             .map(|(o, &s)| bf16::from_f32(o.to_f32() + s).to_bits())
             .collect();
-        for &isa in &isas {
+        for &isa in isas {
             let mut out = old.clone();
             gemm_nn_bf16_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
             let at = format!("{isa:?} nn into bf16 {m}x{n}x{k}");
