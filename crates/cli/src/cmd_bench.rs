@@ -282,6 +282,11 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     let bf16_gemm = a.precision == Precision::Bf16;
     let gemm = gemm_gflops(&model, n, bf16_gemm);
     let gemm_precision = if bf16_gemm { "bf16" } else { "fp32" };
+    // The kernel behind the step's GEMMs: faer for fp32, the bf16 path this CPU runs.
+    let gemm_path = match bf16_gemm {
+        true => kernels::gemm_bf16::best_isa().name(),
+        false => "faer",
+    };
     let t = trainer.timings;
     let parts = [
         ("embed", t.embed),
@@ -302,7 +307,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             "attention": a.attention.to_string(),
             "recompute": a.recompute.to_string(),
             "tokens_per_s": tokens_per_s, "gflops": gflops,
-            "gemm_gflops": gemm, "gemm_precision": gemm_precision,
+            "gemm_gflops": gemm, "gemm_precision": gemm_precision, "gemm_path": gemm_path,
             "gflops_over_gemm": gflops / gemm,
             "cpu": generate::cpu_name(),
             "flops_per_token": flops_per_token(&model, a.seq),
@@ -315,7 +320,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     }
     print_human(&a, &model, tokens_per_s, gflops, &parts, baseline);
     println!(
-        "  the engine's {gemm_precision} GEMM on the step's shapes, same run: {gemm:.1} GFLOP/s; the step reaches {:.2} of it",
+        "  the engine's {gemm_precision} GEMM ({gemm_path}) on the step's shapes, same run: {gemm:.1} GFLOP/s; the step reaches {:.2} of it",
         gflops / gemm
     );
     Ok(())

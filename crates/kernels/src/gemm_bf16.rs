@@ -41,6 +41,17 @@ pub enum Isa {
     Portable,
 }
 
+impl Isa {
+    /// The path's name in reports: `amx`, `avx512-bf16`, `portable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Amx => "amx",
+            Isa::Avx512Bf16 => "avx512-bf16",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
 /// The fastest path this CPU supports, detected at run time (once). `FRUGAL_BF16_GEMM=avx512`
 /// or `=portable` caps it (to compare paths end to end in `frugal bench train`).
 pub fn best_isa() -> Isa {
@@ -73,7 +84,9 @@ fn detect() -> Vec<Isa> {
         if amx::available() {
             isas.push(Isa::Amx);
         }
-        if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw")
+        if std::is_x86_feature_detected!("avx512bf16")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
         {
             isas.push(Isa::Avx512Bf16);
         }

@@ -4,9 +4,10 @@
 //! FMA's per cycle. Both layouts of `b` ((N, K) for `gemm_nt`, (K, N) for `gemm_nn`) and both
 //! outputs (f32, or bf16 rounded once) run here.
 //!
-//! Work is a grid of (256 rows of `a`, 64 columns of `b`) tasks over rayon. A task sweeps K in
-//! blocks of 512: it packs its block of `b` into four 16-column panels of K pairs (64 KiB,
-//! zero-padded past N and K), then for every 32 rows × 32 columns runs the 2 × 2 tile kernel
+//! Work is a grid of (256 rows of `a`, 64 columns of `b`) tasks over rayon; a `b` of at most 256
+//! columns (the classifier's chunk of rows) is one column block, so `a` is read once. A task
+//! sweeps K in blocks of 512: it packs its block of `b` into 16-column panels of K pairs
+//! (zero-padded past N and K), then for every 32 rows × 32 columns runs the 2 × 2 tile kernel
 //! (tmm0-3 accumulate, tmm4-5 hold two row tiles of `a`, tmm6-7 two column tiles of `b`),
 //! loading the accumulators from and storing them to the task's f32 block between K blocks. `a`
 //! is read in place (`tileloadd` with its row stride) where 32 rows and a whole K tile exist; a
@@ -26,9 +27,12 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Rows of `a` and columns of `b` per task; K per block (a multiple of [`TK`]).
+/// Rows of `a` and columns of `b` per task; K per block (a multiple of [`TK`]). A product of at
+/// most [`NB_MAX`] columns (the classifier's chunk of rows as `b`) takes them all in one task, so
+/// `a` (the token table) is read once.
 const MB: usize = 256;
 const NB: usize = 64;
+const NB_MAX: usize = 256;
 const KB: usize = 512;
 /// K of one tile (32 bf16 = 64 bytes a row), rows of one tile, columns of one panel.
 const TK: usize = 32;
@@ -39,11 +43,12 @@ const PANEL: usize = 16;
 pub(super) fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
-        // CPUID.(7,0).EDX: bit 22 AMX-BF16, bit 24 AMX-TILE; the stores use AVX-512 BW.
+        // CPUID.(7,0).EDX: bit 22 AMX-BF16, bit 24 AMX-TILE; packing and stores use AVX-512 BW/VL.
         let leaf = __cpuid_count(7, 0);
         let cpu = (leaf.edx >> 22) & 1 == 1
             && (leaf.edx >> 24) & 1 == 1
-            && std::is_x86_feature_detected!("avx512bw");
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl");
         cpu && request_tile_data()
     })
 }
@@ -125,14 +130,20 @@ pub(super) unsafe fn gemm(
     layout: Layout,
 ) {
     let out = OutPtr::of(out, m * n);
-    let (blocks_m, blocks_n) = (m.div_ceil(MB), n.div_ceil(NB));
+    touch();
+    let nb = match n <= NB_MAX {
+        true => n.div_ceil(2 * PANEL) * 2 * PANEL,
+        false => NB,
+    };
+    let (blocks_m, blocks_n) = (m.div_ceil(MB), n.div_ceil(nb));
     (0..blocks_m * blocks_n).into_par_iter().for_each(|task| {
-        let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * NB);
+        let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * nb);
         let t = Task {
             i0,
             rows: MB.min(m - i0),
             j0,
-            cols: NB.min(n - j0),
+            cols: nb.min(n - j0),
+            nb,
             m,
             n,
             k,
@@ -142,14 +153,33 @@ pub(super) unsafe fn gemm(
         };
         SCRATCH.with(|cell| {
             let s = &mut *cell.borrow_mut();
-            grow(&mut s.b, NB * KB);
+            grow(&mut s.b, NB_MAX * KB);
             grow(&mut s.a, 2 * TR * KB);
-            grow(&mut s.c, MB * NB);
+            grow(&mut s.c, MB * NB_MAX);
             // SAFETY: AMX was granted (the caller); the tasks' blocks of out are disjoint and
             // inside its M·N elements.
             unsafe { task_run(a, b, t, s) };
         });
     });
+}
+
+/// Uses the tiles once on the calling thread, so Linux enables them for it too. A thread that
+/// never used AMX keeps XFD armed, and every switch of a core between it and an AMX thread
+/// rewrites the XFD register (a VM exit in a guest): the caller sleeps and wakes around each
+/// GEMM's parallel region, which measured 7% of a bf16 step in native_write_msr.
+fn touch() {
+    thread_local! {
+        static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if !DONE.get() {
+        // SAFETY: AMX was granted (the caller of `gemm`); configuring and releasing the tiles
+        // touches no memory but the configuration.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+            asm!("tilerelease", options(nostack, nomem));
+        }
+        DONE.set(true);
+    }
 }
 
 fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
@@ -158,13 +188,15 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
     }
 }
 
-/// Rows `i0..i0 + rows` and columns `j0..j0 + cols` of out.
+/// Rows `i0..i0 + rows` and columns `j0..j0 + cols` of out, in a block `nb` wide (a multiple of
+/// 32: the f32 block's row stride and the packed panels).
 #[derive(Clone, Copy)]
 struct Task {
     i0: usize,
     rows: usize,
     j0: usize,
     cols: usize,
+    nb: usize,
     m: usize,
     n: usize,
     k: usize,
@@ -173,7 +205,7 @@ struct Task {
     out: OutPtr,
 }
 
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
     debug_assert!(t.i0 + t.rows <= t.m);
     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
@@ -196,7 +228,7 @@ unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
                 (s.a.as_ptr(), 2 * kp)
             };
             for g in 0..groups {
-                let c = s.c.as_mut_ptr().add(r * NB + g * 2 * PANEL);
+                let c = s.c.as_mut_ptr().add(r * t.nb + g * 2 * PANEL);
                 let (b0, b1) = (
                     s.b.as_ptr().add(2 * g * panel),
                     s.b.as_ptr().add((2 * g + 1) * panel),
@@ -216,8 +248,8 @@ unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
                         "tileloadd tmm2, [{c2} + {cs} * 1]",
                         "tileloadd tmm3, [{c2} + {cs} * 1 + 64]",
                         c = in(reg) c,
-                        c2 = in(reg) c.add(TR * NB),
-                        cs = in(reg) 4 * NB,
+                        c2 = in(reg) c.add(TR * t.nb),
+                        cs = in(reg) 4 * t.nb,
                         options(nostack, readonly)
                     );
                 }
@@ -247,8 +279,8 @@ unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
                     "tilestored [{c2} + {cs} * 1], tmm2",
                     "tilestored [{c2} + {cs} * 1 + 64], tmm3",
                     c = in(reg) c,
-                    c2 = in(reg) c.add(TR * NB),
-                    cs = in(reg) 4 * NB,
+                    c2 = in(reg) c.add(TR * t.nb),
+                    cs = in(reg) 4 * t.nb,
                     options(nostack)
                 );
             }
@@ -260,10 +292,10 @@ unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
 
 /// The task's block of `b` as four panels of `kp` K (pairs side by side, 32 u16 a pair), zero
 /// past N and past `kn`. `b` is (N, K): a pair is one u32 of a row of `b`.
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pack_nt(dst: &mut [u16], b: &[bf16], t: Task, k0: usize, kn: usize, kp: usize) {
     let panel = kp * PANEL;
-    dst[..NB * kp].fill(0);
+    dst[..t.nb * kp].fill(0);
     for col in 0..t.cols {
         let row = b.as_ptr().add((t.j0 + col) * t.k + k0) as *const u16;
         let (p, l) = (col / PANEL, col % PANEL);
@@ -279,7 +311,7 @@ unsafe fn pack_nt(dst: &mut [u16], b: &[bf16], t: Task, k0: usize, kn: usize, kp
 }
 
 /// As [`pack_nt`] for `b` (K, N): a pair interleaves 16 columns of two rows of `b`.
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pack_nn(dst: &mut [u16], b: &[bf16], t: Task, k0: usize, kn: usize, kp: usize) {
     let panel = kp * PANEL;
     // Lane 2l takes column l of the first row, lane 2l + 1 column l of the second.
@@ -287,7 +319,7 @@ unsafe fn pack_nn(dst: &mut [u16], b: &[bf16], t: Task, k0: usize, kn: usize, kp
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0,
     );
-    for p in 0..NB / PANEL {
+    for p in 0..t.nb / PANEL {
         let c0 = p * PANEL;
         let cols = PANEL.min(t.cols.saturating_sub(c0));
         let mask: __mmask16 = if cols == PANEL {
@@ -296,16 +328,18 @@ unsafe fn pack_nn(dst: &mut [u16], b: &[bf16], t: Task, k0: usize, kn: usize, kp
             (1u16 << cols) - 1
         };
         let dst = dst.as_mut_ptr().add(p * panel);
-        let row = |kk: usize| -> __m256i {
-            if cols == 0 || kk >= kn {
-                _mm256_setzero_si256()
-            } else {
-                let src = b.as_ptr().add((k0 + kk) * t.n + t.j0 + c0) as *const i16;
-                _mm256_maskz_loadu_epi16(mask, src)
-            }
-        };
+        let src = b.as_ptr().add(k0 * t.n + t.j0 + c0) as *const i16;
         for q in 0..kp / 2 {
-            let both = _mm512_inserti64x4(_mm512_castsi256_si512(row(2 * q)), row(2 * q + 1), 1);
+            let (k_lo, k_hi) = (2 * q, 2 * q + 1);
+            let lo = match cols > 0 && k_lo < kn {
+                true => _mm256_maskz_loadu_epi16(mask, src.add(k_lo * t.n)),
+                false => _mm256_setzero_si256(),
+            };
+            let hi = match cols > 0 && k_hi < kn {
+                true => _mm256_maskz_loadu_epi16(mask, src.add(k_hi * t.n)),
+                false => _mm256_setzero_si256(),
+            };
+            let both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             let v = _mm512_permutexvar_epi16(idx, both);
             _mm512_storeu_si512(dst.add(q * 2 * PANEL) as *mut _, v);
         }
@@ -335,7 +369,7 @@ unsafe fn copy_rows(
 }
 
 /// The task's f32 block into out: added or replaced, or rounded into bf16.
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn write_out(c: &[f32], t: Task) {
     for r in 0..t.rows {
         for c0 in (0..t.cols).step_by(PANEL) {
@@ -345,7 +379,7 @@ unsafe fn write_out(c: &[f32], t: Task) {
             } else {
                 (1u16 << cols) - 1
             };
-            let v = _mm512_loadu_ps(c.as_ptr().add(r * NB + c0));
+            let v = _mm512_loadu_ps(c.as_ptr().add(r * t.nb + c0));
             let at = (t.i0 + r) * t.n + t.j0 + c0;
             match t.out {
                 OutPtr::F32(base) => store_f32((base as *mut f32).add(at), mask, v, t.add),

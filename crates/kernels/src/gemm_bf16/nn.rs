@@ -150,7 +150,7 @@ mod avx512 {
 
     /// # Safety
     /// The CPU must support avx512f, avx512bw and avx512bf16; the block lies inside the slices.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub(super) unsafe fn block(a: &[bf16], b: &[bf16], t: Block) {
         // A bf16 output is rounded once: all of K in one block.
         let kb = match t.out {
@@ -195,7 +195,7 @@ mod avx512 {
         out: OutPtr,
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn tile_8x32(a: &[bf16], b: &[bf16], t: Tile) {
         // Rows past the edge repeat the last valid row; their results are not stored.
         let rows: [*const u16; MR] = std::array::from_fn(|r| {
@@ -274,7 +274,7 @@ mod avx512 {
     /// Widens 16 bf16 (exact), adds `v` in f32 and rounds back to nearest even with
     /// `convert::bf16_bits`'s integer rule (NaN kept quiet), not `vcvtneps2bf16`, which flushes
     /// subnormals: the portable path's bits.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(in crate::gemm_bf16) unsafe fn store_bf16(
         dst: *mut u16,
         mask: __mmask16,
