@@ -275,22 +275,42 @@ unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
     write_out(&s.c, t);
 }
 
-/// The task's block of `b` as four panels of `kp` K (pairs side by side, 32 u16 a pair), zero
-/// past N and past `kn`. `b` is (N, K): a pair is one u32 of a row of `b`.
+/// The task's block of `b` as panels of `kp` K (pairs side by side, 32 u16 a pair), zero past N
+/// and past `kn`. `b` is (N, K): a pair is one u32 of a row of `b`, and one gather reads a pair
+/// of each of a panel's 16 rows (an odd last K element is copied alone: its u32 would reach past
+/// the row).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pack_nt(dst: &mut [u16], b: &[bf16], t: Task, k0: usize, kn: usize, kp: usize) {
     let panel = kp * PANEL;
     dst[..t.nb * kp].fill(0);
-    for col in 0..t.cols {
-        let row = b.as_ptr().add((t.j0 + col) * t.k + k0) as *const u16;
-        let (p, l) = (col / PANEL, col % PANEL);
-        let base = dst.as_mut_ptr().add(p * panel + 2 * l);
+    // Element offsets of a panel's 16 rows from its first (the gather scales them by 2 bytes).
+    let rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(t.k as i32),
+    );
+    for p in 0..t.cols.div_ceil(PANEL) {
+        let cols = PANEL.min(t.cols - p * PANEL);
+        let mask: __mmask16 = if cols == PANEL {
+            !0
+        } else {
+            (1u16 << cols) - 1
+        };
+        let first = b.as_ptr().add((t.j0 + p * PANEL) * t.k + k0) as *const u16;
+        let out = dst.as_mut_ptr().add(p * panel);
         for q in 0..kn / 2 {
-            (base.add(q * 2 * PANEL) as *mut u32)
-                .write_unaligned((row.add(2 * q) as *const u32).read_unaligned());
+            let at = _mm512_add_epi32(rows, _mm512_set1_epi32(2 * q as i32));
+            let v = _mm512_mask_i32gather_epi32::<2>(
+                _mm512_setzero_si512(),
+                mask,
+                at,
+                first as *const i32,
+            );
+            _mm512_storeu_si512(out.add(q * 2 * PANEL) as *mut _, v);
         }
         if kn % 2 == 1 {
-            *base.add((kn / 2) * 2 * PANEL) = *row.add(kn - 1);
+            for l in 0..cols {
+                *out.add((kn / 2) * 2 * PANEL + 2 * l) = *first.add(l * t.k + kn - 1);
+            }
         }
     }
 }
