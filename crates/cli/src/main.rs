@@ -65,6 +65,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(err) = kernels::gemm_bf16::check_cap() {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
     silence_overflow_panics();
     let result = std::panic::catch_unwind(|| match cli.command {
         Command::Formats(args) => cmd_formats::run(args),

@@ -52,12 +52,27 @@ impl Isa {
     }
 }
 
-/// The fastest path this CPU supports, detected at run time (once). `FRUGAL_BF16_GEMM=avx512`
-/// or `=portable` caps it (to compare paths end to end in `frugal bench train`).
+/// The environment variable that caps [`best_isa`]: `avx512` or `portable` (`amx` or unset: no
+/// cap), to compare paths end to end in `frugal bench train`.
+pub const CAP_VAR: &str = "FRUGAL_BF16_GEMM";
+
+/// An error naming the accepted values when [`CAP_VAR`] holds another ([`best_isa`] ignores
+/// such a value; the CLI refuses it before any work).
+pub fn check_cap() -> Result<(), String> {
+    match std::env::var(CAP_VAR) {
+        Err(_) => Ok(()),
+        Ok(v) if matches!(v.as_str(), "" | "amx" | "avx512" | "portable") => Ok(()),
+        Ok(v) => Err(format!(
+            "{CAP_VAR}={v:?} is not a bf16 GEMM path: use amx, avx512 or portable (or unset it)"
+        )),
+    }
+}
+
+/// The fastest path this CPU supports, detected at run time (once), capped by [`CAP_VAR`].
 pub fn best_isa() -> Isa {
     static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *BEST.get_or_init(|| {
-        let cap = std::env::var("FRUGAL_BF16_GEMM").unwrap_or_default();
+        let cap = std::env::var(CAP_VAR).unwrap_or_default();
         let allowed = |isa| match cap.as_str() {
             "portable" => isa == Isa::Portable,
             "avx512" => isa != Isa::Amx,
@@ -125,8 +140,14 @@ pub fn gemm_nt_on(
         return;
     }
     let add = matches!(accum, Accum::Add);
+    if k == 0 {
+        if !add {
+            out.fill(0.0);
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Amx && k > 0 {
+    if isa == Isa::Amx {
         let out = nn::Out::F32(out);
         // SAFETY: AMX was checked against the running CPU and OS above.
         return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nt) };
@@ -153,11 +174,8 @@ pub fn gemm_nt_on(
                     };
                     match isa {
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: Avx512Bf16 was checked against the running CPU above (and
-                        // every AMX CPU has it: an empty K comes here).
-                        Isa::Avx512Bf16 | Isa::Amx => unsafe {
-                            avx512::tile_4x4(o, a_blk, b, tile)
-                        },
+                        // SAFETY: Avx512Bf16 was checked against the running CPU above.
+                        Isa::Avx512Bf16 => unsafe { avx512::tile_4x4(o, a_blk, b, tile) },
                         _ => portable_tile(o, a_blk, b, tile),
                     }
                 }

@@ -54,6 +54,27 @@ fn nt_paths_match_reference(m: usize, n: usize, k: usize) {
     }
 }
 
+/// An empty K on every path: `Replace` writes zeros, `Add` leaves out as it was.
+#[test]
+fn empty_k_replaces_with_zeros_or_adds_nothing() {
+    let (m, n) = (70, 40);
+    for &isa in supported() {
+        let mut out = vec![1.5f32; m * n];
+        gemm_nt_on(isa, &mut out, &[], &[], m, n, 0, Accum::Add);
+        assert!(out.iter().all(|&x| x == 1.5), "{isa:?} nt add");
+        gemm_nt_on(isa, &mut out, &[], &[], m, n, 0, Accum::Replace);
+        assert!(out.iter().all(|&x| x == 0.0), "{isa:?} nt replace");
+        let mut out = vec![bf16::ONE; m * n];
+        gemm_nn_bf16_on(isa, &mut out, &[], &[], m, n, 0, Accum::Add);
+        assert!(out.iter().all(|&x| x == bf16::ONE), "{isa:?} nn bf16 add");
+        gemm_nn_bf16_on(isa, &mut out, &[], &[], m, n, 0, Accum::Replace);
+        assert!(
+            out.iter().all(|&x| x == bf16::ZERO),
+            "{isa:?} nn bf16 replace"
+        );
+    }
+}
+
 #[test]
 fn forward_adds_bias_and_transpose_round_trips() {
     let (n, ic, oc) = (5, 33, 7);
