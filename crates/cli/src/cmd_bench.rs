@@ -284,10 +284,10 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     let bf16_gemm = a.precision == Precision::Bf16;
     let gemm = gemm_gflops(&model, n, bf16_gemm);
     let gemm_precision = if bf16_gemm { "bf16" } else { "fp32" };
-    // The kernel behind the step's GEMMs: faer for fp32, the bf16 path this CPU runs.
+    // The kernel behind the step's GEMMs at the instruction-set level in force (FRUGAL_ISA).
     let gemm_path = match bf16_gemm {
         true => kernels::gemm_bf16::best_isa().name(),
-        false => "faer",
+        false => kernels::matmul::capped::path().name(),
     };
     let t = trainer.timings;
     let parts = [
@@ -312,6 +312,8 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             "gemm_gflops": gemm, "gemm_precision": gemm_precision, "gemm_path": gemm_path,
             "gflops_over_gemm": gflops / gemm,
             "cpu": generate::cpu_name(),
+            "isa": kernels::cpu::level().name(),
+            "paths": generate::kernel_paths(),
             "flops_per_token": flops_per_token(&model, a.seq),
             "step_seconds": profile,
             "pytorch_tokens_per_s": baseline,

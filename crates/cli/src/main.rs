@@ -23,7 +23,16 @@ use std::process::ExitCode;
 /// frugal: train transformer language models in less memory, and know before anything runs how
 /// much memory a training or inference setup needs.
 #[derive(Parser)]
-#[command(name = "frugal", version, about, long_about = None, arg_required_else_help = true)]
+#[command(
+    name = "frugal",
+    version,
+    about,
+    long_about = None,
+    arg_required_else_help = true,
+    after_help = "Environment:\n  FRUGAL_ISA=portable|avx2|avx512|avx512bf16|amx   cap every kernel at this instruction-set \
+level (default: the best this CPU runs), e.g. to time or test the AVX2 paths on an AVX-512 machine; \
+a level above the CPU is refused. `frugal bench train --json` lists the path each kernel took."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -63,9 +72,24 @@ enum Command {
     Serve(cmd_serve::Args),
 }
 
+/// The environment variable that caps every kernel's instruction set (`kernels::cpu`): read
+/// here, once, and passed down.
+const ISA_VAR: &str = "FRUGAL_ISA";
+
+/// Applies `FRUGAL_ISA` (unset or empty: the CPU's best); a name that is not a level, or a level
+/// above this CPU, is refused before any work.
+fn cap_instruction_set() -> Result<(), String> {
+    let value = match std::env::var(ISA_VAR) {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => return Ok(()),
+    };
+    let level = kernels::cpu::parse(&value).map_err(|e| format!("{ISA_VAR}: {e}"))?;
+    kernels::cpu::set_cap(level).map_err(|e| format!("{ISA_VAR}={value}: {e}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(err) = kernels::gemm_bf16::check_cap() {
+    if let Err(err) = cap_instruction_set() {
         eprintln!("error: {err}");
         return ExitCode::from(2);
     }

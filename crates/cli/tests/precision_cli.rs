@@ -157,19 +157,3 @@ fn bench_train_times_the_precision_it_is_given() {
     let bad = [&bad[..], &["--precision", "fp8"]].concat();
     fails_with(&bad, "invalid value 'fp8' for '--precision");
 }
-
-/// A bf16 GEMM cap that names no path is refused before any work, naming the accepted values.
-#[test]
-fn an_unknown_bf16_gemm_cap_exits_2_naming_the_paths() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(["formats", "1.5"])
-        .env("FRUGAL_BF16_GEMM", "avx2")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("FRUGAL_BF16_GEMM=\"avx2\"") && err.contains("amx, avx512 or portable"),
-        "{err}"
-    );
-}

@@ -7,10 +7,14 @@
 //! 12-19 allocations of at most 1,520 bytes per step here); the test bounds that by size rather
 //! than pretending it is zero: no single allocation as large as the smallest activation the
 //! step's plan holds (4 KiB at 32 × 32 tokens), and under 64 KiB in all per step.
+//!
+//! Each case runs at every instruction-set level this CPU runs (`kernels::cpu`), so the AVX2 and
+//! portable kernels are held to it on an AVX-512 machine too.
 
 use engine::testkit::{config, deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
 use engine::train::Mixed;
 use engine::{TrainConfig, Trainer};
+use kernels::cpu::Level;
 use plan::buffer::{Category, Lifetime};
 use plan::setup::{Attention, Recompute, ZeroStage};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -45,10 +49,27 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Allocations (count, bytes, largest) of `steps` steps after two warm-up steps, and the
-/// smallest activation the plan makes live during a step.
-fn measure(cfg: TrainConfig, steps: usize) -> (u64, u64, u64, u64) {
+/// The kernels capped at `level` until dropped (then back to the CPU's best).
+struct Capped;
+
+impl Capped {
+    fn at(level: Level) -> Capped {
+        kernels::cpu::set_cap(level).unwrap();
+        Capped
+    }
+}
+
+impl Drop for Capped {
+    fn drop(&mut self) {
+        kernels::cpu::set_cap(kernels::cpu::detected()).unwrap();
+    }
+}
+
+/// Allocations (count, bytes, largest) of `steps` steps after two warm-up steps at `level`, and
+/// the smallest activation the plan makes live during a step.
+fn measure(cfg: TrainConfig, steps: usize, level: Level) -> (u64, u64, u64, u64) {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _capped = Capped::at(level);
     let n = (cfg.batch * cfg.seq) as usize;
     let (x, y) = (tokens(n, 96, 1), tokens(n, 96, 2));
     let mut t = Trainer::new(cfg).unwrap();
@@ -106,12 +127,16 @@ fn a_step_allocates_no_tensor() {
     let mut stage3 = config(gpt2_tiny(), 32, 32);
     stage3.zero = ZeroStage::Zero3;
     cases.push(stage3);
-    for cfg in cases {
+    for (cfg, level) in cases.iter().flat_map(|c| {
+        kernels::cpu::supported()
+            .into_iter()
+            .map(move |l| (c.clone(), l))
+    }) {
         let what = format!(
-            "{} {:?} {:?} {:?} {:?}",
+            "{} {:?} {:?} {:?} {:?} at {level}",
             cfg.model.shape.name, cfg.mixed.precision, cfg.zero, cfg.recompute, cfg.attention
         );
-        let (count, bytes, largest, smallest) = measure(cfg, steps);
+        let (count, bytes, largest, smallest) = measure(cfg, steps, level);
         eprintln!("{what}: {count} allocations, {bytes} bytes, largest {largest} in {steps} steps");
         assert!(
             largest < smallest,
@@ -135,13 +160,20 @@ fn a_decode_step_allocates_no_tensor() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let shape = llama_tiny();
     let model = engine::ModelConfig::from_shape(shape.clone()).unwrap();
-    for w in [
+    let formats = [
         WeightFormat::F32,
+        WeightFormat::Int8,
         WeightFormat::Int4 {
             group: 32,
             asym: false,
         },
-    ] {
+        WeightFormat::Nf4 { group: 32 },
+    ];
+    for (w, level) in formats
+        .iter()
+        .flat_map(|&w| kernels::cpu::supported().into_iter().map(move |l| (w, l)))
+    {
+        let _capped = Capped::at(level);
         let setup = ServeSetup::generation(&shape, 8, 32, w, KvFormat::Int8, 4, 4);
         let mut s = Server::new(model.clone(), setup).unwrap();
         s.fill_random(1);
@@ -179,11 +211,11 @@ fn a_decode_step_allocates_no_tensor() {
         let largest = LARGEST.load(Ordering::SeqCst);
         assert!(
             largest < smallest,
-            "{w:?}: an allocation of {largest} bytes, the smallest activation is {smallest}"
+            "{w:?} at {level}: an allocation of {largest} bytes, the smallest activation is {smallest}"
         );
         assert!(
             BYTES.load(Ordering::SeqCst) < 4 * 64 * 1024,
-            "{w:?}: bytes per 4 steps"
+            "{w:?} at {level}: bytes per 4 steps"
         );
     }
 }

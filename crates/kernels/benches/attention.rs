@@ -19,6 +19,7 @@ fn mib(bytes: usize) -> f64 {
 }
 
 fn main() {
+    common::cap_from_env();
     let ts: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())

@@ -15,6 +15,7 @@ const COLS: usize = 4096;
 const N_TOKENS: usize = 512;
 
 fn main() {
+    common::cap_from_env();
     let n = ROWS * COLS;
     println!("threads: {}", rayon::current_num_threads());
     let (b, c) = (common::fill(n, 1, 1.0), common::fill(n, 2, 1.0));

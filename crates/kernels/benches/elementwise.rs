@@ -17,6 +17,7 @@ const C: usize = 768;
 const V: usize = 50257;
 
 fn main() {
+    common::cap_from_env();
     let args: Vec<String> = std::env::args().collect();
     let only = |name: &str| {
         !args

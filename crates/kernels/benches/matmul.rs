@@ -39,6 +39,7 @@ const SHAPES: [(&str, usize, usize); 5] = [
 ];
 
 fn main() {
+    common::cap_from_env();
     if std::env::args().any(|a| a == "bf16") {
         bench_bf16();
         return bench_classifier();

@@ -13,6 +13,7 @@ use half::bf16;
 use kernels::paged_attention::{attend, reference, write, KvShape, KvSlice, KvSliceMut, RowCtx};
 
 fn main() {
+    common::cap_from_env();
     let shape = KvShape {
         n_heads: 8,
         n_kv_heads: 1,

@@ -18,6 +18,7 @@ const IC: usize = 4096;
 const OC: usize = 11008;
 
 fn main() {
+    common::cap_from_env();
     if std::env::var("QM_MODEL").is_ok() {
         return model_pass();
     }
@@ -46,18 +47,7 @@ fn main() {
     let u8s: Vec<u8> = (0..n / 2).map(|i| (i * 7 % 256) as u8).collect();
     let h_row: Vec<f16> = (0..OC).map(|_| f16::from_f32(0.01)).collect();
     let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 8.0 - 1.0);
-    let mut isas = vec![Isa::Portable];
-    if best_isa() != Isa::Portable {
-        if std::is_x86_feature_detected!("avx2") {
-            isas.push(Isa::Avx2);
-        }
-        if matches!(best_isa(), Isa::Avx512 | Isa::Avx512Vnni) {
-            isas.push(Isa::Avx512);
-        }
-        if best_isa() == Isa::Avx512Vnni {
-            isas.push(Isa::Avx512Vnni);
-        }
-    }
+    let isas = qmatmul::supported();
     for group in [32usize, 128] {
         let h_g: Vec<f16> = (0..n / group).map(|_| f16::from_f32(0.01)).collect();
         let f_g: Vec<f32> = vec![0.01; n / group];

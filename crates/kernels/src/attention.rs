@@ -18,9 +18,9 @@
 //! ```
 
 use crate::fastmath::{exp_shifted_sum, row_max};
+use crate::matmul::capped::matmul;
 use crate::par::SyncPtr;
 use crate::Real;
-use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 

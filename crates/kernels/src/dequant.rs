@@ -184,11 +184,11 @@ fn whole(out: &mut [f32], src: &[u8], stored: Stored, levels: &[f32; 16], map: &
 }
 
 /// One block: value 2j from byte j's high nibble, 2j + 1 from its low nibble. Runs of 16 values
-/// take AVX-512 when the CPU has it (checked at run time, cached by std).
+/// take AVX-512 when [`crate::cpu::level`] allows it.
 #[inline]
 fn nf4_block(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if crate::cpu::level() >= crate::cpu::Level::Avx512 {
         let whole = out.len() / 16 * 16;
         // SAFETY: the CPU has AVX-512 F; the loop reads whole / 2 bytes and writes whole values,
         // both inside the slices.

@@ -23,7 +23,7 @@
 //! assert!((kernels::fastmath::tanh(0.5) - 0.5f32.tanh()).abs() < 1e-6);
 //! ```
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use crate::cpu::Level;
 
 /// The widest instruction set the dispatching kernels may use on this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,44 +36,14 @@ pub enum Simd {
     Avx512,
 }
 
-static LEVEL: AtomicU8 = AtomicU8::new(0);
-
-/// The detected [`Simd`] level, probed once.
+/// The [`Simd`] level [`crate::cpu::level`] allows.
+#[inline]
 pub fn simd() -> Simd {
-    match LEVEL.load(Ordering::Relaxed) {
-        1 => Simd::Base,
-        2 => Simd::Avx2,
-        3 => Simd::Avx512,
-        _ => {
-            let level = detect();
-            LEVEL.store(
-                match level {
-                    Simd::Base => 1,
-                    Simd::Avx2 => 2,
-                    Simd::Avx512 => 3,
-                },
-                Ordering::Relaxed,
-            );
-            level
-        }
+    match crate::cpu::level() {
+        Level::Portable => Simd::Base,
+        Level::Avx2 => Simd::Avx2,
+        _ => Simd::Avx512,
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect() -> Simd {
-    let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-    if avx2 && std::is_x86_feature_detected!("avx512f") {
-        Simd::Avx512
-    } else if avx2 {
-        Simd::Avx2
-    } else {
-        Simd::Base
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect() -> Simd {
-    Simd::Base
 }
 
 /// Defines `$vis fn $name(args) -> ret` that calls `$body::<FMA>(args)` (a generic
@@ -95,7 +65,7 @@ macro_rules! simd_fn {
                     $body::<true>($($arg),*)
                 }
                 match $crate::fastmath::simd() {
-                    // SAFETY: simd() found these features on this CPU.
+                    // SAFETY: cpu::level() found these features on this CPU.
                     $crate::fastmath::Simd::Avx512 => unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
                     $crate::fastmath::Simd::Avx2 => unsafe { avx2($($arg),*) },

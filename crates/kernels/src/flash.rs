@@ -23,8 +23,8 @@
 
 use crate::attention::{check_shapes, head, head_mut};
 use crate::fastmath::exp_shifted_sum;
+use crate::matmul::capped::matmul;
 use crate::par::SyncPtr;
-use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 

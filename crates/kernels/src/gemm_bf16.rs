@@ -1,12 +1,13 @@
 //! GEMM with bf16 inputs and f32 accumulation: `out (M,N) (+)= a (M,K) · b (N,K)ᵀ`, both operands
 //! with K contiguous (activations times an `nn.Linear` weight), for `--precision bf16`.
 //!
-//! Two paths, chosen at run time: AVX-512 BF16 (`vdpbf16ps`: 32 bf16 products summed pairwise
-//! into 16 f32 lanes per instruction) when the CPU has it — a register-tiled kernel over `b`
-//! packed into 16-column panels of K pairs (`packed`) from 64 rows of `a` on, 4×4 dot-product
-//! tiles below — and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot
-//! products. Work is split over
-//! rayon in blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
+//! Four paths, the fastest that [`crate::cpu::level`] allows chosen at run time: AMX tiles
+//! (`amx`); AVX-512 BF16 (`vdpbf16ps`: 32 bf16 products summed pairwise into 16 f32 lanes per
+//! instruction) — a register-tiled kernel over `b` packed into 16-column panels of K pairs
+//! (`packed`) from 64 rows of `a` on, 4×4 dot-product tiles below; AVX2 + FMA (`avx2`: bf16
+//! widened while packing, an f32 6×16 micro-kernel), which AVX-512 CPUs without BF16 run too;
+//! and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot products, in
+//! blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
 //! [`gemm_nn`] takes `b` as (K, N), row-major over N, and reads it in place (`nn`): the
 //! classifier's input gradient over the token table and backward GEMMs need no copy of `b`.
 //! [`reference`] is the plain loop both are tested against. A GEMM whose `a` has its reduction
@@ -22,6 +23,7 @@
 //! assert_eq!(out, [11.0, 17.0]);
 //! ```
 
+use crate::cpu::{self, Level};
 pub use faer::Accum;
 pub use half::bf16;
 use rayon::prelude::*;
@@ -37,77 +39,55 @@ pub enum Isa {
     Amx,
     /// `vdpbf16ps`; panics if the CPU lacks AVX-512 BF16 (see [`best_isa`]).
     Avx512Bf16,
+    /// Widened to f32 while packing, f32 FMA (`avx2`); panics without AVX2 and FMA.
+    Avx2,
     /// Widen to f32 and multiply-add; runs anywhere.
     Portable,
 }
 
 impl Isa {
-    /// The path's name in reports: `amx`, `avx512-bf16`, `portable`.
+    /// The path's name in reports: `amx`, `avx512-bf16`, `avx2`, `portable`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Amx => "amx",
             Isa::Avx512Bf16 => "avx512-bf16",
+            Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
     }
-}
 
-/// The environment variable that caps [`best_isa`]: `avx512` or `portable` (`amx` or unset: no
-/// cap), to compare paths end to end in `frugal bench train`.
-pub const CAP_VAR: &str = "FRUGAL_BF16_GEMM";
-
-/// An error naming the accepted values when [`CAP_VAR`] holds another ([`best_isa`] ignores
-/// such a value; the CLI refuses it before any work).
-pub fn check_cap() -> Result<(), String> {
-    match std::env::var(CAP_VAR) {
-        Err(_) => Ok(()),
-        Ok(v) if matches!(v.as_str(), "" | "amx" | "avx512" | "portable") => Ok(()),
-        Ok(v) => Err(format!(
-            "{CAP_VAR}={v:?} is not a bf16 GEMM path: use amx, avx512 or portable (or unset it)"
-        )),
+    /// The path a level runs: AVX-512 without BF16 takes the AVX2 path.
+    pub fn at(level: Level) -> Isa {
+        match level {
+            Level::Amx => Isa::Amx,
+            Level::Avx512Bf16 => Isa::Avx512Bf16,
+            Level::Avx512 | Level::Avx2 => Isa::Avx2,
+            Level::Portable => Isa::Portable,
+        }
     }
 }
 
-/// The fastest path this CPU supports, detected at run time (once), capped by [`CAP_VAR`].
+/// The path the kernels run now: the fastest under [`crate::cpu::level`].
 pub fn best_isa() -> Isa {
-    static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-    *BEST.get_or_init(|| {
-        let cap = std::env::var(CAP_VAR).unwrap_or_default();
-        let allowed = |isa| match cap.as_str() {
-            "portable" => isa == Isa::Portable,
-            "avx512" => isa != Isa::Amx,
-            _ => true,
-        };
-        supported()
-            .iter()
-            .copied()
-            .find(|&isa| allowed(isa))
-            .unwrap_or(Isa::Portable)
+    Isa::at(cpu::level())
+}
+
+/// Every path this CPU runs, fastest first (tests and benchmarks compare them), whatever the cap.
+pub fn supported() -> &'static [Isa] {
+    static ISAS: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+    ISAS.get_or_init(|| {
+        let mut isas: Vec<Isa> = cpu::supported().into_iter().rev().map(Isa::at).collect();
+        isas.dedup();
+        isas
     })
 }
 
-/// Every path this CPU runs, fastest first (tests and benchmarks compare them).
-pub fn supported() -> &'static [Isa] {
-    static ISAS: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
-    ISAS.get_or_init(detect)
-}
-
-fn detect() -> Vec<Isa> {
-    let mut isas = Vec::new();
+/// Whether the CPU has AMX-BF16 tiles and the OS grants them (asked once).
+pub(crate) fn amx_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    {
-        if amx::available() {
-            isas.push(Isa::Amx);
-        }
-        if std::is_x86_feature_detected!("avx512bf16")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-        {
-            isas.push(Isa::Avx512Bf16);
-        }
-    }
-    isas.push(Isa::Portable);
-    isas
+    return amx::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// out (M,N) f32, a (M,K) bf16, b (N,K) bf16, on the best path for this CPU.
@@ -151,6 +131,12 @@ pub fn gemm_nt_on(
         let out = nn::Out::F32(out);
         // SAFETY: AMX was checked against the running CPU and OS above.
         return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nt) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        let out = nn::Out::F32(out);
+        // SAFETY: AVX2 and FMA were checked against the running CPU above.
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, avx2::Layout::Nt) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
@@ -273,6 +259,11 @@ fn run_nn(
         // SAFETY: AMX was checked against the running CPU and OS above.
         return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nn) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2 and FMA were checked against the running CPU above.
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, avx2::Layout::Nn) };
+    }
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }
 
@@ -364,6 +355,8 @@ fn portable_tile(o: &mut [f32], a: &[bf16], b: &[bf16], t: Tile) {
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod nn;
 mod transpose;
 pub use transpose::transpose;

@@ -31,6 +31,7 @@ pub mod adamw;
 pub mod attention;
 pub mod classifier;
 pub mod convert;
+pub mod cpu;
 pub mod dequant;
 pub mod embedding;
 pub mod fastmath;

@@ -20,9 +20,9 @@
 //! assert_eq!((u, out), ([11.0], [12.0]));
 //! ```
 
+use crate::matmul::capped::matmul;
 pub use crate::matmul::{backward_input_cols, forward_cols};
 use crate::matmul::{view, view_mut};
-use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 

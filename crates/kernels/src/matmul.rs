@@ -12,8 +12,10 @@
 //! assert_eq!((dinp, dweight, dbias), ([3.0, 4.0], [1.0, 2.0], [1.0]));
 //! ```
 
+pub mod capped;
+
+use crate::matmul::capped::matmul;
 use crate::Real;
-use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 

@@ -13,7 +13,7 @@
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
 //!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
 //!
-//! Paths, chosen at run time ([`best_isa`], `is_x86_feature_detected!`, never a compile-time
+//! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
 //! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`), AVX2 + FMA (8 lanes), and
 //! portable loops. Up to [`ROWS`] activation rows share one pass over the weights (a decode batch
 //! reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is split over
@@ -32,8 +32,11 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod q8avx2;
+#[cfg(target_arch = "x86_64")]
 mod vnni;
 
+use crate::cpu::{self, Level};
 use crate::par::SyncPtr;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -89,24 +92,40 @@ impl Isa {
     }
 }
 
-/// The fastest path this CPU supports.
+/// The fastest path under [`crate::cpu::level`].
 pub fn best_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
-            if std::is_x86_feature_detected!("avx512vnni") {
-                return Isa::Avx512Vnni;
-            }
-            return Isa::Avx512;
-        }
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-        {
-            return Isa::Avx2;
+    Isa::at(cpu::level())
+}
+
+impl Isa {
+    /// The path a level runs.
+    pub fn at(level: Level) -> Isa {
+        match level {
+            Level::Portable => Isa::Portable,
+            Level::Avx2 => Isa::Avx2,
+            _ if cpu::vnni_on_cpu() => Isa::Avx512Vnni,
+            _ => Isa::Avx512,
         }
     }
-    Isa::Portable
+
+    /// Every path, plainest first.
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
+
+    /// Whether this CPU runs the path, whatever the cap.
+    pub fn runs_here(self) -> bool {
+        let best = Isa::at(cpu::detected());
+        match best {
+            Isa::Avx512Vnni => true,
+            Isa::Avx512 => self != Isa::Avx512Vnni,
+            Isa::Avx2 => matches!(self, Isa::Avx2 | Isa::Portable),
+            Isa::Portable => self == Isa::Portable,
+        }
+    }
+}
+
+/// Every path this CPU runs, plainest first, whatever the cap (tests and benchmarks run each).
+pub fn supported() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.runs_here()).collect()
 }
 
 impl QWeight<'_> {
@@ -251,14 +270,11 @@ pub fn matmul_on(
         "out (N,OC), inp (N,IC)"
     );
     w.check(oc, ic);
-    let best = best_isa();
-    let runs = |i: Isa| match best {
-        Isa::Avx512Vnni => true,
-        Isa::Avx512 => i != Isa::Avx512Vnni,
-        Isa::Avx2 => matches!(i, Isa::Avx2 | Isa::Portable),
-        Isa::Portable => i == Isa::Portable,
-    };
-    assert!(runs(isa), "this CPU cannot run the {} path", isa.name());
+    assert!(
+        isa.runs_here(),
+        "this CPU cannot run the {} path",
+        isa.name()
+    );
     let chunk = task_rows(oc);
     #[cfg(target_arch = "x86_64")]
     if let (
@@ -294,6 +310,29 @@ pub fn matmul_on(
             });
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        if let Some((weights, group)) = q8_weights(w, ic) {
+            return q8avx2::with_scratch(|q| {
+                for r0 in (0..n).step_by(ROWS) {
+                    let rows = ROWS.min(n - r0);
+                    let a = &inp[r0 * ic..(r0 + rows) * ic];
+                    // SAFETY: the CPU has AVX2 (checked above); IC is whole blocks of 32.
+                    unsafe { q8avx2::quantize(q, a, rows, ic, group) };
+                    let q = &*q;
+                    by_columns(
+                        &mut out[r0 * oc..(r0 + rows) * oc],
+                        oc,
+                        chunk,
+                        |out, range| {
+                            // SAFETY: as above; `q` holds `rows` rows of IC.
+                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range) }
+                        },
+                    );
+                }
+            });
+        }
+    }
     let isa = if isa == Isa::Avx512Vnni {
         Isa::Avx512
     } else {
@@ -308,6 +347,32 @@ pub fn matmul_on(
             chunk,
             |out, range| run_rows(isa, out, a, w, rows, ic, oc, range),
         );
+    }
+}
+
+/// The weights the AVX2 integer path multiplies, and the group its activations' sums follow:
+/// int4, and int8 whose rows are whole blocks of 32.
+#[cfg(target_arch = "x86_64")]
+fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, usize)> {
+    match *w {
+        QWeight::Int4 {
+            codes,
+            scales,
+            zeros,
+            group,
+        } => Some((
+            q8avx2::Weights::Int4 {
+                codes,
+                scales,
+                zeros,
+                group,
+            },
+            group,
+        )),
+        QWeight::Int8 { codes, scales } if ic.is_multiple_of(32) => {
+            Some((q8avx2::Weights::Int8 { codes, scales }, ic))
+        }
+        _ => None,
     }
 }
 
@@ -381,6 +446,14 @@ fn portable_rows(
             out[r * oc + o] = acc[r].iter().sum();
         }
     }
+}
+
+/// The activations the AVX2 integer path multiplies (int8 per 32, dequantized), for exact
+/// comparisons; IC a multiple of 32, on a CPU with AVX2.
+#[cfg(target_arch = "x86_64")]
+pub fn avx2_activations(inp: &[f32], n: usize, ic: usize) -> Vec<f32> {
+    assert!(Isa::Avx2.runs_here(), "the AVX2 path needs AVX2");
+    q8avx2::dequantized(inp, n, ic)
 }
 
 /// The activations the VNNI path multiplies (int8 per 32, dequantized), for exact comparisons.

@@ -88,7 +88,7 @@ pub fn split_k(s: &str) -> anyhow::Result<SplitK> {
     })
 }
 
-/// The CPU's model name (`/proc/cpuinfo`) and the quantized-matmul path it runs.
+/// The CPU's model name (`/proc/cpuinfo`), the threads and the instruction-set level in force.
 pub fn cpu_name() -> String {
     let name = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -102,8 +102,17 @@ pub fn cpu_name() -> String {
     format!(
         "{name}, {} threads, {}",
         rayon::current_num_threads(),
-        kernels::qmatmul::best_isa().name()
+        kernels::cpu::level().name()
     )
+}
+
+/// Every kernel dispatch and the path it took at the instruction-set level in force.
+pub fn kernel_paths() -> serde_json::Value {
+    kernels::cpu::paths()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// A buffer for streaming reads: 256 MiB (far past any cache) of distinct values (identical
@@ -283,6 +292,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "weights_bytes": weights_bytes,
             "fill_s": fill_s,
             "cpu": cpu,
+            "isa": kernels::cpu::level().name(),
+            "paths": kernel_paths(),
             "baseline": a.baseline,
             "baseline_result": baseline,
             "decode_ratio_vs_baseline": base_tps.map(|b| decode_tps / b),

@@ -27,3 +27,18 @@ pub fn fill(n: usize, seed: u32, scale: f32) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Caps the kernels at `FRUGAL_ISA` (a benchmark is a binary's edge, as the CLI is), so one
+/// machine times every level it runs; prints the level.
+#[allow(dead_code)]
+pub fn cap_from_env() {
+    if let Ok(v) = std::env::var("FRUGAL_ISA") {
+        let level = kernels::cpu::parse(&v).unwrap_or_else(|e| panic!("FRUGAL_ISA: {e}"));
+        kernels::cpu::set_cap(level).unwrap_or_else(|e| panic!("FRUGAL_ISA: {e}"));
+    }
+    println!(
+        "instruction-set level: {} (this CPU: {})",
+        kernels::cpu::level(),
+        kernels::cpu::detected()
+    );
+}

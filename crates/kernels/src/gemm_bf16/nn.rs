@@ -65,31 +65,30 @@ pub(super) fn gemm(
     let out = OutPtr::of(out, m * n);
     let blocks_n = n.div_ceil(NB);
     // One task per (64-row, 128-column) block; a task owns its rows' columns j0..j1 of out.
-    let tasks: Vec<(usize, usize)> = (0..m.div_ceil(MB))
-        .flat_map(|bi| (0..blocks_n).map(move |bj| (bi, bj)))
-        .collect();
-    tasks.par_iter().for_each(|&(bi, bj)| {
-        let (i0, j0) = (bi * MB, bj * NB);
-        let blk = Block {
-            i0,
-            rows: MB.min(m - i0),
-            j0,
-            cols: NB.min(n - j0),
-            n,
-            k,
-            add,
-            out,
-        };
-        // SAFETY (both calls): the tasks' (rows, columns) blocks are disjoint, so no two write
-        // one element, and every block lies inside out (M·N elements, checked above).
-        #[cfg(target_arch = "x86_64")]
-        if avx512 {
-            // SAFETY: the caller checked AVX-512 BF16 on the running CPU.
-            return unsafe { avx512::block(a, b, blk) };
-        }
-        let _ = avx512;
-        unsafe { portable_block(a, b, blk) };
-    });
+    (0..m.div_ceil(MB) * blocks_n)
+        .into_par_iter()
+        .for_each(|task| {
+            let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * NB);
+            let blk = Block {
+                i0,
+                rows: MB.min(m - i0),
+                j0,
+                cols: NB.min(n - j0),
+                n,
+                k,
+                add,
+                out,
+            };
+            // SAFETY (both calls): the tasks' (rows, columns) blocks are disjoint, so no two write
+            // one element, and every block lies inside out (M·N elements, checked above).
+            #[cfg(target_arch = "x86_64")]
+            if avx512 {
+                // SAFETY: the caller checked AVX-512 BF16 on the running CPU.
+                return unsafe { avx512::block(a, b, blk) };
+            }
+            let _ = avx512;
+            unsafe { portable_block(a, b, blk) };
+        });
 }
 
 /// Rows `i0..i0 + rows`, columns `j0..j0 + cols` of out.
@@ -108,7 +107,8 @@ struct Block {
 /// # Safety
 /// The block lies inside the output, and no other thread writes it during the call.
 unsafe fn portable_block(a: &[bf16], b: &[bf16], t: Block) {
-    let mut acc = vec![0.0f32; t.cols];
+    let mut acc = [0.0f32; NB];
+    let acc = &mut acc[..t.cols];
     for i in t.i0..t.i0 + t.rows {
         acc.fill(0.0);
         let ar = &a[i * t.k..][..t.k];
@@ -123,13 +123,13 @@ unsafe fn portable_block(a: &[bf16], b: &[bf16], t: Block) {
         match t.out {
             OutPtr::F32(base) => {
                 let o = std::slice::from_raw_parts_mut((base as *mut f32).add(at), t.cols);
-                for (d, &s) in o.iter_mut().zip(&acc) {
+                for (d, &s) in o.iter_mut().zip(acc.iter()) {
                     *d = if t.add { *d + s } else { s };
                 }
             }
             OutPtr::Bf16(base) => {
                 let o = std::slice::from_raw_parts_mut((base as *mut bf16).add(at), t.cols);
-                for (d, &s) in o.iter_mut().zip(&acc) {
+                for (d, &s) in o.iter_mut().zip(acc.iter()) {
                     let sum = if t.add { widen(*d) + s } else { s };
                     *d = bf16::from_bits(crate::convert::bf16_bits(sum));
                 }

@@ -37,23 +37,7 @@ fn stored(rng: &mut Rng, oc: usize, ic: usize, groups: usize) -> Stored {
 }
 
 fn isas() -> Vec<Isa> {
-    let mut v = vec![Isa::Portable];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-        {
-            v.push(Isa::Avx2);
-        }
-        if matches!(best_isa(), Isa::Avx512 | Isa::Avx512Vnni) {
-            v.push(Isa::Avx512);
-        }
-        if best_isa() == Isa::Avx512Vnni {
-            v.push(Isa::Avx512Vnni);
-        }
-    }
-    v
+    supported()
 }
 
 fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
@@ -69,6 +53,11 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             {
                 // The VNNI path multiplies int8 activations: compare with exactly those.
                 reference(&mut want, &vnni_activations(&inp, n, ic), w, n, ic, oc);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2 && q8_weights(w, ic).is_some() {
+                // So does the AVX2 integer path (int4, and int8 in whole blocks of 32).
+                reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
             }
             let mut got = vec![f32::NAN; n * oc];
             matmul_on(isa, &mut got, &inp, w, n, ic, oc);
@@ -95,6 +84,14 @@ fn dense_layouts_match_the_reference_with_a_column_tail() {
         scales: &s.h_scales[..oc],
     };
     check_all("int8", &int8, ic, oc);
+    // Whole blocks of 32: the AVX2 path's integer kernel.
+    let (oc, ic) = (37, 96);
+    let s = stored(&mut Rng::new(2), oc, ic, 0);
+    let int8 = QWeight::Int8 {
+        codes: &s.i8s,
+        scales: &s.h_scales[..oc],
+    };
+    check_all("int8 whole blocks", &int8, ic, oc);
 }
 
 #[test]

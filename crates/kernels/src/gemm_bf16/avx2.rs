@@ -1,0 +1,327 @@
+//! The AVX2 + FMA path of both bf16 GEMMs, for CPUs without AVX-512 BF16 (Haswell to Alder
+//! Lake, Zen 1-3): bf16 is widened to f32 (a 16-bit shift) while packing, and an f32 FMA
+//! micro-kernel of 6 rows × 16 columns (12 accumulators, 2 panel loads and 6 broadcasts per 12
+//! FMAs) does the arithmetic, as a BLIS-style sgemm does. Both layouts of `b` pack into the same
+//! panels: (N, K) by 8 × 8 transposes in registers, (K, N) by plain widening.
+//!
+//! Work is a grid of (120 rows × 128 columns) tasks over rayon. Each task sweeps K in 256-deep
+//! blocks: it widens its rows of `a` (row-major, read by broadcasts) and packs its columns of
+//! `b` (16-column panels, K-major), then accumulates into an f32 tile of its outputs, which is
+//! added or written to `out` once at the end — rounded once to bf16 for a bf16 output, as the
+//! other paths do. Each element's K sum runs in one order (K blocks in turn, each in K order)
+//! whatever the split. The three buffers (315 KiB) are a per-thread scratch allocated once.
+//!
+//! Rows past M read zeros and columns past N are zero in the panel; neither is written out.
+
+use super::nn::{Out, OutPtr};
+use super::{bf16, widen};
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+const MR: usize = 6;
+const NR: usize = 16;
+/// Rows and columns of out per task, and K per block.
+const MB: usize = 120;
+const NB: usize = 128;
+const KC: usize = 256;
+
+/// How `b` lies: (N, K) for `gemm_nt`, (K, N) for `gemm_nn`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    Nt,
+    Nn,
+}
+
+/// A task's widened rows of `a` (MB × KC), packed panels of `b` (NB × KC) and output tile
+/// (MB × NB), all f32.
+struct Scratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
+}
+
+/// out (M,N) (+)= a (M,K) · b, `b` in `layout`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+pub(super) unsafe fn gemm(
+    out: Out<'_>,
+    a: &[bf16],
+    b: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    add: bool,
+    layout: Layout,
+) {
+    let out = OutPtr::of(out, m * n);
+    let blocks_n = n.div_ceil(NB);
+    (0..m.div_ceil(MB) * blocks_n)
+        .into_par_iter()
+        .for_each(|task| {
+            let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * NB);
+            let t = Task {
+                i0,
+                rows: MB.min(m - i0),
+                j0,
+                cols: NB.min(n - j0),
+                n,
+                k,
+                add,
+                out,
+                layout,
+            };
+            SCRATCH.with(|cell| {
+                let mut cell = cell.borrow_mut();
+                let s = cell.get_or_insert_with(|| Scratch {
+                    a: vec![0.0; MB * KC],
+                    b: vec![0.0; NB * KC],
+                    c: vec![0.0; MB * NB],
+                });
+                // SAFETY: the caller checked the CPU; the tasks' blocks of out are disjoint and
+                // inside its M·N elements.
+                unsafe { task_run(s, a, b, t) };
+            });
+        });
+}
+
+/// Rows `i0..i0 + rows`, columns `j0..j0 + cols` of out.
+#[derive(Clone, Copy)]
+struct Task {
+    i0: usize,
+    rows: usize,
+    j0: usize,
+    cols: usize,
+    n: usize,
+    k: usize,
+    add: bool,
+    out: OutPtr,
+    layout: Layout,
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_run(s: &mut Scratch, a: &[bf16], b: &[bf16], t: Task) {
+    let (row_panels, col_panels) = (t.rows.div_ceil(MR), t.cols.div_ceil(NR));
+    for k0 in (0..t.k).step_by(KC) {
+        let kc = KC.min(t.k - k0);
+        pack_a(&mut s.a, a, t, k0, kc);
+        match t.layout {
+            Layout::Nt => pack_b_nt(&mut s.b, b, t, k0, kc),
+            Layout::Nn => pack_b_nn(&mut s.b, b, t, k0, kc),
+        }
+        for q in 0..col_panels {
+            let bp = s.b.as_ptr().add(q * kc * NR);
+            for p in 0..row_panels {
+                let ap = s.a.as_ptr().add(p * MR * kc);
+                let cp = s.c.as_mut_ptr().add(p * MR * NB + q * NR);
+                kernel_6x16(kc, ap, bp, cp, k0 == 0);
+            }
+        }
+    }
+    write_out(&s.c, t);
+}
+
+/// c (6, 16; row stride NB) (+)= a panel (6 rows of kc, row-major) · b panel (kc × 16).
+#[inline(always)]
+unsafe fn kernel_6x16(kc: usize, ap: *const f32, bp: *const f32, cp: *mut f32, first: bool) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    if !first {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            acc_r[0] = _mm256_loadu_ps(cp.add(r * NB));
+            acc_r[1] = _mm256_loadu_ps(cp.add(r * NB + 8));
+        }
+    }
+    for kk in 0..kc {
+        let b0 = _mm256_loadu_ps(bp.add(kk * NR));
+        let b1 = _mm256_loadu_ps(bp.add(kk * NR + 8));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let x = _mm256_broadcast_ss(&*ap.add(r * kc + kk));
+            acc_r[0] = _mm256_fmadd_ps(x, b0, acc_r[0]);
+            acc_r[1] = _mm256_fmadd_ps(x, b1, acc_r[1]);
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        _mm256_storeu_ps(cp.add(r * NB), acc_r[0]);
+        _mm256_storeu_ps(cp.add(r * NB + 8), acc_r[1]);
+    }
+}
+
+/// 8 bf16 at `p` widened to 8 f32.
+#[inline(always)]
+unsafe fn widen8(p: *const bf16) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// The task's rows of `a`, K `k0..k0 + kc`, widened into `dst` row-major (row stride kc);
+/// rows up to a whole panel past the task's last are zeros.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a(dst: &mut [f32], a: &[bf16], t: Task, k0: usize, kc: usize) {
+    let body = kc / 8 * 8;
+    for r in 0..t.rows.div_ceil(MR) * MR {
+        let row = &mut dst[r * kc..(r + 1) * kc];
+        if r >= t.rows {
+            row.fill(0.0);
+            continue;
+        }
+        let src = &a[(t.i0 + r) * t.k + k0..][..kc];
+        for kk in (0..body).step_by(8) {
+            _mm256_storeu_ps(row.as_mut_ptr().add(kk), widen8(src.as_ptr().add(kk)));
+        }
+        for kk in body..kc {
+            row[kk] = widen(src[kk]);
+        }
+    }
+}
+
+/// `b` (K, N): panel q holds columns `j0 + 16q ..`, K-major (16 f32 per K), zeros past N.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_b_nn(dst: &mut [f32], b: &[bf16], t: Task, k0: usize, kc: usize) {
+    for q in 0..t.cols.div_ceil(NR) {
+        let (c0, width) = (q * NR, NR.min(t.cols - q * NR));
+        let panel = &mut dst[q * kc * NR..(q + 1) * kc * NR];
+        for kk in 0..kc {
+            let src = &b[(k0 + kk) * t.n + t.j0 + c0..][..width];
+            let d = &mut panel[kk * NR..(kk + 1) * NR];
+            if width == NR {
+                _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr()));
+                _mm256_storeu_ps(d.as_mut_ptr().add(8), widen8(src.as_ptr().add(8)));
+            } else {
+                for (l, x) in d.iter_mut().enumerate() {
+                    *x = if l < width { widen(src[l]) } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// `b` (N, K): the same panels, each 8 columns × 8 K transposed in registers; ragged edges
+/// element by element.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_b_nt(dst: &mut [f32], b: &[bf16], t: Task, k0: usize, kc: usize) {
+    let body = kc / 8 * 8;
+    for q in 0..t.cols.div_ceil(NR) {
+        let panel = dst.as_mut_ptr().add(q * kc * NR);
+        for half in 0..2 {
+            let c0 = q * NR + half * 8;
+            let width = t.cols.saturating_sub(c0).min(8);
+            let col = |l: usize| &b[(t.j0 + c0 + l) * t.k + k0..][..kc];
+            if width == 8 {
+                let rows: [&[bf16]; 8] = std::array::from_fn(col);
+                for kk in (0..body).step_by(8) {
+                    let v: [__m256; 8] = std::array::from_fn(|l| widen8(rows[l].as_ptr().add(kk)));
+                    let tr = transpose8(v);
+                    for (x, &vec) in tr.iter().enumerate() {
+                        _mm256_storeu_ps(panel.add((kk + x) * NR + half * 8), vec);
+                    }
+                }
+            }
+            let from = if width == 8 { body } else { 0 };
+            for kk in from..kc {
+                for l in 0..8 {
+                    let x = if l < width { widen(col(l)[kk]) } else { 0.0 };
+                    *panel.add(kk * NR + half * 8 + l) = x;
+                }
+            }
+        }
+    }
+}
+
+/// Rows r0..r7 (8 f32 each) → columns: out[x] = [r0[x], r1[x], .., r7[x]].
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
+/// The tile into out: added or written, f32 or rounded once to bf16.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn write_out(c: &[f32], t: Task) {
+    let body = t.cols / 8 * 8;
+    for r in 0..t.rows {
+        let tile = &c[r * NB..r * NB + t.cols];
+        let at = (t.i0 + r) * t.n + t.j0;
+        match t.out {
+            OutPtr::F32(base) => {
+                let o = std::slice::from_raw_parts_mut((base as *mut f32).add(at), t.cols);
+                for j in (0..body).step_by(8) {
+                    let mut v = _mm256_loadu_ps(tile.as_ptr().add(j));
+                    if t.add {
+                        v = _mm256_add_ps(v, _mm256_loadu_ps(o.as_ptr().add(j)));
+                    }
+                    _mm256_storeu_ps(o.as_mut_ptr().add(j), v);
+                }
+                for j in body..t.cols {
+                    o[j] = if t.add { o[j] + tile[j] } else { tile[j] };
+                }
+            }
+            OutPtr::Bf16(base) => {
+                let o = std::slice::from_raw_parts_mut((base as *mut bf16).add(at), t.cols);
+                for j in (0..body).step_by(8) {
+                    let mut v = _mm256_loadu_ps(tile.as_ptr().add(j));
+                    if t.add {
+                        v = _mm256_add_ps(v, widen8(o.as_ptr().add(j)));
+                    }
+                    _mm_storeu_si128(o.as_mut_ptr().add(j) as *mut __m128i, round8(v));
+                }
+                for j in body..t.cols {
+                    let sum = if t.add {
+                        widen(o[j]) + tile[j]
+                    } else {
+                        tile[j]
+                    };
+                    o[j] = bf16::from_bits(crate::convert::bf16_bits(sum));
+                }
+            }
+        }
+    }
+}
+
+/// 8 f32 rounded to bf16 bits with `convert::bf16_bits`'s integer rule: nearest even, NaN kept
+/// quiet (not `vcvtneps2bf16`'s subnormal flush), so every path writes the same bits.
+#[inline(always)]
+unsafe fn round8(v: __m256) -> __m128i {
+    let bits = _mm256_castps_si256(v);
+    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+    let bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
+    let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, bias));
+    let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(0x40));
+    let abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
+    let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+    let out = _mm256_blendv_epi8(rounded, quiet, nan);
+    _mm_packus_epi32(
+        _mm256_castsi256_si128(out),
+        _mm256_extracti128_si256::<1>(out),
+    )
+}

@@ -1,0 +1,150 @@
+//! faer's f32 GEMM under the capability cap: every f32 product in this crate (linear layers,
+//! attention, flash tiles, LoRA) calls [`matmul`], with faer's signature. faer picks its own
+//! kernel from the CPU (AVX-512 where present), so a cap below what faer would pick runs the
+//! level's kernel instead: faer's own AVX2 kernel (`private-gemm-x86`, the crate faer calls) at
+//! `avx2`, a plain loop at `portable`.
+//!
+//! Not here: the bf16 GEMM (`gemm_bf16`), which has kernels of its own per level.
+
+use crate::cpu::{self, Level};
+use faer::{Accum, MatMut, MatRef, Par};
+
+/// Which kernel runs f32 GEMMs at the current level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// faer's choice (AVX-512 on a CPU that has it, else AVX2 + FMA).
+    Faer,
+    /// faer's AVX2 + FMA kernel, asked for by name on a CPU that has AVX-512.
+    FaerAvx2,
+    /// Plain loops.
+    Portable,
+}
+
+impl Path {
+    /// The path's name in reports: `faer-avx512`, `faer-avx2` or `portable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Faer if cpu::detected() >= Level::Avx512 => "faer-avx512",
+            Path::Faer | Path::FaerAvx2 => "faer-avx2",
+            Path::Portable => "portable",
+        }
+    }
+}
+
+/// The path at the current level.
+pub fn path() -> Path {
+    match cpu::level() {
+        Level::Portable => Path::Portable,
+        Level::Avx2 if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
+        _ => Path::Faer,
+    }
+}
+
+/// dst = alpha · lhs · rhs (`Replace`) or dst += alpha · lhs · rhs (`Add`), as
+/// `faer::linalg::matmul::matmul`, on [`path`].
+pub fn matmul(
+    dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    alpha: f32,
+    par: Par,
+) {
+    match path() {
+        Path::Faer => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par),
+        #[cfg(target_arch = "x86_64")]
+        Path::FaerAvx2 => avx2(dst, accum, lhs, rhs, alpha, par),
+        _ => portable(dst, accum, lhs, rhs, alpha),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2(
+    mut dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    alpha: f32,
+    par: Par,
+) {
+    let (m, n, k) = (dst.nrows(), dst.ncols(), lhs.ncols());
+    assert!(
+        lhs.nrows() == m && rhs.nrows() == k && rhs.ncols() == n,
+        "matmul shapes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if accum == Accum::Replace {
+            dst.fill(0.0);
+        }
+        return;
+    }
+    use private_gemm_x86 as pg;
+    let threads = if m * n * k >= 4096 * 4 {
+        par.degree()
+    } else {
+        1
+    };
+    // SAFETY: the pointers and strides are the views' own (shapes checked above); the CPU has
+    // AVX2 and FMA (the level is at least avx2); faer calls this function the same way.
+    unsafe {
+        pg::gemm(
+            pg::DType::F32,
+            pg::IType::U64,
+            pg::InstrSet::Avx256,
+            m,
+            n,
+            k,
+            dst.as_ptr_mut() as *mut (),
+            dst.row_stride(),
+            dst.col_stride(),
+            std::ptr::null(),
+            std::ptr::null(),
+            pg::DstKind::Full,
+            match accum {
+                Accum::Replace => pg::Accum::Replace,
+                Accum::Add => pg::Accum::Add,
+            },
+            lhs.as_ptr() as *const (),
+            lhs.row_stride(),
+            lhs.col_stride(),
+            false,
+            std::ptr::null(),
+            0,
+            rhs.as_ptr() as *const (),
+            rhs.row_stride(),
+            rhs.col_stride(),
+            false,
+            &raw const alpha as *const (),
+            threads,
+        );
+    }
+}
+
+/// The plain loop: each row of dst accumulates `alpha · lhs[i][p] · rhs[p]` over p.
+fn portable(
+    mut dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    alpha: f32,
+) {
+    let (m, n, k) = (dst.nrows(), dst.ncols(), lhs.ncols());
+    assert!(
+        lhs.nrows() == m && rhs.nrows() == k && rhs.ncols() == n,
+        "matmul shapes"
+    );
+    if accum == Accum::Replace {
+        dst.fill(0.0);
+    }
+    for i in 0..m {
+        for p in 0..k {
+            let x = alpha * lhs[(i, p)];
+            for j in 0..n {
+                dst[(i, j)] += x * rhs[(p, j)];
+            }
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The AVX2 integer path for int4 and int8 weights (llama.cpp's AVX2 approach): each activation
+//! row is quantized once per call to int8 in blocks of 32 (scale absmax/127, round to nearest
+//! even — the VNNI path's rule, so both see the same activations), then `vpmaddubsw` multiplies
+//! 32 unsigned weight bytes by 32 signed activation bytes into 16 pair sums, `vpmaddwd` by ones
+//! adds those into 8 int32 lanes, and one FMA scales the block by weight scale × activation
+//! scale: 32 weights in 4 instructions per activation row, against 8 FMAs and the widening on the
+//! f32 path.
+//!
+//! - int4: the 16 bytes of a 32-weight sub-block give 16 low and 16 high nibbles, which are the
+//!   sub-block's weights 0..16 and 16..32 in order (the stored nibble order); the codes are
+//!   0..15 and the zero point's share, Σ_g scale_g · zero_g · Σ_{blocks of g} d_a Σ q_a, is
+//!   subtracted once per output (as `vnni`).
+//! - int8: signed codes, so `vpsignb` moves each weight's sign onto its activation (|w| stays
+//!   unsigned); one scale per output row.
+//!
+//! The int8 activations live in a per-thread scratch that grows once to the largest row set
+//! seen (kernel internals, like faer's workspace, not tensors of the engine's plan). IC must be a
+//! multiple of 32.
+
+use super::ROWS;
+use half::f16;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+/// One call's activations: `rows` rows of IC int8 codes in their natural order, one scale and
+/// one code sum per block of 32, and per row and weight group the scaled sum of its codes.
+#[derive(Default)]
+pub(super) struct QActs {
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    group_sums: Vec<f32>,
+}
+
+thread_local! {
+    /// This thread's activation scratches: one per product running on it at once (a rayon
+    /// task stolen while a product waits runs another), kept for reuse.
+    static SCRATCH: RefCell<Vec<QActs>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with one of this thread's activation scratches (see `vnni::with_scratch`).
+pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
+    let mut q = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    let out = f(&mut q);
+    SCRATCH.with(|s| s.borrow_mut().push(q));
+    out
+}
+
+/// Quantizes `rows` rows of `a` (IC each, a multiple of 32) for weight groups of `group` (a
+/// multiple of 32 dividing IC; IC itself for one scale per row).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn quantize(q: &mut QActs, a: &[f32], rows: usize, ic: usize, group: usize) {
+    assert!(ic.is_multiple_of(32) && group.is_multiple_of(32) && ic.is_multiple_of(group));
+    let blocks = ic / 32;
+    q.codes.resize(rows * ic, 0);
+    q.scales.resize(rows * blocks, 0.0);
+    q.group_sums.resize(rows * (ic / group), 0.0);
+    q.group_sums.fill(0.0);
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    for r in 0..rows {
+        for s in 0..blocks {
+            let p = a.as_ptr().add(r * ic + s * 32);
+            let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(x[0], abs), _mm256_and_ps(x[1], abs)),
+                _mm256_max_ps(_mm256_and_ps(x[2], abs), _mm256_and_ps(x[3], abs)),
+            );
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            let d = amax / 127.0;
+            let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            // cvtps rounds to nearest even (the default MXCSR mode), as `round_ties_even`.
+            let v: [__m256i; 4] =
+                std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv)));
+            let sum = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+            let lo = _mm256_packs_epi32(v[0], v[1]);
+            let hi = _mm256_packs_epi32(v[2], v[3]);
+            let bytes = _mm256_packs_epi16(lo, hi);
+            // The packs work within 128-bit lanes: put the eight 4-byte runs back in order.
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let bytes = _mm256_permutevar8x32_epi32(bytes, order);
+            _mm256_storeu_si256(
+                q.codes.as_mut_ptr().add(r * ic + s * 32) as *mut __m256i,
+                bytes,
+            );
+            q.scales[r * blocks + s] = d;
+            q.group_sums[r * (ic / group) + s * 32 / group] += d * hsum_i32(sum) as f32;
+        }
+    }
+}
+
+/// The activations as the kernel sees them (x̂ = d_a · q), for the tests' exact comparison.
+pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
+    let mut q = QActs::default();
+    // SAFETY: only called where the AVX2 path runs (the tests check the CPU first).
+    unsafe { quantize(&mut q, a, rows, ic, ic) };
+    q.codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| q.scales[i / 32] * f32::from(c))
+        .collect()
+}
+
+/// The weights this path multiplies.
+pub(super) enum Weights<'a> {
+    Int4 {
+        codes: &'a [u8],
+        scales: &'a [f16],
+        zeros: Option<&'a [u8]>,
+        group: usize,
+    },
+    Int8 {
+        codes: &'a [i8],
+        scales: &'a [f16],
+    },
+}
+
+/// out[r][o] for `rows` activation rows and the output rows in `range`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `q` holds `rows` quantized rows of IC; the weights
+/// hold the (OC, IC) matrix.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    rows: usize,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    match rows {
+        1 => rows_n::<1>(out, q, w, ic, oc, range),
+        2 => rows_n::<2>(out, q, w, ic, oc, range),
+        3 => rows_n::<3>(out, q, w, ic, oc, range),
+        4 => rows_n::<4>(out, q, w, ic, oc, range),
+        5 => rows_n::<5>(out, q, w, ic, oc, range),
+        6 => rows_n::<6>(out, q, w, ic, oc, range),
+        7 => rows_n::<7>(out, q, w, ic, oc, range),
+        _ => rows_n::<8>(out, q, w, ic, oc, range),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_n<const R: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    assert!(R <= ROWS);
+    assert!(q.codes.len() >= R * ic && q.scales.len() >= R * ic / 32);
+    // From 4 activation rows on, two output rows at a time: each activation block loaded (and
+    // its scale broadcast) serves both. Each output's sum runs in the same order either way.
+    let mut o = range.start;
+    while (4..=5).contains(&R) && o + 2 <= range.end {
+        outputs::<R, 2>(out, q, w, ic, oc, o);
+        o += 2;
+    }
+    while o < range.end {
+        outputs::<R, 1>(out, q, w, ic, oc, o);
+        o += 1;
+    }
+}
+
+/// 16 pair sums of u8 × i8, then 8 int32 lanes, as f32.
+#[inline(always)]
+unsafe fn dot32(w: __m256i, a: __m256i) -> __m256 {
+    let pairs = _mm256_maddubs_epi16(w, a);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// Output rows `o0 .. o0 + O` for the `R` activation rows.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn outputs<const R: usize, const O: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    ic: usize,
+    oc: usize,
+    o0: usize,
+) {
+    let blocks = ic / 32;
+    let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); R]; O];
+    match *w {
+        Weights::Int4 {
+            codes,
+            scales,
+            zeros,
+            group,
+        } => {
+            let groups = ic / group;
+            let per_group = group / 32;
+            let low = _mm_set1_epi8(0x0F);
+            let wrow: [*const u8; O] =
+                std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
+            let srow: [*const u16; O] =
+                std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
+            // Eight groups' scales at a time, widened by F16C.
+            let mut dws = [[0.0f32; 8]; O];
+            for g in 0..groups {
+                if g % 8 == 0 {
+                    for j in 0..O {
+                        load_scales(&mut dws[j], srow[j].add(g), 8.min(groups - g));
+                    }
+                }
+                let dw: [__m256; O] = std::array::from_fn(|j| _mm256_set1_ps(dws[j][g % 8]));
+                for s in g * per_group..(g + 1) * per_group {
+                    let wv: [__m256i; O] = std::array::from_fn(|j| {
+                        let v = _mm_loadu_si128(wrow[j].add(s * 16) as *const __m128i);
+                        let lo = _mm_and_si128(v, low);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), low);
+                        _mm256_set_m128i(hi, lo)
+                    });
+                    for r in 0..R {
+                        let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
+                        let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
+                        for j in 0..O {
+                            let d = _mm256_mul_ps(da, dw[j]);
+                            acc[j][r] = _mm256_fmadd_ps(dot32(wv[j], a), d, acc[j][r]);
+                        }
+                    }
+                }
+            }
+            for j in 0..O {
+                let o = o0 + j;
+                let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+                for r in 0..R {
+                    let sums = &q.group_sums[r * groups..(r + 1) * groups];
+                    out[r * oc + o] = hsum(acc[j][r]) - zero_share(srow[j], z, sums);
+                }
+            }
+        }
+        Weights::Int8 { codes, scales } => {
+            let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));
+            for s in 0..blocks {
+                let wv: [__m256i; O] = std::array::from_fn(|j| {
+                    _mm256_loadu_si256(wrow[j].add(s * 32) as *const __m256i)
+                });
+                let wabs: [__m256i; O] = std::array::from_fn(|j| _mm256_sign_epi8(wv[j], wv[j]));
+                for r in 0..R {
+                    let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
+                    let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
+                    for j in 0..O {
+                        let p = dot32(wabs[j], _mm256_sign_epi8(a, wv[j]));
+                        acc[j][r] = _mm256_fmadd_ps(p, da, acc[j][r]);
+                    }
+                }
+            }
+            for j in 0..O {
+                let row_scale = scales[o0 + j].to_f32();
+                for r in 0..R {
+                    out[r * oc + o0 + j] = row_scale * hsum(acc[j][r]);
+                }
+            }
+        }
+    }
+}
+
+/// `n` (≤ 8) fp16 scales at `src` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_scales(dst: &mut [f32; 8], src: *const u16, n: usize) {
+    if n == 8 {
+        let h = _mm_loadu_si128(src as *const __m128i);
+        _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_cvtph_ps(h));
+    } else {
+        for (i, d) in dst.iter_mut().enumerate().take(n) {
+            *d = f16::from_bits(*src.add(i)).to_f32();
+        }
+    }
+}
+
+/// The zero point's share of one output for one activation row: Σ_g scale_g · zero_g · sums_g.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn zero_share(scales: *const u16, zeros: Option<&[u8]>, sums: &[f32]) -> f32 {
+    let groups = sums.len();
+    let body = groups / 8 * 8;
+    let mut share = _mm256_setzero_ps();
+    for g in (0..body).step_by(8) {
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(g) as *const __m128i));
+        let z = match zeros {
+            Some(z) => _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                z.as_ptr().add(g) as *const __m128i
+            ))),
+            None => _mm256_set1_ps(8.0),
+        };
+        share = _mm256_fmadd_ps(
+            _mm256_mul_ps(d, z),
+            _mm256_loadu_ps(sums.as_ptr().add(g)),
+            share,
+        );
+    }
+    let mut total = hsum(share);
+    for g in body..groups {
+        let z = zeros.map_or(8, |z| z[g]) as f32;
+        total += f16::from_bits(*scales.add(g)).to_f32() * z * sums[g];
+    }
+    total
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+}
+
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s)))
+}
