@@ -318,7 +318,8 @@ pub fn matmul_on(
                     let rows = ROWS.min(n - r0);
                     let a = &inp[r0 * ic..(r0 + rows) * ic];
                     // SAFETY: the CPU has AVX2 (checked above); IC is whole blocks of 32.
-                    unsafe { q8avx2::quantize(q, a, rows, ic, group) };
+                    let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
+                    unsafe { q8avx2::quantize(q, a, rows, ic, group, int4) };
                     let q = &*q;
                     by_columns(
                         &mut out[r0 * oc..(r0 + rows) * oc],

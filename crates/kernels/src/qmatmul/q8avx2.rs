@@ -30,6 +30,11 @@ pub(super) struct QActs {
     codes: Vec<i8>,
     scales: Vec<f32>,
     group_sums: Vec<f32>,
+    /// Codes laid out for int4 in pairs of blocks: per 64 values, the two blocks' first halves
+    /// (32 bytes, as the weight vector's low nibbles hold them), then their second halves.
+    paired: bool,
+    /// Per row and pair of blocks: 8 scales, the first block's four times, then the second's.
+    pair_scales: Vec<f32>,
 }
 
 thread_local! {
@@ -47,14 +52,26 @@ pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
 }
 
 /// Quantizes `rows` rows of `a` (IC each, a multiple of 32) for weight groups of `group` (a
-/// multiple of 32 dividing IC; IC itself for one scale per row).
+/// multiple of 32 dividing IC; IC itself for one scale per row), in pairs of blocks when `pair`
+/// (int4 weights, where [`paired`] holds).
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize(q: &mut QActs, a: &[f32], rows: usize, ic: usize, group: usize) {
+pub(super) unsafe fn quantize(
+    q: &mut QActs,
+    a: &[f32],
+    rows: usize,
+    ic: usize,
+    group: usize,
+    pair: bool,
+) {
     assert!(ic.is_multiple_of(32) && group.is_multiple_of(32) && ic.is_multiple_of(group));
     let blocks = ic / 32;
+    q.paired = pair && paired(ic, group);
+    if q.paired {
+        q.pair_scales.resize(rows * blocks * 4, 0.0);
+    }
     q.codes.resize(rows * ic, 0);
     q.scales.resize(rows * blocks, 0.0);
     q.group_sums.resize(rows * (ic / group), 0.0);
@@ -87,17 +104,34 @@ pub(super) unsafe fn quantize(q: &mut QActs, a: &[f32], rows: usize, ic: usize, 
                 q.codes.as_mut_ptr().add(r * ic + s * 32) as *mut __m256i,
                 bytes,
             );
+            if q.paired && s % 2 == 1 {
+                // [x.lo, y.lo] and [x.hi, y.hi] for blocks x = s - 1 and y = s.
+                let at = q.codes.as_mut_ptr().add(r * ic + (s - 1) * 32) as *mut __m256i;
+                let x = _mm256_loadu_si256(at);
+                _mm256_storeu_si256(at, _mm256_permute2x128_si256::<0x20>(x, bytes));
+                _mm256_storeu_si256(at.add(1), _mm256_permute2x128_si256::<0x31>(x, bytes));
+                let d0 = q.scales[r * blocks + s - 1];
+                let ps = &mut q.pair_scales[(r * blocks + s - 1) * 4..][..8];
+                ps[..4].fill(d0);
+                ps[4..].fill(d);
+            }
             q.scales[r * blocks + s] = d;
             q.group_sums[r * (ic / group) + s * 32 / group] += d * hsum_i32(sum) as f32;
         }
     }
 }
 
+/// Whether int4 products run on pairs of blocks: IC whole pairs, and each pair within one group
+/// or (groups of 32) one group a block.
+pub(super) fn paired(ic: usize, group: usize) -> bool {
+    ic.is_multiple_of(64) && (group == 32 || group.is_multiple_of(64))
+}
+
 /// The activations as the kernel sees them (x̂ = d_a · q), for the tests' exact comparison.
 pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
     let mut q = QActs::default();
     // SAFETY: only called where the AVX2 path runs (the tests check the CPU first).
-    unsafe { quantize(&mut q, a, rows, ic, ic) };
+    unsafe { quantize(&mut q, a, rows, ic, ic, false) };
     q.codes
         .iter()
         .enumerate()
@@ -194,6 +228,64 @@ unsafe fn outputs<const R: usize, const O: usize>(
     let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); R]; O];
     match *w {
+        Weights::Int4 {
+            codes,
+            scales,
+            zeros,
+            group,
+        } if q.paired => {
+            let groups = ic / group;
+            let low = _mm256_set1_epi8(0x0F);
+            let wrow: [*const u8; O] =
+                std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
+            let srow: [*const u16; O] =
+                std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
+            // Group 32: the pair's two scales, each over its four lanes.
+            let spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+            let pscales = q.pair_scales.as_ptr();
+            for p in 0..blocks / 2 {
+                let mut lo = [_mm256_setzero_si256(); O];
+                let mut hi = [_mm256_setzero_si256(); O];
+                let mut dw = [_mm256_setzero_ps(); O];
+                for j in 0..O {
+                    // 32 bytes: both blocks' low nibbles (weights 0..16 of each) and high ones.
+                    let v = _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i);
+                    lo[j] = _mm256_and_si256(v, low);
+                    hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    dw[j] = if group == 32 {
+                        let two = (srow[j].add(2 * p) as *const i32).read_unaligned();
+                        let d = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
+                        _mm256_permutevar8x32_ps(d, spread)
+                    } else {
+                        let h = _mm_cvtsi32_si128(i32::from(*srow[j].add(p * 64 / group)));
+                        _mm256_broadcastss_ps(_mm_cvtph_ps(h))
+                    };
+                }
+                for r in 0..R {
+                    let a = acodes.add(r * ic + p * 64) as *const __m256i;
+                    let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
+                    let da = _mm256_loadu_ps(pscales.add((r * blocks / 2 + p) * 8));
+                    for j in 0..O {
+                        // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (|sum| < 2^13).
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo[j], a0),
+                            _mm256_maddubs_epi16(hi[j], a1),
+                        );
+                        let sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+                        let d = _mm256_mul_ps(da, dw[j]);
+                        acc[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[j][r]);
+                    }
+                }
+            }
+            for j in 0..O {
+                let o = o0 + j;
+                let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+                for r in 0..R {
+                    let sums = &q.group_sums[r * groups..(r + 1) * groups];
+                    out[r * oc + o] = hsum(acc[j][r]) - zero_share(srow[j], z, sums);
+                }
+            }
+        }
         Weights::Int4 {
             codes,
             scales,
