@@ -3,7 +3,9 @@ decoded by llama.cpp (llama-cpp-python, built from source with GGML_NATIVE) on t
 
 Reads a folder `frugal bench generate --save DIR` wrote (config.json + weights.frugal) and writes
 DIR/model.gguf. int4 (symmetric, groups of 32) is llama.cpp's Q4_0 byte for byte: frugal's
-sub-block nibble order is Q4_0's `qs`, and both decode as scale × (q − 8); bf16 and f32 are copied.
+sub-block nibble order is Q4_0's `qs`, and both decode as scale × (q − 8); int8 (a scale a row)
+becomes Q8_0 with each block taking its row's scale (the same values, 6% more bytes); bf16 and
+f32 are copied.
 Fused q|k|v and gate|up rows are split into llama.cpp's tensors. The vocabulary is placeholder
 tokens (the weights are random: only speed is compared, not text).
 
@@ -47,6 +49,17 @@ def q4_0(codes, scales, rows, cols):
     return out.reshape(rows, cols // 32 * 18)
 
 
+def q8_0(codes, row_scales, rows, cols):
+    """Q8_0 blocks (f16 scale, 32 int8 codes) from frugal's int8 codes, each block taking its
+    row's scale: the same values, 34 bytes per 32 weights against frugal's 32 (+ 2 a row)."""
+    per_row = cols // 32
+    out = np.empty((rows, per_row, 34), dtype=np.uint8)
+    scale_bytes = np.asarray(row_scales).view(np.uint8).reshape(rows, 1, 2)
+    out[:, :, :2] = np.repeat(scale_bytes, per_row, axis=1)
+    out[:, :, 2:] = np.asarray(codes).view(np.uint8).reshape(rows, per_row, 32)
+    return out.reshape(rows, per_row * 34)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -61,8 +74,8 @@ def main():
     fmt, group = header["weights"], header["group"]
     if fmt == "int4":
         assert group == 32, "Q4_0 is int4 with groups of 32"
-    elif fmt not in ("bf16", "f32"):
-        raise SystemExit(f"{fmt}: this script writes int4 g32 (Q4_0), bf16 or f32")
+    elif fmt not in ("int8", "bf16", "f32"):
+        raise SystemExit(f"{fmt}: this script writes int4 g32 (Q4_0), int8 (Q8_0), bf16 or f32")
     c, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, f, v = c // nh, cfg["intermediate_size"], cfg["vocab_size"]
@@ -94,6 +107,11 @@ def main():
             cd = np.asarray(codes).reshape(rows, per_row)
             data = q4_0(cd[r0:r1].copy(), sc[r0:r1].copy().view(np.float16), r1 - r0, cols)
             w.add_tensor(name, data, raw_shape=[r1 - r0, cols // 32 * 18], raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        elif fmt == "int8":
+            sc = np.asarray(t[f"weights.{unit}.{role}.scales"]).view(np.float16).reshape(rows)
+            cd = np.asarray(codes).view(np.int8).reshape(rows, cols)
+            data = q8_0(cd[r0:r1].copy(), sc[r0:r1].copy(), r1 - r0, cols)
+            w.add_tensor(name, data, raw_shape=[r1 - r0, cols // 32 * 34], raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         elif fmt == "bf16":
             # Raw bytes: the writer reads a uint8 array's shape as bytes of the stated type.
             data = np.asarray(codes).reshape(rows, cols * 2)[r0:r1].copy()
@@ -159,7 +177,7 @@ def main():
         "decode_tokens_per_s": 1.0 / step,
         "decode_step_s": step,
         "prefill_tokens_per_s": a.prompt_len / prefill,
-        "gguf_type": {"int4": "Q4_0", "bf16": "BF16", "f32": "F32"}[fmt],
+        "gguf_type": {"int4": "Q4_0", "int8": "Q8_0", "bf16": "BF16", "f32": "F32"}[fmt],
         "llama_cpp_python": llama_cpp.__version__,
     }))
 

@@ -45,6 +45,15 @@ thread_local! {
     static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
 }
 
+/// Columns of `b` (N, K) packed at a time, once per call, and shared by every task over them:
+/// the packed copy is at most 256 × K f32 (768 KiB at K = 768).
+const NC: usize = 256;
+
+thread_local! {
+    /// The calling thread's packed panels of `b` (N, K), grown once to the largest 256 × K.
+    static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 /// out (M,N) (+)= a (M,K) · b, `b` in `layout`.
 ///
 /// # Safety
@@ -58,22 +67,77 @@ pub(super) unsafe fn gemm(
     layout: Layout,
 ) {
     let out = OutPtr::of(out, m * n);
-    let blocks_n = n.div_ceil(NB);
-    (0..m.div_ceil(MB) * blocks_n)
+    let call = Call {
+        a,
+        b,
+        m,
+        n,
+        k,
+        add,
+        out,
+        layout,
+    };
+    if layout == Layout::Nn {
+        // (K, N) packs by plain widening, cheap enough to do per task.
+        return run_tasks(call, None, 0, n);
+    }
+    // (N, K) packs by transposes: once per block of 256 columns, shared by the row tasks.
+    PACKED.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let most = NC.min(n).div_ceil(NR) * NR * k;
+        if buf.len() < most {
+            buf.resize(most, 0.0);
+        }
+        for c0 in (0..n).step_by(NC) {
+            let cols = NC.min(n - c0);
+            let packed = &mut buf[..cols.div_ceil(NR) * NR * k];
+            packed
+                .par_chunks_mut(NR * k)
+                .enumerate()
+                .for_each(|(q, panel)| {
+                    let first = c0 + q * NR;
+                    // SAFETY: the caller checked the CPU; the panel holds K × 16 f32.
+                    unsafe { pack_b_nt(panel, b, first, NR.min(n - first), k, 0, k) };
+                });
+            run_tasks(call, Some(&*packed), c0, cols);
+        }
+    });
+}
+
+/// One GEMM's operands and shape.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    a: &'a [bf16],
+    b: &'a [bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+    add: bool,
+    out: OutPtr,
+    layout: Layout,
+}
+
+/// The (120 rows × 128 columns) tasks over columns `c0..c0 + cols` of out; `packed`: those
+/// columns' panels of `b` over all of K (else each task packs its own).
+fn run_tasks(c: Call<'_>, packed: Option<&[f32]>, c0: usize, cols: usize) {
+    let blocks_n = cols.div_ceil(NB);
+    (0..c.m.div_ceil(MB) * blocks_n)
         .into_par_iter()
         .for_each(|task| {
-            let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * NB);
+            let (i0, j0) = ((task / blocks_n) * MB, c0 + (task % blocks_n) * NB);
             let t = Task {
                 i0,
-                rows: MB.min(m - i0),
+                rows: MB.min(c.m - i0),
                 j0,
-                cols: NB.min(n - j0),
-                n,
-                k,
-                add,
-                out,
-                layout,
+                cols: NB.min(c0 + cols - j0),
+                n: c.n,
+                k: c.k,
+                add: c.add,
+                out: c.out,
+                layout: c.layout,
             };
+            // This task's panels within the shared block.
+            let shared = packed.map(|p| &p[(j0 - c0) * c.k..]);
             SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let s = cell.get_or_insert_with(|| Scratch {
@@ -83,7 +147,7 @@ pub(super) unsafe fn gemm(
                 });
                 // SAFETY: the caller checked the CPU; the tasks' blocks of out are disjoint and
                 // inside its M·N elements.
-                unsafe { task_run(s, a, b, t) };
+                unsafe { task_run(s, c.a, c.b, shared, t) };
             });
         });
 }
@@ -103,17 +167,23 @@ struct Task {
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_run(s: &mut Scratch, a: &[bf16], b: &[bf16], t: Task) {
+unsafe fn task_run(s: &mut Scratch, a: &[bf16], b: &[bf16], shared: Option<&[f32]>, t: Task) {
     let (row_panels, col_panels) = (t.rows.div_ceil(MR), t.cols.div_ceil(NR));
     for k0 in (0..t.k).step_by(KC) {
         let kc = KC.min(t.k - k0);
         pack_a(&mut s.a, a, t, k0, kc);
-        match t.layout {
-            Layout::Nt => pack_b_nt(&mut s.b, b, t, k0, kc),
-            Layout::Nn => pack_b_nn(&mut s.b, b, t, k0, kc),
+        if shared.is_none() {
+            match t.layout {
+                Layout::Nt => pack_b_nt(&mut s.b, b, t.j0, t.cols, t.k, k0, kc),
+                Layout::Nn => pack_b_nn(&mut s.b, b, t, k0, kc),
+            }
         }
         for q in 0..col_panels {
-            let bp = s.b.as_ptr().add(q * kc * NR);
+            // A shared panel spans all of K (row stride 16 f32), a task's own only kc.
+            let bp = match shared {
+                Some(p) => p.as_ptr().add(q * t.k * NR + k0 * NR),
+                None => s.b.as_ptr().add(q * kc * NR),
+            };
             for p in 0..row_panels {
                 let ap = s.a.as_ptr().add(p * MR * kc);
                 let cp = s.c.as_mut_ptr().add(p * MR * NB + q * NR);
@@ -200,18 +270,26 @@ unsafe fn pack_b_nn(dst: &mut [f32], b: &[bf16], t: Task, k0: usize, kc: usize) 
     }
 }
 
-/// `b` (N, K): the same panels, each 8 columns × 8 K transposed in registers; ragged edges
-/// element by element.
+/// `b` (N, K), columns `j0..j0 + cols`, K `k0..k0 + kc`: the same panels, each 8 columns × 8 K
+/// transposed in registers; ragged edges element by element.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_nt(dst: &mut [f32], b: &[bf16], t: Task, k0: usize, kc: usize) {
+unsafe fn pack_b_nt(
+    dst: &mut [f32],
+    b: &[bf16],
+    j0: usize,
+    cols: usize,
+    k: usize,
+    k0: usize,
+    kc: usize,
+) {
     let body = kc / 8 * 8;
-    for q in 0..t.cols.div_ceil(NR) {
+    for q in 0..cols.div_ceil(NR) {
         let panel = dst.as_mut_ptr().add(q * kc * NR);
         for half in 0..2 {
             let c0 = q * NR + half * 8;
-            let width = t.cols.saturating_sub(c0).min(8);
-            let col = |l: usize| &b[(t.j0 + c0 + l) * t.k + k0..][..kc];
+            let width = cols.saturating_sub(c0).min(8);
+            let col = |l: usize| &b[(j0 + c0 + l) * k + k0..][..kc];
             if width == 8 {
                 let rows: [&[bf16]; 8] = std::array::from_fn(col);
                 for kk in (0..body).step_by(8) {
