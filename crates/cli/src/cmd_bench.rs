@@ -77,8 +77,9 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2)]
     pub threads: u32,
     /// Weight/gradient precision of the timed step: fp32, bf16 or fp16 (as `frugal train`). bf16
-    /// runs the fastest bf16 GEMM this CPU has (AMX tiles, AVX-512 BF16, or portable; named in
-    /// the report); FRUGAL_BF16_GEMM=avx512 or =portable caps it, to compare paths.
+    /// runs the fastest bf16 GEMM this CPU has (AMX tiles, AVX-512 BF16, AVX2 + FMA, or portable;
+    /// named in the report); FRUGAL_ISA=avx512bf16, =avx2 or =portable caps every kernel, to
+    /// compare paths on one machine (`paths` in --json lists what each kernel ran).
     #[arg(long, default_value_t = Precision::Fp32)]
     pub precision: Precision,
     /// Attention kernel: flash or eager (also spelled naive), as `frugal train`.

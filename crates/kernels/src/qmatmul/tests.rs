@@ -55,7 +55,8 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                 reference(&mut want, &vnni_activations(&inp, n, ic), w, n, ic, oc);
             }
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2 && q8_weights(w, ic).is_some() {
+            let int8 = matches!(w, QWeight::Int8 { .. });
+            if (isa == Isa::Avx2 || (int8 && isa != Isa::Portable)) && q8_weights(w, ic).is_some() {
                 // So does the AVX2 integer path (int4, and int8 in whole blocks of 32).
                 reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
             }
