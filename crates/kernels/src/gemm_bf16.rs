@@ -83,11 +83,9 @@ pub fn supported() -> &'static [Isa] {
 }
 
 /// Whether the CPU has AMX-BF16 tiles and the OS grants them (asked once).
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn amx_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return amx::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    amx::available()
 }
 
 /// out (M,N) f32, a (M,K) bf16, b (N,K) bf16, on the best path for this CPU.

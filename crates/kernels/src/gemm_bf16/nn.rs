@@ -21,6 +21,7 @@ use rayon::prelude::*;
 /// Rows of `a` and columns of `b` per rayon task, and K per cache block.
 const MB: usize = 64;
 const NB: usize = 128;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const KB: usize = 256;
 
 /// Where the product goes: M·N f32, or M·N bf16 rounded once per call.

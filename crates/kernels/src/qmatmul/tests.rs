@@ -47,6 +47,7 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
         let mut want = vec![0.0f32; n * oc];
         reference(&mut want, &inp, w, n, ic, oc);
         for isa in isas() {
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut want = want.clone();
             #[cfg(target_arch = "x86_64")]
             if isa == Isa::Avx512Vnni && matches!(w, QWeight::Int4 { .. }) && ic.is_multiple_of(128)
@@ -55,10 +56,13 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                 reference(&mut want, &vnni_activations(&inp, n, ic), w, n, ic, oc);
             }
             #[cfg(target_arch = "x86_64")]
-            let int8 = matches!(w, QWeight::Int8 { .. });
-            if (isa == Isa::Avx2 || (int8 && isa != Isa::Portable)) && q8_weights(w, ic).is_some() {
-                // So does the AVX2 integer path (int4, and int8 in whole blocks of 32).
-                reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
+            {
+                let int8 = matches!(w, QWeight::Int8 { .. });
+                let integer = isa == Isa::Avx2 || (int8 && isa != Isa::Portable);
+                if integer && q8_weights(w, ic).is_some() {
+                    // So does the AVX2 integer path (int4, and int8 in whole blocks of 32).
+                    reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
+                }
             }
             let mut got = vec![f32::NAN; n * oc];
             matmul_on(isa, &mut got, &inp, w, n, ic, oc);
