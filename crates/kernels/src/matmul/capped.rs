@@ -25,16 +25,19 @@ impl Path {
     pub fn name(self) -> &'static str {
         match self {
             Path::Faer if cpu::detected() >= Level::Avx512 => "faer-avx512",
-            Path::Faer | Path::FaerAvx2 => "faer-avx2",
+            Path::Faer if cpu::detected() == Level::Avx2 => "faer-avx2",
+            Path::Faer => "faer",
+            Path::FaerAvx2 => "faer-avx2",
             Path::Portable => "portable",
         }
     }
 }
 
-/// The path at the current level.
+/// The path at the current level: faer's own choice unless the cap is below it. On a CPU with
+/// no AVX2 (or another architecture: faer's NEON kernels on Arm) faer picks within the cap.
 pub fn path() -> Path {
     match cpu::level() {
-        Level::Portable => Path::Portable,
+        Level::Portable if cpu::detected() > Level::Portable => Path::Portable,
         Level::Avx2 if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
         _ => Path::Faer,
     }
@@ -123,7 +126,8 @@ fn avx2(
     }
 }
 
-/// The plain loop: each row of dst accumulates `alpha · lhs[i][p] · rhs[p]` over p.
+/// The plain loop: each row of dst accumulates `alpha · lhs[i][p] · rhs[p]` over p, over
+/// contiguous rows where dst and rhs have them (the loop then vectorises with SSE2).
 fn portable(
     mut dst: MatMut<'_, f32>,
     accum: Accum,
@@ -138,6 +142,50 @@ fn portable(
     );
     if accum == Accum::Replace {
         dst.fill(0.0);
+    }
+    if n == 0 {
+        return;
+    }
+    if dst.col_stride() == 1 && rhs.col_stride() == 1 {
+        for i in 0..m {
+            // SAFETY: row i of dst and row p of rhs are n contiguous elements (column stride 1)
+            // inside their views; dst's row is the only one borrowed mutably.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr_at_mut(i, 0), n) };
+            for p in 0..k {
+                let x = alpha * lhs[(i, p)];
+                let row = unsafe { std::slice::from_raw_parts(rhs.ptr_at(p, 0), n) };
+                for (o, &r) in out.iter_mut().zip(row) {
+                    *o += x * r;
+                }
+            }
+        }
+        return;
+    }
+    if lhs.col_stride() == 1 && rhs.row_stride() == 1 {
+        // Rows of lhs and columns of rhs contiguous (a weight read transposed): dot products
+        // in 8 partial sums.
+        for i in 0..m {
+            // SAFETY: row i of lhs and column j of rhs are k contiguous elements in their views.
+            let a = unsafe { std::slice::from_raw_parts(lhs.ptr_at(i, 0), k) };
+            for j in 0..n {
+                let b = unsafe { std::slice::from_raw_parts(rhs.ptr_at(0, j), k) };
+                let mut acc = [0.0f32; 8];
+                let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+                let tail: f32 = ac
+                    .remainder()
+                    .iter()
+                    .zip(bc.remainder())
+                    .map(|(x, y)| x * y)
+                    .sum();
+                for (x, y) in ac.zip(bc) {
+                    for l in 0..8 {
+                        acc[l] += x[l] * y[l];
+                    }
+                }
+                dst[(i, j)] += alpha * (acc.iter().sum::<f32>() + tail);
+            }
+        }
+        return;
     }
     for i in 0..m {
         for p in 0..k {
