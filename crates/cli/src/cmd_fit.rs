@@ -1,7 +1,7 @@
 //! `frugal fit`: which training setups fit a device's memory, ranked by predicted step time.
 //!
 //! Parses flags into a `plan::fit::FitRequest` (reading `--model path/config.json` here), runs the
-//! search, and prints the best few setups as a table, the seed's remedies each applies, and why
+//! search, and prints the best few setups as a table, the remedies each applies, and why
 //! the rest don't fit; `--json` prints one object. Not here: the search and the cost model
 //! (`plan::fit`). Example: `frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32`.
 
@@ -36,7 +36,7 @@ offload's PCIe transfers and host Adam add on top. GPU figures are datasheet pea
 measurements; override them with the flags above. `frugal plan --gpu` prints the same step time.
 
 Candidates also try pure bf16 (no fp32 master copy) and 8-bit AdamW unless --keep-precision.
-Ties (within 0.1%) go to the seed's remedy order: 1 smaller micro-batch + accumulation,
+Ties (within 0.1%) go to the usual order of remedies: 1 smaller micro-batch + accumulation,
 2 recompute, 3 higher ZeRO stage (not on one GPU: there it only carries offload), 4 offload,
 5 flash attention, 6 pure bf16 / 8-bit Adam, then LoRA/QLoRA and TP/PP; fewer remedies first,
 then earlier ones, then the lighter form of each. Without --allow-lora, a LoRA/QLoRA setup is

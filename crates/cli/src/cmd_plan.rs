@@ -27,8 +27,8 @@ by layer, head and loss, backward, optimizer step. The peak is the largest sum o
 Sizes print in GiB (2^30 bytes) and GB (10^9 bytes), labelled as such.
 
 Runtimes: `pytorch` replays what PyTorch and HF transformers allocate op by op,
-the caching allocator's reserve and the CUDA context; `formula` is the analytic model of the seed
-and the papers (ZeRO, Korthikanti et al. 2022 activations); `frugal` is this project's engine,
+the caching allocator's reserve and the CUDA context; `formula` is the analytic model of the
+papers (ZeRO, Korthikanti et al. 2022 activations); `frugal` is this project's engine,
 exact to the byte. The default, `auto`, asks `pytorch` first (plain PyTorch and DDP, DeepSpeed
 ZeRO 0-3 with optimizer offload, PEFT LoRA/QLoRA, HF inference) and falls back to `formula`
 where `pytorch` refuses the setup (tensor or pipeline parallelism, parameter offload, KV formats
@@ -37,7 +37,7 @@ HF does not cache, ...), printing the reason. `--params 7B` (a bare parameter co
 
 Convention (`formula` only): `deepspeed` (default) counts what DeepSpeed allocates, the fp32
 copy of the gradient partition its step makes included; `paper` is the ZeRO paper's 2 + 2 + 12
-bytes per parameter, the seed's table (`--params 7B --zero 2 --gpus 8 --convention paper`:
+bytes per parameter, the classic table (`--params 7B --zero 2 --gpus 8 --convention paper`:
 26.25 GB). Under ZeRO-2/3 with `--offload optimizer` no gradient partition stays on the device.
 
 Precision: fp32; amp-bf16 / amp-fp16 (fp32 weights, autocast); bf16 / fp16 (16-bit weights and
@@ -46,7 +46,7 @@ weights and bf16 optimizer state, no master copy).
 
 Examples:
   frugal plan --params 7B --train --zero 2 --gpus 8 --convention paper
-      the seed's ZeRO table: 26.25 GB of model states per GPU
+      the classic ZeRO table: 26.25 GB of model states per GPU
   frugal plan --model llama3-8b --train --precision amp-bf16 --zero 3 --gpus 8 \\
       --batch 4 --seq 2048 --recompute full --json
   frugal plan --model llama2-7b --infer --weights int4 --weight-group 128 --kv-dtype fp8 \\
@@ -65,7 +65,7 @@ pub struct Args {
     /// HF config.json (gpt2, llama, mistral, qwen2, mixtral, deepseek_v2/v3).
     #[arg(long, value_name = "NAME|PATH")]
     model: Option<String>,
-    /// A bare parameter count (7B, 1.5B, 124M) for the seed's model-state formulas.
+    /// A bare parameter count (7B, 1.5B, 124M) for the ZeRO paper's model-state formulas.
     #[arg(long, value_name = "COUNT", allow_hyphen_values = true)]
     params: Option<String>,
     /// Plan a training step (the default).
@@ -146,7 +146,7 @@ pub struct Args {
     kv_block: Option<u64>,
     /// Model-state accounting of the formula runtime: deepspeed (what DeepSpeed allocates: the
     /// step's fp32 gradient partition, no device gradients under ZeRO-2/3 offload) or paper
-    /// (the ZeRO paper's 2 + 2 + 12 bytes, as the seed's table). `paper` plans with formula.
+    /// (the ZeRO paper's 2 + 2 + 12 bytes, as the classic table). `paper` plans with formula.
     #[arg(long, default_value_t = Convention::Deepspeed)]
     convention: Convention,
     /// auto, pytorch (PyTorch + HF transformers on CUDA), formula (analytic) or frugal (this

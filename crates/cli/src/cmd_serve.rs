@@ -22,8 +22,8 @@ pub const MAX_BODY: usize = 1 << 20;
 const LONG_ABOUT: &str = "\
 Serve the planner as a web page and a JSON API on this machine.
 
-The page: pick a preset or paste a config.json, training or inference, turn the seed's remedies
-on and off (micro-batch + accumulation, recompute, ZeRO stage, offload, flash attention,
+The page: pick a preset or paste a config.json, training or inference, turn the usual memory
+remedies on and off (micro-batch + accumulation, recompute, ZeRO stage, offload, flash attention,
 LoRA/QLoRA, TP/PP, weight and KV formats); it shows memory by category against the GPU, the
 timeline over the step, what fits fastest first, and the `frugal plan` command to copy. It
 updates as the knobs change.

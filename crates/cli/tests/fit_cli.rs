@@ -51,7 +51,7 @@ fn table_shows_the_best_and_why_the_rest_miss() {
         "headroom",
         "tokens/s",
         "bottleneck",
-        "remedies of #1 in the seed's order: 3. ZeRO stage",
+        "remedies of #1, in the usual order (micro-batch, recompute, ZeRO, offload, flash attention): 3. ZeRO stage",
         "plan it: frugal plan --model llama2-7b --train --runtime formula --gpu h100 --precision bf16 --optimizer adamw --gpus 8",
         "why the rest don't fit",
         "no remedy",

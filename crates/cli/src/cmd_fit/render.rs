@@ -1,4 +1,4 @@
-//! `frugal fit`'s output: the table of the best setups, the seed's remedies they apply, why the
+//! `frugal fit`'s output: the table of the best setups, the remedies they apply, why the
 //! rest don't fit, and the `--json` object (ARCHITECTURE.md's `per_device` for each setup shown).
 //!
 //! Not here: flags and the search. Example: `print!("{}", text(&model, &r, &res, &misses, &u, 5))`.
@@ -230,7 +230,7 @@ pub fn text(
             .map(|x| format!("{}. {}", *x as u8 + 1, x.label()))
             .collect();
         out.push_str(&format!(
-            "\nremedies of #1 in the seed's order: {}\n",
+            "\nremedies of #1, in the usual order (micro-batch, recompute, ZeRO, offload, flash attention): {}\n",
             if names.is_empty() {
                 "none needed".into()
             } else {
