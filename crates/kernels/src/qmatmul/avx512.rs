@@ -25,16 +25,7 @@ pub(super) unsafe fn rows(
     oc: usize,
     range: Range<usize>,
 ) {
-    match rows {
-        1 => rows_n::<1>(out, a, w, ic, oc, range),
-        2 => rows_n::<2>(out, a, w, ic, oc, range),
-        3 => rows_n::<3>(out, a, w, ic, oc, range),
-        4 => rows_n::<4>(out, a, w, ic, oc, range),
-        5 => rows_n::<5>(out, a, w, ic, oc, range),
-        6 => rows_n::<6>(out, a, w, ic, oc, range),
-        7 => rows_n::<7>(out, a, w, ic, oc, range),
-        _ => rows_n::<8>(out, a, w, ic, oc, range),
-    }
+    by_rows!(rows, rows_n(out, a, w, ic, oc, range))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,f16c,fma")]

@@ -122,16 +122,7 @@ pub(super) unsafe fn rows(
         zeros,
         group,
     };
-    match rows {
-        1 => rows_n::<1>(out, q, &w, ic, oc, range),
-        2 => rows_n::<2>(out, q, &w, ic, oc, range),
-        3 => rows_n::<3>(out, q, &w, ic, oc, range),
-        4 => rows_n::<4>(out, q, &w, ic, oc, range),
-        5 => rows_n::<5>(out, q, &w, ic, oc, range),
-        6 => rows_n::<6>(out, q, &w, ic, oc, range),
-        7 => rows_n::<7>(out, q, &w, ic, oc, range),
-        _ => rows_n::<8>(out, q, &w, ic, oc, range),
-    }
+    by_rows!(rows, rows_n(out, q, &w, ic, oc, range))
 }
 
 struct Int4<'a> {
