@@ -6,7 +6,7 @@ tensors:
   input.tokens, input.targets (int32, (B, T)), weights.<hf name> (the initial weights),
   logits (B, T, V), loss (1), grad.<hf name> (every parameter's gradient of the mean loss),
   trajectory (10): the loss before each of 10 AdamW steps on the same batch.
-The Rust tests in crates/engine/tests/golden.rs load the weights and compare everything else.
+The Rust tests in crates/train/tests/golden.rs and crates/infer/tests/golden.rs load the weights and compare everything else.
 """
 
 import json

@@ -1,5 +1,5 @@
 """Writes crates/engine/tests/data/golden_lora_{gpt2,llama}.safetensors: LoRA as PEFT runs it over a
-tiny HF base (fp32, CPU, fixed seed), for crates/engine/tests/lora_golden.rs.
+tiny HF base (fp32, CPU, fixed seed), for crates/train/tests/lora_golden.rs.
 
 The base is dev/golden_gpt2.py's / dev/golden_llama.py's tiny model with perturbed weights; PEFT's
 LoraConfig(r=4, lora_alpha=8, no dropout) targets GPT-2's c_attn and c_proj (the fused q|k|v

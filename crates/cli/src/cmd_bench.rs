@@ -21,13 +21,14 @@ mod quality;
 mod serve;
 
 use anyhow::{bail, Context};
-use engine::train::Mixed;
-use engine::{ModelConfig, Schedule, TrainConfig, Trainer};
+use engine::ModelConfig;
 use plan::model::Family;
 use plan::setup::{Attention, Precision, Recompute};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use train::Mixed;
+use train::{Schedule, TrainConfig, Trainer};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -240,7 +241,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             precision: a.precision,
             ..Mixed::fp32()
         },
-        lora: a.lora_rank.map(|rank| engine::LoraConfig {
+        lora: a.lora_rank.map(|rank| train::LoraConfig {
             plan: plan::setup::Lora {
                 rank,
                 targets: a.lora_targets.clone(),
@@ -267,7 +268,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         o.copy_from_slice(&y);
     };
     trainer.step(&mut feed)?;
-    trainer.timings = engine::Timings::default();
+    trainer.timings = train::Timings::default();
     let started = Instant::now();
     let mut progress = crate::output::PlainProgress::new("bench train", a.steps, a.json);
     for step in 0..a.steps {

@@ -2,7 +2,7 @@
 //! (`config.json` + `model.safetensors`) that `AutoModelForCausalLM.from_pretrained(OUT)` loads.
 //!
 //! The weights are rebuilt from the snapshot's per-rank shard files (whatever rank count and ZeRO
-//! stage wrote them) into a forward-only model (`engine::Runner`: weights and one pass's
+//! stage wrote them) into a forward-only model (`infer::Runner`: weights and one pass's
 //! activations, no trainer), then written with HF names by the engine's `io`, so an export also
 //! proves the shards reassemble. `--logits FILE` adds frugal's own logits on a
 //! prompt (`tokens` int32 (1, T), `logits` f32 (1, T, V)) for `dev/check_export.py` to compare
@@ -15,10 +15,10 @@
 //! Example: `frugal export runs/a --hf runs/a-hf --logits runs/a-logits.safetensors`.
 
 use anyhow::{bail, Context};
-use engine::snapshot::Snapshot;
-use engine::Runner;
+use infer::Runner;
 use plan::frugal::ForwardSetup;
 use std::path::{Path, PathBuf};
+use train::snapshot::Snapshot;
 
 #[derive(clap::Args, Clone, Debug)]
 #[command(
@@ -106,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "step": snap.state.step,
             "ranks": snap.shard_count(),
             "hf": args.hf.display().to_string(),
-            "files": [engine::snapshot::CONFIG_FILE, engine::snapshot::WEIGHTS_FILE],
+            "files": [train::snapshot::CONFIG_FILE, train::snapshot::WEIGHTS_FILE],
             "logits": args.logits.as_ref().map(|p| p.display().to_string()),
         });
         println!("{v}");
@@ -167,7 +167,7 @@ fn merge(
         .with_context(|| format!("--base {}", base.display()))?;
     let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;
     let adapters = snap.weights(&adapter_units)?;
-    let tensors = engine::lora::peft::merge_host(shape, lora, alpha, base_values, &adapters)?;
+    let tensors = train::peft::merge_host(shape, lora, alpha, base_values, &adapters)?;
     engine::io::save_hf(model, tensors, &args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;
     let summary = format!(
@@ -184,7 +184,7 @@ fn merge(
             serde_json::json!({
                 "snapshot": snap.dir.display().to_string(), "step": snap.state.step,
                 "merged": true, "hf": args.hf.display().to_string(),
-                "files": [engine::snapshot::CONFIG_FILE, engine::snapshot::WEIGHTS_FILE],
+                "files": [train::snapshot::CONFIG_FILE, train::snapshot::WEIGHTS_FILE],
             })
         ),
         false => println!("{summary}"),

@@ -9,8 +9,8 @@
 use crate::infer_model::Source;
 use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
-use engine::infer::sample::Sampling;
-use engine::infer::{spec, Server};
+use infer::sample::Sampling;
+use infer::{spec, Server};
 use plan::buffer::{Category, Device};
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::{json, Map, Value};
@@ -145,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         weights,
         kv,
         args.kv_block,
-        engine::infer::default_split_k(),
+        infer::default_split_k(),
     );
     if args.draft.is_some() {
         let rows = args.draft_tokens.clamp(1, 32) as u64 + 1;
@@ -231,7 +231,7 @@ fn plain(
     let prefill = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let t = engine::infer::sample::pick(&logits, sampling, &mut rng);
+        let t = infer::sample::pick(&logits, sampling, &mut rng);
         out.push(t);
         if i + 1 < n {
             server.decode(&[seq], &[t], &mut logits)?;
@@ -258,7 +258,7 @@ fn reference(
         seq: context,
         attention: plan::setup::Attention::Flash,
     };
-    let mut runner = engine::Runner::new(source.config.clone(), setup)?;
+    let mut runner = infer::Runner::new(source.config.clone(), setup)?;
     for (u, w) in units.iter().enumerate() {
         runner.load_unit(u, w);
     }
@@ -300,7 +300,7 @@ fn save_quantized(server: &Server, dir: &std::path::Path) -> anyhow::Result<()> 
     std::fs::create_dir_all(dir).with_context(|| format!("--save-quantized {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), server.config.to_hf_json())
         .with_context(|| format!("--save-quantized {}", dir.display()))?;
-    engine::infer::file::save(server, &dir.join(engine::infer::file::FILE_NAME))?;
+    infer::file::save(server, &dir.join(infer::file::FILE_NAME))?;
     Ok(())
 }
 

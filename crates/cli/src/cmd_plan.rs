@@ -293,7 +293,7 @@ fn model_report(
             "frugal" => plan::frugal::serve::inference_estimate(
                 model,
                 &setup,
-                engine::infer::default_split_k(),
+                ::infer::default_split_k(),
             )?,
             other => bail!("invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"),
         };

@@ -3,7 +3,7 @@
 //! With no flags it trains a small GPT-2-style model on the shipped Shakespeare corpus for a few
 //! hundred steps (about two minutes on 2 cores), shows a progress bar (step, loss, tokens/s,
 //! memory), then prints planned vs measured memory per category (equal, or the run fails) and a
-//! generated sample. The flags become one validated `engine::TrainConfig` in one step
+//! generated sample. The flags become one validated `train::TrainConfig` in one step
 //! (`config::validate`), which every rank clones; a value the engine cannot run is refused
 //! there, before any data is read, never downgraded.
 //!
@@ -38,12 +38,13 @@ mod snapshot;
 mod zero;
 
 use comm::Collective;
-use engine::precision::ScalerConfig;
-use engine::{Sampling, Trainer};
+use engine::Sampling;
 use indicatif::{ProgressBar, ProgressStyle};
 use plan::setup::{Attention, Optimizer, Precision, Recompute, ZeroStage};
 use std::path::PathBuf;
 use std::time::Instant;
+use train::precision::ScalerConfig;
+use train::Trainer;
 
 /// The default model: a GPT-2 block design sized so the default run (500 steps of 4 x 128 tokens)
 /// takes about two minutes on 2 cores: measured 2 min 0 s, loss 10.83 -> 5.07, validation 6.08,
@@ -317,7 +318,7 @@ struct Trained {
     /// What ZeRO stage 3 computed with every rank before they ended.
     finished: zero::Finished,
     /// Every rank's planned and measured bytes, gathered over the communicator.
-    memory: Vec<engine::train::RankMemory>,
+    memory: Vec<train::RankMemory>,
 }
 
 /// One rank from start to end: build, train, the collective end of the run (stage 3's sample and
@@ -454,10 +455,10 @@ fn save_lora(
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let context = || format!("saving the adapters to {}", dir.display());
-    engine::lora::peft::save_adapter(trainer, gathered, dir).with_context(context)?;
+    train::peft::save_adapter(trainer, gathered, dir).with_context(context)?;
     if args.merge {
         let merged = dir.join("merged");
-        engine::lora::peft::save_merged(trainer, gathered, &merged)
+        train::peft::save_merged(trainer, gathered, &merged)
             .with_context(|| format!("saving the merged model to {}", merged.display()))?;
     }
     Ok(())

@@ -7,11 +7,12 @@
 //! Example: `let src = Source::open(Path::new("run1"))?; let server = src.server(setup)?;`
 
 use anyhow::{bail, Context};
-use engine::infer::{file, Server};
-use engine::snapshot::Snapshot;
-use engine::{ModelConfig, Runner};
+use engine::ModelConfig;
+use infer::Runner;
+use infer::{file, Server};
 use plan::frugal::{ForwardSetup, ServeSetup, WeightFormat};
 use std::path::{Path, PathBuf};
+use train::snapshot::Snapshot;
 
 /// A model's config and where its weights are.
 pub struct Source {

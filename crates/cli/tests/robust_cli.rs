@@ -113,7 +113,7 @@ fn an_out_with_another_runs_snapshots_is_refused_unless_resumed_or_overwritten()
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let steps: Vec<u64> = engine::snapshot::files::committed(&dir.join("run"))
+    let steps: Vec<u64> = train::snapshot::files::committed(&dir.join("run"))
         .unwrap()
         .into_iter()
         .map(|(s, _)| s)
@@ -185,7 +185,7 @@ fn sigterm_saves_a_snapshot_that_resume_continues() {
     let args = tiny(&dir, &["--steps", "1000000", "--out", &out_dir]);
     let first = interrupted_step(&terminated_after(&args, Duration::from_secs(3)));
     assert!(first >= 1);
-    let saved = engine::snapshot::files::committed(&dir.join("run")).unwrap();
+    let saved = train::snapshot::files::committed(&dir.join("run")).unwrap();
     assert_eq!(saved.last().map(|s| s.0), Some(first));
     let mut resumed = args.clone();
     resumed.extend(["--resume".to_string(), out_dir.clone()]);
@@ -462,7 +462,7 @@ fn a_second_sigterm_exits_at_once_leaving_the_last_snapshot_whole() {
         "waited for the save"
     );
     assert_eq!(status.code(), Some(130));
-    let committed = engine::snapshot::files::committed(&out_dir).unwrap();
+    let committed = train::snapshot::files::committed(&out_dir).unwrap();
     assert_eq!(
         committed.last().map(|c| c.0),
         Some(1),

@@ -203,7 +203,7 @@ fn a_run_killed_mid_save_leaves_the_previous_snapshot_and_resumes_from_it() {
     assert!(!partial.join("manifest.json").exists());
     assert!(out.join("step-000002/manifest.json").exists());
     // The previous snapshot is whole (every checksum) and is the one --resume picks.
-    let snap = engine::snapshot::Snapshot::open(&out).unwrap();
+    let snap = train::snapshot::Snapshot::open(&out).unwrap();
     assert_eq!(snap.state.step, 2);
     let resume = [
         "--resume",

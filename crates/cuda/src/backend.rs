@@ -4,7 +4,7 @@
 //! vocabulary-parallel classifier) panic with the reason: the config's validation keeps them
 //! from being reached.
 //!
-//! Example: `engine::Trainer::on(Cuda::new(0)?, config, Box::new(comm::Solo::new()))?`.
+//! Example: `train::Trainer::on(Cuda::new(0)?, config, Box::new(comm::Solo::new()))?`.
 
 use crate::device::{Cuda, CudaSlab};
 use crate::{ops, state};

@@ -1,5 +1,5 @@
 //! The CUDA backend: [`Cuda`] implements `engine::Backend` on one NVIDIA GPU, so the same
-//! trainer (`engine::Trainer::on(Cuda::new(0)?, config, comm)`) runs there with every tensor in
+//! trainer (`train::Trainer::on(Cuda::new(0)?, config, comm)`) runs there with every tensor in
 //! one device allocation carved from the plan (ARCHITECTURE.md, "The CUDA backend").
 //!
 //! What runs where: kernels are CUDA C in `crates/cuda/kernels/*.cu`, compiled at run time by

@@ -16,7 +16,6 @@
 //! Example: `arena.enter(Phase::Forward(0)); let qkv = arena.tensor(arena.id(key), DType::F32);
 //! ...; arena.leave(Phase::Forward(0));` then `arena.measured()` holds the per-category peaks.
 
-use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, DType, Tensor};
 use crate::error::EngineError;
 use plan::buffer::{Category, Device, Lifetime, MemoryPlan, Phase};
@@ -26,7 +25,7 @@ use std::collections::HashMap;
 
 /// Index of a buffer in its arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BufId(pub(crate) usize);
+pub struct BufId(pub usize);
 
 /// Peak live bytes per category and in total, as measured while running.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,26 +41,26 @@ pub struct Measured {
     pub reserved_bytes: u64,
 }
 
-pub(crate) struct Slot {
-    pub(crate) key: Key,
+pub struct Slot {
+    pub key: Key,
     category: Category,
     /// Offset of the buffer in the slab, in bytes.
-    pub(crate) offset_bytes: u64,
-    pub(crate) bytes: u64,
+    pub offset_bytes: u64,
+    pub bytes: u64,
     born: u32,
     dies: u32,
     live: Cell<bool>,
     /// 0 free, > 0 shared borrows, -1 borrowed mutably.
-    pub(crate) borrow: Cell<i32>,
+    pub borrow: Cell<i32>,
 }
 
 /// One device's slab and its live-buffer bookkeeping.
-pub struct Arena<B: Backend = Cpu> {
+pub struct Arena<B: Backend> {
     backend: B,
     device: Device,
     n_layers: u32,
-    pub(crate) slab: B::Slab,
-    pub(crate) slots: Vec<Slot>,
+    pub slab: B::Slab,
+    pub slots: Vec<Slot>,
     by_key: HashMap<Key, BufId>,
     live_bytes: [u64; 6],
     measured: Measured,
@@ -270,7 +269,7 @@ impl<B: Backend> Arena<B> {
     }
 
     /// The slot of a tensor about to be touched: live, and the tensor inside its bytes.
-    pub(crate) fn checked(&self, t: Tensor) -> &Slot {
+    pub fn checked(&self, t: Tensor) -> &Slot {
         let s = &self.slots[t.buf.0];
         assert!(
             s.live.get(),
@@ -305,72 +304,5 @@ impl<B: Backend> Arena<B> {
     /// This arena's device memory.
     pub fn slab(&self) -> &B::Slab {
         &self.slab
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use plan::buffer::Buffer;
-    use plan::frugal::UnitKind;
-
-    fn plan() -> MemoryPlan {
-        let mut plan = MemoryPlan::new(1);
-        let buf = |key: Key, lifetime| {
-            Buffer::keyed(key, Category::Activations, Device::Gpu, 16, lifetime)
-        };
-        plan.push(buf(Key::Params(UnitKind::Embed), Lifetime::Persistent));
-        let span = Lifetime::Span {
-            born: Phase::Forward(0),
-            dies: Phase::Backward(0),
-        };
-        plan.push(buf(Key::Encoded, span));
-        plan
-    }
-
-    fn arena() -> Arena {
-        Arena::new(Cpu::new(), &plan(), Device::Gpu, None).unwrap()
-    }
-
-    #[test]
-    #[should_panic(expected = "used outside its planned lifetime")]
-    fn a_buffer_used_before_it_is_born_panics() {
-        let arena = arena();
-        let _ = arena.f32(arena.id(Key::Encoded));
-    }
-
-    #[test]
-    #[should_panic(expected = "already borrowed")]
-    fn a_buffer_borrowed_twice_mutably_panics() {
-        let arena = arena();
-        let id = arena.id(Key::Params(UnitKind::Embed));
-        let _a = arena.f32_mut(id);
-        let _b = arena.f32_mut(id);
-    }
-
-    #[test]
-    #[should_panic(expected = "beyond buffer")]
-    fn a_tensor_past_its_buffer_panics() {
-        let arena = arena();
-        let t = arena.key_tensor(Key::Params(UnitKind::Embed), DType::F32);
-        let _ = arena.view::<f32>(Tensor {
-            len: t.len + 1,
-            ..t
-        });
-    }
-
-    #[test]
-    fn live_bytes_follow_the_phases() {
-        let mut arena = arena();
-        let act = Category::Activations as usize;
-        assert_eq!(arena.live_bytes()[act], 16);
-        arena.enter(Phase::Forward(0));
-        assert_eq!(arena.live_bytes()[act], 32);
-        arena.f32_mut(arena.id(Key::Encoded)).fill(1.0);
-        arena.leave(Phase::Forward(0));
-        arena.enter(Phase::Backward(0));
-        arena.leave(Phase::Backward(0));
-        assert_eq!(arena.live_bytes()[act], 16);
-        assert_eq!(arena.measured().peak_bytes, 32);
     }
 }

@@ -16,7 +16,7 @@ pub enum EngineError {
     Precision(#[from] crate::precision::PrecisionError),
     /// Optimizer offload: the host store could not be created, mapped or flushed.
     #[error(transparent)]
-    Offload(#[from] crate::offload::OffloadError),
+    Offload(#[from] OffloadError),
     /// The run does not fit `--device-memory` or the host's RAM; nothing was allocated.
     #[error("{0}")]
     DoesNotFit(Box<crate::capacity::NoFit>),
@@ -68,4 +68,38 @@ pub enum EngineError {
         context: String,
         cause: std::io::Error,
     },
+}
+
+/// What can go wrong setting up offloaded optimizer state.
+#[derive(Debug, thiserror::Error)]
+pub enum OffloadError {
+    #[error(
+        "cannot create the optimizer state file {path}: {reason}; pass a path in a writable \
+         directory that does not exist yet (--offload optimizer:disk=PATH)"
+    )]
+    CreateFile {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error(
+        "cannot allocate {bytes} bytes for the optimizer state file {path}: {reason}; free disk \
+         space or put the file on a larger disk"
+    )]
+    Allocate {
+        path: std::path::PathBuf,
+        bytes: u64,
+        reason: String,
+    },
+    #[error("cannot memory-map the optimizer state file {path}: {reason}")]
+    Map {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("cannot flush the optimizer state file {path}: {reason}")]
+    Flush {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("the model has no parameters to offload")]
+    Empty,
 }

@@ -29,7 +29,7 @@ use plan::frugal::family::Positions;
 use plan::frugal::units::{Role, UnitKind};
 
 mod rows;
-pub(crate) use rows::{attn_shape, norm_kind, rope_shape, widened};
+pub use rows::{attn_shape, norm_kind, rope_shape, widened};
 use rows::{residual_target, settle};
 
 /// Token (and position) embedding into `act.encoded`.
@@ -89,20 +89,20 @@ pub struct BlockPass {
 }
 
 /// One block's weights and the pass's sizes, shared by the steps below.
-pub(crate) struct Ctx<'a, B: Backend> {
-    pub(crate) model: &'a Model,
-    pub(crate) arena: &'a Arena<B>,
-    pub(crate) be: &'a B,
-    pub(crate) kind: UnitKind,
+pub struct Ctx<'a, B: Backend> {
+    pub model: &'a Model,
+    pub arena: &'a Arena<B>,
+    pub be: &'a B,
+    pub kind: UnitKind,
     b: usize,
     t: usize,
-    pub(crate) d: BlockDims,
+    pub d: BlockDims,
     /// LoRA: where this pass keeps each matrix's adapter output.
     lora_u: [Option<Tensor>; 4],
 }
 
 impl<'a, B: Backend> Ctx<'a, B> {
-    pub(crate) fn new(
+    pub fn new(
         model: &'a Model,
         arena: &'a Arena<B>,
         layer: usize,
@@ -121,7 +121,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
         }
     }
 
-    pub(crate) fn w(&self, role: Role) -> Tensor {
+    pub fn w(&self, role: Role) -> Tensor {
         self.model.weight(self.arena, self.kind, role)
     }
 
@@ -139,7 +139,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 
     /// The pass's (batch, seq).
-    pub(crate) fn pass(&self) -> (usize, usize) {
+    pub fn pass(&self) -> (usize, usize) {
         (self.b, self.t)
     }
 
@@ -168,7 +168,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     /// Runs the f32 op `write` into the first `len` elements of `out`: directly when `out` is
     /// f32, else (a bf16 matmul input, `qkv` or `fch`) into `work.f32` and rounded once.
-    pub(crate) fn produce(&self, out: Tensor, len: usize, write: impl FnOnce(Tensor)) {
+    pub fn produce(&self, out: Tensor, len: usize, write: impl FnOnce(Tensor)) {
         if out.dtype == DType::F32 {
             return write(out.prefix(len));
         }
@@ -202,7 +202,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     /// out (rows, OC) = x (rows, IC) `weight`ᵀ (+ b) for a plain weight tensor (an expert's
     /// rows of a fused view): the bf16 GEMM when both are bf16, else fp32.
-    pub(crate) fn dense(
+    pub fn dense(
         &self,
         out: Tensor,
         x: Tensor,
@@ -235,7 +235,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 
     /// norm2 of `res2` (f32: the saved tensor, or its widened rows).
-    pub(crate) fn norm2(&self, res2: Tensor, a: &BlockActs) {
+    pub fn norm2(&self, res2: Tensor, a: &BlockActs) {
         self.norm(res2, a.ln2, a.ln2_mean, a.ln2_rstd, false);
     }
 
@@ -253,7 +253,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     }
 
     /// The attention core: atty from qkv, keeping `att` (materialised) or `lse` (flash).
-    pub(crate) fn attention_core(&self, a: &BlockActs) {
+    pub fn attention_core(&self, a: &BlockActs) {
         let n = self.n();
         let qkv = self.matmul_output(a.qkv, n * self.d.qkv as usize);
         let kernel = match (a.att, a.lse) {
@@ -313,7 +313,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
 
     /// fch_act = GELU(fch) or SwiGLU(gate, up), as the family's MLP says (over all N·k routed
     /// rows of a mixture of experts).
-    pub(crate) fn activation(&self, a: &BlockActs) {
+    pub fn activation(&self, a: &BlockActs) {
         let n = self.d.routed() as usize;
         let (fc_w, f) = (self.d.fc as usize, self.d.fc_act as usize);
         let inp = self.matmul_output(a.fch, n * fc_w);

@@ -19,6 +19,10 @@ use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::path::Path;
 
+/// The HF file names a saved model folder holds.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+
 /// Which of a unit's buffers to read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Which {
@@ -310,7 +314,7 @@ pub fn read_hf_folder(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, EngineError>
         let context = format!("reading {}", p.display());
         move |cause| EngineError::Io { context, cause }
     };
-    let single = dir.join(crate::snapshot::WEIGHTS_FILE);
+    let single = dir.join(WEIGHTS_FILE);
     let names: Vec<std::path::PathBuf> = if single.is_file() {
         vec![single]
     } else {

@@ -398,14 +398,14 @@ impl Model {
 /// The tensor of block tensor `t` at `key`, in the type the policy stores it in.
 /// The element type the residual stream is saved in between blocks (`act.encoded`, block
 /// outputs): bf16 under `--precision bf16`.
-pub(crate) fn residual_type(policy: ActPolicy) -> DType {
+pub fn residual_type(policy: ActPolicy) -> DType {
     match policy.residual_bytes() {
         2 => DType::Bf16,
         _ => DType::F32,
     }
 }
 
-pub(crate) fn act_tensor<B: Backend>(
+pub fn act_tensor<B: Backend>(
     arena: &Arena<B>,
     policy: ActPolicy,
     key: Key,
@@ -420,7 +420,7 @@ pub(crate) fn act_tensor<B: Backend>(
 }
 
 /// A block's tensors from `id` (`None` where the model or attention kernel has none).
-pub(crate) fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor) -> BlockActs {
+pub fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor) -> BlockActs {
     let must = |t: BlockTensor| id(t).unwrap_or_else(|| panic!("the plan has no {t:?} buffer"));
     BlockActs {
         ln1: must(BlockTensor::Ln1),
@@ -455,11 +455,7 @@ pub(crate) fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor
 
 /// Where block `layer` keeps its adapter outputs: the backward's buffers, or the forward's
 /// copies when the backward recomputes them.
-pub(crate) fn lora_u<B: Backend>(
-    arena: &Arena<B>,
-    layer: u32,
-    forward_copy: bool,
-) -> [Option<Tensor>; 4] {
+pub fn lora_u<B: Backend>(arena: &Arena<B>, layer: u32, forward_copy: bool) -> [Option<Tensor>; 4] {
     plan::frugal::adapters::MATRICES.map(|role| {
         let key = match forward_copy {
             true => Key::LoraUFwd(layer, role),

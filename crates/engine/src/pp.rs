@@ -176,7 +176,7 @@ impl Pipeline {
     /// pipeline in which only the last stage gives a value.
     pub fn from_last(&self, x: f64) -> Result<f64, EngineError> {
         let mine = if self.stage.is_last() { x } else { 0.0 };
-        crate::train::sum_f64(&mut *self.group.borrow_mut(), mine)
+        crate::share::sum_f64(&mut *self.group.borrow_mut(), mine)
     }
 
     /// A token id chosen on the last stage, on every stage.

@@ -106,3 +106,15 @@ impl Share {
             .collect()
     }
 }
+
+/// `x` summed over the ranks in rank order; one rank keeps its f64 as it is. Two f32 words (value
+/// and rounding residue) carry ~48 bits of each rank's f64 sum.
+pub fn sum_f64(comm: &mut dyn comm::Collective, x: f64) -> Result<f64, crate::EngineError> {
+    if comm.world_size() == 1 {
+        return Ok(x);
+    }
+    let hi = x as f32;
+    let mut words = [hi, (x - f64::from(hi)) as f32];
+    comm.all_reduce(words.as_mut_slice().into(), comm::ReduceOp::Sum)?;
+    Ok(f64::from(words[0]) + f64::from(words[1]))
+}

@@ -1,28 +1,14 @@
-//! What the engine's tests and benches share instead of copies: toy model shapes, the run config
-//! builder, seeded tokens, the rank harness and loud comparisons. Public so integration tests,
-//! benches and the CLI's tests reach it; nothing in the engine itself uses it.
-//!
-//! Example:
-//! ```
-//! use engine::testkit::{config, gpt2_tiny, on_ranks};
-//! let losses = on_ranks(2, |comm| {
-//!     let cfg = engine::TrainConfig { ranks: 2, ..config(gpt2_tiny(), 1, 8) };
-//!     let mut t = engine::Trainer::with_comm(cfg, comm).unwrap();
-//!     t.init_weights(1);
-//!     let tokens = engine::testkit::tokens(8, 96, 3);
-//!     t.step(&mut |i, o| { i.copy_from_slice(&tokens); o.copy_from_slice(&tokens) }).unwrap().loss
-//! });
-//! assert_eq!(losses[0], losses[1]);
-//! ```
+//! What the tests and benches of every crate share instead of copies: toy model shapes, seeded
+//! tokens and values, and loud comparisons. Public so integration tests, benches and the CLI's
+//! tests reach it; nothing in the engine itself uses it. The training harness (run configs, ranks,
+//! snapshots) is `train::testkit`.
 
-use crate::train::{TrainConfig, Trainer};
-use crate::ModelConfig;
-use comm::Collective;
-use plan::buffer::Device;
 use plan::model::Family;
-use plan::setup::Attention;
 use plan::ModelShape;
-use std::time::Duration;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 /// A GPT-2 block design at toy size (the golden files use the same shape).
 pub fn gpt2_tiny() -> ModelShape {
@@ -103,22 +89,6 @@ pub fn deepseek_tiny() -> ModelShape {
     }
 }
 
-/// The tests' run: `TrainConfig::new`'s defaults with materialised attention (the golden files
-/// were written with it).
-pub fn config(shape: ModelShape, batch: u64, seq: u64) -> TrainConfig {
-    TrainConfig {
-        attention: Attention::Eager,
-        ..TrainConfig::new(ModelConfig::from_shape(shape).unwrap(), batch, seq)
-    }
-}
-
-/// A one-rank trainer of [`config`], weights from seed 1337.
-pub fn trainer(shape: ModelShape, batch: u64, seq: u64) -> Trainer {
-    let mut t = Trainer::new(config(shape, batch, seq)).unwrap();
-    t.init_weights(1337);
-    t
-}
-
 /// Deterministic pseudo-random tokens below `vocab`.
 pub fn tokens(n: usize, vocab: u64, seed: u64) -> Vec<u32> {
     let mut rng = data::SplitMix64::new(seed);
@@ -130,50 +100,6 @@ pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = data::SplitMix64::new(seed);
     let unit = |x: u64| (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
     (0..n).map(|_| scale * unit(rng.next_u64())).collect()
-}
-
-/// Asserts rank `failing` ended with its own data error and every other rank with a
-/// communication error naming it (a dead rank stops the others; it never hangs them).
-pub fn assert_rank_failure_named<T: std::fmt::Debug>(
-    results: &[Result<T, crate::EngineError>],
-    failing: usize,
-) {
-    for (rank, r) in results.iter().enumerate() {
-        match r {
-            Err(crate::EngineError::Data(_)) if rank == failing => {}
-            Err(crate::EngineError::Comm(e)) if rank != failing => {
-                let name = format!("rank {failing}");
-                assert!(e.to_string().contains(&name), "rank {rank}: {e}");
-            }
-            other => panic!("rank {rank} should fail naming rank {failing}, got {other:?}"),
-        }
-    }
-}
-
-/// Restores `trainer` and `loader` from `snap` the way a resumed run does, after first giving
-/// the trainer different weights (so the snapshot must overwrite all of them).
-pub fn resume_from(
-    snap: &crate::snapshot::Snapshot,
-    trainer: &mut Trainer,
-    loader: &mut data::Loader,
-    seed: u64,
-) {
-    trainer.init_weights(seed + 1);
-    snap.check_compatible(&trainer.config, seed).unwrap();
-    let run = snap.restore(trainer).unwrap();
-    loader.seek(run.loader).unwrap();
-}
-
-/// Runs `f` on every rank of a world of `ranks` (threads, through `world::launch`) and returns
-/// the results in rank order; a rank's panic fails the test with its message.
-pub fn on_ranks<T: Send>(ranks: usize, f: impl Fn(Box<dyn Collective>) -> T + Sync) -> Vec<T> {
-    let run = crate::world::launch(
-        ranks,
-        Duration::from_secs(60),
-        |c| Ok::<T, crate::EngineError>(f(c)),
-        crate::world::comm_failure,
-    );
-    run.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The largest absolute difference between two lists of equal-length vectors.
@@ -196,21 +122,6 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
             "{what}[{i}]: got {g}, want {w} (tolerance {tol}, relative above 1)"
         );
     }
-}
-
-/// Asserts the arena measured exactly its plan: the peak, the breakdown at the peak and every
-/// category's own peak.
-pub fn assert_measured_equals_planned(t: &Trainer, what: &str) {
-    let m = t.measured();
-    let plan = &t.plan;
-    assert_eq!(m.peak_bytes, plan.peak_bytes(Device::Gpu), "{what}: peak");
-    assert_eq!(
-        m.at_peak_bytes,
-        plan.at_peak(Device::Gpu).1,
-        "{what}: at peak"
-    );
-    let peaks = plan.category_peaks(Device::Gpu);
-    assert_eq!(m.category_peak_bytes, peaks, "{what}: category peaks");
 }
 
 /// The f32 tensor `name` of safetensors `bytes` (golden files; int32 inputs read as bits).
@@ -242,4 +153,107 @@ pub fn assert_max_abs(name: &str, got: &[f32], want: &[f32], tol: f32) {
         got[at],
         want[at]
     );
+}
+
+/// A global allocator that counts while [`count_allocations`] runs: a test binary installs it
+/// with `#[global_allocator] static A: Counting = Counting;` to check that a step allocates no
+/// tensor-sized block.
+pub struct Counting;
+
+static COUNTING_ON: AtomicBool = AtomicBool::new(false);
+static COUNT: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static LARGEST: AtomicU64 = AtomicU64::new(0);
+/// The counters are process-wide: measurements take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting only reads sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING_ON.load(Ordering::Relaxed) {
+            COUNT.fetch_add(1, Ordering::Relaxed);
+            BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+            LARGEST.fetch_max(layout.size() as u64, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Heap allocations made while `f` runs, as (count, bytes, largest), with [`Counting`] installed
+/// (zeros otherwise). One measurement at a time in the process.
+pub fn count_allocations(f: impl FnOnce()) -> (u64, u64, u64) {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    COUNT.store(0, Ordering::SeqCst);
+    BYTES.store(0, Ordering::SeqCst);
+    LARGEST.store(0, Ordering::SeqCst);
+    COUNTING_ON.store(true, Ordering::SeqCst);
+    f();
+    COUNTING_ON.store(false, Ordering::SeqCst);
+    let load = |c: &AtomicU64| c.load(Ordering::SeqCst);
+    (load(&COUNT), load(&BYTES), load(&LARGEST))
+}
+
+/// The kernels capped at `level` until dropped (then back to the CPU's best); tests that cap take
+/// turns.
+pub struct Capped {
+    _turn: MutexGuard<'static, ()>,
+}
+
+static CAPS: Mutex<()> = Mutex::new(());
+
+impl Capped {
+    pub fn at(level: kernels::cpu::Level) -> Capped {
+        let turn = CAPS.lock().unwrap_or_else(|e| e.into_inner());
+        kernels::cpu::set_cap(level).unwrap();
+        Capped { _turn: turn }
+    }
+}
+
+impl Drop for Capped {
+    fn drop(&mut self) {
+        kernels::cpu::set_cap(kernels::cpu::detected()).unwrap();
+    }
+}
+
+/// The golden files' folder: models, inputs and outputs written by PyTorch + HF (`dev/golden_*.py`).
+pub const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+
+/// A golden file: safetensors holding the tensors, with the model's HF config, batch and seq in
+/// its JSON header.
+pub struct Golden {
+    pub bytes: Vec<u8>,
+    pub meta: HashMap<String, String>,
+}
+
+impl Golden {
+    /// Reads `name` from [`GOLDEN_DIR`]; panics naming the file if it is missing or not golden.
+    pub fn load(name: &str) -> Golden {
+        let path = format!("{GOLDEN_DIR}/{name}");
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let (_, metadata) =
+            safetensors::SafeTensors::read_metadata(&bytes).expect("golden file is safetensors");
+        let meta = metadata
+            .metadata()
+            .clone()
+            .expect("golden file has a JSON header");
+        assert_eq!(meta["magic"], "frugal-golden", "{path}: wrong magic");
+        assert_eq!(meta["version"], "1", "{path}: unknown version");
+        Golden { bytes, meta }
+    }
+
+    /// The f32 tensor `name`.
+    pub fn f32s(&self, name: &str) -> Vec<f32> {
+        safetensors_f32s(&self.bytes, name)
+    }
+
+    /// The int32 tensor `name` (token ids), stored as f32 bits.
+    pub fn u32s(&self, name: &str) -> Vec<u32> {
+        self.f32s(name).iter().map(|x| x.to_bits()).collect()
+    }
 }

@@ -17,8 +17,8 @@
 use super::model_config_or_dir;
 use crate::output::group_digits;
 use anyhow::{bail, Context};
-use engine::infer::pool::SeqId;
-use engine::infer::{Server, SplitK};
+use infer::pool::SeqId;
+use infer::{Server, SplitK};
 use plan::buffer::Device;
 use plan::frugal::serve::is_matrix;
 use plan::frugal::units::Role;
@@ -172,7 +172,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         weights,
         kv,
         a.kv_block,
-        engine::infer::default_split_k(),
+        infer::default_split_k(),
     );
     let mut server = Server::new_in_ram(config, setup)?;
     server.split_k = split_k(&a.split_k)?;
@@ -194,7 +194,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(dir) = &save {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("config.json"), server.config.to_hf_json())?;
-        engine::infer::file::save(&server, &dir.join(engine::infer::file::FILE_NAME))?;
+        infer::file::save(&server, &dir.join(infer::file::FILE_NAME))?;
     }
     let buf = read_buffer();
     read_rate(&buf);

@@ -11,9 +11,10 @@
 
 use anyhow::Context;
 use comm::Collective;
-use engine::{ModelConfig, TrainConfig, Trainer};
+use engine::ModelConfig;
 use plan::model::{Family, ModelShape};
 use serde_json::json;
+use train::{TrainConfig, Trainer};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {

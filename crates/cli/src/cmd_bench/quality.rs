@@ -11,7 +11,7 @@
 use crate::infer_model::Source;
 use crate::output::Table;
 use anyhow::bail;
-use engine::infer::Server;
+use infer::Server;
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;

@@ -11,9 +11,9 @@ use super::generate::cpu_name;
 use super::model_config_or_dir;
 use crate::output::group_digits;
 use anyhow::bail;
-use engine::infer::sample::Sampling;
-use engine::infer::schedule::{self, Request};
-use engine::infer::Server;
+use infer::sample::Sampling;
+use infer::schedule::{self, Request};
+use infer::Server;
 use plan::buffer::Device;
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
@@ -70,8 +70,8 @@ pub struct Args {
 
 /// A log-normal draw with this mean (σ in log space), clamped to [1, max].
 fn lognormal(rng: &mut data::SplitMix64, mean: f64, sigma: f64, max: u64) -> u64 {
-    let u1 = engine::infer::sample::uniform(rng).max(1e-12);
-    let u2 = engine::infer::sample::uniform(rng);
+    let u1 = infer::sample::uniform(rng).max(1e-12);
+    let u2 = infer::sample::uniform(rng);
     let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
     let mu = mean.ln() - sigma * sigma / 2.0;
     ((mu + sigma * z).exp().round() as u64).clamp(1, max)
@@ -124,7 +124,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         weights,
         kv,
         a.kv_block,
-        engine::infer::default_split_k(),
+        infer::default_split_k(),
     );
     let block_bytes = base.block_bytes(&config.shape);
     let budget = match &a.kv_budget {

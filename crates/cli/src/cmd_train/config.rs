@@ -1,4 +1,4 @@
-//! `frugal train`'s flags to one validated `engine::TrainConfig`, in one step (ripgrep's raw →
+//! `frugal train`'s flags to one validated `train::TrainConfig`, in one step (ripgrep's raw →
 //! validated args): clap has already parsed every value into the `plan::setup` enums (one
 //! spelling set with `plan`, `fit` and `bench`); this module checks what depends on several flags
 //! or on the model, resolves the model and the offload file, and plans the run exactly as it will
@@ -9,11 +9,12 @@
 
 use super::Args;
 use anyhow::{bail, Context};
-use engine::train::Mixed;
-use engine::{ModelConfig, OptimizerKind, Schedule, TrainConfig};
+use engine::ModelConfig;
 use plan::setup::{Offload, Optimizer, Precision, ZeroStage};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use train::Mixed;
+use train::{OptimizerKind, Schedule, TrainConfig};
 
 /// `--offload none|optimizer|optimizer:disk[=PATH]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -228,7 +229,7 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
 
 /// `--lora-*` as the engine takes them (`None` without `--lora-rank`); flags that need LoRA,
 /// or an nf4 base, are refused without it.
-fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
+fn lora(args: &Args) -> anyhow::Result<Option<train::LoraConfig>> {
     let Some(rank) = args.lora_rank else {
         for (set, flag) in [
             (args.lora_dropout != 0.0, "--lora-dropout"),
@@ -255,7 +256,7 @@ fn lora(args: &Args) -> anyhow::Result<Option<engine::LoraConfig>> {
     if !(alpha.is_finite() && alpha > 0.0) {
         bail!("--lora-alpha {alpha}: use a positive scale such as the rank or twice it");
     }
-    Ok(Some(engine::LoraConfig {
+    Ok(Some(train::LoraConfig {
         plan: plan::setup::Lora {
             rank,
             targets: args.lora_targets.clone(),
@@ -332,6 +333,6 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         ..TrainConfig::new(model, args.batch, args.seq)
     };
     // The run exactly as it will run: a bf16 run is refused on its own bf16 peak.
-    engine::train::check_capacity(&config)?;
+    train::check_capacity(&config)?;
     Ok(Validated { config, weights })
 }

@@ -120,7 +120,7 @@ mod gpu {
         let free = gpu.capacity_bytes();
         config.device_memory_bytes = Some(config.device_memory_bytes.map_or(free, |d| d.min(free)));
         config.host_memory = None;
-        let mut trainer = engine::Trainer::on(gpu, config, Box::new(comm::Solo::new()))?;
+        let mut trainer = train::Trainer::on(gpu, config, Box::new(comm::Solo::new()))?;
         trainer.init_weights(args.seed);
         if let Some(dir) = &shared.weights {
             trainer

@@ -137,7 +137,7 @@ fn check_foreign_snapshots(args: &Args, out: &Path) -> anyhow::Result<()> {
     if args.overwrite {
         return Ok(());
     }
-    let committed = engine::snapshot::files::committed(out).unwrap_or_default();
+    let committed = train::snapshot::files::committed(out).unwrap_or_default();
     let Some((step, _)) = committed.last() else {
         return Ok(());
     };
@@ -163,7 +163,7 @@ fn check_foreign_snapshots(args: &Args, out: &Path) -> anyhow::Result<()> {
 
 /// Deletes every committed snapshot in `out` (`--overwrite`).
 pub fn remove_snapshots(out: &Path) -> anyhow::Result<()> {
-    for (_, dir) in engine::snapshot::files::committed(out).unwrap_or_default() {
+    for (_, dir) in train::snapshot::files::committed(out).unwrap_or_default() {
         std::fs::remove_dir_all(&dir)
             .with_context(|| format!("--overwrite: removing {}", dir.display()))?;
     }

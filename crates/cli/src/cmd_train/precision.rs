@@ -9,9 +9,9 @@
 //! window 1000, hysteresis 2); the report says the final scale, the skipped steps and the
 //! fraction of gradient values fp16 flushed to zero or left subnormal.
 
-use engine::{StepStats, Trainer};
 use plan::setup::Precision;
 use serde_json::{json, Value};
+use train::{StepStats, Trainer};
 
 /// The report's `offload` object: the host bytes the plan counts and the store holds.
 pub fn offload_json(t: &Trainer) -> Value {

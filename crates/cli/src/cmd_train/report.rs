@@ -7,11 +7,11 @@
 use super::{Args, Curves};
 use crate::output::{human_bytes, Table};
 use anyhow::{bail, Context};
-use engine::train::{MemoryBreakdown, RankMemory};
-use engine::Trainer;
 use plan::buffer::{Category, Device};
 use serde_json::{json, Map, Value};
 use std::path::Path;
+use train::Trainer;
+use train::{MemoryBreakdown, RankMemory};
 
 pub struct Summary<'a> {
     /// Rank 0's trainer.

@@ -6,8 +6,8 @@
 
 use super::Args;
 use anyhow::Context;
-use engine::{TrainConfig, Trainer};
 use std::path::{Path, PathBuf};
+use train::{TrainConfig, Trainer};
 
 /// What every rank builds from: the validated config, the tokenized data, the weights to load.
 pub struct Shared {
@@ -16,7 +16,7 @@ pub struct Shared {
     pub tokenizer: data::Tokenizer,
     pub weights: Option<PathBuf>,
     /// `--resume`'s snapshot, checked against this run; every rank restores from it.
-    pub snapshot: Option<engine::snapshot::Snapshot>,
+    pub snapshot: Option<train::snapshot::Snapshot>,
     /// The training data's identity (`Dataset::id`, hashed once), recorded in snapshots.
     pub data_id: u64,
     /// `--out`'s lock, held until the run ends.
@@ -85,7 +85,7 @@ fn snapshot_bytes(config: &TrainConfig) -> u64 {
         .map(|units| units.iter().map(|u| u.numel).sum())
         .unwrap_or(0);
     let state_per_param = match config.optimizer {
-        engine::OptimizerKind::Sgd { .. } => 4,
+        train::OptimizerKind::Sgd { .. } => 4,
         _ => 8,
     };
     numel.saturating_mul(8 + state_per_param)

@@ -1,5 +1,5 @@
 //! `frugal train --save-every N --out DIR [--keep K]` and `--resume DIR`: the training loop's side
-//! of `engine::snapshot` — checking the flags, opening the snapshot once for every rank, restoring
+//! of `train::snapshot` — checking the flags, opening the snapshot once for every rank, restoring
 //! each rank's trainer and data loader, and saving after every N-th step. Every precision
 //! snapshots: bf16/fp16 runs save their fp32 master weights, Adam state (offloaded or not) and the
 //! fp16 loss scaler, and resume only with the same precision and scaler.
@@ -11,16 +11,16 @@
 
 use super::Args;
 use anyhow::{bail, Context};
-use engine::snapshot::{self, RunState, SaveOptions, Snapshot};
-use engine::Trainer;
 use std::time::Duration;
+use train::snapshot::{self, RunState, SaveOptions, Snapshot};
+use train::Trainer;
 
 /// A test hook: `STEP,SECONDS` pauses the save after STEP for SECONDS just before its manifest
 /// commits it, so a test can kill the process mid-save.
 const PAUSE_ENV: &str = "FRUGAL_TEST_SNAPSHOT_PAUSE";
 
 /// Opens `--resume`'s snapshot (every file checked) and refuses it if this run differs.
-pub fn open(args: &Args, config: &engine::TrainConfig) -> anyhow::Result<Option<Snapshot>> {
+pub fn open(args: &Args, config: &train::TrainConfig) -> anyhow::Result<Option<Snapshot>> {
     let Some(path) = &args.resume else {
         return Ok(None);
     };

@@ -10,8 +10,8 @@
 
 use super::Args;
 use anyhow::Context;
-use engine::Trainer;
 use plan::setup::ZeroStage;
+use train::Trainer;
 
 /// What rank 0 needs after training that, at stage 3, every rank must help compute.
 #[derive(Default)]

@@ -4,14 +4,13 @@
 //! master weights, ZeRO's copies and collectives). The engine above speaks only in [`Tensor`]s
 //! (a buffer, an element type, an element range) and op descriptors ([`LinearShape`],
 //! [`AttnShape`], ...), never in slices, so a CUDA backend implements this trait and nothing
-//! above it changes. [`cpu::Cpu`] is today's kernels, unchanged in numerics.
+//! above it changes. The CPU backend (`crates/cpu`) is the kernels crate, unchanged in numerics.
 //!
 //! What it does not do: decide what exists or when (the plan and the arena), or which op follows
 //! which (the model's forward and backward).
 //!
 //! Example: `arena.backend().linear(&arena, &Linear { out, inp, weight, bias, shape })`.
 
-pub mod cpu;
 pub mod infer_ops;
 pub mod lora_ops;
 pub mod moe_ops;

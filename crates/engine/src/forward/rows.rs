@@ -34,7 +34,7 @@ pub(super) fn settle<B: Backend>(arena: &Arena<B>, t: Tensor, value: Tensor) {
 }
 
 /// A bf16 tensor widened into `scratch` (its first `len` elements), or the f32 tensor itself.
-pub(crate) fn widened<B: Backend>(
+pub fn widened<B: Backend>(
     arena: &Arena<B>,
     t: Tensor,
     len: usize,
@@ -51,7 +51,7 @@ pub(crate) fn widened<B: Backend>(
 }
 
 /// The family's norm, with LayerNorm's saved mean and bias.
-pub(crate) fn norm_kind(model: &Model, mean: Option<Tensor>, bias: Option<Tensor>) -> NormKind {
+pub fn norm_kind(model: &Model, mean: Option<Tensor>, bias: Option<Tensor>) -> NormKind {
     match model.design.norm {
         Norm::LayerNorm => NormKind::Layer {
             mean: mean.expect("LayerNorm keeps a mean"),
@@ -64,7 +64,7 @@ pub(crate) fn norm_kind(model: &Model, mean: Option<Tensor>, bias: Option<Tensor
 }
 
 /// Attention's shape in block `kind` (its sliding window, if the layer has one).
-pub(crate) fn attn_shape(model: &Model, kind: UnitKind, batch: usize, seq: usize) -> AttnShape {
+pub fn attn_shape(model: &Model, kind: UnitKind, batch: usize, seq: usize) -> AttnShape {
     let s = &model.config.shape;
     let layer = match kind {
         UnitKind::Block(l) => l,
@@ -85,7 +85,7 @@ pub(crate) fn attn_shape(model: &Model, kind: UnitKind, batch: usize, seq: usize
     }
 }
 
-pub(crate) fn rope_shape(model: &Model, batch: usize, seq: usize) -> RopeShape {
+pub fn rope_shape(model: &Model, batch: usize, seq: usize) -> RopeShape {
     let s = &model.config.shape;
     RopeShape {
         batch,

@@ -12,7 +12,6 @@
 //! Example: `model.attach_lora(&arena, &lora, 16.0)` after `Model::new` on the adapter units.
 
 pub mod base;
-pub mod peft;
 
 use crate::arena::{Arena, BufId};
 use crate::backend::lora_ops::*;

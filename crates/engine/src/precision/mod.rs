@@ -1,35 +1,11 @@
-//! Mixed precision for `--precision bf16|fp16`: the dynamic loss scaler (torch and DeepSpeed
-//! semantics), gradient unscaling with the inf/NaN check, the fp32-master AdamW step that writes
-//! the 2-byte working copy, and the fp16 underflow statistics the report shows.
-//!
-//! Pieces, each self-contained and used by the step loop (`train`):
-//! - [`scaler`]: [`LossScaler`] decides apply/skip per step and moves the scale;
-//! - [`grads`]: [`unscale_and_check`] and finite checks on f32/bf16/f16 gradients;
-//! - [`master`]: [`adamw_master_step`] (bit-identical to `kernels::adamw::update` on f32 input);
-//! - [`underflow`]: [`UnderflowStats`], what fp16 storage at a scale does to gradient values.
-//!
-//! Conversions themselves are `kernels::convert`. This module holds no buffers and never prints.
-//!
-//! ```
-//! use engine::precision::{unscale_and_check, LossScaler, StepDecision};
-//! let mut scaler = LossScaler::deepspeed();
-//! let mut grads = vec![65536.0f32, f32::INFINITY];
-//! let found_inf = unscale_and_check(&mut grads, scaler.inv_scale());
-//! assert_eq!(scaler.update(found_inf).unwrap(), StepDecision::Skip);
-//! assert_eq!(scaler.scale(), 65536.0); // hysteresis 2: the first overflow keeps the scale
-//! ```
+//! The mixed-precision pieces a backend runs: the fp32-master AdamW step that writes the 2-byte
+//! working copy ([`master`]) and the fp16 underflow statistics ([`underflow`]). The loss scaler and
+//! gradient checks that drive them are the training crate's (`train::precision`).
 
-pub mod grads;
 pub mod master;
-pub mod scaler;
 pub mod underflow;
-pub mod update;
 
-pub use grads::{any_non_finite, any_non_finite_bf16, any_non_finite_f16, unscale_and_check};
 pub use master::{adamw_master_step, Grads, MasterStep, Working};
-pub use scaler::{
-    DeepSpeedScaling, LossScaler, ScalerConfig, ScalerState, StepDecision, TorchScaling,
-};
 pub use underflow::UnderflowStats;
 
 /// What can go wrong with mixed precision.

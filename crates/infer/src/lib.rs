@@ -1,0 +1,457 @@
+//! The inference engine: a model's weights in a storage format, a paged KV cache pool and the
+//! scratch of a prefill and a decode step, all carved from `plan::frugal::serve_plan`, so the
+//! measured bytes equal the plan's per category, as in training.
+//!
+//! A [`Server`] holds sequences (a block table and a length each, `pool`); [`Server::prefill`]
+//! runs up to a chunk of one sequence's tokens per step, [`Server::decode`] one token of each of
+//! several sequences, both appending to the cache and returning logits. Any mix of sequences may
+//! join and leave between steps (continuous batching is a loop around these, `schedule`);
+//! [`Server::fork`] shares a sequence's blocks with a new one (a common prompt), copied on the
+//! first write into a shared block. Weights come from fp32 units (a trained model, quantized by
+//! `weights`), from random codes built directly in the format (benchmarks: no fp32 copy), or
+//! from a quantized file (`file`). `sample` picks tokens, `spec` runs speculative decoding.
+//!
+//! Example:
+//! ```
+//! use infer::Server;
+//! use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+//! let config = engine::ModelConfig::from_shape(engine::testkit::llama_tiny()).unwrap();
+//! let w = WeightFormat::Int4 { group: 32, asym: false };
+//! let setup = ServeSetup::generation(&config.shape, 1, 32, w, KvFormat::Int8, 16, 1);
+//! let mut server = Server::new(config, setup).unwrap();
+//! server.fill_random(7);
+//! let seq = server.new_sequence();
+//! let mut logits = Vec::new();
+//! server.prefill(seq, &[1, 2, 3], &mut logits).unwrap();
+//! server.decode(&[seq], &[4], &mut logits).unwrap();
+//! assert_eq!(server.seq_len(seq), 4);
+//! assert_eq!(server.measured().peak_bytes, server.plan.peak_bytes(plan::buffer::Device::Gpu));
+//! ```
+
+pub mod file;
+mod mla_step;
+mod moe_step;
+pub mod pool;
+pub mod runner;
+pub mod sample;
+pub mod schedule;
+pub mod spec;
+mod step;
+pub mod weights;
+
+pub use runner::Runner;
+
+use cpu::Cpu;
+use engine::arena::{Arena, Measured};
+use engine::backend::{Backend, DType, KvCache, QMatrix, Tensor};
+use engine::config::ModelConfig;
+use engine::error::EngineError;
+use plan::buffer::{Device, MemoryPlan};
+use plan::frugal::family::{design, BlockDesign};
+use plan::frugal::serve::is_matrix;
+use plan::frugal::units::{Role, UnitKind};
+use plan::frugal::{serve_plan, Key, KvFormat, ServeSetup, StepAct, StepKind, Unit, WeightFormat};
+use pool::{BlockPool, SeqId, Sequence};
+
+/// The split-K partials a server plans by default: one split per thread (`rayon`'s pool).
+pub fn default_split_k() -> u64 {
+    rayon::current_num_threads().clamp(1, 64) as u64
+}
+
+/// How a decode step splits each sequence's KV range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitK {
+    /// Enough splits to give every core work when rows × KV heads are few (up to the plan's).
+    Auto,
+    /// Head-parallel only.
+    Off,
+    /// Exactly this many splits (at most the plan's).
+    Fixed(usize),
+}
+
+/// One unit's weights: its matrices in the storage format and its fp32 vectors.
+pub(crate) struct UnitWeights {
+    pub matrices: Vec<(Role, QMatrix)>,
+    pub vectors: Vec<(Role, Tensor)>,
+}
+
+impl UnitWeights {
+    fn matrix(&self, role: Role) -> QMatrix {
+        self.matrices
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, m)| *m)
+            .unwrap_or_else(|| panic!("no matrix {role:?}"))
+    }
+
+    fn vector(&self, role: Role) -> Option<Tensor> {
+        self.vectors
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, t)| *t)
+    }
+}
+
+/// An inference engine on a backend (the CPU by default).
+pub struct Server<B: Backend = Cpu> {
+    pub plan: MemoryPlan,
+    pub arena: Arena<B>,
+    pub config: ModelConfig,
+    pub setup: ServeSetup,
+    pub split_k: SplitK,
+    pub(crate) design: BlockDesign,
+    pub(crate) units: Vec<Unit>,
+    pub(crate) weights: Vec<UnitWeights>,
+    pub(crate) caches: Vec<KvCache>,
+    pub(crate) pool: BlockPool,
+    pub(crate) seqs: Vec<Option<Sequence>>,
+}
+
+impl Server<Cpu> {
+    /// A server for `config` sized by `setup` on the CPU, weights zeroed.
+    pub fn new(config: ModelConfig, setup: ServeSetup) -> Result<Server, EngineError> {
+        Server::on(Cpu::new(), config, setup, None)
+    }
+
+    /// As [`Server::new`], refused before allocating when the plan exceeds the RAM this process
+    /// may use, with the plan's breakdown and what to change.
+    pub fn new_in_ram(config: ModelConfig, setup: ServeSetup) -> Result<Server, EngineError> {
+        let host = engine::capacity::host_available();
+        let capacity = host.as_ref().map(|h| h.bytes);
+        Server::on(Cpu::new(), config, setup, capacity).map_err(|e| match e {
+            EngineError::DoesNotFit(mut no) => {
+                no.limit = engine::capacity::Limit::HostRam {
+                    source: host.map_or_else(String::new, |h| h.source),
+                };
+                no.advice = Some(
+                    "store the weights smaller (--weights int8, int4 or nf4), cache keys and \
+                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences or \
+                     a shorter context"
+                        .into(),
+                );
+                EngineError::DoesNotFit(no)
+            }
+            e => e,
+        })
+    }
+}
+
+impl<B: Backend> Server<B> {
+    /// A server on `backend`; refuses before allocating when the slab exceeds `capacity`.
+    pub fn on(
+        backend: B,
+        config: ModelConfig,
+        setup: ServeSetup,
+        capacity: Option<u64>,
+    ) -> Result<Server<B>, EngineError> {
+        let plan = serve_plan(&config.shape, &setup)?;
+        let arena = Arena::new(backend, &plan, Device::Gpu, capacity)?;
+        let units = plan::frugal::param_units(&config.shape, 1)?;
+        let weights = units
+            .iter()
+            .map(|u| bind_unit(&arena, u, setup.weights))
+            .collect();
+        let s = &config.shape;
+        let caches = (0..s.n_layers)
+            .map(|l| bind_cache(&arena, l, &setup, &config))
+            .collect();
+        Ok(Server {
+            design: design(s),
+            pool: BlockPool::new(setup.kv_blocks as usize),
+            plan,
+            arena,
+            config,
+            setup,
+            split_k: SplitK::Auto,
+            units,
+            weights,
+            caches,
+            seqs: Vec::new(),
+        })
+    }
+
+    pub fn measured(&self) -> Measured {
+        self.arena.measured()
+    }
+
+    /// A new, empty sequence.
+    pub fn new_sequence(&mut self) -> SeqId {
+        let seq = Sequence::default();
+        match self.seqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.seqs[i] = Some(seq);
+                SeqId(i)
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                SeqId(self.seqs.len() - 1)
+            }
+        }
+    }
+
+    fn seq(&self, id: SeqId) -> &Sequence {
+        self.seqs[id.0].as_ref().expect("a live sequence")
+    }
+
+    /// Tokens cached for `id`.
+    pub fn seq_len(&self, id: SeqId) -> usize {
+        self.seq(id).len
+    }
+
+    /// A new sequence sharing `id`'s cached tokens (its blocks, copied on write).
+    pub fn fork(&mut self, id: SeqId) -> SeqId {
+        let src = self.seq(id).clone();
+        for &b in src.blocks.iter().filter(|&&b| b != pool::FREED) {
+            self.pool.retain(b);
+        }
+        let new = self.new_sequence();
+        self.seqs[new.0] = Some(src);
+        new
+    }
+
+    /// Frees `id` and the blocks no other sequence shares.
+    pub fn free(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs[id.0].take() {
+            for b in seq.blocks.into_iter().filter(|&b| b != pool::FREED) {
+                self.pool.release(b);
+            }
+        }
+    }
+
+    /// Keeps the first `len` tokens of `id` (speculative decoding's rollback).
+    pub fn truncate(&mut self, id: SeqId, len: usize) {
+        let block = self.setup.kv_block as usize;
+        let seq = self.seqs[id.0].as_mut().expect("a live sequence");
+        assert!(len <= seq.len);
+        seq.len = len;
+        while seq.blocks.len() > len.div_ceil(block) {
+            let b = seq.blocks.pop().expect("a block");
+            assert_ne!(
+                b,
+                pool::FREED,
+                "rolled back past the sliding window's slack"
+            );
+            self.pool.release(b);
+        }
+    }
+
+    /// Blocks not held by any sequence.
+    pub fn free_blocks(&self) -> usize {
+        self.pool.free_count()
+    }
+
+    /// Blocks `id` needs to grow by `n` tokens (new blocks, and a copy of a shared last block).
+    pub fn blocks_needed(&self, id: SeqId, n: usize) -> usize {
+        let s = self.seq(id);
+        let block = self.setup.kv_block as usize;
+        let new = (s.len + n).div_ceil(block) - s.len.div_ceil(block);
+        let cow = s.len % block != 0 && self.pool.is_shared(*s.blocks.last().expect("a block"));
+        new + usize::from(cow && n > 0)
+    }
+
+    /// Bytes of KV one block holds over every layer.
+    pub fn block_bytes(&self) -> u64 {
+        self.setup.block_bytes(&self.config.shape)
+    }
+
+    /// Runs `tokens` of `id` through the model in prefill steps, appending them to its cache;
+    /// `logits` receives the last step's final `setup.prefill_logit_rows` rows (or fewer).
+    pub fn prefill(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.prefill_rows(id, tokens, 1, logits)
+    }
+
+    /// As [`Server::prefill`], returning the logits of the last `rows` tokens (speculative
+    /// verification), `rows` at most the plan's `prefill_logit_rows`.
+    pub fn prefill_rows(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        rows: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::Infer(
+                "a prefill needs at least one token".into(),
+            ));
+        }
+        let chunk = self.setup.prefill_chunk as usize;
+        assert!(rows as u64 <= self.setup.prefill_logit_rows && rows <= tokens.len());
+        self.check_room(&[id], tokens.len())?;
+        self.check_tokens(tokens.iter().copied())?;
+        let mut start = 0;
+        while start < tokens.len() {
+            let end = tokens.len().min(start + chunk);
+            // The last `rows` rows must fall in the last chunk: end the previous one early.
+            let end = if end < tokens.len() && tokens.len() - end < rows {
+                tokens.len() - rows
+            } else {
+                end
+            };
+            let last = end == tokens.len();
+            let want = if last { rows.min(end - start) } else { 0 };
+            self.step(
+                StepKind::Prefill,
+                &[(id, &tokens[start..end])],
+                want,
+                logits,
+            )?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// One decode step: token `tokens[i]` appended to sequence `ids[i]`; `logits` receives one
+    /// row per sequence.
+    pub fn decode(
+        &mut self,
+        ids: &[SeqId],
+        tokens: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        assert_eq!(ids.len(), tokens.len());
+        if ids.len() as u64 > self.setup.max_seqs {
+            return Err(EngineError::Infer(format!(
+                "{} sequences in one decode step; the server was planned for {}",
+                ids.len(),
+                self.setup.max_seqs
+            )));
+        }
+        self.check_room(ids, 1)?;
+        let entries: Vec<(SeqId, &[u32])> = ids
+            .iter()
+            .zip(tokens)
+            .map(|(&id, t)| (id, std::slice::from_ref(t)))
+            .collect();
+        self.step(StepKind::Decode, &entries, ids.len(), logits)
+    }
+
+    /// Refuses growth past the context or the pool before anything runs.
+    fn check_room(&self, ids: &[SeqId], n: usize) -> Result<(), EngineError> {
+        let mut need = 0;
+        for &id in ids {
+            let len = self.seq(id).len + n;
+            if len as u64 > self.setup.context {
+                return Err(EngineError::Infer(format!(
+                    "a sequence of {len} tokens is longer than the context of {} this server was \
+                     planned for (the model has {} positions): shorten the prompt or \
+                     --max-new-tokens, or plan a longer --context",
+                    self.setup.context, self.config.shape.max_positions
+                )));
+            }
+            need += self.blocks_needed(id, n);
+        }
+        if need > self.pool.free_count() {
+            return Err(EngineError::Infer(format!(
+                "the KV pool has {} free blocks of {} tokens and this step needs {need}: free \
+                 sequences first or plan a larger pool",
+                self.pool.free_count(),
+                self.setup.kv_block
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The tensors of one unit's weights in the arena.
+fn bind_unit<B: Backend>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -> UnitWeights {
+    let mut matrices = Vec::new();
+    let mut vectors = Vec::new();
+    let mut offset = 0usize;
+    let vec_buf = arena.try_tensor(Key::Vectors(unit.kind), DType::F32);
+    for v in &unit.views {
+        if is_matrix(v.role) {
+            let (rows, cols) = (v.shape[0] as usize, v.shape[1] as usize);
+            let dtype = match format {
+                WeightFormat::F32 => DType::F32,
+                WeightFormat::Bf16 => DType::Bf16,
+                WeightFormat::Int8 => DType::I8,
+                _ => DType::U8,
+            };
+            let scale_type = match format {
+                WeightFormat::Nf4 { .. } => DType::F32,
+                _ => DType::F16,
+            };
+            matrices.push((
+                v.role,
+                QMatrix {
+                    format,
+                    codes: arena.key_tensor(Key::QWeight(unit.kind, v.role), dtype),
+                    scales: arena.try_tensor(Key::QScales(unit.kind, v.role), scale_type),
+                    zeros: arena.try_tensor(Key::QZeros(unit.kind, v.role), DType::U8),
+                    rows,
+                    cols,
+                },
+            ));
+        } else {
+            let n = v.numel() as usize;
+            let t = vec_buf.expect("a vectors buffer").slice(offset..offset + n);
+            vectors.push((v.role, t));
+            offset += n;
+        }
+    }
+    UnitWeights { matrices, vectors }
+}
+
+fn bind_cache<B: Backend>(
+    arena: &Arena<B>,
+    layer: u32,
+    setup: &ServeSetup,
+    config: &ModelConfig,
+) -> KvCache {
+    let dtype = match setup.kv {
+        KvFormat::F32 => DType::F32,
+        KvFormat::Bf16 => DType::Bf16,
+        KvFormat::Int8 => DType::I8,
+        KvFormat::Fp8 => DType::U8,
+    };
+    let s = &config.shape;
+    let k = arena.key_tensor(Key::KvK(layer), dtype);
+    KvCache {
+        format: setup.kv,
+        k,
+        // Latent attention caches one latent row per token (in `k`): no values.
+        v: arena.try_tensor(Key::KvV(layer), dtype).unwrap_or(k),
+        k_scales: arena.try_tensor(Key::KvKScales(layer), DType::F32),
+        v_scales: arena.try_tensor(Key::KvVScales(layer), DType::F32),
+        n_heads: s.n_heads as usize,
+        // A latent row per token: one "head" of latent + RoPE key.
+        n_kv_heads: s.mla.as_ref().map_or(s.n_kv_heads as usize, |_| 1),
+        head_dim: s
+            .mla
+            .as_ref()
+            .map_or(s.d_head, |m| m.kv_lora_rank + m.qk_rope_head_dim) as usize,
+        block: setup.kv_block as usize,
+    }
+}
+
+/// The step tensor `t` of `kind` (f32 unless token ids).
+pub(crate) fn step_tensor<B: Backend>(
+    arena: &Arena<B>,
+    kind: StepKind,
+    t: StepAct,
+) -> Option<Tensor> {
+    let dtype = if matches!(t, StepAct::Tokens | StepAct::Route) {
+        DType::U32
+    } else {
+        DType::F32
+    };
+    arena.try_tensor(Key::Step(kind, t), dtype)
+}
+
+/// The unit of `kind`'s index in `units`.
+pub(crate) fn unit_index(units: &[Unit], kind: UnitKind) -> usize {
+    units
+        .iter()
+        .position(|u| u.kind == kind)
+        .expect("a unit of that kind")
+}
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod window_tests;

@@ -1,0 +1,283 @@
+//! Weights into a server: fp32 units (a trained model, an HF checkpoint) packed into the storage
+//! format, or random codes written directly in it (benchmarks of 7B-shaped models, which never
+//! exist in fp32 here).
+//!
+//! Packing quantizes with the `formats` crate's policies (round to nearest even, fp16 scales
+//! rounded up so nothing clips, exact zeros): int8 per output row, int4 per group (symmetric:
+//! codes −7..7 stored as q + 8; asymmetric: 0..15 with a zero point), nf4 per group with an fp32
+//! absmax; then 4-bit codes are packed in the kernels' sub-block nibble order
+//! (`kernels::qmatmul::pack_nibbles`). Random weights are uniform codes with scales that give a
+//! standard deviation near 0.02 (GPT-2's initialisation), norms at one and biases at zero.
+//!
+//! Example: `server.load_units(&units)?` after `Runner`/`Snapshot` produced the fp32 units.
+
+use super::Server;
+use data::SplitMix64;
+use engine::backend::{Backend, QMatrix};
+use engine::error::EngineError;
+use formats::quant::{quantize, Granularity, QuantConfig, Scheme, Symmetry};
+use formats::{Format, IntRange};
+use half::{bf16, f16};
+use plan::frugal::serve::is_matrix;
+use plan::frugal::units::Role;
+use plan::frugal::WeightFormat;
+
+/// A matrix's stored bytes: codes (or values), scales, zero points.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Packed {
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+    pub zeros: Vec<u8>,
+}
+
+/// Quantizes `values` (rows, cols) into `format`'s stored bytes.
+pub fn pack(
+    format: WeightFormat,
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<Packed, EngineError> {
+    assert_eq!(values.len(), rows * cols);
+    let fail = |e: formats::QuantError| EngineError::Weights {
+        path: "quantization".into(),
+        reason: e.to_string(),
+    };
+    let config = |scheme, granularity, symmetry, scale_format| QuantConfig {
+        scheme,
+        granularity,
+        symmetry,
+        scale_format,
+    };
+    let f16_bytes = |s: &[f64]| -> Vec<u8> {
+        s.iter()
+            .flat_map(|&x| f16::from_f64(x).to_le_bytes())
+            .collect()
+    };
+    Ok(match format {
+        WeightFormat::F32 => Packed {
+            codes: values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ..Packed::default()
+        },
+        WeightFormat::Bf16 => Packed {
+            codes: values
+                .iter()
+                .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            ..Packed::default()
+        },
+        WeightFormat::Int8 => {
+            let c = config(
+                Scheme::Int8,
+                Granularity::PerChannel,
+                Symmetry::Symmetric,
+                Format::F16,
+            );
+            let q = quantize(values, rows, cols, &c).map_err(fail)?;
+            Packed {
+                codes: q.codes.clone(),
+                scales: f16_bytes(&q.scales),
+                zeros: Vec::new(),
+            }
+        }
+        WeightFormat::Int4 { group, asym } => {
+            let symmetry = if asym {
+                Symmetry::Asymmetric
+            } else {
+                Symmetry::Symmetric
+            };
+            let g = Granularity::PerGroup(group as usize);
+            let q = quantize(
+                values,
+                rows,
+                cols,
+                &config(Scheme::Int4, g, symmetry, Format::F16),
+            )
+            .map_err(fail)?;
+            let codes: Vec<u8> = if asym {
+                q.codes.clone()
+            } else {
+                q.codes
+                    .iter()
+                    .map(|&b| (IntRange::INT4.from_bits(u32::from(b)) + 8) as u8)
+                    .collect()
+            };
+            Packed {
+                codes: kernels::qmatmul::pack_nibbles(&codes),
+                scales: f16_bytes(&q.scales),
+                zeros: q.zero_points.iter().map(|&z| z as u8).collect(),
+            }
+        }
+        WeightFormat::Nf4 { group } => {
+            let g = Granularity::PerGroup(group as usize);
+            let c = config(Scheme::Nf4, g, Symmetry::Symmetric, Format::F32);
+            let q = quantize(values, rows, cols, &c).map_err(fail)?;
+            Packed {
+                codes: kernels::qmatmul::pack_nibbles(&q.codes),
+                scales: q
+                    .scales
+                    .iter()
+                    .flat_map(|&s| (s as f32).to_le_bytes())
+                    .collect(),
+                zeros: Vec::new(),
+            }
+        }
+    })
+}
+
+/// Random stored bytes for a (rows, cols) matrix of `format` (standard deviation near 0.02).
+pub fn random_packed(
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    rng: &mut SplitMix64,
+) -> Packed {
+    let n = rows * cols;
+    let mut bytes = |len: usize| -> Vec<u8> {
+        let mut v = Vec::with_capacity(len + 8);
+        while v.len() < len {
+            v.extend_from_slice(&rng.next_u64().to_le_bytes());
+        }
+        v.truncate(len);
+        v
+    };
+    // Uniform on ±a has standard deviation a/√3: a = 0.0346 gives 0.02.
+    let a = 0.02 * 3f32.sqrt();
+    let f16s = |len: usize, x: f32| -> Vec<u8> {
+        (0..len)
+            .flat_map(|_| f16::from_f32(x).to_le_bytes())
+            .collect()
+    };
+    match format {
+        WeightFormat::F32 => Packed {
+            codes: bytes(4 * n)
+                .chunks_exact(4)
+                .flat_map(|b| (uniform(b) * a).to_le_bytes())
+                .collect(),
+            ..Packed::default()
+        },
+        WeightFormat::Bf16 => Packed {
+            codes: bytes(4 * n)
+                .chunks_exact(4)
+                .flat_map(|b| bf16::from_f32(uniform(b) * a).to_le_bytes())
+                .collect(),
+            ..Packed::default()
+        },
+        WeightFormat::Int8 => Packed {
+            // Codes in −127..=127 (−128 is not a symmetric int8 code).
+            codes: bytes(n)
+                .into_iter()
+                .map(|b| if b == 0x80 { 0x81 } else { b })
+                .collect(),
+            scales: f16s(rows, a / 127.0),
+            zeros: Vec::new(),
+        },
+        WeightFormat::Int4 { group, asym } => {
+            let groups = n / group as usize;
+            Packed {
+                // Codes 0..=15 around a zero point of 8 (llama.cpp's Q4_0 values when symmetric).
+                codes: bytes(n / 2),
+                scales: f16s(groups, a / 7.0),
+                zeros: if asym { vec![8; groups] } else { Vec::new() },
+            }
+        }
+        WeightFormat::Nf4 { group } => Packed {
+            codes: bytes(n / 2),
+            scales: (0..n / group as usize)
+                .flat_map(|_| (a * 1.2).to_le_bytes())
+                .collect(),
+            zeros: Vec::new(),
+        },
+    }
+}
+
+/// Uniform in [−1, 1) from 4 random bytes.
+fn uniform(b: &[u8]) -> f32 {
+    let u = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    (u >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+}
+
+impl<B: Backend> Server<B> {
+    /// Writes one matrix's stored bytes.
+    pub fn upload_matrix(&self, m: &QMatrix, p: &Packed) {
+        let be = self.arena.backend();
+        be.upload_bytes(&self.arena, m.codes, &p.codes);
+        if let Some(s) = m.scales {
+            be.upload_bytes(&self.arena, s, &p.scales);
+        }
+        if let Some(z) = m.zeros {
+            be.upload_bytes(&self.arena, z, &p.zeros);
+        }
+    }
+
+    /// Quantizes fp32 units (each unit's flat elements, as `Runner`/`Snapshot` hold them) into
+    /// the server's weight format.
+    pub fn load_units(&mut self, units: &[Vec<f32>]) -> Result<(), EngineError> {
+        assert_eq!(units.len(), self.units.len(), "one fp32 buffer per unit");
+        for (u, values) in units.iter().enumerate() {
+            let unit = &self.units[u];
+            let mut vectors = Vec::new();
+            for v in &unit.views {
+                let (o, n) = (v.offset as usize, v.numel() as usize);
+                let x = &values[o..o + n];
+                if is_matrix(v.role) {
+                    let m = self.weights[u].matrix(v.role);
+                    let p = pack(self.setup.weights, x, m.rows, m.cols).map_err(|e| match e {
+                        EngineError::Weights { reason, .. } => EngineError::Weights {
+                            path: format!("{} of unit {}", v.parts[0].name, unit.name),
+                            reason,
+                        },
+                        e => e,
+                    })?;
+                    self.upload_matrix(&m, &p);
+                } else {
+                    vectors.extend_from_slice(x);
+                }
+            }
+            self.upload_vectors(u, &vectors);
+        }
+        Ok(())
+    }
+
+    fn upload_vectors(&self, u: usize, values: &[f32]) {
+        let w = &self.weights[u];
+        let mut at = 0;
+        for (_, t) in &w.vectors {
+            self.arena
+                .backend()
+                .upload(&self.arena, *t, &values[at..at + t.len]);
+            at += t.len;
+        }
+    }
+
+    /// Random weights built directly in the storage format (no fp32 copy).
+    pub fn fill_random(&mut self, seed: u64) {
+        let mut rng = SplitMix64::new(seed);
+        for u in 0..self.units.len() {
+            let unit = &self.units[u];
+            let mut vectors = Vec::new();
+            for v in &unit.views {
+                if is_matrix(v.role) {
+                    let m = self.weights[u].matrix(v.role);
+                    let p = random_packed(self.setup.weights, m.rows, m.cols, &mut rng);
+                    self.upload_matrix(&m, &p);
+                    continue;
+                }
+                let n = v.numel() as usize;
+                let fill = match v.role {
+                    Role::Norm1Weight | Role::Norm2Weight | Role::FinalNormWeight => 1.0,
+                    Role::PositionEmbedding => 0.01,
+                    _ => 0.0,
+                };
+                if v.role == Role::PositionEmbedding {
+                    vectors.extend((0..n).map(|_| {
+                        let b = rng.next_u64().to_le_bytes();
+                        uniform(&b[..4]) * fill
+                    }));
+                } else {
+                    vectors.extend(std::iter::repeat_n(fill, n));
+                }
+            }
+            self.upload_vectors(u, &vectors);
+        }
+    }
+}

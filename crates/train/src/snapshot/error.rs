@@ -1,0 +1,102 @@
+//! Operating errors of snapshots: each names the file or field at fault and what to do about it.
+//!
+//! Example: a bit-flipped shard gives `ChecksumMismatch { path: ".../optim-rank-00001-of-00002
+//! .safetensors", .. }`, whose message says the snapshot is damaged and to resume from another.
+
+use engine::error::EngineError;
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// One field that differs between a snapshot and the run that wants to resume from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Difference {
+    pub field: String,
+    pub snapshot: String,
+    pub this_run: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: snapshot {} vs this run {}",
+            self.field, self.snapshot, self.this_run
+        )
+    }
+}
+
+fn list(differences: &[Difference]) -> String {
+    differences
+        .iter()
+        .map(|d| format!("\n  {d}"))
+        .collect::<String>()
+}
+
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// (The OS error is in the message, not a `source`, so a chain prints it once.)
+    #[error("{context}: {cause}")]
+    Io {
+        context: String,
+        cause: std::io::Error,
+    },
+    /// `--resume` named a folder holding no committed snapshot.
+    #[error(
+        "{path} holds no committed snapshot (a snapshot is a step-NNNNNN folder with a \
+         manifest.json); pass a snapshot folder or the --out folder of a run that saved one"
+    )]
+    NotFound { path: PathBuf },
+    #[error("{path}: {reason}; the snapshot is damaged, resume from an older one")]
+    BadManifest { path: PathBuf, reason: String },
+    #[error(
+        "{path} has snapshot format version {found}, this frugal reads version {supported}; \
+         use the frugal that wrote it"
+    )]
+    UnknownVersion {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    /// A file is shorter or longer than the manifest says (truncated by a crash or a copy).
+    #[error(
+        "{path} is {found_bytes} bytes but the manifest says {expected_bytes}: the file is \
+         truncated or damaged; resume from an older snapshot"
+    )]
+    SizeMismatch {
+        path: PathBuf,
+        expected_bytes: u64,
+        found_bytes: u64,
+    },
+    #[error(
+        "{path} fails its checksum (crc32 {found:08x}, manifest {expected:08x}): the file is \
+         damaged; resume from an older snapshot"
+    )]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: u32,
+        found: u32,
+    },
+    /// A file is whole but its contents do not match what the manifest and state describe.
+    #[error("{path}: {reason}")]
+    BadContents { path: PathBuf, reason: String },
+    /// The snapshot was taken from another model or training setup.
+    #[error(
+        "the snapshot in {path} was taken from a different run; these differ (change this \
+         run's flags to the snapshot's values, or start a new run without --resume):{}",
+        list(differences)
+    )]
+    Mismatch {
+        path: PathBuf,
+        differences: Vec<Difference>,
+    },
+    /// The engine refused something while saving or restoring (a collective failed, weights).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl SnapshotError {
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> SnapshotError {
+        let context = context.into();
+        move |cause| SnapshotError::Io { context, cause }
+    }
+}
