@@ -1,15 +1,18 @@
-//! The inference engine: a model's weights in a storage format, a paged KV cache pool and the
-//! scratch of a prefill and a decode step, all carved from `plan::frugal::serve_plan`, so the
-//! measured bytes equal the plan's per category, as in training.
+//! The inference engine: a model's weights in a storage format, a paged KV cache and the scratch
+//! of a prefill and a decode step, all carved from `plan::frugal::serve_plan`, so the measured
+//! bytes equal the plan's per category, as in training. Laid out as vLLM lays it out:
+//! - the block manager (`blocks`): the one KV-block rule (tables, reference counts,
+//!   copy-on-write, sliding-window release), used by the worker and by the plan's replay;
+//! - the scheduler (`schedule`): admission, continuous batching, preemption;
+//! - the worker ([`Server`], `step`): weights, caches, prefill and decode steps on one rank;
+//!   [`Server::prefill`] runs up to a chunk of one sequence's tokens per step, [`Server::decode`]
+//!   one token of each of several sequences; [`Server::fork`] shares a sequence's blocks;
+//! - the executor (`executor`): carries out the scheduler's decisions on one worker (`Single`)
+//!   or on block counts alone (`Replay`); a tensor-parallel group would be another.
 //!
-//! A [`Server`] holds sequences (a block table and a length each, `pool`); [`Server::prefill`]
-//! runs up to a chunk of one sequence's tokens per step, [`Server::decode`] one token of each of
-//! several sequences, both appending to the cache and returning logits. Any mix of sequences may
-//! join and leave between steps (continuous batching is a loop around these, `schedule`);
-//! [`Server::fork`] shares a sequence's blocks with a new one (a common prompt), copied on the
-//! first write into a shared block. Weights come from fp32 units (a trained model, quantized by
-//! `weights`), from random codes built directly in the format (benchmarks: no fp32 copy), or
-//! from a quantized file (`file`). `sample` picks tokens, `spec` runs speculative decoding.
+//! Weights come from fp32 units (a trained model, quantized by `weights`), from random codes built
+//! directly in the format (benchmarks: no fp32 copy), or from a quantized file (`file`). `sample`
+//! picks tokens, `spec` runs speculative decoding, [`Runner`] runs a model with no cache.
 //!
 //! Example:
 //! ```
@@ -28,10 +31,11 @@
 //! assert_eq!(server.measured().peak_bytes, server.plan.peak_bytes(plan::buffer::Device::Gpu));
 //! ```
 
+pub mod blocks;
+pub mod executor;
 pub mod file;
 mod mla_step;
 mod moe_step;
-pub mod pool;
 pub mod runner;
 pub mod sample;
 pub mod schedule;
@@ -41,6 +45,7 @@ pub mod weights;
 
 pub use runner::Runner;
 
+use blocks::{BlockManager, SeqId};
 use cpu::Cpu;
 use engine::arena::{Arena, Measured};
 use engine::backend::{Backend, DType, KvCache, QMatrix, Tensor};
@@ -51,7 +56,30 @@ use plan::frugal::family::{design, BlockDesign};
 use plan::frugal::serve::is_matrix;
 use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::{serve_plan, Key, KvFormat, ServeSetup, StepAct, StepKind, Unit, WeightFormat};
-use pool::{BlockPool, SeqId, Sequence};
+
+/// The sliding window, in tokens, when every layer has one (blocks before it can be released).
+pub fn window_everywhere(config: &ModelConfig) -> Option<usize> {
+    let w = config.shape.sliding_window.as_ref()?;
+    (w.first_layer == 0).then_some(w.window as usize)
+}
+
+/// The steps a prefill of `len` tokens runs: chunks of at most `chunk`, the previous one ended
+/// early so that the last `rows` rows (whose logits are kept) fall in the last one.
+pub fn prefill_chunks(len: usize, chunk: usize, rows: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < len {
+        let end = len.min(start + chunk);
+        let end = if end < len && len - end < rows {
+            len - rows
+        } else {
+            end
+        };
+        out.push(start..end);
+        start = end;
+    }
+    out
+}
 
 /// The split-K partials a server plans by default: one split per thread (`rayon`'s pool).
 pub fn default_split_k() -> u64 {
@@ -103,8 +131,8 @@ pub struct Server<B: Backend = Cpu> {
     pub(crate) units: Vec<Unit>,
     pub(crate) weights: Vec<UnitWeights>,
     pub(crate) caches: Vec<KvCache>,
-    pub(crate) pool: BlockPool,
-    pub(crate) seqs: Vec<Option<Sequence>>,
+    /// The KV cache's block tables (the one block rule, shared with `schedule::simulate`).
+    pub blocks: BlockManager,
 }
 
 impl Server<Cpu> {
@@ -157,7 +185,11 @@ impl<B: Backend> Server<B> {
             .collect();
         Ok(Server {
             design: design(s),
-            pool: BlockPool::new(setup.kv_blocks as usize),
+            blocks: BlockManager::new(
+                setup.kv_blocks as usize,
+                setup.kv_block as usize,
+                window_everywhere(&config),
+            ),
             plan,
             arena,
             config,
@@ -166,7 +198,6 @@ impl<B: Backend> Server<B> {
             units,
             weights,
             caches,
-            seqs: Vec::new(),
         })
     }
 
@@ -176,77 +207,37 @@ impl<B: Backend> Server<B> {
 
     /// A new, empty sequence.
     pub fn new_sequence(&mut self) -> SeqId {
-        let seq = Sequence::default();
-        match self.seqs.iter().position(Option::is_none) {
-            Some(i) => {
-                self.seqs[i] = Some(seq);
-                SeqId(i)
-            }
-            None => {
-                self.seqs.push(Some(seq));
-                SeqId(self.seqs.len() - 1)
-            }
-        }
-    }
-
-    fn seq(&self, id: SeqId) -> &Sequence {
-        self.seqs[id.0].as_ref().expect("a live sequence")
+        self.blocks.new_sequence()
     }
 
     /// Tokens cached for `id`.
     pub fn seq_len(&self, id: SeqId) -> usize {
-        self.seq(id).len
+        self.blocks.seq(id).len
     }
 
     /// A new sequence sharing `id`'s cached tokens (its blocks, copied on write).
     pub fn fork(&mut self, id: SeqId) -> SeqId {
-        let src = self.seq(id).clone();
-        for &b in src.blocks.iter().filter(|&&b| b != pool::FREED) {
-            self.pool.retain(b);
-        }
-        let new = self.new_sequence();
-        self.seqs[new.0] = Some(src);
-        new
+        self.blocks.fork(id)
     }
 
     /// Frees `id` and the blocks no other sequence shares.
     pub fn free(&mut self, id: SeqId) {
-        if let Some(seq) = self.seqs[id.0].take() {
-            for b in seq.blocks.into_iter().filter(|&b| b != pool::FREED) {
-                self.pool.release(b);
-            }
-        }
+        self.blocks.free(id)
     }
 
     /// Keeps the first `len` tokens of `id` (speculative decoding's rollback).
     pub fn truncate(&mut self, id: SeqId, len: usize) {
-        let block = self.setup.kv_block as usize;
-        let seq = self.seqs[id.0].as_mut().expect("a live sequence");
-        assert!(len <= seq.len);
-        seq.len = len;
-        while seq.blocks.len() > len.div_ceil(block) {
-            let b = seq.blocks.pop().expect("a block");
-            assert_ne!(
-                b,
-                pool::FREED,
-                "rolled back past the sliding window's slack"
-            );
-            self.pool.release(b);
-        }
+        self.blocks.truncate(id, len)
     }
 
     /// Blocks not held by any sequence.
     pub fn free_blocks(&self) -> usize {
-        self.pool.free_count()
+        self.blocks.free_blocks()
     }
 
     /// Blocks `id` needs to grow by `n` tokens (new blocks, and a copy of a shared last block).
     pub fn blocks_needed(&self, id: SeqId, n: usize) -> usize {
-        let s = self.seq(id);
-        let block = self.setup.kv_block as usize;
-        let new = (s.len + n).div_ceil(block) - s.len.div_ceil(block);
-        let cow = s.len % block != 0 && self.pool.is_shared(*s.blocks.last().expect("a block"));
-        new + usize::from(cow && n > 0)
+        self.blocks.blocks_needed(id, n)
     }
 
     /// Bytes of KV one block holds over every layer.
@@ -283,24 +274,13 @@ impl<B: Backend> Server<B> {
         assert!(rows as u64 <= self.setup.prefill_logit_rows && rows <= tokens.len());
         self.check_room(&[id], tokens.len())?;
         self.check_tokens(tokens.iter().copied())?;
-        let mut start = 0;
-        while start < tokens.len() {
-            let end = tokens.len().min(start + chunk);
-            // The last `rows` rows must fall in the last chunk: end the previous one early.
-            let end = if end < tokens.len() && tokens.len() - end < rows {
-                tokens.len() - rows
+        for range in prefill_chunks(tokens.len(), chunk, rows) {
+            let want = if range.end == tokens.len() {
+                rows.min(range.len())
             } else {
-                end
+                0
             };
-            let last = end == tokens.len();
-            let want = if last { rows.min(end - start) } else { 0 };
-            self.step(
-                StepKind::Prefill,
-                &[(id, &tokens[start..end])],
-                want,
-                logits,
-            )?;
-            start = end;
+            self.step(StepKind::Prefill, &[(id, &tokens[range])], want, logits)?;
         }
         Ok(())
     }
@@ -334,7 +314,7 @@ impl<B: Backend> Server<B> {
     fn check_room(&self, ids: &[SeqId], n: usize) -> Result<(), EngineError> {
         let mut need = 0;
         for &id in ids {
-            let len = self.seq(id).len + n;
+            let len = self.seq_len(id) + n;
             if len as u64 > self.setup.context {
                 return Err(EngineError::Infer(format!(
                     "a sequence of {len} tokens is longer than the context of {} this server was \
@@ -345,11 +325,11 @@ impl<B: Backend> Server<B> {
             }
             need += self.blocks_needed(id, n);
         }
-        if need > self.pool.free_count() {
+        if need > self.blocks.free_blocks() {
             return Err(EngineError::Infer(format!(
                 "the KV pool has {} free blocks of {} tokens and this step needs {need}: free \
                  sequences first or plan a larger pool",
-                self.pool.free_count(),
+                self.blocks.free_blocks(),
                 self.setup.kv_block
             )));
         }

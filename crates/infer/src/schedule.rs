@@ -6,18 +6,19 @@
 //! the pool is never exceeded and nothing runs out of memory.
 //!
 //! The policy is [`Schedule`], which only counts blocks; [`run`] drives it with a server, and
-//! [`simulate`] replays it on the trace's lengths alone, which is the plan's prediction of the
+//! [`simulate`] replays it on the trace's lengths alone, through the same block manager, which is the plan's prediction of the
 //! run's concurrency, waste and preemptions (the same rule over the same lengths: a trace whose
 //! requests all arrive at once, as vLLM's throughput benchmark, is deterministic).
 //!
 //! Example: `let report = schedule::run(&mut server, &requests, &Sampling::greedy(), 1)?;`
 
-use super::pool::SeqId;
-use super::sample::{pick, Sampling};
+use super::blocks::SeqId;
+use super::executor::{Executor, Replay, Single};
+use super::sample::Sampling;
 use super::Server;
-use data::SplitMix64;
 use engine::backend::Backend;
 use engine::error::EngineError;
+use plan::frugal::ServeSetup;
 use std::time::Instant;
 
 /// One request: a prompt and how many tokens to generate (end-of-text is not a stop: the
@@ -101,25 +102,9 @@ impl Schedule {
     }
 }
 
-/// What the scheduler asks of its executor: a server, or the simulation's block counter.
-trait Exec {
-    fn free_blocks(&self) -> usize;
-    /// Caches the common prompt once; later admissions fork it.
-    fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError>;
-    /// A new sequence of `tokens` (forking the shared prompt, when there is one, and running only
-    /// the rest), and its first sampled token.
-    fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError>;
-    fn decode(&mut self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<u32>, EngineError>;
-    fn blocks_needed(&self, seq: SeqId) -> usize;
-    fn used_blocks(&self) -> usize;
-    fn release(&mut self, seq: SeqId);
-    /// Drops the shared prompt.
-    fn unshare(&mut self);
-}
-
 #[allow(clippy::too_many_arguments)]
 fn drive(
-    exec: &mut dyn Exec,
+    exec: &mut dyn Executor,
     requests: &[Request],
     block: usize,
     max_seqs: usize,
@@ -274,59 +259,6 @@ fn drive(
     Ok(stats)
 }
 
-struct Real<'a, B: Backend> {
-    server: &'a mut Server<B>,
-    sampling: Sampling,
-    rng: SplitMix64,
-    logits: Vec<f32>,
-    /// The shared prompt's sequence and length.
-    root: Option<(SeqId, usize)>,
-}
-
-impl<B: Backend> Exec for Real<'_, B> {
-    fn free_blocks(&self) -> usize {
-        self.server.free_blocks()
-    }
-    fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError> {
-        let root = self.server.new_sequence();
-        self.server.prefill(root, prefix, &mut self.logits)?;
-        self.root = Some((root, prefix.len()));
-        Ok(())
-    }
-    fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError> {
-        let (seq, rest) = match self.root {
-            Some((root, n)) => (self.server.fork(root), &tokens[n..]),
-            None => (self.server.new_sequence(), tokens),
-        };
-        // The prompt's logits give the first token; the first decode feeds it.
-        self.server.prefill(seq, rest, &mut self.logits)?;
-        Ok((seq, pick(&self.logits, &self.sampling, &mut self.rng)))
-    }
-    fn unshare(&mut self) {
-        if let Some((root, _)) = self.root.take() {
-            self.server.free(root);
-        }
-    }
-    fn decode(&mut self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
-        self.server.decode(seqs, tokens, &mut self.logits)?;
-        let v = self.server.config.shape.vocab as usize;
-        Ok(self
-            .logits
-            .chunks_exact(v)
-            .map(|row| pick(row, &self.sampling, &mut self.rng))
-            .collect())
-    }
-    fn blocks_needed(&self, seq: SeqId) -> usize {
-        self.server.blocks_needed(seq, 1)
-    }
-    fn used_blocks(&self) -> usize {
-        self.server.pool.used()
-    }
-    fn release(&mut self, seq: SeqId) {
-        self.server.free(seq)
-    }
-}
-
 /// Serves `requests` (all arriving at once) on `server`, sampling with `sampling`; the first
 /// `prefix` tokens, common to every prompt, are cached once and shared (0: none).
 pub fn run<B: Backend>(
@@ -345,13 +277,7 @@ pub fn run<B: Backend>(
     let mut outputs = vec![Vec::new(); requests.len()];
     let mut first = vec![0.0; requests.len()];
     let mut last = vec![0.0; requests.len()];
-    let mut exec = Real {
-        server,
-        sampling: *sampling,
-        rng: SplitMix64::new(seed),
-        logits: Vec::new(),
-        root: None,
-    };
+    let mut exec = Single::new(server, *sampling, seed);
     let stats = drive(
         &mut exec,
         requests,
@@ -378,108 +304,28 @@ pub fn run<B: Backend>(
     })
 }
 
-struct Counted {
-    pool: super::pool::BlockPool,
-    seqs: Vec<Option<(Vec<u32>, usize)>>,
-    block: usize,
-    root: Option<(SeqId, usize)>,
-}
-
-impl Counted {
-    /// The server's growth rule: a block at each boundary, a copy of a shared partial block.
-    fn grow(&mut self, seq: SeqId, n: usize) {
-        let (blocks, len) = self.seqs[seq.0].as_mut().expect("a live sequence");
-        for p in *len..*len + n {
-            if p % self.block == 0 {
-                blocks.push(self.pool.alloc().expect("room checked"));
-            } else {
-                let last = blocks.len() - 1;
-                if self.pool.is_shared(blocks[last]) {
-                    let new = self.pool.alloc().expect("room checked");
-                    self.pool.release(blocks[last]);
-                    blocks[last] = new;
-                }
-            }
-        }
-        *len += n;
-    }
-
-    fn new_seq(&mut self) -> SeqId {
-        self.seqs.push(Some((Vec::new(), 0)));
-        SeqId(self.seqs.len() - 1)
-    }
-}
-
-impl Exec for Counted {
-    fn free_blocks(&self) -> usize {
-        self.pool.free_count()
-    }
-    fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError> {
-        let root = self.new_seq();
-        self.grow(root, prefix.len());
-        self.root = Some((root, prefix.len()));
-        Ok(())
-    }
-    fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError> {
-        let (seq, rest) = match self.root {
-            Some((root, n)) => {
-                let shared = self.seqs[root.0].clone().expect("the shared prompt");
-                shared.0.iter().for_each(|&b| self.pool.retain(b));
-                self.seqs.push(Some(shared));
-                (SeqId(self.seqs.len() - 1), tokens.len() - n)
-            }
-            None => (self.new_seq(), tokens.len()),
-        };
-        self.grow(seq, rest);
-        Ok((seq, 0))
-    }
-    fn decode(&mut self, seqs: &[SeqId], _tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
-        for &s in seqs {
-            self.grow(s, 1);
-        }
-        Ok(vec![0; seqs.len()])
-    }
-    fn blocks_needed(&self, seq: SeqId) -> usize {
-        let (blocks, len) = self.seqs[seq.0].as_ref().expect("a live sequence");
-        let cow = *len % self.block != 0 && self.pool.is_shared(*blocks.last().expect("a block"));
-        usize::from(*len % self.block == 0 || cow)
-    }
-    fn used_blocks(&self) -> usize {
-        self.pool.used()
-    }
-    fn release(&mut self, seq: SeqId) {
-        if let Some((blocks, _)) = self.seqs[seq.0].take() {
-            blocks.into_iter().for_each(|b| self.pool.release(b));
-        }
-    }
-    fn unshare(&mut self) {
-        if let Some((root, _)) = self.root.take() {
-            self.release(root);
-        }
-    }
-}
-
-/// The schedule of `requests` on a pool of `kv_blocks` blocks, by counting blocks alone.
+/// The schedule of `requests` on the KV pool `setup` plans, by the server's block rule alone:
+/// the plan's prediction of a run's concurrency, waste and preemptions. `window` is the model's
+/// sliding window when every layer has one (`window_everywhere`); `prefix` as in [`run`].
 pub fn simulate(
     requests: &[Request],
-    kv_blocks: usize,
-    block: usize,
-    max_seqs: usize,
-    context: usize,
+    setup: &ServeSetup,
+    window: Option<usize>,
     prefix: usize,
 ) -> Result<ScheduleStats, EngineError> {
-    let mut exec = Counted {
-        pool: super::pool::BlockPool::new(kv_blocks),
-        seqs: Vec::new(),
+    let block = setup.kv_block as usize;
+    let mut exec = Replay::new(
+        setup.kv_blocks as usize,
         block,
-        root: None,
-    };
+        setup.prefill_chunk as usize,
+        window,
+    );
     drive(
         &mut exec,
         requests,
         block,
-        max_seqs,
-        context,
+        setup.max_seqs as usize,
+        setup.context as usize,
         prefix,
         |_, _, _| {},
     )

@@ -14,7 +14,7 @@
 //! Example: `let (tokens, stats) = spec::generate(&mut target, &mut draft, &prompt, 64, 4,
 //! &Sampling::greedy(), 1)?;`
 
-use super::pool::SeqId;
+use super::blocks::SeqId;
 use super::sample::{argmax, distribution, draw, uniform, Sampling};
 use super::{Server, SplitK};
 use data::SplitMix64;

@@ -5,7 +5,7 @@
 //! Rows of one step may belong to different sequences at different positions; a prefill chunk's
 //! rows write their keys before attending, so each row sees its own prefix causally.
 
-use super::pool::{SeqId, FREED};
+use super::blocks::SeqId;
 use super::{step_tensor, unit_index, Server, SplitK};
 use engine::backend::ops::{Activation, NormKind, NormOp, RopeShape};
 use engine::backend::{Backend, EmbedRows, KvWrite, PagedAttention, QLinear, SeqRow, Tensor};
@@ -16,26 +16,17 @@ use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::{StepAct, StepKind};
 
 impl<B: Backend> Server<B> {
-    /// Appends `n` slots to `id`, pushing each new token's (block, slot).
+    /// Appends `n` slots to `id`, pushing each new token's (block, slot); a shared block it
+    /// writes into is copied first, in every layer's cache.
     fn grow(&mut self, id: SeqId, n: usize, slots: &mut Vec<(u32, u32)>) {
-        let block = self.setup.kv_block as usize;
-        let seq = self.seqs[id.0].as_mut().expect("a live sequence");
-        for p in seq.len..seq.len + n {
-            let (bi, slot) = (p / block, p % block);
-            if slot == 0 {
-                seq.blocks.push(self.pool.alloc().expect("room checked"));
-            } else if self.pool.is_shared(seq.blocks[bi]) {
-                let (old, new) = (seq.blocks[bi], self.pool.alloc().expect("room checked"));
-                for cache in &self.caches {
-                    let be = self.arena.backend();
-                    be.kv_copy_block(&self.arena, cache, old as usize, new as usize);
-                }
-                self.pool.release(old);
-                seq.blocks[bi] = new;
+        let mut copies = Vec::new();
+        self.blocks.grow(id, n, slots, &mut copies);
+        let be = self.arena.backend();
+        for (old, new) in copies {
+            for cache in &self.caches {
+                be.kv_copy_block(&self.arena, cache, old as usize, new as usize);
             }
-            slots.push((seq.blocks[bi], slot as u32));
         }
-        seq.len += n;
     }
 
     /// Refuses a token id outside the model's vocabulary.
@@ -93,7 +84,7 @@ impl<B: Backend> Server<B> {
         let mut tokens = Vec::new();
         let mut owners = Vec::new();
         for &(id, toks) in entries {
-            let start = self.seqs[id.0].as_ref().expect("a live sequence").len;
+            let start = self.blocks.seq(id).len;
             self.grow(id, toks.len(), &mut slots);
             positions.extend((start..start + toks.len()).map(|p| p as u32));
             tokens.extend_from_slice(toks);
@@ -110,33 +101,9 @@ impl<B: Backend> Server<B> {
         );
         self.arena.leave(phase);
         for &(id, _) in entries {
-            self.release_outside_window(id);
+            self.blocks.release_outside_window(id);
         }
         Ok(())
-    }
-
-    /// Under a sliding window on every layer, returns to the pool the blocks of `id` that no
-    /// later row can see (a ring of about `window` positions per sequence, as vLLM frees them),
-    /// keeping one block of slack for speculative decoding's rollback; their table entries
-    /// become [`FREED`].
-    fn release_outside_window(&mut self, id: SeqId) {
-        let Some(w) = self
-            .config
-            .shape
-            .sliding_window
-            .filter(|w| w.first_layer == 0)
-        else {
-            return;
-        };
-        let block = self.setup.kv_block as usize;
-        let seq = self.seqs[id.0].as_mut().expect("a live sequence");
-        let first_seen = (seq.len + 1).saturating_sub(w.window as usize + block);
-        for b in seq.blocks.iter_mut().take(first_seen / block) {
-            if *b != FREED {
-                self.pool.release(*b);
-                *b = FREED;
-            }
-        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -216,7 +183,7 @@ impl<B: Backend> Server<B> {
                 .iter()
                 .zip(positions)
                 .map(|(id, &p)| SeqRow {
-                    blocks: &self.seqs[id.0].as_ref().expect("a live sequence").blocks,
+                    blocks: &self.blocks.seq(*id).blocks,
                     start: (p as usize + 1).saturating_sub(window),
                     len: p as usize + 1,
                 })

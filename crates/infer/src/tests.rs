@@ -142,14 +142,14 @@ fn a_fork_shares_the_prompt_and_copies_the_partial_block_on_write() {
     let prompt = tokens(6, shape.vocab, 4);
     let (a, mut logits) = (s.new_sequence(), Vec::new());
     s.prefill(a, &prompt, &mut logits).unwrap();
-    let used = s.pool.used();
+    let used = s.blocks.used_blocks();
     let b = s.fork(a);
-    assert_eq!(s.pool.used(), used, "a fork allocates nothing");
+    assert_eq!(s.blocks.used_blocks(), used, "a fork allocates nothing");
     // a and b diverge: the shared half-full block is copied for the first writer.
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     s.decode(&[a, b], &[1, 2], &mut logits).unwrap();
     assert_eq!(
-        s.pool.used(),
+        s.blocks.used_blocks(),
         used + 1,
         "one copy of the shared partial block"
     );
@@ -169,7 +169,7 @@ fn a_fork_shares_the_prompt_and_copies_the_partial_block_on_write() {
     }
     s.free(a);
     s.free(b);
-    assert_eq!(s.free_blocks(), s.pool.capacity());
+    assert_eq!(s.free_blocks(), s.setup.kv_blocks as usize);
 }
 
 #[test]
@@ -204,9 +204,12 @@ fn a_refused_step_changes_no_sequence() {
     let mut logits = Vec::new();
     s.prefill(a, &[1, 2, 3], &mut logits).unwrap();
     s.prefill(b, &[1, 2], &mut logits).unwrap();
-    let used = s.pool.used();
+    let used = s.blocks.used_blocks();
     assert!(s.decode(&[a, b], &[1, 96], &mut logits).is_err());
-    assert_eq!((s.seq_len(a), s.seq_len(b), s.pool.used()), (3, 2, used));
+    assert_eq!(
+        (s.seq_len(a), s.seq_len(b), s.blocks.used_blocks()),
+        (3, 2, used)
+    );
     // A prefill whose second chunk holds a bad token changes nothing either.
     let mut long = tokens(20, shape.vocab, 1);
     long[19] = 96;
@@ -218,10 +221,11 @@ fn a_refused_step_changes_no_sequence() {
             prompt: vec![1; 16],
             max_new: 0,
         }],
-        1,
-        16,
-        1,
-        32,
+        &ServeSetup {
+            kv_blocks: 1,
+            ..ServeSetup::generation(&shape, 1, 32, WeightFormat::F32, KvFormat::F32, 16, 1)
+        },
+        None,
         0,
     )
     .unwrap_err()
@@ -308,7 +312,7 @@ fn batched_continuous_serving_gives_each_request_its_own_greedy_output() {
     s.load_units(&r.unit_values()).unwrap();
     s.split_k = SplitK::Off;
     let report = schedule::run(&mut s, &requests, 0, &sample::Sampling::greedy(), 0).unwrap();
-    let planned = schedule::simulate(&requests, 6, 4, 3, 32, 0).unwrap();
+    let planned = schedule::simulate(&requests, &s.setup, None, 0).unwrap();
     assert_eq!(
         report.stats, planned,
         "the run follows the planned schedule"
@@ -461,7 +465,7 @@ fn a_shared_prompt_is_cached_once_and_forks_give_each_request_its_own_output() {
         12,
         "every block returned, the shared prompt's too"
     );
-    let planned = schedule::simulate(&requests, 12, 4, 5, 32, 10).unwrap();
+    let planned = schedule::simulate(&requests, &s.setup, None, 10).unwrap();
     assert_eq!(
         shared.stats, planned,
         "the run follows the planned schedule"
@@ -482,7 +486,7 @@ fn a_shared_prompt_is_cached_once_and_forks_give_each_request_its_own_output() {
         max_new: 1,
     }];
     assert!(
-        schedule::simulate(&bad, 12, 4, 5, 32, 10).is_err(),
+        schedule::simulate(&bad, &s.setup, None, 10).is_err(),
         "a prompt shorter than the prefix"
     );
 }

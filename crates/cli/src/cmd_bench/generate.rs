@@ -17,7 +17,7 @@
 use super::model_config_or_dir;
 use crate::output::group_digits;
 use anyhow::{bail, Context};
-use infer::pool::SeqId;
+use infer::blocks::SeqId;
 use infer::{Server, SplitK};
 use plan::buffer::Device;
 use plan::frugal::serve::is_matrix;

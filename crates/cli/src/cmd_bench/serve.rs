@@ -140,14 +140,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let setup = ServeSetup { kv_blocks, ..base };
-    let planned = schedule::simulate(
-        &requests,
-        kv_blocks as usize,
-        a.kv_block as usize,
-        a.max_seqs as usize,
-        context as usize,
-        a.shared_prefix as usize,
-    )?;
+    let window = infer::window_everywhere(&config);
+    let planned = schedule::simulate(&requests, &setup, window, a.shared_prefix as usize)?;
     let mut server = Server::new_in_ram(config, setup)?;
     server.fill_random(a.seed);
     let prefix = a.shared_prefix as usize;
