@@ -3,8 +3,6 @@
 //! Human output writes GiB/MiB (2^30, 2^20) and GB (10^9) by name; JSON always carries integer
 //! bytes. Example: `human_bytes(1536 * 1024 * 1024)` is `"1.50 GiB"`.
 
-#![allow(dead_code)]
-
 pub use plan::units::human_bytes;
 
 /// `8030261248` as `8,030,261,248`.

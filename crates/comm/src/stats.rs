@@ -100,14 +100,6 @@ impl CommStats {
             .sum()
     }
 
-    /// Bytes received over all kinds.
-    pub fn total_received_bytes(&self) -> u64 {
-        CollectiveKind::ALL
-            .iter()
-            .map(|&k| self.kind(k).received_bytes)
-            .sum()
-    }
-
     /// `self − earlier`, e.g. the bytes of one training step.
     pub fn since(&self, earlier: &CommStats) -> CommStats {
         let d = |a: KindStats, b: KindStats| KindStats {

@@ -54,11 +54,6 @@ impl Tokenizer {
         GPT2_VOCAB_SIZE
     }
 
-    /// The end-of-text id placed between documents.
-    pub fn eot(&self) -> u32 {
-        EOT
-    }
-
     /// Encodes ordinary text (no special tokens recognised).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         self.bpe.encode_ordinary(text)

@@ -289,11 +289,6 @@ impl<B: Backend> Arena<B> {
         s
     }
 
-    /// Whether `id` is live now.
-    pub fn is_live(&self, id: BufId) -> bool {
-        self.slots[id.0].live.get()
-    }
-
     /// Where a live tensor's first element lies in the slab, in bytes: how a backend outside
     /// this crate (CUDA) addresses device memory, with the same lifetime and range checks as a
     /// CPU view.

@@ -48,6 +48,35 @@ impl ModelConfig {
         })
     }
 
+    /// Every field of the model as JSON, for identity checks (a resumed run must build the same
+    /// model): the shape's fields at the top level (the family by its Rust name), then the
+    /// numerics and the routing. Destructured whole, so a new field cannot be left out.
+    pub fn identity(&self) -> Value {
+        let ModelConfig {
+            shape,
+            norm_eps,
+            rope_theta,
+            router_aux_coef,
+            routing,
+        } = self;
+        let kernels::moe::Routing { gating, groups } = routing;
+        let gating = match gating {
+            kernels::moe::Gating::Renormalise => Value::from("renormalise"),
+            kernels::moe::Gating::Scaled(s) => serde_json::json!({ "scaled": as_written(*s) }),
+        };
+        let mut v = serde_json::to_value(shape).expect("a shape serialises");
+        let m = v.as_object_mut().expect("a shape is an object");
+        m.insert("family".into(), format!("{:?}", shape.family).into());
+        m.insert("norm_eps".into(), as_written(*norm_eps));
+        m.insert("rope_theta".into(), as_written(*rope_theta));
+        m.insert("router_aux_coef".into(), as_written(*router_aux_coef));
+        m.insert(
+            "routing".into(),
+            serde_json::json!({ "gating": gating, "groups": groups }),
+        );
+        v
+    }
+
     /// Parses an HF `config.json` of a family the engine builds.
     pub fn from_hf_json(text: &str, source_name: &str) -> Result<ModelConfig, EngineError> {
         let fail = |reason: String| EngineError::Config {
@@ -83,4 +112,10 @@ impl ModelConfig {
         let v = family::of(self.shape.family).to_hf(self);
         serde_json::to_string_pretty(&v).expect("a JSON value serialises")
     }
+}
+
+/// `x` as JSON reads it back from its shortest text (0.002, not 0.0020000000949949026).
+fn as_written(x: f32) -> Value {
+    let text = serde_json::to_string(&x).expect("a float serialises");
+    serde_json::from_str(&text).expect("JSON text parses")
 }

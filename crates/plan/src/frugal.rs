@@ -178,10 +178,6 @@ fn check_pipeline(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErro
     Ok(())
 }
 
-/// The units a training step updates: the model's, or under LoRA the adapters' (one per block).
-pub fn trainable_units(model: &ModelShape, setup: &TrainSetup) -> Result<Vec<Unit>, PlanError> {
-    rank_units(model, setup, 0)
-}
 pub use place::{rank_units, stage_plans, stage_units, training_plan_of, training_plan_rank};
 
 /// Every buffer the engine allocates for one training step of `model` under `setup`, per rank

@@ -22,7 +22,7 @@
 
 use super::family;
 use super::key::{Key, StepAct, StepKind};
-use super::units::{check_buildable, param_units, Role, UnitKind};
+use super::units::{check_buildable, param_units, Role};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::{ModelShape, PlanError};
 
@@ -485,14 +485,6 @@ pub fn inference_estimate(
         reserved_bytes: crate::frugal::assign_offsets(&plan, Device::Gpu).slab_bytes,
         context_bytes: 0,
     })
-}
-
-/// Units in the order their weights are stored (for the quantized file).
-pub fn unit_kinds(model: &ModelShape) -> Vec<UnitKind> {
-    let mut v = vec![UnitKind::Embed];
-    v.extend((0..model.n_layers).map(UnitKind::Block));
-    v.push(UnitKind::Head);
-    v
 }
 
 #[cfg(test)]

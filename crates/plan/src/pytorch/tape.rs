@@ -376,15 +376,6 @@ impl Tape {
             }
         }
     }
-
-    /// Bytes of all live `.grad` tensors.
-    pub fn grad_bytes(&self, params: &[T]) -> u64 {
-        params
-            .iter()
-            .filter_map(|&p| self.tensors[p].grad)
-            .map(|g| self.tensors[g].bytes)
-            .sum()
-    }
 }
 
 #[cfg(test)]

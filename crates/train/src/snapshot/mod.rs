@@ -307,14 +307,6 @@ impl Snapshot {
         })
     }
 
-    /// Fills `trainer`'s weights only (any world, stage and optimizer), for evaluation.
-    pub fn restore_weights<B: Backend>(
-        &self,
-        trainer: &mut Trainer<B>,
-    ) -> Result<(), SnapshotError> {
-        shards::restore(trainer, &self.dir, &self.shards, shards::Parts::Weights)
-    }
-
     /// Every unit's whole fp32 weights (unpadded), reassembled from the shard files of any
     /// world and checked against `units`: what a forward-only `Runner` loads (`frugal export`).
     pub fn weights(&self, units: &[plan::frugal::Unit]) -> Result<Vec<Vec<f32>>, SnapshotError> {

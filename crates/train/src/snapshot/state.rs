@@ -47,24 +47,6 @@ pub struct RunState {
     pub data: Option<u64>,
 }
 
-/// The model's shape and numerics, field by field (so differences can be named).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ModelFields {
-    pub name: String,
-    pub family: String,
-    pub n_layers: u32,
-    pub d_model: u64,
-    pub n_heads: u32,
-    pub n_kv_heads: u32,
-    pub d_head: u64,
-    pub d_ff: u64,
-    pub vocab: u64,
-    pub max_positions: u64,
-    pub tied_embeddings: bool,
-    pub norm_eps: f32,
-    pub rope_theta: f32,
-}
-
 /// What must match for a resumed run to continue the same trajectory (besides the model).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunFields {
@@ -139,7 +121,9 @@ pub struct TrainState {
     pub next_lr: f32,
     pub loader: LoaderFields,
     pub loss_scaler: Option<LossScalerState>,
-    pub model: ModelFields,
+    /// The model's whole config (`ModelConfig::identity`): every shape field, the numerics and
+    /// the routing.
+    pub model: serde_json::Value,
     pub run: RunFields,
     pub world: WorldFields,
 }
@@ -153,27 +137,6 @@ fn json<T: Serialize>(value: T) -> serde_json::Value {
 fn text<T: Serialize>(value: &T) -> serde_json::Value {
     let text = serde_json::to_string(value).expect("train state serialises");
     serde_json::from_str(&text).expect("JSON text parses")
-}
-
-impl ModelFields {
-    fn of(config: &TrainConfig) -> ModelFields {
-        let (m, s) = (&config.model, &config.model.shape);
-        ModelFields {
-            name: s.name.clone(),
-            family: format!("{:?}", s.family),
-            n_layers: s.n_layers,
-            d_model: s.d_model,
-            n_heads: s.n_heads,
-            n_kv_heads: s.n_kv_heads,
-            d_head: s.d_head,
-            d_ff: s.d_ff,
-            vocab: s.vocab,
-            max_positions: s.max_positions,
-            tied_embeddings: s.tied_embeddings,
-            norm_eps: m.norm_eps,
-            rope_theta: m.rope_theta,
-        }
-    }
 }
 
 impl TrainState {
@@ -196,7 +159,7 @@ impl TrainState {
                 batch_in_epoch: run.loader.batch_in_epoch,
             },
             loss_scaler: None,
-            model: ModelFields::of(c),
+            model: c.model.identity(),
             run: RunFields::of(c, &c.mixed, run.seed, run.data),
             world: WorldFields {
                 ranks: c.ranks,
@@ -220,21 +183,32 @@ impl TrainState {
     }
 
     /// Every identity field (`model.*`, `run.*`) whose value differs, snapshot (`self`) first.
+    /// The model and the LoRA settings are compared leaf by leaf (`model.sliding_window.window`);
+    /// a field the snapshot does not record (it predates the field) is not compared.
     pub fn differences(&self, this_run: &TrainState) -> Vec<Difference> {
-        let fields = |s: &TrainState| -> Vec<(String, String)> {
-            let mut out = flatten("model", text(&s.model));
-            out.extend(flatten("run", text(&s.run)));
-            out
-        };
-        let (ours, theirs) = (fields(self), fields(this_run));
-        ours.into_iter()
-            .zip(theirs)
+        let root =
+            |s: &TrainState| serde_json::json!({ "model": text(&s.model), "run": text(&s.run) });
+        let (ours, theirs) = (root(self), root(this_run));
+        let mut fields = Vec::new();
+        leaves("model", &ours["model"], &mut fields);
+        for (k, v) in ours["run"].as_object().into_iter().flatten() {
+            let path = format!("run.{k}");
+            match k.as_str() {
+                "lora" => leaves(&path, v, &mut fields),
+                _ => fields.push((path, v.clone())),
+            }
+        }
+        fields
+            .into_iter()
             // The preset's name is a label, not a shape: a config.json of the same shape may resume.
-            .filter(|((field, a), (_, b))| a != b && field != "model.name")
-            .map(|((field, a), (_, b))| Difference {
-                field,
-                snapshot: a,
-                this_run: b,
+            .filter(|(field, _)| field != "model.name")
+            .filter_map(|(field, a)| {
+                let b = field.split('.').try_fold(&theirs, |v, k| v.get(k));
+                (b != Some(&a)).then(|| Difference {
+                    snapshot: a.to_string(),
+                    this_run: b.map_or_else(|| "absent".into(), |b| b.to_string()),
+                    field,
+                })
             })
             .collect()
     }
@@ -279,13 +253,15 @@ fn default_scaler() -> ScalerConfig {
     *LossScaler::torch().config()
 }
 
-/// `prefix.key` = value for each field of a JSON object (sorted by key, the same for both sides).
-fn flatten(prefix: &str, value: serde_json::Value) -> Vec<(String, String)> {
+/// `prefix.a.b` = value for each leaf of a JSON value (objects' keys sorted, the same for both
+/// sides; an empty object or a null is a leaf).
+fn leaves(prefix: &str, value: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
     match value {
-        serde_json::Value::Object(map) => map
-            .into_iter()
-            .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
-            .collect(),
-        other => vec![(prefix.into(), other.to_string())],
+        serde_json::Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                leaves(&format!("{prefix}.{k}"), v, out);
+            }
+        }
+        other => out.push((prefix.into(), other.clone())),
     }
 }
