@@ -5,20 +5,11 @@
 
 mod common;
 
-use common::{frugal, json};
-
-const SHAPE: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "2", "--seq", "32"];
+use common::{frugal, json, TINY_2X32 as SHAPE};
 
 fn train(data: &str, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "train",
-        "--steps",
-        "2",
-        "--sample-tokens",
-        "0",
-        "--val-batches",
-    ];
-    args.extend(["1", "--data", data, "--json"]);
+    let mut args = common::short_train("2", data);
+    args.push("--json");
     args.extend(SHAPE);
     args.extend(extra);
     frugal(&args)

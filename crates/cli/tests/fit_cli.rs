@@ -39,11 +39,7 @@ const LLAMA2_8X80: [&str; 12] = [
 #[test]
 fn table_shows_the_best_and_why_the_rest_miss() {
     let out = frugal(&LLAMA2_8X80);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     for want in [
         "weighed ",
@@ -369,11 +365,7 @@ fn engine_trains_what_fit_picks_and_refuses_what_it_rejects() {
             .expect("run frugal train")
     };
     let ok = train(best);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    common::assert_ok(&ok);
     let run: Value = serde_json::from_slice(&ok.stdout).expect("train --json");
     let measured = run["ranks"][0]["measured"]["total_bytes"].as_u64().unwrap();
     assert!(measured <= 76_000_000, "{measured}");

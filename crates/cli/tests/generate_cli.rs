@@ -38,7 +38,7 @@ fn train(dir: &Path, group: &str, model: &str) -> String {
         &out_s,
     ];
     let r = frugal(&args);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    common::assert_ok(&r);
     out_s
 }
 
@@ -184,7 +184,7 @@ fn bad_inference_input_is_refused_naming_what_is_wrong() {
         "--save",
         &f32_dir,
     ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    common::assert_ok(&r);
     let plain = json(&frugal(&[
         "generate",
         "--model",
@@ -238,7 +238,7 @@ fn bad_inference_input_is_refused_naming_what_is_wrong() {
         "--save",
         &draft,
     ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    common::assert_ok(&r);
     fails_with(&gen(&["--draft", &draft]), "vocabulary");
     // A damaged quantized file: a flipped byte, then a wrong magic.
     let file = Path::new(&target).join("weights.frugal");

@@ -87,11 +87,7 @@ fn qlora_over_a_saved_base_writes_peft_files_and_measures_the_plan() {
         exported.to_str().unwrap(),
     ];
     let out = frugal(&export);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let read = |p: std::path::PathBuf| std::fs::read(p).unwrap();
     assert!(
         read(exported.join("model.safetensors")) == read(adapters.join("merged/model.safetensors")),

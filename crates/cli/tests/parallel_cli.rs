@@ -5,40 +5,20 @@
 
 mod common;
 
-use common::{fails_with, frugal, json};
+use common::{fails_with, frugal, json, PLAN_FRUGAL_FP32 as PLAN, TINY_2X32 as SHAPE};
 use serde_json::Value;
 
 fn small_text(test: &str) -> String {
     common::small_text("parallel-cli", test, 20_000)
 }
 
-const SHAPE: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "2", "--seq", "32"];
-
 fn train(data: &str, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "train",
-        "--steps",
-        "4",
-        "--sample-tokens",
-        "0",
-        "--val-batches",
-        "1",
-    ];
+    let mut args = common::short_train("4", data);
     args.extend(SHAPE);
-    args.extend(["--data", data, "--json"]);
+    args.push("--json");
     args.extend(extra);
     json(&frugal(&args))
 }
-
-/// `frugal plan` for the engine's own runtime, in fp32 as `train` runs.
-const PLAN: [&str; 6] = [
-    "plan",
-    "--train",
-    "--runtime",
-    "frugal",
-    "--precision",
-    "fp32",
-];
 
 fn close(a: &Value, b: &Value, what: &str) {
     let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
@@ -213,11 +193,7 @@ fn a_tensor_parallel_snapshot_resumes_on_pipeline_stages_and_one_rank() {
     // The snapshot is the whole model: `frugal export` writes it as a Hugging Face folder.
     let hf = dir.join("hf");
     let export = frugal(&["export", &snap, "--hf", hf.to_str().unwrap()]);
-    assert!(
-        export.status.success(),
-        "{}",
-        String::from_utf8_lossy(&export.stderr)
-    );
+    common::assert_ok(&export);
     assert_eq!(
         tensors(&hf.join("model.safetensors")),
         tensors(&std::path::Path::new(&snap).join("model.safetensors"))
@@ -234,17 +210,8 @@ fn every_layout_starts_from_a_saved_model_folder() {
     // --model DIR names the folder; the other flags as `train` gives them (SHAPE's model last
     // would win, so these runs spell their own).
     let from = |extra: &[&str]| {
-        let mut args = vec!["train", "--model", saved, "--steps", "2", "--batch", "2"];
-        args.extend([
-            "--seq",
-            "32",
-            "--sample-tokens",
-            "0",
-            "--val-batches",
-            "1",
-            "--json",
-        ]);
-        args.extend(["--data", &data]);
+        let mut args = common::short_train("2", &data);
+        args.extend(["--model", saved, "--batch", "2", "--seq", "32", "--json"]);
         args.extend(extra);
         json(&frugal(&args))
     };
@@ -311,11 +278,7 @@ fn splits_that_do_not_divide_are_refused_naming_the_numbers() {
     // 2 key/value heads over 4 ranks replicate (each on 2); over 8 the query heads do not split.
     plan.extend(["--json", "--tp"]);
     let four = frugal(&[&plan[..], &["4"]].concat());
-    assert!(
-        four.status.success(),
-        "{}",
-        String::from_utf8_lossy(&four.stderr)
-    );
+    common::assert_ok(&four);
     fails_with(
         &frugal(&[&plan[..], &["8"]].concat()),
         "4 attention heads do not split over --tp 8",

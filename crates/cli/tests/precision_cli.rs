@@ -15,8 +15,8 @@ fn small_text(test: &str) -> String {
 const SHAPE: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "1", "--seq", "16"];
 
 fn train(data: &str, extra: &[&str]) -> Value {
-    let mut args = vec!["train", "--steps", "3", "--sample-tokens", "0"];
-    args.extend(["--val-batches", "1", "--data", data, "--json"]);
+    let mut args = common::short_train("3", data);
+    args.push("--json");
     args.extend(SHAPE);
     args.extend(extra);
     json(&frugal(&args))

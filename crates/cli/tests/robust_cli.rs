@@ -108,11 +108,7 @@ fn an_out_with_another_runs_snapshots_is_refused_unless_resumed_or_overwritten()
     let mut overwrite = again.clone();
     overwrite.push("--overwrite".into());
     let out = run(&overwrite);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let steps: Vec<u64> = train::snapshot::files::committed(&dir.join("run"))
         .unwrap()
         .into_iter()
@@ -141,11 +137,7 @@ fn a_second_run_into_one_out_is_refused_naming_the_holder_and_a_stale_lock_is_ta
     // A pid that is not running (beyond the kernel's pid range) is a stale lock.
     std::fs::write(&lock, "4294967295\n").unwrap();
     let out = run(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     assert!(!lock.exists(), "the lock is removed when the run ends");
 }
 
@@ -238,11 +230,7 @@ fn absurd_sizes_exit_2_never_an_overflowed_number_or_an_abort() {
 #[test]
 fn the_help_example_of_a_negative_value_works() {
     let out = frugal(&["formats", "-6.1e-5"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("-6.1e-5 in every format"));
 }
 
@@ -270,11 +258,7 @@ fn resuming_on_other_data_is_refused() {
         "run.data",
     );
     let same = run(&tiny(&dir, &resume));
-    assert!(
-        same.status.success(),
-        "{}",
-        String::from_utf8_lossy(&same.stderr)
-    );
+    common::assert_ok(&same);
 }
 
 #[test]
@@ -339,11 +323,7 @@ fn an_inference_plot_labels_each_phase_once_and_groups_the_count() {
         "--plot",
         svg.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let text = std::fs::read_to_string(&svg).unwrap();
     for label in ["\nprefill\n", "\ndecode\n"] {
         assert_eq!(text.matches(label).count(), 1, "{label} in {text}");
@@ -510,9 +490,5 @@ fn resuming_another_folder_into_an_out_with_snapshots_is_refused() {
         ],
     );
     let out = run(&into_a);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
 }

@@ -385,11 +385,7 @@ fn the_page_shows_what_the_api_says_after_a_knob_changes() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     assert!(
         std::fs::metadata(&shot).unwrap().len() > 10_000,
         "a screenshot of the page"

@@ -103,11 +103,7 @@ fn a_resumed_run_ends_with_the_uninterrupted_runs_weights() {
     // Export rebuilds the model from the shards: the same bytes as the snapshot's weights.
     let hf = dir.join("hf");
     let out = frugal(&["export", &s(&saved), "--hf", &s(&hf)]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     assert!(weights(&hf) == weights(&saved.join("step-000006")));
     assert!(hf.join("config.json").exists());
     let v = ok(&frugal(&["export", &s(&saved), "--hf", &s(&hf), "--json"]));

@@ -62,11 +62,7 @@ fn tiny_run_prints_the_json_contract_with_planned_equal_to_measured() {
             plot.to_str().unwrap(),
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["steps"], 3);
     assert_eq!(v["tokens"], 3 * 2 * 32);
@@ -98,22 +94,14 @@ fn tiny_run_prints_the_json_contract_with_planned_equal_to_measured() {
     );
     // The saved folder is a model: training continues from its weights.
     let again = tiny_run(&dir, &["--json", "--model", out_dir.to_str().unwrap()]);
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    common::assert_ok(&again);
 }
 
 #[test]
 fn human_output_has_the_memory_table_and_a_sample() {
     let dir = temp_dir("human");
     let out = tiny_run(&dir, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "planned",
@@ -233,11 +221,7 @@ fn bench_train_reports_tokens_per_second_and_gflops() {
         "--json",
     ];
     let out = frugal(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(v["gflops"].as_f64().unwrap() > 0.0);
@@ -268,11 +252,7 @@ fn two_ranks_report_each_rank_with_planned_equal_to_measured() {
     let dir = temp_dir("ranks");
     let one = tiny_run(&dir, &["--json", "--batch", "4", "--sample-tokens", "0"]);
     let two = tiny_run(&dir, &["--json", "--ranks", "2", "--sample-tokens", "0"]);
-    assert!(
-        two.status.success(),
-        "{}",
-        String::from_utf8_lossy(&two.stderr)
-    );
+    common::assert_ok(&two);
     let (one, two): (Value, Value) = (
         serde_json::from_slice(&one.stdout).unwrap(),
         serde_json::from_slice(&two.stdout).unwrap(),
@@ -318,11 +298,7 @@ fn a_mistral_config_trains_with_its_sliding_window_planned_equal_to_measured() {
                 "--json",
             ],
         );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_ok(&out);
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         let (first, last) = (
             v["loss_first"].as_f64().unwrap(),
@@ -410,11 +386,7 @@ fn a_trained_mixture_reloads_and_a_checkpoint_that_misfits_its_config_names_the_
             out_dir.to_str().unwrap(),
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let model = out_dir.to_str().unwrap();
     let generate = [
         "generate",
@@ -426,19 +398,11 @@ fn a_trained_mixture_reloads_and_a_checkpoint_that_misfits_its_config_names_the_
         "3",
     ];
     let ok = frugal(&generate);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    common::assert_ok(&ok);
     // The latent cache generates what recomputing every prefix does; int8 latents are refused.
     let tokens = |args: &[&str]| -> Value {
         let out = frugal(&[args, &["--json"]].concat());
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_ok(&out);
         serde_json::from_slice::<Value>(&out.stdout).unwrap()["tokens"].clone()
     };
     let cached = ["generate", "--model", model, "--max-new-tokens", "3"];

@@ -23,33 +23,15 @@ const SHAPE: [&str; 8] = [
 ];
 
 fn train(data: &str, zero: &str, ranks: &str) -> Value {
-    let mut args = vec![
-        "train",
-        "--steps",
-        "1",
-        "--sample-tokens",
-        "0",
-        "--val-batches",
-        "1",
-    ];
+    let mut args = common::short_train("1", data);
     args.extend(SHAPE);
-    args.extend(["--attention", "naive", "--data", data, "--json"]);
+    args.extend(["--attention", "naive", "--json"]);
     args.extend(["--zero", zero, "--ranks", ranks]);
     json(&frugal(&args))
 }
 
-/// `frugal plan` for the engine's own runtime in fp32 (train's precision).
-const PLAN_FRUGAL: [&str; 6] = [
-    "plan",
-    "--train",
-    "--runtime",
-    "frugal",
-    "--precision",
-    "fp32",
-];
-
 fn plan(zero: &str, gpus: &str) -> Value {
-    let mut args = PLAN_FRUGAL.to_vec();
+    let mut args = common::PLAN_FRUGAL_FP32.to_vec();
     args.extend(SHAPE);
     args.extend([
         "--attention",
@@ -118,11 +100,7 @@ fn the_report_shows_16_psi_over_n_and_the_papers_volume() {
     args.extend(["--data", &data, "--zero", "3", "--ranks", "2"]);
     let out = frugal(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     assert!(stdout.contains("vs 16Ψ/N"), "{stdout}");
     assert!(stdout.contains("x the paper's 3Ψ(N-1)/N"), "{stdout}");
     assert!(stdout.contains("sample:"), "{stdout}");
@@ -144,8 +122,14 @@ fn bad_stages_and_rank_counts_exit_2_without_a_downgrade() {
         &with(&["--zero", "1", "--ranks", "129"]),
         "use at most 128 ranks",
     );
-    let plan_with =
-        |extra: &[&'static str]| [&PLAN_FRUGAL[..], &["--model", "gpt2-tiny"], extra].concat();
+    let plan_with = |extra: &[&'static str]| {
+        [
+            &common::PLAN_FRUGAL_FP32[..],
+            &["--model", "gpt2-tiny"],
+            extra,
+        ]
+        .concat()
+    };
     fails_with(
         &plan_with(&["--zero", "3", "--gpus", "129"]),
         "use at most 128 ranks",

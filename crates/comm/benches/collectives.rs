@@ -6,7 +6,7 @@
 //! "algbw" = buffer bytes / time, "busbw" = ring bytes per rank (2(N−1)/N · size) / time (the
 //! NCCL-tests convention), and the ratio time(all-reduce) / time(memcpy of the buffer).
 
-use comm::{Collective, InProcess, ReduceOp};
+use comm::{Collective, InProcess, InProcessComm, ReduceOp};
 use half::bf16;
 use std::time::{Duration, Instant};
 
@@ -33,56 +33,48 @@ fn memcpy_time(bytes: usize) -> Duration {
     median(times)
 }
 
+/// Runs `f` on every rank of an in-process world of `n_ranks`, one thread each; returns rank 0's
+/// result.
+fn on_rank_0<R: Send>(n_ranks: usize, f: impl Fn(InProcessComm) -> R + Sync) -> R {
+    let ranks = InProcess::world(n_ranks).expect("n_ranks > 0");
+    let f = &f;
+    std::thread::scope(|s| {
+        let joins: Vec<_> = ranks.into_iter().map(|c| s.spawn(move || f(c))).collect();
+        let mut per_rank = joins.into_iter().map(|j| j.join().unwrap());
+        per_rank.next().unwrap()
+    })
+}
+
 /// Median wall time of one all-reduce, as seen by rank 0 (every call ends with a barrier).
 fn all_reduce_time(n_ranks: usize, len: usize, use_bf16: bool) -> Duration {
-    let ranks = InProcess::world(n_ranks).expect("n_ranks > 0");
-    std::thread::scope(|s| {
-        let joins: Vec<_> = ranks
-            .into_iter()
-            .map(|mut c| {
-                s.spawn(move || {
-                    let mut f = vec![c.rank() as f32; if use_bf16 { 0 } else { len }];
-                    let mut b =
-                        vec![bf16::from_f32(c.rank() as f32); if use_bf16 { len } else { 0 }];
-                    let mut times = Vec::with_capacity(WARMUP + ITERS);
-                    for _ in 0..WARMUP + ITERS {
-                        c.barrier().expect("barrier");
-                        let t = Instant::now();
-                        if use_bf16 {
-                            c.all_reduce(b.as_mut_slice().into(), ReduceOp::Sum)
-                        } else {
-                            c.all_reduce(f.as_mut_slice().into(), ReduceOp::Sum)
-                        }
-                        .expect("all_reduce");
-                        times.push(t.elapsed());
-                    }
-                    median(times[WARMUP..].to_vec())
-                })
-            })
-            .collect();
-        let per_rank: Vec<Duration> = joins.into_iter().map(|j| j.join().unwrap()).collect();
-        per_rank[0]
+    on_rank_0(n_ranks, |mut c| {
+        let mut f = vec![c.rank() as f32; if use_bf16 { 0 } else { len }];
+        let mut b = vec![bf16::from_f32(c.rank() as f32); if use_bf16 { len } else { 0 }];
+        let mut times = Vec::with_capacity(WARMUP + ITERS);
+        for _ in 0..WARMUP + ITERS {
+            c.barrier().expect("barrier");
+            let t = Instant::now();
+            if use_bf16 {
+                c.all_reduce(b.as_mut_slice().into(), ReduceOp::Sum)
+            } else {
+                c.all_reduce(f.as_mut_slice().into(), ReduceOp::Sum)
+            }
+            .expect("all_reduce");
+            times.push(t.elapsed());
+        }
+        median(times[WARMUP..].to_vec())
     })
 }
 
 fn scalar_latency(n_ranks: usize) -> Duration {
     const CALLS: u32 = 2000;
-    let ranks = InProcess::world(n_ranks).expect("n_ranks > 0");
-    std::thread::scope(|s| {
-        let joins: Vec<_> = ranks
-            .into_iter()
-            .map(|mut c| {
-                s.spawn(move || {
-                    let t = Instant::now();
-                    for _ in 0..CALLS {
-                        c.all_reduce_f32(1.0, ReduceOp::Sum)
-                            .expect("all_reduce_f32");
-                    }
-                    t.elapsed() / CALLS
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).next().unwrap()
+    on_rank_0(n_ranks, |mut c| {
+        let t = Instant::now();
+        for _ in 0..CALLS {
+            c.all_reduce_f32(1.0, ReduceOp::Sum)
+                .expect("all_reduce_f32");
+        }
+        t.elapsed() / CALLS
     })
 }
 

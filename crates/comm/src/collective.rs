@@ -24,7 +24,7 @@
 //! assert_eq!(sums, vec![3.0, 3.0]);
 //! ```
 
-use crate::CommError;
+use crate::Result;
 use half::bf16;
 use std::fmt;
 
@@ -221,35 +221,30 @@ pub trait Collective: Send {
     fn world_size(&self) -> usize;
 
     /// In place: every rank ends with `op` over all ranks' `buf` (element-wise, rank order).
-    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()>;
 
     /// `input` (world × shard) → `output` (shard): rank r gets `op` over all ranks'
     /// `input[r·shard .. (r+1)·shard]`. `input.len()` must equal `world_size() × output.len()`.
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        op: ReduceOp,
-    ) -> Result<(), CommError>;
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, op: ReduceOp) -> Result<()>;
 
     /// `input` (shard) → `output` (world × shard): `output[r·shard ..]` is rank r's input.
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError>;
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()>;
 
     /// `reduce_scatter` without a separate output: `buf` (world × shard) in, this rank's
     /// reduced shard out in `buf[rank·shard .. (rank+1)·shard]`. The rest of `buf` is
     /// unspecified afterwards (NCCL's in-place form; saves a shard buffer in ZeRO 1-2).
-    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()>;
 
     /// `all_gather` without a separate input: this rank's shard is already in
     /// `buf[rank·shard .. (rank+1)·shard]`; afterwards `buf` holds every rank's shard
     /// (NCCL's in-place form; ZeRO gathers updated weights into the full unit this way).
-    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError>;
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<()>;
 
     /// Every rank's `buf` becomes a copy of rank `root`'s.
-    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError>;
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()>;
 
     /// Returns once every rank has called it.
-    fn barrier(&mut self) -> Result<(), CommError>;
+    fn barrier(&mut self) -> Result<()>;
 
     /// Fails the world: every rank's pending and future calls return `CommError::Aborted`.
     fn abort(&self, reason: &str);
@@ -258,7 +253,7 @@ pub trait Collective: Send {
     /// each naming its group by `color`; inside a group ranks are ordered by `key`, then by
     /// their rank here. Returns this rank's endpoint in its group, a world of its own (TP, PP
     /// and DP groups are made this way). The parent stays usable.
-    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError>;
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>>;
 
     /// `all_gather` that may still be running when it returns: the transfer goes on beside the
     /// caller until [`Collective::wait`] on the ticket (`comm::Overlapped` runs it on its own
@@ -268,30 +263,26 @@ pub trait Collective: Send {
     /// # Safety
     /// Until `wait(ticket)` returns (or the endpoint is dropped), `input` and `output` stay
     /// allocated, nothing writes `input`, and nothing reads or writes `output`.
-    unsafe fn start_all_gather(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-    ) -> Result<Ticket, CommError> {
+    unsafe fn start_all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<Ticket> {
         self.all_gather(input, output).map(|()| Ticket::DONE)
     }
 
     /// Blocks until the collective `ticket` names (and every one started before it) is done;
     /// its error, or the world's failure since, if any.
-    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+    fn wait(&mut self, ticket: Ticket) -> Result<()> {
         let _ = ticket;
         Ok(())
     }
 
     /// One f32 reduced over all ranks, e.g. the squared gradient norm of each rank's shard.
-    fn all_reduce_f32(&mut self, value: f32, op: ReduceOp) -> Result<f32, CommError> {
+    fn all_reduce_f32(&mut self, value: f32, op: ReduceOp) -> Result<f32> {
         let mut buf = [value];
         self.all_reduce(BufMut::F32(&mut buf), op)?;
         Ok(buf[0])
     }
 
     /// True on every rank if `flag` is true on any rank, e.g. "found inf/NaN in my gradients".
-    fn any(&mut self, flag: bool) -> Result<bool, CommError> {
+    fn any(&mut self, flag: bool) -> Result<bool> {
         let max = self.all_reduce_f32(if flag { 1.0 } else { 0.0 }, ReduceOp::Max)?;
         Ok(max > 0.0)
     }
@@ -299,7 +290,7 @@ pub trait Collective: Send {
     /// Every rank's `values` (the same length on every rank), in rank order: exact integers
     /// (byte counts for a report), carried as the bits of bf16 words, which a gather copies and
     /// never rounds. Allocates; not for a training step's hot path.
-    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<u64>, CommError> {
+    fn all_gather_u64(&mut self, values: &[u64]) -> Result<Vec<u64>> {
         let words: Vec<bf16> = values
             .iter()
             .flat_map(|v| (0..4).map(move |i| bf16::from_bits((v >> (16 * i)) as u16)))
@@ -321,46 +312,37 @@ impl<C: Collective + ?Sized> Collective for Box<C> {
     fn world_size(&self) -> usize {
         (**self).world_size()
     }
-    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         (**self).all_reduce(buf, op)
     }
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, op: ReduceOp) -> Result<()> {
         (**self).reduce_scatter(input, output, op)
     }
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         (**self).all_gather(input, output)
     }
-    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         (**self).reduce_scatter_in_place(buf, op)
     }
-    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<()> {
         (**self).all_gather_in_place(buf)
     }
-    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()> {
         (**self).broadcast(buf, root)
     }
-    fn barrier(&mut self) -> Result<(), CommError> {
+    fn barrier(&mut self) -> Result<()> {
         (**self).barrier()
     }
     fn abort(&self, reason: &str) {
         (**self).abort(reason)
     }
-    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>> {
         (**self).split(color, key)
     }
-    unsafe fn start_all_gather(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-    ) -> Result<Ticket, CommError> {
+    unsafe fn start_all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<Ticket> {
         (**self).start_all_gather(input, output)
     }
-    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+    fn wait(&mut self, ticket: Ticket) -> Result<()> {
         (**self).wait(ticket)
     }
 }

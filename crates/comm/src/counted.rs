@@ -16,7 +16,7 @@
 //! assert_eq!(c.stats().total_sent_bytes(), 0); // a world of one moves nothing
 //! ```
 
-use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, CommStats, ReduceOp, Ticket};
+use crate::{Buf, BufMut, Collective, CollectiveKind, CommStats, ReduceOp, Result, Ticket};
 use std::time::{Duration, Instant};
 
 /// An endpoint, the bytes it has moved and the time its caller spent in it.
@@ -51,8 +51,8 @@ impl<C: Collective> Counted<C> {
         kind: CollectiveKind,
         bytes: usize,
         since: Instant,
-        result: Result<T, CommError>,
-    ) -> Result<T, CommError> {
+        result: Result<T>,
+    ) -> Result<T> {
         self.blocked += since.elapsed();
         if result.is_ok() {
             let world = self.inner.world_size();
@@ -71,54 +71,49 @@ impl<C: Collective> Collective for Counted<C> {
         self.inner.world_size()
     }
 
-    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let bytes = buf.size_bytes();
         let t0 = Instant::now();
         let r = self.inner.all_reduce(buf, op);
         self.count(CollectiveKind::AllReduce, bytes, t0, r)
     }
 
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let bytes = input.size_bytes();
         let t0 = Instant::now();
         let r = self.inner.reduce_scatter(input, output, op);
         self.count(CollectiveKind::ReduceScatter, bytes, t0, r)
     }
 
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         let bytes = output.size_bytes();
         let t0 = Instant::now();
         let r = self.inner.all_gather(input, output);
         self.count(CollectiveKind::AllGather, bytes, t0, r)
     }
 
-    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let bytes = buf.size_bytes();
         let t0 = Instant::now();
         let r = self.inner.reduce_scatter_in_place(buf, op);
         self.count(CollectiveKind::ReduceScatter, bytes, t0, r)
     }
 
-    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<()> {
         let bytes = buf.size_bytes();
         let t0 = Instant::now();
         let r = self.inner.all_gather_in_place(buf);
         self.count(CollectiveKind::AllGather, bytes, t0, r)
     }
 
-    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()> {
         let bytes = buf.size_bytes();
         let t0 = Instant::now();
         let r = self.inner.broadcast(buf, root);
         self.count(CollectiveKind::Broadcast, bytes, t0, r)
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    fn barrier(&mut self) -> Result<()> {
         let t0 = Instant::now();
         let r = self.inner.barrier();
         self.count(CollectiveKind::Barrier, 0, t0, r)
@@ -128,17 +123,13 @@ impl<C: Collective> Collective for Counted<C> {
         self.inner.abort(reason)
     }
 
-    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>> {
         let t0 = Instant::now();
         let r = self.inner.split(color, key);
         self.count(CollectiveKind::Split, 0, t0, r)
     }
 
-    unsafe fn start_all_gather(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-    ) -> Result<Ticket, CommError> {
+    unsafe fn start_all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<Ticket> {
         let bytes = output.size_bytes();
         let t0 = Instant::now();
         // SAFETY: the caller's promise, passed on.
@@ -146,7 +137,7 @@ impl<C: Collective> Collective for Counted<C> {
         self.count(CollectiveKind::AllGather, bytes, t0, r)
     }
 
-    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+    fn wait(&mut self, ticket: Ticket) -> Result<()> {
         let t0 = Instant::now();
         let r = self.inner.wait(ticket);
         self.blocked += t0.elapsed();

@@ -83,3 +83,6 @@ pub enum CommError {
         detail: String,
     },
 }
+
+/// What every collective returns: `Ok`, or the `CommError` that failed the world.
+pub type Result<T, E = CommError> = std::result::Result<T, E>;

@@ -71,7 +71,7 @@ mod stats;
 
 pub use collective::{Buf, BufMut, Collective, CollectiveKind, DType, ReduceOp, Ticket};
 pub use counted::Counted;
-pub use error::CommError;
+pub use error::{CommError, Result};
 pub use inprocess::{InProcess, InProcessComm, InProcessOptions};
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;

@@ -26,7 +26,7 @@
 //! Example: `let comm = comm::Mpi::init(Duration::from_secs(60), report)?;` under `mpirun`.
 
 use crate::reduce::{reduce_into, Elem};
-use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, ReduceOp};
+use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, ReduceOp, Result};
 use half::bf16;
 use mpi::collective::{CommunicatorCollectives, Root};
 use mpi::request::{Request, Scope};
@@ -78,7 +78,7 @@ impl Mpi {
     /// Initialises MPI (once per process) and returns this process's endpoint in the world, every
     /// collective bounded by `timeout`; `report` receives the reason before a timeout or `abort`
     /// ends the job. Outside `mpirun` it is a world of one.
-    pub fn init(timeout: Duration, report: fn(&str)) -> Result<Mpi, CommError> {
+    pub fn init(timeout: Duration, report: fn(&str)) -> Result<Mpi> {
         let mut universe = UNIVERSE.lock().unwrap_or_else(|e| e.into_inner());
         if universe.is_none() {
             let (u, granted) = mpi::initialize_with_threading(mpi::Threading::Multiple).ok_or(
@@ -221,12 +221,7 @@ impl Mpi {
         (0..self.size).filter(|&r| !heard[r]).collect()
     }
 
-    fn check(
-        &self,
-        op: &'static str,
-        ok: bool,
-        detail: impl FnOnce() -> String,
-    ) -> Result<(), CommError> {
+    fn check(&self, op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
         if ok {
             return Ok(());
         }
@@ -352,7 +347,7 @@ impl Collective for Mpi {
         self.size
     }
 
-    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.calls += 1;
         match buf {
             BufMut::F32(b) => self.all_reduce_t(b, op),
@@ -361,12 +356,7 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.calls += 1;
         let n = self.size;
         self.check("reduce_scatter", input.len() == n * output.len(), || {
@@ -384,7 +374,7 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         self.calls += 1;
         let n = self.size;
         self.check("all_gather", output.len() == n * input.len(), || {
@@ -402,7 +392,7 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.calls += 1;
         let n = self.size;
         self.check("reduce_scatter", buf.len() % n == 0, || {
@@ -424,7 +414,7 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<()> {
         self.calls += 1;
         let n = self.size;
         self.check("all_gather", buf.len() % n == 0, || {
@@ -447,7 +437,7 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()> {
         self.calls += 1;
         self.check("broadcast", root < self.size, || {
             format!("root {root} of {}", self.size)
@@ -466,7 +456,7 @@ impl Collective for Mpi {
         Ok(())
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    fn barrier(&mut self) -> Result<()> {
         self.calls += 1;
         let req = self.comm.immediate_barrier();
         self.finish(req, "barrier");
@@ -477,7 +467,7 @@ impl Collective for Mpi {
         self.abort_job(reason, 3)
     }
 
-    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>> {
         self.calls += 1;
         let sub = self
             .comm

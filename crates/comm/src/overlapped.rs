@@ -42,7 +42,7 @@
 //! assert!(got.iter().all(|v| v == &[1.0, 2.0]));
 //! ```
 
-use crate::{Buf, BufMut, Collective, CommError, ReduceOp, Ticket};
+use crate::{Buf, BufMut, Collective, CommError, ReduceOp, Result, Ticket};
 use half::bf16;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -194,7 +194,7 @@ impl Overlapped {
         }
     }
 
-    fn submit(&mut self, job: Job) -> Result<Ticket, CommError> {
+    fn submit(&mut self, job: Job) -> Result<Ticket> {
         let mut st = self.shared.lock();
         if let Some(err) = &st.failed {
             return Err(err.clone());
@@ -207,7 +207,7 @@ impl Overlapped {
     }
 
     /// Queues `job` and waits for it: a blocking call.
-    fn call(&mut self, job: Job) -> Result<(), CommError> {
+    fn call(&mut self, job: Job) -> Result<()> {
         let t = self.submit(job)?;
         self.wait(t)
     }
@@ -261,7 +261,7 @@ unsafe fn execute(
     c: &mut dyn Collective,
     job: Job,
     split: &mut Option<Box<dyn Collective>>,
-) -> Result<(), CommError> {
+) -> Result<()> {
     match job {
         Job::AllReduce(b, op) => c.all_reduce(b.buf_mut(), op),
         Job::ReduceScatter(i, o, op) => c.reduce_scatter(i.buf(), o.buf_mut(), op),
@@ -293,36 +293,31 @@ impl Collective for Overlapped {
         self.world
     }
 
-    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.call(Job::AllReduce(Raw::of_mut(buf), op))
     }
 
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.call(Job::ReduceScatter(Raw::of(input), Raw::of_mut(output), op))
     }
 
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         self.call(Job::AllGather(Raw::of(input), Raw::of_mut(output)))
     }
 
-    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.call(Job::ReduceScatterInPlace(Raw::of_mut(buf), op))
     }
 
-    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<()> {
         self.call(Job::AllGatherInPlace(Raw::of_mut(buf)))
     }
 
-    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()> {
         self.call(Job::Broadcast(Raw::of_mut(buf), root))
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    fn barrier(&mut self) -> Result<()> {
         self.call(Job::Barrier)
     }
 
@@ -334,21 +329,17 @@ impl Collective for Overlapped {
         self.shared.changed.notify_all();
     }
 
-    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>> {
         self.call(Job::Split(color, key))?;
         let mut st = self.shared.lock();
         Ok(st.split.take().expect("a finished split left its endpoint"))
     }
 
-    unsafe fn start_all_gather(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-    ) -> Result<Ticket, CommError> {
+    unsafe fn start_all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<Ticket> {
         self.submit(Job::AllGather(Raw::of(input), Raw::of_mut(output)))
     }
 
-    fn wait(&mut self, ticket: Ticket) -> Result<(), CommError> {
+    fn wait(&mut self, ticket: Ticket) -> Result<()> {
         let mut st = self.shared.lock();
         if st.done < ticket.0 {
             self.shared.waiting.store(true, Ordering::Relaxed);

@@ -10,7 +10,7 @@
 //! assert_eq!((out, c.world_size()), ([1.0, 2.0], 1));
 //! ```
 
-use crate::{Buf, BufMut, Collective, CommError, ReduceOp};
+use crate::{Buf, BufMut, Collective, CommError, ReduceOp, Result};
 
 /// The one rank of a world of one.
 #[derive(Debug, Default)]
@@ -23,7 +23,7 @@ impl Solo {
         Solo::default()
     }
 
-    fn check(&self) -> Result<(), CommError> {
+    fn check(&self) -> Result<()> {
         let aborted = self.aborted.lock().unwrap_or_else(|e| e.into_inner());
         match aborted.as_ref() {
             Some(reason) => Err(CommError::Aborted {
@@ -34,7 +34,7 @@ impl Solo {
         }
     }
 
-    fn copy(&self, op: &'static str, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn copy(&self, op: &'static str, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         self.check()?;
         let bad = |detail: String| CommError::BadArgs {
             rank: 0,
@@ -73,36 +73,27 @@ impl Collective for Solo {
     }
 
     /// The sum, mean or maximum over one rank is the value itself.
-    fn all_reduce(&mut self, _buf: BufMut<'_>, _op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(&mut self, _buf: BufMut<'_>, _op: ReduceOp) -> Result<()> {
         self.check()
     }
 
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        _op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, _op: ReduceOp) -> Result<()> {
         self.copy("reduce_scatter", input, output)
     }
 
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         self.copy("all_gather", input, output)
     }
 
-    fn reduce_scatter_in_place(
-        &mut self,
-        _buf: BufMut<'_>,
-        _op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter_in_place(&mut self, _buf: BufMut<'_>, _op: ReduceOp) -> Result<()> {
         self.check()
     }
 
-    fn all_gather_in_place(&mut self, _buf: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather_in_place(&mut self, _buf: BufMut<'_>) -> Result<()> {
         self.check()
     }
 
-    fn broadcast(&mut self, _buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&mut self, _buf: BufMut<'_>, root: usize) -> Result<()> {
         self.check()?;
         if root != 0 {
             return Err(CommError::BadArgs {
@@ -114,7 +105,7 @@ impl Collective for Solo {
         Ok(())
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    fn barrier(&mut self) -> Result<()> {
         self.check()
     }
 
@@ -123,7 +114,7 @@ impl Collective for Solo {
         aborted.get_or_insert_with(|| reason.to_string());
     }
 
-    fn split(&mut self, _color: u32, _key: u32) -> Result<Box<dyn Collective>, CommError> {
+    fn split(&mut self, _color: u32, _key: u32) -> Result<Box<dyn Collective>> {
         self.check()?;
         Ok(Box::new(Solo::new()))
     }

@@ -73,13 +73,29 @@ use engine::backend::infer_ops::*;
 use engine::backend::lora_ops::*;
 use engine::backend::moe_ops::{MlaOp, MoeOp};
 use engine::backend::ops::*;
-use engine::backend::{Backend, DType, Tensor};
+use engine::backend::{
+    Backend, DType, Feature, InferOps, LoraOps, MoeOps, Tensor, TensorParallelOps, TrainOps,
+};
 
 impl Backend for Cpu {
     type Slab = CpuSlab;
 
-    fn name(&self) -> &'static str {
-        "cpu"
+    const NAME: &'static str = "cpu";
+
+    fn supports(_: Feature) -> bool {
+        true
+    }
+
+    fn lora_ops(&self) -> Option<&dyn LoraOps<Self>> {
+        Some(self)
+    }
+
+    fn moe_ops(&self) -> Option<&dyn MoeOps<Self>> {
+        Some(self)
+    }
+
+    fn tp_ops(&self) -> Option<&dyn TensorParallelOps<Self>> {
+        Some(self)
     }
 
     fn align_bytes(&self) -> u64 {
@@ -108,34 +124,6 @@ impl Backend for Cpu {
 
     fn download_bytes(&self, a: &Arena<Self>, src: Tensor, dst: &mut [u8]) {
         infer_ops::download_bytes(a, src, dst)
-    }
-
-    fn qlinear(&self, a: &Arena<Self>, op: &QLinear) {
-        infer_ops::qlinear(a, op)
-    }
-
-    fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows) {
-        infer_ops::embed_rows(a, op)
-    }
-
-    fn rope_at(&self, a: &Arena<Self>, qkv: Tensor, positions: &[u32], shape: RopeShape) {
-        infer_ops::rope_at(a, qkv, positions, shape)
-    }
-
-    fn kv_write(&self, a: &Arena<Self>, op: &KvWrite) {
-        infer_ops::kv_write(a, op)
-    }
-
-    fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention) {
-        infer_ops::paged_attention(a, op)
-    }
-
-    fn latent(&self, a: &Arena<Self>, op: &LatentOp) {
-        moe_ops::latent(a, op)
-    }
-
-    fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize) {
-        infer_ops::kv_copy_block(a, cache, from, to)
     }
 
     fn embedding(&self, a: &Arena<Self>, op: &Embedding) {
@@ -170,45 +158,37 @@ impl Backend for Cpu {
         kernels_ops::convert(a, dst, src)
     }
 
-    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
-        kernels_ops::classifier(a, op, None)
-    }
-
     fn classifier_logits(&self, a: &Arena<Self>, op: &ClassifierLogits) {
         kernels_ops::classifier_logits(a, op)
     }
 
-    fn classifier_shard(
+    fn fill(&self, a: &Arena<Self>, t: Tensor, value: f32) {
+        state_ops::fill(a, t, value)
+    }
+
+    fn collective(
         &self,
         a: &Arena<Self>,
-        op: &Classifier,
-        shard: ClassifierShard<'_>,
-    ) -> f32 {
-        kernels_ops::classifier(a, op, Some(shard))
+        comm: &mut dyn comm::Collective,
+        op: CommOp,
+    ) -> Result<(), comm::CommError> {
+        state_ops::collective(a, comm, op)
     }
 
-    fn moe(&self, a: &Arena<Self>, op: &MoeOp) {
-        moe_ops::moe(a, op)
+    unsafe fn start_collective(
+        &self,
+        a: &Arena<Self>,
+        comm: &mut dyn comm::Collective,
+        op: CommOp,
+    ) -> Result<comm::Ticket, comm::CommError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { state_ops::start_collective(a, comm, op) }
     }
+}
 
-    fn mla(&self, a: &Arena<Self>, op: &MlaOp) {
-        moe_ops::mla(a, op)
-    }
-
-    fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear) {
-        lora_ops::frozen_linear(a, op)
-    }
-
-    fn frozen_linear_backward(&self, a: &Arena<Self>, op: &FrozenLinearBackward) {
-        lora_ops::frozen_linear_backward(a, op)
-    }
-
-    fn adapter(&self, a: &Arena<Self>, op: &Adapter) {
-        lora_ops::adapter(a, op)
-    }
-
-    fn adapter_backward(&self, a: &Arena<Self>, op: &AdapterBackward) {
-        lora_ops::adapter_backward(a, op)
+impl TrainOps for Cpu {
+    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
+        kernels_ops::classifier(a, op, None)
     }
 
     fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward) {
@@ -233,10 +213,6 @@ impl Backend for Cpu {
 
     fn activation_backward(&self, a: &Arena<Self>, op: &ActivationBackward) {
         kernels_ops::activation_backward(a, op)
-    }
-
-    fn fill(&self, a: &Arena<Self>, t: Tensor, value: f32) {
-        state_ops::fill(a, t, value)
     }
 
     fn sum_squares(&self, a: &Arena<Self>, t: Tensor, start: f64) -> (f64, bool) {
@@ -274,23 +250,68 @@ impl Backend for Cpu {
     fn widen_in_place(&self, a: &Arena<Self>, t: Tensor, half: DType) {
         state_ops::widen_in_place(a, t, half)
     }
+}
 
-    fn collective(
-        &self,
-        a: &Arena<Self>,
-        comm: &mut dyn comm::Collective,
-        op: CommOp,
-    ) -> Result<(), comm::CommError> {
-        state_ops::collective(a, comm, op)
+impl InferOps for Cpu {
+    fn qlinear(&self, a: &Arena<Self>, op: &QLinear) {
+        infer_ops::qlinear(a, op)
     }
 
-    unsafe fn start_collective(
-        &self,
-        a: &Arena<Self>,
-        comm: &mut dyn comm::Collective,
-        op: CommOp,
-    ) -> Result<comm::Ticket, comm::CommError> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { state_ops::start_collective(a, comm, op) }
+    fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows) {
+        infer_ops::embed_rows(a, op)
+    }
+
+    fn rope_at(&self, a: &Arena<Self>, qkv: Tensor, positions: &[u32], shape: RopeShape) {
+        infer_ops::rope_at(a, qkv, positions, shape)
+    }
+
+    fn kv_write(&self, a: &Arena<Self>, op: &KvWrite) {
+        infer_ops::kv_write(a, op)
+    }
+
+    fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention) {
+        infer_ops::paged_attention(a, op)
+    }
+
+    fn latent(&self, a: &Arena<Self>, op: &LatentOp) {
+        moe_ops::latent(a, op)
+    }
+
+    fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize) {
+        infer_ops::kv_copy_block(a, cache, from, to)
+    }
+}
+
+impl LoraOps<Cpu> for Cpu {
+    fn frozen_linear(&self, a: &Arena<Cpu>, op: &FrozenLinear) {
+        lora_ops::frozen_linear(a, op)
+    }
+
+    fn frozen_linear_backward(&self, a: &Arena<Cpu>, op: &FrozenLinearBackward) {
+        lora_ops::frozen_linear_backward(a, op)
+    }
+
+    fn adapter(&self, a: &Arena<Cpu>, op: &Adapter) {
+        lora_ops::adapter(a, op)
+    }
+
+    fn adapter_backward(&self, a: &Arena<Cpu>, op: &AdapterBackward) {
+        lora_ops::adapter_backward(a, op)
+    }
+}
+
+impl MoeOps<Cpu> for Cpu {
+    fn moe(&self, a: &Arena<Cpu>, op: &MoeOp) {
+        moe_ops::moe(a, op)
+    }
+
+    fn mla(&self, a: &Arena<Cpu>, op: &MlaOp) {
+        moe_ops::mla(a, op)
+    }
+}
+
+impl TensorParallelOps<Cpu> for Cpu {
+    fn classifier_shard(&self, a: &Arena<Cpu>, op: &Classifier, shard: ClassifierShard<'_>) -> f32 {
+        kernels_ops::classifier(a, op, Some(shard))
     }
 }

@@ -1,8 +1,8 @@
-//! `engine::Backend` for [`Cuda`]: each method forwards to [`crate::ops`] (forward and
-//! backward kernels) or [`crate::state`] (training state, host transfers, collectives). The
-//! ops a CUDA run config refuses (inference, LoRA, mixture-of-experts, latent attention,
-//! vocabulary-parallel classifier) panic with the reason: the config's validation keeps them
-//! from being reached.
+//! `engine::Backend` and `engine::backend::TrainOps` for [`Cuda`]: each method forwards to
+//! [`crate::ops`] (forward and backward kernels) or [`crate::state`] (training state, host
+//! transfers, collectives). It implements no inference, LoRA, mixture-of-experts or
+//! tensor-parallel ops and says so ([`Backend::supports`]): a run that needs them is refused at
+//! set-up (`engine::backend::require`), naming the feature.
 //!
 //! Example: `train::Trainer::on(Cuda::new(0)?, config, Box::new(comm::Solo::new()))?`.
 
@@ -12,15 +12,15 @@ use engine::backend::*;
 use engine::error::EngineError;
 use engine::Arena;
 
-fn refused(what: &str) -> ! {
-    panic!("{what} is not on the CUDA backend (the run config refuses it before step one)")
-}
-
 impl Backend for Cuda {
     type Slab = CudaSlab;
 
-    fn name(&self) -> &'static str {
-        "cuda"
+    const NAME: &'static str = "cuda";
+
+    /// Flash attention, full training on one GPU: LoRA, mixture of experts, latent attention,
+    /// tensor parallelism, the eager kernel, optimizer offload and several ranks are not built.
+    fn supports(_: Feature) -> bool {
+        false
     }
 
     fn align_bytes(&self) -> u64 {
@@ -57,34 +57,6 @@ impl Backend for Cuda {
         dst.copy_from_slice(&state::read_bytes(self, a, src))
     }
 
-    fn qlinear(&self, _: &Arena<Self>, _: &QLinear) {
-        refused("inference")
-    }
-
-    fn embed_rows(&self, _: &Arena<Self>, _: &EmbedRows) {
-        refused("inference")
-    }
-
-    fn rope_at(&self, _: &Arena<Self>, _: Tensor, _: &[u32], _: RopeShape) {
-        refused("inference")
-    }
-
-    fn kv_write(&self, _: &Arena<Self>, _: &KvWrite) {
-        refused("inference")
-    }
-
-    fn paged_attention(&self, _: &Arena<Self>, _: &PagedAttention) {
-        refused("inference")
-    }
-
-    fn latent(&self, _: &Arena<Self>, _: &LatentOp) {
-        refused("latent attention")
-    }
-
-    fn kv_copy_block(&self, _: &Arena<Self>, _: &KvCache, _: usize, _: usize) {
-        refused("inference")
-    }
-
     fn embedding(&self, a: &Arena<Self>, op: &Embedding) {
         ops::embedding(self, a, op)
     }
@@ -117,40 +89,27 @@ impl Backend for Cuda {
         ops::convert(self, a, dst, src)
     }
 
-    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
-        ops::classifier(self, a, op)
-    }
-
     fn classifier_logits(&self, a: &Arena<Self>, op: &ClassifierLogits) {
         ops::classifier_logits(self, a, op)
     }
 
-    fn classifier_shard(&self, _: &Arena<Self>, _: &Classifier, _: ClassifierShard<'_>) -> f32 {
-        refused("tensor parallelism")
+    fn fill(&self, a: &Arena<Self>, t: Tensor, value: f32) {
+        state::fill(self, a, t, value)
     }
 
-    fn frozen_linear(&self, _: &Arena<Self>, _: &FrozenLinear) {
-        refused("LoRA")
+    fn collective(
+        &self,
+        a: &Arena<Self>,
+        comm: &mut dyn comm::Collective,
+        op: CommOp,
+    ) -> Result<(), comm::CommError> {
+        state::collective(self, a, comm, op)
     }
+}
 
-    fn frozen_linear_backward(&self, _: &Arena<Self>, _: &FrozenLinearBackward) {
-        refused("LoRA")
-    }
-
-    fn adapter(&self, _: &Arena<Self>, _: &Adapter) {
-        refused("LoRA")
-    }
-
-    fn adapter_backward(&self, _: &Arena<Self>, _: &AdapterBackward) {
-        refused("LoRA")
-    }
-
-    fn moe(&self, _: &Arena<Self>, _: &MoeOp) {
-        refused("mixture of experts")
-    }
-
-    fn mla(&self, _: &Arena<Self>, _: &MlaOp) {
-        refused("latent attention")
+impl TrainOps for Cuda {
+    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32 {
+        ops::classifier(self, a, op)
     }
 
     fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward) {
@@ -175,10 +134,6 @@ impl Backend for Cuda {
 
     fn activation_backward(&self, a: &Arena<Self>, op: &ActivationBackward) {
         ops::activation_backward(self, a, op)
-    }
-
-    fn fill(&self, a: &Arena<Self>, t: Tensor, value: f32) {
-        state::fill(self, a, t, value)
     }
 
     fn sum_squares(&self, a: &Arena<Self>, t: Tensor, start: f64) -> (f64, bool) {
@@ -215,14 +170,5 @@ impl Backend for Cuda {
 
     fn widen_in_place(&self, a: &Arena<Self>, t: Tensor, half: DType) {
         state::widen_in_place(self, a, t, half)
-    }
-
-    fn collective(
-        &self,
-        a: &Arena<Self>,
-        comm: &mut dyn comm::Collective,
-        op: CommOp,
-    ) -> Result<(), comm::CommError> {
-        state::collective(self, a, comm, op)
     }
 }

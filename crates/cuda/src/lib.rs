@@ -1,4 +1,4 @@
-//! The CUDA backend: [`Cuda`] implements `engine::Backend` on one NVIDIA GPU, so the same
+//! The CUDA backend: [`Cuda`] implements `engine::Backend` and `engine::backend::TrainOps` on one NVIDIA GPU, so the same
 //! trainer (`train::Trainer::on(Cuda::new(0)?, config, comm)`) runs there with every tensor in
 //! one device allocation carved from the plan (ARCHITECTURE.md, "The CUDA backend").
 //!
@@ -9,9 +9,10 @@
 //! on a machine with no CUDA at all; [`available`] says whether the libraries are there before
 //! anything calls into them (`cudarc` panics on a missing library).
 //!
-//! What it does not do (refused by the run config before step one, never reached here):
-//! inference, LoRA, mixture-of-experts and latent-attention layers, tensor parallelism's
-//! vocabulary-sharded classifier, the materialised attention. Collectives stage through host
+//! What it does not do it says through `Backend::supports` (`engine::backend::Feature`), and
+//! `engine::backend::require` refuses such a run by name before step one: inference (it does not
+//! implement `InferOps`), LoRA, mixture-of-experts and latent-attention layers, tensor
+//! parallelism, the materialised attention, optimizer offload. Collectives stage through host
 //! memory into the CPU's `comm` (NCCL is not built).
 //!
 //! Status: compiled to PTX and type-checked here; never yet run on a GPU (`dev/gpu_check.sh`

@@ -55,6 +55,35 @@ impl BatchShape {
         self.batch_size * self.world_size
     }
 
+    /// Fills this rank's `inputs` and `targets` (each `batch_size × seq_len`, row-major (B, T))
+    /// from `tokens`: row r is the `seq_len` tokens from `tokens[start(r)]` on, its targets the
+    /// same window one token later.
+    pub(crate) fn fill_rows(
+        &self,
+        tokens: &[u32],
+        inputs: &mut [u32],
+        targets: &mut [u32],
+        start: impl Fn(usize) -> usize,
+    ) {
+        let n = self.tokens_per_batch();
+        assert_eq!(
+            inputs.len(),
+            n,
+            "inputs must hold batch_size * seq_len tokens"
+        );
+        assert_eq!(
+            targets.len(),
+            n,
+            "targets must hold batch_size * seq_len tokens"
+        );
+        let t = self.seq_len;
+        for row in 0..self.batch_size {
+            let start = start(row);
+            inputs[row * t..(row + 1) * t].copy_from_slice(&tokens[start..start + t]);
+            targets[row * t..(row + 1) * t].copy_from_slice(&tokens[start + 1..start + t + 1]);
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.seq_len == 0 {
             return Err(DataError::ZeroShape {

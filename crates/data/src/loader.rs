@@ -149,28 +149,14 @@ impl Loader {
     /// Returns the position of the batch just produced.
     pub fn next_batch(&mut self, inputs: &mut [u32], targets: &mut [u32]) -> LoaderPosition {
         let shape = self.config.shape;
-        let n = shape.tokens_per_batch();
-        assert_eq!(
-            inputs.len(),
-            n,
-            "inputs must hold batch_size * seq_len tokens"
-        );
-        assert_eq!(
-            targets.len(),
-            n,
-            "targets must hold batch_size * seq_len tokens"
-        );
         let produced = self.position;
         self.prepare_order(produced.epoch);
         let first_row =
             produced.batch_in_epoch as usize * shape.global_rows() + shape.rank * shape.batch_size;
-        let t = shape.seq_len;
-        for row in 0..shape.batch_size {
+        shape.fill_rows(&self.tokens, inputs, targets, |row| {
             let window = self.order[first_row + row] as usize;
-            let start = self.range.start + window * t;
-            inputs[row * t..(row + 1) * t].copy_from_slice(&self.tokens[start..start + t]);
-            targets[row * t..(row + 1) * t].copy_from_slice(&self.tokens[start + 1..start + t + 1]);
-        }
+            self.range.start + window * shape.seq_len
+        });
         self.position.batch_in_epoch += 1;
         if self.position.batch_in_epoch == self.batches_per_epoch {
             self.position = LoaderPosition {

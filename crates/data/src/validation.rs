@@ -68,24 +68,10 @@ impl ValBatches {
             self.n_batches
         );
         let shape = self.shape;
-        let n = shape.tokens_per_batch();
-        assert_eq!(
-            inputs.len(),
-            n,
-            "inputs must hold batch_size * seq_len tokens"
-        );
-        assert_eq!(
-            targets.len(),
-            n,
-            "targets must hold batch_size * seq_len tokens"
-        );
-        let t = shape.seq_len;
         let first_window = batch_idx * shape.global_rows() + shape.rank * shape.batch_size;
-        for row in 0..shape.batch_size {
-            let start = self.range.start + (first_window + row) * t;
-            inputs[row * t..(row + 1) * t].copy_from_slice(&self.tokens[start..start + t]);
-            targets[row * t..(row + 1) * t].copy_from_slice(&self.tokens[start + 1..start + t + 1]);
-        }
+        shape.fill_rows(&self.tokens, inputs, targets, |row| {
+            self.range.start + (first_window + row) * shape.seq_len
+        });
     }
 
     /// Fills the next batch and returns true, or returns false once all `n_batches()` were given

@@ -8,6 +8,15 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum EngineError {
+    /// The run needs a feature the chosen backend does not have (checked before allocating).
+    #[error(
+        "the {backend} backend does not run {feature}: run it on the CPU backend (--device cpu), \
+         or drop what needs it"
+    )]
+    Unsupported {
+        backend: &'static str,
+        feature: crate::backend::Feature,
+    },
     /// The planner refused the model or setup (unsupported option, value out of range).
     #[error(transparent)]
     Plan(#[from] PlanError),

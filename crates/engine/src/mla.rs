@@ -100,7 +100,7 @@ pub fn qkv<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
         dims: k,
         back: false,
     };
-    be.mla(arena, &op);
+    crate::backend::moe_ops(be).mla(arena, &op);
     let kv_norm = must(a.kv_norm).prefix(n * k.rank);
     latent_norm(cx, latent, kv_norm, must(a.kv_rstd), Role::MlaKvNorm);
     let kv = w.kv.prefix(n * k.heads * (k.nope + k.v));
@@ -115,7 +115,7 @@ pub fn qkv<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
             n,
             dims: k,
         };
-        be.mla(arena, &op);
+        crate::backend::moe_ops(be).mla(arena, &op);
         let rope = MlaOp::Rope {
             qkv: dst,
             batch: b,
@@ -124,7 +124,7 @@ pub fn qkv<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
             theta: model.config.rope_theta,
             inverse: false,
         };
-        be.mla(arena, &rope);
+        crate::backend::moe_ops(be).mla(arena, &rope);
     });
 }
 
@@ -140,6 +140,6 @@ pub fn take_values<B: Backend>(cx: &Ctx<'_, B>, a: &BlockActs) {
             n,
             dims: k,
         };
-        cx.be.mla(cx.arena, &op);
+        crate::backend::moe_ops(cx.be).mla(cx.arena, &op);
     });
 }

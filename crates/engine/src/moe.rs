@@ -98,7 +98,7 @@ pub fn forward<B: Backend>(
         routing: model.config.routing,
         aux,
     };
-    be.moe(arena, &op);
+    crate::backend::moe_ops(be).moe(arena, &op);
     let experts = expert_rows(arena, route, s);
     let rows_in = w.rows_in.prefix(s.rows() * c);
     let src = a.ln2.prefix(n * c);
@@ -109,7 +109,7 @@ pub fn forward<B: Backend>(
         shape: s,
         c,
     };
-    be.moe(arena, &gather);
+    crate::backend::moe_ops(be).moe(arena, &gather);
     let w_fc = cx.w(Role::ExpertsFcWeight);
     for (x, r) in experts.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
         let out = rows(a.fch, r, fc);
@@ -145,7 +145,7 @@ pub fn forward<B: Backend>(
         shape: s,
         c,
     };
-    be.moe(arena, &op);
+    crate::backend::moe_ops(be).moe(arena, &op);
     if d.shared > 0 {
         // The shared experts' output joins the routed one (through the free expert-order rows).
         let y = w.rows_out.prefix(n * c);

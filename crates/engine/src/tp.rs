@@ -76,7 +76,11 @@ impl TensorParallel {
         }
     }
 
-    pub fn kv_after<B: Backend>(&self, arena: &Arena<B>, rows: [Option<Tensor>; 2]) {
+    pub fn kv_after<B: crate::backend::TrainOps>(
+        &self,
+        arena: &Arena<B>,
+        rows: [Option<Tensor>; 2],
+    ) {
         let Some((group, scratch)) = &self.kv else {
             return;
         };

@@ -8,7 +8,7 @@ use super::prefill_chunks;
 use super::sample::{pick, Sampling};
 use super::Server;
 use data::SplitMix64;
-use engine::backend::Backend;
+use engine::backend::InferOps;
 use engine::error::EngineError;
 
 /// What the scheduler asks of whatever runs its decisions: admit a request (prefill), decode a
@@ -28,7 +28,7 @@ pub trait Executor {
     fn unshare(&mut self);
 }
 
-pub struct Single<'a, B: Backend> {
+pub struct Single<'a, B: InferOps> {
     server: &'a mut Server<B>,
     sampling: Sampling,
     rng: SplitMix64,
@@ -37,7 +37,7 @@ pub struct Single<'a, B: Backend> {
     root: Option<(SeqId, usize)>,
 }
 
-impl<'a, B: Backend> Single<'a, B> {
+impl<'a, B: InferOps> Single<'a, B> {
     /// Drives `server`, sampling each next token with `sampling` from a generator seeded `seed`.
     pub fn new(server: &'a mut Server<B>, sampling: Sampling, seed: u64) -> Self {
         Single {
@@ -50,7 +50,7 @@ impl<'a, B: Backend> Single<'a, B> {
     }
 }
 
-impl<B: Backend> Executor for Single<'_, B> {
+impl<B: InferOps> Executor for Single<'_, B> {
     fn free_blocks(&self) -> usize {
         self.server.free_blocks()
     }

@@ -12,7 +12,8 @@
 //! Example: `file::save(&server, "q/weights.frugal".as_ref())?; let h = file::read_header(p)?;`
 
 use super::Server;
-use engine::backend::{Backend, DType};
+use engine::backend::DType;
+use engine::backend::InferOps;
 use engine::config::ModelConfig;
 use engine::error::EngineError;
 use plan::buffer::Category;
@@ -66,7 +67,7 @@ fn io(path: &Path, what: &str) -> impl FnOnce(std::io::Error) -> EngineError {
 }
 
 /// The weight buffers of a server's plan, in plan order.
-fn weight_buffers<B: Backend>(server: &Server<B>) -> Vec<(String, engine::backend::Tensor)> {
+fn weight_buffers<B: InferOps>(server: &Server<B>) -> Vec<(String, engine::backend::Tensor)> {
     server
         .plan
         .buffers
@@ -80,7 +81,7 @@ fn weight_buffers<B: Backend>(server: &Server<B>) -> Vec<(String, engine::backen
 }
 
 /// Writes `server`'s weights to `path`.
-pub fn save<B: Backend>(server: &Server<B>, path: &Path) -> Result<(), EngineError> {
+pub fn save<B: InferOps>(server: &Server<B>, path: &Path) -> Result<(), EngineError> {
     let be = server.arena.backend();
     let mut entries = Vec::new();
     let mut payload = Vec::new();
@@ -187,7 +188,7 @@ pub fn read_header(path: &Path) -> Result<(Header, u64), EngineError> {
 }
 
 /// Loads `path`'s weights into `server` (built from the file's config and format).
-pub fn load<B: Backend>(server: &mut Server<B>, path: &Path) -> Result<(), EngineError> {
+pub fn load<B: InferOps>(server: &mut Server<B>, path: &Path) -> Result<(), EngineError> {
     let (header, offset) = read_header(path)?;
     if header.format()? != server.setup.weights {
         return Err(bad(
@@ -217,7 +218,7 @@ pub fn load<B: Backend>(server: &mut Server<B>, path: &Path) -> Result<(), Engin
     Ok(())
 }
 
-fn read_tensors<B: Backend>(
+fn read_tensors<B: InferOps>(
     server: &Server<B>,
     path: &Path,
     offset: u64,

@@ -48,7 +48,8 @@ pub use runner::Runner;
 use blocks::{BlockManager, SeqId};
 use cpu::Cpu;
 use engine::arena::{Arena, Measured};
-use engine::backend::{Backend, DType, KvCache, QMatrix, Tensor};
+use engine::backend::InferOps;
+use engine::backend::{DType, KvCache, QMatrix, Tensor};
 use engine::config::ModelConfig;
 use engine::error::EngineError;
 use plan::buffer::{Device, MemoryPlan};
@@ -121,7 +122,7 @@ impl UnitWeights {
 }
 
 /// An inference engine on a backend (the CPU by default).
-pub struct Server<B: Backend = Cpu> {
+pub struct Server<B: InferOps = Cpu> {
     pub plan: MemoryPlan,
     pub arena: Arena<B>,
     pub config: ModelConfig,
@@ -164,7 +165,7 @@ impl Server<Cpu> {
     }
 }
 
-impl<B: Backend> Server<B> {
+impl<B: InferOps> Server<B> {
     /// A server on `backend`; refuses before allocating when the slab exceeds `capacity`.
     pub fn on(
         backend: B,
@@ -172,6 +173,7 @@ impl<B: Backend> Server<B> {
         setup: ServeSetup,
         capacity: Option<u64>,
     ) -> Result<Server<B>, EngineError> {
+        engine::backend::require::<B>(engine::backend::model_needs(&config.shape))?;
         let plan = serve_plan(&config.shape, &setup)?;
         let arena = Arena::new(backend, &plan, Device::Gpu, capacity)?;
         let units = plan::frugal::param_units(&config.shape, 1)?;
@@ -338,7 +340,7 @@ impl<B: Backend> Server<B> {
 }
 
 /// The tensors of one unit's weights in the arena.
-fn bind_unit<B: Backend>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -> UnitWeights {
+fn bind_unit<B: InferOps>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -> UnitWeights {
     let mut matrices = Vec::new();
     let mut vectors = Vec::new();
     let mut offset = 0usize;
@@ -377,7 +379,7 @@ fn bind_unit<B: Backend>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) ->
     UnitWeights { matrices, vectors }
 }
 
-fn bind_cache<B: Backend>(
+fn bind_cache<B: InferOps>(
     arena: &Arena<B>,
     layer: u32,
     setup: &ServeSetup,
@@ -410,7 +412,7 @@ fn bind_cache<B: Backend>(
 }
 
 /// The step tensor `t` of `kind` (f32 unless token ids).
-pub(crate) fn step_tensor<B: Backend>(
+pub(crate) fn step_tensor<B: InferOps>(
     arena: &Arena<B>,
     kind: StepKind,
     t: StepAct,

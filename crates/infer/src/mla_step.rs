@@ -10,12 +10,13 @@
 
 use super::{step_tensor, Server, UnitWeights};
 use engine::backend::ops::{NormKind, NormOp};
-use engine::backend::{Backend, LatentOp, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
+use engine::backend::InferOps;
+use engine::backend::{LatentOp, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
 use engine::family::deepseek::LATENT_NORM_EPS;
 use plan::frugal::units::Role;
 use plan::frugal::{StepAct, StepKind};
 
-impl<B: Backend> Server<B> {
+impl<B: InferOps> Server<B> {
     /// proj (n, C) := latent attention's output projection for the step's rows (`ln` is the
     /// block's normed input; `atty` its scratch), writing each row's latent into `cache`.
     #[allow(clippy::too_many_arguments)]
@@ -93,7 +94,7 @@ impl<B: Backend> Server<B> {
                 dims: d,
                 back,
             };
-            be.mla(a, &op);
+            engine::backend::moe_ops(be).mla(a, &op);
         };
         take(false);
         norm(latent, normed, Role::MlaKvNorm);
@@ -104,7 +105,7 @@ impl<B: Backend> Server<B> {
             dims: d,
             back: true,
         };
-        be.mla(a, &op);
+        engine::backend::moe_ops(be).mla(a, &op);
         let theta = self.config.rope_theta;
         let rope = |x: Tensor, row_width, heads, stride, offset| {
             let op = LatentOp::RopeAt {

@@ -9,7 +9,8 @@
 
 use super::{step_tensor, Server, UnitWeights};
 use engine::backend::ops::Activation;
-use engine::backend::{Backend, MoeOp, MoeShape, QLinear, QMatrix, Tensor};
+use engine::backend::InferOps;
+use engine::backend::{MoeOp, MoeShape, QLinear, QMatrix, Tensor};
 use plan::frugal::units::Role;
 use plan::frugal::{StepAct, StepKind};
 use std::ops::Range;
@@ -30,7 +31,7 @@ fn rows_of(m: QMatrix, r: Range<usize>) -> QMatrix {
     }
 }
 
-impl<B: Backend> Server<B> {
+impl<B: InferOps> Server<B> {
     /// Whether block `l` has a mixture of experts.
     pub(crate) fn is_moe(&self, l: u32) -> bool {
         self.design.moe
@@ -95,7 +96,7 @@ impl<B: Backend> Server<B> {
             routing: self.config.routing,
             aux: None,
         };
-        be.moe(a, &op);
+        engine::backend::moe_ops(be).moe(a, &op);
         let experts = engine::moe::expert_rows(a, route, shape);
         let xs = rows_in.prefix(shape.rows() * c);
         let gather = MoeOp::Gather {
@@ -105,7 +106,7 @@ impl<B: Backend> Server<B> {
             shape,
             c,
         };
-        be.moe(a, &gather);
+        engine::backend::moe_ops(be).moe(a, &gather);
         let (w_fc, w_proj) = (
             w.matrix(Role::ExpertsFcWeight),
             w.matrix(Role::ExpertsProjWeight),
@@ -144,7 +145,7 @@ impl<B: Backend> Server<B> {
             shape,
             c,
         };
-        be.moe(a, &combine);
+        engine::backend::moe_ops(be).moe(a, &combine);
         if e.n_shared > 0 {
             let sh = e.n_shared as usize * f;
             linear(

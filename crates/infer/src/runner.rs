@@ -47,6 +47,11 @@ impl<B: Backend> Runner<B> {
         config: ModelConfig,
         setup: ForwardSetup,
     ) -> Result<Runner<B>, EngineError> {
+        let mut needs = engine::backend::model_needs(&config.shape);
+        if setup.attention == plan::setup::Attention::Eager {
+            needs.push(engine::backend::Feature::EagerAttention);
+        }
+        engine::backend::require::<B>(needs)?;
         let plan = forward_plan(&config.shape, &setup)?;
         let arena = Arena::new(backend, &plan, Device::Gpu, None)?;
         let units = plan::frugal::param_units(&config.shape, 1)?;

@@ -16,7 +16,7 @@ use super::blocks::SeqId;
 use super::executor::{Executor, Replay, Single};
 use super::sample::Sampling;
 use super::Server;
-use engine::backend::Backend;
+use engine::backend::InferOps;
 use engine::error::EngineError;
 use plan::frugal::ServeSetup;
 use std::time::Instant;
@@ -261,7 +261,7 @@ fn drive(
 
 /// Serves `requests` (all arriving at once) on `server`, sampling with `sampling`; the first
 /// `prefix` tokens, common to every prompt, are cached once and shared (0: none).
-pub fn run<B: Backend>(
+pub fn run<B: InferOps>(
     server: &mut Server<B>,
     requests: &[Request],
     prefix: usize,

@@ -18,7 +18,7 @@ use super::blocks::SeqId;
 use super::sample::{argmax, distribution, draw, uniform, Sampling};
 use super::{Server, SplitK};
 use data::SplitMix64;
-use engine::backend::Backend;
+use engine::backend::InferOps;
 use engine::error::EngineError;
 
 /// What a speculative run did.
@@ -42,7 +42,7 @@ impl SpecStats {
 }
 
 /// Refuses a draft that cannot propose for `target` (another vocabulary).
-pub fn check_pair<B: Backend>(target: &Server<B>, draft: &Server<B>) -> Result<(), EngineError> {
+pub fn check_pair<B: InferOps>(target: &Server<B>, draft: &Server<B>) -> Result<(), EngineError> {
     let (t, d) = (&target.config.shape, &draft.config.shape);
     if t.vocab != d.vocab {
         return Err(EngineError::Infer(format!(
@@ -55,7 +55,7 @@ pub fn check_pair<B: Backend>(target: &Server<B>, draft: &Server<B>) -> Result<(
 }
 
 /// Continues `prompt` by `n_new` tokens with `draft` proposing `k` at a time.
-pub fn generate<B: Backend>(
+pub fn generate<B: InferOps>(
     target: &mut Server<B>,
     draft: &mut Server<B>,
     prompt: &[u32],
@@ -87,7 +87,7 @@ pub fn generate<B: Backend>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run<B: Backend>(
+fn run<B: InferOps>(
     target: &mut Server<B>,
     draft: &mut Server<B>,
     (ts, ds): (SeqId, SeqId),
@@ -199,7 +199,7 @@ fn limit(s: &Sampling, v: usize) -> usize {
 }
 
 /// Plain decoding with `server` alone: the reference speculative decoding must match.
-pub fn generate_plain<B: Backend>(
+pub fn generate_plain<B: InferOps>(
     server: &mut Server<B>,
     prompt: &[u32],
     n_new: usize,

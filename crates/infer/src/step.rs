@@ -8,14 +8,15 @@
 use super::blocks::SeqId;
 use super::{step_tensor, unit_index, Server, SplitK};
 use engine::backend::ops::{Activation, NormKind, NormOp, RopeShape};
-use engine::backend::{Backend, EmbedRows, KvWrite, PagedAttention, QLinear, SeqRow, Tensor};
+use engine::backend::InferOps;
+use engine::backend::{EmbedRows, KvWrite, PagedAttention, QLinear, SeqRow, Tensor};
 use engine::error::EngineError;
 use plan::buffer::Phase;
 use plan::frugal::family::{Norm, Positions};
 use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::{StepAct, StepKind};
 
-impl<B: Backend> Server<B> {
+impl<B: InferOps> Server<B> {
     /// Appends `n` slots to `id`, pushing each new token's (block, slot); a shared block it
     /// writes into is copied first, in every layer's cache.
     fn grow(&mut self, id: SeqId, n: usize, slots: &mut Vec<(u32, u32)>) {

@@ -13,7 +13,8 @@
 
 use super::Server;
 use data::SplitMix64;
-use engine::backend::{Backend, QMatrix};
+use engine::backend::InferOps;
+use engine::backend::QMatrix;
 use engine::error::EngineError;
 use formats::quant::{quantize, Granularity, QuantConfig, Scheme, Symmetry};
 use formats::{Format, IntRange};
@@ -196,7 +197,7 @@ fn uniform(b: &[u8]) -> f32 {
     (u >> 8) as f32 / (1u32 << 23) as f32 - 1.0
 }
 
-impl<B: Backend> Server<B> {
+impl<B: InferOps> Server<B> {
     /// Writes one matrix's stored bytes.
     pub fn upload_matrix(&self, m: &QMatrix, p: &Packed) {
         let be = self.arena.backend();

@@ -252,30 +252,18 @@ pub fn training(
         .into_iter()
         .map(|(p, c)| point(phase_name(p), c))
         .collect();
+    let per_device = PerDevice::of(
+        at_peak,
+        est.peak_bytes,
+        est.reserved_bytes,
+        est.context_bytes,
+    );
     Report {
-        runtime: runtime.into(),
-        runtime_note: None,
-        mode: "train",
-        model: model.cloned(),
-        param_count: model.map_or(n_params, ModelShape::param_count),
-        largest: model.map(Largest::of),
-        setup: serde_json::to_value(setup).unwrap_or_default(),
-        per_device: PerDevice::of(
-            at_peak,
-            est.peak_bytes,
-            est.reserved_bytes,
-            est.context_bytes,
-        ),
         host,
         host_node: model.map(|m| crate::host::host_per_node(m, setup, est, 8)),
         peak_phase: phase_name(phase),
         timeline,
-        inference: None,
-        step_time: None,
-        gpu: None,
-        device_memory_bytes: None,
-        fits: None,
-        rank_peaks: Vec::new(),
+        ..Report::new(runtime, "train", model, n_params, setup, per_device)
     }
 }
 
@@ -290,22 +278,13 @@ pub fn inference(
     let prefill_peak: u64 = est.prefill.iter().sum();
     let decode_peak: u64 = est.decode.iter().sum();
     let at_peak = reconcile(est.at_peak(), est.peak_bytes);
+    let per_device = PerDevice::of(
+        at_peak,
+        est.peak_bytes,
+        est.reserved_bytes,
+        est.context_bytes,
+    );
     Report {
-        runtime: runtime.into(),
-        runtime_note: None,
-        mode: "infer",
-        model: model.cloned(),
-        param_count: model.map_or(n_params, ModelShape::param_count),
-        largest: model.map(Largest::of),
-        setup: serde_json::to_value(setup).unwrap_or_default(),
-        per_device: PerDevice::of(
-            at_peak,
-            est.peak_bytes,
-            est.reserved_bytes,
-            est.context_bytes,
-        ),
-        host: None,
-        host_node: None,
         peak_phase: if prefill_peak >= decode_peak {
             "prefill"
         } else {
@@ -323,15 +302,43 @@ pub fn inference(
             prefill_peak_bytes: prefill_peak,
             decode_peak_bytes: decode_peak,
         }),
-        step_time: None,
-        gpu: None,
-        device_memory_bytes: None,
-        fits: None,
-        rank_peaks: Vec::new(),
+        ..Report::new(runtime, "infer", model, n_params, setup, per_device)
     }
 }
 
 impl Report {
+    /// A report of `mode` with what every plan has: the runtime, the model (or a bare count of
+    /// `n_params`), the setup and `per_device`; the rest empty, for the caller to fill.
+    fn new(
+        runtime: &str,
+        mode: &'static str,
+        model: Option<&ModelShape>,
+        n_params: u64,
+        setup: &impl Serialize,
+        per_device: PerDevice,
+    ) -> Report {
+        Report {
+            runtime: runtime.into(),
+            runtime_note: None,
+            mode,
+            model: model.cloned(),
+            param_count: model.map_or(n_params, ModelShape::param_count),
+            largest: model.map(Largest::of),
+            setup: serde_json::to_value(setup).unwrap_or_default(),
+            per_device,
+            host: None,
+            host_node: None,
+            peak_phase: String::new(),
+            timeline: Vec::new(),
+            inference: None,
+            step_time: None,
+            gpu: None,
+            device_memory_bytes: None,
+            fits: None,
+            rank_peaks: Vec::new(),
+        }
+    }
+
     /// Says whether the whole process (`total_bytes`) fits in `device_bytes`.
     pub fn with_device_memory(mut self, device_bytes: u64) -> Report {
         self.device_memory_bytes = Some(device_bytes);

@@ -12,7 +12,8 @@ use crate::TrainState;
 use comm::ReduceOp;
 use engine::arena::Arena;
 use engine::backend::ops::*;
-use engine::backend::{Backend, DType, Tensor};
+use engine::backend::TrainOps;
+use engine::backend::{DType, Tensor};
 use engine::forward::{attn_shape, block_input, final_norm, rope_shape, widened};
 use engine::model::{BlockActs, Model};
 use kernels::classifier::shard::RowReduce;
@@ -22,7 +23,7 @@ use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::Key;
 
 /// What one block's backward shares: the model, its gradients and the pass's sizes.
-pub(crate) struct Grad<'a, B: Backend> {
+pub(crate) struct Grad<'a, B: TrainOps> {
     pub(crate) model: &'a Model,
     pub(crate) state: &'a TrainState,
     pub(crate) arena: &'a Arena<B>,
@@ -33,7 +34,7 @@ pub(crate) struct Grad<'a, B: Backend> {
     lora_u: [Option<Tensor>; 4],
 }
 
-impl<B: Backend> Grad<'_, B> {
+impl<B: TrainOps> Grad<'_, B> {
     /// The block this backward runs.
     pub(crate) fn layer(&self) -> usize {
         match self.kind {
@@ -233,7 +234,7 @@ pub(crate) struct NormSaved {
 /// Final norm, fused classifier + cross-entropy (forward and backward), norm backward into
 /// `dact.residual`. Returns the sum of the per-token losses; `dloss` scales each token's gradient
 /// (1 / tokens of the whole step, so accumulation equals one big batch).
-pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dloss: f32) -> f32 {
+pub fn head<B: TrainOps>(model: &Model, state: &TrainState, arena: &Arena<B>, dloss: f32) -> f32 {
     let s = &model.shape;
     let (b, t) = (s.batch as usize, s.seq as usize);
     let shape = &model.config.shape;
@@ -273,7 +274,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
                 stats,
                 reduce: &mut reduce,
             };
-            be.classifier_shard(arena, &op, shard)
+            engine::backend::tp_ops(be).classifier_shard(arena, &op, shard)
         }
         None => be.classifier(arena, &op),
     };
@@ -304,7 +305,7 @@ pub fn head<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, dlo
 /// Block `layer` backward: first rebuilds what the recompute policy did not keep, then reads
 /// `dact.residual` as the gradient of its output and leaves the gradient of its input there;
 /// accumulates the block's parameter gradients.
-pub fn block<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, layer: usize) {
+pub fn block<B: TrainOps>(model: &Model, state: &TrainState, arena: &Arena<B>, layer: usize) {
     crate::recompute::before_backward(model, state, arena, layer);
     let g = Grad {
         model,
@@ -325,7 +326,7 @@ pub fn block<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>, la
 }
 
 /// MLP half: out = res2 + proj(act(fc(norm2(res2)))); turns d(out) into d(res2) in `dres`.
-fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
+fn mlp<B: TrainOps>(g: &Grad<'_, B>, a: &BlockActs) {
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let d = model.dims(g.layer(), b, t);
@@ -354,7 +355,7 @@ fn mlp<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
 }
 
 /// Attention half: res2 = inp + proj(attention(qkv(norm1(inp)))); turns d(res2) into d(inp).
-fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
+fn attention<B: TrainOps>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
     let d = model.dims(
         g.layer(),
@@ -412,7 +413,7 @@ fn attention<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
 }
 
 /// Embedding backward: scatters `dact.residual` into the token (and position) table gradients.
-pub fn embed<B: Backend>(model: &Model, state: &TrainState, arena: &Arena<B>) {
+pub fn embed<B: TrainOps>(model: &Model, state: &TrainState, arena: &Arena<B>) {
     if model.lora.is_some() {
         return; // the embedding is frozen
     }

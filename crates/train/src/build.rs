@@ -10,7 +10,8 @@ use crate::precision::LossScaler;
 use crate::zero::Sharding;
 use comm::Collective;
 use engine::arena::Arena;
-use engine::backend::{Backend, DType};
+use engine::backend::DType;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::model::{Model, WeightSource};
 use engine::share::Share;
@@ -19,13 +20,14 @@ use plan::frugal::key::Work;
 use plan::frugal::{ActShape, Key, StateRule};
 use plan::setup::{Offload, Precision};
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// A trainer for one rank on `backend`.
     pub fn on(
         backend: B,
         config: TrainConfig,
         comm: Box<dyn Collective>,
     ) -> Result<Trainer<B>, EngineError> {
+        engine::backend::require::<B>(config.needs())?;
         let (world_rank, world) = (comm.rank(), comm.world_size());
         assert_eq!(world, config.ranks as usize, "one communicator per rank");
         let place = tp::Place::of(world_rank, config.tp.max(1), config.dp(), config.pp.max(1));

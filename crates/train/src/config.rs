@@ -6,6 +6,7 @@
 
 use super::Mixed;
 use crate::optim::{OptimizerKind, Schedule};
+use engine::backend::Feature;
 use engine::capacity::{HostMemory, Limit, NoFit};
 use engine::config::ModelConfig;
 use engine::error::EngineError;
@@ -80,6 +81,24 @@ pub struct LoraConfig {
 }
 
 impl TrainConfig {
+    /// What this run needs of a backend beyond the forward pass and training: the model's
+    /// layers and the run's options, checked at set-up (`engine::backend::require`).
+    pub fn needs(&self) -> Vec<Feature> {
+        let mut needs = engine::backend::model_needs(&self.model.shape);
+        let wants = [
+            (self.lora.is_some(), Feature::Lora),
+            (self.tp > 1, Feature::TensorParallel),
+            (self.ranks > 1, Feature::Ranks),
+            (self.attention == Attention::Eager, Feature::EagerAttention),
+            (
+                self.mixed.offload != plan::setup::Offload::None,
+                Feature::OptimizerOffload,
+            ),
+        ];
+        needs.extend(wants.into_iter().filter(|w| w.0).map(|w| w.1));
+        needs
+    }
+
     /// A run of `model` with the defaults every command shares: fp32, ZeRO 0 on one rank, no
     /// recompute, flash attention, AdamW at a constant 1e-3 clipped at 1, one micro-batch.
     pub fn new(model: ModelConfig, batch: u64, seq: u64) -> TrainConfig {

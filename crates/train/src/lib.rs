@@ -39,7 +39,8 @@ use crate::zero::{Pass, Sharding};
 use comm::Collective;
 use cpu::Cpu;
 use engine::arena::{Arena, Measured};
-use engine::backend::{Backend, DType};
+use engine::backend::DType;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::forward;
 use engine::model::Model;
@@ -72,7 +73,7 @@ pub use mixed::Mixed;
 pub use optim::{OptimizerKind, Schedule};
 pub use state::{MasterState, TrainState};
 
-pub struct Trainer<B: Backend = Cpu> {
+pub struct Trainer<B: TrainOps = Cpu> {
     /// This rank's link to the others of its data-parallel group (every rank without tensor
     /// parallelism; `comm::Solo` for a world of one; `comm::Overlapped` under ZeRO-3 with
     /// `overlap_comm`), counting its bytes. Declared first so it is dropped first: a gather
@@ -127,7 +128,7 @@ impl Trainer<Cpu> {
     }
 }
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// The planner's view of this trainer's run, its ZeRO stage and precision included.
     pub fn setup(&self) -> TrainSetup {
         self.config.setup()

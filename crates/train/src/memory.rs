@@ -5,7 +5,7 @@
 //! Example: `let all = trainer.gather_memory()?; assert!(all.iter().all(|r| r.planned == r.measured));`
 
 use super::Trainer;
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use plan::buffer::Device;
 
@@ -58,7 +58,7 @@ pub fn process_peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// This rank's planned and measured bytes.
     pub fn memory(&self) -> RankMemory {
         let (_, at_peak_bytes) = self.plan.at_peak(Device::Gpu);

@@ -13,7 +13,7 @@ use crate::optim::{OptimizerKind, UnitSlice};
 use crate::precision::update as half_update;
 use crate::precision::{MasterStep, ScalerConfig, StepDecision};
 use comm::Collective;
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::model::Model;
 use plan::frugal::StateRule;
@@ -82,7 +82,7 @@ impl Mixed {
     }
 }
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// The bf16/fp16 update: norm and overflow over the 2-byte gradients (every rank agrees on
     /// both), the scaler's verdict (fp16: skip the step on an overflow anywhere), then AdamW on
     /// the fp32 master weights, rounding the working copy. Returns the unscaled norm (NaN when

@@ -3,7 +3,8 @@
 
 use crate::backward::{Grad, NormSaved};
 use engine::backend::ops::*;
-use engine::backend::{Backend, MlaOp, Tensor};
+use engine::backend::TrainOps;
+use engine::backend::{MlaOp, Tensor};
 use engine::forward::{attn_shape, widened};
 use engine::mla::{dims, must, work};
 use engine::model::BlockActs;
@@ -11,7 +12,7 @@ use plan::frugal::units::Role;
 
 /// The attention half's backward: d(res2) in `dresidual` → d(inp), with every latent-attention
 /// weight's gradient.
-pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
+pub fn backward<B: TrainOps>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
     let layer = g.layer();
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
@@ -32,7 +33,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
         n,
         dims: k,
     };
-    be.mla(arena, &put);
+    engine::backend::moe_ops(be).mla(arena, &put);
     let qkv = widened(arena, a.qkv, n * qkv_w, model.work.f32_in);
     let dqkv = state.dqkv.prefix(n * qkv_w);
     be.fill(arena, dqkv, 0.0);
@@ -60,7 +61,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
         theta: model.config.rope_theta,
         inverse: true,
     };
-    be.mla(arena, &rope);
+    engine::backend::moe_ops(be).mla(arena, &rope);
     let (dq, dkv) = (
         w.q.prefix(n * hqk),
         w.kv.prefix(n * k.heads * (k.nope + k.v)),
@@ -74,7 +75,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
         n,
         dims: k,
     };
-    be.mla(arena, &op);
+    engine::backend::moe_ops(be).mla(arena, &op);
     let (da, db) = state.dlatent.expect("latent gradients");
     let grad = |role| g.g(role).expect("a trained latent-attention weight");
     // The latent path: kv_b, the latent's norm, back into kv_a's output gradient.
@@ -96,7 +97,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
         dims: k,
         back: true,
     };
-    be.mla(arena, &back);
+    engine::backend::moe_ops(be).mla(arena, &back);
     be.fill(arena, state.dln, 0.0);
     let dln = state.dln.prefix(n * c);
     let kva = (g.w(Role::MlaKva), grad(Role::MlaKva));
@@ -126,7 +127,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, inp: Tensor) {
 }
 
 /// dinp := a latent norm's backward of `dout` (zeroed first), its weight gradient accumulated.
-fn norm_backward<B: Backend>(
+fn norm_backward<B: TrainOps>(
     g: &Grad<'_, B>,
     (dinp, dout): (Tensor, Tensor),
     inp: Tensor,

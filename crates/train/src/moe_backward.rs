@@ -5,7 +5,8 @@ use crate::backward::{Grad, NormSaved};
 use crate::TrainState;
 use engine::arena::Arena;
 use engine::backend::ops::ActivationBackward;
-use engine::backend::{Backend, MoeOp};
+use engine::backend::MoeOp;
+use engine::backend::TrainOps;
 use engine::forward::{widened, Ctx};
 use engine::model::{BlockActs, Model};
 use engine::moe::{expert, expert_rows, must_t, rows, shape, tables, work};
@@ -16,7 +17,7 @@ use plan::frugal::units::Role;
 /// gradient every router probability receives from it (weighted by the config's coefficient
 /// and scaled like the token losses: `dloss` × the micro-batch's `n` tokens), into
 /// `work.moe_aux`. A no-op for a dense model or a coefficient of 0.
-pub fn balance<B: Backend>(
+pub fn balance<B: TrainOps>(
     model: &Model,
     state: &TrainState,
     arena: &Arena<B>,
@@ -42,7 +43,7 @@ pub fn balance<B: Backend>(
 
 /// The MoE MLP's backward: turns d(out) in `dresidual` into d(res2), accumulating the router's
 /// and every expert's weight gradients.
-pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
+pub fn backward<B: TrainOps>(g: &Grad<'_, B>, a: &BlockActs) {
     let (model, state, arena, be) = (g.model, g.state, g.arena, g.be);
     let (b, t) = (model.shape.batch as usize, model.shape.seq as usize);
     let cx = Ctx::new(model, arena, g.layer(), b, t);
@@ -72,7 +73,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
             shape: s,
             c,
         };
-        be.moe(arena, &op);
+        engine::backend::moe_ops(be).moe(arena, &op);
     };
     gather(dy, dres);
     // The experts' outputs again (into work.moe_in) for the gates' gradient.
@@ -96,7 +97,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         shape: s,
         w: c,
     };
-    be.moe(arena, &op);
+    engine::backend::moe_ops(be).moe(arena, &op);
     let op = MoeOp::ScaleRows {
         x: dy,
         gates,
@@ -104,7 +105,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         shape: s,
         w: c,
     };
-    be.moe(arena, &op);
+    engine::backend::moe_ops(be).moe(arena, &op);
     let dfch_act = state.dfch_act.prefix(nk * f);
     be.fill(arena, dfch_act, 0.0);
     for (x, r) in experts.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
@@ -151,7 +152,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         shape: s,
         c,
     };
-    be.moe(arena, &op);
+    engine::backend::moe_ops(be).moe(arena, &op);
     if d.shared > 0 {
         shared_backward(g, a, &d);
     }
@@ -167,7 +168,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
         gating: model.config.routing.gating,
         dprob: on.then(|| w.aux.slice(2 * e..3 * e)),
     };
-    be.moe(arena, &op);
+    engine::backend::moe_ops(be).moe(arena, &op);
     let router = (g.w(Role::RouterWeight), grad(Role::RouterWeight));
     g.dense(dln, dprobs, a.ln2, router, None, (n, c));
     let saved = NormSaved {
@@ -180,7 +181,7 @@ pub fn backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs) {
 
 /// The shared experts' backward: their weight gradients, and their input gradient added to
 /// `dact.ln` (d(out) is `dresidual`). Their units have no MLP biases.
-fn shared_backward<B: Backend>(g: &Grad<'_, B>, a: &BlockActs, d: &BlockDims) {
+fn shared_backward<B: TrainOps>(g: &Grad<'_, B>, a: &BlockActs, d: &BlockDims) {
     let s = d.shared as usize;
     let roles = [
         (Role::SharedFcWeight, Role::FcBias),

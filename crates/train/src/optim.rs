@@ -10,7 +10,8 @@
 //! is 6e-5 (step 1 of 10 of warmup).
 
 use engine::arena::{Arena, BufId};
-use engine::backend::{AdamW, Backend, DType, Sgd, Tensor};
+use engine::backend::TrainOps;
+use engine::backend::{AdamW, DType, Sgd, Tensor};
 use engine::model::{view_range, Model};
 
 /// Which update rule, with its hyperparameters (learning rate comes from the schedule).
@@ -123,7 +124,7 @@ impl UnitSlice {
 
 /// The sum of squared gradients over `slices`: per-chunk f64 partial sums added in chunk order,
 /// then slices in order, so the result does not depend on the thread count.
-pub fn grad_sum_sq<B: Backend>(arena: &Arena<B>, slices: &[UnitSlice]) -> f64 {
+pub fn grad_sum_sq<B: TrainOps>(arena: &Arena<B>, slices: &[UnitSlice]) -> f64 {
     let be = arena.backend();
     slices
         .iter()
@@ -132,7 +133,7 @@ pub fn grad_sum_sq<B: Backend>(arena: &Arena<B>, slices: &[UnitSlice]) -> f64 {
 }
 
 /// Multiplies the gradients of `slices` by `scale`.
-pub fn scale_grads<B: Backend>(arena: &Arena<B>, slices: &[UnitSlice], scale: f32) {
+pub fn scale_grads<B: TrainOps>(arena: &Arena<B>, slices: &[UnitSlice], scale: f32) {
     for s in slices {
         arena.backend().scale(arena, s.grads, scale);
     }
@@ -141,7 +142,7 @@ pub fn scale_grads<B: Backend>(arena: &Arena<B>, slices: &[UnitSlice], scale: f3
 /// One update of the elements `slices` name (one per unit, in unit order; `state` holds each
 /// unit's optimizer buffers). AdamW and SGD are element-wise, so updating shards gives bit for
 /// bit the values of updating whole units. `step` is 1-based (bias correction).
-pub fn update_slices<B: Backend>(
+pub fn update_slices<B: TrainOps>(
     model: &Model,
     arena: &Arena<B>,
     state: &[Vec<BufId>],

@@ -8,13 +8,13 @@
 use super::Trainer;
 use crate::zero::Pass;
 use engine::arena::Arena;
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::eval::{self, Forward, Sampling};
 use engine::model::Model;
 use plan::buffer::Phase;
 
-impl<B: Backend> Forward<B> for Trainer<B> {
+impl<B: TrainOps> Forward<B> for Trainer<B> {
     fn parts(&self) -> (&Model, &Arena<B>) {
         (&self.model, &self.arena)
     }
@@ -32,7 +32,7 @@ impl<B: Backend> Forward<B> for Trainer<B> {
     }
 }
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// Mean cross-entropy of one micro-batch, without touching gradients.
     pub fn eval_loss(&mut self, inputs: &[u32], targets: &[u32]) -> Result<f32, EngineError> {
         let shape = (self.config.batch as usize, self.config.seq as usize);

@@ -15,14 +15,14 @@
 use super::Trainer;
 use crate::zero::Pass;
 use crate::{backward, forward};
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::pp::{Pipeline, Side};
 use plan::buffer::Phase;
 
 type Batch<'a> = (&'a mut Vec<u32>, &'a mut Vec<u32>);
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// Runs `grad_accum` micro-batches through this stage under 1F1B; returns the sum of the
     /// token losses (the last stage's; zero elsewhere). The stage's links are taken out of the
     /// model for the step and put back, also on an error.

@@ -22,14 +22,14 @@
 
 use crate::TrainState;
 use engine::arena::Arena;
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use engine::forward::{self, BlockPass};
 use engine::model::Model;
 use plan::recompute::{Kept, RecomputePlan};
 
 /// Rebuilds what block `layer`'s backward reads but the forward did not keep (a no-op without
 /// recompute). Runs inside `Backward(layer)`, where the plan makes those buffers live.
-pub fn before_backward<B: Backend>(
+pub fn before_backward<B: TrainOps>(
     model: &Model,
     state: &TrainState,
     arena: &Arena<B>,

@@ -8,7 +8,8 @@
 
 use engine::arena::{Arena, BufId};
 use engine::backend::ops::Bf16Scratch;
-use engine::backend::{Backend, DType, Tensor};
+use engine::backend::TrainOps;
+use engine::backend::{DType, Tensor};
 use engine::model::{act_tensor, block_acts, lora_u, residual_type, BlockActs, Model};
 use plan::frugal::key::{DAct, Work};
 use plan::frugal::shards::optimizer_keys;
@@ -67,7 +68,7 @@ impl TrainState {
     /// Resolves the training buffers of `arena`'s plan for `model`. `fp32_optimizer`: the
     /// optimizer state of fp32 weights lives in the arena; `masters`: 2-byte weights keep fp32
     /// master weights and moments in the arena (neither when offloaded).
-    pub fn new<B: Backend>(
+    pub fn new<B: TrainOps>(
         model: &Model,
         arena: &Arena<B>,
         optimizer: Optimizer,
@@ -155,7 +156,7 @@ impl TrainState {
 
     /// The gradient of `role` in the unit of `kind`: fp32, or under `ActPolicy::bf16_units` a
     /// matrix's 2-byte gradient and a vector's fp32 one in `grads.<u>.vectors`.
-    pub fn grad<B: Backend>(
+    pub fn grad<B: TrainOps>(
         &self,
         model: &Model,
         arena: &Arena<B>,
@@ -171,7 +172,7 @@ impl TrainState {
     }
 
     /// [`TrainState::grad`] when the unit has that view.
-    pub fn try_grad<B: Backend>(
+    pub fn try_grad<B: TrainOps>(
         &self,
         model: &Model,
         arena: &Arena<B>,

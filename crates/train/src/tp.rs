@@ -16,7 +16,7 @@
 use super::Trainer;
 use crate::optim::UnitSlice;
 use comm::Collective;
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::model::view_range;
 use plan::frugal::units::Role;
@@ -101,7 +101,7 @@ impl Comms {
     }
 }
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// The communicator that spans every rank.
     pub(crate) fn world_comm(&mut self) -> &mut dyn Collective {
         match self.world.as_mut() {

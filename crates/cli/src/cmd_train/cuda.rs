@@ -2,10 +2,11 @@
 //! with the same validated config, data and trainer as on the CPU; the report adds the bytes
 //! the driver gave (`cuMemGetInfo`) next to the arena's planned and measured peak.
 //!
-//! Refused before any GPU work, naming the flag: several ranks (NCCL is not built), tensor or
-//! pipeline parallelism, LoRA, mixture-of-experts and latent-attention models, eager attention,
-//! optimizer offload, snapshots (`--save-every`, `--resume`) and `--out`. A build without the
-//! `cuda` feature, or a machine without an NVIDIA driver, gets an error (exit 2) saying which.
+//! Refused before any GPU work: what the backend says it does not run (`Backend::supports`:
+//! several ranks, tensor parallelism, LoRA, mixture-of-experts and latent-attention models,
+//! eager attention, optimizer offload), named by `engine::backend::require`; and snapshots
+//! (`--save-every`, `--resume`) and `--out`. A build without the `cuda` feature, or a machine
+//! without an NVIDIA driver, gets an error (exit 2) saying which.
 //!
 //! Example: `frugal train --device cuda --model gpt2-124m --precision bf16 --batch 16 --seq 1024`.
 
@@ -31,42 +32,19 @@ impl FromStr for DeviceArg {
     }
 }
 
-/// The flags a CUDA run cannot take yet, each with what to do instead.
+/// What the CUDA command itself cannot do yet, whatever the backend runs: keep a run.
 fn refuse(args: &Args) -> anyhow::Result<()> {
-    let no =
-        |flag: &str, why: &str| -> anyhow::Result<()> { bail!("--device cuda with {flag}: {why}") };
-    if args.ranks > 1 || args.comm == super::CommArg::Mpi {
-        no(
-            "several ranks",
-            "one GPU per run for now (NCCL is not built); drop --ranks/--comm",
-        )?;
-    }
-    if args.tp > 1 || args.pp > 1 {
-        no(
-            "--tp/--pp",
-            "tensor and pipeline parallelism run on the CPU backend only",
-        )?;
-    }
-    if args.lora_rank.is_some() {
-        no("--lora-rank", "LoRA runs on the CPU backend only")?;
-    }
-    if args.attention == plan::setup::Attention::Eager {
-        no(
-            "--attention eager",
-            "the CUDA backend has flash attention only; drop the flag",
-        )?;
-    }
-    if !matches!(args.offload, super::config::OffloadArg::None) {
-        no(
-            "--offload",
-            "optimizer offload runs on the CPU backend only",
-        )?;
+    if args.comm == super::CommArg::Mpi {
+        bail!(
+            "--device cuda with --comm mpi: a CUDA run is one process on one GPU for now (NCCL \
+             is not built); drop --comm"
+        );
     }
     if args.save_every.is_some() || args.resume.is_some() || args.out.is_some() {
-        no(
-            "--out/--save-every/--resume",
-            "saving a CUDA run is not built yet; train on the CPU to keep weights",
-        )?;
+        bail!(
+            "--device cuda with --out/--save-every/--resume: saving a CUDA run is not built yet; \
+             train on the CPU to keep weights"
+        );
     }
     Ok(())
 }
@@ -85,21 +63,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::super::{setup, Args};
-    use anyhow::{bail, Context};
+    use anyhow::Context;
     use serde_json::json;
     use std::time::Instant;
 
     pub fn run(args: &Args) -> anyhow::Result<()> {
-        cuda::available().context("--device cuda")?;
         let shared = setup::prepare(args, true)?;
-        let shape = &shared.config.model.shape;
-        if shape.moe.is_some() || shape.mla.is_some() {
-            bail!(
-                "--device cuda with --model {}: mixture-of-experts and latent-attention layers \
-                 run on the CPU backend only",
-                args.model
-            );
-        }
+        // What the run needs of the backend (LoRA, MoE, several ranks, ...), refused by name
+        // before any GPU work: the backend's own answer, no device needed.
+        engine::backend::require::<cuda::Cuda>(shared.config.needs())?;
+        cuda::available().context("--device cuda")?;
         let (b, t) = (args.batch as usize, args.seq as usize);
         let mut loader = shared
             .dataset

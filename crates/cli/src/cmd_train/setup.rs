@@ -137,7 +137,7 @@ pub fn build_rank(
 }
 
 /// Mean validation loss over up to `max_batches` fixed batches.
-pub fn val_loss<B: engine::Backend>(
+pub fn val_loss<B: engine::backend::TrainOps>(
     trainer: &mut Trainer<B>,
     val: &data::ValBatches,
     max_batches: usize,

@@ -15,10 +15,15 @@ pub fn frugal(args: &[&str]) -> Output {
         .expect("run frugal")
 }
 
-/// The one JSON object a successful `--json` run prints; fails the test with stderr otherwise.
-pub fn json(out: &Output) -> Value {
+/// Asserts `out` exited with success; fails the test with its stderr otherwise.
+pub fn assert_ok(out: &Output) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+}
+
+/// The one JSON object a successful `--json` run prints; fails the test with stderr otherwise.
+pub fn json(out: &Output) -> Value {
+    assert_ok(out);
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
@@ -77,3 +82,71 @@ pub fn fails_with(out: &Output, needle: &str) {
     assert_eq!(out.status.code(), Some(2), "exit code; stderr: {stderr}");
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
 }
+
+/// `train` for `steps` steps on `data` with one validation batch and no sample at the end: the
+/// start of the short runs these tests make (the caller adds the model, its shape and the rest).
+pub fn short_train<'a>(steps: &'a str, data: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--steps",
+        steps,
+        "--sample-tokens",
+        "0",
+        "--val-batches",
+        "1",
+        "--data",
+        data,
+    ]
+}
+
+/// gpt2-tiny in batches of 2 × 32 tokens per rank.
+pub const TINY_2X32: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "2", "--seq", "32"];
+
+/// `frugal plan` of a training step in the engine's own runtime, in fp32 as `train` runs.
+pub const PLAN_FRUGAL_FP32: [&str; 6] = [
+    "plan",
+    "--train",
+    "--runtime",
+    "frugal",
+    "--precision",
+    "fp32",
+];
+
+/// `bench train` of one step of `model` on 1 × 16 tokens, printing JSON.
+pub fn bench_one_step(model: &str) -> Vec<&str> {
+    vec![
+        "bench", "train", "--model", model, "--batch", "1", "--seq", "16", "--steps", "1", "--json",
+    ]
+}
+
+/// The README's training plan: llama3-8b under ZeRO-3 on 8 GPUs, 4 × 2048 tokens per GPU.
+pub const LLAMA3_8B_ZERO3: [&str; 11] = [
+    "--model",
+    "llama3-8b",
+    "--train",
+    "--zero",
+    "3",
+    "--gpus",
+    "8",
+    "--batch",
+    "4",
+    "--seq",
+    "2048",
+];
+
+/// `fit`'s seed case: llama2-7b on 8 GPUs of 80 GB, 32 sequences of 2048 tokens, no tensor
+/// parallelism.
+pub const LLAMA2_7B_8X80: [&str; 12] = [
+    "--model",
+    "llama2-7b",
+    "--gpus",
+    "8",
+    "--device-memory",
+    "80GB",
+    "--batch",
+    "32",
+    "--seq",
+    "2048",
+    "--tp",
+    "1",
+];

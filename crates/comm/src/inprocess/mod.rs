@@ -19,7 +19,7 @@ mod world;
 
 pub use rank::InProcessComm;
 
-use crate::CommError;
+use crate::{CommError, Result};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,14 +45,11 @@ pub struct InProcess;
 impl InProcess {
     /// One handle per rank (index = rank), with the default 60 s timeout. Move each into its
     /// own thread; dropping a handle (e.g. when its thread panics) fails the world.
-    pub fn world(n_ranks: usize) -> Result<Vec<InProcessComm>, CommError> {
+    pub fn world(n_ranks: usize) -> Result<Vec<InProcessComm>> {
         Self::world_with(n_ranks, &InProcessOptions::default())
     }
 
-    pub fn world_with(
-        n_ranks: usize,
-        options: &InProcessOptions,
-    ) -> Result<Vec<InProcessComm>, CommError> {
+    pub fn world_with(n_ranks: usize, options: &InProcessOptions) -> Result<Vec<InProcessComm>> {
         if n_ranks == 0 {
             return Err(CommError::EmptyWorld);
         }

@@ -20,7 +20,7 @@
 
 use super::world::{Call, Post, World};
 use crate::reduce::{reduce_into, Elem};
-use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, DType, ReduceOp};
+use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, DType, ReduceOp, Result};
 use std::sync::Arc;
 
 pub struct InProcessComm {
@@ -100,13 +100,13 @@ impl InProcessComm {
         err
     }
 
-    fn arrive(&mut self, call: Call, src: usize) -> Result<(), CommError> {
+    fn arrive(&mut self, call: Call, src: usize) -> Result<()> {
         self.n_calls += 1;
         let post = Post { call, src };
         self.world.arrive(self.rank, post, &mut self.posts)
     }
 
-    fn all_reduce_t<T: Elem>(&mut self, buf: &mut [T], call: Call) -> Result<(), CommError> {
+    fn all_reduce_t<T: Elem>(&mut self, buf: &mut [T], call: Call) -> Result<()> {
         let op = call.op.expect("all_reduce has an op");
         let ptr = buf.as_mut_ptr();
         self.arrive(call, ptr as usize)?;
@@ -144,7 +144,7 @@ impl InProcessComm {
         input: &[T],
         output: &mut [T],
         call: Call,
-    ) -> Result<(), CommError> {
+    ) -> Result<()> {
         let op = call.op.expect("reduce_scatter has an op");
         self.arrive(call, input.as_ptr() as usize)?;
         let guard = AbortOnPanic::new();
@@ -163,11 +163,7 @@ impl InProcessComm {
 
     /// The reduce phase of `all_reduce` alone: rank r's shard of every buffer, reduced into
     /// its own buffer's shard.
-    fn reduce_scatter_in_place_t<T: Elem>(
-        &mut self,
-        buf: &mut [T],
-        call: Call,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter_in_place_t<T: Elem>(&mut self, buf: &mut [T], call: Call) -> Result<()> {
         let op = call.op.expect("reduce_scatter has an op");
         let ptr = buf.as_mut_ptr();
         let shard = buf.len() / self.world.n_ranks;
@@ -187,11 +183,7 @@ impl InProcessComm {
 
     /// Posts the address of this rank's own shard, so in-place and out-of-place all-gathers
     /// look the same to the other ranks.
-    fn all_gather_in_place_t<T: Elem>(
-        &mut self,
-        buf: &mut [T],
-        call: Call,
-    ) -> Result<(), CommError> {
+    fn all_gather_in_place_t<T: Elem>(&mut self, buf: &mut [T], call: Call) -> Result<()> {
         let ptr = buf.as_mut_ptr();
         let shard = buf.len() / self.world.n_ranks;
         // SAFETY: rank < n_ranks, so the offset is within `buf`.
@@ -216,12 +208,7 @@ impl InProcessComm {
         Ok(())
     }
 
-    fn all_gather_t<T: Elem>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        call: Call,
-    ) -> Result<(), CommError> {
+    fn all_gather_t<T: Elem>(&mut self, input: &[T], output: &mut [T], call: Call) -> Result<()> {
         self.arrive(call, input.as_ptr() as usize)?;
         let guard = AbortOnPanic::new();
         let shard = input.len();
@@ -236,7 +223,7 @@ impl InProcessComm {
         Ok(())
     }
 
-    fn broadcast_t<T: Elem>(&mut self, buf: &mut [T], call: Call) -> Result<(), CommError> {
+    fn broadcast_t<T: Elem>(&mut self, buf: &mut [T], call: Call) -> Result<()> {
         let root = call.root.expect("broadcast has a root");
         let ptr = buf.as_mut_ptr();
         self.arrive(call, ptr as usize)?;
@@ -263,7 +250,7 @@ impl Collective for InProcessComm {
         self.world.n_ranks
     }
 
-    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn all_reduce(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let mut call = self.call(CollectiveKind::AllReduce, buf.dtype(), buf.len(), buf.len());
         call.op = Some(op);
         match buf {
@@ -273,12 +260,7 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
-    fn reduce_scatter(
-        &mut self,
-        input: Buf<'_>,
-        output: BufMut<'_>,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
+    fn reduce_scatter(&mut self, input: Buf<'_>, output: BufMut<'_>, op: ReduceOp) -> Result<()> {
         const OP: &str = "reduce_scatter";
         let n = self.world.n_ranks;
         if input.len() != n * output.len() {
@@ -305,7 +287,7 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
-    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather(&mut self, input: Buf<'_>, output: BufMut<'_>) -> Result<()> {
         const OP: &str = "all_gather";
         let n = self.world.n_ranks;
         if output.len() != n * input.len() {
@@ -331,7 +313,7 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
-    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+    fn reduce_scatter_in_place(&mut self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         const OP: &str = "reduce_scatter_in_place";
         let n = self.world.n_ranks;
         self.check_divisible(OP, buf.len())?;
@@ -349,7 +331,7 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
-    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<(), CommError> {
+    fn all_gather_in_place(&mut self, buf: BufMut<'_>) -> Result<()> {
         const OP: &str = "all_gather_in_place";
         let n = self.world.n_ranks;
         self.check_divisible(OP, buf.len())?;
@@ -366,7 +348,7 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
-    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()> {
         let n = self.world.n_ranks;
         if root >= n {
             return Err(self.bad_args(
@@ -383,7 +365,7 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
-    fn barrier(&mut self) -> Result<(), CommError> {
+    fn barrier(&mut self) -> Result<()> {
         let call = self.call(CollectiveKind::Barrier, DType::F32, 0, 0);
         self.arrive(call, 0)?;
         Ok(())
@@ -396,7 +378,7 @@ impl Collective for InProcessComm {
         });
     }
 
-    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>, CommError> {
+    fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>> {
         let ask = [color, key];
         let call = self.call(CollectiveKind::Split, DType::F32, 0, 0);
         let idx = call.idx;
@@ -425,7 +407,7 @@ impl Collective for InProcessComm {
 }
 
 impl InProcessComm {
-    fn check_divisible(&self, op: &'static str, len: usize) -> Result<(), CommError> {
+    fn check_divisible(&self, op: &'static str, len: usize) -> Result<()> {
         let n = self.world.n_ranks;
         if len % n == 0 {
             return Ok(());

@@ -13,7 +13,7 @@
 //! rank 1: arrive ──► reduce own shard ──► sync ──► gather ──► sync ──► return
 //! ```
 
-use crate::{CollectiveKind, CommError, DType, ReduceOp};
+use crate::{CollectiveKind, CommError, DType, ReduceOp, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -138,12 +138,7 @@ impl World {
     }
 
     /// Enters a collective. On success `posts_out` holds every rank's post (index = rank).
-    pub fn arrive(
-        &self,
-        rank: usize,
-        post: Post,
-        posts_out: &mut Vec<Post>,
-    ) -> Result<(), CommError> {
+    pub fn arrive(&self, rank: usize, post: Post, posts_out: &mut Vec<Post>) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
         let mut st = self.lock();
         if let Some(err) = &st.failure {
@@ -193,7 +188,7 @@ impl World {
         mut st: MutexGuard<'_, State>,
         rank: usize,
         posts_out: &mut Vec<Post>,
-    ) -> Result<(), CommError> {
+    ) -> Result<()> {
         let first = st.arriving[0].expect("every rank has arrived").call;
         for r in 1..self.n_ranks {
             let call = st.arriving[r].expect("every rank has arrived").call;

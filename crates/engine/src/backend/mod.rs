@@ -93,14 +93,119 @@ impl Tensor {
     }
 }
 
-/// A device the engine runs on. Every op reads and writes tensors of `arena`, which it must
-/// only touch inside the tensors' ranges and planned lifetimes (the arena checks both).
+/// What a backend may lack beyond the forward pass, named in the one error a set-up gives
+/// ([`require`]) when a run needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feature {
+    /// LoRA adapters over a frozen (possibly quantized) base: [`LoraOps`].
+    Lora,
+    /// Mixture-of-experts MLPs: [`MoeOps`].
+    MixtureOfExperts,
+    /// Multi-head latent attention: [`MoeOps::mla`].
+    LatentAttention,
+    /// Tensor-parallel shards of every block and the vocabulary: [`TensorParallelOps`].
+    TensorParallel,
+    /// The materialised (eager) attention kernel, besides flash.
+    EagerAttention,
+    /// fp32 master weights and Adam moments in host memory or a file.
+    OptimizerOffload,
+    /// Several ranks of one run talking through [`Backend::collective`] (data, tensor or
+    /// pipeline parallelism).
+    Ranks,
+}
+
+impl std::fmt::Display for Feature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Feature::Lora => "LoRA",
+            Feature::MixtureOfExperts => "mixture-of-experts layers",
+            Feature::LatentAttention => "latent-attention layers",
+            Feature::TensorParallel => "tensor parallelism",
+            Feature::EagerAttention => "the eager attention kernel",
+            Feature::OptimizerOffload => "optimizer offload",
+            Feature::Ranks => "several ranks",
+        })
+    }
+}
+
+/// Refuses, before anything is allocated, a run that needs a feature backend `B` lacks: the one
+/// typed error ([`EngineError::Unsupported`]) that names the feature and the backend.
+pub fn require<B: Backend>(needs: impl IntoIterator<Item = Feature>) -> Result<(), EngineError> {
+    match needs.into_iter().find(|&f| !B::supports(f)) {
+        Some(feature) => Err(EngineError::Unsupported {
+            backend: B::NAME,
+            feature,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The features a model needs on any backend (its layers), beside a run's own.
+pub fn model_needs(shape: &plan::ModelShape) -> Vec<Feature> {
+    let mut needs = Vec::new();
+    if shape.mla.is_some() {
+        needs.push(Feature::LatentAttention);
+    }
+    if shape.moe.is_some() {
+        needs.push(Feature::MixtureOfExperts);
+    }
+    needs
+}
+
+fn checked_at_setup(feature: Feature) -> String {
+    format!("{feature}: a backend without it is refused at set-up (backend::require)")
+}
+
+/// `be`'s LoRA ops; the set-up refused a backend without them ([`require`]).
+pub fn lora_ops<B: Backend>(be: &B) -> &dyn LoraOps<B> {
+    be.lora_ops()
+        .unwrap_or_else(|| panic!("{}", checked_at_setup(Feature::Lora)))
+}
+
+/// `be`'s mixture-of-experts and latent-attention ops; refused at set-up without them.
+pub fn moe_ops<B: Backend>(be: &B) -> &dyn MoeOps<B> {
+    be.moe_ops()
+        .unwrap_or_else(|| panic!("{}", checked_at_setup(Feature::MixtureOfExperts)))
+}
+
+/// `be`'s tensor-parallel ops; refused at set-up without them.
+pub fn tp_ops<B: Backend>(be: &B) -> &dyn TensorParallelOps<B> {
+    be.tp_ops()
+        .unwrap_or_else(|| panic!("{}", checked_at_setup(Feature::TensorParallel)))
+}
+
+/// A device the engine runs on: memory, host transfers, the forward pass and collectives (every
+/// command needs them). What else it runs is a trait of its own: training ([`TrainOps`]: the
+/// backward pass and optimizers), inference ([`InferOps`]: quantized linears, paged KV), and
+/// optional capabilities a model or run may need ([`LoraOps`], [`MoeOps`],
+/// [`TensorParallelOps`]), each named by a [`Feature`] that [`Backend::supports`] answers before
+/// anything runs. Every op reads and writes tensors of `arena`, which it must only touch inside
+/// the tensors' ranges and planned lifetimes (the arena checks both).
 pub trait Backend: Sized + Send + 'static {
     /// One arena's device memory.
     type Slab: Send;
+    /// `cpu`, `cuda`: for messages.
+    const NAME: &'static str;
+
+    /// Whether this backend runs `feature` (asked at set-up, with no device needed).
+    fn supports(feature: Feature) -> bool;
+    /// The LoRA ops, where [`Feature::Lora`] is supported.
+    fn lora_ops(&self) -> Option<&dyn LoraOps<Self>> {
+        None
+    }
+    /// The mixture-of-experts and latent-attention ops, where supported.
+    fn moe_ops(&self) -> Option<&dyn MoeOps<Self>> {
+        None
+    }
+    /// The tensor-parallel ops, where supported.
+    fn tp_ops(&self) -> Option<&dyn TensorParallelOps<Self>> {
+        None
+    }
 
     /// `cpu`, `cuda`: for messages.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
     /// Buffer offsets in a slab are multiples of this.
     fn align_bytes(&self) -> u64;
     /// A zeroed slab of `bytes`, or the device's refusal.
@@ -118,22 +223,6 @@ pub trait Backend: Sized + Send + 'static {
     /// Reads `src`'s raw bytes.
     fn download_bytes(&self, a: &Arena<Self>, src: Tensor, dst: &mut [u8]);
 
-    // Inference (`infer_ops`).
-    /// out = inp · Wᵀ (+ bias) with W in its storage format.
-    fn qlinear(&self, a: &Arena<Self>, op: &QLinear);
-    /// out[r] = the embedding row of token r, dequantized (+ its learned position's row).
-    fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows);
-    /// RoPE on the q and k heads of each row at its own position, in place.
-    fn rope_at(&self, a: &Arena<Self>, qkv: Tensor, positions: &[u32], shape: RopeShape);
-    /// Stores each row's keys and values in its cache slot (quantizing).
-    fn kv_write(&self, a: &Arena<Self>, op: &KvWrite);
-    /// Attention of each row's queries over its sequence's cached tokens.
-    fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention);
-    /// Latent attention's cache writes, RoPE at positions and absorbed attention.
-    fn latent(&self, a: &Arena<Self>, op: &LatentOp);
-    /// Copies one KV block to another in every layer's cache (copy-on-write).
-    fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize);
-
     // The forward pass.
     fn embedding(&self, a: &Arena<Self>, op: &Embedding);
     fn norm(&self, a: &Arena<Self>, op: &NormOp);
@@ -146,55 +235,12 @@ pub trait Backend: Sized + Send + 'static {
     fn residual_add(&self, a: &Arena<Self>, out: Tensor, inp: Tensor);
     /// Element-wise conversion between `src`'s and `dst`'s types (round to nearest even).
     fn convert(&self, a: &Arena<Self>, dst: Tensor, src: Tensor);
-    /// The fused classifier and cross-entropy, forward and backward; returns the loss sum.
-    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32;
     /// The bf16 head's logits of a chunk of rows, for forward-only passes.
     fn classifier_logits(&self, a: &Arena<Self>, op: &ClassifierLogits);
-    /// The same over this rank's vocabulary rows (tensor parallelism): `op.v` is its slice,
-    /// the loss the whole vocabulary's; `op.dlnf` gets this rank's partial input gradient.
-    fn classifier_shard(&self, a: &Arena<Self>, op: &Classifier, shard: ClassifierShard<'_>)
-        -> f32;
-
-    // LoRA (`lora_ops`): a frozen matrix part by part, and the adapters beside it.
-    fn frozen_linear(&self, a: &Arena<Self>, op: &FrozenLinear);
-    fn frozen_linear_backward(&self, a: &Arena<Self>, op: &FrozenLinearBackward);
-    fn adapter(&self, a: &Arena<Self>, op: &Adapter);
-    fn adapter_backward(&self, a: &Arena<Self>, op: &AdapterBackward);
-
-    // Mixture of experts (`moe_ops`): routing, expert-order gathers and combines.
-    fn moe(&self, a: &Arena<Self>, op: &MoeOp);
-    /// Multi-head latent attention's row plumbing (`moe_ops::MlaOp`).
-    fn mla(&self, a: &Arena<Self>, op: &MlaOp);
-
-    // The backward pass (every gradient is accumulated into: `+=`).
-    fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward);
-    fn norm_backward(&self, a: &Arena<Self>, op: &NormBackward);
-    fn linear_backward(&self, a: &Arena<Self>, op: &LinearBackward);
-    fn rope_backward(&self, a: &Arena<Self>, dqkv: Tensor, shape: RopeShape);
-    fn attention_backward(&self, a: &Arena<Self>, op: &AttentionBackward);
-    fn activation_backward(&self, a: &Arena<Self>, op: &ActivationBackward);
     /// Every element := `value` (zero is all-zero bits in every type).
     fn fill(&self, a: &Arena<Self>, t: Tensor, value: f32);
 
-    // Optimizer and model state.
-    /// `start` plus the sum of squares of `t` (f64), and whether any element is inf or NaN;
-    /// chunked in a fixed order, so the result does not depend on the thread count.
-    fn sum_squares(&self, a: &Arena<Self>, t: Tensor, start: f64) -> (f64, bool);
-    /// `t *= factor`.
-    fn scale(&self, a: &Arena<Self>, t: Tensor, factor: f32);
-    /// `acc += x`, `x` f32 (or bf16 into bf16: a 2-byte gradient span), rounded once into a
-    /// 2-byte `acc`.
-    fn accumulate(&self, a: &Arena<Self>, acc: Tensor, x: Tensor);
-    fn adamw(&self, a: &Arena<Self>, op: &AdamW);
-    fn sgd(&self, a: &Arena<Self>, op: &Sgd);
-    /// AdamW on fp32 master weights in the arena, fed 2-byte gradients, writing the working copy.
-    fn master_adamw(&self, a: &Arena<Self>, op: &MasterAdamW);
-    /// The same with the master weights and moments in host memory (optimizer offload).
-    fn master_adamw_host(&self, a: &Arena<Self>, op: MasterAdamWHost<'_>);
-    /// fp16's view of f32 gradients about to be rounded: flushed, subnormal, overflowing.
-    fn underflow(&self, a: &Arena<Self>, t: Tensor) -> crate::precision::UnderflowStats;
-    /// The first `t.len` 2-byte elements stored at `t`'s start, widened in place to f32.
-    fn widen_in_place(&self, a: &Arena<Self>, t: Tensor, half: DType);
+    // Ranks (data, tensor and pipeline parallelism; the rank launcher is `world`).
     /// One collective of this rank's `comm` over arena tensors.
     fn collective(
         &self,
@@ -220,4 +266,77 @@ pub trait Backend: Sized + Send + 'static {
     ) -> Result<comm::Ticket, comm::CommError> {
         self.collective(a, comm, op).map(|()| comm::Ticket::DONE)
     }
+}
+
+/// Training: the fused loss, the backward pass (every gradient is accumulated into: `+=`),
+/// gradient norms and optimizer steps.
+pub trait TrainOps: Backend {
+    /// The fused classifier and cross-entropy, forward and backward; returns the loss sum.
+    fn classifier(&self, a: &Arena<Self>, op: &Classifier) -> f32;
+    fn embedding_backward(&self, a: &Arena<Self>, op: &EmbeddingBackward);
+    fn norm_backward(&self, a: &Arena<Self>, op: &NormBackward);
+    fn linear_backward(&self, a: &Arena<Self>, op: &LinearBackward);
+    fn rope_backward(&self, a: &Arena<Self>, dqkv: Tensor, shape: RopeShape);
+    fn attention_backward(&self, a: &Arena<Self>, op: &AttentionBackward);
+    fn activation_backward(&self, a: &Arena<Self>, op: &ActivationBackward);
+
+    // Optimizer and model state.
+    /// `start` plus the sum of squares of `t` (f64), and whether any element is inf or NaN;
+    /// chunked in a fixed order, so the result does not depend on the thread count.
+    fn sum_squares(&self, a: &Arena<Self>, t: Tensor, start: f64) -> (f64, bool);
+    /// `t *= factor`.
+    fn scale(&self, a: &Arena<Self>, t: Tensor, factor: f32);
+    /// `acc += x`, `x` f32 (or bf16 into bf16: a 2-byte gradient span), rounded once into a
+    /// 2-byte `acc`.
+    fn accumulate(&self, a: &Arena<Self>, acc: Tensor, x: Tensor);
+    fn adamw(&self, a: &Arena<Self>, op: &AdamW);
+    fn sgd(&self, a: &Arena<Self>, op: &Sgd);
+    /// AdamW on fp32 master weights in the arena, fed 2-byte gradients, writing the working copy.
+    fn master_adamw(&self, a: &Arena<Self>, op: &MasterAdamW);
+    /// The same with the master weights and moments in host memory (optimizer offload).
+    fn master_adamw_host(&self, a: &Arena<Self>, op: MasterAdamWHost<'_>);
+    /// fp16's view of f32 gradients about to be rounded: flushed, subnormal, overflowing.
+    fn underflow(&self, a: &Arena<Self>, t: Tensor) -> crate::precision::UnderflowStats;
+    /// The first `t.len` 2-byte elements stored at `t`'s start, widened in place to f32.
+    fn widen_in_place(&self, a: &Arena<Self>, t: Tensor, half: DType);
+}
+
+/// Inference (`infer_ops`): weights in a storage format, the paged KV cache.
+pub trait InferOps: Backend {
+    /// out = inp · Wᵀ (+ bias) with W in its storage format.
+    fn qlinear(&self, a: &Arena<Self>, op: &QLinear);
+    /// out[r] = the embedding row of token r, dequantized (+ its learned position's row).
+    fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows);
+    /// RoPE on the q and k heads of each row at its own position, in place.
+    fn rope_at(&self, a: &Arena<Self>, qkv: Tensor, positions: &[u32], shape: RopeShape);
+    /// Stores each row's keys and values in its cache slot (quantizing).
+    fn kv_write(&self, a: &Arena<Self>, op: &KvWrite);
+    /// Attention of each row's queries over its sequence's cached tokens.
+    fn paged_attention(&self, a: &Arena<Self>, op: &PagedAttention);
+    /// Latent attention's cache writes, RoPE at positions and absorbed attention.
+    fn latent(&self, a: &Arena<Self>, op: &LatentOp);
+    /// Copies one KV block to another in every layer's cache (copy-on-write).
+    fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize);
+}
+
+/// LoRA (`lora_ops`): a frozen matrix part by part, and the adapters beside it.
+pub trait LoraOps<B: Backend> {
+    fn frozen_linear(&self, a: &Arena<B>, op: &FrozenLinear);
+    fn frozen_linear_backward(&self, a: &Arena<B>, op: &FrozenLinearBackward);
+    fn adapter(&self, a: &Arena<B>, op: &Adapter);
+    fn adapter_backward(&self, a: &Arena<B>, op: &AdapterBackward);
+}
+
+/// Mixture of experts (`moe_ops`): routing, expert-order gathers and combines; and multi-head
+/// latent attention's row plumbing.
+pub trait MoeOps<B: Backend> {
+    fn moe(&self, a: &Arena<B>, op: &MoeOp);
+    fn mla(&self, a: &Arena<B>, op: &MlaOp);
+}
+
+/// Tensor parallelism's vocabulary-sharded head.
+pub trait TensorParallelOps<B: Backend> {
+    /// The fused classifier over this rank's vocabulary rows: `op.v` is its slice, the loss the
+    /// whole vocabulary's; `op.dlnf` gets this rank's partial input gradient.
+    fn classifier_shard(&self, a: &Arena<B>, op: &Classifier, shard: ClassifierShard<'_>) -> f32;
 }

@@ -254,9 +254,9 @@ impl LoraModel {
             ic,
             oc,
         };
-        arena.backend().frozen_linear(arena, &op);
+        crate::backend::lora_ops(arena.backend()).frozen_linear(arena, &op);
         if let Some(op) = self.adapter_op(model, arena, layer, role, (Some(out), op.inp, u), n) {
-            arena.backend().adapter(arena, &op);
+            crate::backend::lora_ops(arena.backend()).adapter(arena, &op);
         }
     }
 
@@ -277,7 +277,7 @@ impl LoraModel {
         if let Some(op) =
             self.adapter_op(model, arena, layer, role, (None, inp.prefix(n * ic), u), n)
         {
-            arena.backend().adapter(arena, &op);
+            crate::backend::lora_ops(arena.backend()).adapter(arena, &op);
         }
     }
 
@@ -306,7 +306,7 @@ impl LoraModel {
             ic,
             oc,
         };
-        arena.backend().frozen_linear_backward(arena, &op);
+        crate::backend::lora_ops(arena.backend()).frozen_linear_backward(arena, &op);
         let inp = inp.prefix(n * ic);
         let Some(fwd) = self.adapter_op(model, arena, layer, role, (None, inp, u), n) else {
             return;
@@ -334,6 +334,6 @@ impl LoraModel {
             db,
             du: self.du.expect("a training arena has work.lora_du"),
         };
-        arena.backend().adapter_backward(arena, &op);
+        crate::backend::lora_ops(arena.backend()).adapter_backward(arena, &op);
     }
 }

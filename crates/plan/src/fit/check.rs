@@ -1,7 +1,7 @@
 //! The checks `fit` makes on a request before it builds a candidate: each error names the flag
 //! and the fix. Example: `check_request(&shape, &FitRequest::new(32, 2048, 8, 80 << 30))?`.
 
-use super::{space, FitRequest};
+use super::{space, FitRequest, Hardware};
 use crate::{ModelShape, PlanError};
 
 /// A request error naming `field` (the flag) and what to do.
@@ -12,19 +12,38 @@ pub(super) fn invalid(field: &str, reason: String) -> PlanError {
     }
 }
 
-/// Checks the request before any candidate is built; errors name the flag and the fix.
-pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError> {
+/// The checks a training and a serving request share, made first: the model, the hardware, at
+/// least one GPU and a device size (`example`: sizes the error suggests).
+pub(super) fn check_machine(
+    model: &ModelShape,
+    hardware: &Hardware,
+    gpus: u32,
+    capacity_bytes: u64,
+    example: &str,
+) -> Result<(), PlanError> {
     model.validate()?;
-    r.hardware.validate()?;
-    if r.gpus == 0 {
+    hardware.validate()?;
+    if gpus == 0 {
         return Err(invalid("--gpus", "must be at least 1".into()));
     }
-    if r.capacity_bytes == 0 {
+    if capacity_bytes == 0 {
         return Err(invalid(
             "--device-memory",
-            "must be more than 0: e.g. 80GiB or 24GB".into(),
+            format!("must be more than 0: e.g. {example}"),
         ));
     }
+    Ok(())
+}
+
+/// Checks the request before any candidate is built; errors name the flag and the fix.
+pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError> {
+    check_machine(
+        model,
+        &r.hardware,
+        r.gpus,
+        r.capacity_bytes,
+        "80GiB or 24GB",
+    )?;
     if !(0.0..1.0).contains(&r.headroom) {
         return Err(invalid(
             "--headroom",

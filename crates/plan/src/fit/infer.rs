@@ -16,7 +16,7 @@
 //! active parameter per token plus causal attention at peak × MFU. These are modelled, not
 //! measured. Pure: no IO. Example: `advise(&shape, &InferRequest::new(1, 4096, 1, 24 << 30))`.
 
-use super::check::invalid;
+use super::check::{check_machine, invalid};
 use super::hardware::{Gpu, Hardware, GPUS};
 use crate::infer::{inference_estimate, InferEstimate};
 use crate::setup::{Attention, Dtype, InferSetup};
@@ -329,17 +329,7 @@ fn fidelity(s: &Serving) -> (usize, usize) {
 
 /// Checks the request; errors name the flag and the fix.
 pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
-    model.validate()?;
-    r.hardware.validate()?;
-    if r.gpus == 0 {
-        return Err(invalid("--gpus", "must be at least 1".into()));
-    }
-    if r.capacity_bytes == 0 {
-        return Err(invalid(
-            "--device-memory",
-            "must be more than 0: e.g. 24GiB".into(),
-        ));
-    }
+    check_machine(model, &r.hardware, r.gpus, r.capacity_bytes, "24GiB")?;
     if r.batch == 0 {
         return Err(invalid("--batch", "must be at least 1 sequence".into()));
     }

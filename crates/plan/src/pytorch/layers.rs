@@ -224,18 +224,7 @@ pub fn gpt2_block(
     tape.drop(k.t);
     tape.drop(v.t);
     tape.drop(qkv.t);
-    let o = linear(
-        tape,
-        f,
-        a,
-        p.get("attn.c_proj"),
-        h,
-        h,
-        p.opt("attn.c_proj.bias"),
-    );
-    tape.drop(a.t);
-    let od = dropout(tape, f, o);
-    tape.drop(o.t);
+    let od = c_proj_dropout(tape, f, p, "attn", a, h, h);
     let r2 = add(tape, od, x);
     tape.drop(od.t);
     tape.drop(y1.t);
@@ -243,22 +232,31 @@ pub fn gpt2_block(
     let fc = linear(tape, f, y2, p.get("c_fc"), h, m.d_ff, p.opt("c_fc.bias"));
     let g = new_gelu(tape, f, fc);
     tape.drop(fc.t);
-    let mo = linear(
-        tape,
-        f,
-        g,
-        p.get("mlp.c_proj"),
-        m.d_ff,
-        h,
-        p.opt("mlp.c_proj.bias"),
-    );
-    tape.drop(g.t);
-    let md = dropout(tape, f, mo);
-    tape.drop(mo.t);
+    let md = c_proj_dropout(tape, f, p, "mlp", g, m.d_ff, h);
     let out = add(tape, r2, md);
     tape.drop(md.t);
     tape.drop(y2.t);
     tape.drop(r2.t);
+    out
+}
+
+/// GPT-2's `{module}.c_proj` (with its bias) from `d_in` to `d_out`, then the residual dropout;
+/// lets `x` and the projection go.
+fn c_proj_dropout(
+    tape: &mut Tape,
+    f: &mut Fwd,
+    p: &LayerParams,
+    module: &str,
+    x: V,
+    d_in: u64,
+    d_out: u64,
+) -> V {
+    let name = format!("{module}.c_proj");
+    let bias = p.opt(&format!("{name}.bias"));
+    let o = linear(tape, f, x, p.get(&name), d_in, d_out, bias);
+    tape.drop(x.t);
+    let out = dropout(tape, f, o);
+    tape.drop(o.t);
     out
 }
 
@@ -355,23 +353,38 @@ fn gqa_attention(
     let (kc, vc) = cache_update(tape, f, layer, ke, v);
     tape.drop(ke.t);
     tape.drop(v.t);
-    // Autocast runs SDPA in bf16: fp32 RoPE outputs (fp32 cos/sin) are cast back first.
+    let qkv = [qe, kc, vc];
+    sdpa_o_proj(tape, f, m, qkv, qkv.map(|x| x.t), p.get("o_proj"), dq)
+}
+
+/// The tail of a Llama-style attention: autocast runs SDPA in bf16, so `qkv` (fp32 after RoPE's
+/// fp32 cos/sin) are cast back first and `free` (the tensors behind them) let go; then SDPA and
+/// `o_proj` from the `d_attn`-wide output back to `d_model`. Returns the `o_proj` output.
+pub fn sdpa_o_proj(
+    tape: &mut Tape,
+    f: &mut Fwd,
+    m: &ModelShape,
+    qkv: [V; 3],
+    free: [T; 3],
+    o_proj: T,
+    d_attn: u64,
+) -> V {
     let es = f.mm_es();
-    let (q16, k16, v16) = (cast(tape, qe, es), cast(tape, kc, es), cast(tape, vc, es));
-    tape.drop(qe.t);
-    tape.drop(kc.t);
-    tape.drop(vc.t);
+    let [q, k, v] = qkv.map(|x| cast(tape, x, es));
+    for t in free {
+        tape.drop(t);
+    }
     let parts = Qkv {
-        q: q16,
-        k: k16,
-        v: v16,
+        q,
+        k,
+        v,
         fused: None,
     };
     let a = attention(tape, f, m, &parts, f.mask);
-    for t in [q16, k16, v16] {
+    for t in [q, k, v] {
         tape.drop(t.t);
     }
-    let o = linear(tape, f, a, p.get("o_proj"), dq, h, None);
+    let o = linear(tape, f, a, o_proj, d_attn, m.d_model, None);
     tape.drop(a.t);
     o
 }

@@ -15,7 +15,7 @@
 //! Example: `moe_mlp(&mut tape, &mut f, &shape, x, &layer_params)`.
 
 use super::blocks::{add, alloc, cast, ew, ew_saving_output, linear, rms_norm, weight, Fwd, V};
-use super::layers::{apply_rope, attention, cache_update, swiglu_mlp, LayerParams, Qkv};
+use super::layers::{apply_rope, cache_update, sdpa_o_proj, swiglu_mlp, LayerParams};
 use super::peft::frozen_quant_linear;
 use super::tape::{Grad, Tape, T};
 use crate::model::{Family, ModelShape};
@@ -209,26 +209,15 @@ pub fn mla_attention(
         numel: t_kv * heads * mla.v_head_dim,
         ..kvb
     };
-    let es = f.mm_es();
-    let (q16, k16, v16) = (
-        cast(tape, query, es),
-        cast(tape, key, es),
-        cast(tape, value, es),
-    );
-    tape.drop(query.t);
-    tape.drop(key.t);
-    tape.drop(kvb.t);
-    let parts = Qkv {
-        q: q16,
-        k: k16,
-        v: v16,
-        fused: None,
-    };
-    let a = attention(tape, f, m, &parts, f.mask);
-    for t in [q16, k16, v16] {
-        tape.drop(t.t);
-    }
-    let o = linear(tape, f, a, p.get("o_proj"), heads * mla.v_head_dim, h, None);
-    tape.drop(a.t);
-    o
+    let free = [query.t, key.t, kvb.t];
+    let d_attn = heads * mla.v_head_dim;
+    sdpa_o_proj(
+        tape,
+        f,
+        m,
+        [query, key, value],
+        free,
+        p.get("o_proj"),
+        d_attn,
+    )
 }

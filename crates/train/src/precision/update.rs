@@ -14,14 +14,15 @@ use crate::offload::UnitState;
 use crate::optim::UnitSlice;
 use crate::MasterState;
 use engine::arena::Arena;
-use engine::backend::{Backend, DType, MasterAdamW, MasterAdamWHost};
+use engine::backend::TrainOps;
+use engine::backend::{DType, MasterAdamW, MasterAdamWHost};
 use engine::model::{view_range, Model};
 use kernels::adamw::AdamW;
 use plan::frugal::units::{ParamView, Unit};
 
 /// Sum of squares (f64, chunk order, so independent of the thread count) and whether any value
 /// is inf or NaN, over the 2-byte gradients `slices` name.
-pub fn grad_stats<B: Backend>(arena: &Arena<B>, slices: &[UnitSlice]) -> (f64, bool) {
+pub fn grad_stats<B: TrainOps>(arena: &Arena<B>, slices: &[UnitSlice]) -> (f64, bool) {
     let (mut sum_sq, mut found_inf) = (0.0f64, false);
     for s in slices {
         let (sum, inf) = arena.backend().sum_squares(arena, s.grads, sum_sq);
@@ -41,7 +42,7 @@ fn view_step(view: &ParamView, k: MasterStep) -> MasterStep {
 }
 
 /// One AdamW step of every slice, with master weights and moments in the device arena.
-pub fn master_update<B: Backend>(
+pub fn master_update<B: TrainOps>(
     model: &Model,
     arena: &Arena<B>,
     states: &[MasterState],
@@ -72,7 +73,7 @@ pub fn master_update<B: Backend>(
 /// One AdamW step of one unit's slice `s` with `state` (the slice's elements) in host memory:
 /// gradients are multiplied by `k.grad_multiplier` (1 / loss scale × clip factor) first; the
 /// working copy gets the new master weights rounded.
-pub fn unit_update_host<B: Backend>(
+pub fn unit_update_host<B: TrainOps>(
     unit: &Unit,
     s: &UnitSlice,
     arena: &Arena<B>,

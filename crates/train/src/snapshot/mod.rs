@@ -48,7 +48,7 @@ pub use state::{LossScalerState, RunState, TrainState};
 
 use crate::precision::LossScaler;
 use crate::{TrainConfig, Trainer};
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use plan::setup::ZeroStage;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -77,7 +77,7 @@ impl Default for SaveOptions {
 
 /// Saves `trainer`'s state after its last step into `out/step-NNNNNN/`; every rank calls it.
 /// Returns the committed snapshot's folder.
-pub fn save<B: Backend>(
+pub fn save<B: TrainOps>(
     trainer: &mut Trainer<B>,
     out: &Path,
     run: &RunState,
@@ -125,7 +125,7 @@ pub fn save<B: Backend>(
 /// [`save`] of a tensor- or pipeline-parallel run: the whole model's weights and optimizer state
 /// put together from every rank (a collective), written by rank 0 as one shard file of a world
 /// of one ([`whole`]).
-fn save_whole<B: Backend>(
+fn save_whole<B: TrainOps>(
     trainer: &mut Trainer<B>,
     out: &Path,
     dir: &Path,
@@ -176,7 +176,7 @@ fn commit(
 
 /// The gathered model (HF names) from every unit's full weights, its config.json, and
 /// train.json.
-fn write_rank0_files<B: Backend>(
+fn write_rank0_files<B: TrainOps>(
     trainer: &Trainer<B>,
     units: &[Vec<f32>],
     dir: &Path,
@@ -327,7 +327,10 @@ impl Snapshot {
     /// Fills `trainer` (any world, any stage, offloaded or not) with the snapshot's weights
     /// (bf16/fp16: the fp32 master weights and the 2-byte copy rounded from them), optimizer
     /// state, loss scaler and step; returns the loop's state (seek the data loader to `loader`).
-    pub fn restore<B: Backend>(&self, trainer: &mut Trainer<B>) -> Result<RunState, SnapshotError> {
+    pub fn restore<B: TrainOps>(
+        &self,
+        trainer: &mut Trainer<B>,
+    ) -> Result<RunState, SnapshotError> {
         let scaler = self.scaler_for(trainer)?;
         shards::restore(
             trainer,
@@ -349,7 +352,7 @@ impl Snapshot {
 
     /// The saved loss scaler with the trainer's settings, checked before anything is written:
     /// an fp16 trainer needs the snapshot's scaler, any other trainer a snapshot without one.
-    fn scaler_for<B: Backend>(
+    fn scaler_for<B: TrainOps>(
         &self,
         trainer: &Trainer<B>,
     ) -> Result<Option<LossScaler>, SnapshotError> {

@@ -21,7 +21,8 @@
 use super::error::SnapshotError;
 use crate::Trainer;
 use engine::arena::BufId;
-use engine::backend::{Backend, DType};
+use engine::backend::DType;
+use engine::backend::TrainOps;
 use plan::frugal::shards::optimizer_keys;
 use plan::frugal::units::{Unit, UnitKind};
 use plan::frugal::Key;
@@ -58,7 +59,7 @@ pub struct ShardLayout {
 
 /// The plan's buffer names of a unit: `params.<unit>` then its optimizer state (AdamW m, v or
 /// SGD momentum), the names the shard files store them under.
-pub(super) fn tensor_names<B: Backend>(trainer: &Trainer<B>, unit: UnitKind) -> Vec<String> {
+pub(super) fn tensor_names<B: TrainOps>(trainer: &Trainer<B>, unit: UnitKind) -> Vec<String> {
     let mut names = vec![Key::Params(unit).to_string()];
     let optimizer = trainer.config.optimizer.plan_optimizer();
     names.extend(optimizer_keys(optimizer, unit).iter().map(Key::to_string));
@@ -66,7 +67,7 @@ pub(super) fn tensor_names<B: Backend>(trainer: &Trainer<B>, unit: UnitKind) -> 
 }
 
 /// The optimizer state's short names (`m`, `v` or `momentum`), as the layout metadata lists them.
-pub(super) fn state_names<B: Backend>(trainer: &Trainer<B>) -> Vec<String> {
+pub(super) fn state_names<B: TrainOps>(trainer: &Trainer<B>) -> Vec<String> {
     let optimizer = trainer.config.optimizer.plan_optimizer();
     let keys = optimizer_keys(optimizer, UnitKind::Embed);
     keys.iter()
@@ -81,7 +82,7 @@ pub(super) fn state_names<B: Backend>(trainer: &Trainer<B>) -> Vec<String> {
 /// Where this rank keeps unit `u`'s fp32 weights: the full `params.<u>`, or at ZeRO stage 3 its
 /// `params.shard.<u>` (`Model::params` then points at a gather buffer that lives only in a phase);
 /// under bf16/fp16 the master weights.
-fn param_id<B: Backend>(trainer: &Trainer<B>, u: usize) -> BufId {
+fn param_id<B: TrainOps>(trainer: &Trainer<B>, u: usize) -> BufId {
     if trainer.sharding.half.is_some() {
         return trainer.state.masters[u].master;
     }
@@ -93,7 +94,7 @@ fn param_id<B: Backend>(trainer: &Trainer<B>, u: usize) -> BufId {
 
 /// Arena ids of unit `u`'s weights then optimizer state (`tensor_names`' order); `None` when
 /// they live in the offload store.
-fn arena_ids<B: Backend>(trainer: &Trainer<B>, u: usize) -> Option<Vec<BufId>> {
+fn arena_ids<B: TrainOps>(trainer: &Trainer<B>, u: usize) -> Option<Vec<BufId>> {
     if trainer.offload.is_some() {
         return None;
     }
@@ -106,7 +107,7 @@ fn arena_ids<B: Backend>(trainer: &Trainer<B>, u: usize) -> Option<Vec<BufId>> {
 }
 
 /// Calls `f(k, held)` for each of unit `u`'s tensors (k in `tensor_names`' order).
-pub(super) fn for_each_held<B: Backend>(
+pub(super) fn for_each_held<B: TrainOps>(
     trainer: &Trainer<B>,
     u: usize,
     mut f: impl FnMut(usize, &[f32]),
@@ -131,7 +132,7 @@ pub(super) fn for_each_held<B: Backend>(
 }
 
 /// Calls `f(held)` on unit `u`'s tensor `k` (in `tensor_names`' order), writable.
-pub(super) fn with_held_mut<B: Backend>(
+pub(super) fn with_held_mut<B: TrainOps>(
     trainer: &mut Trainer<B>,
     u: usize,
     k: usize,
@@ -170,7 +171,7 @@ pub(super) fn held_span(len: usize, unit: &Unit, rank: usize, world: usize) -> R
 }
 
 /// This rank's shard file: its slice of every unit's weights and optimizer state.
-pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>) -> Vec<u8> {
+pub fn shard_bytes<B: TrainOps>(trainer: &Trainer<B>) -> Vec<u8> {
     let (rank, world) = (trainer.sharding.rank, trainer.sharding.world);
     let model = &trainer.model;
     let mut tensors: Vec<(String, Vec<u8>)> = Vec::new();
@@ -364,7 +365,7 @@ pub fn weights(
 
 /// Fills this trainer's weights and optimizer state from the shard files (`(name, bytes)` in
 /// rank order), whatever world and stage they were written on.
-pub fn restore<B: Backend>(
+pub fn restore<B: TrainOps>(
     trainer: &mut Trainer<B>,
     dir: &Path,
     files: &[(String, Vec<u8>)],
@@ -410,7 +411,7 @@ pub fn restore<B: Backend>(
 
 /// bf16/fp16: unit `u`'s 2-byte working copy (whole below stage 3, this rank's shard at stage 3)
 /// := its restored master weights `full` (unpadded) rounded, as each optimizer step leaves it.
-pub(super) fn round_working_copy<B: Backend>(trainer: &Trainer<B>, u: usize, full: &[f32]) {
+pub(super) fn round_working_copy<B: TrainOps>(trainer: &Trainer<B>, u: usize, full: &[f32]) {
     let Some(half) = trainer.sharding.half else {
         return;
     };

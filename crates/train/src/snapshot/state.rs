@@ -140,7 +140,7 @@ fn text<T: Serialize>(value: &T) -> serde_json::Value {
 }
 
 impl TrainState {
-    pub fn of<B: engine::backend::Backend>(trainer: &Trainer<B>, run: &RunState) -> TrainState {
+    pub fn of<B: engine::backend::TrainOps>(trainer: &Trainer<B>, run: &RunState) -> TrainState {
         let mut state = TrainState::of_config(&trainer.config, trainer.step, run);
         state.loss_scaler = trainer.scaler.as_ref().map(LossScalerState::of);
         state

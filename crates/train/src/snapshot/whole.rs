@@ -13,12 +13,12 @@ use super::error::SnapshotError;
 use super::shards::{self, Parts, Shard, ShardLayout, UnitLayout};
 use crate::Trainer;
 use comm::{Buf, BufMut, Collective};
-use engine::backend::Backend;
+use engine::backend::TrainOps;
 use std::path::Path;
 
 /// Every tensor (`params`, then the optimizer state) of every unit of the whole model, padded
 /// as a world of one pads it: `out[k][w]`. A collective every rank calls.
-pub fn tensors<B: Backend>(trainer: &mut Trainer<B>) -> Result<Vec<Vec<Vec<f32>>>, SnapshotError> {
+pub fn tensors<B: TrainOps>(trainer: &mut Trainer<B>) -> Result<Vec<Vec<Vec<f32>>>, SnapshotError> {
     let n_units = trainer.model.units.len();
     let n_tensors = shards::tensor_names(trainer, plan::frugal::UnitKind::Embed).len();
     let mut out = Vec::with_capacity(n_tensors);
@@ -60,7 +60,7 @@ pub fn tensors<B: Backend>(trainer: &mut Trainer<B>) -> Result<Vec<Vec<Vec<f32>>
 }
 
 /// The shard file of a world of one holding the whole model's `tensors` (from [`tensors`]).
-pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>, tensors: &[Vec<Vec<f32>>]) -> Vec<u8> {
+pub fn shard_bytes<B: TrainOps>(trainer: &Trainer<B>, tensors: &[Vec<Vec<f32>>]) -> Vec<u8> {
     let share = trainer
         .model
         .share
@@ -95,7 +95,7 @@ pub fn shard_bytes<B: Backend>(trainer: &Trainer<B>, tensors: &[Vec<Vec<f32>>]) 
 
 /// Fills a tensor- or pipeline-parallel trainer from shard files of any world: each whole unit
 /// reassembled, this rank's share of it cut out, then what this rank holds of that share.
-pub(super) fn restore<B: Backend>(
+pub(super) fn restore<B: TrainOps>(
     trainer: &mut Trainer<B>,
     dir: &Path,
     files: &[Shard<'_>],
@@ -112,7 +112,7 @@ pub(super) fn restore<B: Backend>(
     result
 }
 
-fn restore_with<B: Backend>(
+fn restore_with<B: TrainOps>(
     trainer: &mut Trainer<B>,
     share: &engine::share::Share,
     dir: &Path,

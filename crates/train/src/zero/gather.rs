@@ -14,7 +14,8 @@
 use super::{Comm, Sharding};
 use comm::Ticket;
 use engine::arena::{Arena, BufId};
-use engine::backend::{Backend, CommOp, DType, Tensor};
+use engine::backend::TrainOps;
+use engine::backend::{CommOp, DType, Tensor};
 use engine::error::EngineError;
 use engine::model::Model;
 use plan::frugal::shards::{Gather, Holds};
@@ -39,7 +40,7 @@ pub(super) fn vector_views(unit: &plan::frugal::Unit) -> Vec<(Range<usize>, Rang
 impl Sharding {
     /// Starts filling `slot` (number `i`) with unit `u`'s weights in the form its gather holds:
     /// the all-gather, if any, is started and its ticket kept until `finish`.
-    pub(super) fn start<B: Backend>(
+    pub(super) fn start<B: TrainOps>(
         &self,
         i: usize,
         arena: &Arena<B>,
@@ -84,7 +85,7 @@ impl Sharding {
     }
 
     /// Finishes `slot` (number `i`) if it was started: waits for its transfer, then widens.
-    pub(super) fn finish<B: Backend>(
+    pub(super) fn finish<B: TrainOps>(
         &self,
         i: usize,
         arena: &Arena<B>,

@@ -56,7 +56,8 @@
 use crate::optim::UnitSlice;
 use comm::{Collective, Ticket};
 use engine::arena::{Arena, BufId};
-use engine::backend::{Backend, CommOp, DType};
+use engine::backend::TrainOps;
+use engine::backend::{CommOp, DType};
 use engine::error::EngineError;
 use engine::model::Model;
 use gather::Slot;
@@ -115,7 +116,7 @@ type Comm<'a> = &'a mut dyn Collective;
 
 impl Sharding {
     /// Resolves the stage's buffers in `arena` (planned for `rule.world` ranks).
-    pub fn new<B: Backend>(
+    pub fn new<B: TrainOps>(
         rule: StateRule,
         half: Option<DType>,
         rank: usize,
@@ -214,7 +215,7 @@ impl Sharding {
     /// After `arena.enter(phase)`: starts the gathers born here (the next phase's prefetch
     /// runs while this one computes), finishes those first read here, and repoints the model's
     /// weights; with gradient spans, zeroes the full gradients born here.
-    pub fn enter<B: Backend>(
+    pub fn enter<B: TrainOps>(
         &self,
         phase: Phase,
         pass: Pass,
@@ -281,7 +282,7 @@ impl Sharding {
     /// Before `arena.leave(phase)`: with gradient spans, reduces the full gradients that die
     /// here (all-reduce at stage 0, reduce-scatter above) and adds this rank's part into the
     /// unit's accumulator (rounded once into 2 bytes under bf16/fp16).
-    pub fn leave<B: Backend>(
+    pub fn leave<B: TrainOps>(
         &self,
         phase: Phase,
         grads: &[BufId],
@@ -339,7 +340,7 @@ impl Sharding {
     /// After the micro-steps: without gradient spans, stage 0 all-reduces and stage 1
     /// reduce-scatters every full gradient (spans were reduced during the backward); with them,
     /// the same for the 2-byte accumulators written directly (`shards::direct_grads`).
-    pub fn reduce_grads<B: Backend>(
+    pub fn reduce_grads<B: TrainOps>(
         &self,
         grads: &[BufId],
         arena: &Arena<B>,
@@ -364,7 +365,7 @@ impl Sharding {
     }
 
     /// Sets the gradients a step accumulates into to zero.
-    pub fn zero_grads<B: Backend>(&self, grads: &[BufId], arena: &Arena<B>) {
+    pub fn zero_grads<B: TrainOps>(&self, grads: &[BufId], arena: &Arena<B>) {
         let (ids, dtype) = match self.rule.grad_spans() {
             true => (&self.grad_shards[..], self.elem()),
             false => (grads, DType::F32),
@@ -376,7 +377,7 @@ impl Sharding {
 
     /// The elements of each unit this rank's norm sums over: its shard (at stage 0 too, so the
     /// norm is computed alike at every stage).
-    pub fn norm_slices<B: Backend>(
+    pub fn norm_slices<B: TrainOps>(
         &self,
         model: &Model,
         grads: &[BufId],
@@ -397,7 +398,7 @@ impl Sharding {
     }
 
     /// What this rank's optimizer updates in unit `u`: everything at stage 0, its shard above.
-    pub fn update_slice<B: Backend>(
+    pub fn update_slice<B: TrainOps>(
         &self,
         model: &Model,
         grads: &[BufId],
@@ -437,7 +438,7 @@ impl Sharding {
     }
 
     /// After the update: stages 1-2 all-gather every updated unit in place.
-    pub fn after_update<B: Backend>(
+    pub fn after_update<B: TrainOps>(
         &self,
         model: &Model,
         arena: &Arena<B>,

@@ -13,11 +13,12 @@
 
 use crate::Trainer;
 use comm::{Buf, BufMut, Collective};
-use engine::backend::{Backend, DType};
+use engine::backend::DType;
+use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::init;
 
-impl<B: Backend> Trainer<B> {
+impl<B: TrainOps> Trainer<B> {
     /// Initialises every weight from `seed` (identical on every rank and at every stage).
     /// Under LoRA the adapters start as PEFT's and the frozen base from `seed` as a full model
     /// would, packed in its format (`lora::base::init_random`).
