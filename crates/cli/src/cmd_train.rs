@@ -42,7 +42,6 @@ use engine::Sampling;
 use indicatif::{ProgressBar, ProgressStyle};
 use plan::setup::{Attention, Optimizer, Precision, Recompute, ZeroStage};
 use std::path::PathBuf;
-use std::time::Instant;
 use train::precision::ScalerConfig;
 use train::Trainer;
 
@@ -223,12 +222,6 @@ pub struct Args {
     pub overwrite: bool,
 }
 
-/// One point of the loss curves.
-pub struct Curves {
-    pub train: Vec<(u64, f32)>,
-    pub val: Vec<(u64, f32)>,
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.device == cuda::DeviceArg::Cuda {
         return cuda::run(&args);
@@ -283,7 +276,7 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
         }
     }
     if let Some(path) = &args.plot {
-        report::plot(path, &first.curves)?;
+        report::plot(path, &first.ran.curves)?;
     }
     if let Some(path) = &args.save_val_logits {
         setup::save_val_logits(&mut first.trainer, &first.val, path)?;
@@ -294,9 +287,7 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
     let summary = report::Summary {
         trainer: &first.trainer,
         memory: &first.memory,
-        curves: &first.curves,
-        tokens: first.tokens,
-        seconds: first.seconds,
+        ran: &first.ran,
         sample: sample.as_deref(),
     };
     if args.json {
@@ -311,10 +302,8 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
 struct Trained {
     trainer: Trainer,
     val: data::ValBatches,
-    curves: Curves,
-    /// Tokens of the global batches (all ranks).
-    tokens: u64,
-    seconds: f64,
+    /// The loss curves, tokens and seconds of the steps.
+    ran: train::run::Ran,
     /// What ZeRO stage 3 computed with every rank before they ended.
     finished: zero::Finished,
     /// Every rank's planned and measured bytes, gathered over the communicator.
@@ -341,7 +330,47 @@ fn run_rank(
     Ok((rank == 0).then_some(trained))
 }
 
-/// The steps of one rank; rank 0 (or the only rank) drives the progress bar.
+/// What the CLI does around each step of `train::run`: snapshots, the stop on SIGTERM/Ctrl-C,
+/// and the progress bar (rank 0, or the only rank).
+struct CliHooks<'a> {
+    args: &'a Args,
+    data_id: u64,
+    bar: ProgressBar,
+    plain: crate::output::PlainProgress,
+}
+
+impl train::run::Hooks<cpu::Cpu> for CliHooks<'_> {
+    type Error = anyhow::Error;
+
+    fn stepped(
+        &mut self,
+        trainer: &mut Trainer,
+        loader: &data::Loader,
+        _: &train::StepStats,
+    ) -> anyhow::Result<()> {
+        snapshot::maybe_save(self.args, trainer, loader, self.data_id)?;
+        if trainer.any_rank(guard::stop_requested())? && trainer.step < self.args.steps {
+            self.bar.finish_and_clear();
+            return Err(interrupted(self.args, trainer, loader, self.data_id));
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self, trainer: &Trainer, stats: &train::StepStats, ran: &train::run::Ran) {
+        let message = format!(
+            "loss {:.3} | {:.0} tok/s | peak {}{}",
+            stats.loss,
+            ran.tokens as f64 / ran.seconds,
+            crate::output::human_bytes(trainer.measured().peak_bytes),
+            precision::bar(stats, trainer)
+        );
+        self.plain.tick(trainer.step, &format!("| {message} "));
+        self.bar.set_message(message);
+        self.bar.inc(1);
+    }
+}
+
+/// The steps of one rank (`train::run` with the CLI's hooks).
 fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Result<Trained> {
     let setup::Rank {
         mut trainer,
@@ -349,58 +378,27 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
         mut loader,
         val,
     } = rank;
-    let mut curves = Curves {
-        train: Vec::new(),
-        val: Vec::new(),
+    // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
+    let replicas = (args.ranks / (args.tp.max(1) * args.pp.max(1))).max(1) as usize;
+    let schedule = train::run::Schedule {
+        steps: args.steps,
+        val_every: args.val_every,
+        val_batches: args.val_batches * replicas,
     };
-    // A fresh LoRA run starts as its base (B = 0): its first validation point is the base's.
-    let batches =
-        args.val_batches * (args.ranks / (args.tp.max(1) * args.pp.max(1))).max(1) as usize;
-    if trainer.model.lora.is_some() && trainer.step == 0 {
-        curves
-            .val
-            .push((0, setup::val_loss(&mut trainer, &val, batches)?));
-    }
-    let started = Instant::now();
-    let mut tokens = 0u64;
     bar.set_position(trainer.step);
     let quiet = args.json || trainer.rank() != 0;
-    let mut plain = crate::output::PlainProgress::new("train", args.steps, quiet);
-    for step in trainer.step..args.steps {
-        let stats = trainer.step(&mut |x, y| {
-            loader.next_batch(x, y);
-        })?;
-        tokens += stats.tokens;
-        curves.train.push((step + 1, stats.loss));
-        snapshot::maybe_save(args, &mut trainer, &loader, data_id)?;
-        if trainer.any_rank(guard::stop_requested())? && step + 1 < args.steps {
-            bar.finish_and_clear();
-            return Err(interrupted(args, &mut trainer, &loader, data_id));
-        }
-        if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
-            // Rank-count independent: R ranks of B rows evaluate the same tokens as one of R×B.
-            let loss = setup::val_loss(&mut trainer, &val, batches)?;
-            curves.val.push((step + 1, loss));
-        }
-        let tokens_per_s = tokens as f64 / started.elapsed().as_secs_f64();
-        let message = format!(
-            "loss {:.3} | {:.0} tok/s | peak {}{}",
-            stats.loss,
-            tokens_per_s,
-            crate::output::human_bytes(trainer.measured().peak_bytes),
-            precision::bar(&stats, &trainer)
-        );
-        plain.tick(step + 1, &format!("| {message} "));
-        bar.set_message(message);
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
+    let mut hooks = CliHooks {
+        args,
+        data_id,
+        plain: crate::output::PlainProgress::new("train", args.steps, quiet),
+        bar,
+    };
+    let ran = train::run::run(&mut trainer, &mut loader, &val, &schedule, &mut hooks)?;
+    hooks.bar.finish_and_clear();
     Ok(Trained {
         trainer,
         val,
-        curves,
-        tokens,
-        seconds: started.elapsed().as_secs_f64(),
+        ran,
         finished: zero::Finished::default(),
         memory: Vec::new(),
     })

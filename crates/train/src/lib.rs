@@ -62,6 +62,7 @@ pub mod peft;
 mod pipeline;
 pub mod precision;
 pub mod recompute;
+pub mod run;
 pub mod snapshot;
 mod state;
 pub mod testkit;

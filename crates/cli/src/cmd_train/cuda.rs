@@ -62,10 +62,34 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::super::{setup, Args};
+    use super::super::{report, setup, Args};
     use anyhow::Context;
     use serde_json::json;
-    use std::time::Instant;
+
+    /// A line per step on stderr (none with `--json`).
+    struct Lines {
+        quiet: bool,
+    }
+
+    impl train::run::Hooks<cuda::Cuda> for Lines {
+        type Error = anyhow::Error;
+
+        fn progress(
+            &mut self,
+            trainer: &train::Trainer<cuda::Cuda>,
+            stats: &train::StepStats,
+            ran: &train::run::Ran,
+        ) {
+            if !self.quiet {
+                eprintln!(
+                    "step {} | loss {:.4} | {:.0} tok/s",
+                    trainer.step,
+                    stats.loss,
+                    ran.tokens as f64 / ran.seconds
+                );
+            }
+        }
+    }
 
     pub fn run(args: &Args) -> anyhow::Result<()> {
         let shared = setup::prepare(args, true)?;
@@ -100,55 +124,36 @@ mod gpu {
                 .load_hf_folder(dir)
                 .with_context(|| format!("--model {}", dir.display()))?;
         }
-        let started = Instant::now();
-        let (mut tokens, mut losses) = (0u64, Vec::new());
-        for step in 0..args.steps {
-            let stats = trainer.step(&mut |x, y| {
-                loader.next_batch(x, y);
-            })?;
-            tokens += stats.tokens;
-            losses.push(stats.loss);
-            if !args.json {
-                eprintln!("step {}/{} | loss {:.4}", step + 1, args.steps, stats.loss);
-            }
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let val_loss = setup::val_loss(&mut trainer, &val, args.val_batches)?;
-        let memory = trainer.memory();
+        // The same loop as on the CPU; progress as plain lines (one per step).
+        let schedule = train::run::Schedule {
+            steps: args.steps,
+            val_every: args.val_every,
+            val_batches: args.val_batches,
+        };
+        let mut hooks = Lines { quiet: args.json };
+        let ran = train::run::run(&mut trainer, &mut loader, &val, &schedule, &mut hooks)?;
+        let memory = vec![trainer.memory()];
+        report::check_planned_equals_measured(&memory[0])?;
         let driver_bytes = trainer.arena.backend().device_bytes_in_use()?;
-        let out = json!({
-            "device": device,
-            "steps": args.steps,
-            "tokens": tokens,
-            "seconds": seconds,
-            "tokens_per_s": tokens as f64 / seconds,
-            "loss_first": losses.first(),
-            "loss_last": losses.last(),
-            "losses": losses,
-            "val_loss": val_loss,
-            "planned_peak_bytes": memory.planned.peak_bytes,
-            "measured_peak_bytes": memory.measured.peak_bytes,
-            "planned_slab_bytes": memory.planned.reserved_bytes,
-            "backend_scratch_bytes": plan::frugal::cuda::SCRATCH_BYTES,
-            "driver_bytes": driver_bytes,
-            "context_bytes": context_bytes,
-        });
+        let summary = report::Summary {
+            trainer: &trainer,
+            memory: &memory,
+            ran: &ran,
+            sample: None,
+        };
         if args.json {
+            let mut out = report::json_value(&summary);
+            out["device"] = json!(device);
+            out["backend_scratch_bytes"] = json!(plan::frugal::cuda::SCRATCH_BYTES);
+            out["driver_bytes"] = json!(driver_bytes);
+            out["context_bytes"] = json!(context_bytes);
             println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
+            print!("{}", report::human(&summary, args));
             let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
             println!(
-                "{device}: {} steps, loss {:.4} -> {:.4}, validation {val_loss:.4}, {:.0} tokens/s",
-                args.steps,
-                losses.first().copied().unwrap_or(f32::NAN),
-                losses.last().copied().unwrap_or(f32::NAN),
-                tokens as f64 / seconds
-            );
-            println!(
-                "arena peak planned {:.3} GiB, measured {:.3} GiB; driver gave {:.3} GiB (arena \
-                 slab + backend scratch), context {:.3} GiB",
-                gib(memory.planned.peak_bytes),
-                gib(memory.measured.peak_bytes),
+                "{device}: the driver gave {:.3} GiB (arena slab + backend scratch), context \
+                 {:.3} GiB",
                 gib(driver_bytes),
                 gib(context_bytes)
             );

@@ -9,12 +9,13 @@
 //! window 1000, hysteresis 2); the report says the final scale, the skipped steps and the
 //! fraction of gradient values fp16 flushed to zero or left subnormal.
 
+use engine::backend::TrainOps;
 use plan::setup::Precision;
 use serde_json::{json, Value};
 use train::{StepStats, Trainer};
 
 /// The report's `offload` object: the host bytes the plan counts and the store holds.
-pub fn offload_json(t: &Trainer) -> Value {
+pub fn offload_json<B: TrainOps>(t: &Trainer<B>) -> Value {
     let Some(store) = t.offload.as_ref() else {
         return Value::Null;
     };
@@ -26,7 +27,7 @@ pub fn offload_json(t: &Trainer) -> Value {
 }
 
 /// The report's offload line (empty without offload).
-pub fn offload_line(t: &Trainer) -> String {
+pub fn offload_line<B: TrainOps>(t: &Trainer<B>) -> String {
     let Some(store) = t.offload.as_ref() else {
         return String::new();
     };
@@ -44,7 +45,7 @@ pub fn offload_line(t: &Trainer) -> String {
 }
 
 /// The progress bar's precision part: the loss scale and skipped steps under fp16.
-pub fn bar(stats: &StepStats, trainer: &Trainer) -> String {
+pub fn bar<B: TrainOps>(stats: &StepStats, trainer: &Trainer<B>) -> String {
     match stats.loss_scale {
         Some(scale) => format!(" | scale {scale} | skipped {}", trainer.skipped_steps),
         None => String::new(),
@@ -53,7 +54,7 @@ pub fn bar(stats: &StepStats, trainer: &Trainer) -> String {
 
 /// The report's `precision` object: the precision, and under fp16 the scale the next step uses,
 /// the skipped steps and the last step's underflow.
-pub fn json(t: &Trainer) -> Value {
+pub fn json<B: TrainOps>(t: &Trainer<B>) -> Value {
     let underflow = t.underflow().map(|u| {
         json!({
             "values": u.total,
@@ -72,7 +73,7 @@ pub fn json(t: &Trainer) -> Value {
 }
 
 /// The report's human line (empty for fp32).
-pub fn line(t: &Trainer) -> String {
+pub fn line<B: TrainOps>(t: &Trainer<B>) -> String {
     let name = t.mixed().precision.to_string();
     let Some(scaler) = t.scaler.as_ref() else {
         return match t.mixed().precision {

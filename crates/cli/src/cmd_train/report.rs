@@ -4,23 +4,24 @@
 //!
 //! Example: `report::json(&summary)` is `{"steps":300,"tokens":...,"ranks":[{"rank":0,...}]}`.
 
-use super::{Args, Curves};
+use super::Args;
 use crate::output::{human_bytes, Table};
 use anyhow::{bail, Context};
+use engine::backend::TrainOps;
 use plan::buffer::{Category, Device};
 use serde_json::{json, Map, Value};
 use std::path::Path;
+use train::run::{Curves, Ran};
 use train::Trainer;
 use train::{MemoryBreakdown, RankMemory};
 
-pub struct Summary<'a> {
+pub struct Summary<'a, B: TrainOps = cpu::Cpu> {
     /// Rank 0's trainer.
-    pub trainer: &'a Trainer,
+    pub trainer: &'a Trainer<B>,
     /// Every rank's planned and measured bytes, rank 0 first (gathered over the communicator).
     pub memory: &'a [RankMemory],
-    pub curves: &'a Curves,
-    pub tokens: u64,
-    pub seconds: f64,
+    /// The loss curves, tokens and seconds of the steps.
+    pub ran: &'a Ran,
     pub sample: Option<&'a str>,
 }
 
@@ -62,7 +63,7 @@ pub struct ModelState {
     pub overlap_comm: bool,
 }
 
-pub fn model_state(t: &Trainer) -> ModelState {
+pub fn model_state<B: TrainOps>(t: &Trainer<B>) -> ModelState {
     use plan::buffer::Lifetime;
     let psi: u64 = t.model.units.iter().map(|u| u.padded_numel).sum();
     let ranks = t.sharding.world as u64;
@@ -119,7 +120,8 @@ fn first_last(points: &[(u64, f32)]) -> (f32, f32) {
     (first, last)
 }
 
-pub fn json(s: &Summary<'_>) -> String {
+/// The `--json` object as a value (a driver may add its own fields).
+pub fn json_value<B: TrainOps>(s: &Summary<'_, B>) -> Value {
     let ranks: Vec<Value> = s
         .memory
         .iter()
@@ -129,25 +131,29 @@ pub fn json(s: &Summary<'_>) -> String {
                    "process_peak_rss_bytes": r.process_peak_rss_bytes})
         })
         .collect();
-    let (loss_first, loss_last) = first_last(&s.curves.train);
-    let val_loss = s.curves.val.last().map(|p| p.1);
-    let v = json!({
+    let (loss_first, loss_last) = first_last(&s.ran.curves.train);
+    let val_loss = s.ran.curves.val.last().map(|p| p.1);
+    json!({
         "model": s.trainer.config.model.shape.name,
-        "steps": s.curves.train.len(),
-        "tokens": s.tokens,
+        "steps": s.ran.curves.train.len(),
+        "tokens": s.ran.tokens,
         "loss_first": loss_first,
         "loss_last": loss_last,
         "val_loss": val_loss,
-        "val_curve": s.curves.val,
-        "seconds": s.seconds,
-        "tokens_per_s": s.tokens as f64 / s.seconds,
+        "val_curve": s.ran.curves.val,
+        "seconds": s.ran.seconds,
+        "tokens_per_s": s.ran.tokens as f64 / s.ran.seconds,
         "ranks": ranks,
         "zero": zero_json(&model_state(s.trainer)),
         "precision": super::precision::json(s.trainer),
         "offload": super::precision::offload_json(s.trainer),
         "sample": s.sample,
-    });
-    serde_json::to_string_pretty(&v).expect("a JSON value serialises")
+    })
+}
+
+/// The `--json` object of a run.
+pub fn json<B: TrainOps>(s: &Summary<'_, B>) -> String {
+    serde_json::to_string_pretty(&json_value(s)).expect("a JSON value serialises")
 }
 
 fn zero_json(m: &ModelState) -> Value {
@@ -204,7 +210,7 @@ fn zero_lines(m: &ModelState) -> String {
     out
 }
 
-pub fn human(s: &Summary<'_>, args: &Args) -> String {
+pub fn human<B: TrainOps>(s: &Summary<'_, B>, args: &Args) -> String {
     let t = s.trainer;
     let shape = &t.config.model.shape;
     let (planned, measured) = per_device(&s.memory[0]);
@@ -221,15 +227,15 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
         let name = field.trim_end_matches("_bytes").replace('_', " ");
         table.row(vec![name, human_bytes(p), human_bytes(m), m.to_string()]);
     }
-    let (first, last) = first_last(&s.curves.train);
-    let val = s.curves.val.last().map_or(f32::NAN, |p| p.1);
+    let (first, last) = first_last(&s.ran.curves.train);
+    let val = s.ran.curves.val.last().map_or(f32::NAN, |p| p.1);
     let mut out = format!(
         "trained {} ({} layers, d_model {}, vocab {}) for {} of {} x {} tokens (x{} accumulation, {})\n",
         shape.name,
         shape.n_layers,
         shape.d_model,
         shape.vocab,
-        crate::output::plural(s.curves.train.len() as u64, "step"),
+        crate::output::plural(s.ran.curves.train.len() as u64, "step"),
         args.batch,
         args.seq,
         args.grad_accum,
@@ -244,8 +250,8 @@ pub fn human(s: &Summary<'_>, args: &Args) -> String {
     );
     out.push_str(&format!(
         "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",
-        s.tokens as f64 / s.seconds,
-        s.seconds
+        s.ran.tokens as f64 / s.ran.seconds,
+        s.ran.seconds
     ));
     let (phase, _) = t.plan.at_peak(Device::Gpu);
     out.push_str(&format!(

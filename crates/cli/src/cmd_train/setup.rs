@@ -136,23 +136,6 @@ pub fn build_rank(
     })
 }
 
-/// Mean validation loss over up to `max_batches` fixed batches.
-pub fn val_loss<B: engine::backend::TrainOps>(
-    trainer: &mut Trainer<B>,
-    val: &data::ValBatches,
-    max_batches: usize,
-) -> anyhow::Result<f32> {
-    let n = trainer.micro_tokens();
-    let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
-    let batches = val.n_batches().min(max_batches.max(1));
-    let mut sum = 0.0f64;
-    for i in 0..batches {
-        val.fill_batch(i, &mut x, &mut y);
-        sum += f64::from(trainer.eval_loss(&x, &y)?);
-    }
-    Ok((sum / batches as f64) as f32)
-}
-
 /// Writes validation batch 0 (`tokens`, int32 (B, T)) and the model's `logits` (B, T, V) on it.
 pub fn save_val_logits(
     trainer: &mut Trainer,
