@@ -117,25 +117,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// A preset or an HF config.json (`--model` of `train` and `bench`).
+/// The engine config `--model` names (any kind `model::ModelSource` resolves).
 pub fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
-    let path = std::path::Path::new(spec);
-    if spec.ends_with(".json") || path.is_file() {
-        let text =
-            std::fs::read_to_string(spec).with_context(|| format!("--model {spec}: reading it"))?;
-        return Ok(ModelConfig::from_hf_json(&text, spec)?);
-    }
-    let shape = plan::presets::by_name(spec).context("--model")?;
-    Ok(ModelConfig::from_shape(shape)?)
-}
-
-/// `model_config`, or the config.json inside a folder.
-pub fn model_config_or_dir(spec: &str) -> anyhow::Result<ModelConfig> {
-    let dir = std::path::Path::new(spec);
-    if dir.is_dir() {
-        return model_config(&dir.join("config.json").display().to_string());
-    }
-    model_config(spec)
+    crate::model::ModelSource::resolve(spec)?.config()
 }
 
 /// FLOPs of one training token (see the module comment).

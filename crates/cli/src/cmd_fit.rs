@@ -8,10 +8,10 @@
 mod infer;
 mod render;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use plan::fit::{self, FitRequest, Hardware, LoraChoice, Runtime};
 use plan::setup::{Attention, Optimizer, Precision};
-use plan::{presets, units, ModelShape};
+use plan::{units, ModelShape};
 
 const LONG_ABOUT: &str = "\
 Search the training setups that fit a device's memory and rank them by predicted step time.
@@ -180,18 +180,6 @@ fn parse_rate(text: &str, field: &str) -> anyhow::Result<f64> {
     Ok(units::parse_bytes(bytes, field)? as f64)
 }
 
-/// A preset name, or a path to an HF config.json read here.
-fn load_model(spec: &str) -> anyhow::Result<ModelShape> {
-    let path = std::path::Path::new(spec);
-    if spec.ends_with(".json") || path.is_file() {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!("invalid --model: cannot read {spec}: pass a preset name or an existing config.json")
-        })?;
-        return Ok(plan::hf_config::parse(&text, spec)?);
-    }
-    Ok(presets::by_name(spec)?)
-}
-
 fn hardware(args: &Args) -> anyhow::Result<Hardware> {
     let mut hw = Hardware::of(fit::gpu_by_name(&args.gpu)?);
     hw.mfu = args.mfu;
@@ -221,10 +209,9 @@ fn machine_and_model(args: &Args) -> anyhow::Result<(Hardware, u64, ModelShape)>
         Some(s) => units::parse_bytes(s, "--device-memory")?,
         None => hw.gpu.memory_bytes,
     };
-    let model = match &args.config_text {
-        Some(text) => plan::hf_config::parse(text, &args.model)?,
-        None => load_model(&args.model)?,
-    };
+    let model =
+        crate::model::ModelSource::resolve_or_text(&args.model, args.config_text.as_deref())?
+            .shape()?;
     Ok((hw, capacity_bytes, model))
 }
 

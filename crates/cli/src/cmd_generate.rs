@@ -6,11 +6,11 @@
 //!
 //! Example: `frugal generate --model run1 --prompt "ROMEO:" --max-new-tokens 64 --weights int4`.
 
-use crate::infer_model::Source;
+use crate::model::{Loaded, ModelSource};
 use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
 use infer::sample::Sampling;
-use infer::{spec, Server};
+use infer::{spec, Worker};
 use plan::buffer::{Category, Device};
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::{json, Map, Value};
@@ -107,7 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
     }
-    let source = Source::open(&args.model)?;
+    let source = ModelSource::at(&args.model)?.load()?;
     let tok = data::Tokenizer::gpt2();
     let prompt = tok.encode(&args.prompt);
     if prompt.is_empty() {
@@ -152,14 +152,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         setup.prefill_logit_rows = rows;
         setup.prefill_chunk = setup.prefill_chunk.max(rows);
     }
-    let mut server = source.server(setup)?;
+    let mut worker = source.worker(setup)?;
     if let Some(dir) = &args.save_quantized {
-        save_quantized(&server, dir)?;
+        save_quantized(&worker, dir)?;
     }
     // The draft is loaded (and quantized) before the clock starts.
     let mut draft = match &args.draft {
         Some(d) => {
-            let draft_src = Source::open(d).with_context(|| format!("--draft {}", d.display()))?;
+            let draft_src = ModelSource::at(d)
+                .and_then(|m| m.load())
+                .with_context(|| format!("--draft {}", d.display()))?;
             let format = weight_format(
                 args.draft_weights.as_deref().or(args.weights.as_deref()),
                 args.weight_group,
@@ -175,8 +177,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.kv_block,
                 1,
             );
-            let draft = draft_src.server(dsetup)?;
-            spec::check_pair(&server, &draft)?;
+            let draft = draft_src.worker(dsetup)?;
+            spec::check_pair(&worker, &draft)?;
             Some(draft)
         }
         None => None,
@@ -185,7 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (tokens, prefill_s, acceptance) = match &mut draft {
         Some(draft) => {
             let (out, stats) = spec::generate(
-                &mut server,
+                &mut worker,
                 draft,
                 &prompt,
                 args.max_new_tokens,
@@ -197,7 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => {
             let (out, prefill) = plain(
-                &mut server,
+                &mut worker,
                 &prompt,
                 args.max_new_tokens,
                 &sampling,
@@ -210,41 +212,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = tok.decode(&tokens).unwrap_or_default();
     let decode_s = (total - prefill_s).max(1e-9);
     report(
-        &args, &server, &prompt, &tokens, &text, prefill_s, decode_s, acceptance,
+        &args, &worker, &prompt, &tokens, &text, prefill_s, decode_s, acceptance,
     )
 }
 
-/// Prefill then greedy/sampled decode with the server alone; returns the tokens and the
+/// Prefill then greedy/sampled decode with the worker alone; returns the tokens and the
 /// prefill's seconds.
 fn plain(
-    server: &mut Server,
+    worker: &mut Worker,
     prompt: &[u32],
     n: usize,
     sampling: &Sampling,
     seed: u64,
 ) -> anyhow::Result<(Vec<u32>, f64)> {
     let mut rng = data::SplitMix64::new(seed);
-    let seq = server.new_sequence();
+    let seq = worker.new_sequence();
     let mut logits = Vec::new();
     let t0 = Instant::now();
-    server.prefill(seq, prompt, &mut logits)?;
+    worker.prefill(seq, prompt, &mut logits)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let t = infer::sample::pick(&logits, sampling, &mut rng);
         out.push(t);
         if i + 1 < n {
-            server.decode(&[seq], &[t], &mut logits)?;
+            worker.decode(&[seq], &[t], &mut logits)?;
         }
     }
-    server.free(seq);
+    worker.free(seq);
     Ok((out, prefill))
 }
 
 /// `--kv-cache off`: the fp32 model recomputing every prefix (engine::eval::generate).
 fn reference(
     args: &Args,
-    source: &Source,
+    source: &Loaded,
     prompt: &[u32],
     sampling: Sampling,
 ) -> anyhow::Result<()> {
@@ -296,11 +298,11 @@ fn reference(
     Ok(())
 }
 
-fn save_quantized(server: &Server, dir: &std::path::Path) -> anyhow::Result<()> {
+fn save_quantized(worker: &Worker, dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--save-quantized {}", dir.display()))?;
-    std::fs::write(dir.join("config.json"), server.config.to_hf_json())
+    std::fs::write(dir.join("config.json"), worker.config.to_hf_json())
         .with_context(|| format!("--save-quantized {}", dir.display()))?;
-    infer::file::save(server, &dir.join(infer::file::FILE_NAME))?;
+    infer::file::save(worker, &dir.join(infer::file::FILE_NAME))?;
     Ok(())
 }
 
@@ -317,7 +319,7 @@ pub fn per_device(cats: [u64; 6], peak: u64) -> Map<String, Value> {
 #[allow(clippy::too_many_arguments)]
 fn report(
     args: &Args,
-    server: &Server,
+    worker: &Worker,
     prompt: &[u32],
     tokens: &[u32],
     text: &str,
@@ -325,9 +327,9 @@ fn report(
     decode_s: f64,
     acceptance: Option<spec::SpecStats>,
 ) -> anyhow::Result<()> {
-    let planned = server.plan.category_peaks(Device::Gpu);
-    let planned_peak = server.plan.peak_bytes(Device::Gpu);
-    let m = server.measured();
+    let planned = worker.plan.category_peaks(Device::Gpu);
+    let planned_peak = worker.plan.peak_bytes(Device::Gpu);
+    let m = worker.measured();
     let prefill_tps = if prefill_s > 0.0 {
         prompt.len() as f64 / prefill_s
     } else {
@@ -338,9 +340,9 @@ fn report(
         let v = json!({
             "tokens": tokens,
             "text": text,
-            "weights": server.setup.weights.name(),
-            "weight_group": server.setup.weights.group(),
-            "kv_dtype": server.setup.kv.name(),
+            "weights": worker.setup.weights.name(),
+            "weight_group": worker.setup.weights.group(),
+            "kv_dtype": worker.setup.kv.name(),
             "prompt_tokens": prompt.len(),
             "prompt_token_ids": prompt,
             "prefill_tokens_per_s": prefill_tps,
@@ -369,8 +371,8 @@ fn report(
     eprintln!();
     eprintln!(
         "weights {} · KV {} · prefill {} tokens at {prefill_tps:.1} tokens/s · decode {} tokens at {decode_tps:.1} tokens/s",
-        server.setup.weights.name(),
-        server.setup.kv.name(),
+        worker.setup.weights.name(),
+        worker.setup.kv.name(),
         prompt.len(),
         tokens.len()
     );

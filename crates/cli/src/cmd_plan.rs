@@ -9,13 +9,13 @@
 mod plot;
 mod render;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, bail};
 use plan::report::{self, Report};
 use plan::setup::{
     Attention, Convention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute,
     TrainSetup, ZeroStage,
 };
-use plan::{formula, infer, presets, units, Estimate, InferEstimate, ModelShape, PlanError};
+use plan::{formula, infer, units, Estimate, InferEstimate, ModelShape, PlanError};
 use std::path::PathBuf;
 
 const LONG_ABOUT: &str = "\
@@ -180,17 +180,6 @@ pub struct Args {
     device_memory: Option<String>,
 }
 
-/// A preset name, or a path to an HF config.json read here.
-fn load_model(spec: &str) -> anyhow::Result<ModelShape> {
-    let path = std::path::Path::new(spec);
-    if spec.ends_with(".json") || path.is_file() {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("invalid --model: cannot read {spec}: pass a preset name or an existing config.json"))?;
-        return Ok(plan::hf_config::parse(&text, spec)?);
-    }
-    Ok(presets::by_name(spec)?)
-}
-
 fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
     Ok(TrainSetup {
         precision: args.precision,
@@ -329,10 +318,9 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
     }
     let report = match (&args.model, &args.params) {
         (Some(spec), _) => {
-            let model = match &args.config_text {
-                Some(text) => plan::hf_config::parse(text, spec)?,
-                None => load_model(spec)?,
-            };
+            let model =
+                crate::model::ModelSource::resolve_or_text(spec, args.config_text.as_deref())?
+                    .shape()?;
             let seq = args.seq.unwrap_or(2048.min(model.max_positions));
             let paper = args.convention == Convention::Paper && !args.infer;
             if paper && (args.runtime == "pytorch" || args.runtime == "frugal") {

@@ -12,9 +12,9 @@ mod cmd_fit;
 mod cmd_formats;
 mod cmd_generate;
 mod cmd_plan;
-mod cmd_serve;
 mod cmd_train;
-mod infer_model;
+mod cmd_web;
+mod model;
 mod output;
 
 use clap::{Parser, Subcommand};
@@ -69,7 +69,7 @@ enum Command {
     #[command(
         about = "The planner in a browser: a page and a JSON API (the CLI's JSON) on this machine."
     )]
-    Serve(cmd_serve::Args),
+    Web(cmd_web::Args),
 }
 
 /// The environment variable that caps every kernel's instruction set (`kernels::cpu`): read
@@ -102,7 +102,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd_bench::run(args),
         Command::Export(args) => cmd_export::run(args),
         Command::Generate(args) => cmd_generate::run(args),
-        Command::Serve(args) => cmd_serve::run(args),
+        Command::Web(args) => cmd_web::run(args),
     });
     let result = match result {
         Ok(result) => result,

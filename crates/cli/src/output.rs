@@ -75,7 +75,7 @@ pub fn plural(n: u64, noun: &str) -> String {
     }
 }
 
-/// Bytes in decimal gigabytes (10^9), as the seed's worked examples write them.
+/// Bytes in decimal gigabytes (10^9), as the classic worked examples write them.
 pub fn gigabytes(bytes: u64) -> String {
     format!("{:.2} GB", bytes as f64 / 1e9)
 }

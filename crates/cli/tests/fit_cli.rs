@@ -1,4 +1,4 @@
-//! `frugal fit` end to end: the table and the JSON object for the seed's cases, and every bad
+//! `frugal fit` end to end: the table and the JSON object for the classic cases, and every bad
 //! input ending with exit code 2 and a message naming the flag and the fix.
 
 mod common;

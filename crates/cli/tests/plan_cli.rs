@@ -1,4 +1,4 @@
-//! `frugal plan` end to end: the seed's numbers through the CLI, the JSON contract, the plot, and
+//! `frugal plan` end to end: the classic worked numbers through the CLI, the JSON contract, the plot, and
 //! every bad input ending with exit code 2 and a message naming the field and the fix.
 
 mod common;
@@ -192,7 +192,7 @@ fn bad_input_names_the_field_and_the_fix() {
     fails_with(&["--model", &odd, "--train"], &["n_head", "divide"]);
     fails_with(
         &["--model", "/nonexistent/config.json"],
-        &["--model", "cannot read"],
+        &["--model", "no such file or folder"],
     );
     for p in [malformed, incomplete, odd] {
         std::fs::remove_file(p).ok();

@@ -1,9 +1,10 @@
 //! Tidy: the code-shape rules STYLE asks for, checked on the whole workspace (rust-analyzer's
 //! and TigerBeetle's tidy tests): every Rust file opens with a `//!` header; only the `frugal`
 //! binary prints (library code of the other crates never calls `println!` and friends outside
-//! its tests); every dependency a crate declares is used by it; library files stay under 500
-//! lines; and every code path ARCHITECTURE.md names (`plan::frugal::training_plan`,
-//! `crates/engine/src/arena.rs`) exists.
+//! its tests); every dependency a crate declares is used by it; no Rust file is over 500 lines;
+//! library code has no blanket `allow(dead_code)`; every code path ARCHITECTURE.md names
+//! (`plan::frugal::training_plan`, `crates/engine/src/arena.rs`) exists, whole path, module by
+//! module; and what users read speaks of the product, never of how it is made.
 
 use std::path::{Path, PathBuf};
 
@@ -143,10 +144,10 @@ fn every_dependency_is_used() {
 }
 
 #[test]
-fn library_files_stay_small() {
+fn no_rust_file_is_over_500_lines() {
     let mut large = Vec::new();
     for krate in crates() {
-        for file in rust_files(&krate.join("src")) {
+        for file in rust_files(&krate) {
             let lines = std::fs::read_to_string(&file).unwrap().lines().count();
             if lines > 500 {
                 large.push(format!("{}: {lines} lines", file.display()));
@@ -156,6 +157,39 @@ fn library_files_stay_small() {
     assert!(
         large.is_empty(),
         "files over 500 lines (split them): {large:#?}"
+    );
+}
+
+/// Library code says which item is unused where, if anywhere (`cfg_attr` for a platform): a
+/// module- or crate-wide `allow(dead_code)` hides dead code. (A test's shared `common` module is
+/// the exception Cargo forces: each test binary uses part of it.)
+#[test]
+fn no_blanket_dead_code_allowance() {
+    let mut blanket = Vec::new();
+    for krate in crates() {
+        for file in rust_files(&krate.join("src")) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let lines: Vec<&str> = text.lines().map(str::trim).collect();
+            for (i, line) in lines.iter().enumerate() {
+                if !line.contains("allow(dead_code)") {
+                    continue;
+                }
+                let item = lines[i + 1..].iter().find(|l| !l.starts_with("#["));
+                let on_module = item.is_some_and(|l| {
+                    let l = l
+                        .trim_start_matches("pub ")
+                        .trim_start_matches("pub(crate) ");
+                    l.starts_with("mod ") || l.starts_with("impl")
+                });
+                if line.starts_with("#![") || on_module {
+                    blanket.push(format!("{}:{}: {line}", file.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        blanket.is_empty(),
+        "blanket allow(dead_code) (remove the dead code, or allow one item): {blanket:#?}"
     );
 }
 
@@ -177,6 +211,84 @@ fn defined(all_code: &str, name: &str) -> bool {
     })
 }
 
+/// The package name of each library crate directory (`crates/engine` is `engine`; the binary's
+/// crate has no paths to name, and `frugal::tp` is short for `plan::frugal::tp`).
+fn crate_names() -> Vec<(String, PathBuf)> {
+    crates()
+        .into_iter()
+        .filter(|dir| dir.join("src/lib.rs").exists())
+        .map(|dir| {
+            let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+            let name = manifest
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("name = "))
+                .map(|n| n.trim_matches('"').replace('-', "_"))
+                .unwrap();
+            (name, dir)
+        })
+        .collect()
+}
+
+/// The file holding module `path` of the crate in `dir` (`[]`: the crate root): `a.rs` or
+/// `a/mod.rs` beside its parent, or an inline `mod a {` in the parent's file.
+fn module_file(dir: &Path, path: &[&str]) -> Option<PathBuf> {
+    let src = dir.join("src");
+    let mut file = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|f| src.join(f))
+        .find(|f| f.exists())?;
+    let mut here = src;
+    for seg in path {
+        let (flat, nested) = (
+            here.join(format!("{seg}.rs")),
+            here.join(seg).join("mod.rs"),
+        );
+        if flat.exists() {
+            file = flat;
+        } else if nested.exists() {
+            file = nested;
+        } else {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let inline = [format!("mod {seg} {{"), format!("mod {seg};")];
+            if !inline.iter().any(|m| text.contains(m.as_str())) {
+                return None;
+            }
+        }
+        here = here.join(seg);
+    }
+    Some(file)
+}
+
+/// Whether `crate::a::b::Item::method` resolves: the modules exist as files (or inline), the
+/// first item is defined or re-exported in the last module, and what follows it (a method, a
+/// variant's type) is defined in the crate.
+fn resolves(dir: &Path, segments: &[&str], crate_code: &str) -> Result<(), String> {
+    let mut modules = 0;
+    while modules < segments.len() && module_file(dir, &segments[..=modules]).is_some() {
+        modules += 1;
+    }
+    if modules == segments.len() {
+        return Ok(());
+    }
+    let file = module_file(dir, &segments[..modules]).unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let item = segments[modules];
+    let reexported = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("pub use"))
+        .any(|l| l.contains(item));
+    if !defined(&text, item) && !reexported {
+        return Err(format!("{item} is not in {}", file.display()));
+    }
+    match segments[modules + 1..]
+        .iter()
+        .find(|s| !defined(crate_code, s))
+    {
+        Some(rest) => Err(format!("{rest} is not defined in the crate")),
+        None => Ok(()),
+    }
+}
+
 #[test]
 fn names_in_architecture_md_exist() {
     let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
@@ -186,10 +298,14 @@ fn names_in_architecture_md_exist() {
         .map(|f| std::fs::read_to_string(f).unwrap())
         .collect::<Vec<_>>()
         .join("\n");
+    let names = crate_names();
     let mut missing = Vec::new();
     for span in doc.split('`').skip(1).step_by(2) {
         let path_like = span.contains('/') && !span.contains(' ') && !span.contains("::");
-        if path_like && (span.ends_with(".rs") || span.ends_with(".md") || span.ends_with('/')) {
+        let ours = ["crates/", "dev/", "docs/", ".ci/"]
+            .iter()
+            .any(|p| span.starts_with(p));
+        if path_like && ours && !span.contains(['*', '<', '{']) {
             if !root().join(span).exists() {
                 missing.push(span.to_string());
             }
@@ -199,15 +315,75 @@ fn names_in_architecture_md_exist() {
             && span
                 .chars()
                 .all(|c| c.is_alphanumeric() || c == '_' || c == ':');
-        if is_path {
-            let last = span.rsplit("::").next().unwrap();
-            if !last.is_empty() && !defined(&all_code, last) {
-                missing.push(span.to_string());
+        if !is_path {
+            continue;
+        }
+        let segments: Vec<&str> = span.split("::").filter(|s| !s.is_empty()).collect();
+        match names.iter().find(|(name, _)| *name == segments[0]) {
+            // A path into one of our crates: module by module.
+            Some((_, dir)) => {
+                let code: String = rust_files(&dir.join("src"))
+                    .iter()
+                    .map(|f| std::fs::read_to_string(f).unwrap())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                if let Err(why) = resolves(dir, &segments[1..], &code) {
+                    missing.push(format!("{span} ({why})"));
+                }
+            }
+            // `Type::method`: each name is defined somewhere.
+            None => {
+                if let Some(s) = segments.iter().find(|s| !defined(&all_code, s)) {
+                    missing.push(format!("{span} ({s} is not defined)"));
+                }
             }
         }
     }
     assert!(
         missing.is_empty(),
         "ARCHITECTURE.md names what does not exist: {missing:#?}"
+    );
+}
+
+/// Words that speak of how the product is made, not of the product.
+const BANNED: [&str; 6] = [
+    "the seed",
+    "seed's",
+    "issue #",
+    "this session",
+    "previous binary",
+    "the issue's",
+];
+
+/// What users read: README.md, docs/, and the binary's own strings (help, output, the page).
+#[test]
+fn what_users_read_speaks_of_the_product() {
+    let mut texts: Vec<PathBuf> = vec![root().join("README.md")];
+    if let Ok(entries) = std::fs::read_dir(root().join("docs")) {
+        texts.extend(entries.flatten().map(|e| e.path()));
+    }
+    let cli = root().join("crates/cli/src");
+    texts.extend(rust_files(&cli));
+    texts.push(cli.join("cmd_web/page.html"));
+    let mut found = Vec::new();
+    for file in texts {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (i, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            // Whole words: "the seeded trace" is about a generator, not the making.
+            let whole = |w: &&str| {
+                lower.match_indices(*w).any(|(i, _)| {
+                    let next = lower[i + w.len()..].chars().next().unwrap_or(' ');
+                    !next.is_alphanumeric()
+                })
+            };
+            if let Some(word) = BANNED.iter().find(whole) {
+                found.push(format!("{}:{}: {word:?}", file.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "user-facing text about the making: {found:#?}"
     );
 }

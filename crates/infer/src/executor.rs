@@ -1,12 +1,12 @@
 //! The executor: what carries out the scheduler's decisions (`schedule`). [`Single`] drives one
-//! worker, a [`Server`] on one rank (its weights, KV caches and steps); [`Replay`] applies the
+//! worker, a [`Worker`] on one rank (its weights, KV caches and steps); [`Replay`] applies the
 //! same block rule to the trace's lengths with no model, which is the plan's prediction of a run.
 //! A tensor-parallel group or prefill/decode roles are further executors behind the same trait.
 
 use super::blocks::{BlockManager, SeqId};
 use super::prefill_chunks;
 use super::sample::{pick, Sampling};
-use super::Server;
+use super::Worker;
 use data::SplitMix64;
 use engine::backend::InferOps;
 use engine::error::EngineError;
@@ -29,7 +29,7 @@ pub trait Executor {
 }
 
 pub struct Single<'a, B: InferOps> {
-    server: &'a mut Server<B>,
+    worker: &'a mut Worker<B>,
     sampling: Sampling,
     rng: SplitMix64,
     logits: Vec<f32>,
@@ -38,10 +38,10 @@ pub struct Single<'a, B: InferOps> {
 }
 
 impl<'a, B: InferOps> Single<'a, B> {
-    /// Drives `server`, sampling each next token with `sampling` from a generator seeded `seed`.
-    pub fn new(server: &'a mut Server<B>, sampling: Sampling, seed: u64) -> Self {
+    /// Drives `worker`, sampling each next token with `sampling` from a generator seeded `seed`.
+    pub fn new(worker: &'a mut Worker<B>, sampling: Sampling, seed: u64) -> Self {
         Single {
-            server,
+            worker,
             sampling,
             rng: SplitMix64::new(seed),
             logits: Vec::new(),
@@ -52,31 +52,31 @@ impl<'a, B: InferOps> Single<'a, B> {
 
 impl<B: InferOps> Executor for Single<'_, B> {
     fn free_blocks(&self) -> usize {
-        self.server.free_blocks()
+        self.worker.free_blocks()
     }
     fn share(&mut self, prefix: &[u32]) -> Result<(), EngineError> {
-        let root = self.server.new_sequence();
-        self.server.prefill(root, prefix, &mut self.logits)?;
+        let root = self.worker.new_sequence();
+        self.worker.prefill(root, prefix, &mut self.logits)?;
         self.root = Some((root, prefix.len()));
         Ok(())
     }
     fn admit(&mut self, tokens: &[u32]) -> Result<(SeqId, u32), EngineError> {
         let (seq, rest) = match self.root {
-            Some((root, n)) => (self.server.fork(root), &tokens[n..]),
-            None => (self.server.new_sequence(), tokens),
+            Some((root, n)) => (self.worker.fork(root), &tokens[n..]),
+            None => (self.worker.new_sequence(), tokens),
         };
         // The prompt's logits give the first token; the first decode feeds it.
-        self.server.prefill(seq, rest, &mut self.logits)?;
+        self.worker.prefill(seq, rest, &mut self.logits)?;
         Ok((seq, pick(&self.logits, &self.sampling, &mut self.rng)))
     }
     fn unshare(&mut self) {
         if let Some((root, _)) = self.root.take() {
-            self.server.free(root);
+            self.worker.free(root);
         }
     }
     fn decode(&mut self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
-        self.server.decode(seqs, tokens, &mut self.logits)?;
-        let v = self.server.config.shape.vocab as usize;
+        self.worker.decode(seqs, tokens, &mut self.logits)?;
+        let v = self.worker.config.shape.vocab as usize;
         Ok(self
             .logits
             .chunks_exact(v)
@@ -84,18 +84,18 @@ impl<B: InferOps> Executor for Single<'_, B> {
             .collect())
     }
     fn blocks_needed(&self, seq: SeqId) -> usize {
-        self.server.blocks_needed(seq, 1)
+        self.worker.blocks_needed(seq, 1)
     }
     fn used_blocks(&self) -> usize {
-        self.server.blocks.used_blocks()
+        self.worker.blocks.used_blocks()
     }
     fn release(&mut self, seq: SeqId) {
-        self.server.free(seq)
+        self.worker.free(seq)
     }
 }
 
-/// The replay's executor: the server's block rule (`BlockManager`) over the trace's lengths,
-/// with the server's prefill chunks and sliding-window release, and no model.
+/// The replay's executor: the worker's block rule (`BlockManager`) over the trace's lengths,
+/// with the worker's prefill chunks and sliding-window release, and no model.
 pub struct Replay {
     blocks: BlockManager,
     chunk: usize,
@@ -112,7 +112,7 @@ impl Replay {
         }
     }
 
-    /// What `Server::prefill` does to the block tables: a step per chunk, each followed by the
+    /// What `Worker::prefill` does to the block tables: a step per chunk, each followed by the
     /// window's release.
     fn prefill(&mut self, seq: SeqId, n: usize) {
         let mut slots = Vec::new();

@@ -9,9 +9,9 @@
 //! what is wrong; nothing half-read is used. The file is written to a temporary name, fsynced
 //! and renamed.
 //!
-//! Example: `file::save(&server, "q/weights.frugal".as_ref())?; let h = file::read_header(p)?;`
+//! Example: `file::save(&worker, "q/weights.frugal".as_ref())?; let h = file::read_header(p)?;`
 
-use super::Server;
+use super::Worker;
 use engine::backend::DType;
 use engine::backend::InferOps;
 use engine::config::ModelConfig;
@@ -66,41 +66,41 @@ fn io(path: &Path, what: &str) -> impl FnOnce(std::io::Error) -> EngineError {
     move |cause| EngineError::Io { context, cause }
 }
 
-/// The weight buffers of a server's plan, in plan order.
-fn weight_buffers<B: InferOps>(server: &Server<B>) -> Vec<(String, engine::backend::Tensor)> {
-    server
+/// The weight buffers of a worker's plan, in plan order.
+fn weight_buffers<B: InferOps>(worker: &Worker<B>) -> Vec<(String, engine::backend::Tensor)> {
+    worker
         .plan
         .buffers
         .iter()
         .filter(|b| b.category == Category::Params)
         .map(|b| {
             let key = b.key.expect("a keyed buffer");
-            (b.name.clone(), server.arena.key_tensor(key, DType::U8))
+            (b.name.clone(), worker.arena.key_tensor(key, DType::U8))
         })
         .collect()
 }
 
-/// Writes `server`'s weights to `path`.
-pub fn save<B: InferOps>(server: &Server<B>, path: &Path) -> Result<(), EngineError> {
-    let be = server.arena.backend();
+/// Writes `worker`'s weights to `path`.
+pub fn save<B: InferOps>(worker: &Worker<B>, path: &Path) -> Result<(), EngineError> {
+    let be = worker.arena.backend();
     let mut entries = Vec::new();
     let mut payload = Vec::new();
-    for (name, t) in weight_buffers(server) {
+    for (name, t) in weight_buffers(worker) {
         let start = payload.len();
         payload.resize(start + t.len, 0);
-        be.download_bytes(&server.arena, t, &mut payload[start..]);
+        be.download_bytes(&worker.arena, t, &mut payload[start..]);
         entries.push(TensorEntry {
             name,
             bytes: t.len as u64,
             crc32: crc32fast::hash(&payload[start..]),
         });
     }
-    let f = server.setup.weights;
+    let f = worker.setup.weights;
     let header = Header {
         version: VERSION,
         weights: f.name().into(),
         group: f.group(),
-        config: server.config.to_hf_json(),
+        config: worker.config.to_hf_json(),
         tensors: entries,
     };
     let json = serde_json::to_vec(&header).expect("a header serializes");
@@ -187,20 +187,20 @@ pub fn read_header(path: &Path) -> Result<(Header, u64), EngineError> {
     Ok((header, 20 + len))
 }
 
-/// Loads `path`'s weights into `server` (built from the file's config and format).
-pub fn load<B: InferOps>(server: &mut Server<B>, path: &Path) -> Result<(), EngineError> {
+/// Loads `path`'s weights into `worker` (built from the file's config and format).
+pub fn load<B: InferOps>(worker: &mut Worker<B>, path: &Path) -> Result<(), EngineError> {
     let (header, offset) = read_header(path)?;
-    if header.format()? != server.setup.weights {
+    if header.format()? != worker.setup.weights {
         return Err(bad(
             path,
             format!(
-                "holds {} weights and the server was planned for {}",
+                "holds {} weights and the engine was planned for {}",
                 header.weights,
-                server.setup.weights.name()
+                worker.setup.weights.name()
             ),
         ));
     }
-    let expect = weight_buffers(server);
+    let expect = weight_buffers(worker);
     if expect.len() != header.tensors.len() {
         return Err(bad(
             path,
@@ -213,13 +213,13 @@ pub fn load<B: InferOps>(server: &mut Server<B>, path: &Path) -> Result<(), Engi
     }
     // Two passes: every name, size and checksum first, so a damaged file changes no weight.
     for pass in [false, true] {
-        read_tensors(server, path, offset, &expect, &header, pass)?;
+        read_tensors(worker, path, offset, &expect, &header, pass)?;
     }
     Ok(())
 }
 
 fn read_tensors<B: InferOps>(
-    server: &Server<B>,
+    worker: &Worker<B>,
     path: &Path,
     offset: u64,
     expect: &[(String, engine::backend::Tensor)],
@@ -250,14 +250,14 @@ fn read_tensors<B: InferOps>(
             ));
         }
         if upload {
-            server.arena.backend().upload_bytes(&server.arena, *t, &buf);
+            worker.arena.backend().upload_bytes(&worker.arena, *t, &buf);
         }
     }
     Ok(())
 }
 
 /// The fp32 units (each unit's flat elements, in view order) of a file that stores f32 weights:
-/// what a server quantizes to another format.
+/// what a worker quantizes to another format.
 pub fn read_f32_units(
     path: &Path,
     units: &[plan::frugal::Unit],

@@ -4,9 +4,9 @@
 //! - the block manager (`blocks`): the one KV-block rule (tables, reference counts,
 //!   copy-on-write, sliding-window release), used by the worker and by the plan's replay;
 //! - the scheduler (`schedule`): admission, continuous batching, preemption;
-//! - the worker ([`Server`], `step`): weights, caches, prefill and decode steps on one rank;
-//!   [`Server::prefill`] runs up to a chunk of one sequence's tokens per step, [`Server::decode`]
-//!   one token of each of several sequences; [`Server::fork`] shares a sequence's blocks;
+//! - the worker ([`Worker`], `step`): weights, caches, prefill and decode steps on one rank;
+//!   [`Worker::prefill`] runs up to a chunk of one sequence's tokens per step, [`Worker::decode`]
+//!   one token of each of several sequences; [`Worker::fork`] shares a sequence's blocks;
 //! - the executor (`executor`): carries out the scheduler's decisions on one worker (`Single`)
 //!   or on block counts alone (`Replay`); a tensor-parallel group would be another.
 //!
@@ -16,19 +16,19 @@
 //!
 //! Example:
 //! ```
-//! use infer::Server;
+//! use infer::Worker;
 //! use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 //! let config = engine::ModelConfig::from_shape(engine::testkit::llama_tiny()).unwrap();
 //! let w = WeightFormat::Int4 { group: 32, asym: false };
 //! let setup = ServeSetup::generation(&config.shape, 1, 32, w, KvFormat::Int8, 16, 1);
-//! let mut server = Server::new(config, setup).unwrap();
-//! server.fill_random(7);
-//! let seq = server.new_sequence();
+//! let mut worker = Worker::new(config, setup).unwrap();
+//! worker.fill_random(7);
+//! let seq = worker.new_sequence();
 //! let mut logits = Vec::new();
-//! server.prefill(seq, &[1, 2, 3], &mut logits).unwrap();
-//! server.decode(&[seq], &[4], &mut logits).unwrap();
-//! assert_eq!(server.seq_len(seq), 4);
-//! assert_eq!(server.measured().peak_bytes, server.plan.peak_bytes(plan::buffer::Device::Gpu));
+//! worker.prefill(seq, &[1, 2, 3], &mut logits).unwrap();
+//! worker.decode(&[seq], &[4], &mut logits).unwrap();
+//! assert_eq!(worker.seq_len(seq), 4);
+//! assert_eq!(worker.measured().peak_bytes, worker.plan.peak_bytes(plan::buffer::Device::Gpu));
 //! ```
 
 pub mod blocks;
@@ -82,7 +82,7 @@ pub fn prefill_chunks(len: usize, chunk: usize, rows: usize) -> Vec<std::ops::Ra
     out
 }
 
-/// The split-K partials a server plans by default: one split per thread (`rayon`'s pool).
+/// The split-K partials a worker plans by default: one split per thread (`rayon`'s pool).
 pub fn default_split_k() -> u64 {
     rayon::current_num_threads().clamp(1, 64) as u64
 }
@@ -121,8 +121,9 @@ impl UnitWeights {
     }
 }
 
-/// An inference engine on a backend (the CPU by default).
-pub struct Server<B: InferOps = Cpu> {
+/// The worker: one model's weights, KV caches and prefill and decode steps on one rank, on a
+/// backend (the CPU by default).
+pub struct Worker<B: InferOps = Cpu> {
     pub plan: MemoryPlan,
     pub arena: Arena<B>,
     pub config: ModelConfig,
@@ -136,18 +137,18 @@ pub struct Server<B: InferOps = Cpu> {
     pub blocks: BlockManager,
 }
 
-impl Server<Cpu> {
-    /// A server for `config` sized by `setup` on the CPU, weights zeroed.
-    pub fn new(config: ModelConfig, setup: ServeSetup) -> Result<Server, EngineError> {
-        Server::on(Cpu::new(), config, setup, None)
+impl Worker<Cpu> {
+    /// A worker for `config` sized by `setup` on the CPU, weights zeroed.
+    pub fn new(config: ModelConfig, setup: ServeSetup) -> Result<Worker, EngineError> {
+        Worker::on(Cpu::new(), config, setup, None)
     }
 
-    /// As [`Server::new`], refused before allocating when the plan exceeds the RAM this process
+    /// As [`Worker::new`], refused before allocating when the plan exceeds the RAM this process
     /// may use, with the plan's breakdown and what to change.
-    pub fn new_in_ram(config: ModelConfig, setup: ServeSetup) -> Result<Server, EngineError> {
+    pub fn new_in_ram(config: ModelConfig, setup: ServeSetup) -> Result<Worker, EngineError> {
         let host = engine::capacity::host_available();
         let capacity = host.as_ref().map(|h| h.bytes);
-        Server::on(Cpu::new(), config, setup, capacity).map_err(|e| match e {
+        Worker::on(Cpu::new(), config, setup, capacity).map_err(|e| match e {
             EngineError::DoesNotFit(mut no) => {
                 no.limit = engine::capacity::Limit::HostRam {
                     source: host.map_or_else(String::new, |h| h.source),
@@ -165,14 +166,14 @@ impl Server<Cpu> {
     }
 }
 
-impl<B: InferOps> Server<B> {
-    /// A server on `backend`; refuses before allocating when the slab exceeds `capacity`.
+impl<B: InferOps> Worker<B> {
+    /// A worker on `backend`; refuses before allocating when the slab exceeds `capacity`.
     pub fn on(
         backend: B,
         config: ModelConfig,
         setup: ServeSetup,
         capacity: Option<u64>,
-    ) -> Result<Server<B>, EngineError> {
+    ) -> Result<Worker<B>, EngineError> {
         engine::backend::require::<B>(engine::backend::model_needs(&config.shape))?;
         let plan = serve_plan(&config.shape, &setup)?;
         let arena = Arena::new(backend, &plan, Device::Gpu, capacity)?;
@@ -185,7 +186,7 @@ impl<B: InferOps> Server<B> {
         let caches = (0..s.n_layers)
             .map(|l| bind_cache(&arena, l, &setup, &config))
             .collect();
-        Ok(Server {
+        Ok(Worker {
             design: design(s),
             blocks: BlockManager::new(
                 setup.kv_blocks as usize,
@@ -258,7 +259,7 @@ impl<B: InferOps> Server<B> {
         self.prefill_rows(id, tokens, 1, logits)
     }
 
-    /// As [`Server::prefill`], returning the logits of the last `rows` tokens (speculative
+    /// As [`Worker::prefill`], returning the logits of the last `rows` tokens (speculative
     /// verification), `rows` at most the plan's `prefill_logit_rows`.
     pub fn prefill_rows(
         &mut self,
@@ -298,7 +299,7 @@ impl<B: InferOps> Server<B> {
         assert_eq!(ids.len(), tokens.len());
         if ids.len() as u64 > self.setup.max_seqs {
             return Err(EngineError::Infer(format!(
-                "{} sequences in one decode step; the server was planned for {}",
+                "{} sequences in one decode step; the engine was planned for {}",
                 ids.len(),
                 self.setup.max_seqs
             )));
@@ -319,7 +320,7 @@ impl<B: InferOps> Server<B> {
             let len = self.seq_len(id) + n;
             if len as u64 > self.setup.context {
                 return Err(EngineError::Infer(format!(
-                    "a sequence of {len} tokens is longer than the context of {} this server was \
+                    "a sequence of {len} tokens is longer than the context of {} this engine was \
                      planned for (the model has {} positions): shorten the prompt or \
                      --max-new-tokens, or plan a longer --context",
                     self.setup.context, self.config.shape.max_positions

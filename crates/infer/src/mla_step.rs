@@ -8,7 +8,7 @@
 //! Example: `step::run` calls `self.mla_attention(..)` in place of q|k|v, RoPE, the KV write and
 //! paged attention, and gets the output projection in `proj`.
 
-use super::{step_tensor, Server, UnitWeights};
+use super::{step_tensor, UnitWeights, Worker};
 use engine::backend::ops::{NormKind, NormOp};
 use engine::backend::InferOps;
 use engine::backend::{LatentOp, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
@@ -16,7 +16,7 @@ use engine::family::deepseek::LATENT_NORM_EPS;
 use plan::frugal::units::Role;
 use plan::frugal::{StepAct, StepKind};
 
-impl<B: InferOps> Server<B> {
+impl<B: InferOps> Worker<B> {
     /// proj (n, C) := latent attention's output projection for the step's rows (`ln` is the
     /// block's normed input; `atty` its scratch), writing each row's latent into `cache`.
     #[allow(clippy::too_many_arguments)]

@@ -7,7 +7,7 @@
 //!
 //! Example: `step::run` calls `self.moe_mlp(kind, weights, n, ln, proj)` for a MoE layer.
 
-use super::{step_tensor, Server, UnitWeights};
+use super::{step_tensor, UnitWeights, Worker};
 use engine::backend::ops::Activation;
 use engine::backend::InferOps;
 use engine::backend::{MoeOp, MoeShape, QLinear, QMatrix, Tensor};
@@ -31,7 +31,7 @@ fn rows_of(m: QMatrix, r: Range<usize>) -> QMatrix {
     }
 }
 
-impl<B: InferOps> Server<B> {
+impl<B: InferOps> Worker<B> {
     /// Whether block `l` has a mixture of experts.
     pub(crate) fn is_moe(&self, l: u32) -> bool {
         self.design.moe

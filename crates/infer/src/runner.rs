@@ -87,7 +87,7 @@ impl<B: Backend> Runner<B> {
         self.arena.backend().upload(&self.arena, t, &full);
     }
 
-    /// Every unit's weights (unpadded), read back to the host: what an inference server
+    /// Every unit's weights (unpadded), read back to the host: what an inference worker
     /// quantizes.
     pub fn unit_values(&self) -> Vec<Vec<f32>> {
         (0..self.model.units.len())

@@ -5,17 +5,17 @@
 //! are freed and which waits again with the tokens it generated (vLLM's recompute preemption), so
 //! the pool is never exceeded and nothing runs out of memory.
 //!
-//! The policy is [`Schedule`], which only counts blocks; [`run`] drives it with a server, and
+//! The policy is [`Schedule`], which only counts blocks; [`run`] drives it with a worker, and
 //! [`simulate`] replays it on the trace's lengths alone, through the same block manager, which is the plan's prediction of the
 //! run's concurrency, waste and preemptions (the same rule over the same lengths: a trace whose
 //! requests all arrive at once, as vLLM's throughput benchmark, is deterministic).
 //!
-//! Example: `let report = schedule::run(&mut server, &requests, &Sampling::greedy(), 1)?;`
+//! Example: `let report = schedule::run(&mut worker, &requests, &Sampling::greedy(), 1)?;`
 
 use super::blocks::SeqId;
 use super::executor::{Executor, Replay, Single};
 use super::sample::Sampling;
-use super::Server;
+use super::Worker;
 use engine::backend::InferOps;
 use engine::error::EngineError;
 use plan::frugal::ServeSetup;
@@ -259,25 +259,25 @@ fn drive(
     Ok(stats)
 }
 
-/// Serves `requests` (all arriving at once) on `server`, sampling with `sampling`; the first
+/// Serves `requests` (all arriving at once) on `worker`, sampling with `sampling`; the first
 /// `prefix` tokens, common to every prompt, are cached once and shared (0: none).
 pub fn run<B: InferOps>(
-    server: &mut Server<B>,
+    worker: &mut Worker<B>,
     requests: &[Request],
     prefix: usize,
     sampling: &Sampling,
     seed: u64,
 ) -> Result<ServeReport, EngineError> {
     let (block, max_seqs, context) = (
-        server.setup.kv_block as usize,
-        server.setup.max_seqs as usize,
-        server.setup.context as usize,
+        worker.setup.kv_block as usize,
+        worker.setup.max_seqs as usize,
+        worker.setup.context as usize,
     );
     let t0 = Instant::now();
     let mut outputs = vec![Vec::new(); requests.len()];
     let mut first = vec![0.0; requests.len()];
     let mut last = vec![0.0; requests.len()];
-    let mut exec = Single::new(server, *sampling, seed);
+    let mut exec = Single::new(worker, *sampling, seed);
     let stats = drive(
         &mut exec,
         requests,
@@ -304,7 +304,7 @@ pub fn run<B: InferOps>(
     })
 }
 
-/// The schedule of `requests` on the KV pool `setup` plans, by the server's block rule alone:
+/// The schedule of `requests` on the KV pool `setup` plans, by the worker's block rule alone:
 /// the plan's prediction of a run's concurrency, waste and preemptions. `window` is the model's
 /// sliding window when every layer has one (`window_everywhere`); `prefix` as in [`run`].
 pub fn simulate(

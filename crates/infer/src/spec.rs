@@ -8,7 +8,7 @@
 //! min(1, p(x)/q(x)) and on rejection draws from max(0, p − q) normalised, which makes the output
 //! distributed exactly as sampling from the target (both distributions are the same top-k and
 //! temperature transform of each model's logits). Rejected tokens are dropped from both caches
-//! (`Server::truncate`). The caches hold every committed token but the last, which each round
+//! (`Worker::truncate`). The caches hold every committed token but the last, which each round
 //! feeds first.
 //!
 //! Example: `let (tokens, stats) = spec::generate(&mut target, &mut draft, &prompt, 64, 4,
@@ -16,7 +16,7 @@
 
 use super::blocks::SeqId;
 use super::sample::{argmax, distribution, draw, uniform, Sampling};
-use super::{Server, SplitK};
+use super::{SplitK, Worker};
 use data::SplitMix64;
 use engine::backend::InferOps;
 use engine::error::EngineError;
@@ -42,7 +42,7 @@ impl SpecStats {
 }
 
 /// Refuses a draft that cannot propose for `target` (another vocabulary).
-pub fn check_pair<B: InferOps>(target: &Server<B>, draft: &Server<B>) -> Result<(), EngineError> {
+pub fn check_pair<B: InferOps>(target: &Worker<B>, draft: &Worker<B>) -> Result<(), EngineError> {
     let (t, d) = (&target.config.shape, &draft.config.shape);
     if t.vocab != d.vocab {
         return Err(EngineError::Infer(format!(
@@ -56,8 +56,8 @@ pub fn check_pair<B: InferOps>(target: &Server<B>, draft: &Server<B>) -> Result<
 
 /// Continues `prompt` by `n_new` tokens with `draft` proposing `k` at a time.
 pub fn generate<B: InferOps>(
-    target: &mut Server<B>,
-    draft: &mut Server<B>,
+    target: &mut Worker<B>,
+    draft: &mut Worker<B>,
     prompt: &[u32],
     n_new: usize,
     k: usize,
@@ -88,8 +88,8 @@ pub fn generate<B: InferOps>(
 
 #[allow(clippy::too_many_arguments)]
 fn run<B: InferOps>(
-    target: &mut Server<B>,
-    draft: &mut Server<B>,
+    target: &mut Worker<B>,
+    draft: &mut Worker<B>,
     (ts, ds): (SeqId, SeqId),
     prompt: &[u32],
     n_new: usize,
@@ -198,9 +198,9 @@ fn limit(s: &Sampling, v: usize) -> usize {
     s.vocab_limit.unwrap_or(v).clamp(1, v)
 }
 
-/// Plain decoding with `server` alone: the reference speculative decoding must match.
+/// Plain decoding with `worker` alone: the reference speculative decoding must match.
 pub fn generate_plain<B: InferOps>(
-    server: &mut Server<B>,
+    worker: &mut Worker<B>,
     prompt: &[u32],
     n_new: usize,
     sampling: &Sampling,
@@ -212,20 +212,20 @@ pub fn generate_plain<B: InferOps>(
         ));
     }
     let mut rng = SplitMix64::new(seed);
-    let seq = server.new_sequence();
+    let seq = worker.new_sequence();
     let mut logits = Vec::new();
     let result = (|| {
-        server.prefill(seq, prompt, &mut logits)?;
+        worker.prefill(seq, prompt, &mut logits)?;
         let mut out = Vec::with_capacity(n_new);
         for i in 0..n_new {
             let t = super::sample::pick(&logits, sampling, &mut rng);
             out.push(t);
             if i + 1 < n_new {
-                server.decode(&[seq], &[t], &mut logits)?;
+                worker.decode(&[seq], &[t], &mut logits)?;
             }
         }
         Ok(out)
     })();
-    server.free(seq);
+    worker.free(seq);
     result
 }

@@ -6,7 +6,7 @@
 //! rows write their keys before attending, so each row sees its own prefix causally.
 
 use super::blocks::SeqId;
-use super::{step_tensor, unit_index, Server, SplitK};
+use super::{step_tensor, unit_index, SplitK, Worker};
 use engine::backend::ops::{Activation, NormKind, NormOp, RopeShape};
 use engine::backend::InferOps;
 use engine::backend::{EmbedRows, KvWrite, PagedAttention, QLinear, SeqRow, Tensor};
@@ -16,7 +16,7 @@ use plan::frugal::family::{Norm, Positions};
 use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::{StepAct, StepKind};
 
-impl<B: InferOps> Server<B> {
+impl<B: InferOps> Worker<B> {
     /// Appends `n` slots to `id`, pushing each new token's (block, slot); a shared block it
     /// writes into is copied first, in every layer's cache.
     fn grow(&mut self, id: SeqId, n: usize, slots: &mut Vec<(u32, u32)>) {

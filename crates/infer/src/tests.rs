@@ -21,10 +21,10 @@ pub(super) fn reference(shape: &ModelShape, seed: u64) -> Runner {
     r
 }
 
-fn server(shape: &ModelShape, w: WeightFormat, kv: KvFormat, batch: u64, block: u64) -> Server {
+fn worker(shape: &ModelShape, w: WeightFormat, kv: KvFormat, batch: u64, block: u64) -> Worker {
     let config = ModelConfig::from_shape(shape.clone()).unwrap();
     let setup = ServeSetup::generation(shape, batch, shape.max_positions, w, kv, block, 4);
-    Server::new(config, setup).unwrap()
+    Worker::new(config, setup).unwrap()
 }
 
 pub(super) fn last_row(r: &mut Runner, prefix: &[u32]) -> Vec<f32> {
@@ -69,7 +69,7 @@ fn kv_cached_decoding_matches_recomputing_the_prefix() {
     for shape in gqa_variants() {
         let mut r = reference(&shape, 3);
         for block in [4, 16] {
-            let mut s = server(&shape, WeightFormat::F32, KvFormat::F32, 1, block);
+            let mut s = worker(&shape, WeightFormat::F32, KvFormat::F32, 1, block);
             s.load_units(&r.unit_values()).unwrap();
             let mut prefix = tokens(5, shape.vocab, 9);
             let seq = s.new_sequence();
@@ -122,7 +122,7 @@ fn quantized_weights_and_kv_stay_close_to_fp32() {
         (WeightFormat::F32, KvFormat::Fp8, 0.01),
     ];
     for (w, kv, bound) in cases {
-        let mut s = server(&shape, w, kv, 1, 16);
+        let mut s = worker(&shape, w, kv, 1, 16);
         s.load_units(&r.unit_values()).unwrap();
         let seq = s.new_sequence();
         let mut logits = Vec::new();
@@ -137,7 +137,7 @@ fn quantized_weights_and_kv_stay_close_to_fp32() {
 fn a_fork_shares_the_prompt_and_copies_the_partial_block_on_write() {
     let shape = llama_tiny();
     let r = reference(&shape, 8);
-    let mut s = server(&shape, WeightFormat::F32, KvFormat::F32, 2, 4);
+    let mut s = worker(&shape, WeightFormat::F32, KvFormat::F32, 2, 4);
     s.load_units(&r.unit_values()).unwrap();
     let prompt = tokens(6, shape.vocab, 4);
     let (a, mut logits) = (s.new_sequence(), Vec::new());
@@ -157,7 +157,7 @@ fn a_fork_shares_the_prompt_and_copies_the_partial_block_on_write() {
     la.extend_from_slice(&logits[..v]);
     lb.extend_from_slice(&logits[v..]);
     // The same as two sequences prefilled on their own.
-    let mut fresh = server(&shape, WeightFormat::F32, KvFormat::F32, 1, 4);
+    let mut fresh = worker(&shape, WeightFormat::F32, KvFormat::F32, 1, 4);
     fresh.load_units(&r.unit_values()).unwrap();
     for (tok, got) in [(1u32, &la), (2u32, &lb)] {
         let seq = fresh.new_sequence();
@@ -175,7 +175,7 @@ fn a_fork_shares_the_prompt_and_copies_the_partial_block_on_write() {
 #[test]
 fn requests_past_the_context_or_the_pool_are_refused_before_running() {
     let shape = gpt2_tiny();
-    let mut s = server(&shape, WeightFormat::F32, KvFormat::F32, 1, 16);
+    let mut s = worker(&shape, WeightFormat::F32, KvFormat::F32, 1, 16);
     let seq = s.new_sequence();
     let mut logits = Vec::new();
     let long = tokens(33, shape.vocab, 1);
@@ -199,7 +199,7 @@ fn requests_past_the_context_or_the_pool_are_refused_before_running() {
 #[test]
 fn a_refused_step_changes_no_sequence() {
     let shape = gpt2_tiny();
-    let mut s = server(&shape, WeightFormat::F32, KvFormat::F32, 2, 4);
+    let mut s = worker(&shape, WeightFormat::F32, KvFormat::F32, 2, 4);
     let (a, b) = (s.new_sequence(), s.new_sequence());
     let mut logits = Vec::new();
     s.prefill(a, &[1, 2, 3], &mut logits).unwrap();
@@ -247,9 +247,9 @@ fn greedy_speculative_decoding_is_token_identical_to_plain_decoding() {
             prefill_logit_rows: 5,
             ..ServeSetup::generation(&shape, 1, 32, w, KvFormat::F32, 4, 1)
         };
-        let mut target = Server::new(config, setup).unwrap();
+        let mut target = Worker::new(config, setup).unwrap();
         target.load_units(&rt.unit_values()).unwrap();
-        let mut draft = server(&draft_shape, w, KvFormat::F32, 1, 4);
+        let mut draft = worker(&draft_shape, w, KvFormat::F32, 1, 4);
         draft.load_units(&rd.unit_values()).unwrap();
         let prompt = tokens(6, shape.vocab, 7);
         target.split_k = SplitK::Off;
@@ -269,7 +269,7 @@ fn greedy_speculative_decoding_is_token_identical_to_plain_decoding() {
         // An unrelated random draft is rarely right: at most one target step per token.
         assert!(stats.target_steps <= 20 && stats.drafted >= stats.target_steps);
         // A draft with the target's own weights is always right.
-        let mut same = Server::new(
+        let mut same = Worker::new(
             ModelConfig::from_shape(shape.clone()).unwrap(),
             ServeSetup::generation(&shape, 1, 32, w, KvFormat::F32, 4, 1),
         )
@@ -308,7 +308,7 @@ fn batched_continuous_serving_gives_each_request_its_own_greedy_output() {
         kv_blocks: 6,
         ..ServeSetup::generation(&shape, 3, 32, WeightFormat::F32, KvFormat::F32, 4, 1)
     };
-    let mut s = Server::new(config, setup).unwrap();
+    let mut s = Worker::new(config, setup).unwrap();
     s.load_units(&r.unit_values()).unwrap();
     s.split_k = SplitK::Off;
     let report = schedule::run(&mut s, &requests, 0, &sample::Sampling::greedy(), 0).unwrap();
@@ -320,7 +320,7 @@ fn batched_continuous_serving_gives_each_request_its_own_greedy_output() {
     assert!(report.stats.max_concurrent >= 2 && report.stats.max_concurrent <= 3);
     assert_eq!(s.free_blocks(), 6, "every block returned");
     for (i, req) in requests.iter().enumerate() {
-        let mut one = server(&shape, WeightFormat::F32, KvFormat::F32, 1, 4);
+        let mut one = worker(&shape, WeightFormat::F32, KvFormat::F32, 1, 4);
         one.load_units(&r.unit_values()).unwrap();
         one.split_k = SplitK::Off;
         let want = spec::generate_plain(
@@ -343,7 +343,7 @@ fn quantized_files_round_trip_and_damage_is_named() {
         group: 32,
         asym: true,
     };
-    let mut s = server(&shape, w, KvFormat::F32, 1, 16);
+    let mut s = worker(&shape, w, KvFormat::F32, 1, 16);
     s.load_units(&r.unit_values()).unwrap();
     let dir = std::env::temp_dir().join(format!("frugal-qfile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -351,7 +351,7 @@ fn quantized_files_round_trip_and_damage_is_named() {
     file::save(&s, &path).unwrap();
     let (header, _) = file::read_header(&path).unwrap();
     assert_eq!(header.format().unwrap(), w);
-    let mut back = Server::new(header.model_config(&path).unwrap(), s.setup).unwrap();
+    let mut back = Worker::new(header.model_config(&path).unwrap(), s.setup).unwrap();
     file::load(&mut back, &path).unwrap();
     let prompt = tokens(5, shape.vocab, 3);
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -377,7 +377,7 @@ fn quantized_files_round_trip_and_damage_is_named() {
         .to_string()
         .contains("truncated"));
     std::fs::write(&path, &bytes).unwrap();
-    let mut other = server(&shape, WeightFormat::Int8, KvFormat::F32, 1, 16);
+    let mut other = worker(&shape, WeightFormat::Int8, KvFormat::F32, 1, 16);
     let e = file::load(&mut other, &path).unwrap_err().to_string();
     assert!(e.contains("int4-asym") && e.contains("int8"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -401,9 +401,9 @@ fn sampled_speculative_decoding_draws_from_the_target_distribution() {
         prefill_logit_rows: 2,
         ..ServeSetup::generation(&shape, 1, 32, WeightFormat::F32, KvFormat::F32, 4, 1)
     };
-    let mut target = Server::new(config, setup).unwrap();
+    let mut target = Worker::new(config, setup).unwrap();
     target.load_units(&rt.unit_values()).unwrap();
-    let mut draft = server(&shape, WeightFormat::F32, KvFormat::F32, 1, 4);
+    let mut draft = worker(&shape, WeightFormat::F32, KvFormat::F32, 1, 4);
     draft.load_units(&rd.unit_values()).unwrap();
     let prompt = [1u32, 5, 2];
     let p = {
@@ -456,7 +456,7 @@ fn a_shared_prompt_is_cached_once_and_forks_give_each_request_its_own_output() {
         kv_blocks: 12,
         ..ServeSetup::generation(&shape, 5, 32, WeightFormat::F32, KvFormat::F32, 4, 1)
     };
-    let mut s = Server::new(config, setup).unwrap();
+    let mut s = Worker::new(config, setup).unwrap();
     s.load_units(&r.unit_values()).unwrap();
     s.split_k = SplitK::Off;
     let shared = schedule::run(&mut s, &requests, 10, &sample::Sampling::greedy(), 0).unwrap();

@@ -1,4 +1,4 @@
-//! Weights into a server: fp32 units (a trained model, an HF checkpoint) packed into the storage
+//! Weights into a worker: fp32 units (a trained model, an HF checkpoint) packed into the storage
 //! format, or random codes written directly in it (benchmarks of 7B-shaped models, which never
 //! exist in fp32 here).
 //!
@@ -9,9 +9,9 @@
 //! (`kernels::qmatmul::pack_nibbles`). Random weights are uniform codes with scales that give a
 //! standard deviation near 0.02 (GPT-2's initialisation), norms at one and biases at zero.
 //!
-//! Example: `server.load_units(&units)?` after `Runner`/`Snapshot` produced the fp32 units.
+//! Example: `worker.load_units(&units)?` after `Runner`/`Snapshot` produced the fp32 units.
 
-use super::Server;
+use super::Worker;
 use data::SplitMix64;
 use engine::backend::InferOps;
 use engine::backend::QMatrix;
@@ -197,7 +197,7 @@ fn uniform(b: &[u8]) -> f32 {
     (u >> 8) as f32 / (1u32 << 23) as f32 - 1.0
 }
 
-impl<B: InferOps> Server<B> {
+impl<B: InferOps> Worker<B> {
     /// Writes one matrix's stored bytes.
     pub fn upload_matrix(&self, m: &QMatrix, p: &Packed) {
         let be = self.arena.backend();
@@ -211,7 +211,7 @@ impl<B: InferOps> Server<B> {
     }
 
     /// Quantizes fp32 units (each unit's flat elements, as `Runner`/`Snapshot` hold them) into
-    /// the server's weight format.
+    /// the worker's weight format.
     pub fn load_units(&mut self, units: &[Vec<f32>]) -> Result<(), EngineError> {
         assert_eq!(units.len(), self.units.len(), "one fp32 buffer per unit");
         for (u, values) in units.iter().enumerate() {

@@ -37,7 +37,7 @@ fn sliding_window_decoding_matches_recomputing_and_keeps_a_ring_of_blocks() {
         kv_blocks: ring,
         ..generation
     };
-    let mut s = Server::new(config, setup).unwrap();
+    let mut s = Worker::new(config, setup).unwrap();
     s.load_units(&r.unit_values()).unwrap();
     let mut prefix = tokens(20, shape.vocab, 13);
     let seq = s.new_sequence();
@@ -92,7 +92,7 @@ fn the_replay_of_a_windowed_schedule_equals_the_real_run() {
     assert_eq!(window, Some(6));
     let planned = schedule::simulate(&requests, &setup, window, 0).unwrap();
     let ignoring = schedule::simulate(&requests, &setup, None, 0).unwrap();
-    let mut s = Server::new(config, setup).unwrap();
+    let mut s = Worker::new(config, setup).unwrap();
     s.fill_random(3);
     s.split_k = SplitK::Off;
     let run = schedule::run(&mut s, &requests, 0, &sample::Sampling::greedy(), 0).unwrap();

@@ -1,9 +1,9 @@
 //! "Nothing is allocated inside a step", for decoding: a counting global allocator records every
-//! heap allocation made while `Server::decode` runs (after warm-up), at every weight format and
+//! heap allocation made while `Worker::decode` runs (after warm-up), at every weight format and
 //! every instruction-set level this CPU runs (`kernels::cpu`).
 
 use engine::testkit::{count_allocations, llama_tiny, tokens, Capped, Counting};
-use infer::Server;
+use infer::Worker;
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 
 #[global_allocator]
@@ -31,7 +31,7 @@ fn a_decode_step_allocates_no_tensor() {
     {
         let _capped = Capped::at(level);
         let setup = ServeSetup::generation(&shape, 8, 32, w, KvFormat::Int8, 4, 4);
-        let mut s = Server::new(model.clone(), setup).unwrap();
+        let mut s = Worker::new(model.clone(), setup).unwrap();
         s.fill_random(1);
         // The decode step's q|k|v rows: a tensor of the step (its norm statistics are smaller
         // than a host metadata vector at this toy size).

@@ -6,7 +6,7 @@
 use engine::io::load_prefixed;
 use engine::testkit::{assert_max_abs as assert_close, Golden};
 use engine::ModelConfig;
-use infer::Server;
+use infer::Worker;
 use plan::frugal::{ForwardSetup, KvFormat, ServeSetup, WeightFormat};
 
 /// The inference engine against the same HF logits: each row prefilled halfway (every
@@ -39,21 +39,21 @@ fn inference(file: &str) {
             1,
         )
     };
-    let mut server = Server::new(model, setup).unwrap();
-    server.load_units(&runner.unit_values()).unwrap();
+    let mut worker = Worker::new(model, setup).unwrap();
+    worker.load_units(&runner.unit_values()).unwrap();
     let (x, want) = (g.u32s("input.tokens"), g.f32s("logits"));
     let half = seq / 2;
     let mut logits = Vec::new();
     for b in 0..batch {
         let row = &x[b * seq..(b + 1) * seq];
-        let s = server.new_sequence();
-        server
+        let s = worker.new_sequence();
+        worker
             .prefill_rows(s, &row[..half], half, &mut logits)
             .unwrap();
         let expect = &want[b * seq * v..(b * seq + half) * v];
         assert_close(&format!("{file}: prefill row {b}"), &logits, expect, 1e-4);
         for (t, &tok) in row.iter().enumerate().skip(half) {
-            server.decode(&[s], &[tok], &mut logits).unwrap();
+            worker.decode(&[s], &[tok], &mut logits).unwrap();
             let expect = &want[(b * seq + t) * v..(b * seq + t + 1) * v];
             assert_close(
                 &format!("{file}: decode row {b} position {t}"),
@@ -62,7 +62,7 @@ fn inference(file: &str) {
                 1e-4,
             );
         }
-        server.free(s);
+        worker.free(s);
     }
 }
 

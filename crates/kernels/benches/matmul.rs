@@ -234,7 +234,7 @@ fn bench_bf16() {
         for r in &rates {
             row += &format!(" {r:>12.1}");
         }
-        // The path `best_isa` picked (FRUGAL_BF16_GEMM may cap it), which the backward ran.
+        // The path `best_isa` picked (FRUGAL_ISA may cap it), which the backward ran.
         let best_rate = rates[isas.iter().position(|&i| i == best).unwrap_or(0)];
         row += &format!(
             " {:>9.2}x {bwd:>12.1} {:>8.2}x",

@@ -1,4 +1,4 @@
-//! The `formula` runtime: the seed's and the papers' analytic memory model as a buffer plan.
+//! The `formula` runtime: the papers. analytic memory model as a buffer plan.
 //!
 //! Model states per precision policy and optimizer, ZeRO 0-3 over the data-parallel ranks (each
 //! unit — the embedding, each block, the head — padded to a multiple of the ranks), the ZeRO-3
@@ -16,7 +16,7 @@ use crate::params::TensorKind;
 use crate::setup::{Offload, TrainSetup, ZeroStage};
 use crate::{lora, Estimate, ModelShape, PlanError};
 
-/// CUDA context and libraries, from the seed's "CUDA Context: ~0.5-1 GB" (the `pytorch` profile
+/// CUDA context and libraries, from the usual "CUDA context: ~0.5-1 GB" (the `pytorch` profile
 /// uses the measured value instead).
 pub const CONTEXT_BYTES: u64 = 768 << 20;
 

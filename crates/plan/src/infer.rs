@@ -18,7 +18,7 @@ use formats::quant::{stored_bytes, Scheme, StorageSpec, Symmetry};
 use formats::Format;
 use serde::Serialize;
 
-/// The CUDA context the formula runtime assumes (the seed's 0.5-1 GB).
+/// The CUDA context the formula runtime assumes (the usual 0.5-1 GB).
 pub const CONTEXT_BYTES: u64 = crate::formula::CONTEXT_BYTES;
 
 /// A runtime profile's answer for an inference setup on one device (one TP rank).
@@ -100,7 +100,7 @@ pub fn weight_bytes(
     }
 }
 
-/// The seed's weights-only estimate for a bare parameter count: Ψ × bits / 8, no scales.
+/// The classic weights-only estimate for a bare parameter count: Ψ × bits / 8, no scales.
 pub fn weights_only_bytes(n_params: u64, dtype: Dtype) -> u64 {
     n_params * dtype.bits() / 8
 }
@@ -237,7 +237,7 @@ fn step_activations(model: &ModelShape, setup: &InferSetup, new_tokens: u64) -> 
     residual + attention.max(mlp) + 4 * setup.batch * model.vocab.div_ceil(t)
 }
 
-/// The seed's estimate for a bare parameter count: weights only (no shape, so no KV cache or
+/// The classic estimate for a bare parameter count: weights only (no shape, so no KV cache or
 /// activations), with the formula runtime's context.
 pub fn weights_only_estimate(n_params: u64, weights: Dtype) -> InferEstimate {
     let bytes = weights_only_bytes(n_params, weights);

@@ -1,7 +1,7 @@
 //! Precision policies: bytes per element of weights, gradients, master copy and optimizer moments.
 //!
 //! fp32 and AMP keep fp32 weights and gradients (AMP adds autocast's 16-bit copies); bf16/fp16
-//! keep 16-bit weights and gradients with an fp32 master copy (the seed's 2 + 2 + 12 bytes with
+//! keep 16-bit weights and gradients with an fp32 master copy (the classic 2 + 2 + 12 bytes with
 //! Adam); pure bf16 keeps everything in bf16. Not here: sharding (the runtimes).
 //! Example: `Policy::of(Precision::Bf16).optimizer_bytes(Optimizer::AdamW, 1)` is 12.
 

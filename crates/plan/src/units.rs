@@ -1,7 +1,7 @@
 //! Parse the counts and sizes users type: `7B` parameters, `80GiB` or `80GB` of memory.
 //!
 //! Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (K, M, B/G, T for
-//! counts; KB, MB, GB, TB for bytes) are powers of 1000, as the seed writes GB = 10^9 bytes.
+//! counts; KB, MB, GB, TB for bytes) are powers of 1000, as GPU memory tables write GB = 10^9 bytes.
 //! Example: `parse_count("7B")` is 7,000,000,000; `parse_bytes("80GiB")` is 80 × 2^30.
 
 use crate::PlanError;

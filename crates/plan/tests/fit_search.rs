@@ -1,6 +1,6 @@
-//! `plan::fit`: the search finds what the seed predicts (ZeRO needed for 7B on 8 × 80 GB, offload
+//! `plan::fit`: the search finds what the classic rules predict (ZeRO needed for 7B on 8 × 80 GB, offload
 //! for 13B on one GPU, LoRA or recompute on a 24 GiB card), keeps the global batch, breaks ties
-//! in the seed's order, counts the ZeRO paper's 2Ψ/3Ψ, and refuses bad requests with the fix.
+//! in the usual order, counts the ZeRO paper's 2Ψ/3Ψ, and refuses bad requests with the fix.
 
 use plan::fit::{self, FitRequest, Hardware, LoraChoice, Remedy};
 use plan::setup::{Offload, Recompute, ZeroStage};
@@ -12,7 +12,7 @@ fn model(name: &str) -> ModelShape {
     presets::by_name(name).unwrap()
 }
 
-/// TP/PP pinned to 1 and the user's precision and optimizer kept: the seed's ZeRO/offload cases.
+/// TP/PP pinned to 1 and the user's precision and optimizer kept: the classic ZeRO/offload cases.
 fn pinned(mut r: FitRequest) -> FitRequest {
     r.bounds.tp = Some(1);
     r.bounds.pp = Some(1);
@@ -33,7 +33,7 @@ fn llama2_7b_on_8x80gb_needs_zero() {
             .any(|w| w.setup.zero == stage && w.setup.offload == Offload::None));
     }
     assert!(res.fitting.iter().all(|w| w.setup.zero != ZeroStage::Zero0));
-    // Stage 0 keeps the seed's 2 + 2 + 12 bytes per parameter; at the peak (early in backward)
+    // Stage 0 keeps the classic 2 + 2 + 12 bytes per parameter; at the peak (early in backward)
     // the weights and optimizer state alone are 14 bytes each, ~94 GB for 6.74B.
     let groups = fit::why_not(&m, &r, &res);
     let plain = groups
@@ -44,7 +44,7 @@ fn llama2_7b_on_8x80gb_needs_zero() {
     assert!(states >= 14 * m.param_count(), "{states}");
     assert!(plain.closest_total_bytes > r.capacity_bytes);
     assert_eq!(plain.largest.0, "optimizer_bytes");
-    // Equal step times: the seed's order prefers one remedy (ZeRO-1) to more, and lower stages.
+    // Equal step times: the usual order prefers one remedy (ZeRO-1) to more, and lower stages.
     let best = res.best().unwrap();
     assert_eq!(best.remedies, vec![Remedy::Zero]);
     assert_eq!(best.setup.zero, ZeroStage::Zero1);

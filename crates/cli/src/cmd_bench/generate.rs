@@ -14,11 +14,11 @@
 //!
 //! Example: `frugal bench generate --model llama2-7b --weights int4 --batch 1 --json`.
 
-use super::model_config_or_dir;
+use super::model_config;
 use crate::output::group_digits;
 use anyhow::{bail, Context};
 use infer::blocks::SeqId;
-use infer::{Server, SplitK};
+use infer::{SplitK, Worker};
 use plan::buffer::Device;
 use plan::frugal::serve::is_matrix;
 use plan::frugal::units::Role;
@@ -133,8 +133,8 @@ pub fn read_rate(buf: &[f32]) -> f64 {
 
 /// Bytes one decode step of `batch` rows reads: weights (see the module docs) and, for each
 /// sequence of `cached` tokens, its KV.
-pub fn step_bytes(server: &Server, batch: u64, cached: u64) -> u64 {
-    let s = &server.config.shape;
+pub fn step_bytes(worker: &Worker, batch: u64, cached: u64) -> u64 {
+    let s = &worker.config.shape;
     let mut bytes = 0;
     let units = plan::frugal::param_units(s, 1).expect("a buildable model");
     for unit in &units {
@@ -144,7 +144,7 @@ pub fn step_bytes(server: &Server, batch: u64, cached: u64) -> u64 {
                 bytes += 4 * v.numel();
                 continue;
             }
-            let (c, sc, z) = server.setup.weights.matrix_bytes(rows, cols);
+            let (c, sc, z) = worker.setup.weights.matrix_bytes(rows, cols);
             let whole = c + sc + z;
             bytes += if v.role == Role::TokenEmbedding && !s.tied_embeddings {
                 whole / rows * batch
@@ -153,14 +153,14 @@ pub fn step_bytes(server: &Server, batch: u64, cached: u64) -> u64 {
             };
         }
     }
-    bytes + batch * cached * server.block_bytes() / server.setup.kv_block
+    bytes + batch * cached * worker.block_bytes() / worker.setup.kv_block
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.batch == 0 || a.prompt_len == 0 || a.new_tokens == 0 {
         bail!("--batch, --prompt-len and --new-tokens must be at least 1");
     }
-    let config = model_config_or_dir(&a.model)?;
+    let config = model_config(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
     let kv = KvFormat::parse(&a.kv_dtype)?;
     // Prompt, one untimed step, the timed steps, then as many paired with bandwidth reads.
@@ -174,10 +174,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.kv_block,
         infer::default_split_k(),
     );
-    let mut server = Server::new_in_ram(config, setup)?;
-    server.split_k = split_k(&a.split_k)?;
+    let mut worker = Worker::new_in_ram(config, setup)?;
+    worker.split_k = split_k(&a.split_k)?;
     let t = Instant::now();
-    server.fill_random(a.seed);
+    worker.fill_random(a.seed);
     let fill_s = t.elapsed().as_secs_f64();
     if let Some(b) = a.baseline.as_deref() {
         if !matches!(b, "llama.cpp" | "hf") {
@@ -193,20 +193,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     if let Some(dir) = &save {
         std::fs::create_dir_all(dir)?;
-        std::fs::write(dir.join("config.json"), server.config.to_hf_json())?;
-        infer::file::save(&server, &dir.join(infer::file::FILE_NAME))?;
+        std::fs::write(dir.join("config.json"), worker.config.to_hf_json())?;
+        infer::file::save(&worker, &dir.join(infer::file::FILE_NAME))?;
     }
     let buf = read_buffer();
     read_rate(&buf);
-    let vocab = server.config.shape.vocab;
+    let vocab = worker.config.shape.vocab;
     let mut rng = data::SplitMix64::new(a.seed);
     let mut token = || (rng.next_u64() % vocab) as u32;
-    let seqs: Vec<SeqId> = (0..a.batch).map(|_| server.new_sequence()).collect();
+    let seqs: Vec<SeqId> = (0..a.batch).map(|_| worker.new_sequence()).collect();
     let mut logits = Vec::new();
     let t = Instant::now();
     for &s in &seqs {
         let prompt: Vec<u32> = (0..a.prompt_len).map(|_| token()).collect();
-        server.prefill(s, &prompt, &mut logits)?;
+        worker.prefill(s, &prompt, &mut logits)?;
     }
     let prefill_s = t.elapsed().as_secs_f64();
     // Timed decode steps back to back (the speed), then steps alternating with streaming reads,
@@ -214,12 +214,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // drifts; a read just before a step also leaves the caches as cold as a real decode finds
     // them).
     let cached = a.prompt_len + a.new_tokens;
-    let bytes = step_bytes(&server, a.batch, cached);
+    let bytes = step_bytes(&worker, a.batch, cached);
     let (mut steps, mut rates, mut fractions) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=a.new_tokens {
         let feed: Vec<u32> = seqs.iter().map(|_| token()).collect();
         let t = Instant::now();
-        server.decode(&seqs, &feed, &mut logits)?;
+        worker.decode(&seqs, &feed, &mut logits)?;
         if i > 0 {
             steps.push(t.elapsed().as_secs_f64());
         }
@@ -228,7 +228,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let feed: Vec<u32> = seqs.iter().map(|_| token()).collect();
         let rate = read_rate(&buf);
         let t = Instant::now();
-        server.decode(&seqs, &feed, &mut logits)?;
+        worker.decode(&seqs, &feed, &mut logits)?;
         let secs = t.elapsed().as_secs_f64();
         rates.push(rate);
         fractions.push(bytes as f64 / secs / rate);
@@ -242,15 +242,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         median(&mut rates),
         median(&mut fractions),
     );
-    let measured = server.measured();
-    let planned_peak = server.plan.peak_bytes(Device::Gpu);
+    let measured = worker.measured();
+    let planned_peak = worker.plan.peak_bytes(Device::Gpu);
     let cpu = cpu_name();
-    let shape_config = server.config.to_hf_json();
+    let shape_config = worker.config.to_hf_json();
     let threads = rayon::current_num_threads();
-    let weights_bytes = server.plan.persistent_bytes(plan::buffer::Category::Params);
-    let name = server.config.shape.name.clone();
+    let weights_bytes = worker.plan.persistent_bytes(plan::buffer::Category::Params);
+    let name = worker.config.shape.name.clone();
     // The baseline gets the machine's memory to itself.
-    drop(server);
+    drop(worker);
     drop(buf);
     let baseline = match a.baseline.as_deref() {
         Some(b) => Some(run_baseline(

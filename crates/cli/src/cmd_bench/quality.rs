@@ -8,10 +8,10 @@
 //!
 //! Example: `frugal bench quality --model run1 --windows 8 --seq 128 --json`.
 
-use crate::infer_model::Source;
+use crate::model::ModelSource;
 use crate::output::Table;
 use anyhow::bail;
-use infer::Server;
+use infer::Worker;
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
@@ -86,7 +86,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.windows == 0 || a.seq < 2 {
         bail!("--windows must be at least 1 and --seq at least 2");
     }
-    let source = Source::open(&a.model)?;
+    let source = ModelSource::at(&a.model)?.load()?;
     if source.stored_format().is_some() {
         bail!("--model holds quantized weights; bench quality compares against the fp32 model: pass its fp32 folder");
     }
@@ -107,11 +107,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     let v = shape.vocab as usize;
     let limit = tok.vocab_size() as usize;
-    let logits_of = |server: &mut Server, w: &[u32]| -> anyhow::Result<Vec<f32>> {
-        let s = server.new_sequence();
+    let logits_of = |worker: &mut Worker, w: &[u32]| -> anyhow::Result<Vec<f32>> {
+        let s = worker.new_sequence();
         let mut logits = Vec::new();
-        server.prefill_rows(s, &w[..seq as usize], seq as usize, &mut logits)?;
-        server.free(s);
+        worker.prefill_rows(s, &w[..seq as usize], seq as usize, &mut logits)?;
+        worker.free(s);
         Ok(logits)
     };
     let setup_for = |w: WeightFormat, kv: KvFormat| ServeSetup {
@@ -119,7 +119,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         prefill_logit_rows: seq,
         ..ServeSetup::generation(&shape, 1, seq, w, kv, 16, 1)
     };
-    let mut reference = source.server(setup_for(WeightFormat::F32, KvFormat::F32))?;
+    let mut reference = source.worker(setup_for(WeightFormat::F32, KvFormat::F32))?;
     let base: Vec<Vec<f32>> = windows
         .iter()
         .map(|w| logits_of(&mut reference, w))
@@ -127,10 +127,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     drop(reference);
     let mut rows = Vec::new();
     for (wf, kv) in cases() {
-        let mut server = source.server(setup_for(wf, kv))?;
+        let mut worker = source.worker(setup_for(wf, kv))?;
         let (mut kl, mut loss, mut n) = (0.0f64, 0.0f64, 0usize);
         for (w, b) in windows.iter().zip(&base) {
-            let q = logits_of(&mut server, w)?;
+            let q = logits_of(&mut worker, w)?;
             for t in 0..seq as usize {
                 let p = log_softmax(&b[t * v..t * v + limit]);
                 let lq = log_softmax(&q[t * v..t * v + limit]);
@@ -143,7 +143,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 n += 1;
             }
         }
-        let weights_bytes = server.plan.persistent_bytes(plan::buffer::Category::Params);
+        let weights_bytes = worker.plan.persistent_bytes(plan::buffer::Category::Params);
         rows.push((wf, kv, kl / n as f64, loss / n as f64, weights_bytes));
     }
     if a.json {

@@ -8,12 +8,12 @@
 //! Example: `frugal bench serve --model gpt2-124m --requests 64 --kv-block 16 --json`.
 
 use super::generate::cpu_name;
-use super::model_config_or_dir;
+use super::model_config;
 use crate::output::group_digits;
 use anyhow::bail;
 use infer::sample::Sampling;
 use infer::schedule::{self, Request};
-use infer::Server;
+use infer::Worker;
 use plan::buffer::Device;
 use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
@@ -77,7 +77,6 @@ fn lognormal(rng: &mut data::SplitMix64, mean: f64, sigma: f64, max: u64) -> u64
     ((mu + sigma * z).exp().round() as u64).clamp(1, max)
 }
 
-/// The seeded trace.
 /// The seeded trace (each prompt after the shared prefix, if any).
 pub fn trace(a: &Args, vocab: u64, context: u64) -> Vec<Request> {
     let mut rng = data::SplitMix64::new(a.seed);
@@ -109,7 +108,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.requests == 0 || a.max_seqs == 0 || a.kv_block == 0 {
         bail!("--requests, --max-seqs and --kv-block must be at least 1");
     }
-    let config = model_config_or_dir(&a.model)?;
+    let config = model_config(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
     let kv = KvFormat::parse(&a.kv_dtype)?;
     let context = a.context.unwrap_or(1024).min(config.shape.max_positions);
@@ -142,12 +141,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let setup = ServeSetup { kv_blocks, ..base };
     let window = infer::window_everywhere(&config);
     let planned = schedule::simulate(&requests, &setup, window, a.shared_prefix as usize)?;
-    let mut server = Server::new_in_ram(config, setup)?;
-    server.fill_random(a.seed);
+    let mut worker = Worker::new_in_ram(config, setup)?;
+    worker.fill_random(a.seed);
     let prefix = a.shared_prefix as usize;
-    let r = schedule::run(&mut server, &requests, prefix, &Sampling::greedy(), a.seed)?;
-    let m = server.measured();
-    let planned_peak = server.plan.peak_bytes(Device::Gpu);
+    let r = schedule::run(&mut worker, &requests, prefix, &Sampling::greedy(), a.seed)?;
+    let m = worker.measured();
+    let planned_peak = worker.plan.peak_bytes(Device::Gpu);
     let tps = r.stats.generated_tokens as f64 / r.seconds;
     let (p50, p90, p99) = (
         percentile(&r.latencies_s, 0.5),
@@ -157,7 +156,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let ttft = percentile(&r.first_token_s, 0.5);
     if a.json {
         let v = json!({
-            "model": server.config.shape.name,
+            "model": worker.config.shape.name,
             "weights": weights.name(),
             "kv_dtype": kv.name(),
             "requests": a.requests,
@@ -187,7 +186,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         println!(
             "{} · {} requests · weights {} · KV {} in {} blocks of {} tokens · {}",
-            server.config.shape.name,
+            worker.config.shape.name,
             a.requests,
             weights.name(),
             kv.name(),

@@ -57,17 +57,8 @@ pub struct Validated {
 /// The model config and, for a saved folder with weights (`model.safetensors`, or the shards of
 /// `model.safetensors.index.json`), that folder.
 fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
-    let path = Path::new(spec);
-    if path.is_dir() {
-        let config = path.join("config.json");
-        let text = std::fs::read_to_string(&config)
-            .with_context(|| format!("--model {spec}: reading {}", config.display()))?;
-        let model = ModelConfig::from_hf_json(&text, &config.display().to_string())?;
-        let has = path.join("model.safetensors").is_file()
-            || path.join("model.safetensors.index.json").is_file();
-        return Ok((model, has.then(|| path.to_path_buf())));
-    }
-    Ok((crate::cmd_bench::model_config(spec)?, None))
+    let source = crate::model::ModelSource::resolve(spec)?;
+    Ok((source.config()?, source.training_weights()?))
 }
 
 /// The engine's optimizer for `--optimizer` (SGD with nanoGPT-style momentum 0.9).

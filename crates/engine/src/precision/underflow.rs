@@ -1,4 +1,4 @@
-//! The seed's fp16 underflow, made visible: for fp32 gradient values and a loss scale, how many
+//! fp16 underflow, made visible: for fp32 gradient values and a loss scale, how many
 //! would flush to zero, fall subnormal (losing precision) or overflow if stored in fp16.
 //!
 //! A value `g` is stored as `f16(g * scale)` (the product rounded to f32 first, as the scaled

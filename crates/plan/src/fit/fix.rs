@@ -1,6 +1,6 @@
 //! The engine's question when a run does not fit: what is the nearest setup that does?
 //!
-//! Nearest means fewest remedies, earlier ones in the seed's order, then the lightest form of each
+//! Nearest means fewest remedies, earlier ones in the usual order, then the lightest form of each
 //! (a micro-batch halved before quartered, ZeRO-1 before ZeRO-3), then the most headroom. The
 //! search keeps the GPU count, the global batch, precision, optimizer and LoRA choice, and never
 //! undoes a remedy the setup already has (no lower ZeRO stage, no less offload, no eager attention

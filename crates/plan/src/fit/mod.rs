@@ -3,7 +3,7 @@
 //! [`search`] weighs every candidate of [`space`] (ZeRO stage, offload, recompute, micro-batch with
 //! accumulation at the same global batch, attention kernel, TP/PP layout, LoRA when allowed) with
 //! a runtime profile's memory estimate and [`cost`]'s step time, ranks what fits by step time
-//! with the seed's remedy order ([`remedy`]) breaking ties, and keeps the rest for [`why_not`].
+//! with the usual remedy order ([`remedy`]) breaking ties, and keeps the rest for [`why_not`].
 //! [`cheapest_fix`] answers the engine's question when a run does not fit: the nearest setup that
 //! does. Pure: no clocks, no IO. Example:
 //! `fit::search(&presets::by_name("llama2-7b")?, &FitRequest::new(32, 2048, 8, 80 << 30))?.best()`.
@@ -34,7 +34,7 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Runtime {
-    /// The analytic model of the seed and the papers: every setup.
+    /// The analytic model of the papers: every setup.
     Formula,
     /// PyTorch + HF transformers: one GPU, no ZeRO/TP/PP/offload (others are `Unsupported`).
     Pytorch,
@@ -239,7 +239,7 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Weighed {
     pub setup: TrainSetup,
-    /// Remedies relative to the request's baseline, in the seed's order.
+    /// Remedies relative to the request's baseline, in the usual order.
     pub remedies: Vec<Remedy>,
     pub outcome: Outcome,
 }
@@ -326,12 +326,12 @@ pub fn weigh(
     }
 }
 
-/// Step times within 0.1% of each other tie, and the seed's order decides.
+/// Step times within 0.1% of each other tie, and the usual order decides.
 fn time_bucket(step_s: f64) -> i64 {
     (step_s.ln() / 0.001f64.ln_1p()).round() as i64
 }
 
-/// The seed-order part of a ranking key: remedy count, remedy indices, each remedy's weight.
+/// The usual-order part of a ranking key: remedy count, remedy indices, each remedy's weight.
 pub type TieKey = (usize, Vec<u8>, Vec<u64>);
 
 /// A setup with leaner optimizer state (pure bf16, 8-bit Adam) changes the update's numerics: it
@@ -339,7 +339,7 @@ pub type TieKey = (usize, Vec<u8>, Vec<u64>);
 pub const LEAN_STATES_SPEEDUP: f64 = 1.25;
 
 /// Sort key of a fitting candidate: step time (leaner states handicapped by
-/// [`LEAN_STATES_SPEEDUP`]), then the seed's remedy order, then the lower total.
+/// [`LEAN_STATES_SPEEDUP`]), then the usual remedy order, then the lower total.
 fn rank_key(w: &Weighed) -> (i64, TieKey, u64) {
     let handicap = if w.remedies.contains(&Remedy::LeanStates) {
         LEAN_STATES_SPEEDUP

@@ -1,7 +1,7 @@
-//! The seed's remedies for a run that does not fit, in its order, and how a setup differs from
+//! The usual remedies for a run that does not fit, in their usual order, and how a setup differs from
 //! the plain one (the baseline): which remedies it applies and the flags that say so.
 //!
-//! The order merges the seed's two lists (训练显存爆炸解决方案 and 大模型在训练和推理时显存不够):
+//! The order merges the two usual lists (for training and for inference):
 //! 1 smaller micro-batch + gradient accumulation, 2 activation recompute, 3 a higher ZeRO stage,
 //! 4 ZeRO-Offload, 5 FlashAttention, then the longer list's LoRA/QLoRA and TP+PP. It breaks ties
 //! between setups with the same predicted step time: fewer remedies first, then earlier ones, then
@@ -12,7 +12,7 @@
 use crate::setup::{Attention, Offload, Recompute, TrainSetup};
 use serde::Serialize;
 
-/// One of the seed's remedies, in its order.
+/// One of the usual remedies, in their order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Remedy {
@@ -62,7 +62,7 @@ impl Remedy {
     }
 
     /// The remedies `setup` applies relative to `baseline` (same model, GPUs and global batch), in
-    /// the seed's order.
+    /// the usual order.
     pub fn of(baseline: &TrainSetup, setup: &TrainSetup) -> Vec<Remedy> {
         Remedy::ALL
             .into_iter()

@@ -60,7 +60,7 @@ pub fn breakdown(model: &ModelShape, r: &FitRequest, setup: &TrainSetup) -> Brea
     }
 }
 
-/// Remedy sets none of whose candidates fit, in the seed's order (fewest remedies first), each
+/// Remedy sets none of whose candidates fit, in the usual order (fewest remedies first), each
 /// with its closest miss.
 pub fn why_not(model: &ModelShape, r: &FitRequest, result: &FitResult) -> Vec<MissGroup> {
     let fitting_sets: std::collections::BTreeSet<&Vec<Remedy>> =

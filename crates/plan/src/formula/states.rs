@@ -26,10 +26,10 @@ pub(super) fn fp32_grad_elems(setup: &TrainSetup, partition: u64) -> Option<u64>
     })
 }
 
-/// The seed's model-states formulas for a bare parameter count (`--params 7B`): parameters,
+/// The classic model-states formulas for a bare parameter count (`--params 7B`): parameters,
 /// gradients and optimizer state only, all persistent, split evenly over TP × PP and sharded by
 /// ZeRO. Activations need a shape, so there are none. Under [`Convention::Paper`] it reproduces
-/// the seed's 112 / 38.5 / 26.25 / 14 GB for Ψ = 7×10^9 under `bf16` + AdamW on 8 GPUs; under
+/// the classic ZeRO table.s 112 / 38.5 / 26.25 / 14 GB for Ψ = 7×10^9 under `bf16` + AdamW on 8 GPUs; under
 /// [`Convention::Deepspeed`] it adds the step's fp32 gradient partition (4Ψ/N, ZeRO-3 capped at
 /// one sub-group). Either way ZeRO 2-3 with the optimizer offloaded keep no gradient partition
 /// on the device (DeepSpeed's 2 bytes per parameter for ZeRO-2 + optimizer offload on one GPU).

@@ -22,7 +22,7 @@
 //! use (the next unit is gathered while the current one computes), which costs one more unit's
 //! bytes; below stage 3 (fp16 weights widened from the rank's own whole copy, 2-byte units'
 //! vectors; no communication to hide) a gather is born where it is first used.
-//! Gathered units count as `Other` (the seed's "gathered working set"), so `params_bytes` is
+//! Gathered units count as `Other` (the "gathered working set"), so `params_bytes` is
 //! exactly the shard: model state is (4 + 4 + 8)·Ψ/N = 16Ψ/N bytes per rank for fp32 AdamW.
 //!
 //! 2-byte units (`ActPolicy`'s `bf16_units`: bf16 without LoRA) never exist in fp32 as a

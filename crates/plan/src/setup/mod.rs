@@ -100,7 +100,7 @@ pub enum Attention {
 }
 
 impl Attention {
-    /// The one default of every command: the seed's "FlashAttention: no cost, always on".
+    /// The one default of every command: FlashAttention.s "no cost, always on".
     pub const DEFAULT: Attention = Attention::Flash;
 }
 
@@ -125,7 +125,7 @@ pub enum Convention {
     /// the device when ZeRO 2-3 offload the optimizer.
     Deepspeed,
     /// The ZeRO paper's Table 1 (Rajbhandari et al. 2020): (2 + 2 + K)Ψ sharded, K = 12 for
-    /// mixed-precision Adam, nothing else. The seed's 112 / 38.5 / 26.25 / 14 GB follow it.
+    /// mixed-precision Adam, nothing else. The classic ZeRO table.s 112 / 38.5 / 26.25 / 14 GB follow it.
     Paper,
 }
 

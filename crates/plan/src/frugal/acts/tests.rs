@@ -264,7 +264,7 @@ fn bf16_units_stay_in_two_bytes_at_every_stage() {
     }
 }
 
-/// The seed's "BF16 halves weights and activations": with 2-byte tables read and written in
+/// The rule "BF16 halves weights and activations": with 2-byte tables read and written in
 /// place, a bf16 step never peaks above the fp32 step of the same shape, down to models whose
 /// parameters are nearly all embedding (gpt2-mini: 89%) and at every ZeRO stage on one rank.
 #[test]

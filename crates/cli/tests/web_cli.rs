@@ -1,4 +1,4 @@
-//! `frugal serve` end to end: the API answers the CLI's JSON for the same setups, bad requests get
+//! `frugal web` end to end: the API answers the CLI's JSON for the same setups, bad requests get
 //! 400 with the CLI's error text and the server keeps serving, and the page, driven by headless
 //! Chromium, shows after a knob change the number the API gives (a screenshot is left in
 //! `target/web/` for a person to look at).
@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
-/// A running `frugal serve` on a free port, stopped when dropped.
+/// A running `frugal web` on a free port, stopped when dropped.
 struct Server {
     child: Child,
     port: u16,
@@ -19,16 +19,16 @@ struct Server {
 impl Server {
     fn start() -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
-            .args(["serve", "--port", "0"])
+            .args(["web", "--port", "0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start frugal serve");
+            .expect("start frugal web");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        // "frugal serve: listening on http://127.0.0.1:PORT/ (Ctrl-C to stop)"
+        // "frugal web: listening on http://127.0.0.1:PORT/ (Ctrl-C to stop)"
         let port = line
             .split("http://")
             .nth(1)

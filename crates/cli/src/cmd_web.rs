@@ -1,4 +1,4 @@
-//! `frugal serve`: the planner in a browser. One self-contained page (HTML, CSS and JS embedded
+//! `frugal web`: the planner in a browser. One self-contained page (HTML, CSS and JS embedded
 //! in the binary: no CDN, no network) and a JSON API that is the CLI's JSON, field for field.
 //!
 //! The API turns a query string into the CLI's own flags (`zero=3` is `--zero 3`, `train=true`
@@ -7,14 +7,14 @@
 //! `POST` to either with a pasted HF config.json as the body, `GET /api/models` (presets and GPUs).
 //! A bad request answers 400 with the CLI's error text; a request never panics the server (each
 //! is answered inside `catch_unwind`), bodies are bounded ([`MAX_BODY`]). Requests are served one
-//! at a time. Example: `frugal serve --port 8080`, then open http://127.0.0.1:8080/.
+//! at a time. Example: `frugal web --port 8080`, then open http://127.0.0.1:8080/.
 
 use anyhow::{anyhow, Context};
 use clap::Parser;
 use serde_json::{json, Value};
 use std::io::Read;
 
-const PAGE: &str = include_str!("cmd_serve/page.html");
+const PAGE: &str = include_str!("cmd_web/page.html");
 
 /// Largest request body accepted (a config.json is a few KB).
 pub const MAX_BODY: usize = 1 << 20;
@@ -35,8 +35,8 @@ The API answers the CLI's JSON (same fields, same numbers, same error text):
   GET  /api/models
 
 Examples:
-  frugal serve
-  frugal serve --port 8080 --host 0.0.0.0";
+  frugal web
+  frugal web --port 8080 --host 0.0.0.0";
 
 /// Serve the planner as a web page and a JSON API.
 #[derive(clap::Args)]
@@ -257,7 +257,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .server_addr()
         .to_ip()
         .context("the server's address")?;
-    println!("frugal serve: listening on http://{bound}/ (Ctrl-C to stop)");
+    println!("frugal web: listening on http://{bound}/ (Ctrl-C to stop)");
     use std::io::Write;
     std::io::stdout().flush().ok();
     for mut request in server.incoming_requests() {

@@ -1,10 +1,10 @@
-//! The seed's worked training numbers (GB = 10^9 bytes, Ψ = 7×10^9) and the formula runtime's
+//! The classic worked training numbers (GB = 10^9 bytes, Ψ = 7×10^9) and the formula runtime's
 //! behaviour on shaped models: ZeRO, recompute, offload, pipeline, LoRA.
 
 use plan::setup::*;
 use plan::{formula, presets, Category, Device, PlanError};
 
-/// The seed's table follows the ZeRO paper's accounting (2 + 2 + 12 bytes, nothing else).
+/// The classic table follows the ZeRO paper's accounting (2 + 2 + 12 bytes, nothing else).
 fn setup(zero: ZeroStage, dp: u32) -> TrainSetup {
     TrainSetup {
         zero,
@@ -25,7 +25,7 @@ fn seed_zero_table_is_exact() {
     assert_eq!(states_gb(ZeroStage::Zero1, 8), 38.5);
     assert_eq!(states_gb(ZeroStage::Zero2, 8), 26.25);
     assert_eq!(states_gb(ZeroStage::Zero3, 8), 14.0);
-    // The seed's breakdown: 14 GB params, 14 GB grads, 84 GB optimizer state.
+    // The classic breakdown: 14 GB params, 14 GB grads, 84 GB optimizer state.
     let e = formula::model_states_estimate(7_000_000_000, &setup(ZeroStage::Zero0, 1)).unwrap();
     let (_, c) = e.plan.at_peak(Device::Gpu);
     assert_eq!(c[Category::Params as usize], 14_000_000_000);
@@ -35,7 +35,7 @@ fn seed_zero_table_is_exact() {
 
 #[test]
 fn sgd_and_offload_follow_the_seed() {
-    // SGD: 4 bytes of state per parameter instead of Adam's 12 (the seed's factor table).
+    // SGD: 4 bytes of state per parameter instead of Adam's 12 (the classic factor table).
     let mut s = setup(ZeroStage::Zero0, 1);
     s.precision = Precision::Fp32;
     s.optimizer = Optimizer::Sgd;

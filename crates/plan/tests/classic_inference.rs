@@ -1,4 +1,4 @@
-//! The seed's worked inference numbers and the KV-cache facts of REFERENCES.md, exactly.
+//! The classic worked inference numbers and the KV-cache facts of REFERENCES.md, exactly.
 
 use plan::setup::{Attention, Dtype, InferSetup};
 use plan::{infer, presets, Category};

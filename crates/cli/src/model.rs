@@ -1,0 +1,354 @@
+//! `--model`, resolved once for every command and the page's API: a preset name, an HF
+//! `config.json` (a shape, no weights), a Hugging Face folder (`config.json` +
+//! `model.safetensors`, or the shards `model.safetensors.index.json` names, as `frugal export`
+//! and `train --out` write), a training `--out` folder or one of its `step-NNNNNN` snapshots, or a
+//! quantized folder (`weights.frugal`, written by `generate --save-quantized`).
+//!
+//! [`ModelSource::resolve`] says which, from what is on disk; [`ModelSource::shape`] is all the
+//! planner needs; [`ModelSource::config`] what the engine builds; [`ModelSource::load`] the
+//! weights an inference run starts from.
+//!
+//! Example: `let src = ModelSource::resolve("run1")?; let shape = src.shape()?;`
+
+use anyhow::{bail, Context};
+use engine::ModelConfig;
+use infer::{file, Runner, Worker};
+use plan::frugal::{ForwardSetup, ServeSetup, WeightFormat};
+use plan::ModelShape;
+use std::path::{Path, PathBuf};
+use train::snapshot::Snapshot;
+
+/// What `--model` names.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelSource {
+    /// A preset (`plan::presets`).
+    Preset(String),
+    /// An HF `config.json`: the shape, no weights.
+    Config(PathBuf),
+    /// A config.json's text (the page's pasted config), named for errors.
+    ConfigText { name: String, text: String },
+    /// A Hugging Face folder with weights.
+    HfFolder(PathBuf),
+    /// A training `--out` folder (its newest intact snapshot) or one snapshot.
+    Snapshot(PathBuf),
+    /// A quantized file (`weights.frugal`, or the folder holding it).
+    Quantized(PathBuf),
+}
+
+/// What every error about `--model` ends with.
+const KINDS: &str = "an HF config.json, a Hugging Face folder (config.json + \
+                     model.safetensors), a training --out folder or one of its step-NNNNNN \
+                     snapshots, or a quantized folder (weights.frugal)";
+
+impl ModelSource {
+    /// What `spec` names, judged by what is on disk: a path that exists is a file or folder of
+    /// one of the kinds above; anything else is a preset name.
+    pub fn resolve(spec: &str) -> anyhow::Result<ModelSource> {
+        let path = Path::new(spec);
+        if path.is_file() {
+            if path.file_name() == Some(file::FILE_NAME.as_ref()) {
+                return Ok(ModelSource::Quantized(path.to_path_buf()));
+            }
+            return Ok(ModelSource::Config(path.to_path_buf()));
+        }
+        if path.is_dir() {
+            let has = |name: &str| path.join(name).is_file();
+            if has(file::FILE_NAME) {
+                return Ok(ModelSource::Quantized(path.join(file::FILE_NAME)));
+            }
+            let weights = has("model.safetensors") || has("model.safetensors.index.json");
+            if has("config.json") && weights && !has("manifest.json") {
+                return Ok(ModelSource::HfFolder(path.to_path_buf()));
+            }
+            if has("manifest.json") || has_snapshots(path) {
+                return Ok(ModelSource::Snapshot(path.to_path_buf()));
+            }
+            if has("config.json") {
+                return Ok(ModelSource::Config(path.join("config.json")));
+            }
+            bail!("--model {spec}: the folder holds no model; pass {KINDS}");
+        }
+        if spec.ends_with(".json") || spec.contains(std::path::MAIN_SEPARATOR) {
+            bail!("--model {spec}: no such file or folder; pass a preset or {KINDS}");
+        }
+        match plan::presets::by_name(spec) {
+            Ok(_) => Ok(ModelSource::Preset(spec.to_string())),
+            Err(_) => bail!(
+                "--model {spec}: no such file or folder, and unknown model '{spec}': use one of \
+                 {}, or {KINDS}",
+                plan::presets::NAMES.join(", ")
+            ),
+        }
+    }
+
+    /// `resolve` of a path.
+    pub fn at(path: &Path) -> anyhow::Result<ModelSource> {
+        ModelSource::resolve(&path.display().to_string())
+    }
+
+    /// `resolve`, or the page's pasted config.json when there is one.
+    pub fn resolve_or_text(spec: &str, text: Option<&str>) -> anyhow::Result<ModelSource> {
+        match text {
+            Some(text) => Ok(ModelSource::ConfigText {
+                name: spec.to_string(),
+                text: text.to_string(),
+            }),
+            None => ModelSource::resolve(spec),
+        }
+    }
+
+    /// The shape the planner needs. Any architecture the planner knows, not only those the
+    /// engine runs.
+    pub fn shape(&self) -> anyhow::Result<ModelShape> {
+        let parse = |path: &Path| -> anyhow::Result<ModelShape> {
+            let text = read(path)?;
+            Ok(plan::hf_config::parse(&text, &path.display().to_string())?)
+        };
+        match self {
+            ModelSource::Preset(name) => Ok(plan::presets::by_name(name)?),
+            ModelSource::Config(path) => parse(path),
+            ModelSource::HfFolder(dir) => parse(&dir.join("config.json")),
+            ModelSource::ConfigText { name, text } => Ok(plan::hf_config::parse(text, name)?),
+            ModelSource::Snapshot(_) | ModelSource::Quantized(_) => Ok(self.config()?.shape),
+        }
+    }
+
+    /// The config the engine builds (refused, naming why, for an architecture it does not run).
+    pub fn config(&self) -> anyhow::Result<ModelConfig> {
+        let from_json = |path: &Path| -> anyhow::Result<ModelConfig> {
+            let text = read(path)?;
+            Ok(ModelConfig::from_hf_json(
+                &text,
+                &path.display().to_string(),
+            )?)
+        };
+        match self {
+            ModelSource::Preset(name) => {
+                Ok(ModelConfig::from_shape(plan::presets::by_name(name)?)?)
+            }
+            ModelSource::Config(path) => from_json(path),
+            ModelSource::HfFolder(dir) => from_json(&dir.join("config.json")),
+            ModelSource::ConfigText { name, text } => Ok(ModelConfig::from_hf_json(text, name)?),
+            ModelSource::Snapshot(dir) => Ok(open_snapshot(dir)?.model_config()?),
+            ModelSource::Quantized(path) => {
+                let (header, _) = file::read_header(path)?;
+                Ok(header.model_config(path)?)
+            }
+        }
+    }
+
+    /// The config and the weights an inference run starts from; a source without weights (a
+    /// preset or a config.json) is refused, saying what has them.
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        match self {
+            ModelSource::Preset(_) | ModelSource::Config(_) | ModelSource::ConfigText { .. } => {
+                bail!(
+                    "--model {}: a model shape with no weights; pass trained weights: a training \
+                     --out folder or snapshot, a Hugging Face folder or a quantized folder",
+                    self.name()
+                )
+            }
+            ModelSource::Quantized(path) => {
+                let (header, _) = file::read_header(path)?;
+                let config = header.model_config(path)?;
+                let format = header.format()?;
+                if format == WeightFormat::F32 {
+                    // fp32 values: read them as units, so any --weights format can be packed.
+                    let units = plan::frugal::param_units(&config.shape, 1)?;
+                    let weights = Weights::Units(file::read_f32_units(path, &units)?);
+                    return Ok(Loaded { config, weights });
+                }
+                let weights = Weights::Quantized(path.clone(), format);
+                Ok(Loaded { config, weights })
+            }
+            ModelSource::HfFolder(dir) => {
+                let config = self.config()?;
+                let setup = ForwardSetup {
+                    batch: 1,
+                    seq: 1,
+                    attention: plan::setup::Attention::DEFAULT,
+                };
+                let runner = Runner::new(config.clone(), setup)?;
+                // One file, or the shards an index names.
+                engine::io::load_hf_folder(&runner.model, &runner.arena, dir)?;
+                let weights = Weights::Units(runner.unit_values());
+                Ok(Loaded { config, weights })
+            }
+            ModelSource::Snapshot(dir) => {
+                let snap = open_snapshot(dir)?;
+                let config = snap.model_config()?;
+                let units = plan::frugal::param_units(&config.shape, 1)?;
+                let weights = Weights::Units(snap.weights(&units)?);
+                Ok(Loaded { config, weights })
+            }
+        }
+    }
+
+    /// The HF folder whose weights a training run continues from, if `--model` is one; a
+    /// snapshot or a quantized folder is refused, saying what to pass instead.
+    pub fn training_weights(&self) -> anyhow::Result<Option<PathBuf>> {
+        match self {
+            ModelSource::HfFolder(dir) => Ok(Some(dir.clone())),
+            ModelSource::Snapshot(dir) => bail!(
+                "--model {}: a snapshot; continue that run with --resume {0}, or train from its \
+                 weights by passing the Hugging Face folder its --out holds",
+                dir.display()
+            ),
+            ModelSource::Quantized(path) => bail!(
+                "--model {}: quantized weights train only as a frozen LoRA base built from fp32 \
+                 weights; pass the fp32 Hugging Face folder",
+                path.display()
+            ),
+            _ => Ok(None),
+        }
+    }
+
+    /// How `--model` was spelled (a path for files and folders).
+    pub fn name(&self) -> String {
+        match self {
+            ModelSource::Preset(name) | ModelSource::ConfigText { name, .. } => name.clone(),
+            ModelSource::Config(p)
+            | ModelSource::HfFolder(p)
+            | ModelSource::Snapshot(p)
+            | ModelSource::Quantized(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// A folder holding `step-NNNNNN` snapshots (a training `--out`).
+fn has_snapshots(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("step-") && e.path().is_dir())
+    })
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "--model: cannot read {}; pass a preset or {KINDS}",
+            path.display()
+        )
+    })
+}
+
+fn open_snapshot(dir: &Path) -> anyhow::Result<Snapshot> {
+    let snap = Snapshot::open(dir).with_context(|| format!("--model {}", dir.display()))?;
+    for (skipped, why) in &snap.skipped {
+        eprintln!(
+            "warning: {} is damaged ({why}); using the newest intact snapshot, {}",
+            skipped.display(),
+            snap.dir.display()
+        );
+    }
+    Ok(snap)
+}
+
+/// A model's config and its weights.
+pub struct Loaded {
+    pub config: ModelConfig,
+    pub weights: Weights,
+}
+
+/// Where the weights are.
+pub enum Weights {
+    /// A quantized file in this format.
+    Quantized(PathBuf, WeightFormat),
+    /// fp32 units, already read.
+    Units(Vec<Vec<f32>>),
+}
+
+impl Loaded {
+    /// The format the weights are stored in, if they are quantized already.
+    pub fn stored_format(&self) -> Option<WeightFormat> {
+        match &self.weights {
+            Weights::Quantized(_, f) => Some(*f),
+            Weights::Units(_) => None,
+        }
+    }
+
+    /// A worker of `setup` holding these weights.
+    pub fn worker(&self, setup: ServeSetup) -> anyhow::Result<Worker> {
+        let mut worker = Worker::new_in_ram(self.config.clone(), setup)?;
+        match &self.weights {
+            Weights::Quantized(path, _) => file::load(&mut worker, path)?,
+            Weights::Units(units) => worker.load_units(units)?,
+        }
+        Ok(worker)
+    }
+
+    /// The fp32 units (the `--kv-cache off` reference needs them).
+    pub fn units(&self) -> anyhow::Result<&[Vec<f32>]> {
+        match &self.weights {
+            Weights::Units(u) => Ok(u),
+            Weights::Quantized(p, f) => bail!(
+                "{} holds {} weights; the recompute-everything reference (--kv-cache off) runs \
+                 the fp32 model: pass its fp32 folder",
+                p.display(),
+                f.name()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_is_told_apart_by_what_is_on_disk() {
+        let dir = std::env::temp_dir().join(format!("frugal-model-src-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let make = |sub: &str, files: &[&str]| {
+            let d = dir.join(sub);
+            std::fs::create_dir_all(&d).unwrap();
+            for f in files {
+                std::fs::write(d.join(f), "{}").unwrap();
+            }
+            d
+        };
+        let hf = make("hf", &["config.json", "model.safetensors"]);
+        let sharded = make("sharded", &["config.json", "model.safetensors.index.json"]);
+        let shape = make("shape", &["config.json"]);
+        let quant = make("quant", &[file::FILE_NAME]);
+        let out = make("out", &["config.json"]);
+        make("out/step-000010", &["manifest.json"]);
+        let empty = make("empty", &[]);
+        let s = |p: &Path| p.display().to_string();
+        let r = |p: &Path| ModelSource::resolve(&s(p)).unwrap();
+        assert_eq!(r(&hf), ModelSource::HfFolder(hf.clone()));
+        assert_eq!(r(&sharded), ModelSource::HfFolder(sharded.clone()));
+        assert_eq!(r(&shape), ModelSource::Config(shape.join("config.json")));
+        assert_eq!(
+            r(&shape.join("config.json")),
+            ModelSource::Config(shape.join("config.json"))
+        );
+        assert_eq!(
+            r(&quant),
+            ModelSource::Quantized(quant.join(file::FILE_NAME))
+        );
+        assert_eq!(r(&out), ModelSource::Snapshot(out.clone()));
+        let step = out.join("step-000010");
+        assert_eq!(r(&step), ModelSource::Snapshot(step.clone()));
+        assert_eq!(
+            r(Path::new("llama-tiny")),
+            ModelSource::Preset("llama-tiny".into())
+        );
+        let err = |spec: &str| format!("{:#}", ModelSource::resolve(spec).unwrap_err());
+        assert!(
+            err(&s(&empty)).contains("holds no model"),
+            "{}",
+            err(&s(&empty))
+        );
+        assert!(err("no/such/dir").contains("no such file or folder"));
+        assert!(err("llama-99b").contains("llama-99b"));
+        let shapeless = ModelSource::resolve("gpt2-tiny")
+            .unwrap()
+            .load()
+            .err()
+            .unwrap();
+        assert!(format!("{shapeless:#}").contains("no weights"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
