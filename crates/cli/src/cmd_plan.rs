@@ -2,7 +2,7 @@
 //!
 //! Parses flags into a validated `plan` setup (reading `--model path/config.json` here, since the
 //! plan crate never touches files), asks a runtime profile for the estimate, and prints a table
-//! per category (GiB and GB side by side), `--json` as ARCHITECTURE.md's JSON contract specifies, and `--plot` as an
+//! per category (GiB and GB side by side), `--json` as docs/cli.md specifies, and `--plot` as an
 //! SVG of memory over the step. Example:
 //! `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --batch 4 --seq 2048 --json`.
 
@@ -158,7 +158,7 @@ pub struct Args {
     /// `frugal train --device cuda` measures both).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
-    /// Print one JSON object (ARCHITECTURE.md's JSON contract) instead of tables.
+    /// Print one JSON object (its fields: docs/cli.md) instead of tables.
     #[arg(long)]
     json: bool,
     /// Write memory over the step's phases, stacked by category, to this SVG file.

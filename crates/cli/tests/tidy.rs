@@ -377,7 +377,7 @@ fn what_users_read_speaks_of_the_product() {
                     !next.is_alphanumeric()
                 })
             };
-            if let Some(word) = BANNED.iter().find(whole) {
+            if let Some(word) = BANNED.iter().find(|w| whole(w)) {
                 found.push(format!("{}:{}: {word:?}", file.display(), i + 1));
             }
         }

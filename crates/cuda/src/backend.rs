@@ -24,7 +24,8 @@ impl Backend for Cuda {
     }
 
     fn align_bytes(&self) -> u64 {
-        // cudaMalloc aligns to 256 bytes; so does the plan's layout (ARCHITECTURE.md).
+        // The CPU plan's alignment, so `frugal plan --runtime frugal` prints this device's
+        // layout too; the slab itself is cudaMalloc's (256-byte aligned).
         plan::frugal::layout::ALIGN_BYTES
     }
 

@@ -1,6 +1,6 @@
 //! The CUDA backend: [`Cuda`] implements `engine::Backend` and `engine::backend::TrainOps` on one NVIDIA GPU, so the same
 //! trainer (`train::Trainer::on(Cuda::new(0)?, config, comm)`) runs there with every tensor in
-//! one device allocation carved from the plan (ARCHITECTURE.md, "The CUDA backend").
+//! one device allocation carved from the plan (ARCHITECTURE.md's code map).
 //!
 //! What runs where: kernels are CUDA C in `crates/cuda/kernels/*.cu`, compiled at run time by
 //! NVRTC to PTX and cached on disk ([`ptx`]); GEMMs are cuBLAS `GemmEx` calls (f32, or bf16

@@ -1,5 +1,5 @@
 //! Weights in and out as safetensors with Hugging Face names, so a model trained here loads in
-//! transformers (and HF checkpoints load here). File IO lives in this module only.
+//! transformers (and HF checkpoints load here). The model's files are read and written here (`capacity` reads /proc and cgroup limits; `testkit` its golden files).
 //!
 //! Tensors map to unit views through `plan::frugal::units` (`HfPart`): GPT-2's `Conv1D` weights are
 //! transposed, Llama's q/k/v and gate/up fill row ranges of the fused views. Loading checks every

@@ -22,7 +22,7 @@
 // - `model` (weights + forward wiring); the training state and backward are `train`'s.
 // - `forward`, `mla`, `moe`: the forward pass as ops, following the family's block design.
 // - `sp`, `tp`, `pp`, `share`: how a model is split over ranks (sequence, tensor, pipeline).
-// - `world`: ranks as threads (or MPI processes), joined with their errors.
+// - `world`: ranks as threads, joined with their errors.
 
 pub mod arena;
 pub mod backend;

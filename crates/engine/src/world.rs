@@ -2,7 +2,7 @@
 //! back the ranks' results in rank order, or the error that caused the failure.
 //!
 //! Today a rank is a thread of this process joined by `comm::InProcess` (a world of one gets
-//! `comm::Solo`); the MPI issue adds processes behind the same call. The closure receives the
+//! `comm::Solo`); an MPI job's processes are ranks too, each joining with its own `comm::Mpi` (built in the CLI), and run the same closure body. The closure receives the
 //! rank's communicator and builds everything else itself (its trainer, its data shard), so the
 //! CLI, the tests and the benches share this one harness instead of spawning threads each.
 //!

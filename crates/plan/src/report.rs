@@ -1,4 +1,4 @@
-//! The plan's report: the JSON contract of ARCHITECTURE.md (`per_device`, `host`), an echo of the model
+//! The plan's report: the JSON contract of docs/cli.md (`per_device`, `host`), an echo of the model
 //! and setup, the parameter count, the phase of the peak and memory over the step.
 //!
 //! Categories in `per_device` are those live at the moment of the peak, so they sum to

@@ -14,7 +14,9 @@
 //! weights and Adam state (optionally offloaded to the host), fp16 with a dynamic loss scaler
 //! that skips a step on an overflow found on any rank.
 //!
-//! What it does not do: read files (the CLI and `io` do), print, or pick defaults for the user.
+//! What it does not do: print, or pick defaults for the user. The files it touches are its own:
+//! snapshots (`snapshot`), the disk offload store (`offload`) and the process's peak RSS
+//! (`/proc/self/status`, in `memory`).
 //!
 //! Example:
 //! ```no_run

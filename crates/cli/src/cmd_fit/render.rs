@@ -1,5 +1,5 @@
 //! `frugal fit`'s output: the table of the best setups, the remedies they apply, why the
-//! rest don't fit, and the `--json` object (ARCHITECTURE.md's `per_device` for each setup shown).
+//! rest don't fit, and the `--json` object (docs/cli.md's `per_device` for each setup shown).
 //!
 //! Not here: flags and the search. Example: `print!("{}", text(&model, &r, &res, &misses, &u, 5))`.
 
@@ -10,7 +10,7 @@ use plan::setup::{Attention, TrainSetup};
 use plan::ModelShape;
 use serde_json::{json, Value};
 
-/// `per_device` (ARCHITECTURE.md's JSON contract) and `host` of a candidate, re-estimated for the report.
+/// `per_device` (its fields: docs/cli.md) and `host` of a candidate, re-estimated for the report.
 fn per_device(
     model: &ModelShape,
     r: &FitRequest,

@@ -1,5 +1,5 @@
 //! What `frugal train` shows after a run: planned vs measured memory per category (they must be
-//! equal), the loss curve's ends, throughput, the sample; the `--json` object of ARCHITECTURE.md's CLI
+//! equal), the loss curve's ends, throughput, the sample; the `--json` object of docs/cli.md's CLI
 //! contract; and the `--plot` SVG of train and validation loss.
 //!
 //! Example: `report::json(&summary)` is `{"steps":300,"tokens":...,"ranks":[{"rank":0,...}]}`.

@@ -20,7 +20,7 @@ pub struct MissGroup {
     pub closest: Weighed,
     pub closest_total_bytes: u64,
     pub capacity_bytes: u64,
-    /// Categories live at the closest member's peak (ARCHITECTURE.md's JSON contract).
+    /// Categories live at the closest member's peak (its fields: docs/cli.md).
     pub at_peak: Breakdown,
     /// The largest of them: `("optimizer_bytes", n)`.
     pub largest: (&'static str, u64),
