@@ -29,11 +29,22 @@ Examples:
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
-    /// A training --out folder or snapshot, a Hugging Face folder, or a quantized folder.
+    /// A training --out folder or snapshot, a Hugging Face folder, a quantized folder, or a
+    /// GGUF file (llama.cpp's; its embedded tokenizer and chat template are used).
     #[arg(long)]
     pub model: PathBuf,
+    /// Text to continue (the model's own tokenizer encodes it; a BOS token first if the model
+    /// adds one).
     #[arg(long, default_value = "ROMEO:")]
     pub prompt: String,
+    /// A chat message instead of --prompt: the model's chat template (from its GGUF file or
+    /// tokenizer_config.json) turns it into the prompt, ending where the assistant's answer
+    /// begins.
+    #[arg(long, conflicts_with = "prompt")]
+    pub chat: Option<String>,
+    /// The system message of a --chat prompt.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
     /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4. Default:
@@ -107,11 +118,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
     }
-    let source = ModelSource::at(&args.model)?.load()?;
-    let tok = data::Tokenizer::gpt2();
-    let prompt = tok.encode(&args.prompt);
+    let model = ModelSource::at(&args.model)?;
+    let tok = model.tokenizer()?;
+    let source = model.load()?;
+    let text = match &args.chat {
+        Some(message) => crate::chat::render(&tok, args.system.as_deref(), message)?,
+        None => args.prompt.clone(),
+    };
+    let mut prompt: Vec<u32> = tok.bos().into_iter().collect();
+    prompt.extend(tok.encode(&text));
     if prompt.is_empty() {
         bail!("--prompt is empty: generation needs at least one token");
+    }
+    if tok.vocab_size() as u64 > source.config.shape.vocab {
+        bail!(
+            "--model {}: its tokenizer has {} tokens, more than the model's {} embedding rows",
+            args.model.display(),
+            tok.vocab_size(),
+            source.config.shape.vocab
+        );
     }
     let shape = &source.config.shape;
     let context = prompt.len() + args.max_new_tokens;
@@ -130,7 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         vocab_limit: Some(tok.vocab_size() as usize),
     };
     if args.kv_cache == "off" {
-        return reference(&args, &source, &prompt, sampling);
+        return reference(&args, &source, &tok, &prompt, sampling);
     }
     let weights = weight_format(
         args.weights.as_deref(),
@@ -159,8 +184,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The draft is loaded (and quantized) before the clock starts.
     let mut draft = match &args.draft {
         Some(d) => {
-            let draft_src = ModelSource::at(d)
-                .and_then(|m| m.load())
+            let draft_model = ModelSource::at(d)?;
+            if draft_model.tokenizer()?.name() != tok.name() {
+                bail!(
+                    "--draft {}: its tokenizer differs from the model's; a draft must share the \
+                     target's vocabulary",
+                    d.display()
+                );
+            }
+            let draft_src = draft_model
+                .load()
                 .with_context(|| format!("--draft {}", d.display()))?;
             let format = weight_format(
                 args.draft_weights.as_deref().or(args.weights.as_deref()),
@@ -204,11 +237,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.max_new_tokens,
                 &sampling,
                 args.seed,
+                tok.eos(),
             )?;
             (out, prefill, None)
         }
     };
     let total = t0.elapsed().as_secs_f64();
+    // Generation ends at the end-of-sequence token (not printed), as llama.cpp's does.
+    let mut tokens = tokens;
+    if let Some(at) = tok.eos().and_then(|e| tokens.iter().position(|&t| t == e)) {
+        tokens.truncate(at);
+    }
     let text = tok.decode(&tokens).unwrap_or_default();
     let decode_s = (total - prefill_s).max(1e-9);
     report(
@@ -216,14 +255,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )
 }
 
-/// Prefill then greedy/sampled decode with the worker alone; returns the tokens and the
-/// prefill's seconds.
+/// Prefill then greedy/sampled decode with the worker alone, up to `n` tokens or `eos`; returns
+/// the tokens and the prefill's seconds.
 fn plain(
     worker: &mut Worker,
     prompt: &[u32],
     n: usize,
     sampling: &Sampling,
     seed: u64,
+    eos: Option<u32>,
 ) -> anyhow::Result<(Vec<u32>, f64)> {
     let mut rng = data::SplitMix64::new(seed);
     let seq = worker.new_sequence();
@@ -235,6 +275,9 @@ fn plain(
     for i in 0..n {
         let t = infer::sample::pick(&logits, sampling, &mut rng);
         out.push(t);
+        if Some(t) == eos {
+            break;
+        }
         if i + 1 < n {
             worker.decode(&[seq], &[t], &mut logits)?;
         }
@@ -247,6 +290,7 @@ fn plain(
 fn reference(
     args: &Args,
     source: &Loaded,
+    tok: &data::Tokenizer,
     prompt: &[u32],
     sampling: Sampling,
 ) -> anyhow::Result<()> {
@@ -279,7 +323,7 @@ fn reference(
         s,
     )?;
     let secs = t0.elapsed().as_secs_f64();
-    let text = data::Tokenizer::gpt2().decode(&tokens).unwrap_or_default();
+    let text = tok.decode(&tokens).unwrap_or_default();
     if args.json {
         let v = json!({
             "tokens": tokens, "text": text, "kv_cache": "off", "prompt_tokens": prompt.len(),
@@ -355,7 +399,10 @@ fn report(
         println!("{v}");
         return Ok(());
     }
-    println!("{}{}", args.prompt, text);
+    match &args.chat {
+        Some(_) => println!("{text}"),
+        None => println!("{}{}", args.prompt, text),
+    }
     let mut t = Table::new(&["bytes", "planned", "measured"]);
     for c in Category::ALL {
         let (p, q) = (planned[c as usize], m.category_peak_bytes[c as usize]);

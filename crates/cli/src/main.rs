@@ -6,12 +6,14 @@
 //!
 //! Example: `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --json`.
 
+mod chat;
 mod cmd_bench;
 mod cmd_export;
 mod cmd_fit;
 mod cmd_formats;
 mod cmd_generate;
 mod cmd_plan;
+mod cmd_tokenize;
 mod cmd_train;
 mod cmd_web;
 mod model;
@@ -70,6 +72,8 @@ enum Command {
         about = "The planner in a browser: a page and a JSON API (the CLI's JSON) on this machine."
     )]
     Web(cmd_web::Args),
+    #[command(about = "Token ids of texts under a model's own tokenizer (or the text of ids).")]
+    Tokenize(cmd_tokenize::Args),
 }
 
 /// The environment variable that caps every kernel's instruction set (`kernels::cpu`): read
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         Command::Export(args) => cmd_export::run(args),
         Command::Generate(args) => cmd_generate::run(args),
         Command::Web(args) => cmd_web::run(args),
+        Command::Tokenize(args) => cmd_tokenize::run(args),
     });
     let result = match result {
         Ok(result) => result,

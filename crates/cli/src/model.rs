@@ -2,7 +2,8 @@
 //! `config.json` (a shape, no weights), a Hugging Face folder (`config.json` +
 //! `model.safetensors`, or the shards `model.safetensors.index.json` names, as `frugal export`
 //! and `train --out` write), a training `--out` folder or one of its `step-NNNNNN` snapshots, or a
-//! quantized folder (`weights.frugal`, written by `generate --save-quantized`).
+//! quantized folder (`weights.frugal`, written by `generate --save-quantized`), or a GGUF file
+//! (llama.cpp's: `llama` and `qwen2` models, dequantized to f32 as ggml's reference does).
 //!
 //! [`ModelSource::resolve`] says which, from what is on disk; [`ModelSource::shape`] is all the
 //! planner needs; [`ModelSource::config`] what the engine builds; [`ModelSource::load`] the
@@ -33,12 +34,14 @@ pub enum ModelSource {
     Snapshot(PathBuf),
     /// A quantized file (`weights.frugal`, or the folder holding it).
     Quantized(PathBuf),
+    /// A GGUF file: config, weights and tokenizer in one.
+    Gguf(PathBuf),
 }
 
 /// What every error about `--model` ends with.
 const KINDS: &str = "an HF config.json, a Hugging Face folder (config.json + \
                      model.safetensors), a training --out folder or one of its step-NNNNNN \
-                     snapshots, or a quantized folder (weights.frugal)";
+                     snapshots, a quantized folder (weights.frugal) or a GGUF file";
 
 impl ModelSource {
     /// What `spec` names, judged by what is on disk: a path that exists is a file or folder of
@@ -48,6 +51,9 @@ impl ModelSource {
         if path.is_file() {
             if path.file_name() == Some(file::FILE_NAME.as_ref()) {
                 return Ok(ModelSource::Quantized(path.to_path_buf()));
+            }
+            if is_gguf(path) || path.extension().is_some_and(|e| e == "gguf") {
+                return Ok(ModelSource::Gguf(path.to_path_buf()));
             }
             return Ok(ModelSource::Config(path.to_path_buf()));
         }
@@ -110,6 +116,10 @@ impl ModelSource {
             ModelSource::HfFolder(dir) => parse(&dir.join("config.json")),
             ModelSource::ConfigText { name, text } => Ok(plan::hf_config::parse(text, name)?),
             ModelSource::Snapshot(_) | ModelSource::Quantized(_) => Ok(self.config()?.shape),
+            ModelSource::Gguf(path) => {
+                let text = gguf_config(&open_gguf(path)?)?;
+                Ok(plan::hf_config::parse(&text, &path.display().to_string())?)
+            }
         }
     }
 
@@ -134,6 +144,31 @@ impl ModelSource {
                 let (header, _) = file::read_header(path)?;
                 Ok(header.model_config(path)?)
             }
+            ModelSource::Gguf(path) => {
+                let text = gguf_config(&open_gguf(path)?)?;
+                Ok(ModelConfig::from_hf_json(
+                    &text,
+                    &path.display().to_string(),
+                )?)
+            }
+        }
+    }
+
+    /// The model's own tokenizer (a GGUF's embedded vocabulary, an HF folder's
+    /// `tokenizer.json`), or GPT-2's for everything trained here and the presets.
+    pub fn tokenizer(&self) -> anyhow::Result<data::Tokenizer> {
+        use data::hf_tokenizer::HfTokenizer;
+        match self {
+            ModelSource::Gguf(path) => {
+                let g = open_gguf(path)?;
+                Ok(data::Tokenizer::hf(HfTokenizer::from_gguf(&gguf_vocab(
+                    &g,
+                )?)?))
+            }
+            ModelSource::HfFolder(dir) if dir.join("tokenizer.json").is_file() => Ok(
+                data::Tokenizer::hf(HfTokenizer::from_file(&dir.join("tokenizer.json"))?),
+            ),
+            _ => Ok(data::Tokenizer::gpt2()),
         }
     }
 
@@ -174,6 +209,20 @@ impl ModelSource {
                 let weights = Weights::Units(runner.unit_values());
                 Ok(Loaded { config, weights })
             }
+            ModelSource::Gguf(path) => {
+                let g = open_gguf(path)?;
+                let model = gguf::hf::Model::new(&g)?;
+                let config = self.config()?;
+                let units = plan::frugal::param_units(&config.shape, 1)?;
+                let name = path.display().to_string();
+                let weights = engine::io::read_units_by(&units, &name, &mut |hf| {
+                    model.tensor(hf).map_err(|e| e.to_string())
+                })?;
+                Ok(Loaded {
+                    config,
+                    weights: Weights::Units(weights),
+                })
+            }
             ModelSource::Snapshot(dir) => {
                 let snap = open_snapshot(dir)?;
                 let config = snap.model_config()?;
@@ -194,6 +243,11 @@ impl ModelSource {
                  weights by passing the Hugging Face folder its --out holds",
                 dir.display()
             ),
+            ModelSource::Gguf(path) => bail!(
+                "--model {}: training over a GGUF file's weights is not built yet; export an HF \
+                 folder from its source checkpoint, or train a preset",
+                path.display()
+            ),
             ModelSource::Quantized(path) => bail!(
                 "--model {}: quantized weights train only as a frozen LoRA base built from fp32 \
                  weights; pass the fp32 Hugging Face folder",
@@ -210,9 +264,60 @@ impl ModelSource {
             ModelSource::Config(p)
             | ModelSource::HfFolder(p)
             | ModelSource::Snapshot(p)
-            | ModelSource::Quantized(p) => p.display().to_string(),
+            | ModelSource::Quantized(p)
+            | ModelSource::Gguf(p) => p.display().to_string(),
         }
     }
+}
+
+/// A file that starts with GGUF's magic.
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
+}
+
+fn open_gguf(path: &Path) -> anyhow::Result<gguf::Gguf> {
+    Ok(gguf::Gguf::open(path)?)
+}
+
+/// The config.json of a GGUF model.
+fn gguf_config(g: &gguf::Gguf) -> anyhow::Result<String> {
+    Ok(gguf::hf::Model::new(g)?.config_json()?)
+}
+
+/// The tokenizer tables a GGUF file embeds.
+fn gguf_vocab(g: &gguf::Gguf) -> anyhow::Result<data::hf_tokenizer::GgufVocab<'_>> {
+    let text = |key: &str| g.get(key).ok().and_then(|v| v.as_str());
+    let id = |key: &str| g.u64(key).ok().map(|v| v as u32);
+    let types = match g.get("tokenizer.ggml.token_type") {
+        Ok(v) => v
+            .as_array()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| t.as_u64().unwrap_or(1))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    Ok(data::hf_tokenizer::GgufVocab {
+        source: g.path.to_str().unwrap_or("the GGUF file"),
+        model: text("tokenizer.ggml.model").unwrap_or(""),
+        pre: text("tokenizer.ggml.pre").unwrap_or("default"),
+        tokens: g.strings("tokenizer.ggml.tokens")?,
+        types,
+        merges: g.strings("tokenizer.ggml.merges").unwrap_or_default(),
+        bos: id("tokenizer.ggml.bos_token_id"),
+        eos: id("tokenizer.ggml.eos_token_id"),
+        add_bos: g
+            .get("tokenizer.ggml.add_bos_token")
+            .ok()
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+        chat_template: text("tokenizer.chat_template"),
+    })
 }
 
 /// A folder holding `step-NNNNNN` snapshots (a training `--out`).

@@ -20,6 +20,11 @@ pub enum DataError {
         cause: std::io::Error,
     },
 
+    /// A model's tokenizer (tokenizer.json, or the vocabulary a GGUF file embeds) cannot be
+    /// built or used.
+    #[error("the tokenizer of {source_name}: {reason}")]
+    Tokenizer { source_name: String, reason: String },
+
     /// A text file is not UTF-8.
     #[error(
         "{path} is not UTF-8 text (invalid byte sequence at byte {valid_up_to}); \

@@ -29,6 +29,7 @@ mod cache;
 mod corpus;
 mod dataset;
 mod error;
+pub mod hf_tokenizer;
 mod loader;
 mod text_files;
 mod token_file;

@@ -1,5 +1,8 @@
-//! The GPT-2 byte-pair encoding (tiktoken's `r50k_base`, 50257 ids, `<|endoftext|>` = 50256),
-//! through `tiktoken-rs`, whose merge ranks are compiled into the binary: no network, no files.
+//! Tokenizers: GPT-2's byte-pair encoding (tiktoken's `r50k_base`, 50257 ids, `<|endoftext|>` =
+//! 50256) through `tiktoken-rs`, whose merge ranks are compiled into the binary (the default, for
+//! the shipped corpus and the presets), or a model's own tokenizer through Hugging Face's
+//! `tokenizers` crate (`crate::hf_tokenizer`: a `tokenizer.json`, or the vocabulary a GGUF file
+//! embeds).
 //!
 //! Text is encoded as ordinary text: a literal "<|endoftext|>" inside a document is spelled out as
 //! ordinary tokens, never turned into the special id, so only [`Tokenizer::encode_corpus`] places
@@ -11,20 +14,28 @@
 //! assert_eq!(tok.decode(&ids).unwrap(), "To be, or not to be");
 //! ```
 
+use std::sync::Arc;
 use tiktoken_rs::CoreBPE;
 
 use crate::corpus::Corpus;
 use crate::error::{DataError, Result};
+use crate::hf_tokenizer::HfTokenizer;
 
 /// GPT-2's vocabulary size: 50000 merges + 256 bytes + `<|endoftext|>`.
 pub const GPT2_VOCAB_SIZE: u32 = 50257;
 /// GPT-2's `<|endoftext|>` id, placed between documents.
 pub const EOT: u32 = 50256;
 
-/// The GPT-2 BPE tokenizer. Cheap to copy: the merge tables are built once per process.
-#[derive(Clone, Copy)]
+/// A tokenizer: GPT-2's, or a model's own. Cheap to clone (the tables are shared).
+#[derive(Clone)]
 pub struct Tokenizer {
-    bpe: &'static CoreBPE,
+    inner: Inner,
+}
+
+#[derive(Clone)]
+enum Inner {
+    Gpt2(&'static CoreBPE),
+    Hf(Arc<HfTokenizer>),
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -40,23 +51,73 @@ impl Tokenizer {
     /// GPT-2's BPE (`r50k_base`). The first call parses the bundled ranks (a fraction of a second).
     pub fn gpt2() -> Self {
         Tokenizer {
-            bpe: tiktoken_rs::r50k_base_singleton(),
+            inner: Inner::Gpt2(tiktoken_rs::r50k_base_singleton()),
         }
     }
 
-    /// A short name, used in token cache file names.
-    pub fn name(&self) -> &'static str {
-        "gpt2"
+    /// A model's own tokenizer.
+    pub fn hf(tokenizer: HfTokenizer) -> Self {
+        Tokenizer {
+            inner: Inner::Hf(Arc::new(tokenizer)),
+        }
+    }
+
+    /// A short name, used in token cache file names (a model's tokenizer: a hash of its tables,
+    /// so two vocabularies never share a cache).
+    pub fn name(&self) -> String {
+        match &self.inner {
+            Inner::Gpt2(_) => "gpt2".into(),
+            Inner::Hf(t) => t.name.clone(),
+        }
     }
 
     /// Number of token ids: every id is `< vocab_size()`.
     pub fn vocab_size(&self) -> u32 {
-        GPT2_VOCAB_SIZE
+        match &self.inner {
+            Inner::Gpt2(_) => GPT2_VOCAB_SIZE,
+            Inner::Hf(t) => t.vocab_size,
+        }
     }
 
-    /// Encodes ordinary text (no special tokens recognised).
+    /// The end-of-sequence id (generation stops there; documents are joined with it).
+    pub fn eos(&self) -> Option<u32> {
+        match &self.inner {
+            Inner::Gpt2(_) => Some(EOT),
+            Inner::Hf(t) => t.eos,
+        }
+    }
+
+    /// The id put before a prompt, if the model adds one.
+    pub fn bos(&self) -> Option<u32> {
+        match &self.inner {
+            Inner::Gpt2(_) => None,
+            Inner::Hf(t) => t.add_bos.then_some(t.bos).flatten(),
+        }
+    }
+
+    /// The chat template the model ships, if any (Jinja source).
+    pub fn chat_template(&self) -> Option<&str> {
+        match &self.inner {
+            Inner::Gpt2(_) => None,
+            Inner::Hf(t) => t.chat_template.as_deref(),
+        }
+    }
+
+    /// The text of a token id (special tokens by their name), for templates and stops.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        match &self.inner {
+            Inner::Gpt2(_) => self.decode(&[id]).ok(),
+            Inner::Hf(t) => t.tokenizer.id_to_token(id),
+        }
+    }
+
+    /// Encodes ordinary text (GPT-2's: no special tokens recognised; a model's own tokenizer
+    /// recognises its special tokens, as llama.cpp and transformers do for a chat prompt).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_ordinary(text)
+        match &self.inner {
+            Inner::Gpt2(bpe) => bpe.encode_ordinary(text),
+            Inner::Hf(t) => t.encode(text),
+        }
     }
 
     /// Encodes every document and joins them with [`EOT`] between documents (none before the first
@@ -66,8 +127,8 @@ impl Tokenizer {
     pub fn encode_corpus(&self, corpus: &Corpus) -> Vec<u32> {
         let mut tokens = Vec::new();
         for (doc_idx, doc) in corpus.documents.iter().enumerate() {
-            if doc_idx > 0 {
-                tokens.push(EOT);
+            if let (true, Some(eos)) = (doc_idx > 0, self.eos()) {
+                tokens.push(eos);
             }
             tokens.extend(self.encode(&doc.text));
         }
@@ -78,12 +139,16 @@ impl Tokenizer {
     /// multi-byte character) become U+FFFD; an id `>= vocab_size()` is an error.
     pub fn decode(&self, tokens: &[u32]) -> Result<String> {
         self.check_ids(tokens)?;
-        let bytes: Vec<u8> = self
-            .bpe
-            ._decode_native_and_split(tokens.to_vec())
-            .flatten()
-            .collect();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        match &self.inner {
+            Inner::Gpt2(bpe) => {
+                let bytes: Vec<u8> = bpe
+                    ._decode_native_and_split(tokens.to_vec())
+                    .flatten()
+                    .collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            Inner::Hf(t) => t.decode(tokens),
+        }
     }
 
     fn check_ids(&self, tokens: &[u32]) -> Result<()> {

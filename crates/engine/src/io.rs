@@ -236,10 +236,6 @@ pub fn read_units(
         .map(|(p, _)| p.as_str())
         .collect::<Vec<_>>()
         .join(", ");
-    let fail = |reason: String| EngineError::Weights {
-        path: path.clone(),
-        reason,
-    };
     let mut shards = Vec::with_capacity(files.len());
     for (p, bytes) in files {
         let st = SafeTensors::deserialize(bytes).map_err(|e| EngineError::Weights {
@@ -249,17 +245,40 @@ pub fn read_units(
         shards.push(st);
     }
     let st = Shards(&shards);
+    read_units_by(units, &path, &mut |name| {
+        // The original gpt2 checkpoints name tensors without the `transformer.` prefix.
+        let short = name.strip_prefix("transformer.").unwrap_or(name);
+        let t = st
+            .tensor(&format!("{prefix}{name}"))
+            .or_else(|_| st.tensor(&format!("{prefix}{short}")))
+            .map_err(|_| format!("missing tensor {name}"))?;
+        let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+        let data = to_f32(&t)
+            .ok_or_else(|| format!("{name} has dtype {:?} (f32, bf16, f16 load)", t.dtype()))?;
+        Ok((shape, data))
+    })
+}
+
+/// An HF-named tensor's shape and f32 values, or why it cannot be had.
+pub type TensorSource<'a> = dyn FnMut(&str) -> Result<(Vec<u64>, Vec<f32>), String> + 'a;
+
+/// Every unit's values (`numel` each, unpadded), each HF-named tensor taken from `tensor`
+/// (its shape and f32 values, or why it cannot be had) and its shape checked; `path` names the
+/// source in errors. A checkpoint in another format (GGUF) comes in this way.
+pub fn read_units_by(
+    units: &[Unit],
+    path: &str,
+    tensor: &mut TensorSource<'_>,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let fail = |reason: String| EngineError::Weights {
+        path: path.to_string(),
+        reason,
+    };
     let mut out: Vec<Vec<f32>> = units.iter().map(|u| vec![0.0; u.numel as usize]).collect();
     for (unit, values) in units.iter().zip(out.iter_mut()) {
         for view in &unit.views {
             for part in &view.parts {
-                // The original gpt2 checkpoints name tensors without the `transformer.` prefix.
-                let short = part.name.strip_prefix("transformer.").unwrap_or(&part.name);
-                let t = st
-                    .tensor(&format!("{prefix}{}", part.name))
-                    .or_else(|_| st.tensor(&format!("{prefix}{short}")))
-                    .map_err(|_| fail(format!("missing tensor {}", part.name)))?;
-                let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+                let (shape, data) = tensor(&part.name).map_err(fail)?;
                 if shape != part.hf_shape {
                     let want = &part.hf_shape;
                     return Err(fail(format!(
@@ -267,13 +286,6 @@ pub fn read_units(
                         part.name
                     )));
                 }
-                let data = to_f32(&t).ok_or_else(|| {
-                    fail(format!(
-                        "{} has dtype {:?} (f32, bf16, f16 load)",
-                        part.name,
-                        t.dtype()
-                    ))
-                })?;
                 hf_to_part(&mut values[view_range(view)], view, part, &data);
             }
         }

@@ -1,0 +1,207 @@
+//! A model's own tokenizer, run by Hugging Face's `tokenizers` crate: from a `tokenizer.json`
+//! (with `tokenizer_config.json` beside it for the special tokens and the chat template), or
+//! built from the vocabulary a GGUF file embeds (`tokenizer.ggml.*`), written as the
+//! `tokenizer.json` transformers would write for it and loaded the same way.
+//!
+//! GGUF vocabularies read: BPE `gpt2` with llama.cpp's pre-tokenizers `default`/`gpt2` (GPT-2's
+//! split), `smollm` (each digit alone, then GPT-2's split), `llama-bpe` (Llama 3's split) and
+//! `qwen2`. A SentencePiece (`llama`) vocabulary or another pre-tokenizer is refused by name.
+//!
+//! Example: `let tok = HfTokenizer::from_file(Path::new("model/tokenizer.json"))?;`
+
+use crate::error::{DataError, Result};
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// A model's tokenizer and the special ids around it.
+pub struct HfTokenizer {
+    pub tokenizer: tokenizers::Tokenizer,
+    /// `hf-` and a checksum of the tables (the token cache's key).
+    pub name: String,
+    pub vocab_size: u32,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// Whether a prompt starts with `bos`.
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+/// The pieces of a GGUF file's `tokenizer.ggml.*` metadata.
+pub struct GgufVocab<'a> {
+    /// The file, named in errors.
+    pub source: &'a str,
+    pub model: &'a str,
+    pub pre: &'a str,
+    pub tokens: Vec<&'a str>,
+    /// ggml's token types (1 normal, 3 control, 4 user-defined, ...), if the file has them.
+    pub types: Vec<u64>,
+    pub merges: Vec<&'a str>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<&'a str>,
+}
+
+/// Llama 3's split (llama.cpp's `llama-bpe`), as its tokenizer.json writes it.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split: Llama 3's with single digits.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn fail(source: &str, reason: impl Into<String>) -> DataError {
+    DataError::Tokenizer {
+        source_name: source.into(),
+        reason: reason.into(),
+    }
+}
+
+impl HfTokenizer {
+    /// A `tokenizer.json`; `tokenizer_config.json` beside it, when there is one, names the BOS
+    /// and EOS tokens, whether prompts start with BOS, and the chat template (or
+    /// `chat_template.jinja` does).
+    pub fn from_file(path: &Path) -> Result<HfTokenizer> {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| fail(&source, e.to_string()))?;
+        let tokenizer: tokenizers::Tokenizer = text
+            .parse()
+            .map_err(|e| fail(&source, format!("does not parse: {e}")))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let config: Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let id_of = |key: &str| {
+            let token = match &config[key] {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("content").and_then(Value::as_str).map(String::from),
+                _ => None,
+            };
+            token.and_then(|t| tokenizer.token_to_id(&t))
+        };
+        let (bos, eos) = (id_of("bos_token"), id_of("eos_token"));
+        let template = config["chat_template"]
+            .as_str()
+            .map(String::from)
+            .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+        let add_bos = config["add_bos_token"].as_bool().unwrap_or(false);
+        Ok(HfTokenizer::finish(
+            tokenizer, &text, bos, eos, add_bos, template,
+        ))
+    }
+
+    /// The tokenizer a GGUF file embeds.
+    pub fn from_gguf(v: &GgufVocab<'_>) -> Result<HfTokenizer> {
+        if v.model != "gpt2" {
+            return Err(fail(
+                v.source,
+                format!(
+                    "tokenizer.ggml.model {:?} is not read (BPE \"gpt2\" vocabularies are)",
+                    v.model
+                ),
+            ));
+        }
+        let byte_level = |use_regex: bool| {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                   "use_regex": use_regex})
+        };
+        let split = |pattern: &str| {
+            json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+                   "invert": false})
+        };
+        let pre = match v.pre {
+            "default" | "gpt2" => byte_level(true),
+            "smollm" => json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+            "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [
+                split(LLAMA3_SPLIT), byte_level(false)]}),
+            "qwen2" => json!({"type": "Sequence", "pretokenizers": [
+                split(QWEN2_SPLIT), byte_level(false)]}),
+            other => {
+                return Err(fail(
+                    v.source,
+                    format!(
+                        "pre-tokenizer {other:?} is not read (default, gpt2, smollm, llama-bpe \
+                         and qwen2 are)"
+                    ),
+                ))
+            }
+        };
+        let vocab: serde_json::Map<String, Value> = v
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(id, t)| (t.to_string(), json!(id)))
+            .collect();
+        if vocab.len() != v.tokens.len() {
+            return Err(fail(v.source, "the vocabulary repeats a token"));
+        }
+        // Control (3) and user-defined (4) tokens match whole, before the split, as
+        // transformers' added tokens do.
+        let added: Vec<Value> = v
+            .types
+            .iter()
+            .enumerate()
+            .filter(|(_, &t)| t == 3 || t == 4)
+            .map(|(id, &t)| {
+                json!({"id": id, "content": v.tokens[id], "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": t == 3})
+            })
+            .collect();
+        let doc = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": pre, "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                        "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": v.merges},
+        });
+        let text = doc.to_string();
+        let tokenizer: tokenizers::Tokenizer = text.parse().map_err(|e| {
+            fail(
+                v.source,
+                format!("the embedded vocabulary does not build: {e}"),
+            )
+        })?;
+        let template = v.chat_template.map(String::from);
+        Ok(HfTokenizer::finish(
+            tokenizer, &text, v.bos, v.eos, v.add_bos, template,
+        ))
+    }
+
+    fn finish(
+        tokenizer: tokenizers::Tokenizer,
+        text: &str,
+        bos: Option<u32>,
+        eos: Option<u32>,
+        add_bos: bool,
+        chat_template: Option<String>,
+    ) -> HfTokenizer {
+        let vocab_size = tokenizer.get_vocab_size(true) as u32;
+        HfTokenizer {
+            tokenizer,
+            name: format!("hf-{:08x}", crc32fast::hash(text.as_bytes())),
+            vocab_size,
+            bos,
+            eos,
+            add_bos,
+            chat_template,
+        }
+    }
+
+    /// The ids of `text` (special tokens written in it are matched whole; no BOS added).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        match self.tokenizer.encode_fast(text, false) {
+            Ok(encoding) => encoding.get_ids().to_vec(),
+            // The model's own vocabulary encodes any string; a failure would be a bug in it.
+            Err(e) => panic!("tokenizing with the model's vocabulary failed: {e}"),
+        }
+    }
+
+    /// The text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| fail(&self.name, format!("decoding: {e}")))
+    }
+}
