@@ -12,6 +12,7 @@ mod cmd_export;
 mod cmd_fit;
 mod cmd_formats;
 mod cmd_generate;
+mod cmd_perplexity;
 mod cmd_plan;
 mod cmd_tokenize;
 mod cmd_train;
@@ -72,6 +73,10 @@ enum Command {
         about = "The planner in a browser: a page and a JSON API (the CLI's JSON) on this machine."
     )]
     Web(cmd_web::Args),
+    #[command(
+        about = "Perplexity of a model on a text, computed as llama.cpp's llama-perplexity computes it."
+    )]
+    Perplexity(cmd_perplexity::Args),
     #[command(about = "Token ids of texts under a model's own tokenizer (or the text of ids).")]
     Tokenize(cmd_tokenize::Args),
 }
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Web(args) => cmd_web::run(args),
         Command::Tokenize(args) => cmd_tokenize::run(args),
+        Command::Perplexity(args) => cmd_perplexity::run(args),
     });
     let result = match result {
         Ok(result) => result,

@@ -241,6 +241,33 @@ pub fn eval_loss<B: Backend>(
     Ok((sum / (batch * seq) as f64) as f32)
 }
 
+/// The log-probability of `targets[j]` after `inputs[..=j]`, for every position `j >= from` of
+/// one sequence (a perplexity scores these). The log-softmax is llama.cpp's: each row's maximum
+/// subtracted, exponentials in f32 summed in f64.
+pub fn target_log_probs<B: Backend>(
+    f: &mut dyn Forward<B>,
+    inputs: &[u32],
+    targets: &[u32],
+    from: usize,
+) -> Result<Vec<f64>, EngineError> {
+    assert_eq!(inputs.len(), targets.len());
+    load_tokens(f, inputs)?;
+    let v = f.parts().0.vocab() as usize;
+    let mut out = Vec::with_capacity(inputs.len().saturating_sub(from));
+    forward_chunks(f, 1, inputs.len(), &mut |first, logits| {
+        for (i, row) in logits.chunks_exact(v).enumerate() {
+            let j = first + i;
+            if j < from {
+                continue;
+            }
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f64 = row.iter().map(|&x| f64::from((x - max).exp())).sum();
+            out.push(f64::from(row[targets[j] as usize] - max) - sum.ln());
+        }
+    })?;
+    Ok(out)
+}
+
 /// Logits (batch, seq, V) of `inputs` (batch ≤ the planned rows, seq ≤ the planned sequence).
 pub fn logits<B: Backend>(
     f: &mut dyn Forward<B>,
