@@ -13,6 +13,9 @@ import sys
 
 import llama_cpp
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from perplexity_llamacpp import perplexity  # noqa: E402
+
 STRINGS = [
     "Hello world",
     "ROMEO: But soft, what light through yonder window breaks?",
@@ -60,11 +63,15 @@ def main(path):
                 break
             out.append(t)
         continuations.append({"prompt": p, "prompt_ids": prompt, "tokens": out})
+    tempest = pathlib.Path(__file__).resolve().parent.parent / "data/shakespeare/tempest.txt"
+    ppl, err, chunks, scored = perplexity(path, str(tempest), 256, 4)
     doc = {
         "model": pathlib.Path(path).name,
         "llama_cpp_python": llama_cpp.__version__,
         "strings": [{"text": s, "ids": t} for s, t in zip(STRINGS, tokens)],
         "greedy": continuations,
+        "perplexity": {"data": "tempest", "ctx": 256, "chunks": chunks, "scored": scored,
+                       "ppl": ppl, "ppl_stderr": err},
     }
     out = pathlib.Path(__file__).resolve().parent.parent / "crates/cli/tests/data/smollm2_llamacpp.json"
     out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")

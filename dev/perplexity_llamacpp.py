@@ -11,7 +11,8 @@ import llama_cpp
 import numpy as np
 
 
-def main(path, text_path, n_ctx, chunks):
+def perplexity(path, text_path, n_ctx, chunks):
+    """(PPL, its standard error, chunks, scored tokens) from llama.cpp's logits."""
     llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
                           n_threads=2, verbose=False)
     add_bos = llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true"
@@ -40,6 +41,11 @@ def main(path, text_path, n_ctx, chunks):
     ppl = np.exp(mean)
     var = nll2 / count - mean * mean
     err = np.sqrt(var / (count - 1)) * ppl if var > 0 else 0.0
+    return float(ppl), float(err), n, count
+
+
+def main(path, text_path, n_ctx, chunks):
+    ppl, err, n, count = perplexity(path, text_path, n_ctx, chunks)
     print(f"llama.cpp {llama_cpp.__version__}: PPL = {ppl:.4f} +/- {err:.5f} over {n} chunks "
           f"of {n_ctx} ({count} scored)")
 

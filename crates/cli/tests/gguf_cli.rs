@@ -206,3 +206,33 @@ fn bad_gguf_files_are_clear_errors() {
         common::fails_with(&out, path.file_name().unwrap().to_str().unwrap());
     }
 }
+
+#[test]
+fn perplexity_is_llama_cpps_within_half_a_percent() {
+    let model = smollm2();
+    let want = &golden()["perplexity"];
+    let v = json(&frugal(&[
+        "perplexity",
+        "--model",
+        model.to_str().unwrap(),
+        "--ctx",
+        "256",
+        "--chunks",
+        "4",
+        "--json",
+    ]));
+    assert_eq!(v["scored_tokens"], want["scored"], "{v}");
+    let (ours, theirs) = (v["ppl"].as_f64().unwrap(), want["ppl"].as_f64().unwrap());
+    assert!(
+        (ours / theirs - 1.0).abs() < 0.005,
+        "frugal {ours} against llama.cpp {theirs} on the same chunks"
+    );
+    let short = frugal(&[
+        "perplexity",
+        "--model",
+        model.to_str().unwrap(),
+        "--ctx",
+        "2",
+    ]);
+    common::fails_with(&short, "--ctx 2");
+}
