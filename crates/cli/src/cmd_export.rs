@@ -12,6 +12,10 @@
 //! (W + (α/r)·B·A over the base rounded through the run's base format, as PEFT's merge over a
 //! quantized base does).
 //!
+//! A GGUF file exports too: its weights dequantized to f32 (ggml's reference values), its
+//! config.json, and its embedded tokenizer as `tokenizer.json` + `tokenizer_config.json` (with
+//! the chat template), so the folder runs in transformers and in `frugal generate` alike.
+//!
 //! Example: `frugal export runs/a --hf runs/a-hf --logits runs/a-logits.safetensors`.
 
 use anyhow::{bail, Context};
@@ -26,7 +30,8 @@ use train::snapshot::Snapshot;
                         of its step-NNNNNN snapshots)"
 )]
 pub struct Args {
-    /// A snapshot folder (step-NNNNNN), or a training --out folder (its newest snapshot).
+    /// A snapshot folder (step-NNNNNN), a training --out folder (its newest snapshot), or a
+    /// GGUF file.
     pub snapshot: PathBuf,
     /// Write config.json and model.safetensors here (transformers' from_pretrained layout).
     #[arg(long)]
@@ -54,6 +59,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Ok(source @ crate::model::ModelSource::Gguf(_)) =
+        crate::model::ModelSource::at(&args.snapshot)
+    {
+        return export_gguf(&args, &source);
+    }
     let snap = Snapshot::open(&args.snapshot)
         .with_context(|| format!("exporting {}", args.snapshot.display()))?;
     for (dir, why) in &snap.skipped {
@@ -118,6 +128,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             crate::output::plural(snap.shard_count() as u64, "rank"),
             args.hf.display()
         );
+    }
+    Ok(())
+}
+
+/// A GGUF file as a Hugging Face folder: f32 weights, config.json, its tokenizer files.
+fn export_gguf(args: &Args, source: &crate::model::ModelSource) -> anyhow::Result<()> {
+    if args.merge || args.base.is_some() || args.logits.is_some() {
+        bail!("--merge, --base and --logits export snapshots; a GGUF file exports alone");
+    }
+    let loaded = source.load()?;
+    let setup = ForwardSetup {
+        batch: 1,
+        seq: 1,
+        attention: plan::setup::Attention::DEFAULT,
+    };
+    let mut runner = Runner::new(loaded.config.clone(), setup)?;
+    for (u, unit) in loaded.units()?.iter().enumerate() {
+        runner.load_unit(u, unit);
+    }
+    let context = || format!("--hf {}", args.hf.display());
+    engine::io::save_pretrained(&runner.model, &runner.arena, &args.hf).with_context(context)?;
+    source
+        .tokenizer()?
+        .save_hf(&args.hf)
+        .with_context(context)?;
+    let files = [
+        train::snapshot::CONFIG_FILE,
+        train::snapshot::WEIGHTS_FILE,
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ];
+    match args.json {
+        true => println!(
+            "{}",
+            serde_json::json!({"gguf": source.name(), "hf": args.hf.display().to_string(),
+                               "files": files})
+        ),
+        false => println!("exported {} to {}", source.name(), args.hf.display()),
     }
     Ok(())
 }

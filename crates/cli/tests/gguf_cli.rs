@@ -236,3 +236,41 @@ fn perplexity_is_llama_cpps_within_half_a_percent() {
     ]);
     common::fails_with(&short, "--ctx 2");
 }
+
+#[test]
+fn an_exported_hf_folder_runs_as_the_gguf_does() {
+    let model = smollm2();
+    let dir = common::temp_dir("gguf-cli", "export");
+    let hf = dir.join("hf");
+    common::assert_ok(&frugal(&[
+        "export",
+        model.to_str().unwrap(),
+        "--hf",
+        hf.to_str().unwrap(),
+    ]));
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(hf.join(file).is_file(), "{file}");
+    }
+    // The folder's tokenizer.json and chat template give the same prompt, its f32 weights the
+    // same tokens.
+    let run = |m: &std::path::Path| {
+        json(&frugal(&[
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--chat",
+            "Name a color.",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ]))
+    };
+    let (a, b) = (run(&model), run(&hf));
+    assert_eq!(a["prompt_token_ids"], b["prompt_token_ids"]);
+    assert_eq!(a["tokens"], b["tokens"]);
+}

@@ -189,6 +189,36 @@ impl HfTokenizer {
         }
     }
 
+    /// Writes `tokenizer.json` and `tokenizer_config.json` (BOS, EOS, whether prompts start with
+    /// BOS, the chat template) into `dir`, as transformers' `save_pretrained` lays them out.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let io = |path: std::path::PathBuf| {
+            move |cause: std::io::Error| DataError::Io {
+                action: "writing",
+                path,
+                cause,
+            }
+        };
+        let json = self
+            .tokenizer
+            .to_string(true)
+            .map_err(|e| fail(&self.name, format!("serialising: {e}")))?;
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, json).map_err(io(path.clone()))?;
+        let name = |id: Option<u32>| id.and_then(|i| self.tokenizer.id_to_token(i));
+        let config = json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": name(self.bos),
+            "eos_token": name(self.eos),
+            "add_bos_token": self.add_bos,
+            "chat_template": self.chat_template,
+        });
+        let path = dir.join("tokenizer_config.json");
+        let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
+        std::fs::write(&path, text).map_err(io(path.clone()))?;
+        Ok(())
+    }
+
     /// The ids of `text` (special tokens written in it are matched whole; no BOS added).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match self.tokenizer.encode_fast(text, false) {

@@ -95,6 +95,15 @@ impl Tokenizer {
         }
     }
 
+    /// Writes a model's own tokenizer into `dir` as transformers lays it out (`tokenizer.json`,
+    /// `tokenizer_config.json`); GPT-2's writes nothing (false), as models trained here use it.
+    pub fn save_hf(&self, dir: &std::path::Path) -> Result<bool> {
+        match &self.inner {
+            Inner::Gpt2(_) => Ok(false),
+            Inner::Hf(t) => t.save(dir).map(|()| true),
+        }
+    }
+
     /// The chat template the model ships, if any (Jinja source).
     pub fn chat_template(&self) -> Option<&str> {
         match &self.inner {
