@@ -265,6 +265,13 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
         None => None,
     };
     if let Some(dir) = &args.out {
+        // The model's own tokenizer files beside its weights (GPT-2's models write none).
+        let save_tokenizer = |dir: &std::path::Path| {
+            shared
+                .tokenizer
+                .save_hf(dir)
+                .map_err(|e| anyhow::anyhow!("saving the tokenizer to {}: {e}", dir.display()))
+        };
         match first.trainer.model.lora.is_some() {
             true => save_lora(
                 &first.trainer,
@@ -273,6 +280,10 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
                 dir,
             )?,
             false => zero::save(&first.trainer, &first.finished, dir)?,
+        }
+        save_tokenizer(dir)?;
+        if args.merge {
+            save_tokenizer(&dir.join("merged"))?;
         }
     }
     if let Some(path) = &args.plot {

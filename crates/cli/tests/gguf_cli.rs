@@ -274,3 +274,49 @@ fn an_exported_hf_folder_runs_as_the_gguf_does() {
     assert_eq!(a["prompt_token_ids"], b["prompt_token_ids"]);
     assert_eq!(a["tokens"], b["tokens"]);
 }
+
+#[test]
+fn qlora_over_the_exported_model_trains_on_its_own_tokens() {
+    let model = smollm2();
+    let dir = common::temp_dir("gguf-cli", "qlora");
+    let (hf, out) = (dir.join("hf"), dir.join("adapter"));
+    common::assert_ok(&frugal(&[
+        "export",
+        model.to_str().unwrap(),
+        "--hf",
+        hf.to_str().unwrap(),
+    ]));
+    let v = json(&frugal(&[
+        "train",
+        "--model",
+        hf.to_str().unwrap(),
+        "--lora-rank",
+        "4",
+        "--lora-base",
+        "nf4",
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--steps",
+        "3",
+        "--val-batches",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]));
+    // SmolLM2's tokens, not GPT-2's: a pretrained model starts near its real loss (GPT-2 ids
+    // fed to it would start near ln(49152) = 10.8).
+    let first = v["loss_first"].as_f64().unwrap();
+    assert!(first < 6.0, "loss {first}");
+    for file in [
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+    ] {
+        assert!(out.join(file).is_file(), "{file}");
+    }
+}

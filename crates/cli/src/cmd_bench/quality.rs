@@ -86,13 +86,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.windows == 0 || a.seq < 2 {
         bail!("--windows must be at least 1 and --seq at least 2");
     }
-    let source = ModelSource::at(&a.model)?.load()?;
+    let model = ModelSource::at(&a.model)?;
+    let tok = model.tokenizer()?;
+    let source = model.load()?;
     if source.stored_format().is_some() {
         bail!("--model holds quantized weights; bench quality compares against the fp32 model: pass its fp32 folder");
     }
     let shape = source.config.shape.clone();
     let seq = a.seq.min(shape.max_positions);
-    let tok = data::Tokenizer::gpt2();
     let cache_dir = std::env::temp_dir().join("frugal-token-cache");
     let cached = data::load_or_tokenize(&data::shakespeare(), &tok, &cache_dir)?;
     let dataset = data::Dataset::new(cached.tokens, tok.vocab_size(), data::DEFAULT_VAL_FRACTION)?;

@@ -9,7 +9,6 @@
 
 use super::Args;
 use anyhow::{bail, Context};
-use engine::ModelConfig;
 use plan::setup::{Offload, Optimizer, Precision, ZeroStage};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -52,13 +51,8 @@ impl FromStr for OffloadArg {
 pub struct Validated {
     pub config: TrainConfig,
     pub weights: Option<PathBuf>,
-}
-
-/// The model config and, for a saved folder with weights (`model.safetensors`, or the shards of
-/// `model.safetensors.index.json`), that folder.
-fn resolve_model(spec: &str) -> anyhow::Result<(ModelConfig, Option<PathBuf>)> {
-    let source = crate::model::ModelSource::resolve(spec)?;
-    Ok((source.config()?, source.training_weights()?))
+    /// The model's tokenizer: the data, the sample and `--out`'s tokenizer files use it.
+    pub tokenizer: data::Tokenizer,
 }
 
 /// The engine's optimizer for `--optimizer` (SGD with nanoGPT-style momentum 0.9).
@@ -262,13 +256,17 @@ fn lora(args: &Args) -> anyhow::Result<Option<train::LoraConfig>> {
 /// The one validated run of `args`; refuses it before any data is read if it does not fit.
 pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     check_flags(args)?;
-    let (model, weights) = resolve_model(&args.model)?;
-    let vocab = data::GPT2_VOCAB_SIZE;
+    let source = crate::model::ModelSource::resolve(&args.model)?;
+    let (model, weights) = (source.config()?, source.training_weights()?);
+    // The model's own tokenizer (an HF folder's tokenizer.json), else GPT-2's.
+    let tokenizer = source.tokenizer()?;
+    let vocab = tokenizer.vocab_size();
     if u64::from(vocab) > model.shape.vocab {
         bail!(
-            "the model's vocabulary ({}) is smaller than the GPT-2 tokenizer's ({vocab}): token \
+            "the model's vocabulary ({}) is smaller than its tokenizer's ({vocab}, {}): token \
              ids would fall outside the embedding; use a model with vocab_size >= {vocab}",
-            model.shape.vocab
+            model.shape.vocab,
+            tokenizer.name()
         );
     }
     if args.seq > model.shape.max_positions {
@@ -325,5 +323,9 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     };
     // The run exactly as it will run: a bf16 run is refused on its own bf16 peak.
     train::check_capacity(&config)?;
-    Ok(Validated { config, weights })
+    Ok(Validated {
+        config,
+        weights,
+        tokenizer,
+    })
 }

@@ -43,12 +43,15 @@ fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
 /// is read), opens `--resume`'s snapshot and loads the data. `owner`: this process owns `--out`
 /// (its lock, `--overwrite`): every run but the processes of an MPI job other than rank 0's.
 pub fn prepare(args: &Args, owner: bool) -> anyhow::Result<Shared> {
-    let super::config::Validated { config, weights } = super::config::validate(args)?;
+    let super::config::Validated {
+        config,
+        weights,
+        tokenizer,
+    } = super::config::validate(args)?;
     let lock = match owner {
         true => super::guard::check_outputs(args, snapshot_bytes(&config))?,
         false => None,
     };
-    let tokenizer = data::Tokenizer::gpt2();
     let snapshot = super::snapshot::open(args, &config)?;
     if let (true, true, Some(out)) = (owner, args.overwrite, &args.out) {
         super::guard::remove_snapshots(out)?;
