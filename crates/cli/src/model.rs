@@ -74,6 +74,9 @@ impl ModelSource {
             }
             bail!("--model {spec}: the folder holds no model; pass {KINDS}");
         }
+        if let Some(id) = hf_id(spec) {
+            return ModelSource::from_hf_cache(spec, id);
+        }
         if spec.ends_with(".json") || spec.contains(std::path::MAIN_SEPARATOR) {
             bail!("--model {spec}: no such file or folder; pass a preset or {KINDS}");
         }
@@ -83,6 +86,46 @@ impl ModelSource {
                 "--model {spec}: no such file or folder, and unknown model '{spec}': use one of \
                  {}, or {KINDS}",
                 plan::presets::NAMES.join(", ")
+            ),
+        }
+    }
+
+    /// A model id (`org/name`) in the local Hugging Face cache, resolved as transformers'
+    /// `from_pretrained` does offline: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`; the revision `refs/main` names, else the only snapshot.
+    fn from_hf_cache(spec: &str, (org, name): (&str, &str)) -> anyhow::Result<ModelSource> {
+        let env = |key: &str| {
+            std::env::var_os(key)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let hub = env("HF_HUB_CACHE")
+            .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
+            .or_else(|| env("XDG_CACHE_HOME").map(|c| c.join("huggingface/hub")))
+            .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))
+            .unwrap_or_else(|| PathBuf::from(".cache/huggingface/hub"));
+        let repo = hub.join(format!("models--{org}--{name}"));
+        let snapshots = repo.join("snapshots");
+        let revision = std::fs::read_to_string(repo.join("refs/main"))
+            .ok()
+            .map(|r| r.trim().to_string())
+            .filter(|r| snapshots.join(r).is_dir());
+        let revision = revision.or_else(|| {
+            let mut all: Vec<String> = std::fs::read_dir(&snapshots)
+                .ok()?
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            all.sort();
+            (all.len() == 1).then(|| all.remove(0))
+        });
+        match revision {
+            Some(rev) => ModelSource::at(&snapshots.join(rev)),
+            None => bail!(
+                "--model {spec}: no such folder, and not in the local Hugging Face cache (looked \
+                 for {}); download it there (huggingface-cli download {spec}) or pass its folder",
+                repo.display()
             ),
         }
     }
@@ -270,6 +313,19 @@ impl ModelSource {
     }
 }
 
+/// `org/name` when `spec` is spelled as a Hugging Face model id and is no path on disk.
+fn hf_id(spec: &str) -> Option<(&str, &str)> {
+    let (org, name) = spec.split_once('/')?;
+    let part = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    (part(org) && part(name) && !spec.ends_with(".json") && !Path::new(spec).exists())
+        .then_some((org, name))
+}
+
 /// A file that starts with GGUF's magic.
 fn is_gguf(path: &Path) -> bool {
     use std::io::Read;
@@ -446,7 +502,7 @@ mod tests {
             "{}",
             err(&s(&empty))
         );
-        assert!(err("no/such/dir").contains("no such file or folder"));
+        assert!(err("./no/such/dir").contains("no such file or folder"));
         assert!(err("llama-99b").contains("llama-99b"));
         let shapeless = ModelSource::resolve("gpt2-tiny")
             .unwrap()
