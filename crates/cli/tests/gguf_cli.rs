@@ -180,6 +180,36 @@ fn plan_reads_the_shape_from_the_file() {
         "--json",
     ]));
     assert_eq!(v["model"]["n_layers"], 30, "{v}");
+    // What generate holds for a 5-token prompt and 24 new tokens, byte for byte, before it runs.
+    let g = json(&frugal(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--max-new-tokens",
+        "24",
+        "--json",
+    ]));
+    let p = json(&frugal(&[
+        "plan",
+        "--model",
+        model.to_str().unwrap(),
+        "--infer",
+        "--runtime",
+        "frugal",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+        "--batch",
+        "1",
+        "--seq",
+        "29",
+        "--json",
+    ]));
+    assert_eq!(g["prompt_tokens"], 5);
+    assert_eq!(p["per_device"]["peak_bytes"], g["measured"]["peak_bytes"]);
 }
 
 #[test]
