@@ -303,6 +303,25 @@ fn an_exported_hf_folder_runs_as_the_gguf_does() {
     let (a, b) = (run(&model), run(&hf));
     assert_eq!(a["prompt_token_ids"], b["prompt_token_ids"]);
     assert_eq!(a["tokens"], b["tokens"]);
+    // A template that does not parse, then a tokenizer.json that does not: clear errors.
+    let config = hf.join("tokenizer_config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["chat_template"] = Value::from("{% for message in %}");
+    std::fs::write(&config, c.to_string()).unwrap();
+    let chat = [
+        "generate",
+        "--model",
+        hf.to_str().unwrap(),
+        "--chat",
+        "Hi",
+        "--max-new-tokens",
+        "2",
+    ];
+    common::fails_with(&frugal(&chat), "chat template does not parse");
+    std::fs::write(hf.join("tokenizer.json"), "{\"model\": ").unwrap();
+    let out = frugal(&chat);
+    common::fails_with(&out, "tokenizer.json");
+    common::fails_with(&out, "does not parse");
 }
 
 #[test]
