@@ -127,7 +127,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     drop(reference);
     let mut rows = Vec::new();
-    for (wf, kv) in cases() {
+    // A group size must divide every matrix's input width (d_model, d_ff, the attention output).
+    let widths = [shape.d_model, shape.d_ff, u64::from(shape.n_heads) * shape.d_head];
+    let (cases, skipped): (Vec<_>, Vec<_>) = cases()
+        .into_iter()
+        .partition(|(w, _)| w.group().is_none_or(|g| widths.iter().all(|c| c % g == 0)));
+    for (w, _) in &skipped {
+        eprintln!(
+            "skipped {} in groups of {}: the group does not divide the model's widths {widths:?}",
+            w.name(),
+            w.group().unwrap_or(0)
+        );
+    }
+    for (wf, kv) in cases {
         let mut worker = source.worker(setup_for(wf, kv))?;
         let (mut kl, mut loss, mut n) = (0.0f64, 0.0f64, 0usize);
         for (w, b) in windows.iter().zip(&base) {
