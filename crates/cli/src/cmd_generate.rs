@@ -217,7 +217,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let t0 = Instant::now();
-    let (tokens, prefill_s, acceptance) = match &mut draft {
+    // Whether the worker ran a decode step (speculative decoding verifies drafts with
+    // multi-row prefill steps; a run that ends at its first token decodes nothing).
+    let (tokens, prefill_s, acceptance, decoded) = match &mut draft {
         Some(draft) => {
             let (out, stats) = spec::generate(
                 &mut worker,
@@ -228,10 +230,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 &sampling,
                 args.seed,
             )?;
-            (out, 0.0, Some(stats))
+            (out, 0.0, Some(stats), false)
         }
         None => {
-            let (out, prefill) = plain(
+            let (out, prefill, decode_steps) = plain(
                 &mut worker,
                 &prompt,
                 args.max_new_tokens,
@@ -239,7 +241,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.seed,
                 tok.eos(),
             )?;
-            (out, prefill, None)
+            (out, prefill, None, decode_steps > 0)
         }
     };
     let total = t0.elapsed().as_secs_f64();
@@ -250,13 +252,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let text = tok.decode(&tokens).unwrap_or_default();
     let decode_s = (total - prefill_s).max(1e-9);
-    report(
-        &args, &worker, &prompt, &tokens, &text, prefill_s, decode_s, acceptance,
-    )
+    let run = Run {
+        prompt: &prompt,
+        tokens: &tokens,
+        text: &text,
+        prefill_s,
+        decode_s,
+        acceptance,
+        decoded,
+    };
+    report(&args, &worker, &run)
+}
+
+/// The run fails, with `--json` too, when a category or the peak differs from the plan.
+fn check_plan(planned: [u64; 6], peak: u64, m: &engine::arena::Measured) -> anyhow::Result<()> {
+    if planned != m.category_peak_bytes || peak != m.peak_bytes {
+        bail!("measured memory differs from the plan: a bug in the engine or the plan");
+    }
+    Ok(())
+}
+
+/// What one generation did, for the report.
+struct Run<'a> {
+    prompt: &'a [u32],
+    tokens: &'a [u32],
+    text: &'a str,
+    prefill_s: f64,
+    decode_s: f64,
+    acceptance: Option<spec::SpecStats>,
+    /// Whether a decode step ran: the plan's decode phase is compared only then.
+    decoded: bool,
 }
 
 /// Prefill then greedy/sampled decode with the worker alone, up to `n` tokens or `eos`; returns
-/// the tokens and the prefill's seconds.
+/// the tokens, the prefill's seconds and the decode steps run.
 fn plain(
     worker: &mut Worker,
     prompt: &[u32],
@@ -264,14 +293,14 @@ fn plain(
     sampling: &Sampling,
     seed: u64,
     eos: Option<u32>,
-) -> anyhow::Result<(Vec<u32>, f64)> {
+) -> anyhow::Result<(Vec<u32>, f64, usize)> {
     let mut rng = data::SplitMix64::new(seed);
     let seq = worker.new_sequence();
     let mut logits = Vec::new();
     let t0 = Instant::now();
     worker.prefill(seq, prompt, &mut logits)?;
     let prefill = t0.elapsed().as_secs_f64();
-    let mut out = Vec::with_capacity(n);
+    let (mut out, mut steps) = (Vec::with_capacity(n), 0);
     for i in 0..n {
         let t = infer::sample::pick(&logits, sampling, &mut rng);
         out.push(t);
@@ -280,10 +309,11 @@ fn plain(
         }
         if i + 1 < n {
             worker.decode(&[seq], &[t], &mut logits)?;
+            steps += 1;
         }
     }
     worker.free(seq);
-    Ok((out, prefill))
+    Ok((out, prefill, steps))
 }
 
 /// `--kv-cache off`: the fp32 model recomputing every prefix (engine::eval::generate).
@@ -360,19 +390,27 @@ pub fn per_device(cats: [u64; 6], peak: u64) -> Map<String, Value> {
     m
 }
 
-#[allow(clippy::too_many_arguments)]
-fn report(
-    args: &Args,
-    worker: &Worker,
-    prompt: &[u32],
-    tokens: &[u32],
-    text: &str,
-    prefill_s: f64,
-    decode_s: f64,
-    acceptance: Option<spec::SpecStats>,
-) -> anyhow::Result<()> {
-    let planned = worker.plan.category_peaks(Device::Gpu);
-    let planned_peak = worker.plan.peak_bytes(Device::Gpu);
+fn report(args: &Args, worker: &Worker, run: &Run<'_>) -> anyhow::Result<()> {
+    let Run {
+        prompt,
+        tokens,
+        text,
+        prefill_s,
+        decode_s,
+        acceptance,
+        decoded,
+    } = *run;
+    // The plan of the phases that ran: prefill and decode, or prefill alone.
+    let (planned, planned_peak) = match decoded {
+        true => (
+            worker.plan.category_peaks(Device::Gpu),
+            worker.plan.peak_bytes(Device::Gpu),
+        ),
+        false => {
+            let prefill = worker.plan.timeline(Device::Gpu)[0].1;
+            (prefill, prefill.iter().sum())
+        }
+    };
     let m = worker.measured();
     let prefill_tps = if prefill_s > 0.0 {
         prompt.len() as f64 / prefill_s
@@ -397,7 +435,7 @@ fn report(
             "target_steps": acceptance.map(|s| s.target_steps),
         });
         println!("{v}");
-        return Ok(());
+        return check_plan(planned, planned_peak, &m);
     }
     match &args.chat {
         Some(_) => println!("{text}"),
@@ -433,8 +471,5 @@ fn report(
         );
     }
     eprint!("{}", t.render());
-    if planned != m.category_peak_bytes || planned_peak != m.peak_bytes {
-        bail!("measured memory differs from the plan: a bug in the engine or the plan");
-    }
-    Ok(())
+    check_plan(planned, planned_peak, &m)
 }

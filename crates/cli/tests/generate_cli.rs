@@ -413,3 +413,40 @@ fn mixtures_of_experts_and_latent_attention_generate_with_their_caches_as_planne
         );
     }
 }
+
+/// Runs that never reach a decode step (speculative decoding verifies drafts in multi-row steps;
+/// no new token, or one) measure the plan of the phases they ran, and succeed.
+#[test]
+fn runs_without_a_decode_step_measure_the_prefill_plan() {
+    let dir = common::temp_dir("generate-cli", "no-decode");
+    let model = train_tiny(&dir, "generate-cli-no-decode");
+    let cases: [&[&str]; 3] = [
+        &[
+            "--draft",
+            &model,
+            "--draft-tokens",
+            "2",
+            "--max-new-tokens",
+            "6",
+        ],
+        &["--max-new-tokens", "0"],
+        &["--max-new-tokens", "1"],
+    ];
+    for extra in cases {
+        let mut args = vec!["generate", "--model", &model, "--json"];
+        args.extend_from_slice(extra);
+        let v = json(&frugal(&args));
+        assert_eq!(v["planned"], v["measured"], "{extra:?}");
+    }
+    // With decode steps, the whole plan, its decode scratch included.
+    let v = json(&frugal(&[
+        "generate",
+        "--model",
+        &model,
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]));
+    assert_eq!(v["planned"], v["measured"]);
+    assert!(v["planned"]["other_bytes"].as_u64().unwrap() > 0, "{v}");
+}

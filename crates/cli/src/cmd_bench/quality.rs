@@ -128,7 +128,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     drop(reference);
     let mut rows = Vec::new();
     // A group size must divide every matrix's input width (d_model, d_ff, the attention output).
-    let widths = [shape.d_model, shape.d_ff, u64::from(shape.n_heads) * shape.d_head];
+    let widths = [
+        shape.d_model,
+        shape.d_ff,
+        u64::from(shape.n_heads) * shape.d_head,
+    ];
     let (cases, skipped): (Vec<_>, Vec<_>) = cases()
         .into_iter()
         .partition(|(w, _)| w.group().is_none_or(|g| widths.iter().all(|c| c % g == 0)));
