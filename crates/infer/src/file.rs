@@ -131,7 +131,7 @@ pub fn read_header(path: &Path) -> Result<(Header, u64), EngineError> {
         return Err(bad(
             path,
             "not a frugal quantized file (wrong magic); write one with `frugal generate \
-             --save-quantized` or `frugal quantize`"
+             --save-quantized DIR`"
                 .into(),
         ));
     }
