@@ -118,6 +118,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
     }
+    if args.kv_block == 0 || args.kv_block > 4096 {
+        bail!(
+            "--kv-block {}: tokens per KV block must be 1 to 4096 (16 is usual)",
+            args.kv_block
+        );
+    }
+    if args.draft.is_some() && !(1..=32).contains(&args.draft_tokens) {
+        bail!(
+            "--draft-tokens {}: the draft proposes 1 to 32 tokens a step (4 is usual)",
+            args.draft_tokens
+        );
+    }
     let model = ModelSource::at(&args.model)?;
     let tok = model.tokenizer()?;
     let source = model.load()?;

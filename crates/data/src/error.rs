@@ -32,6 +32,10 @@ pub enum DataError {
     )]
     NotUtf8 { path: PathBuf, valid_up_to: usize },
 
+    /// A path that is neither a file nor a folder (a device, a pipe).
+    #[error("{path} is not a regular file or folder (a device or a pipe is never read); point at a UTF-8 text file or a folder of .txt files")]
+    NotAFile { path: PathBuf },
+
     /// A folder holds no `.txt` file.
     #[error("{path} holds no .txt files; point at a UTF-8 text file or a folder of .txt files")]
     NoTextFiles { path: PathBuf },

@@ -22,8 +22,13 @@ pub fn load_text_path(path: &Path) -> Result<Corpus> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::io("cannot read", path, e))?;
     let files = if meta.is_dir() {
         text_files_in(path)?
-    } else {
+    } else if meta.is_file() {
         vec![path.to_path_buf()]
+    } else {
+        // A device or a pipe (/dev/zero) would be read without end.
+        return Err(DataError::NotAFile {
+            path: path.to_path_buf(),
+        });
     };
     let mut documents = Vec::with_capacity(files.len());
     for file in &files {

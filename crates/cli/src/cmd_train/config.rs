@@ -269,6 +269,16 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
             tokenizer.name()
         );
     }
+    if let Some(rank) = args.lora_rank {
+        if u64::from(rank) > model.shape.d_model {
+            bail!(
+                "--lora-rank {rank} is larger than the model's width ({}): an adapter's rank \
+                 cannot usefully exceed its matrix's; use --lora-rank {} or less (8-64 are usual)",
+                model.shape.d_model,
+                model.shape.d_model
+            );
+        }
+    }
     if args.seq > model.shape.max_positions {
         bail!(
             "--seq {} is longer than the model's {} positions: use --seq {} or less",
