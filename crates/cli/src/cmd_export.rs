@@ -56,6 +56,35 @@ pub struct Args {
     /// Print one JSON object (snapshot, step, ranks, the folder and files written).
     #[arg(long)]
     pub json: bool,
+    /// Replace a model already in --hf (without it, such a folder is refused).
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// Refuses an --hf folder that holds a model (unless --overwrite) or that is the source itself.
+fn check_target(args: &Args) -> anyhow::Result<()> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    if let (Some(hf), Some(src)) = (canonical(&args.hf), canonical(&args.snapshot)) {
+        if src == hf || src.starts_with(&hf) {
+            bail!(
+                "--hf {} is where {} lives: export to another folder (the export would \
+                 overwrite its own source)",
+                args.hf.display(),
+                args.snapshot.display()
+            );
+        }
+    }
+    let held = ["model.safetensors", "config.json"]
+        .iter()
+        .find(|f| args.hf.join(f).is_file());
+    if let (Some(file), false) = (held, args.overwrite) {
+        bail!(
+            "--hf {} already holds a model ({file}): pass --overwrite to replace it, or export \
+             to another folder",
+            args.hf.display()
+        );
+    }
+    Ok(())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -80,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if args.logits.is_some() {
                 bail!("--logits with --merge: run the merged folder with frugal generate instead");
             }
+            check_target(&args)?;
             return merge(&args, &snap, &model, lora, *alpha, base);
         }
         (Some(_), _, _) => bail!(
@@ -91,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--merge and --base export LoRA snapshots; {} is a full model's",
             snap.dir.display()
         ),
-        (None, false, None) => {}
+        (None, false, None) => check_target(&args)?,
     }
     let tokens = prompt_tokens(&args.prompt, &model)?;
     // One row of the prompt's length: the smallest arena that runs the logits.
@@ -137,6 +167,7 @@ fn export_gguf(args: &Args, source: &crate::model::ModelSource) -> anyhow::Resul
     if args.merge || args.base.is_some() || args.logits.is_some() {
         bail!("--merge, --base and --logits export snapshots; a GGUF file exports alone");
     }
+    check_target(args)?;
     let loaded = source.load()?;
     let setup = ForwardSetup {
         batch: 1,

@@ -77,7 +77,15 @@ fn offload_moves_the_optimizer_off_the_device_by_the_plans_bytes() {
     for mode in ["optimizer", "optimizer:disk"] {
         let run = train(
             &data,
-            &["--precision", "bf16", "--offload", mode, "--out", &out],
+            &[
+                "--precision",
+                "bf16",
+                "--offload",
+                mode,
+                "--out",
+                &out,
+                "--overwrite",
+            ],
         );
         let rank = &run["ranks"][0];
         assert_eq!(rank["planned"], rank["measured"], "{mode}");

@@ -106,7 +106,20 @@ fn a_resumed_run_ends_with_the_uninterrupted_runs_weights() {
     common::assert_ok(&out);
     assert!(weights(&hf) == weights(&saved.join("step-000006")));
     assert!(hf.join("config.json").exists());
-    let v = ok(&frugal(&["export", &s(&saved), "--hf", &s(&hf), "--json"]));
+    // A second export into the same folder replaces the model only when asked, and never
+    // writes over the run it exports.
+    let again = frugal(&["export", &s(&saved), "--hf", &s(&hf)]);
+    fails_with(&again, &["already holds a model", "--overwrite"]);
+    let own = frugal(&["export", &s(&saved), "--hf", &s(&saved), "--overwrite"]);
+    fails_with(&own, &["overwrite its own source"]);
+    let v = ok(&frugal(&[
+        "export",
+        &s(&saved),
+        "--hf",
+        &s(&hf),
+        "--json",
+        "--overwrite",
+    ]));
     assert_eq!(
         (v["step"].as_u64(), v["hf"].as_str()),
         (Some(6), Some(s(&hf).as_str()))

@@ -139,6 +139,17 @@ fn check_foreign_snapshots(args: &Args, out: &Path) -> anyhow::Result<()> {
     }
     let committed = train::snapshot::files::committed(out).unwrap_or_default();
     let Some((step, _)) = committed.last() else {
+        // A finished model with no snapshots beside it is replaced only when asked.
+        let saved = ["model.safetensors", "adapter_model.safetensors"]
+            .iter()
+            .find(|f| out.join(f).is_file());
+        if let Some(file) = saved {
+            bail!(
+                "--out {} holds a saved model ({file}): pass --overwrite to replace it, or use \
+                 another --out",
+                out.display()
+            );
+        }
         return Ok(());
     };
     // Resuming from this folder (or one of its snapshots) continues that run.

@@ -1,0 +1,66 @@
+//! Inputs refused before any work, naming the flag, and saved models replaced only when asked.
+
+mod common;
+
+use common::frugal;
+
+/// Values that used to be clamped or read without end are refused before any work, naming the
+/// flag: a KV block of 0 tokens, a draft of 0 tokens, a device as --data, a LoRA rank wider than
+/// the model.
+#[test]
+fn out_of_range_values_and_devices_are_refused_naming_the_flag() {
+    let dir = common::temp_dir("robust-cli", "ranges");
+    let model = dir.join("no-such-model").display().to_string();
+    let gen = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", &model];
+        args.extend_from_slice(extra);
+        frugal(&args)
+    };
+    common::fails_with(&gen(&["--kv-block", "0"]), "--kv-block 0");
+    common::fails_with(
+        &gen(&["--draft", &model, "--draft-tokens", "0"]),
+        "--draft-tokens 0",
+    );
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            "gpt2-tiny",
+            "--steps",
+            "1",
+            "--batch",
+            "1",
+        ];
+        args.extend_from_slice(&["--seq", "16", "--sample-tokens", "0"]);
+        args.extend_from_slice(extra);
+        frugal(&args)
+    };
+    common::fails_with(&train(&["--data", "/dev/zero"]), "not a regular file");
+    common::fails_with(&train(&["--lora-rank", "100000"]), "--lora-rank 100000");
+}
+
+/// A finished model with no snapshots beside it is not replaced by another run's --out unless
+/// --overwrite says so.
+#[test]
+fn a_saved_model_is_replaced_only_when_asked() {
+    let dir = common::temp_dir("robust-cli", "saved-model");
+    let out = dir.join("run").display().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            "gpt2-tiny",
+            "--steps",
+            "1",
+            "--batch",
+            "1",
+        ];
+        args.extend_from_slice(&["--seq", "16", "--sample-tokens", "0", "--val-batches", "1"]);
+        args.extend_from_slice(&["--out", &out]);
+        args.extend_from_slice(extra);
+        frugal(&args)
+    };
+    common::assert_ok(&run(&[]));
+    common::fails_with(&run(&[]), "holds a saved model");
+    common::assert_ok(&run(&["--overwrite"]));
+}
