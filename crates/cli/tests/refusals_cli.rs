@@ -37,6 +37,16 @@ fn out_of_range_values_and_devices_are_refused_naming_the_flag() {
     };
     common::fails_with(&train(&["--data", "/dev/zero"]), "not a regular file");
     common::fails_with(&train(&["--lora-rank", "100000"]), "--lora-rank 100000");
+    let args = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "1",
+        "--sample-tokens",
+        "99999999",
+    ];
+    common::fails_with(&frugal(&args), "--sample-tokens 99999999");
 }
 
 /// A finished model with no snapshots beside it is not replaced by another run's --out unless

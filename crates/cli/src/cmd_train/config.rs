@@ -279,6 +279,14 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
             );
         }
     }
+    if args.sample_tokens as u64 > model.shape.max_positions {
+        bail!(
+            "--sample-tokens {} is longer than the model's context of {} tokens: use {} or less",
+            args.sample_tokens,
+            model.shape.max_positions,
+            model.shape.max_positions
+        );
+    }
     if args.seq > model.shape.max_positions {
         bail!(
             "--seq {} is longer than the model's {} positions: use --seq {} or less",
