@@ -6,13 +6,13 @@
 //! are `frugal plan --json`'s and `frugal fit --json`'s: `GET /api/plan?…`, `GET /api/fit?…`,
 //! `POST` to either with a pasted HF config.json as the body, `GET /api/models` (presets and GPUs).
 //! A bad request answers 400 with the CLI's error text; a request never panics the server (each
-//! is answered inside `catch_unwind`), bodies are bounded ([`MAX_BODY`]). Requests are served one
-//! at a time. Example: `frugal web --port 8080`, then open http://127.0.0.1:8080/.
+//! is answered inside `catch_unwind`), bodies are bounded before they are read ([`MAX_BODY`]),
+//! and each connection is its own task (tokio + axum), so one client never stalls the others.
+//! Example: `frugal web --port 8080`, then open http://127.0.0.1:8080/.
 
 use anyhow::{anyhow, Context};
 use clap::Parser;
 use serde_json::{json, Value};
-use std::io::Read;
 
 const PAGE: &str = include_str!("cmd_web/page.html");
 
@@ -251,49 +251,71 @@ fn route(method: &str, url: &str, body: Option<&str>) -> Reply {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let addr = format!("{}:{}", args.host, args.port);
-    let server = tiny_http::Server::http(&addr)
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the server")?;
+    runtime.block_on(serve(addr))
+}
+
+/// How long a client may take to send its body once its headers are in.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn serve(addr: String) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
         .map_err(|e| anyhow!("invalid --port/--host: cannot listen on {addr}: {e}"))?;
-    let bound = server
-        .server_addr()
-        .to_ip()
-        .context("the server's address")?;
+    let bound = listener.local_addr().context("the server's address")?;
     println!("frugal web: listening on http://{bound}/ (Ctrl-C to stop)");
     use std::io::Write;
     std::io::stdout().flush().ok();
-    for mut request in server.incoming_requests() {
-        let method = request.method().as_str().to_string();
-        let url = request.url().to_string();
-        let too_big = request.body_length().is_some_and(|n| n > MAX_BODY);
-        let reply = if too_big {
-            Reply::error(
-                413,
-                format!(
-                    "the body is over {} KiB: send a config.json",
-                    MAX_BODY >> 10
-                ),
-            )
-        } else {
-            let mut body = String::new();
-            let read = request
-                .as_reader()
-                .take(MAX_BODY as u64 + 1)
-                .read_to_string(&mut body);
-            match read {
-                Err(e) => Reply::error(400, format!("the body is not UTF-8 text: {e}")),
-                Ok(n) if n > MAX_BODY => Reply::error(413, "the body is over 1 MiB".into()),
-                Ok(0) => route(&method, &url, None),
-                Ok(_) => route(&method, &url, Some(&body)),
-            }
-        };
-        let header =
-            tiny_http::Header::from_bytes("Content-Type", reply.kind).expect("a valid header");
-        let response = tiny_http::Response::from_string(reply.body)
-            .with_status_code(reply.status)
-            .with_header(header);
-        // A client gone before the answer is its loss, not the server's.
-        let _ = request.respond(response);
-    }
+    let app = axum::Router::new().fallback(handle);
+    axum::serve(listener, app).await.context("serving")?;
     Ok(())
+}
+
+/// One request: its body bounded before it is read (a declared length over [`MAX_BODY`] is
+/// refused unread), then answered by [`route`] on a blocking thread, so a slow or hostile client
+/// holds only its own connection.
+async fn handle(request: axum::extract::Request) -> axum::response::Response {
+    use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+    use axum::response::IntoResponse;
+    let method = request.method().as_str().to_string();
+    let url = request.uri().to_string();
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_big = |_| {
+        Reply::error(
+            413,
+            format!(
+                "the body is over {} KiB: send a config.json",
+                MAX_BODY >> 10
+            ),
+        )
+    };
+    let reply = if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        too_big(())
+    } else {
+        let body = axum::body::to_bytes(request.into_body(), MAX_BODY);
+        match tokio::time::timeout(BODY_TIMEOUT, body).await {
+            Err(_) => Reply::error(408, "the body did not arrive within 10 s".into()),
+            Ok(Err(_)) => too_big(()),
+            Ok(Ok(bytes)) => match String::from_utf8(bytes.to_vec()) {
+                Err(e) => Reply::error(400, format!("the body is not UTF-8 text: {e}")),
+                Ok(body) => tokio::task::spawn_blocking(move || {
+                    route(&method, &url, (!body.is_empty()).then_some(body.as_str()))
+                })
+                .await
+                .unwrap_or_else(|e| Reply::error(500, format!("internal error: {e}"))),
+            },
+        }
+    };
+    let status = axum::http::StatusCode::from_u16(reply.status)
+        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(CONTENT_TYPE, reply.kind)], reply.body).into_response()
 }
 
 #[cfg(test)]

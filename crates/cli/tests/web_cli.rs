@@ -44,10 +44,19 @@ impl Server {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
             body.len()
         )
         .unwrap();
+        // A body over the limit is refused on its declared length, before it is read: the
+        // server may answer and close while it is still being sent.
+        if body.len() > (1 << 20) {
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head).expect("an answer before the body");
+            let status = std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap();
+            return (status, String::new());
+        }
+        s.write_all(body.as_bytes()).unwrap();
         let mut raw = String::new();
         s.read_to_string(&mut raw).unwrap();
         let status = raw[9..12].parse().expect("a status code");
@@ -390,4 +399,41 @@ fn the_page_shows_what_the_api_says_after_a_knob_changes() {
         std::fs::metadata(&shot).unwrap().len() > 10_000,
         "a screenshot of the page"
     );
+}
+
+/// Clients that misbehave hold only their own connection: a body declared at 100 GB is refused
+/// unread (413) and the server keeps answering; a client that pipelines thousands of requests
+/// without reading the answers, and one that sends headers and then nothing, stall nobody else.
+#[test]
+fn hostile_clients_do_not_stall_or_kill_the_server() {
+    let server = Server::start();
+    let mut huge = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        huge,
+        "POST /api/plan HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\nx"
+    )
+    .unwrap();
+    let mut answer = [0u8; 12];
+    huge.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer[9..12], b"413");
+    let mut flood = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    flood
+        .set_write_timeout(Some(std::time::Duration::from_secs(2)))
+        .unwrap();
+    let _ = flood.write_all(&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(5000));
+    let mut silent = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        silent,
+        "POST /api/plan HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (status, models) = server.json("GET", "/api/models", "");
+    assert_eq!(status, 200, "{models}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "another client waited {:?}",
+        started.elapsed()
+    );
+    drop((huge, flood, silent));
 }
