@@ -257,13 +257,6 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
     let Some(mut first) = results.into_iter().next().flatten() else {
         return Ok(());
     };
-    let sample = match first.finished.sample.take() {
-        Some(sample) => Some(sample),
-        None if args.sample_tokens > 0 => {
-            Some(generate(&mut first.trainer, &shared.tokenizer, &args)?)
-        }
-        None => None,
-    };
     if let Some(dir) = &args.out {
         // The model's own tokenizer files beside its weights (GPT-2's models write none).
         let save_tokenizer = |dir: &std::path::Path| {
@@ -286,6 +279,14 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
             save_tokenizer(&dir.join("merged"))?;
         }
     }
+    // The sample comes after the save: a signal during it never costs the trained model.
+    let sample = match first.finished.sample.take() {
+        Some(sample) => Some(sample),
+        None if args.sample_tokens > 0 => {
+            Some(generate(&mut first.trainer, &shared.tokenizer, &args)?)
+        }
+        None => None,
+    };
     if let Some(path) = &args.plot {
         report::plot(path, &first.ran.curves)?;
     }

@@ -50,7 +50,11 @@ impl Drop for Lock {
 /// snapshots (unless resumed from or `--overwrite`), has room for `snapshot_bytes` when snapshots
 /// are asked for, and is not in use by a running frugal (taking its lock); `--plot` can be
 /// written.
-pub fn check_outputs(args: &Args, snapshot_bytes: u64) -> anyhow::Result<Option<Lock>> {
+pub fn check_outputs(
+    args: &Args,
+    snapshot_bytes: u64,
+    model_bytes: u64,
+) -> anyhow::Result<Option<Lock>> {
     if let Some(plot) = &args.plot {
         check_writable_file(plot).with_context(|| format!("--plot {}", plot.display()))?;
     }
@@ -62,6 +66,18 @@ pub fn check_outputs(args: &Args, snapshot_bytes: u64) -> anyhow::Result<Option<
     let lock = take_lock(out).with_context(flag)?;
     check_writable_file(&out.join(".frugal-write-check")).with_context(flag)?;
     check_foreign_snapshots(args, out)?;
+    // The final model (f32 safetensors) must fit too, snapshots or not.
+    if let Some(free) = free_bytes(out) {
+        if free < model_bytes {
+            bail!(
+                "{}: the trained model needs {} but the disk has {} free; free space, or write \
+                 it elsewhere",
+                flag(),
+                crate::output::human_bytes(model_bytes),
+                crate::output::human_bytes(free)
+            );
+        }
+    }
     if args.save_every.is_some() {
         if let Some(free) = free_bytes(out) {
             if free < snapshot_bytes {

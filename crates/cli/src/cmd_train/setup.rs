@@ -49,7 +49,7 @@ pub fn prepare(args: &Args, owner: bool) -> anyhow::Result<Shared> {
         tokenizer,
     } = super::config::validate(args)?;
     let lock = match owner {
-        true => super::guard::check_outputs(args, snapshot_bytes(&config))?,
+        true => super::guard::check_outputs(args, snapshot_bytes(&config), model_bytes(&config))?,
         false => None,
     };
     let snapshot = super::snapshot::open(args, &config)?;
@@ -83,6 +83,14 @@ pub fn prepare(args: &Args, owner: bool) -> anyhow::Result<Shared> {
 
 /// About what one snapshot takes on disk: the fp32 model, every rank's slice of the fp32
 /// weights, and the optimizer state (AdamW's m and v, or SGD's momentum).
+/// Bytes of the final model `--out` gets: every parameter in f32.
+fn model_bytes(config: &TrainConfig) -> u64 {
+    plan::frugal::param_units(&config.model.shape, 1)
+        .map(|units| units.iter().map(|u| u.numel).sum::<u64>())
+        .unwrap_or(0)
+        .saturating_mul(4)
+}
+
 fn snapshot_bytes(config: &TrainConfig) -> u64 {
     let numel: u64 = plan::frugal::param_units(&config.model.shape, 1)
         .map(|units| units.iter().map(|u| u.numel).sum())
