@@ -15,10 +15,24 @@ pub fn render(
     system: Option<&str>,
     message: &str,
 ) -> anyhow::Result<String> {
+    let mut turns = Vec::new();
+    if let Some(s) = system {
+        turns.push(("system".to_string(), s.to_string()));
+    }
+    turns.push(("user".to_string(), message.to_string()));
+    render_messages(tok, &turns)
+}
+
+/// The prompt text of a conversation, `(role, content)` turn by turn, ending where the
+/// assistant's answer starts.
+pub fn render_messages(
+    tok: &data::Tokenizer,
+    turns: &[(String, String)],
+) -> anyhow::Result<String> {
     let Some(template) = tok.chat_template() else {
         bail!(
-            "--chat: the model ships no chat template (neither its GGUF file nor its \
-             tokenizer_config.json has one); give the whole prompt with --prompt"
+            "the model ships no chat template (neither its GGUF file nor its \
+             tokenizer_config.json has one); give the whole prompt as text instead"
         );
     };
     let mut env = Environment::new();
@@ -33,12 +47,11 @@ pub fn render(
         },
     );
     env.add_template("chat", template)
-        .map_err(|e| anyhow!("--chat: the model's chat template does not parse: {e}"))?;
-    let mut messages = Vec::new();
-    if let Some(s) = system {
-        messages.push(context! { role => "system", content => s });
-    }
-    messages.push(context! { role => "user", content => message });
+        .map_err(|e| anyhow!("the model's chat template does not parse: {e}"))?;
+    let messages: Vec<_> = turns
+        .iter()
+        .map(|(role, content)| context! { role => role, content => content })
+        .collect();
     let name = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default();
     let ctx = context! {
         messages => messages,
@@ -48,7 +61,7 @@ pub fn render(
     };
     env.get_template("chat")
         .and_then(|t| t.render(ctx))
-        .map_err(|e| anyhow!("--chat: the model's chat template fails to render: {e}"))
+        .map_err(|e| anyhow!("the model's chat template fails to render: {e}"))
 }
 
 #[cfg(test)]
@@ -56,6 +69,6 @@ mod tests {
     #[test]
     fn a_prompt_without_a_template_is_refused_saying_what_to_do() {
         let err = super::render(&data::Tokenizer::gpt2(), None, "hi").unwrap_err();
-        assert!(err.to_string().contains("--prompt"), "{err}");
+        assert!(err.to_string().contains("no chat template"), "{err}");
     }
 }

@@ -134,7 +134,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tok = model.tokenizer()?;
     let source = model.load()?;
     let text = match &args.chat {
-        Some(message) => crate::chat::render(&tok, args.system.as_deref(), message)?,
+        Some(message) => crate::chat::render(&tok, args.system.as_deref(), message)
+            .map_err(|e| anyhow::anyhow!("--chat: {e:#}; give the whole prompt with --prompt"))?,
         None => args.prompt.clone(),
     };
     let mut prompt: Vec<u32> = tok.bos().into_iter().collect();

@@ -14,6 +14,7 @@ mod cmd_formats;
 mod cmd_generate;
 mod cmd_perplexity;
 mod cmd_plan;
+mod cmd_serve;
 mod cmd_tokenize;
 mod cmd_train;
 mod cmd_web;
@@ -74,6 +75,10 @@ enum Command {
     )]
     Web(cmd_web::Args),
     #[command(
+        about = "Serve a model behind the OpenAI API (completions, chat, streaming) on this machine."
+    )]
+    Serve(cmd_serve::Args),
+    #[command(
         about = "Perplexity of a model on a text, computed as llama.cpp's llama-perplexity computes it."
     )]
     Perplexity(cmd_perplexity::Args),
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::Web(args) => cmd_web::run(args),
         Command::Tokenize(args) => cmd_tokenize::run(args),
         Command::Perplexity(args) => cmd_perplexity::run(args),
+        Command::Serve(args) => cmd_serve::run(args),
     });
     let result = match result {
         Ok(result) => result,

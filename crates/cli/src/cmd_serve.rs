@@ -1,0 +1,124 @@
+//! `frugal serve`: a model behind the OpenAI API, as `vllm serve` and `llama-server` offer it.
+//! `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), `GET
+//! /v1/models`, `GET /health`; `stream: true` answers with server-sent events; `max_tokens`,
+//! `temperature`, `top_k`, `seed` and `stop` are honoured and `usage` counts the tokens.
+//!
+//! HTTP is tokio + axum (bodies bounded before they are read, one task per connection); the
+//! model runs on an engine thread of its own (`engine`), fed through a bounded queue: a full
+//! queue answers 429 with `Retry-After`, a prompt that does not fit the context 400. Requests run
+//! one after another on the one worker (no batching across requests yet); a client that
+//! disconnects has its generation stopped and its KV blocks freed at the next token.
+//!
+//! Example: `frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf`, then
+//! `curl localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'`.
+
+mod engine;
+mod openai;
+
+use crate::model::ModelSource;
+use anyhow::{anyhow, bail, Context};
+use plan::frugal::{KvFormat, ServeSetup};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const EXAMPLES: &str = "\
+Examples:
+  frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf
+  frugal serve --model run1 --port 8001 --weights int8 --ctx 1024
+  curl localhost:8000/v1/completions -d '{\"prompt\": \"ROMEO:\", \"max_tokens\": 32}'
+  curl localhost:8000/v1/chat/completions -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'";
+
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// The model (any --model of generate: a GGUF file, an HF folder, a training --out, ...).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Address to listen on (127.0.0.1: this machine only).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Weight storage, as generate's --weights (default: the model's stored format).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// Group size of int4/nf4 weights.
+    #[arg(long, default_value_t = 32)]
+    pub weight_group: u64,
+    /// KV cache storage: f32, bf16, int8 or fp8.
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+    /// Tokens of context a request may use, prompt and answer together (default: the model's,
+    /// at most 4096).
+    #[arg(long)]
+    pub ctx: Option<u64>,
+    /// Requests that may wait for the engine; one more is answered 429.
+    #[arg(long, default_value_t = 16)]
+    pub queue: usize,
+}
+
+/// What every handler shares.
+pub struct State {
+    pub name: String,
+    pub tok: data::Tokenizer,
+    pub ctx: usize,
+    pub jobs: std::sync::mpsc::SyncSender<engine::Job>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.queue == 0 {
+        bail!("--queue 0: at least one request must be able to wait");
+    }
+    let model = ModelSource::at(&args.model)?;
+    let tok = model.tokenizer()?;
+    let source = model.load()?;
+    let shape = &source.config.shape;
+    let ctx = args.ctx.unwrap_or(shape.max_positions.min(4096));
+    if ctx < 2 || ctx > shape.max_positions {
+        bail!(
+            "--ctx {ctx}: give 2 to the model's context of {} tokens",
+            shape.max_positions
+        );
+    }
+    let weights = crate::cmd_generate::weight_format(
+        args.weights.as_deref(),
+        args.weight_group,
+        source.stored_format(),
+    )?;
+    let kv = KvFormat::parse(&args.kv_dtype)?;
+    let setup = ServeSetup::generation(shape, 1, ctx, weights, kv, 16, infer::default_split_k());
+    let worker = source.worker(setup)?;
+    let (jobs, queue) = std::sync::mpsc::sync_channel(args.queue);
+    let engine_tok = tok.clone();
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || engine::run(worker, engine_tok, queue))
+        .context("starting the engine thread")?;
+    let state = Arc::new(State {
+        name: args.model.display().to_string(),
+        tok,
+        ctx: ctx as usize,
+        jobs,
+    });
+    let addr = format!("{}:{}", args.host, args.port);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the server")?
+        .block_on(async move {
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .map_err(|e| anyhow!("invalid --port/--host: cannot listen on {addr}: {e}"))?;
+            let bound = listener.local_addr().context("the server's address")?;
+            println!(
+                "frugal serve: {} on http://{bound}/v1 (Ctrl-C to stop)",
+                state.name
+            );
+            use std::io::Write;
+            std::io::stdout().flush().ok();
+            axum::serve(listener, openai::router(state))
+                .await
+                .context("serving")
+        })
+}

@@ -1,0 +1,201 @@
+//! `frugal serve` over HTTP with no Python: the OpenAI API on SmolLM2-135M-Instruct (the GGUF
+//! the real-model tests fetch), answers equal to `frugal generate`'s, streamed and whole, the
+//! chat template applied, and clients that misbehave answered with the API's errors.
+
+mod common;
+
+use common::{frugal, json, smollm2};
+use serde_json::Value;
+use std::process::Command;
+
+/// A running `frugal serve` on a free port, stopped when dropped.
+struct Served {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Served {
+    fn start(model: &std::path::Path) -> Served {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--ctx",
+                "512",
+                "--model",
+                model.to_str().unwrap(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start frugal serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .rsplit("http://127.0.0.1:")
+            .next()
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Served { child, port }
+    }
+
+    /// (status, body) of one request, the chunked transfer encoding undone.
+    fn post(&self, path: &str, body: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        let status = raw[9..12].parse().unwrap();
+        let (head, mut rest) = raw.split_once("\r\n\r\n").unwrap();
+        if !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            return (status, rest.to_string());
+        }
+        let mut body = String::new();
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            body.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        (status, body)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_openai_api_answers_as_generate_does_whole_and_streamed() {
+    let model = smollm2();
+    let server = Served::start(&model);
+    let greedy = r#"{"prompt": "The three primary colors are", "max_tokens": 12, "temperature": 0"#;
+    let (status, whole) = server.post("/v1/completions", &format!("{greedy}}}"));
+    assert_eq!(status, 200, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    let text = whole["choices"][0]["text"].as_str().unwrap();
+    let generated = json(&frugal(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "The three primary colors are",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]));
+    assert_eq!(text, generated["text"].as_str().unwrap());
+    assert_eq!(whole["usage"]["completion_tokens"], 12);
+    // Streamed: the same text in pieces, then [DONE].
+    let (status, sse) = server.post("/v1/completions", &format!("{greedy}, \"stream\": true}}"));
+    assert_eq!(status, 200);
+    let events: Vec<&str> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{sse}");
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    // Chat: the model's template, an answer, a stop at the end of the turn.
+    let chat = r#"{"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 40}"#;
+    let (status, answer) = server.post("/v1/chat/completions", chat);
+    assert_eq!(status, 200, "{answer}");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.contains("Paris"), "{content}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
+    let model = smollm2();
+    let server = Served::start(&model);
+    let cases = [
+        ("/v1/completions", "not json", 400, "not JSON"),
+        (
+            "/v1/completions",
+            r#"{"max_tokens": 4}"#,
+            400,
+            "prompt must be a string",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "max_tokens": 100000}"#,
+            400,
+            "context is 512",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "top_p": 0.5}"#,
+            400,
+            "top_p",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "temperature": 9}"#,
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user"}]}"#,
+            400,
+            "content",
+        ),
+        ("/v1/elsewhere", "{}", 404, "no such endpoint"),
+    ];
+    for (path, body, want, needle) in cases {
+        let (status, text) = server.post(path, body);
+        assert_eq!(status, want, "{path} {body}: {text}");
+        assert!(text.contains(needle), "{path} {body}: {text}");
+    }
+    // A client that asks for a long stream and leaves: the engine drops its job at the next
+    // token, and the next request is answered at once.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let body = r#"{"prompt": "Once upon a time", "max_tokens": 480, "stream": true}"#;
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 64];
+        s.read_exact(&mut first).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let (status, _) = server.post("/v1/completions", r#"{"prompt": "Hi", "max_tokens": 2}"#);
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
