@@ -203,7 +203,7 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
     prompt.extend(state.tok.encode(text));
     let room = state.ctx.saturating_sub(prompt.len());
     let max_tokens = p.max_tokens.unwrap_or(default_max.min(room));
-    if prompt.is_empty() || prompt.len() + max_tokens > state.ctx || max_tokens == 0 {
+    if prompt.is_empty() || prompt.len().saturating_add(max_tokens) > state.ctx || max_tokens == 0 {
         return bad(format!(
             "the prompt is {} tokens and max_tokens {max_tokens}; this server's context is {} \
              tokens (prompt and answer together, at least one new token)",
