@@ -287,22 +287,20 @@ async fn handle(request: axum::extract::Request) -> axum::response::Response {
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let too_big = |_| {
+    let too_big = || {
+        let limit = MAX_BODY >> 10;
         Reply::error(
             413,
-            format!(
-                "the body is over {} KiB: send a config.json",
-                MAX_BODY >> 10
-            ),
+            format!("the body is over {limit} KiB: send a config.json"),
         )
     };
     let reply = if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        too_big(())
+        too_big()
     } else {
         let body = axum::body::to_bytes(request.into_body(), MAX_BODY);
         match tokio::time::timeout(BODY_TIMEOUT, body).await {
             Err(_) => Reply::error(408, "the body did not arrive within 10 s".into()),
-            Ok(Err(_)) => too_big(()),
+            Ok(Err(_)) => too_big(),
             Ok(Ok(bytes)) => match String::from_utf8(bytes.to_vec()) {
                 Err(e) => Reply::error(400, format!("the body is not UTF-8 text: {e}")),
                 Ok(body) => tokio::task::spawn_blocking(move || {

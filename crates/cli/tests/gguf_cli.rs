@@ -271,6 +271,10 @@ fn an_exported_hf_folder_runs_as_the_gguf_does() {
         "2",
     ];
     common::fails_with(&frugal(&chat), "chat template does not parse");
+    std::fs::write(&config, "{").unwrap();
+    let out = frugal(&chat);
+    common::fails_with(&out, "tokenizer_config.json");
+    common::fails_with(&out, "does not parse");
     std::fs::write(hf.join("tokenizer.json"), "{\"model\": ").unwrap();
     let out = frugal(&chat);
     common::fails_with(&out, "tokenizer.json");

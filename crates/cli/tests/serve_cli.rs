@@ -158,6 +158,12 @@ fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
         ),
         (
             "/v1/completions",
+            r#"{"prompt": "a", "top_k": 1.5}"#,
+            400,
+            "top_k",
+        ),
+        (
+            "/v1/completions",
             r#"{"prompt": "a", "max_tokens": 18446744073709551615}"#,
             400,
             "context is 512",

