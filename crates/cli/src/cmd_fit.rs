@@ -170,6 +170,12 @@ pub struct Args {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+    /// Print the config of the fastest fitting setup the format expresses (one data-parallel
+    /// group, AdamW or SGD, no or full recompute) instead of tables:
+    /// `frugal fit ... --emit deepspeed > ds_config.json`; the command that plans it back
+    /// goes to stderr.
+    #[arg(long, value_enum, conflicts_with_all = ["json", "infer"])]
+    emit: Option<crate::configs::emit::Target>,
     /// A config.json's text given directly (the web page's pasted config).
     #[arg(skip)]
     pub config_text: Option<String>,
@@ -330,11 +336,59 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let (model, request) = build_request(&args)?;
     let result = fit::search(&model, &request)?;
+    if let Some(target) = args.emit {
+        return emit(&args, target, &result);
+    }
     let misses = fit::why_not(&model, &request, &result);
     let unsupported = fit::why::unsupported_groups(&result);
     print!(
         "{}",
         render::text(&model, &request, &result, &misses, &unsupported, top)
     );
+    Ok(())
+}
+
+/// `fit --emit`: the fastest fitting setup `target` expresses, as its config on stdout.
+fn emit(
+    args: &Args,
+    target: crate::configs::emit::Target,
+    result: &fit::FitResult,
+) -> anyhow::Result<()> {
+    use crate::configs::emit;
+    let Some(best) = result
+        .fitting
+        .iter()
+        .find(|w| emit::expresses(target, &w.setup))
+    else {
+        bail!(
+            "no fitting setup that {target:?} expresses (one data-parallel group, AdamW or SGD, \
+             no or full recompute, no LoRA): run without --emit to see what fits"
+        );
+    };
+    let s = &best.setup;
+    let file = match target {
+        emit::Target::Deepspeed => {
+            println!("{}", serde_json::to_string_pretty(&emit::deepspeed(s))?);
+            "ds_config.json"
+        }
+        emit::Target::Accelerate => {
+            print!("{}", emit::accelerate(s));
+            "accelerate.yaml"
+        }
+    };
+    let total = best.memory().map_or(0, |m| m.total_bytes);
+    let mut back = emit::read_back(target, s, &args.model, file);
+    back.extend(["--runtime".to_string(), args.runtime.clone()]);
+    eprintln!(
+        "{}: {} per GPU = {total} bytes\nplan it back (saved as {file}): frugal {}",
+        render::short_setup(s),
+        crate::output::human_bytes(total),
+        back.join(" ")
+    );
+    if emit::checkpointing_in_script(target, s) {
+        eprintln!(
+            "with HF's Trainer also pass gradient_checkpointing=True (the model checkpoints its layers)"
+        );
+    }
     Ok(())
 }

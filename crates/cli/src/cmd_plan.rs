@@ -178,9 +178,65 @@ pub struct Args {
     /// Say whether the plan fits a device of this size (80GiB, 80GB, 24GiB).
     #[arg(long, value_name = "SIZE")]
     device_memory: Option<String>,
+    /// Read the training setup from DeepSpeed's ds_config.json: ZeRO stage, offload, bf16/fp16,
+    /// micro-batch and accumulation over --gpus, activation checkpointing, bucket sizes.
+    /// "auto" takes the flag's value; a flag that disagrees with the file is an error.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["accelerate", "infer"])]
+    deepspeed: Option<PathBuf>,
+    /// Read the training setup from accelerate's config YAML (FSDP, DeepSpeed or DDP);
+    /// the micro-batch stays --batch (it is the training script's).
+    #[arg(long, value_name = "FILE", conflicts_with = "infer")]
+    accelerate: Option<PathBuf>,
+    /// A ds_config.json's text given directly (the web page's pasted config).
+    #[arg(skip)]
+    pub deepspeed_text: Option<String>,
 }
 
-fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
+/// The training setup of the flags, read over by a DeepSpeed or accelerate config when one is
+/// given; `hidden` resolves the config's `"auto"` bucket sizes.
+fn train_setup(
+    args: &Args,
+    seq: u64,
+    hidden: Option<u64>,
+) -> anyhow::Result<(TrainSetup, Option<report::ConfigSource>)> {
+    let given = flag_setup(args, seq)?;
+    let default = TrainSetup {
+        lora: given.lora.clone(),
+        convention: given.convention,
+        attention: given.attention,
+        ..TrainSetup::new(1, seq)
+    };
+    let flags = crate::configs::Flags {
+        given: &given,
+        default: &default,
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))
+    };
+    let (read, file) = if let Some(text) = &args.deepspeed_text {
+        let r = crate::configs::deepspeed::read(text, "the pasted ds_config", &flags, hidden)?;
+        (r, "pasted ds_config".to_string())
+    } else if let Some(path) = &args.deepspeed {
+        let origin = path.display().to_string();
+        let r = crate::configs::deepspeed::read(&read(path)?, &origin, &flags, hidden)?;
+        (r, origin)
+    } else if let Some(path) = &args.accelerate {
+        let origin = path.display().to_string();
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        let r = crate::configs::accelerate::read(&read(path)?, &origin, dir, &flags, hidden)?;
+        (r, origin)
+    } else {
+        return Ok((given, None));
+    };
+    let source = report::ConfigSource {
+        file,
+        summary: read.summary,
+        not_planned: read.not_planned,
+    };
+    Ok((read.setup, Some(source)))
+}
+
+fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
     Ok(TrainSetup {
         precision: args.precision,
         optimizer: args.optimizer,
@@ -203,6 +259,7 @@ fn train_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
             dropout: args.lora_dropout,
         }),
         convention: args.convention,
+        zero_buffers: plan::setup::ZeroBuffers::DEEPSPEED,
     })
 }
 
@@ -288,7 +345,7 @@ fn model_report(
         };
         report::inference(runtime, Some(model), 0, &setup, &est)
     } else {
-        let setup = train_setup(args, seq)?;
+        let (setup, config) = train_setup(args, seq, Some(model.d_model))?;
         let mut est = train_estimate(runtime, model, &setup)?;
         if args.device == "cuda" {
             if runtime != "frugal" {
@@ -302,6 +359,7 @@ fn model_report(
         let mut hw = plan::fit::Hardware::of(plan::fit::gpu_by_name(&args.gpu)?);
         hw.tf32 = args.tf32;
         let mut r = report::training(runtime, Some(model), 0, &setup, &est);
+        r.config = config;
         if runtime == "frugal" {
             r.rank_peaks = report::rank_peaks(model, &setup)?;
         }
@@ -371,9 +429,11 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
                     &est,
                 )
             } else {
-                let setup = train_setup(args, args.seq.unwrap_or(2048))?;
+                let (setup, config) = train_setup(args, args.seq.unwrap_or(2048), None)?;
                 let est = formula::model_states_estimate(n, &setup)?;
-                report::training("formula", None, n, &setup, &est)
+                let mut r = report::training("formula", None, n, &setup, &est);
+                r.config = config;
+                r
             }
         }
         (None, None) => return Err(anyhow!("give --model NAME|PATH or --params COUNT")),

@@ -20,14 +20,11 @@ use crate::{lora, Estimate, ModelShape, PlanError};
 /// uses the measured value instead).
 pub const CONTEXT_BYTES: u64 = 768 << 20;
 
-/// DeepSpeed's default `reduce_bucket_size`, in elements.
-pub const REDUCE_BUCKET_ELEMS: u64 = 500_000_000;
-
 pub use crate::policy::Policy;
 
 mod states;
 use states::fp32_grad_elems;
-pub use states::{model_states_estimate, SUB_GROUP_ELEMS};
+pub use states::model_states_estimate;
 
 /// Parameters of one ZeRO unit on one tensor-parallel rank.
 #[derive(Clone, Copy, Debug, Default)]
@@ -427,7 +424,7 @@ impl StagePlan<'_> {
                 Lifetime::Persistent,
             );
         } else {
-            let bytes = p.grad * train_total.min(REDUCE_BUCKET_ELEMS);
+            let bytes = p.grad * train_total.min(s.zero_buffers.reduce_bucket);
             let life = span(Phase::Head, Phase::EmbedBackward);
             self.push(
                 "comm.reduce_bucket".into(),

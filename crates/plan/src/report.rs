@@ -120,12 +120,25 @@ impl Largest {
     }
 }
 
+/// A training config a setup was read from (`frugal plan --deepspeed`, `--accelerate`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ConfigSource {
+    pub file: String,
+    /// What the config set, in one line.
+    pub summary: String,
+    /// Settings read that change device memory in ways the planner does not model.
+    pub not_planned: Vec<String>,
+}
+
 /// One plan, ready to print as a table or as JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub runtime: String,
     /// Why the runtime differs from the one asked for (`auto` falling back), if it does.
     pub runtime_note: Option<String>,
+    /// The DeepSpeed or accelerate config the setup was read from, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigSource>,
     /// `"train"` or `"infer"`.
     pub mode: &'static str,
     /// The shape planned, absent for a bare parameter count.
@@ -320,6 +333,7 @@ impl Report {
         Report {
             runtime: runtime.into(),
             runtime_note: None,
+            config: None,
             mode,
             model: model.cloned(),
             param_count: model.map_or(n_params, ModelShape::param_count),

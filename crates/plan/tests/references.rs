@@ -169,7 +169,7 @@ fn deepspeed_estimator_without_offload_differs_by_what_it_counts_live() {
                 Offload::None,
                 Convention::Deepspeed,
             );
-            let sub = shard.min(formula::SUB_GROUP_ELEMS);
+            let sub = shard.min(plan::setup::ZeroBuffers::DEEPSPEED.sub_group);
             assert_eq!(z3.peak_bytes, 16 * shard + 4 * sub);
         }
     }

@@ -117,7 +117,7 @@ pub(super) fn secs(s: f64) -> String {
     }
 }
 
-fn short_setup(s: &TrainSetup) -> String {
+pub fn short_setup(s: &TrainSetup) -> String {
     let attn = if s.attention == Attention::Flash {
         "flash"
     } else {

@@ -35,6 +35,12 @@ fn describe(report: &Report) -> String {
         Some(n) => format!("note: {n}\n"),
         None => String::new(),
     };
+    if let Some(c) = &report.config {
+        note.push_str(&format!("config {}: {}\n", c.file, c.summary));
+        for n in &c.not_planned {
+            note.push_str(&format!("  not planned: {n}\n"));
+        }
+    }
     if !report.rank_peaks.is_empty() {
         note.push_str("every rank planned (the table is the busiest one's):\n");
         for r in &report.rank_peaks {

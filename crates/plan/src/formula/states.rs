@@ -7,10 +7,6 @@ use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::setup::{Convention, Offload, TrainSetup, ZeroStage};
 use crate::{Estimate, PlanError};
 
-/// DeepSpeed's ZeRO-3 `sub_group_size`: the fp32 step upcasts one group of this many elements
-/// of the gradient partition at a time.
-pub const SUB_GROUP_ELEMS: u64 = 1_000_000_000;
-
 /// Elements of the fp32 gradient copy a mixed-precision step makes on the device from a
 /// gradient partition of `partition` elements, under the setup's convention: DeepSpeed's ZeRO 0-2
 /// upcast the whole partition, ZeRO-3 one sub-group at a time; the paper counts none.
@@ -20,7 +16,7 @@ pub(super) fn fp32_grad_elems(setup: &TrainSetup, partition: u64) -> Option<u64>
         return None;
     }
     Some(if setup.zero == ZeroStage::Zero3 {
-        partition.min(SUB_GROUP_ELEMS)
+        partition.min(setup.zero_buffers.sub_group)
     } else {
         partition
     })

@@ -16,7 +16,7 @@ use super::model::{block, embed, head, loss, Params, Storage};
 use super::tape::{Tape, T};
 use super::zero::Sharding;
 use super::{unsupported, OptimizerImpl};
-use crate::setup::{Optimizer, Precision, Recompute};
+use crate::setup::{Optimizer, Precision, Recompute, ZeroBuffers};
 use crate::{Category, ModelShape, Phase, PlanError, TrainSetup};
 
 /// What the replay of one step found.
@@ -93,14 +93,13 @@ fn segment_len(setup: &TrainSetup, n_layers: u32) -> Option<usize> {
     plan.segment_len.map(|k| k as usize)
 }
 
-/// DeepSpeed's default `stage3_prefetch_bucket_size`, in elements.
-const PREFETCH_BUCKET_ELEMS: u64 = 50_000_000;
-
 /// ZeRO-3's partitioned parameters: each block's (and the embedding's and head's) are released
 /// after build and gathered around their use. Small ones stay resident (DeepSpeed's
-/// `stage3_param_persistence_threshold`, 10^5 elements).
+/// `stage3_param_persistence_threshold`, 10^5 elements by default).
 struct Gather {
     blocks: Vec<Vec<T>>,
+    /// `stage3_prefetch_bucket_size`, in elements.
+    prefetch: u64,
     /// The token embedding, and the head (the same tensor when tied).
     embed: Vec<T>,
     head: Vec<T>,
@@ -114,12 +113,13 @@ enum Outer {
 }
 
 impl Gather {
-    fn new(tape: &mut Tape, p: &Params, on: bool) -> Option<Gather> {
+    fn new(tape: &mut Tape, p: &Params, on: bool, zb: &ZeroBuffers) -> Option<Gather> {
         if !on {
             return None;
         }
+        let persist = zb.persistence_threshold;
         let big = |ts: &mut dyn Iterator<Item = T>, tape: &Tape| -> Vec<T> {
-            ts.filter(|&t| tape.tensors[t].bytes > 2 * 100_000)
+            ts.filter(|&t| tape.tensors[t].bytes > 2 * persist)
                 .collect()
         };
         let blocks: Vec<Vec<T>> = p
@@ -136,18 +136,19 @@ impl Gather {
         tape.forget_released();
         Some(Gather {
             blocks,
+            prefetch: zb.prefetch_bucket,
             embed,
             head,
         })
     }
 
     /// All-gathers block `l` and prefetches the start of `next`, up to DeepSpeed's
-    /// `stage3_prefetch_bucket_size` (5×10^7 elements); the previous holder releases.
+    /// `stage3_prefetch_bucket_size` (5×10^7 elements by default); the previous holder releases.
     fn block(&self, tape: &mut Tape, l: usize, next: Option<usize>) {
         for &t in &self.blocks[l] {
             tape.restore(t);
         }
-        let mut budget = PREFETCH_BUCKET_ELEMS;
+        let mut budget = self.prefetch;
         for &t in next.map_or(&[][..], |n| &self.blocks[n]) {
             let elems = tape.tensors[t].bytes / 2;
             if elems > budget {
@@ -202,7 +203,7 @@ pub fn simulate_step(
         .collect();
     let total: u64 = trainable.iter().map(|x| x.1).sum();
     let sh = Sharding::of(setup, total);
-    let gather = Gather::new(&mut tape, &params, sh.stage >= 3);
+    let gather = Gather::new(&mut tape, &params, sh.stage >= 3, &setup.zero_buffers);
     let mut param_bytes = params.bytes(&tape);
     if gather.is_some() {
         let resident = tape.live_bytes; // only parameters exist so far

@@ -20,11 +20,9 @@
 //! Example: `Sharding::of(&setup, total_trainable)` then `sharding.alloc_states(&mut tape, ..)`.
 
 use super::tape::{Tape, T};
-use crate::setup::{Offload, Optimizer, Precision, TrainSetup, ZeroStage};
+use crate::setup::{Offload, Optimizer, Precision, TrainSetup, ZeroBuffers, ZeroStage};
 use crate::Category;
 
-/// DeepSpeed's default `reduce_bucket_size`, in elements.
-pub const REDUCE_BUCKET_ELEMS: u64 = 500_000_000;
 /// bitsandbytes' 8-bit optimizers quantize state tensors of at least this many elements.
 const MIN_8BIT_SIZE: u64 = 4096;
 
@@ -40,6 +38,8 @@ pub struct Sharding {
     pub offload: bool,
     /// Trainable elements.
     pub total: u64,
+    /// DeepSpeed's `reduce_bucket_size` and `sub_group_size`.
+    pub buffers: ZeroBuffers,
 }
 
 impl Sharding {
@@ -58,6 +58,7 @@ impl Sharding {
             deepspeed: master || stage > 0,
             offload: setup.offload != Offload::None,
             total,
+            buffers: setup.zero_buffers,
         }
     }
 
@@ -129,7 +130,7 @@ impl Sharding {
                 tape.alloc(self.shard() * grad_es, Category::Grads);
             }
             tape.alloc(
-                self.total.min(REDUCE_BUCKET_ELEMS) * grad_es,
+                self.total.min(self.buffers.reduce_bucket) * grad_es,
                 Category::Other,
             );
         }
@@ -140,7 +141,7 @@ impl Sharding {
         if self.deepspeed && self.stage >= 1 && !self.offload {
             // ZeRO-3 steps one `sub_group_size` group of the partition at a time.
             let elems = if self.stage >= 3 {
-                self.shard().min(crate::formula::SUB_GROUP_ELEMS)
+                self.shard().min(self.buffers.sub_group)
             } else {
                 self.shard()
             };

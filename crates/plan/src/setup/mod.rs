@@ -169,6 +169,42 @@ pub struct TrainSetup {
     pub lora: Option<Lora>,
     /// The model-state accounting of the `formula` runtime.
     pub convention: Convention,
+    /// DeepSpeed's ZeRO buffer sizes (its defaults unless a ds_config sets them).
+    #[serde(skip_serializing_if = "ZeroBuffers::is_default")]
+    pub zero_buffers: ZeroBuffers,
+}
+
+/// The sizes, in elements, of the buffers DeepSpeed's ZeRO keeps on the device, as its config
+/// names them. The defaults are DeepSpeed's (`deepspeed/runtime/zero/config.py`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ZeroBuffers {
+    /// `reduce_bucket_size`: the contiguous bucket ZeRO-2/3 reduce gradients through.
+    pub reduce_bucket: u64,
+    /// `stage3_prefetch_bucket_size`: parameters ZeRO-3 gathers ahead of their use.
+    pub prefetch_bucket: u64,
+    /// `stage3_param_persistence_threshold`: ZeRO-3 keeps smaller parameters whole on each rank.
+    pub persistence_threshold: u64,
+    /// `sub_group_size`: ZeRO-3's step upcasts the gradient partition this many at a time.
+    pub sub_group: u64,
+}
+
+impl ZeroBuffers {
+    pub const DEEPSPEED: ZeroBuffers = ZeroBuffers {
+        reduce_bucket: 500_000_000,
+        prefetch_bucket: 50_000_000,
+        persistence_threshold: 100_000,
+        sub_group: 1_000_000_000,
+    };
+
+    pub fn is_default(&self) -> bool {
+        *self == ZeroBuffers::DEEPSPEED
+    }
+}
+
+impl Default for ZeroBuffers {
+    fn default() -> ZeroBuffers {
+        ZeroBuffers::DEEPSPEED
+    }
 }
 
 impl TrainSetup {
@@ -192,6 +228,7 @@ impl TrainSetup {
             offload: Offload::None,
             lora: None,
             convention: Convention::Deepspeed,
+            zero_buffers: ZeroBuffers::DEEPSPEED,
         }
     }
 }

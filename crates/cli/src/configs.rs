@@ -1,0 +1,185 @@
+//! Training configs in and out: DeepSpeed's `ds_config.json` ([`deepspeed`]) and accelerate's
+//! config YAML ([`accelerate`]) read into a `plan::TrainSetup`, and a setup written back as
+//! either ([`emit`]).
+//!
+//! A config sets what it names; a value of `"auto"` takes the flag's value, as HF's Trainer fills
+//! `"auto"` from its TrainingArguments. A flag moved off its default that disagrees with the
+//! config is an error naming both (HF refuses such a mismatch too), and so is a key the reader
+//! does not know, with the nearest known key suggested. Example:
+//! `configs::deepspeed::read(&text, "ds_config.json", &flags, Some(4096))?`.
+
+pub mod accelerate;
+pub mod deepspeed;
+pub mod emit;
+
+use anyhow::bail;
+use serde_json::Value;
+use std::fmt::Display;
+
+/// A setup read from a config, and what the reader wants the user told.
+pub struct Read {
+    pub setup: plan::TrainSetup,
+    /// One line: what the config set ("ZeRO-3, optimizer on cpu, bf16, ...").
+    pub summary: String,
+    /// Settings read that change device memory in ways the planner does not model.
+    pub not_planned: Vec<String>,
+}
+
+/// The flags' values and their defaults, to tell a flag the user set from one left alone.
+pub struct Flags<'a> {
+    pub given: &'a plan::TrainSetup,
+    pub default: &'a plan::TrainSetup,
+}
+
+/// The value a config sets for one field: the config's unless the flag was moved off its default
+/// to something else, which is refused.
+pub fn agree<T: PartialEq + Display>(
+    origin: &str,
+    key: &str,
+    config: T,
+    flag_name: &str,
+    given: T,
+    default: T,
+) -> anyhow::Result<T> {
+    if given != default && given != config {
+        bail!(
+            "{origin} sets {key} to {config}, but {flag_name} {given} was given: drop the flag \
+             (the config decides) or change the config"
+        );
+    }
+    Ok(config)
+}
+
+/// Names every key of `object` not among `known` (names separated by whitespace), as
+/// `prefix.key` with the nearest known key.
+pub fn unknown_keys(object: &Value, prefix: &str, known: &str, out: &mut Vec<String>) {
+    let Some(map) = object.as_object() else {
+        return;
+    };
+    let known: Vec<&str> = known.split_whitespace().collect();
+    for key in map.keys() {
+        if known.contains(&key.as_str()) {
+            continue;
+        }
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match nearest(key, &known) {
+            Some(near) => out.push(format!("{path} (did you mean {near}?)")),
+            None => out.push(path),
+        }
+    }
+}
+
+/// The known key within edit distance 3 of `key`, if any.
+fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|(d, _)| *d <= 3)
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Refuses a config with unknown keys, naming them all.
+pub fn refuse_unknown(origin: &str, unknown: &[String], what: &str) -> anyhow::Result<()> {
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let one = unknown.len() == 1;
+    bail!(
+        "{origin}: unknown {what} setting{}: {}; fix or remove {}",
+        if one { "" } else { "s" },
+        unknown.join(", "),
+        if one { "it" } else { "them" },
+    )
+}
+
+/// A config value that may be `"auto"`: `None` for auto.
+pub enum Setting<T> {
+    Absent,
+    Auto,
+    Is(T),
+}
+
+/// A count (an integer, or a float with no fraction such as `5e8`), `"auto"`, or absent.
+pub fn count(origin: &str, v: Option<&Value>, key: &str) -> anyhow::Result<Setting<u64>> {
+    Ok(match v {
+        None | Some(Value::Null) => Setting::Absent,
+        Some(Value::String(s)) if s == "auto" => Setting::Auto,
+        Some(Value::Number(n)) => match (n.as_u64(), n.as_f64()) {
+            (Some(u), _) => Setting::Is(u),
+            (None, Some(f)) if f >= 0.0 && f.fract() == 0.0 && f < 1.8e19 => Setting::Is(f as u64),
+            _ => bail!("{origin}: {key} is {n}: give a whole number of at least 0"),
+        },
+        Some(other) => bail!("{origin}: {key} is {other}: give a whole number or \"auto\""),
+    })
+}
+
+/// A boolean, `"auto"`, or absent.
+pub fn flag(origin: &str, v: Option<&Value>, key: &str) -> anyhow::Result<Setting<bool>> {
+    Ok(match v {
+        None | Some(Value::Null) => Setting::Absent,
+        Some(Value::String(s)) if s == "auto" => Setting::Auto,
+        Some(Value::Bool(b)) => Setting::Is(*b),
+        Some(other) => bail!("{origin}: {key} is {other}: give true, false or \"auto\""),
+    })
+}
+
+/// A string, or absent.
+pub fn text<'a>(origin: &str, v: Option<&'a Value>, key: &str) -> anyhow::Result<Option<&'a str>> {
+    Ok(match v {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(other) => bail!("{origin}: {key} is {other}: give a string"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_key_is_named_with_the_nearest_known_one() {
+        let v: Value = serde_json::json!({"stage": 3, "reduce_bucket_sise": 5});
+        let mut out = Vec::new();
+        unknown_keys(
+            &v,
+            "zero_optimization",
+            "stage reduce_bucket_size",
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            ["zero_optimization.reduce_bucket_sise (did you mean reduce_bucket_size?)"]
+        );
+    }
+
+    #[test]
+    fn counts_take_floats_without_a_fraction() {
+        let v = serde_json::json!(5e8);
+        assert!(matches!(
+            count("f", Some(&v), "k").unwrap(),
+            Setting::Is(500_000_000)
+        ));
+        let v = serde_json::json!(1.5);
+        assert!(count("f", Some(&v), "k").is_err());
+    }
+}
