@@ -77,9 +77,10 @@ pub struct Args {
     /// Usable memory per GPU (80GiB, 80GB, 24GiB); default: the --gpu's capacity.
     #[arg(long, value_name = "SIZE")]
     device_memory: Option<String>,
-    /// GPU for speeds and default memory: h100, h200, a100-80g, a100-40g, l40s, rtx4090.
-    #[arg(long, default_value = "h100")]
-    gpu: String,
+    /// GPU for speeds and default memory: h100 (the default), h200, a100-80g, a100-40g, l40s,
+    /// rtx4090.
+    #[arg(long)]
+    gpu: Option<String>,
     /// Global batch: sequences per optimizer step over all GPUs (default: one per GPU).
     #[arg(long)]
     batch: Option<u64>,
@@ -181,13 +182,46 @@ pub struct Args {
     pub config_text: Option<String>,
 }
 
+/// The GPU speeds come from when `--gpu` is not given.
+const DEFAULT_GPU: &str = "h100";
+
+/// Without `--gpu`, which GPU the speeds assume, and the known GPU of `--device-memory`'s size
+/// the user more likely has.
+fn gpu_note(args: &Args, hw: &Hardware, capacity_bytes: u64) -> Option<String> {
+    if args.gpu.is_some() {
+        return None;
+    }
+    let g = &hw.gpu;
+    let mut note = format!(
+        "no --gpu given: speeds assume an {} ({:.2} TB/s of HBM, {:.0} TFLOP/s bf16)",
+        g.name,
+        g.hbm_bytes_per_s / 1e12,
+        g.bf16_flops / 1e12
+    );
+    let same_size = fit::GPUS
+        .iter()
+        .find(|o| o.memory_bytes.abs_diff(capacity_bytes) < (1 << 30) && o.name != g.name);
+    match same_size {
+        Some(o) if capacity_bytes.abs_diff(g.memory_bytes) >= (1 << 30) => note.push_str(&format!(
+            "; a {} device is more likely an {}: pass --gpu {}",
+            crate::output::human_bytes(capacity_bytes),
+            o.name,
+            o.name
+        )),
+        _ => note.push_str("; pass --gpu NAME (h100, h200, a100-80g, a100-40g, l40s, rtx4090)"),
+    }
+    Some(note)
+}
+
 fn parse_rate(text: &str, field: &str) -> anyhow::Result<f64> {
     let bytes = text.trim().trim_end_matches("/s");
     Ok(units::parse_bytes(bytes, field)? as f64)
 }
 
 fn hardware(args: &Args) -> anyhow::Result<Hardware> {
-    let mut hw = Hardware::of(fit::gpu_by_name(&args.gpu)?);
+    let mut hw = Hardware::of(fit::gpu_by_name(
+        args.gpu.as_deref().unwrap_or(DEFAULT_GPU),
+    )?);
     hw.mfu = args.mfu;
     hw.tf32 = args.tf32;
     hw.gpus_per_node = args.gpus_per_node;
@@ -306,7 +340,8 @@ pub fn json(args: &Args) -> anyhow::Result<serde_json::Value> {
     if args.infer {
         let (model, r) = infer_request(args)?;
         let advice = fit::infer::advise(&model, &r)?;
-        return Ok(infer::to_json(&model, &r, &advice, top));
+        let note = gpu_note(args, &r.hardware, r.capacity_bytes);
+        return Ok(infer::to_json(&model, &r, &advice, top, note));
     }
     let (model, request) = build_request(args)?;
     let result = fit::search(&model, &request)?;
@@ -331,7 +366,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.infer {
         let (model, r) = infer_request(&args)?;
         let advice = fit::infer::advise(&model, &r)?;
-        print!("{}", infer::text(&model, &r, &advice, top));
+        let note = gpu_note(&args, &r.hardware, r.capacity_bytes);
+        print!("{}", infer::text(&model, &r, &advice, top, note));
         return Ok(());
     }
     let (model, request) = build_request(&args)?;

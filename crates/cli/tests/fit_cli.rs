@@ -449,3 +449,25 @@ fn infer_advisor_plan_commands_reproduce_its_totals() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--kv-dtype"));
 }
+
+/// Without `--gpu`, `fit --infer` says whose bandwidth its speeds assume, and names the GPU of
+/// the device size given.
+#[test]
+fn fit_infer_names_the_gpu_its_speeds_assume() {
+    let base = [
+        "--infer",
+        "--model",
+        "llama3-8b",
+        "--device-memory",
+        "24GiB",
+    ];
+    let v = json(&base);
+    let note = v["gpu_note"].as_str().unwrap();
+    assert!(
+        note.contains("assume an h100") && note.contains("--gpu rtx4090"),
+        "{note}"
+    );
+    let mut with_gpu = base.to_vec();
+    with_gpu.extend(["--gpu", "rtx4090"]);
+    assert!(json(&with_gpu)["gpu_note"].is_null());
+}

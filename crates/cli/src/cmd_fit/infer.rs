@@ -63,12 +63,18 @@ fn table(choices: &[&InferChoice], r: &InferRequest) -> String {
     t.render()
 }
 
-pub fn text(model: &ModelShape, r: &InferRequest, a: &InferAdvice, top: usize) -> String {
+pub fn text(
+    model: &ModelShape,
+    r: &InferRequest,
+    a: &InferAdvice,
+    top: usize,
+    gpu_note: Option<String>,
+) -> String {
     let hw = &r.hardware;
     let mut out = format!(
         "{} ({} parameters) serving {} x {} tokens on up to {} x {} with {} each ({}), {:.0}% headroom\n\
          decode: weights + KV reads at {:.0}% of {:.2} TB/s, or 2 FLOPs per active parameter at {:.0} TFLOP/s x MFU {:.2}\n\
-         weighed {} candidates: {} fit\n\n",
+         {}weighed {} candidates: {} fit\n\n",
         model.name,
         crate::output::group_digits(model.param_count()),
         r.batch,
@@ -82,6 +88,7 @@ pub fn text(model: &ModelShape, r: &InferRequest, a: &InferAdvice, top: usize) -
         hw.gpu.hbm_bytes_per_s / 1e12,
         hw.gpu.bf16_flops / 1e12,
         hw.mfu,
+        gpu_note.map_or(String::new(), |n| format!("{n}\n")),
         a.candidates_weighed,
         a.fitting.len(),
     );
@@ -143,8 +150,15 @@ fn choice_json(model: &ModelShape, r: &InferRequest, c: &InferChoice) -> Value {
     v
 }
 
-pub fn to_json(model: &ModelShape, r: &InferRequest, a: &InferAdvice, top: usize) -> Value {
+pub fn to_json(
+    model: &ModelShape,
+    r: &InferRequest,
+    a: &InferAdvice,
+    top: usize,
+    gpu_note: Option<String>,
+) -> Value {
     json!({
+        "gpu_note": gpu_note,
         "model": model.name,
         "param_count": model.param_count(),
         "request": r,
