@@ -119,3 +119,32 @@ fn kv_formats_hf_does_not_cache_are_typed_errors() {
     let err = inference_estimate(&by_name("llama2-7b").unwrap(), &s, Some(1)).unwrap_err();
     assert!(err.to_string().contains("KV cache"), "{err}");
 }
+
+/// Eager attention's prefill peak, derived by hand: at the last layer's softmax the weights, the
+/// whole KV cache and the additive mask (B·T² in bf16) are live with the scaled, masked scores
+/// (bf16), the fp32 copy softmax reads (ATen converts bf16 to fp32 before `_softmax`; CUDA reads
+/// fp16 inside the kernel) and softmax's fp32 output: 10 bytes per score. The rest is one
+/// layer's per-token tensors and the cuBLAS workspace.
+#[test]
+fn eager_prefill_peak_is_ten_bytes_per_score_over_weights_and_cache() {
+    let (b, t, heads) = (1u64, 4096u64, 32u64);
+    let eager = |weights: Dtype| InferSetup {
+        batch: b,
+        seq: t,
+        kv_dtype: weights,
+        attention: Attention::Eager,
+        ..setup(weights)
+    };
+    let d = run("llama2-7b", &eager(Dtype::Bf16));
+    let scores = b * heads * t * t;
+    let floor = d.weights_bytes + d.kv_cache_bytes + b * t * t * 2 + 10 * scores;
+    assert!(d.prefill_peak_bytes >= floor, "{d:?}");
+    let per_token = 8 * b * t * 4096 * 2;
+    assert!(
+        d.prefill_peak_bytes - floor <= d.workspace_bytes + per_token,
+        "{} over the derived floor",
+        d.prefill_peak_bytes - floor
+    );
+    let h = run("llama2-7b", &eager(Dtype::F16));
+    assert_eq!(d.prefill_peak_bytes - h.prefill_peak_bytes, 4 * scores);
+}

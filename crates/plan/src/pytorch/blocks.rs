@@ -34,6 +34,9 @@ pub struct Fwd {
     pub param_es: u64,
     /// CUDA autocast to bf16/fp16 is on.
     pub amp: bool,
+    /// 16-bit activations are IEEE fp16, not bf16 (CUDA's `softmax(x, dtype=float32)` upcasts
+    /// fp16 inside the kernel; bf16 it converts to an fp32 copy first).
+    pub fp16: bool,
     pub training: bool,
     /// Dropout probability of GPT-2's residual/embedding/attention dropouts in train mode.
     pub dropout: bool,

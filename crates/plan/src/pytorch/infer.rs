@@ -115,6 +115,7 @@ pub fn simulate(
         kv_len: setup.seq,
         param_es: es,
         amp: false,
+        fp16: setup.weights == Dtype::F16,
         training: false,
         dropout: false,
         attention: setup.attention,

@@ -119,7 +119,13 @@ fn eager_attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask
     } else {
         es
     };
+    // The fp32 copy softmax reads: autocast's cast of its input, or (outside autocast) ATen's
+    // `input.toType(float)` for bf16; CUDA reads fp16 as it is (`_softmax(half_to_float)`).
+    let upcast = (soft_es == 4 && s3.es == 2 && (f.amp || !f.fp16)).then(|| alloc(tape, scores, 4));
     let p32 = ew_saving_output(tape, scores, soft_es, s3);
+    if let Some(c) = upcast {
+        tape.drop(c.t);
+    }
     tape.drop(s3.t);
     let p = cast(tape, p32, es);
     tape.drop(p32.t);

@@ -223,6 +223,7 @@ pub fn simulate_step(
         kv_len: setup.seq,
         param_es: params.es,
         amp: md.amp,
+        fp16: matches!(setup.precision, Precision::AmpFp16 | Precision::Fp16),
         training: true,
         dropout: m.family == crate::model::Family::Gpt2,
         attention: setup.attention,
