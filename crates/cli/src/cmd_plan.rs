@@ -438,10 +438,25 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
         }
         (None, None) => return Err(anyhow!("give --model NAME|PATH or --params COUNT")),
     };
-    Ok(match &args.device_memory {
-        Some(size) => report.with_device_memory(units::parse_bytes(size, "--device-memory")?),
-        None => report,
-    })
+    let Some(size) = &args.device_memory else {
+        return Ok(report);
+    };
+    let capacity = units::parse_bytes(size, "--device-memory")?;
+    let mut report = report.with_device_memory(capacity);
+    if report.fits == Some(false) && report.mode == "train" {
+        if let Some(model) = &report.model {
+            let (setup, _) = train_setup(args, report_seq(&report), Some(model.d_model))?;
+            if let Ok(runtime) = plan::fit::Runtime::parse(&report.runtime) {
+                report.fix = plan::fit::cheapest_fix(model, &setup, capacity, runtime);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The sequence length a training report planned.
+fn report_seq(report: &Report) -> u64 {
+    report.setup["seq"].as_u64().unwrap_or(2048)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

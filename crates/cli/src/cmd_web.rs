@@ -10,7 +10,7 @@
 //! and each connection is its own task (tokio + axum), so one client never stalls the others.
 //! Example: `frugal web --port 8080`, then open http://127.0.0.1:8080/.
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
 use serde_json::{json, Value};
 
@@ -177,8 +177,39 @@ fn models() -> Value {
     json!({ "models": models, "gpus": gpus })
 }
 
-/// Answers one API request: `path` without the query, `pairs` from it, `body` a config.json.
+/// The pasted configs a body carries: a config.json (`paste` absent or `config`), a
+/// ds_config.json (`paste=deepspeed`), or both as `{"config": ..., "deepspeed": ...}`
+/// (`paste=both`).
+fn pasted(
+    pairs: &mut Vec<(String, String)>,
+    body: Option<&str>,
+) -> anyhow::Result<(Option<String>, Option<String>)> {
+    let at = pairs.iter().position(|(k, _)| k == "paste");
+    let kind = at.map(|i| pairs.remove(i).1);
+    Ok(match (kind.as_deref(), body) {
+        (_, None) => (None, None),
+        (None | Some("config"), Some(b)) => (Some(b.to_string()), None),
+        (Some("deepspeed"), Some(b)) => (None, Some(b.to_string())),
+        (Some("both"), Some(b)) => {
+            let v: Value = serde_json::from_str(b).map_err(|e| {
+                anyhow!("paste=both: the body is a JSON object {{\"config\": ..., \"deepspeed\": ...}}: {e}")
+            })?;
+            let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+            (text("config"), text("deepspeed"))
+        }
+        (Some(other), _) => bail!("paste={other}: use config, deepspeed or both"),
+    })
+}
+
+/// Answers one API request: `path` without the query, `pairs` from it, `body` a config.json
+/// (or what `paste` says it is).
 pub fn answer(path: &str, pairs: &[(String, String)], body: Option<&str>) -> anyhow::Result<Value> {
+    let mut pairs = pairs.to_vec();
+    let (config, deepspeed) = pasted(&mut pairs, body)?;
+    let body = config.as_deref();
+    if deepspeed.is_some() && path == "/api/plan" {
+        pairs.push(("deepspeed".into(), "ds_config.json".into()));
+    }
     let with_model = |mut pairs: Vec<(String, String)>| {
         if body.is_some() && !pairs.iter().any(|(k, _)| k == "model") {
             pairs.push(("model".into(), "config.json".into()));
@@ -191,6 +222,7 @@ pub fn answer(path: &str, pairs: &[(String, String)], body: Option<&str>) -> any
             let argv = to_argv("plan", &with_model(pairs.to_vec()));
             let mut args: crate::cmd_plan::Args = parse_args(&argv)?;
             args.config_text = body.map(str::to_string);
+            args.deepspeed_text = deepspeed.clone();
             let report = crate::cmd_plan::build_report(&args)?;
             let mut v = serde_json::to_value(&report)?;
             v["command"] = json!(argv[..].join(" "));

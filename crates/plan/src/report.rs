@@ -160,6 +160,9 @@ pub struct Report {
     pub gpu: Option<String>,
     pub device_memory_bytes: Option<u64>,
     pub fits: Option<bool>,
+    /// When a training setup does not fit: the nearest one that does ([`crate::fit::cheapest_fix`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<crate::fit::Suggestion>,
     /// The `frugal` runtime under tensor or pipeline parallelism: every rank's peak (the
     /// report's own numbers are the busiest rank's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -348,6 +351,7 @@ impl Report {
             step_time: None,
             gpu: None,
             device_memory_bytes: None,
+            fix: None,
             fits: None,
             rank_peaks: Vec::new(),
         }

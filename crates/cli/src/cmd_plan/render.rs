@@ -150,6 +150,16 @@ pub fn render(report: &Report) -> String {
                 human_bytes(total - dev)
             )
         });
+        if let Some(fix) = &report.fix {
+            out.push_str(&format!(
+                "the nearest setup that fits: {}\n",
+                fix.description
+            ));
+        } else if !fits && report.mode == "train" && report.model.is_some() {
+            out.push_str(
+                "no setup within reach fits (same GPUs, batch and precision): try `frugal fit`\n",
+            );
+        }
     }
     out
 }

@@ -138,7 +138,13 @@ pub fn flags(s: &TrainSetup, remedies: &[Remedy]) -> String {
             )),
             Remedy::Recompute => out.push(format!("--recompute {}", recompute_name(s.recompute))),
             Remedy::Zero => out.push(format!("--zero {}", s.zero as u8)),
-            Remedy::Offload => out.push(format!("--offload {}", offload_name(s.offload))),
+            Remedy::Offload => {
+                // Offload rides on a ZeRO stage, which on one rank is no remedy of its own.
+                if !remedies.contains(&Remedy::Zero) && s.zero as u8 > 0 {
+                    out.push(format!("--zero {}", s.zero as u8));
+                }
+                out.push(format!("--offload {}", offload_name(s.offload)))
+            }
             Remedy::Flash => out.push("--attention flash".into()),
             Remedy::LeanStates => out.push(format!(
                 "--precision {} --optimizer {}",
