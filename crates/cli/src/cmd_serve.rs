@@ -5,14 +5,16 @@
 //!
 //! HTTP is tokio + axum (bodies bounded before they are read, one task per connection); the
 //! model runs on an engine thread of its own (`engine`), fed through a bounded queue: a full
-//! queue answers 429 with `Retry-After`, a prompt that does not fit the context 400. Requests run
-//! one after another on the one worker (no batching across requests yet); a client that
-//! disconnects has its generation stopped and its KV blocks freed at the next token.
+//! queue answers 429 with `Retry-After`, a prompt that does not fit the context 400. Requests
+//! share one continuous batch (`--max-seqs`) over a paged KV pool; a client that disconnects has
+//! its generation stopped and its KV blocks freed at the next token. `GET /metrics` is
+//! Prometheus text (`metrics`); SIGTERM stops accepting and answers what was admitted.
 //!
 //! Example: `frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf`, then
 //! `curl localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'`.
 
 mod engine;
+mod metrics;
 mod openai;
 
 use crate::model::ModelSource;
@@ -56,6 +58,13 @@ pub struct Args {
     /// Requests that may wait for the engine; one more is answered 429.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
+    /// Requests decoded together in one batch (continuous batching: one joins as another ends).
+    #[arg(long, default_value_t = 4)]
+    pub max_seqs: u64,
+    /// Tokens the paged KV pool holds over all requests (default: --max-seqs x --ctx); a request
+    /// waits until its prompt and max_tokens fit.
+    #[arg(long)]
+    pub kv_tokens: Option<u64>,
 }
 
 /// What every handler shares.
@@ -64,6 +73,7 @@ pub struct State {
     pub tok: data::Tokenizer,
     pub ctx: usize,
     pub jobs: std::sync::mpsc::SyncSender<engine::Job>,
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -87,19 +97,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         source.stored_format(),
     )?;
     let kv = KvFormat::parse(&args.kv_dtype)?;
-    let setup = ServeSetup::generation(shape, 1, ctx, weights, kv, 16, infer::default_split_k());
+    if !(1..=256).contains(&args.max_seqs) {
+        bail!(
+            "--max-seqs {}: give 1 to 256 requests per batch",
+            args.max_seqs
+        );
+    }
+    let mut setup = ServeSetup::generation(
+        shape,
+        args.max_seqs,
+        ctx,
+        weights,
+        kv,
+        16,
+        infer::default_split_k(),
+    );
+    if let Some(tokens) = args.kv_tokens {
+        if tokens < ctx {
+            bail!("--kv-tokens {tokens}: the pool must hold at least one request of --ctx {ctx} tokens");
+        }
+        setup.kv_blocks = tokens.div_ceil(setup.kv_block);
+    }
     let worker = source.worker(setup)?;
     let (jobs, queue) = std::sync::mpsc::sync_channel(args.queue);
     let engine_tok = tok.clone();
+    let metrics = Arc::new(metrics::Metrics::default());
+    let engine_metrics = metrics.clone();
     std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || engine::run(worker, engine_tok, queue))
+        .spawn(move || engine::run(worker, engine_tok, queue, engine_metrics))
         .context("starting the engine thread")?;
     let state = Arc::new(State {
         name: args.model.display().to_string(),
         tok,
         ctx: ctx as usize,
         jobs,
+        metrics,
     });
     let addr = format!("{}:{}", args.host, args.port);
     tokio::runtime::Builder::new_multi_thread()
@@ -118,7 +151,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             use std::io::Write;
             std::io::stdout().flush().ok();
             axum::serve(listener, openai::router(state))
+                .with_graceful_shutdown(stop_signal())
                 .await
-                .context("serving")
+                .context("serving")?;
+            // stdout may be closed by now (a supervisor that read the first line and left).
+            let _ = writeln!(
+                std::io::stdout(),
+                "frugal serve: stopped, every admitted request answered"
+            );
+            Ok(())
         })
+}
+
+/// SIGTERM or Ctrl-C: stop accepting connections; those open finish their requests first.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

@@ -16,6 +16,10 @@ struct Served {
 
 impl Served {
     fn start(model: &std::path::Path) -> Served {
+        Served::start_with(model, &[])
+    }
+
+    fn start_with(model: &std::path::Path, extra: &[&str]) -> Served {
         use std::io::BufRead;
         let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
             .args([
@@ -27,6 +31,7 @@ impl Served {
                 "--model",
                 model.to_str().unwrap(),
             ])
+            .args(extra)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("start frugal serve");
@@ -45,11 +50,25 @@ impl Served {
 
     /// (status, body) of one request, the chunked transfer encoding undone.
     fn post(&self, path: &str, body: &str) -> (u16, String) {
+        self.request("POST", path, body)
+    }
+
+    /// One Prometheus value of `GET /metrics` (the first line that starts with `name`).
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.request("GET", "/metrics", "");
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         write!(
             s,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -210,4 +229,114 @@ fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
         "{:?}",
         started.elapsed()
     );
+    // The client that left was cancelled and its blocks are back in the pool.
+    assert_eq!(
+        server.metric("frugal_requests_total{finish=\"cancelled\"}"),
+        1.0
+    );
+    assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
+    assert!(server.metric("frugal_kv_blocks_free") > 0.0);
+}
+
+/// 16 clients at once share the continuous batch (4 decoded together), and each gets, streamed,
+/// the greedy answer it gets alone; `/metrics` counts the tokens and ends with no request
+/// running and every KV block free.
+#[test]
+fn concurrent_clients_share_one_batch_and_each_gets_its_own_answer() {
+    let model = smollm2();
+    let server = Served::start_with(&model, &["--max-seqs", "4"]);
+    let prompts: Vec<String> = (0..16)
+        .map(|i| format!("Question {i}: what is {} plus {}? Answer:", i * 7, i + 3))
+        .collect();
+    let body = |p: &str, stream: bool| {
+        serde_json::json!({"prompt": p, "max_tokens": 10, "temperature": 0, "stream": stream})
+            .to_string()
+    };
+    let text_of = |reply: &str| -> String {
+        if let Ok(v) = serde_json::from_str::<Value>(reply) {
+            return v["choices"][0]["text"].as_str().unwrap().to_string();
+        }
+        reply
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|e| *e != "[DONE]")
+            .map(|e| {
+                serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let mut tokens = 0;
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let (status, reply) = server.post("/v1/completions", &body(p, false));
+            assert_eq!(status, 200, "{reply}");
+            let v: Value = serde_json::from_str(&reply).unwrap();
+            tokens += v["usage"]["completion_tokens"].as_u64().unwrap();
+            text_of(&reply)
+        })
+        .collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (server, body) = (&server, body(p, true));
+                scope.spawn(move || {
+                    let (status, reply) = server.post("/v1/completions", &body);
+                    assert_eq!(status, 200, "{reply}");
+                    reply
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| text_of(&h.join().unwrap()))
+            .collect()
+    });
+    assert_eq!(together, alone);
+    assert_eq!(
+        server.metric("frugal_generated_tokens_total"),
+        2.0 * tokens as f64
+    );
+    assert_eq!(server.metric("frugal_requests_running"), 0.0);
+    assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
+    assert_eq!(server.metric("frugal_requests_waiting"), 0.0);
+    assert_eq!(
+        server.metric("frugal_time_to_first_token_seconds_count"),
+        32.0
+    );
+}
+
+/// SIGTERM while a request runs: it is answered in full, then the server exits 0.
+#[test]
+fn sigterm_answers_what_runs_then_exits() {
+    let model = smollm2();
+    let mut server = Served::start_with(&model, &[]);
+    let port = server.port;
+    let client = std::thread::spawn(move || {
+        let s = Served {
+            child: Command::new("true").spawn().unwrap(),
+            port,
+        };
+        s.post(
+            "/v1/completions",
+            r#"{"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}"#,
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let (status, reply) = client.join().unwrap();
+    assert_eq!(status, 200, "{reply}");
+    let v: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 64, "{reply}");
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
 }

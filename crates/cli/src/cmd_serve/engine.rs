@@ -1,11 +1,18 @@
 //! The engine thread of `frugal serve`: one worker (weights, paged KV cache, prefill and decode
 //! steps) owned by a thread of its own, fed jobs through a bounded queue, answering each with a
-//! stream of events. Jobs run one after another; a job whose client has gone is dropped at its
-//! next token and its KV blocks freed.
+//! stream of events. Continuous batching, as vLLM schedules: between decode steps waiting jobs
+//! are admitted while a sequence slot is free and the KV pool can hold their prompt and
+//! `max_tokens` (admission reserves the worst case, so a running job is never preempted), each
+//! admitted job is prefilled, and one decode step then advances every running job by a token.
+//! A job whose client has gone is dropped at its next token and its KV blocks freed.
 
+use super::metrics::{Finish, Metrics};
+use infer::blocks::SeqId;
 use infer::sample::Sampling;
 use infer::Worker;
 use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// What a request asks for, tokenized.
 pub struct Job {
@@ -16,6 +23,8 @@ pub struct Job {
     /// Text that ends the answer where it first appears (not included).
     pub stop: Vec<String>,
     pub events: tokio::sync::mpsc::UnboundedSender<Event>,
+    /// When the request arrived (time to first token counts from here).
+    pub queued_at: Instant,
 }
 
 /// What the engine sends back for a job.
@@ -30,66 +39,240 @@ pub enum Event {
     Failed(String),
 }
 
-/// Runs jobs from `jobs` on `worker` until the queue closes.
-pub fn run(mut worker: Worker, tok: data::Tokenizer, jobs: mpsc::Receiver<Job>) {
-    for job in jobs {
-        let result = serve_one(&mut worker, &tok, &job);
-        if let Err(e) = result {
-            let _ = job.events.send(Event::Failed(format!("{e:#}")));
+/// A job with a sequence in the worker.
+struct Running {
+    job: Job,
+    seq: SeqId,
+    rng: data::SplitMix64,
+    /// Tokens generated so far.
+    ids: Vec<u32>,
+    /// Text sent so far.
+    sent: String,
+    /// KV blocks reserved for the prompt and `max_tokens`.
+    blocks: usize,
+    /// A stop text ended it: what follows it is never sent.
+    stopped_at_text: bool,
+    last_token_at: Instant,
+}
+
+/// How a token left a job.
+enum Step {
+    /// Still running: its last token feeds the next decode step.
+    Next,
+    /// Finished (`stop`, `length`) or its client went (`None`).
+    Finished(Option<&'static str>),
+}
+
+/// Runs jobs from `jobs` on `worker` until the queue closes and every admitted job is done.
+pub fn run(
+    mut worker: Worker,
+    tok: data::Tokenizer,
+    jobs: mpsc::Receiver<Job>,
+    metrics: Arc<Metrics>,
+) {
+    let max_seqs = worker.setup.max_seqs as usize;
+    let (block, pool) = (
+        worker.setup.kv_block as usize,
+        worker.setup.kv_blocks as usize,
+    );
+    let mut running: Vec<Running> = Vec::new();
+    let mut waiting: Option<Job> = None;
+    let mut closed = false;
+    let mut logits = Vec::new();
+    loop {
+        // Admit while a slot and the blocks for the job's worst case are free.
+        while running.len() < max_seqs {
+            let job = match waiting.take() {
+                Some(j) => j,
+                None if closed => break,
+                // Idle: block until a job comes (or the queue closes).
+                None if running.is_empty() => match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                },
+                None => match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                },
+            };
+            let need = (job.prompt.len() + job.max_tokens).div_ceil(block);
+            let reserved: usize = running.iter().map(|r| r.blocks).sum();
+            if need > pool {
+                metrics.dequeued();
+                metrics.finished(Finish::Error);
+                let _ = job.events.send(Event::Failed(format!(
+                    "the prompt and max_tokens need {need} KV blocks; the pool has {pool}: \
+                     ask for fewer tokens"
+                )));
+                continue;
+            }
+            if reserved + need > pool {
+                waiting = Some(job);
+                break;
+            }
+            metrics.dequeued();
+            match admit(&mut worker, &tok, job, need, &mut logits, &metrics) {
+                Some(r) => running.push(r),
+                None => continue,
+            }
+        }
+        if running.is_empty() {
+            if closed && waiting.is_none() {
+                return;
+            }
+            continue;
+        }
+        metrics.set_load(running.len(), used_blocks(&worker, pool), pool);
+        let seqs: Vec<SeqId> = running.iter().map(|r| r.seq).collect();
+        let last: Vec<u32> = running
+            .iter()
+            .map(|r| *r.ids.last().unwrap_or(&0))
+            .collect();
+        if let Err(e) = worker.decode(&seqs, &last, &mut logits) {
+            for r in running.drain(..) {
+                metrics.finished(Finish::Error);
+                let _ = r.job.events.send(Event::Failed(format!("{e}")));
+                worker.free(r.seq);
+            }
+            continue;
+        }
+        let vocab = logits.len() / seqs.len();
+        let mut i = 0;
+        let mut row = 0;
+        while i < running.len() {
+            let r = &mut running[i];
+            let step = advance(r, &tok, &logits[row * vocab..(row + 1) * vocab], &metrics);
+            row += 1;
+            match step {
+                Step::Next => i += 1,
+                Step::Finished(reason) => {
+                    let r = running.remove(i);
+                    finish(&mut worker, r, &tok, reason, &metrics);
+                }
+            }
+        }
+        metrics.set_load(running.len(), used_blocks(&worker, pool), pool);
+    }
+}
+
+fn used_blocks(worker: &Worker, pool: usize) -> usize {
+    pool.saturating_sub(worker.free_blocks())
+}
+
+/// Prefills `job` and samples its first token; `None` when it already finished.
+fn admit(
+    worker: &mut Worker,
+    tok: &data::Tokenizer,
+    job: Job,
+    blocks: usize,
+    logits: &mut Vec<f32>,
+    metrics: &Metrics,
+) -> Option<Running> {
+    let seq = worker.new_sequence();
+    let mut r = Running {
+        rng: data::SplitMix64::new(job.seed),
+        job,
+        seq,
+        ids: Vec::new(),
+        sent: String::new(),
+        blocks,
+        stopped_at_text: false,
+        last_token_at: Instant::now(),
+    };
+    if let Err(e) = worker.prefill(seq, &r.job.prompt, logits) {
+        metrics.finished(Finish::Error);
+        let _ = r.job.events.send(Event::Failed(format!("{e}")));
+        worker.free(seq);
+        return None;
+    }
+    metrics.first_token(r.job.queued_at.elapsed().as_secs_f64());
+    r.last_token_at = Instant::now();
+    match advance(&mut r, tok, logits, metrics) {
+        Step::Next => Some(r),
+        Step::Finished(reason) => {
+            finish(worker, r, tok, reason, metrics);
+            None
         }
     }
 }
 
-fn serve_one(worker: &mut Worker, tok: &data::Tokenizer, job: &Job) -> anyhow::Result<()> {
-    let mut rng = data::SplitMix64::new(job.seed);
-    let seq = worker.new_sequence();
-    let result = (|| {
-        let mut logits = Vec::new();
-        worker.prefill(seq, &job.prompt, &mut logits)?;
-        let (mut ids, mut sent) = (Vec::new(), String::new());
-        let (mut finish, mut stopped_at_text) = ("length", false);
-        for i in 0..job.max_tokens {
-            let t = infer::sample::pick(&logits, &job.sampling, &mut rng);
-            if Some(t) == tok.eos() {
-                finish = "stop";
-                break;
-            }
-            ids.push(t);
-            let text = tok.decode(&ids)?;
-            // Hold back an incomplete character (U+FFFD at the end) until it completes.
-            let settled = text.trim_end_matches('\u{FFFD}');
-            let (piece, stopped) = match job.stop.iter().filter_map(|s| text.find(s.as_str())).min()
-            {
-                Some(at) => (text[..at].get(sent.len()..).unwrap_or("").to_string(), true),
-                None => (settled.get(sent.len()..).unwrap_or("").to_string(), false),
-            };
-            if !piece.is_empty() {
-                sent.push_str(&piece);
-                if job.events.send(Event::Text(piece)).is_err() {
-                    return Ok(()); // the client has gone: free its blocks now
-                }
-            }
-            if stopped {
-                (finish, stopped_at_text) = ("stop", true);
-                break;
-            }
-            if i + 1 < job.max_tokens {
-                worker.decode(&[seq], &[t], &mut logits)?;
+/// Samples the next token of `r` from `logits` and streams its text.
+fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Metrics) -> Step {
+    if !r.ids.is_empty() {
+        metrics.inter_token(r.last_token_at.elapsed().as_secs_f64());
+    }
+    r.last_token_at = Instant::now();
+    let t = infer::sample::pick(logits, &r.job.sampling, &mut r.rng);
+    if Some(t) == tok.eos() {
+        return Step::Finished(Some("stop"));
+    }
+    r.ids.push(t);
+    metrics.token();
+    let Ok(text) = tok.decode(&r.ids) else {
+        return Step::Finished(Some("stop"));
+    };
+    // Hold back an incomplete character (U+FFFD at the end) until it completes.
+    let settled = text.trim_end_matches('\u{FFFD}');
+    let (piece, stopped) = match r
+        .job
+        .stop
+        .iter()
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
+    {
+        Some(at) => (
+            text[..at].get(r.sent.len()..).unwrap_or("").to_string(),
+            true,
+        ),
+        None => (settled.get(r.sent.len()..).unwrap_or("").to_string(), false),
+    };
+    if !piece.is_empty() {
+        r.sent.push_str(&piece);
+        if r.job.events.send(Event::Text(piece)).is_err() {
+            return Step::Finished(None); // the client has gone: free its blocks now
+        }
+    }
+    if stopped {
+        r.stopped_at_text = true;
+        return Step::Finished(Some("stop"));
+    }
+    if r.ids.len() >= r.job.max_tokens {
+        return Step::Finished(Some("length"));
+    }
+    Step::Next
+}
+
+/// Sends what was held back and the job's end, and frees its blocks.
+fn finish(
+    worker: &mut Worker,
+    r: Running,
+    tok: &data::Tokenizer,
+    reason: Option<&'static str>,
+    metrics: &Metrics,
+) {
+    worker.free(r.seq);
+    metrics.finished(match reason {
+        Some("length") => Finish::Length,
+        Some(_) => Finish::Stop,
+        None => Finish::Cancelled,
+    });
+    let Some(finish_reason) = reason else {
+        return;
+    };
+    // An incomplete character held back at the very end goes out as it is.
+    if !r.stopped_at_text {
+        if let Ok(text) = tok.decode(&r.ids) {
+            if let Some(rest) = text.get(r.sent.len()..).filter(|x| !x.is_empty()) {
+                let _ = r.job.events.send(Event::Text(rest.to_string()));
             }
         }
-        // What was held back (an incomplete character at the very end) goes out as it is.
-        if !stopped_at_text {
-            let text = tok.decode(&ids)?;
-            if let Some(rest) = text.get(sent.len()..).filter(|r| !r.is_empty()) {
-                let _ = job.events.send(Event::Text(rest.to_string()));
-            }
-        }
-        let _ = job.events.send(Event::Done {
-            finish_reason: finish,
-            completion_tokens: ids.len(),
-        });
-        Ok(())
-    })();
-    worker.free(seq);
-    result
+    }
+    let _ = r.job.events.send(Event::Done {
+        finish_reason,
+        completion_tokens: r.ids.len(),
+    });
 }

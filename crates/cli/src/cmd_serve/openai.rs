@@ -21,10 +21,19 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|Shared(state): Shared<Arc<State>>| async move {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    state.metrics.render(),
+                )
+            }),
+        )
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
-                "no such endpoint: use /v1/completions, /v1/chat/completions, /v1/models or /health",
+                "no such endpoint: use /v1/completions, /v1/chat/completions, /v1/models, /health or /metrics",
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
@@ -227,8 +236,15 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
         seed: p.seed,
         stop: p.stop,
         events,
+        queued_at: std::time::Instant::now(),
     };
-    match state.jobs.try_send(job) {
+    // Counted before the send: the engine may take the job before this line returns.
+    state.metrics.queued();
+    let sent = state.jobs.try_send(job);
+    if sent.is_err() {
+        state.metrics.dequeued();
+    }
+    match sent {
         Ok(()) => {}
         Err(std::sync::mpsc::TrySendError::Full(_)) => {
             let mut r = error(

@@ -1,0 +1,204 @@
+//! `GET /metrics` of `frugal serve`, in Prometheus' text format (as vLLM and llama-server expose
+//! theirs): running and waiting requests, KV blocks used and free, time-to-first-token and
+//! inter-token latency histograms, generated tokens and the recent tokens/s. The engine thread
+//! writes, the HTTP tasks read. Example: `curl localhost:8000/metrics`.
+
+use std::collections::VecDeque;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+const TTFT_BUCKETS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const ITL_BUCKETS: [f64; 10] = [0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5];
+/// The window the recent tokens/s is measured over, in seconds.
+const RATE_WINDOW_S: f64 = 10.0;
+
+#[derive(Default)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    n: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, buckets: &[f64], x: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; buckets.len()];
+        }
+        for (c, b) in self.counts.iter_mut().zip(buckets) {
+            if x <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += x;
+        self.n += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, buckets: &[f64]) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in buckets.iter().enumerate() {
+            let c = self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.n);
+        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", self.sum, self.n);
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    running: usize,
+    kv_used: usize,
+    kv_total: usize,
+    ttft: Histogram,
+    itl: Histogram,
+    tokens: u64,
+    recent: VecDeque<Instant>,
+    finished: [u64; 4],
+}
+
+/// How a request ended, for `frugal_requests_total`.
+#[derive(Clone, Copy)]
+pub enum Finish {
+    Stop = 0,
+    Length = 1,
+    Cancelled = 2,
+    Error = 3,
+}
+
+const FINISH_NAMES: [&str; 4] = ["stop", "length", "cancelled", "error"];
+
+/// The server's counters, shared by the engine thread and the HTTP tasks.
+#[derive(Default)]
+pub struct Metrics {
+    waiting: AtomicUsize,
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Ok(mut g) = self.inner.lock() {
+            f(&mut g);
+        }
+    }
+
+    /// A request entered the queue.
+    pub fn queued(&self) {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request left the queue (admitted or refused).
+    pub fn dequeued(&self) {
+        let _ = self
+            .waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| w.checked_sub(1));
+    }
+
+    pub fn set_load(&self, running: usize, kv_used: usize, kv_total: usize) {
+        self.with(|m| (m.running, m.kv_used, m.kv_total) = (running, kv_used, kv_total));
+    }
+
+    pub fn first_token(&self, seconds: f64) {
+        self.with(|m| m.ttft.observe(&TTFT_BUCKETS, seconds));
+    }
+
+    pub fn inter_token(&self, seconds: f64) {
+        self.with(|m| m.itl.observe(&ITL_BUCKETS, seconds));
+    }
+
+    pub fn token(&self) {
+        self.with(|m| {
+            m.tokens += 1;
+            let now = Instant::now();
+            m.recent.push_back(now);
+            while m
+                .recent
+                .front()
+                .is_some_and(|t| now.duration_since(*t).as_secs_f64() > RATE_WINDOW_S)
+            {
+                m.recent.pop_front();
+            }
+        });
+    }
+
+    pub fn finished(&self, how: Finish) {
+        self.with(|m| m.finished[how as usize] += 1);
+    }
+
+    /// The Prometheus text of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let waiting = self.waiting.load(Ordering::Relaxed);
+        let Ok(m) = self.inner.lock() else {
+            return out;
+        };
+        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        gauge(
+            &mut out,
+            "frugal_requests_running",
+            "Requests in the running batch.",
+            m.running as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_requests_waiting",
+            "Requests queued for admission.",
+            waiting as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_kv_blocks_used",
+            "KV-cache blocks held by running requests.",
+            m.kv_used as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_kv_blocks_free",
+            "KV-cache blocks free in the pool.",
+            m.kv_total.saturating_sub(m.kv_used) as f64,
+        );
+        let rate = match (m.recent.front(), m.recent.back()) {
+            (Some(a), Some(b))
+                if m.recent.len() > 1 && Instant::now().duration_since(*b).as_secs_f64() < 1.0 =>
+            {
+                (m.recent.len() - 1) as f64 / b.duration_since(*a).as_secs_f64().max(1e-9)
+            }
+            _ => 0.0,
+        };
+        gauge(
+            &mut out,
+            "frugal_generation_tokens_per_second",
+            "Generated tokens per second over the last 10 s (0 when idle).",
+            rate,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP frugal_generated_tokens_total Tokens generated.\n\
+             # TYPE frugal_generated_tokens_total counter\nfrugal_generated_tokens_total {}",
+            m.tokens
+        );
+        let _ = writeln!(
+            out,
+            "# HELP frugal_requests_total Requests finished, by how.\n# TYPE frugal_requests_total counter"
+        );
+        for (name, n) in FINISH_NAMES.iter().zip(m.finished) {
+            let _ = writeln!(out, "frugal_requests_total{{finish=\"{name}\"}} {n}");
+        }
+        m.ttft.render(
+            &mut out,
+            "frugal_time_to_first_token_seconds",
+            "From arrival to the first token.",
+            &TTFT_BUCKETS,
+        );
+        m.itl.render(
+            &mut out,
+            "frugal_inter_token_latency_seconds",
+            "Between a request's consecutive tokens.",
+            &ITL_BUCKETS,
+        );
+        out
+    }
+}
