@@ -199,6 +199,36 @@ fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
             400,
             "content",
         ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "temperature": -1}"#,
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "max_tokens": 1000000000}"#,
+            400,
+            "context is 512",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "temprature": 0}"#,
+            400,
+            "unknown field temprature",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "presence_penalty": 1}"#,
+            400,
+            "presence_penalty",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}"#,
+            404,
+            "not served here",
+        ),
         ("/v1/elsewhere", "{}", 404, "no such endpoint"),
     ];
     for (path, body, want, needle) in cases {
@@ -339,4 +369,61 @@ fn sigterm_answers_what_runs_then_exits() {
     assert_eq!(v["usage"]["completion_tokens"], 64, "{reply}");
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+}
+
+/// 200 requests from 32 concurrent clients against a queue of 8: every one is answered, with
+/// text or with a 429 the client retries after; none is lost, and the pool ends empty.
+#[test]
+fn two_hundred_requests_from_32_clients_none_lost() {
+    let model = smollm2();
+    let server = Served::start_with(&model, &["--max-seqs", "4", "--queue", "8"]);
+    let per_client = 200 / 32 + 1;
+    let results: Vec<(u32, u32)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..32)
+            .map(|c| {
+                let server = &server;
+                scope.spawn(move || {
+                    let (mut answered, mut busy) = (0, 0);
+                    for i in 0..per_client {
+                        if c * per_client + i >= 200 {
+                            break;
+                        }
+                        let body = format!(
+                            r#"{{"prompt": "Client {c} asks {i}:", "max_tokens": 3, "temperature": 0}}"#
+                        );
+                        loop {
+                            let (status, reply) = server.post("/v1/completions", &body);
+                            match status {
+                                200 => {
+                                    let v: Value = serde_json::from_str(&reply).unwrap();
+                                    assert!(v["choices"][0]["text"].is_string(), "{reply}");
+                                    answered += 1;
+                                    break;
+                                }
+                                429 => {
+                                    assert!(reply.contains("retry"), "{reply}");
+                                    busy += 1;
+                                    std::thread::sleep(std::time::Duration::from_millis(50));
+                                }
+                                other => panic!("{other}: {reply}"),
+                            }
+                        }
+                    }
+                    (answered, busy)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let answered: u32 = results.iter().map(|r| r.0).sum();
+    assert_eq!(answered, 200);
+    let finished = server.metric("frugal_requests_total{finish=\"length\"}")
+        + server.metric("frugal_requests_total{finish=\"stop\"}");
+    assert_eq!(finished, 200.0);
+    assert_eq!(
+        server.metric("frugal_requests_total{finish=\"error\"}"),
+        0.0
+    );
+    assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
+    assert_eq!(server.metric("frugal_requests_waiting"), 0.0);
 }

@@ -209,8 +209,69 @@ async fn chat(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     submit(&state, &v, &prompt, true, usize::MAX).await
 }
 
+/// The request fields each endpoint reads or refuses by name when not neutral; any other field
+/// is an error, not silently ignored.
+const COMPLETION_FIELDS: &str = "model prompt max_tokens max_completion_tokens temperature top_p \
+     top_k n best_of stream stream_options stop seed logprobs user frequency_penalty \
+     presence_penalty";
+const CHAT_FIELDS: &str = "model messages max_tokens max_completion_tokens temperature top_p \
+     top_k n stream stream_options stop seed logprobs top_logprobs user frequency_penalty \
+     presence_penalty";
+
+/// Refuses fields the endpoint does not know, penalties it does not apply, and a model other
+/// than the one served (404, as OpenAI answers an unknown model): the answer, if refused.
+fn check_fields(state: &State, v: &Value, chat: bool) -> Option<Response> {
+    let known = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    let known: Vec<&str> = known.split_whitespace().collect();
+    if let Some(map) = v.as_object() {
+        let unknown: Vec<&str> = map
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !known.contains(k))
+            .collect();
+        if !unknown.is_empty() {
+            return Some(bad(format!(
+                "unknown field{} {}: this endpoint takes {}",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", "),
+                known.join(", ")
+            )));
+        }
+    }
+    for key in ["frequency_penalty", "presence_penalty"] {
+        if v.get(key)
+            .is_some_and(|x| !x.is_null() && x.as_f64() != Some(0.0))
+        {
+            return Some(bad(format!("{key} other than 0 is not supported")));
+        }
+    }
+    match v.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(m)) if served_as(state, m) => None,
+        Some(m) => Some(error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "model {m} is not served here: use \"{}\" (GET /v1/models)",
+                state.name
+            ),
+        )),
+    }
+}
+
+/// Whether `name` names the served model: its path as given, or the file or folder name with
+/// or without its extension.
+fn served_as(state: &State, name: &str) -> bool {
+    let path = std::path::Path::new(&state.name);
+    name == state.name
+        || path.file_name().is_some_and(|f| f == name)
+        || path.file_stem().is_some_and(|f| f == name)
+}
+
 /// Tokenizes, checks the context, queues the job and answers whole or streamed.
 async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: usize) -> Response {
+    if let Some(refused) = check_fields(state, v, chat) {
+        return refused;
+    }
     let p = match params(v, &state.tok) {
         Ok(p) => p,
         Err(e) => return bad(e),
