@@ -131,6 +131,10 @@ pub struct Args {
     /// Peak dense TFLOP/s of one GPU (overrides --gpu's, for every precision).
     #[arg(long)]
     tflops: Option<f64>,
+    /// HBM bandwidth of one GPU (4.8TB/s for an H200): overrides --gpu's, for decode and the
+    /// element-wise kernels.
+    #[arg(long, value_name = "RATE")]
+    hbm_bandwidth: Option<String>,
     /// GPU-to-GPU bandwidth in a node per direction (450GB/s for NVLink 4, 32GB/s for PCIe 4).
     #[arg(long, value_name = "RATE")]
     link_bandwidth: Option<String>,
@@ -188,7 +192,7 @@ const DEFAULT_GPU: &str = "h100";
 /// Without `--gpu`, which GPU the speeds assume, and the known GPU of `--device-memory`'s size
 /// the user more likely has.
 fn gpu_note(args: &Args, hw: &Hardware, capacity_bytes: u64) -> Option<String> {
-    if args.gpu.is_some() {
+    if args.gpu.is_some() || args.hbm_bandwidth.is_some() || args.tflops.is_some() {
         return None;
     }
     let g = &hw.gpu;
@@ -227,6 +231,9 @@ fn hardware(args: &Args) -> anyhow::Result<Hardware> {
     hw.gpus_per_node = args.gpus_per_node;
     if let Some(t) = args.tflops {
         (hw.gpu.bf16_flops, hw.gpu.fp32_flops) = (t * 1e12, t * 1e12);
+    }
+    if let Some(r) = &args.hbm_bandwidth {
+        hw.gpu.hbm_bytes_per_s = parse_rate(r, "--hbm-bandwidth")?;
     }
     if let Some(r) = &args.link_bandwidth {
         hw.gpu.intra_node_bytes_per_s = parse_rate(r, "--link-bandwidth")?;

@@ -172,6 +172,41 @@ mod tests {
         );
     }
 
+    /// Fuzzing the readers: 10,000 seeded mutations each of HF's ZeRO-3 example and of an
+    /// accelerate FSDP config are read or refused, never a panic.
+    #[test]
+    fn mutated_configs_are_read_or_refused() {
+        let ds = include_str!("../tests/data/configs/hf_zero3_offload.json");
+        let yaml = include_str!("../tests/data/configs/accelerate_fsdp.yaml");
+        let (given, default) = (
+            plan::TrainSetup::new(4, 2048),
+            plan::TrainSetup::new(1, 2048),
+        );
+        let flags = Flags {
+            given: &given,
+            default: &default,
+        };
+        let mut m = rng::mutate::Mutator::new(0x6473_6366);
+        let (mut read, mut refused) = (0, 0);
+        for _ in 0..10_000 {
+            let bad = String::from_utf8_lossy(&m.mutate(ds.as_bytes())).into_owned();
+            match deepspeed::read(&bad, "ds_config.json", &flags, Some(4096)) {
+                Ok(_) => read += 1,
+                Err(_) => refused += 1,
+            }
+            let bad = String::from_utf8_lossy(&m.mutate(yaml.as_bytes())).into_owned();
+            let dir = std::path::Path::new("/nonexistent");
+            match accelerate::read(&bad, "accelerate.yaml", dir, &flags, Some(4096)) {
+                Ok(_) => read += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(
+            read > 100 && refused > 100,
+            "{read} read, {refused} refused"
+        );
+    }
+
     #[test]
     fn counts_take_floats_without_a_fraction() {
         let v = serde_json::json!(5e8);

@@ -5,6 +5,8 @@
 //! version: the same seed gives the same batches and weights on every machine and every release.
 //! Distributions (uniform, Gaussian) stay with their users, which fix them for their own outputs.
 //!
+//! `mutate` holds the byte mutations the parsers' fuzz tests apply.
+//!
 //! Not for cryptography. Not for statistics that need more than 64 bits of state.
 //!
 //! ```
@@ -13,6 +15,8 @@
 //! assert_eq!(rng::SplitMix64::new(42).next_u64(), a);
 //! assert!(rng.next_below(10) < 10);
 //! ```
+
+pub mod mutate;
 
 /// SplitMix64: the state advances by the golden-ratio constant; each output is the state passed
 /// through a fixed 64-bit mixer.
