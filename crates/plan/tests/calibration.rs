@@ -286,19 +286,6 @@ fn step_time_median_error_is_within_25_percent() {
         };
         let shape = by_name(rec["model"].as_str().unwrap()).unwrap();
         let predicted = plan::fit::step_time(&shape, &setup, &hw).step_s;
-        let imp = match rec["optim"].as_str() {
-            Some("adamw_foreach") => plan::pytorch::OptimizerImpl::Foreach,
-            _ => plan::pytorch::OptimizerImpl::Fused,
-        };
-        let t = plan::pytorch::step_timing(&shape, &setup, imp, &hw).unwrap();
-        lines.push_str(&format!(
-            "   replay: {:.4} s ({:+.1}%) device {:.4} host {:.4} kernels {}\n",
-            t.step_s,
-            (t.step_s - measured) / measured * 100.0,
-            t.device_s,
-            t.host_s,
-            t.kernels
-        ));
         let err = (predicted - measured) / measured;
         lines.push_str(&format!(
             "{:<16} {:<10} b{:<3} t{:<5} {:<14} {:>8.4} s {:>8.4} s {:>+6.1}%\n",

@@ -102,12 +102,6 @@ pub fn cast(tape: &mut Tape, x: V, es: u64) -> V {
 pub fn ew(tape: &mut Tape, out_numel: u64, out_es: u64, saves: &[V], grads: &[V]) -> V {
     let y = alloc(tape, out_numel, out_es);
     let op = tape.op(&[y.t]);
-    // The kernel reads its distinct inputs and writes its output.
-    let mut inputs: Vec<V> = saves.iter().chain(grads).copied().collect();
-    inputs.sort_by_key(|x| x.t);
-    inputs.dedup_by_key(|x| x.t);
-    let read: u64 = inputs.iter().map(|x| x.numel * x.es).sum();
-    tape.set_last_bytes(op, (read + out_numel * out_es) as f64);
     for s in saves {
         tape.save(op, s.t);
     }
@@ -192,9 +186,6 @@ fn dense_linear(
     }
     let y = alloc(tape, rows * d_out, es);
     let op = tape.op(&[y.t]);
-    let flops = 2.0 * (rows * d_in * d_out) as f64;
-    let operands = (x.numel + d_in * d_out + y.numel) * es;
-    tape.last_gemm(op, flops, operands as f64, es, None);
     if info.trainable {
         tape.save(op, xin.t);
     }
@@ -230,19 +221,14 @@ pub fn weight(tape: &mut Tape, f: &mut Fwd, w: T, numel: u64) -> V {
             es: info.es,
         };
     }
-    // Each copy autocast makes is a cast kernel over the weight.
-    let copy = |tape: &mut Tape| {
-        tape.launch((numel * (info.es + 2)) as f64, super::tape::Dispatch::Python);
-        alloc(tape, numel, 2)
-    };
     if !info.trainable {
-        return copy(tape);
+        return alloc(tape, numel, 2);
     }
     if let Some(&c) = f.cast_cache.get(&w) {
         tape.hold(c.t);
         return c;
     }
-    let c = copy(tape);
+    let c = alloc(tape, numel, 2);
     f.cast_cache.insert(w, c);
     tape.hold(c.t);
     c

@@ -57,11 +57,6 @@ pub fn attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask: 
     let out = alloc(tape, out_numel(qkv), es);
     let lse = alloc(tape, f.batch * heads * f.q_len, 4);
     let op = tape.op(&[out.t]);
-    // Flash attention: QKᵀ and PV over the causal half of the scores; backward recomputes the
-    // scores and runs five matmuls (FlashAttention-2's 2.5x the forward).
-    let (qk, pv) = core_flops(f, m, qkv);
-    let operands = (qkv.q.numel + qkv.k.numel + qkv.v.numel + out.numel) * es;
-    tape.last_gemm(op, (qk + pv) / 2.0, operands as f64, es, Some(1.25 * (qk + pv)));
     for s in [qkv.q, qkv.k, qkv.v, out, lse] {
         tape.save(op, s.t);
     }
@@ -87,15 +82,6 @@ pub fn attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask: 
     out
 }
 
-/// FLOPs of QKᵀ and of PV over every (query, key) pair of one call.
-fn core_flops(f: &Fwd, m: &ModelShape, qkv: &Qkv) -> (f64, f64) {
-    let pairs = (f.batch * m.n_heads as u64 * f.q_len * f.kv_len) as f64;
-    let heads_tokens = (f.batch * m.n_heads as u64 * f.q_len).max(1) as f64;
-    let d_qk = qkv.q.numel as f64 / heads_tokens;
-    let d_v = out_numel(qkv) as f64 / heads_tokens;
-    (2.0 * pairs * d_qk, 2.0 * pairs * d_v)
-}
-
 /// The attention output's elements: queries' rows times the value head size (MLA's values are
 /// narrower than its query/key heads).
 fn out_numel(qkv: &Qkv) -> u64 {
@@ -116,11 +102,7 @@ fn eager_attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask
         (qkv.k, qkv.v)
     };
     let scores = f.batch * heads * f.q_len * f.kv_len;
-    let (qk, pv) = core_flops(f, m, qkv);
     let s = ew(tape, scores, es, &[qkv.q, k], &[qkv.q, k]); // q @ k^T
-    let last = (!tape.no_record).then(|| tape.ops.len() - 1);
-    let operands = (qkv.q.numel + k.numel + scores) * es;
-    tape.last_gemm(last, qk, operands as f64, es, None);
     let s2 = ew(tape, scores, es, &[], &[s]); // * scaling
     tape.drop(s.t);
     let s3 = match mask {
@@ -153,9 +135,6 @@ fn eager_attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask
         tape.drop(p.t);
     }
     let o = ew(tape, out_numel(qkv), es, &[pd, v], &[pd, v]); // probs @ v, [B, H, T, D]
-    let last = (!tape.no_record).then(|| tape.ops.len() - 1);
-    let operands = (scores + v.numel + o.numel) * es;
-    tape.last_gemm(last, pv, operands as f64, es, None);
     tape.drop(pd.t);
     tape.drop(k.t);
     tape.drop(v.t);

@@ -13,7 +13,6 @@
 
 pub mod allocator;
 pub mod blocks;
-pub mod clock;
 pub mod infer;
 pub mod layers;
 pub mod model;
@@ -118,18 +117,6 @@ pub fn training_detail(
         forward_peak_bytes: sim.forward_peak_bytes + workspace_bytes,
         workspace_bytes,
     })
-}
-
-/// The time of one eager training step on one GPU of `hw`, from the replayed kernels
-/// ([`clock`]).
-pub fn step_timing(
-    model: &ModelShape,
-    setup: &TrainSetup,
-    opt: OptimizerImpl,
-    hw: &crate::fit::Hardware,
-) -> Result<clock::Timing, PlanError> {
-    let sim = train::simulate_step(model, setup, opt)?;
-    Ok(clock::simulate(&sim.tape.kernels, hw, &clock::Costs::DEFAULT))
 }
 
 /// The `pytorch` estimate of inference: prefill and one decode step.

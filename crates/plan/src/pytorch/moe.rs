@@ -58,10 +58,6 @@ fn grouped_mm(tape: &mut Tape, f: &mut Fwd, x: V, ws: &[T], d_in: u64, d_out: u6
         .collect();
     let y = alloc(tape, rows * d_out, es);
     let op = tape.op(&[y.t]);
-    // Every expert's weights are read once; the rows are split among them.
-    let weights: u64 = ws.iter().map(|&w| f.info(w).numel).sum();
-    let operands = (x.numel + weights + y.numel) * es;
-    tape.last_gemm(op, 2.0 * (rows * d_in * d_out) as f64, operands as f64, es, None);
     if info.trainable {
         tape.save(op, xin.t);
     }

@@ -99,12 +99,6 @@ pub fn frozen_quant_linear(tape: &mut Tape, x: V, q: Quant, d_in: u64, d_out: u6
                 tape.drop(t);
             }
             let op = tape.op(&[y.t]);
-            let operands = (rows * d_in + d_in * d_out + rows * d_out) * 2;
-            tape.last_gemm(op, 2.0 * (rows * d_in * d_out) as f64, operands as f64, 2, None);
-            // The dequantization reads the codes and writes a 16-bit weight.
-            if dequant {
-                tape.launch((d_in * d_out * 2) as f64 * 1.25, super::tape::Dispatch::Python);
-            }
             tape.temps(op, &[d_in * d_out * 2]);
             tape.grads(op, &[Grad::New(xin.t)]);
             tape.drop(xin.t);
@@ -127,8 +121,6 @@ pub fn frozen_quant_linear(tape: &mut Tape, x: V, q: Quant, d_in: u64, d_out: u6
                 tape.drop(t);
             }
             let op = tape.op(&[y.t]);
-            let operands = rows * d_in + d_in * d_out + rows * d_out * 4;
-            tape.last_gemm(op, 2.0 * (rows * d_in * d_out) as f64, operands as f64, 1, None);
             tape.save(op, x.t);
             tape.temps(op, &[d_in * d_out * x.es]);
             tape.grads(op, &[Grad::New(x.t)]);

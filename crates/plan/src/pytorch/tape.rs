@@ -52,37 +52,8 @@ pub enum Grad {
     Param { param: T, bytes: u64 },
 }
 
-/// One GPU kernel of the step, for its time ([`super::clock`]): matmul FLOPs (on tensor cores
-/// in 16 bits, TF32 or CUDA cores in fp32) or the bytes it moves through HBM, and who launched it.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Kernel {
-    pub flops: f64,
-    pub bytes: f64,
-    /// A matmul (cuBLAS, grouped or flash attention); its bytes are its operands.
-    pub gemm: bool,
-    /// Bytes per element of a matmul's inputs (4: fp32 or TF32).
-    pub es: u64,
-    pub by: Dispatch,
-}
-
-/// What issues a kernel from the host: a Python-level op of the forward (or of a recomputed
-/// forward), the autograd engine's C++ loop in backward, or the optimizer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Dispatch {
-    #[default]
-    Python,
-    Autograd,
-    Optimizer,
-    /// The optimizer's Python loop over one parameter (gathering its state): host time only.
-    OptimizerParam,
-}
-
 #[derive(Clone, Debug, Default)]
 pub struct Op {
-    /// The forward kernel (its backward is derived from it).
-    fwd: Kernel,
-    /// Backward matmul FLOPs when not derived from the forward's (flash attention's 2.5x).
-    bwd_flops: Option<f64>,
     outputs: Vec<T>,
     saved: Vec<T>,
     grads: Vec<Grad>,
@@ -108,8 +79,6 @@ pub struct Tape {
     /// A parameter's gradient is copied out and released as soon as it is produced (DeepSpeed
     /// ZeRO 2-3's gradient hooks with `contiguous_gradients`: into the reduce bucket).
     pub reduce_on_hook: bool,
-    /// Every kernel launched, in order (forward, backward, optimizer).
-    pub kernels: Vec<Kernel>,
 }
 
 impl Tape {
@@ -261,64 +230,15 @@ impl Tape {
     }
 
     /// Records an op producing `outputs`; returns its index for [`Tape::save`] and [`Tape::grads`].
-    /// Its kernel reads an input as large as its output and writes the output, unless
-    /// [`Tape::last_gemm`] says it is a matmul.
     pub fn op(&mut self, outputs: &[T]) -> Option<usize> {
-        let out: u64 = outputs.iter().map(|&t| self.tensors[t].bytes).sum();
-        let fwd = Kernel {
-            bytes: 2.0 * out as f64,
-            ..Kernel::default()
-        };
-        self.kernels.push(fwd);
         if self.no_record {
             return None;
         }
         self.ops.push(Op {
-            fwd,
             outputs: outputs.to_vec(),
             ..Op::default()
         });
         Some(self.ops.len() - 1)
-    }
-
-    /// The op just recorded is a matmul of `flops` over `bytes` of operands in `es`-byte inputs;
-    /// `bwd_flops`, when given, replaces the backward's (otherwise one matmul like it per input
-    /// and per trainable weight that gets a gradient).
-    pub fn last_gemm(&mut self, op: Option<usize>, flops: f64, bytes: f64, es: u64, bwd_flops: Option<f64>) {
-        let k = Kernel {
-            flops,
-            bytes,
-            gemm: true,
-            es,
-            by: Dispatch::Python,
-        };
-        if let Some(last) = self.kernels.last_mut() {
-            *last = k;
-        }
-        if let Some(i) = op {
-            self.ops[i].fwd = k;
-            self.ops[i].bwd_flops = bwd_flops;
-        }
-    }
-
-    /// The op just recorded moves `bytes` (its inputs and outputs), not the default estimate.
-    pub fn set_last_bytes(&mut self, op: Option<usize>, bytes: f64) {
-        if let Some(last) = self.kernels.last_mut() {
-            last.bytes = bytes;
-        }
-        if let Some(i) = op {
-            self.ops[i].fwd.bytes = bytes;
-        }
-    }
-
-    /// A kernel that allocates nothing the tape follows (an in-place update, a copy into a
-    /// buffer): `bytes` moved, launched by `by`.
-    pub fn launch(&mut self, bytes: f64, by: Dispatch) {
-        self.kernels.push(Kernel {
-            bytes,
-            by,
-            ..Kernel::default()
-        });
     }
 
     /// Autograd keeps `t` until `op`'s backward has run.
@@ -365,7 +285,6 @@ impl Tape {
     fn backward_op(&mut self, op: &Op) {
         let has_grad = op.outputs.iter().any(|o| self.act_grads.contains_key(o));
         if has_grad {
-            self.backward_kernels(op);
             let temps: Vec<T> = op
                 .temps
                 .iter()
@@ -386,37 +305,6 @@ impl Tape {
         for &s in &op.saved {
             self.tensors[s].saved -= 1;
             self.maybe_free(s);
-        }
-    }
-
-    /// The kernels of `op`'s backward: a matmul's input and weight gradients are matmuls of its
-    /// size (or its stated backward FLOPs); another op's gradient reads the output's gradient and
-    /// what it saved and writes its inputs' gradients.
-    fn backward_kernels(&mut self, op: &Op) {
-        let fresh_input = op.grads.iter().any(|g| matches!(g, Grad::New(_)));
-        let weight = op
-            .grads
-            .iter()
-            .any(|g| matches!(g, Grad::Param { param, .. } if !self.tensors[*param].frozen));
-        if op.fwd.gemm {
-            let gemms = match op.bwd_flops {
-                Some(f) => f / op.fwd.flops.max(1.0),
-                None => f64::from(u8::from(fresh_input) + u8::from(weight)),
-            };
-            if gemms > 0.0 {
-                self.kernels.push(Kernel {
-                    flops: op.fwd.flops * gemms,
-                    bytes: op.fwd.bytes * gemms,
-                    by: Dispatch::Autograd,
-                    ..op.fwd
-                });
-            }
-        } else if fresh_input || weight {
-            self.kernels.push(Kernel {
-                bytes: op.fwd.bytes * 1.5,
-                by: Dispatch::Autograd,
-                ..Kernel::default()
-            });
         }
     }
 
@@ -452,18 +340,11 @@ impl Tape {
                     fresh
                 };
                 match self.tensors[param].grad {
-                    None if self.reduce_on_hook => {
-                        // Copied into the reduce bucket by DeepSpeed's hook.
-                        self.launch(2.0 * param_bytes as f64, Dispatch::Autograd);
-                        self.drop(fresh)
-                    }
+                    None if self.reduce_on_hook => self.drop(fresh),
                     // AccumulateGrad steals the first gradient as `.grad`...
                     None => self.tensors[param].grad = Some(fresh),
                     // ...and adds later ones in place.
-                    Some(_) => {
-                        self.launch(3.0 * param_bytes as f64, Dispatch::Autograd);
-                        self.drop(fresh)
-                    }
+                    Some(_) => self.drop(fresh),
                 }
             }
         }
@@ -472,15 +353,7 @@ impl Tape {
     fn accumulate(&mut self, input: T, fresh: T) {
         match self.act_grads.entry(input) {
             // `InputBuffer::add` sums in place into the first gradient.
-            std::collections::hash_map::Entry::Occupied(_) => {
-                let bytes = self.tensors[fresh].bytes as f64;
-                self.kernels.push(Kernel {
-                    bytes: 3.0 * bytes,
-                    by: Dispatch::Autograd,
-                    ..Kernel::default()
-                });
-                self.drop(fresh)
-            }
+            std::collections::hash_map::Entry::Occupied(_) => self.drop(fresh),
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(fresh);
             }

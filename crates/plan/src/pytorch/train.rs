@@ -249,7 +249,6 @@ pub fn simulate_step(
     let optimizer_at = tape.events.len();
     sh.step_temps(&mut tape);
     optimizer_step(&mut tape, &params.all, setup.optimizer, opt, sh.deepspeed);
-    optimizer_kernels(&mut tape, &trainable, setup.optimizer, opt, sh.deepspeed);
     tape.zero_grad(&params.all);
     tape.drop(ids);
     // A torch optimizer creates its state in the first `step()`; DeepSpeed at initialisation.
@@ -455,61 +454,5 @@ fn optimizer_step(tape: &mut Tape, params: &[T], o: Optimizer, imp: OptimizerImp
         for t in temps {
             tape.drop(t);
         }
-    }
-}
-
-/// Tensors one `multi_tensor_apply` launch takes (PyTorch's `depth_to_max_tensors` for four
-/// lists) and elements per launch (320 blocks of 65,536-element chunks).
-const LAUNCH_TENSORS: f64 = 36.0;
-const LAUNCH_ELEMS: f64 = 320.0 * 65_536.0;
-
-/// The optimizer step's kernels over `trainable` (tensor, elements, bytes per element), by the
-/// bytes each pass moves per element:
-/// - torch fused AdamW: parameters and gradients read, parameters and both fp32 moments read
-///   and written (3 × the parameter's bytes + 16);
-/// - torch foreach AdamW: eight list ops (lerp, mul, addcmul, sqrt, div, add, addcdiv, the
-///   decay's mul), 80 bytes with fp32 parameters (20 × the parameter's bytes);
-/// - SGD with momentum (foreach): three list ops (8 × the parameter's bytes); bitsandbytes'
-///   8-bit AdamW: one kernel per tensor, 3 × the parameter's bytes + 4;
-/// - DeepSpeed: the gradients upcast into the flat fp32 partition (6), FusedAdam over the fp32
-///   master and moments (28), the master copied back to 16 bits (6).
-///
-/// Each parameter also costs the optimizer's Python loop (`_init_group`) a host step.
-fn optimizer_kernels(tape: &mut Tape, trainable: &[(T, u64, u64)], o: Optimizer, imp: OptimizerImpl, ds: bool) {
-    use super::tape::{Dispatch, Kernel};
-    let n = trainable.len() as f64;
-    let elems: f64 = trainable.iter().map(|x| x.1 as f64).sum();
-    let bytes: f64 = trainable.iter().map(|x| (x.1 * x.2) as f64).sum();
-    let es = if elems > 0.0 { bytes / elems } else { 4.0 };
-    let launches = (n / LAUNCH_TENSORS).max(elems / LAUNCH_ELEMS).ceil().max(1.0);
-    let per_elem = match (o, imp, ds) {
-        (_, _, true) => 6.0 + 28.0 + 6.0,
-        (Optimizer::AdamW, OptimizerImpl::Fused, _) => 3.0 * es + 16.0,
-        (Optimizer::AdamW, OptimizerImpl::Foreach, _) => 20.0 * es,
-        (Optimizer::Sgd, _, _) => 8.0 * es,
-        (Optimizer::AdamW8bit, _, _) => {
-            for &(_, numel, e) in trainable {
-                tape.launch((numel * (3 * e + 4)) as f64, Dispatch::Optimizer);
-            }
-            0.0
-        }
-    };
-    if per_elem > 0.0 {
-        let passes = match (o, imp, ds) {
-            (_, _, true) => 3.0,
-            (Optimizer::AdamW, OptimizerImpl::Foreach, _) => 8.0,
-            (Optimizer::Sgd, _, _) => 3.0,
-            _ => 1.0,
-        };
-        let count = (launches * passes) as usize;
-        for _ in 0..count {
-            tape.launch(per_elem * elems / count as f64, Dispatch::Optimizer);
-        }
-    }
-    for _ in trainable {
-        tape.kernels.push(Kernel {
-            by: Dispatch::OptimizerParam,
-            ..Kernel::default()
-        });
     }
 }
