@@ -279,6 +279,13 @@ pub fn read_units_by(
         for view in &unit.views {
             for part in &view.parts {
                 let (shape, data) = tensor(&part.name).map_err(fail)?;
+                if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+                    return Err(fail(format!(
+                        "{} holds {} at element {i}: the weights are damaged or come from a run \
+                         that diverged; use a snapshot from before the loss went to NaN",
+                        part.name, data[i]
+                    )));
+                }
                 if shape != part.hf_shape {
                     let want = &part.hf_shape;
                     return Err(fail(format!(
@@ -412,4 +419,43 @@ pub fn save_hf(
         &tensors_to_safetensors(tensors),
     )?;
     write_atomically(&dir.join("config.json"), config.to_hf_json().as_bytes())
+}
+
+#[cfg(test)]
+mod finite_tests {
+    use super::*;
+
+    /// A NaN or an infinity anywhere in a checkpoint is refused on load, naming the tensor.
+    #[test]
+    fn non_finite_weights_are_refused_naming_the_tensor() {
+        let shape = crate::testkit::llama_tiny();
+        let units = plan::frugal::param_units(&shape, 1).unwrap();
+        let parts: Vec<(String, Vec<u64>)> = units
+            .iter()
+            .flat_map(|u| u.views.iter().flat_map(|v| v.parts.iter()))
+            .map(|p| (p.name.clone(), p.hf_shape.clone()))
+            .collect();
+        let victim = parts[parts.len() / 2].0.clone();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let err = read_units_by(&units, "model.safetensors", &mut |name| {
+                let shape = parts.iter().find(|p| p.0 == name).unwrap().1.clone();
+                let mut data = vec![0.5f32; shape.iter().product::<u64>() as usize];
+                if name == victim {
+                    data[3] = bad;
+                }
+                Ok((shape, data))
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(&victim) && err.contains("element 3"), "{err}");
+        }
+        let ok = read_units_by(&units, "model.safetensors", &mut |name| {
+            let shape = parts.iter().find(|p| p.0 == name).unwrap().1.clone();
+            Ok((
+                shape.clone(),
+                vec![0.5f32; shape.iter().product::<u64>() as usize],
+            ))
+        });
+        assert!(ok.is_ok());
+    }
 }

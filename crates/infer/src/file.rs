@@ -317,6 +317,16 @@ pub fn read_f32_units(
                 vec_at += n;
             }
         }
+        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+            return Err(bad(
+                path,
+                format!(
+                    "the weights of {} hold {} at element {i}: the file comes from a run that \
+                     diverged; export a snapshot from before the loss went to NaN",
+                    unit.kind, values[i]
+                ),
+            ));
+        }
         out.push(values);
     }
     Ok(out)
