@@ -19,6 +19,7 @@ mod generate;
 mod pipeline;
 mod quality;
 mod serve;
+mod serve_http;
 
 use anyhow::{bail, Context};
 use engine::ModelConfig;

@@ -427,3 +427,38 @@ fn two_hundred_requests_from_32_clients_none_lost() {
     assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
     assert_eq!(server.metric("frugal_requests_waiting"), 0.0);
 }
+
+/// `bench serve --http` drives a `frugal serve` it starts with the seeded trace: every request
+/// answered with the trace's length (`ignore_eos`), latencies reported, the server stopped.
+#[test]
+fn bench_serve_over_http_reports_latencies() {
+    let model = smollm2();
+    let out = frugal(&[
+        "bench",
+        "serve",
+        "--http",
+        "--model",
+        model.to_str().unwrap(),
+        "--requests",
+        "6",
+        "--prompt-mean",
+        "8",
+        "--output-mean",
+        "6",
+        "--max-seqs",
+        "3",
+        "--json",
+    ]);
+    let v = json(&out);
+    assert_eq!(v["requests"], 6);
+    assert!(v["generated_tokens"].as_u64().unwrap() >= 6);
+    assert!(v["text_pieces"].as_u64().unwrap() >= 6);
+    for key in [
+        "throughput_tokens_per_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p99_s",
+    ] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+}

@@ -23,7 +23,9 @@ Examples:
   frugal bench serve                                    gpt2-124m, int8, 48 requests
   frugal bench serve --requests 200 --kv-budget 64MiB --max-seqs 32 --json
   frugal bench serve --model llama-tiny --weights f32 --kv-dtype int8
-  frugal bench serve --shared-prefix 200                 a common system prompt, cached once";
+  frugal bench serve --shared-prefix 200                 a common system prompt, cached once
+  frugal bench serve --http --model SmolLM2-135M-Instruct.Q4_1.gguf --requests 16 --weights f32
+                                                        the same trace against frugal serve";
 
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = EXAMPLES)]
@@ -66,6 +68,13 @@ pub struct Args {
     pub seed: u64,
     #[arg(long)]
     pub json: bool,
+    /// Send the trace to `frugal serve` over HTTP on 127.0.0.1 (started here with --model, a
+    /// model on disk): throughput, time to first token and per output token, p50 and p99.
+    #[arg(long)]
+    pub http: bool,
+    /// With --http: stop after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
 }
 
 /// A log-normal draw with this mean (σ in log space), clamped to [1, max].
@@ -98,7 +107,7 @@ pub fn trace(a: &Args, vocab: u64, context: u64) -> Vec<Request> {
         .collect()
 }
 
-fn percentile(v: &[f64], q: f64) -> f64 {
+pub fn percentile(v: &[f64], q: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s[((s.len() - 1) as f64 * q).round() as usize]
@@ -107,6 +116,9 @@ fn percentile(v: &[f64], q: f64) -> f64 {
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.requests == 0 || a.max_seqs == 0 || a.kv_block == 0 {
         bail!("--requests, --max-seqs and --kv-block must be at least 1");
+    }
+    if a.http {
+        return super::serve_http::run(a);
     }
     let config = model_config(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;

@@ -22,6 +22,8 @@ pub struct Job {
     pub seed: u64,
     /// Text that ends the answer where it first appears (not included).
     pub stop: Vec<String>,
+    /// Generate past the end-of-sequence token (exactly `max_tokens`).
+    pub ignore_eos: bool,
     pub events: tokio::sync::mpsc::UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
     pub queued_at: Instant,
@@ -207,7 +209,7 @@ fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Met
     }
     r.last_token_at = Instant::now();
     let t = infer::sample::pick(logits, &r.job.sampling, &mut r.rng);
-    if Some(t) == tok.eos() {
+    if Some(t) == tok.eos() && !r.job.ignore_eos {
         return Step::Finished(Some("stop"));
     }
     r.ids.push(t);

@@ -66,6 +66,7 @@ struct Params {
     seed: u64,
     stop: Vec<String>,
     stream: bool,
+    ignore_eos: bool,
 }
 
 fn params(v: &Value, tok: &data::Tokenizer) -> Result<Params, String> {
@@ -149,6 +150,10 @@ fn params(v: &Value, tok: &data::Tokenizer) -> Result<Params, String> {
         seed,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
         stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        ignore_eos: v
+            .get("ignore_eos")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     })
 }
 
@@ -211,12 +216,13 @@ async fn chat(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
 
 /// The request fields each endpoint reads or refuses by name when not neutral; any other field
 /// is an error, not silently ignored.
+/// `ignore_eos` is vLLM's and llama-server's extension (benchmarks use it for exact lengths).
 const COMPLETION_FIELDS: &str = "model prompt max_tokens max_completion_tokens temperature top_p \
      top_k n best_of stream stream_options stop seed logprobs user frequency_penalty \
-     presence_penalty";
+     presence_penalty ignore_eos";
 const CHAT_FIELDS: &str = "model messages max_tokens max_completion_tokens temperature top_p \
      top_k n stream stream_options stop seed logprobs top_logprobs user frequency_penalty \
-     presence_penalty";
+     presence_penalty ignore_eos";
 
 /// Refuses fields the endpoint does not know, penalties it does not apply, and a model other
 /// than the one served (404, as OpenAI answers an unknown model): the answer, if refused.
@@ -296,6 +302,7 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
         sampling: p.sampling,
         seed: p.seed,
         stop: p.stop,
+        ignore_eos: p.ignore_eos,
         events,
         queued_at: std::time::Instant::now(),
     };

@@ -1,0 +1,248 @@
+//! `frugal bench serve --http`: the seeded trace of `bench serve` sent to a real `frugal serve`
+//! over HTTP on 127.0.0.1, as vLLM's `benchmark_serving` drives a server: every request at once,
+//! streamed, each prompt the trace's random tokens as text, `ignore_eos` so each answer has the
+//! trace's length. Reports throughput, time to first token and time per output token (p50,
+//! p99), with a progress line while it runs; bounded by `--timeout`. The server is this binary,
+//! started on a free port and stopped with SIGTERM.
+//!
+//! Example: `frugal bench serve --http --model SmolLM2-135M-Instruct.Q4_1.gguf --requests 16`.
+
+use super::generate::cpu_name;
+use super::serve::{percentile, trace, Args};
+use anyhow::{bail, Context};
+use serde_json::json;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What one streamed request saw.
+struct Seen {
+    /// Seconds from sending to the first text, and to the last.
+    first_s: f64,
+    last_s: f64,
+    /// Pieces of text received (one per token, or fewer when a character spans tokens).
+    pieces: usize,
+    error: Option<String>,
+}
+
+/// Sends one streaming completion and times its pieces.
+fn one(port: u16, body: &str, deadline: Instant) -> Seen {
+    let started = Instant::now();
+    let mut seen = Seen {
+        first_s: 0.0,
+        last_s: 0.0,
+        pieces: 0,
+        error: None,
+    };
+    let result = (|| -> anyhow::Result<()> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ))?;
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut status = String::new();
+        let mut r = BufReader::new(s);
+        r.read_line(&mut status)?;
+        if !status.contains(" 200 ") {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+            bail!("{} {}", status.trim(), rest.lines().last().unwrap_or(""));
+        }
+        for line in r.lines() {
+            let line = line?;
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                break;
+            }
+            let v: serde_json::Value = serde_json::from_str(data)?;
+            if let Some(e) = v.get("error") {
+                bail!("{e}");
+            }
+            if v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
+                let t = started.elapsed().as_secs_f64();
+                if seen.pieces == 0 {
+                    seen.first_s = t;
+                }
+                seen.last_s = t;
+                seen.pieces += 1;
+            }
+        }
+        Ok(())
+    })();
+    seen.error = result.err().map(|e| format!("{e:#}"));
+    seen
+}
+
+/// Starts `frugal serve` for `a` on a free port; returns the child and its port.
+fn start_server(
+    a: &Args,
+    context: u64,
+    kv_tokens: u64,
+) -> anyhow::Result<(std::process::Child, u16)> {
+    let exe = std::env::current_exe().context("finding this binary to start the server")?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--model", &a.model, "--port", "0", "--queue"])
+        .arg(a.requests.to_string())
+        .args([
+            "--ctx",
+            &context.to_string(),
+            "--max-seqs",
+            &a.max_seqs.to_string(),
+        ])
+        .args([
+            "--kv-tokens",
+            &kv_tokens.to_string(),
+            "--kv-dtype",
+            &a.kv_dtype,
+        ])
+        .args([
+            "--weights",
+            &a.weights,
+            "--weight-group",
+            &a.weight_group.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting frugal serve")?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().context("the server's output")?;
+    BufReader::new(stdout).read_line(&mut line)?;
+    let port = line
+        .rsplit("http://127.0.0.1:")
+        .next()
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|p| p.parse().ok());
+    match port {
+        Some(p) => Ok((child, p)),
+        None => {
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut BufReader::new(e), &mut err);
+            }
+            bail!("frugal serve did not start: {}", err.trim())
+        }
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let source = crate::model::ModelSource::at(std::path::Path::new(&a.model)).context(
+        "--http serves a model on disk (a GGUF file, an HF folder or a training --out): give --model PATH",
+    )?;
+    let tok = source.tokenizer()?;
+    let shape = source.load()?.config.shape;
+    let context = a.context.unwrap_or(1024).min(shape.max_positions);
+    let requests = trace(&a, u64::from(tok.vocab_size()).min(shape.vocab), context);
+    let kv_tokens = a.max_seqs * context;
+    let (mut server, port) = start_server(&a, context, kv_tokens)?;
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let started = Instant::now();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for (i, r) in requests.iter().enumerate() {
+        // The trace's tokens as text; the server tokenizes it again (lengths may shift a little).
+        let text = tok.decode(&r.prompt).unwrap_or_default();
+        let body = json!({"prompt": text, "max_tokens": r.max_new, "temperature": 0,
+                          "stream": true, "ignore_eos": true, "seed": i})
+        .to_string();
+        let tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((i, one(port, &body, deadline)));
+        });
+    }
+    drop(done_tx);
+    let mut seen: Vec<Option<Seen>> = (0..requests.len()).map(|_| None).collect();
+    let mut last_progress = Instant::now();
+    while seen.iter().any(Option::is_none) {
+        match done_rx.recv_timeout(Duration::from_millis(200)) {
+            Ok((i, s)) => seen[i] = Some(s),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(_) => {}
+        }
+        if last_progress.elapsed() >= Duration::from_secs(2) {
+            let n = seen.iter().filter(|s| s.is_some()).count();
+            eprintln!(
+                "  {n}/{} requests answered, {:.0} s",
+                requests.len(),
+                started.elapsed().as_secs_f64()
+            );
+            last_progress = Instant::now();
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    // SIGTERM: the server answers what it admitted and exits.
+    // SAFETY: `kill` on our own child's pid.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let _ = server.wait();
+    let answered: Vec<&Seen> = seen
+        .iter()
+        .flatten()
+        .filter(|s| s.error.is_none())
+        .collect();
+    if let Some(e) = seen.iter().flatten().find_map(|s| s.error.as_ref()) {
+        bail!("a request failed: {e}");
+    }
+    if answered.len() < requests.len() {
+        bail!(
+            "{} of {} requests answered within --timeout {} s: raise it or send fewer --requests",
+            answered.len(),
+            requests.len(),
+            a.timeout
+        );
+    }
+    let pieces: usize = answered.iter().map(|s| s.pieces).sum();
+    let tokens: usize = requests.iter().map(|r| r.max_new).sum();
+    let ttft: Vec<f64> = answered.iter().map(|s| s.first_s).collect();
+    let tpot: Vec<f64> = answered
+        .iter()
+        .zip(&requests)
+        .filter(|(_, r)| r.max_new > 1)
+        .map(|(s, r)| (s.last_s - s.first_s) / (r.max_new - 1) as f64)
+        .collect();
+    let q = |v: &[f64], p: f64| if v.is_empty() { 0.0 } else { percentile(v, p) };
+    let tps = tokens as f64 / seconds;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "model": a.model, "requests": requests.len(), "max_seqs": a.max_seqs,
+                "seconds": seconds, "generated_tokens": tokens, "text_pieces": pieces,
+                "throughput_tokens_per_s": tps,
+                "ttft_p50_s": q(&ttft, 0.5), "ttft_p99_s": q(&ttft, 0.99),
+                "tpot_p50_s": q(&tpot, 0.5), "tpot_p99_s": q(&tpot, 0.99),
+                "cpu": cpu_name(),
+            })
+        );
+    } else {
+        println!(
+            "{} over HTTP · {} requests at once · up to {} decoded together · {}",
+            a.model,
+            requests.len(),
+            a.max_seqs,
+            cpu_name()
+        );
+        println!(
+            "{tokens} tokens in {seconds:.1} s: {tps:.1} tokens/s; time to first token p50 {:.2} s, p99 {:.2} s; per output token p50 {:.1} ms, p99 {:.1} ms",
+            q(&ttft, 0.5),
+            q(&ttft, 0.99),
+            1e3 * q(&tpot, 0.5),
+            1e3 * q(&tpot, 0.99)
+        );
+    }
+    Ok(())
+}
