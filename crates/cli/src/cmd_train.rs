@@ -482,7 +482,24 @@ fn generate(trainer: &mut Trainer, tok: &data::Tokenizer, args: &Args) -> anyhow
         seed: args.seed,
         vocab_limit: Some(tok.vocab_size() as usize),
     };
-    let new = trainer.generate(&prompt, args.sample_tokens, sampling)?;
+    // A SIGTERM or Ctrl-C during the sample ends it where it is: the model is already saved.
+    let new = trainer.generate_until(
+        &prompt,
+        args.sample_tokens,
+        sampling,
+        &guard::stop_requested,
+    )?;
+    if new.len() < args.sample_tokens {
+        eprintln!(
+            "stopped by a signal during the sample after {} of {} tokens{}",
+            new.len(),
+            args.sample_tokens,
+            match &args.out {
+                Some(out) => format!("; the trained model is saved in {}", out.display()),
+                None => String::new(),
+            }
+        );
+    }
     let mut all = prompt;
     all.extend(new);
     Ok(tok.decode(&all)?)

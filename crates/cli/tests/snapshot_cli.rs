@@ -323,3 +323,61 @@ fn bad_snapshot_flags_and_files_exit_2_saying_what_to_fix() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// SIGTERM during the sample that ends a run: the model was saved before it, the sample stops
+/// at once (not after hundreds of full forwards), and the run ends normally saying so.
+#[test]
+fn sigterm_during_the_sample_stops_it_and_keeps_the_saved_model() {
+    let dir = temp_dir("sigterm-sample");
+    let out_dir = dir.join("out");
+    let args = train_args(
+        &dir,
+        &[
+            "--model",
+            "gpt2-124m",
+            "--steps",
+            "1",
+            "--batch",
+            "1",
+            "--seq",
+            "256",
+            "--sample-tokens",
+            "256",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !out_dir.join("model.safetensors").exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no model saved"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_secs(60),
+        "{:?} after the signal",
+        signalled.elapsed()
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stopped by a signal during the sample"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the trained model is saved in"), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["sample"].is_string(), "{v}");
+    assert!(out_dir.join("config.json").exists());
+}

@@ -293,6 +293,19 @@ pub fn generate<B: Backend>(
     max_seq: usize,
     sampling: Sampling,
 ) -> Result<Vec<u32>, EngineError> {
+    generate_until(f, prompt, n_new, max_seq, sampling, &|| false)
+}
+
+/// As [`generate`], asking `stop` before each token and returning the tokens so far when it
+/// says yes (a signal during a long sample).
+pub fn generate_until<B: Backend>(
+    f: &mut dyn Forward<B>,
+    prompt: &[u32],
+    n_new: usize,
+    max_seq: usize,
+    sampling: Sampling,
+    stop: &dyn Fn() -> bool,
+) -> Result<Vec<u32>, EngineError> {
     if prompt.is_empty() {
         return Err(EngineError::Data(
             "generation needs a prompt of at least one token".into(),
@@ -303,6 +316,9 @@ pub fn generate<B: Backend>(
     let mut tokens = prompt.to_vec();
     let mut last = vec![0.0f32; v];
     for _ in 0..n_new {
+        if stop() {
+            break;
+        }
         let context = &tokens[tokens.len().saturating_sub(max_seq)..];
         let seq = context.len();
         let context = context.to_vec();

@@ -60,6 +60,18 @@ impl<B: TrainOps> Trainer<B> {
         eval::generate(self, prompt, n_new, max_seq, sampling)
     }
 
+    /// As [`Trainer::generate`], stopping early (with the tokens so far) once `stop` says so.
+    pub fn generate_until(
+        &mut self,
+        prompt: &[u32],
+        n_new: usize,
+        sampling: Sampling,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Vec<u32>, EngineError> {
+        let max_seq = self.config.seq as usize;
+        eval::generate_until(self, prompt, n_new, max_seq, sampling, stop)
+    }
+
     /// Every parameter (or gradient) tensor under its HF name, in HF layout.
     pub fn export(&self, which: engine::io::Which) -> Vec<engine::io::HfTensor> {
         let ids = match which {
