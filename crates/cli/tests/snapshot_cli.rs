@@ -347,7 +347,7 @@ fn sigterm_during_the_sample_stops_it_and_keeps_the_saved_model() {
             out_dir.to_str().unwrap(),
         ],
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+    let child = Command::new(env!("CARGO_BIN_EXE_frugal"))
         .args(&args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
