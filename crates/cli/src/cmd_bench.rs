@@ -227,6 +227,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             ..Mixed::fp32()
         },
         lora: a.lora_rank.map(|rank| train::LoraConfig {
+            base_weights: None,
             plan: plan::setup::Lora {
                 rank,
                 targets: a.lora_targets.clone(),

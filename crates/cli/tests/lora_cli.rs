@@ -232,3 +232,71 @@ fn a_lora_run_resumes_from_its_snapshot_on_the_same_trajectory() {
     ]);
     fails_with(&train(&other), "run.lora");
 }
+
+/// A LoRA snapshot records a fingerprint of its base's weights: resuming it on another saved
+/// model of the same shape is refused naming `run.lora.base_weights`; on its own base it runs.
+#[test]
+fn a_lora_resume_on_another_base_is_refused_naming_the_base_weights() {
+    let dir = temp_dir("lora-cli", "base-identity");
+    let data = small_text("lora-cli", "base-identity-data", 40_000);
+    let short = [
+        "--steps", "1", "--batch", "2", "--seq", "32", "--data", &data,
+    ];
+    let mut bases = Vec::new();
+    for seed in ["1", "2"] {
+        let out = dir.join(format!("base{seed}"));
+        let args = [
+            &["--model", "gpt2-tiny", "--seed", seed][..],
+            &short[..],
+            &["--out", out.to_str().unwrap()][..],
+        ]
+        .concat();
+        json(&train(&[&args[..], &["--json"][..]].concat()));
+        bases.push(out);
+    }
+    let snaps = dir.join("lora");
+    let lora = |base: &std::path::Path, extra: &[&str]| {
+        let args = [
+            &["--model", base.to_str().unwrap(), "--lora-rank", "4"][..],
+            &[
+                "--steps", "2", "--batch", "2", "--seq", "32", "--data", &data,
+            ][..],
+            extra,
+        ]
+        .concat();
+        train(&args)
+    };
+    json(&lora(
+        &bases[0],
+        &[
+            "--save-every",
+            "1",
+            "--out",
+            snaps.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    let snap = snaps.join("step-000001");
+    let resumed = dir.join("resumed");
+    let other = lora(
+        &bases[1],
+        &[
+            "--resume",
+            snap.to_str().unwrap(),
+            "--out",
+            resumed.to_str().unwrap(),
+        ],
+    );
+    fails_with(&other, "run.lora.base_weights");
+    let same = lora(
+        &bases[0],
+        &[
+            "--resume",
+            snap.to_str().unwrap(),
+            "--out",
+            resumed.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    json(&same);
+}

@@ -78,6 +78,21 @@ pub struct LoraConfig {
     pub plan: plan::setup::Lora,
     /// The adapters' output is scaled by α / r (PEFT's `lora_alpha`).
     pub alpha: f32,
+    /// A fingerprint of the frozen base's weight files ([`base_fingerprint`]) when the base is
+    /// a saved model: a snapshot records it and a resume on another base is refused.
+    pub base_weights: Option<u64>,
+}
+
+/// A fingerprint of a saved model's weights: CRC-32 of every weight file's bytes in order, and
+/// of their sizes, as one number.
+pub fn base_fingerprint(files: &[(String, Vec<u8>)]) -> u64 {
+    let mut data = crc32fast::Hasher::new();
+    let mut sizes = crc32fast::Hasher::new();
+    for (_, bytes) in files {
+        data.update(bytes);
+        sizes.update(&(bytes.len() as u64).to_le_bytes());
+    }
+    (u64::from(sizes.finalize()) << 32) | u64::from(data.finalize())
 }
 
 impl TrainConfig {

@@ -70,7 +70,7 @@ mod state;
 pub mod testkit;
 mod tp;
 pub mod zero;
-pub use config::{check_capacity, LoraConfig, StepStats, Timings, TrainConfig};
+pub use config::{base_fingerprint, check_capacity, LoraConfig, StepStats, Timings, TrainConfig};
 pub use memory::{MemoryBreakdown, RankMemory};
 pub use mixed::Mixed;
 pub use optim::{OptimizerKind, Schedule};

@@ -21,6 +21,7 @@ fn lora(base: Dtype, double_quant: bool, targets: &str) -> LoraConfig {
             dropout: 0.0,
         },
         alpha: 8.0,
+        base_weights: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn run(file: &str) {
         lora: Some(LoraConfig {
             plan: lora,
             alpha: meta["alpha"].parse().unwrap(),
+            base_weights: None,
         }),
         ..TrainConfig::new(model, batch, seq)
     };

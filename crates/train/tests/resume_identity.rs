@@ -121,6 +121,7 @@ fn changed_lora_settings_are_refused() {
             dropout: 0.0,
         },
         alpha: 16.0,
+        base_weights: None,
     };
     let base = TrainConfig {
         lora: Some(lora(4)),

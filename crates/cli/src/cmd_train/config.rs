@@ -250,6 +250,7 @@ fn lora(args: &Args) -> anyhow::Result<Option<train::LoraConfig>> {
             dropout: args.lora_dropout,
         },
         alpha,
+        base_weights: None,
     }))
 }
 
@@ -299,7 +300,13 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         Some(text) => Some(plan::units::parse_bytes(text, "--device-memory")?),
         None => None,
     };
-    let lora = lora(args)?;
+    let mut lora = lora(args)?;
+    // A LoRA base from a saved model: its weights' fingerprint goes into every snapshot.
+    if let (Some(l), Some(dir)) = (lora.as_mut(), &weights) {
+        let files = engine::io::read_hf_folder(dir)
+            .with_context(|| format!("--model {}", dir.display()))?;
+        l.base_weights = Some(train::base_fingerprint(&files));
+    }
     let optimizer = match (optimizer(args.optimizer), &lora) {
         // Adapters train without weight decay, as PEFT runs under HF Trainer's default.
         (

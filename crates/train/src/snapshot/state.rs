@@ -241,6 +241,7 @@ impl RunFields {
                     "base": format!("{:?}", l.plan.base).to_lowercase(),
                     "double_quant": l.plan.double_quant,
                     "dropout": l.plan.dropout,
+                    "base_weights": l.base_weights.map(|f| format!("{f:016x}")),
                 }),
                 None => serde_json::Value::Null,
             },
