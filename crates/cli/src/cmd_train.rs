@@ -38,7 +38,6 @@ mod snapshot;
 mod zero;
 
 use comm::Collective;
-use engine::Sampling;
 use indicatif::{ProgressBar, ProgressStyle};
 use plan::setup::{Attention, Optimizer, Precision, Recompute, ZeroStage};
 use std::path::PathBuf;
@@ -282,9 +281,12 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
     // The sample comes after the save: a signal during it never costs the trained model.
     let sample = match first.finished.sample.take() {
         Some(sample) => Some(sample),
-        None if args.sample_tokens > 0 => {
-            Some(generate(&mut first.trainer, &shared.tokenizer, &args)?)
-        }
+        None if args.sample_tokens > 0 => Some(setup::sample(
+            &mut first.trainer,
+            &shared.tokenizer,
+            &args,
+            true,
+        )?),
         None => None,
     };
     if let Some(path) = &args.plot {
@@ -455,7 +457,6 @@ fn progress_bar(args: &Args) -> ProgressBar {
     bar
 }
 
-/// A sample continuing a fixed prompt, decoded to text.
 /// `--out` of a LoRA run: PEFT's adapter files, and with `--merge` the merged model.
 fn save_lora(
     trainer: &Trainer,
@@ -472,35 +473,4 @@ fn save_lora(
             .with_context(|| format!("saving the merged model to {}", merged.display()))?;
     }
     Ok(())
-}
-
-fn generate(trainer: &mut Trainer, tok: &data::Tokenizer, args: &Args) -> anyhow::Result<String> {
-    let prompt = tok.encode("ROMEO:");
-    let sampling = Sampling {
-        top_k: (args.top_k > 0).then_some(args.top_k),
-        temperature: 1.0,
-        seed: args.seed,
-        vocab_limit: Some(tok.vocab_size() as usize),
-    };
-    // A SIGTERM or Ctrl-C during the sample ends it where it is: the model is already saved.
-    let new = trainer.generate_until(
-        &prompt,
-        args.sample_tokens,
-        sampling,
-        &guard::stop_requested,
-    )?;
-    if new.len() < args.sample_tokens {
-        eprintln!(
-            "stopped by a signal during the sample after {} of {} tokens{}",
-            new.len(),
-            args.sample_tokens,
-            match &args.out {
-                Some(out) => format!("; the trained model is saved in {}", out.display()),
-                None => String::new(),
-            }
-        );
-    }
-    let mut all = prompt;
-    all.extend(new);
-    Ok(tok.decode(&all)?)
 }

@@ -172,3 +172,37 @@ pub fn save_val_logits(
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+/// A sample continuing a fixed prompt, decoded to text. `interruptible`: a signal ends it early
+/// (only where one rank samples alone: ranks that sample together must stop together).
+pub fn sample(
+    trainer: &mut Trainer,
+    tok: &data::Tokenizer,
+    args: &Args,
+    interruptible: bool,
+) -> anyhow::Result<String> {
+    let prompt = tok.encode("ROMEO:");
+    let sampling = engine::Sampling {
+        top_k: (args.top_k > 0).then_some(args.top_k),
+        temperature: 1.0,
+        seed: args.seed,
+        vocab_limit: Some(tok.vocab_size() as usize),
+    };
+    // A SIGTERM or Ctrl-C during the sample ends it where it is: the model is already saved.
+    let stop = || interruptible && super::guard::stop_requested();
+    let new = trainer.generate_until(&prompt, args.sample_tokens, sampling, &stop)?;
+    if new.len() < args.sample_tokens {
+        eprintln!(
+            "stopped by a signal during the sample after {} of {} tokens{}",
+            new.len(),
+            args.sample_tokens,
+            match &args.out {
+                Some(out) => format!("; the trained model is saved in {}", out.display()),
+                None => String::new(),
+            }
+        );
+    }
+    let mut all = prompt;
+    all.extend(new);
+    Ok(tok.decode(&all)?)
+}

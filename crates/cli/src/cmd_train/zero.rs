@@ -34,7 +34,7 @@ pub fn finish(
         return Ok(Finished::default());
     }
     let sample = if args.sample_tokens > 0 {
-        Some(super::generate(trainer, tokenizer, args)?)
+        Some(super::setup::sample(trainer, tokenizer, args, false)?)
     } else {
         None
     };
