@@ -218,6 +218,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         check_pytorch()?;
     }
     let model = model_config(&a.model)?;
+    if let Some(rank) = a.lora_rank {
+        plan::lora::check_rank(&model.shape, rank, &a.lora_targets)?;
+    }
     let config = TrainConfig {
         schedule: Schedule::constant(1e-4),
         recompute: a.recompute,

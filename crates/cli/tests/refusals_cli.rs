@@ -74,3 +74,30 @@ fn a_saved_model_is_replaced_only_when_asked() {
     common::fails_with(&run(&[]), "holds a saved model");
     common::assert_ok(&run(&["--overwrite"]));
 }
+
+/// A LoRA rank above the smaller side of a targeted matrix is refused the same way by `plan`,
+/// `fit`, `bench train` and `train`, naming `--lora-rank`.
+#[test]
+fn a_lora_rank_past_its_matrix_is_refused_by_every_command() {
+    let huge = ["--lora-rank", "100000"];
+    let cases: [Vec<&str>; 3] = [
+        [&["plan", "--model", "llama3-8b"][..], &huge[..]].concat(),
+        [
+            &["fit", "--model", "llama3-8b", "--allow-lora"][..],
+            &huge[..],
+        ]
+        .concat(),
+        [&["bench", "train", "--model", "gpt2-124m"][..], &huge[..]].concat(),
+    ];
+    for args in cases {
+        let out = common::frugal(&args);
+        common::fails_with(&out, "--lora-rank");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("exceeds the smaller side"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let train = common::frugal(&["train", "--model", "gpt2-tiny", "--lora-rank", "100000"]);
+    common::fails_with(&train, "--lora-rank");
+}

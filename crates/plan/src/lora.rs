@@ -64,6 +64,30 @@ pub fn check_targets(model: &ModelShape, targets: &[String]) -> Result<(), PlanE
     Ok(())
 }
 
+/// Refuses a rank above the smaller side of a targeted matrix: an adapter B·A of rank r
+/// cannot have rank more than min(d_in, d_out), so the extra width only costs memory.
+pub fn check_rank(model: &ModelShape, rank: u32, targets: &[String]) -> Result<(), PlanError> {
+    let smallest = [0, model.n_layers.saturating_sub(1)]
+        .into_iter()
+        .flat_map(|l| model.block_tensors(l))
+        .filter(|t| t.kind == TensorKind::Linear && is_target(t, targets))
+        .min_by_key(|t| t.d_in.min(t.d_out));
+    match smallest {
+        Some(t) if u64::from(rank) > t.d_in.min(t.d_out) => Err(PlanError::Invalid {
+            field: "--lora-rank".into(),
+            reason: format!(
+                "{rank} exceeds the smaller side of {} ({} x {}): an adapter's rank cannot \
+                 usefully exceed it; use {} or less (8-64 are usual)",
+                t.name,
+                t.d_in,
+                t.d_out,
+                t.d_in.min(t.d_out)
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Adapter parameters LoRA adds to `tensor` (A: rank × d_in, B: d_out × rank).
 pub fn adapter_numel(tensor: &Tensor, rank: u32) -> u64 {
     rank as u64 * (tensor.d_in + tensor.d_out) * tensor.count

@@ -124,6 +124,7 @@ impl TrainSetup {
         check_positions(model, self.seq)?;
         if let Some(lora) = &self.lora {
             crate::lora::check_targets(model, &lora.targets)?;
+            crate::lora::check_rank(model, lora.rank, &lora.targets)?;
         }
         Ok(())
     }

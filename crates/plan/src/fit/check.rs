@@ -68,6 +68,7 @@ pub fn check_request(model: &ModelShape, r: &FitRequest) -> Result<(), PlanError
             return Err(invalid("--lora-rank", "must be at least 1".into()));
         }
         crate::lora::check_targets(model, &l.targets)?;
+        crate::lora::check_rank(model, l.rank, &l.targets)?;
     }
     let layouts = space::layouts(model, r.gpus, r.hardware.gpus_per_node, &r.bounds);
     if layouts.is_empty() {
