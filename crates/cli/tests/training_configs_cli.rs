@@ -33,6 +33,19 @@ fn total(v: &Value) -> u64 {
     v["per_device"]["total_bytes"].as_u64().unwrap()
 }
 
+/// The plan of `common` + `flags`, and of `common` + `option FILE` (a config in tests/data).
+fn by_flags_and_by_config(
+    common: &[&str],
+    flags: &[&str],
+    option: &str,
+    file: &str,
+) -> (Value, Value) {
+    let path = data(file);
+    let by_flags = [common, flags].concat();
+    let by_config = [common, &[option, path.as_str()][..]].concat();
+    (plan(&by_flags), plan(&by_config))
+}
+
 fn refused(args: &[&str]) -> String {
     let out = frugal(args);
     assert_eq!(out.status.code(), Some(2), "{args:?} should be refused");
@@ -99,12 +112,7 @@ fn a_deepspeed_config_plans_what_its_flags_plan() {
                 "--runtime",
                 runtime,
             ];
-            let mut by_flags = common.to_vec();
-            by_flags.extend_from_slice(flags);
-            let path = data(file);
-            let mut by_config = common.to_vec();
-            by_config.extend_from_slice(&["--deepspeed", &path]);
-            let (a, b) = (plan(&by_flags), plan(&by_config));
+            let (a, b) = by_flags_and_by_config(&common, flags, "--deepspeed", file);
             assert_eq!(total(&a), total(&b), "{file} under {runtime}");
             assert_eq!(a["per_device"], b["per_device"], "{file} under {runtime}");
             assert_eq!(a["host"], b["host"], "{file} under {runtime}");
@@ -156,12 +164,7 @@ fn hf_auto_configs_take_the_flags_and_the_hidden_size() {
             "--runtime",
             "formula",
         ];
-        let mut by_flags = common.to_vec();
-        by_flags.extend_from_slice(&flags);
-        let path = data(file);
-        let mut by_config = common.to_vec();
-        by_config.extend_from_slice(&["--deepspeed", &path]);
-        let (a, b) = (plan(&by_flags), plan(&by_config));
+        let (a, b) = by_flags_and_by_config(&common, &flags, "--deepspeed", file);
         for key in [
             "params_bytes",
             "grads_bytes",
@@ -223,12 +226,7 @@ fn accelerate_configs_plan_what_their_flags_plan() {
         ),
     ];
     for (file, flags) in cases {
-        let mut by_flags = common.to_vec();
-        by_flags.extend_from_slice(flags);
-        let path = data(file);
-        let mut by_config = common.to_vec();
-        by_config.extend_from_slice(&["--accelerate", &path]);
-        let (a, b) = (plan(&by_flags), plan(&by_config));
+        let (a, b) = by_flags_and_by_config(&common, flags, "--accelerate", file);
         assert_eq!(a["per_device"], b["per_device"], "{file}");
         assert_eq!(a["setup"]["dp"], b["setup"]["dp"], "{file}");
     }
