@@ -16,6 +16,9 @@ fn frugal(args: &[&str]) -> Output {
         .expect("run frugal")
 }
 
+/// Llama-2-7B on 8 GPUs at 2048 tokens.
+const LLAMA2_8: [&str; 6] = ["--model", "llama2-7b", "--gpus", "8", "--seq", "2048"];
+
 fn data(name: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/configs")
@@ -102,16 +105,7 @@ fn a_deepspeed_config_plans_what_its_flags_plan() {
     ];
     for (file, flags) in cases {
         for runtime in ["formula", "auto"] {
-            let common = [
-                "--model",
-                "llama2-7b",
-                "--gpus",
-                "8",
-                "--seq",
-                "2048",
-                "--runtime",
-                runtime,
-            ];
+            let common = [&LLAMA2_8[..], &["--runtime", runtime]].concat();
             let (a, b) = by_flags_and_by_config(&common, flags, "--deepspeed", file);
             assert_eq!(total(&a), total(&b), "{file} under {runtime}");
             assert_eq!(a["per_device"], b["per_device"], "{file} under {runtime}");
@@ -150,20 +144,8 @@ fn hf_auto_configs_take_the_flags_and_the_hidden_size() {
             4096 * 4096,
         ),
     ] {
-        let common = [
-            "--model",
-            "llama2-7b",
-            "--gpus",
-            "8",
-            "--seq",
-            "2048",
-            "--batch",
-            "4",
-            "--grad-accum",
-            "2",
-            "--runtime",
-            "formula",
-        ];
+        let rest = ["--batch", "4", "--grad-accum", "2", "--runtime", "formula"];
+        let common = [&LLAMA2_8[..], &rest[..]].concat();
         let (a, b) = by_flags_and_by_config(&common, &flags, "--deepspeed", file);
         for key in [
             "params_bytes",
