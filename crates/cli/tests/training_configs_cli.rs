@@ -332,3 +332,32 @@ fn a_bad_config_is_refused_with_the_fix() {
     ]);
     assert!(e.contains("cannot read /no/such/ds_config.json"), "{e}");
 }
+
+/// accelerate's DeepSpeed section may name a `deepspeed_config_file` beside the YAML: that file
+/// is read, and accelerate's `mixed_precision` and accumulation fill its `"auto"` values.
+#[test]
+fn an_accelerate_config_reads_its_deepspeed_config_file() {
+    let dir = common::temp_dir("configs", "ds-file");
+    std::fs::copy(data("hf_zero3_offload.json"), dir.join("ds.json")).unwrap();
+    let yaml = dir.join("accelerate.yaml");
+    std::fs::write(
+        &yaml,
+        "distributed_type: DEEPSPEED\nmixed_precision: bf16\nnum_processes: 8\n\
+         deepspeed_config:\n  deepspeed_config_file: ds.json\n  zero3_init_flag: true\n",
+    )
+    .unwrap();
+    let common = [&LLAMA2_8[..], &["--batch", "4", "--runtime", "formula"]].concat();
+    let by_yaml = plan(&[&common[..], &["--accelerate", yaml.to_str().unwrap()]].concat());
+    let by_ds = plan(
+        &[
+            &common[..],
+            &["--deepspeed", &data("hf_zero3_offload.json")],
+        ]
+        .concat(),
+    );
+    assert_eq!(by_yaml["per_device"], by_ds["per_device"]);
+    assert!(by_yaml["config"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("DeepSpeed from ds.json"));
+}
