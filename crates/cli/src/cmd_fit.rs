@@ -423,7 +423,9 @@ fn emit(
     let mut back = emit::read_back(target, s, &args.model, file);
     back.extend(["--runtime".to_string(), args.runtime.clone()]);
     eprintln!(
-        "{}: {} per GPU = {total} bytes\nplan it back (saved as {file}): frugal {}",
+        "{}: {} per GPU = {total} bytes\nplan it back (saved as {file}): frugal {}\n\
+         its \"auto\" values (learning rate, weight decay, clipping) are filled by HF's Trainer \
+         or accelerate",
         render::short_setup(s),
         crate::output::human_bytes(total),
         back.join(" ")

@@ -17,6 +17,7 @@ use serde_json::Value;
 use std::fmt::Display;
 
 /// A setup read from a config, and what the reader wants the user told.
+#[derive(Debug)]
 pub struct Read {
     pub setup: plan::TrainSetup,
     /// One line: what the config set ("ZeRO-3, optimizer on cpu, bf16, ...").
@@ -205,6 +206,65 @@ mod tests {
             read > 100 && refused > 100,
             "{read} read, {refused} refused"
         );
+    }
+
+    /// DeepSpeed's and accelerate's own defaults and older spellings, as their sources read them.
+    #[test]
+    fn defaults_and_legacy_forms_read_as_deepspeed_and_accelerate_read_them() {
+        let (given, default) = (
+            plan::TrainSetup::new(1, 2048),
+            plan::TrainSetup::new(1, 2048),
+        );
+        let flags = Flags {
+            given: &given,
+            default: &default,
+        };
+        let ds = |text: &str| deepspeed::read(text, "ds.json", &flags, Some(4096));
+        let mb = r#""train_micro_batch_size_per_gpu": 1"#;
+        // A section without `enabled` is off; `bfloat16` is bf16's older name.
+        let p = ds(&format!("{{{mb}, \"bf16\": {{}}}}"))
+            .unwrap()
+            .setup
+            .precision;
+        assert_eq!(p, plan::setup::Precision::Fp32);
+        let p = ds(&format!("{{{mb}, \"bfloat16\": {{\"enabled\": true}}}}")).unwrap();
+        assert_eq!(p.setup.precision, plan::setup::Precision::Bf16);
+        // `"zero_optimization": true` is stage 1; autocast without a dtype is fp16 on CUDA.
+        let z = ds(&format!("{{{mb}, \"zero_optimization\": true}}"))
+            .unwrap()
+            .setup
+            .zero;
+        assert_eq!(z, plan::setup::ZeroStage::Zero1);
+        let a = ds(&format!(
+            "{{{mb}, \"torch_autocast\": {{\"enabled\": true}}}}"
+        ))
+        .unwrap();
+        assert_eq!(a.setup.precision, plan::setup::Precision::AmpFp16);
+        // Batch sizes that multiply past 64 bits are refused, not wrapped.
+        let huge = r#"{"train_micro_batch_size_per_gpu": 4294967296, "gradient_accumulation_steps": 4294967296, "train_batch_size": 1}"#;
+        assert!(ds(huge).unwrap_err().to_string().contains("past 2^64"));
+        let yaml = |text: &str| {
+            accelerate::read(
+                text,
+                "a.yaml",
+                std::path::Path::new("."),
+                &flags,
+                Some(4096),
+            )
+        };
+        // FSDP1 as `accelerate config` writes it now, and FSDP2's boolean.
+        let v1 = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n";
+        assert_eq!(yaml(v1).unwrap().setup.zero, plan::setup::ZeroStage::Zero2);
+        let v2 = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n";
+        assert_eq!(yaml(v2).unwrap().setup.zero, plan::setup::ZeroStage::Zero2);
+        // accelerate's DeepSpeed stage defaults to 2; N-D parallelism is refused, not ignored.
+        let ds_default = "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  offload_optimizer_device: none\n";
+        assert_eq!(
+            yaml(ds_default).unwrap().setup.zero,
+            plan::setup::ZeroStage::Zero2
+        );
+        let nd = "distributed_type: FSDP\nparallelism_config:\n  tp_size: 2\n";
+        assert!(yaml(nd).unwrap_err().to_string().contains("tp_size"));
     }
 
     #[test]

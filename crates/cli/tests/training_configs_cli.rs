@@ -342,10 +342,29 @@ fn an_accelerate_config_reads_its_deepspeed_config_file() {
     let yaml = dir.join("accelerate.yaml");
     std::fs::write(
         &yaml,
-        "distributed_type: DEEPSPEED\nmixed_precision: bf16\nnum_processes: 8\n\
+        "distributed_type: DEEPSPEED\nnum_processes: 8\n\
          deepspeed_config:\n  deepspeed_config_file: ds.json\n  zero3_init_flag: true\n",
     )
     .unwrap();
+    // accelerate refuses mixed precision (and the other file keys) beside the file.
+    let clash = dir.join("clash.yaml");
+    std::fs::write(
+        &clash,
+        "distributed_type: DEEPSPEED\nmixed_precision: bf16\nnum_processes: 8\n\
+         deepspeed_config:\n  deepspeed_config_file: ds.json\n  zero_stage: 2\n",
+    )
+    .unwrap();
+    let e = refused(&[
+        "plan",
+        "--model",
+        "llama2-7b",
+        "--accelerate",
+        clash.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("zero_stage, mixed_precision beside deepspeed_config_file"),
+        "{e}"
+    );
     let common = [&LLAMA2_8[..], &["--batch", "4", "--runtime", "formula"]].concat();
     let by_yaml = plan(&[&common[..], &["--accelerate", yaml.to_str().unwrap()]].concat());
     let by_ds = plan(

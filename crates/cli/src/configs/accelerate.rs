@@ -17,7 +17,8 @@ const TOP: &str = "\
      deepspeed_config machine_rank main_training_function main_process_ip main_process_port \
      mixed_precision num_machines num_processes rdzv_backend same_network tpu_env tpu_use_cluster \
      tpu_use_sudo use_cpu gpu_ids dynamo_config megatron_lm_config ipex_config mpirun_config \
-     fp8_config tpu_name tpu_zone commands command_file parallelism_config";
+     fp8_config tpu_name tpu_zone commands command_file parallelism_config tpu_vm fp16 \
+     dynamo_backend";
 
 const FSDP: &str = "\
      fsdp_activation_checkpointing fsdp_auto_wrap_policy fsdp_backward_prefetch \
@@ -76,7 +77,22 @@ pub fn read(
         Setting::Absent => 1,
         _ => bail!("{origin}: num_machines must be a count of at least 1"),
     };
-    let mixed = text(origin, v.get("mixed_precision"), "mixed_precision")?.unwrap_or("no");
+    let given_mixed = text(origin, v.get("mixed_precision"), "mixed_precision")?;
+    // accelerate's default, and the legacy `fp16: true`.
+    let legacy_fp16 = matches!(flag(origin, v.get("fp16"), "fp16")?, Setting::Is(true));
+    let mixed = given_mixed.unwrap_or(if legacy_fp16 { "fp16" } else { "no" });
+    let parallelism = section(&v, "parallelism_config");
+    if let Some((key, n)) = parallelism
+        .as_object()
+        .into_iter()
+        .flatten()
+        .find_map(|(k, x)| x.as_u64().filter(|n| *n > 1).map(|n| (k.clone(), n)))
+    {
+        bail!(
+            "{origin}: parallelism_config.{key} is {n}: accelerate's N-D parallelism is not \
+             read; plan it with --gpus, --tp and --zero instead"
+        );
+    }
     let kind = text(origin, v.get("distributed_type"), "distributed_type")?.unwrap_or("NO");
     let (given, default) = (flags.given, flags.default);
     let dp = agree(
@@ -88,7 +104,7 @@ pub fn read(
         default.dp,
     )?;
     match kind {
-        "DEEPSPEED" => deepspeed(&v, origin, dir, mixed, dp, flags, hidden),
+        "DEEPSPEED" => deepspeed(&v, origin, dir, given_mixed.map(|_| mixed), dp, flags, hidden),
         "FSDP" => fsdp(section(&v, "fsdp_config"), origin, mixed, dp, machines, flags),
         "MULTI_GPU" | "NO" => {
             let mut s = given.clone();
@@ -135,14 +151,29 @@ fn fsdp(
     flags: &Flags,
 ) -> anyhow::Result<Read> {
     let (given, default) = (flags.given, flags.default);
-    let strategy = match f.get("fsdp_sharding_strategy") {
-        Some(Value::Number(n)) => n.to_string(),
-        other => text(origin, other, "fsdp_config.fsdp_sharding_strategy")?
-            .map(str::to_string)
-            .unwrap_or_else(|| match f.get("fsdp_reshard_after_forward") {
-                Some(Value::Bool(false)) => "SHARD_GRAD_OP".into(),
-                _ => "FULL_SHARD".into(),
-            }),
+    // FSDP1 names the strategy in `fsdp_sharding_strategy` or, as `accelerate config` now
+    // writes it, in `fsdp_reshard_after_forward`; FSDP2 (`fsdp_version: 2`) takes a boolean
+    // there (false: gradients and optimizer sharded, parameters kept whole).
+    let v2 = f.get("fsdp_version").and_then(Value::as_u64) == Some(2);
+    let strategy = match (
+        f.get("fsdp_sharding_strategy"),
+        f.get("fsdp_reshard_after_forward"),
+    ) {
+        (Some(Value::Number(n)), _) => n.to_string(),
+        (Some(x), _) => text(origin, Some(x), "fsdp_config.fsdp_sharding_strategy")?
+            .unwrap_or("FULL_SHARD")
+            .to_string(),
+        (None, Some(Value::Bool(b))) if v2 => {
+            if *b { "FULL_SHARD" } else { "SHARD_GRAD_OP" }.into()
+        }
+        (None, Some(Value::Bool(_))) => bail!(
+            "{origin}: fsdp_reshard_after_forward is a boolean only with fsdp_version: 2; \
+             FSDP1 takes a strategy name (FULL_SHARD, SHARD_GRAD_OP, ...)"
+        ),
+        (None, Some(x)) => text(origin, Some(x), "fsdp_config.fsdp_reshard_after_forward")?
+            .unwrap_or("FULL_SHARD")
+            .to_string(),
+        (None, None) => "FULL_SHARD".into(),
     };
     // FSDP's strategies by name or by the number older accelerate versions wrote.
     let (zero, hybrid) = match strategy.as_str() {
@@ -158,8 +189,11 @@ fn fsdp(
     };
     let mut s = given.clone();
     // The hybrid strategies shard within a machine and replicate across machines.
+    if hybrid && processes % machines != 0 {
+        bail!("{origin}: {strategy} over {processes} processes on {machines} machines: the processes must divide evenly among the machines");
+    }
     s.dp = if hybrid {
-        (processes / machines).max(1)
+        processes / machines
     } else {
         processes
     };
@@ -211,25 +245,102 @@ fn fsdp(
     if s.recompute != Recompute::None {
         summary.push_str(&format!(", recompute {}", s.recompute));
     }
+    let mut not_planned = Vec::new();
+    if mixed != "no" {
+        not_planned.push(format!(
+            "FSDP's mixed precision gathers {mixed} parameters and reduces gradients in {mixed}; \
+             planned as autocast over fp32 sharded states"
+        ));
+    }
     Ok(Read {
         setup: s,
         summary,
-        not_planned: Vec::new(),
+        not_planned,
     })
 }
 
-/// The DeepSpeed section: its keys become a ds_config, or the file it names is read, and
-/// `mixed_precision` and `gradient_accumulation_steps` fill that file's `"auto"` values.
+/// Keys accelerate refuses beside a `deepspeed_config_file` (the file holds them).
+const FILE_CLASHES: [&str; 8] = [
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_nvme_path",
+    "zero3_save_16bit_model",
+];
+
+/// The DeepSpeed section: its keys become a ds_config (ZeRO stage 2 unless set, as accelerate's
+/// default), or the file it names is read, its `"auto"` values and missing bf16/fp16 section
+/// filled from the launch's mixed precision (the flags), as accelerate fills them.
 fn deepspeed(
     v: &Value,
     origin: &str,
     dir: &Path,
-    mixed: &str,
+    mixed: Option<&str>,
     dp: u32,
     flags: &Flags,
     hidden: Option<u64>,
 ) -> anyhow::Result<Read> {
     let d = section(v, "deepspeed_config");
+    let file = text(
+        origin,
+        d.get("deepspeed_config_file"),
+        "deepspeed_config_file",
+    )?;
+    if let Some(file) = file {
+        let mut clashes: Vec<&str> = FILE_CLASHES
+            .iter()
+            .copied()
+            .filter(|k| d.get(*k).is_some())
+            .collect();
+        if mixed.is_some() {
+            clashes.push("mixed_precision");
+        }
+        if !clashes.is_empty() {
+            bail!(
+                "{origin}: {} beside deepspeed_config_file: accelerate refuses them there (the \
+                 file holds them); set them in {file}",
+                clashes.join(", ")
+            );
+        }
+        let path = dir.join(file);
+        let body = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "{origin}: cannot read its deepspeed_config_file {}",
+                path.display()
+            )
+        })?;
+        let name = path.display().to_string();
+        let mut ds: Value = serde_json::from_str(&body)
+            .with_context(|| format!("{name} is not valid JSON: a ds_config.json is one object"))?;
+        // accelerate's launch adds the section its mixed precision needs when the file has none.
+        let (p, default_p) = (flags.given.precision, flags.default.precision);
+        let section_for = match p {
+            Precision::Bf16 | Precision::AmpBf16 if p != default_p => Some("bf16"),
+            Precision::Fp16 | Precision::AmpFp16 => Some("fp16"),
+            _ => None,
+        };
+        let has_section = ["bf16", "bfloat16", "fp16"]
+            .iter()
+            .any(|k| ds.get(*k).is_some());
+        if let (Some(key), false, Some(obj)) = (section_for, has_section, ds.as_object_mut()) {
+            obj.insert(key.to_string(), serde_json::json!({ "enabled": true }));
+        }
+        let mut given = flags.given.clone();
+        given.dp = dp;
+        let mut default = flags.default.clone();
+        default.dp = dp;
+        let inner = Flags {
+            given: &given,
+            default: &default,
+        };
+        let mut read = super::deepspeed::resolve(&ds, &name, &inner, hidden)?;
+        read.summary = format!("DeepSpeed from {file}: {}", read.summary);
+        return Ok(read);
+    }
+    let mixed = mixed.unwrap_or("no");
     let precision = match mixed {
         "no" => Precision::Fp32,
         "bf16" => Precision::Bf16,
@@ -276,29 +387,14 @@ fn deepspeed(
         given: &given,
         default: &default,
     };
-    if let Some(file) = text(
-        origin,
-        d.get("deepspeed_config_file"),
-        "deepspeed_config_file",
-    )? {
-        let path = dir.join(file);
-        let body = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "{origin}: cannot read its deepspeed_config_file {}",
-                path.display()
-            )
-        })?;
-        let mut read = super::deepspeed::read(&body, &path.display().to_string(), &inner, hidden)?;
-        read.summary = format!("DeepSpeed from {file}: {}", read.summary);
-        return Ok(read);
-    }
     let device = |key: &str| -> anyhow::Result<Value> {
         let dev = text(origin, d.get(key), key)?.unwrap_or("none");
         Ok(serde_json::json!({ "device": dev }))
     };
+    // accelerate's default stage is 2.
     let stage = match count(origin, d.get("zero_stage"), "deepspeed_config.zero_stage")? {
         Setting::Is(n) => n,
-        _ => 0,
+        _ => 2,
     };
     let ds = serde_json::json!({
         "zero_optimization": {

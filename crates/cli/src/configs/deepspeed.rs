@@ -24,7 +24,9 @@ const TOP: &str = "\
      data_types communication_data_type seq_parallel_communication_data_type aio memory_breakdown \
      sparse_attention pipeline tensor_parallel weight_quantization hybrid_engine nebula \
      eigenvalue progressive_layer_drop quantize_training disable_allgather timers \
-     graph_harvesting use_node_local_storage load_universal_checkpoint";
+     graph_harvesting use_node_local_storage load_universal_checkpoint bfloat16 \
+     sequence_parallel_size compile dataloader_drop_last gradient_allreduce_op \
+     expert_parallel log_level datastates_ckpt managed_gradient_accumulation";
 
 const ZERO: &str = "\
      stage allgather_partitions allgather_bucket_size overlap_comm reduce_scatter \
@@ -33,16 +35,20 @@ const ZERO: &str = "\
      stage3_param_persistence_threshold stage3_gather_16bit_weights_on_model_save \
      stage3_gather_fp16_weights_on_model_save sub_group_size elastic_checkpoint \
      round_robin_gradients ignore_unused_parameters load_from_fp32_weights \
-     memory_efficient_linear use_multi_rank_bucket_allreduce cpu_offload cpu_offload_params \
+     memory_efficient_linear use_multi_rank_bucket_allreduce cpu_offload cpu_offload_param \
      cpu_offload_use_pin_memory log_trace_cache_warnings stage3_module_granularity_threshold \
      module_granularity_threshold use_all_reduce_for_fetch_params pipeline_loading_checkpoint \
      override_module_apply legacy_stage1 zero_hpz_partition_size zero_quantized_weights \
      zero_quantized_nontrainable_weights zero_quantized_gradients zeropp_loco_param \
-     mics_shard_size mics_hierarchical_params_gather";
+     mics_shard_size mics_hierarchical_params_gather stage3_model_persistence_threshold \
+     stage3_use_all_reduce_for_fetch_params stage3_allgather_sequential zenflow leaf_module \
+     enable_sanity_checks prefetch_bucket_size param_persistence_threshold \
+     model_persistence_threshold max_live_parameters max_reuse_distance \
+     gather_16bit_weights_on_model_save";
 
 const OFFLOAD_OPTIMIZER: &str = "\
-     device nvme_path pin_memory buffer_count fast_init ratio pipeline pipeline_read \
-     pipeline_write";
+     device nvme_path pin_memory buffer_count fast_init ratio pipeline_read pipeline_write \
+     super_offload cpuadam_cores_perc";
 const OFFLOAD_PARAM: &str = "\
      device nvme_path pin_memory buffer_count buffer_size max_in_cpu";
 const BF16: &str = "\
@@ -110,6 +116,7 @@ pub fn resolve(
     }
     for (key, known) in [
         ("bf16", BF16),
+        ("bfloat16", BF16),
         ("fp16", FP16),
         ("activation_checkpointing", CHECKPOINTING),
         ("torch_autocast", AUTOCAST),
@@ -123,6 +130,15 @@ pub fn resolve(
             bail!(
                 "{origin}: {key} is on; the planner does not model it: remove it to plan the rest"
             );
+        }
+    }
+    if let Setting::Is(n) = count(
+        origin,
+        v.get("sequence_parallel_size"),
+        "sequence_parallel_size",
+    )? {
+        if n > 1 {
+            bail!("{origin}: sequence_parallel_size {n} (DeepSpeed-Ulysses) is not modelled: remove it to plan the rest, or plan Megatron's sequence parallelism with --tp and --sp");
         }
     }
     let (given, default) = (flags.given, flags.default);
@@ -259,8 +275,19 @@ pub fn resolve(
         flag(origin, zero.get("overlap_comm"), "overlap_comm")?,
         Setting::Is(true)
     );
-    if overlap && matches!(s.zero, ZeroStage::Zero1 | ZeroStage::Zero2) {
-        not_planned.push("overlap_comm: DeepSpeed double-buffers the reduce bucket".into());
+    let contiguous = !matches!(
+        flag(
+            origin,
+            zero.get("contiguous_gradients"),
+            "contiguous_gradients"
+        )?,
+        Setting::Is(false)
+    );
+    if overlap && contiguous && matches!(s.zero, ZeroStage::Zero1 | ZeroStage::Zero2) {
+        not_planned.push(
+            "overlap_comm with contiguous_gradients: DeepSpeed double-buffers the reduce bucket"
+                .into(),
+        );
     }
     for key in [
         "zero_quantized_weights",
@@ -286,6 +313,14 @@ pub fn resolve(
 }
 
 fn stage(origin: &str, zero: &Value) -> anyhow::Result<ZeroStage> {
+    // DeepSpeed's old boolean form: `"zero_optimization": true` is stage 1.
+    if let Value::Bool(on) = zero {
+        return Ok(if *on {
+            ZeroStage::Zero1
+        } else {
+            ZeroStage::Zero0
+        });
+    }
     Ok(
         match count(origin, zero.get("stage"), "zero_optimization.stage")? {
             Setting::Absent => ZeroStage::Zero0,
@@ -326,7 +361,15 @@ fn offload(origin: &str, zero: &Value, stage: ZeroStage) -> anyhow::Result<(Offl
     {
         opt = Some(false);
     }
-    let param = device(origin, zero, "offload_param")?;
+    let mut param = device(origin, zero, "offload_param")?;
+    if param.is_none()
+        && matches!(
+            flag(origin, zero.get("cpu_offload_param"), "cpu_offload_param")?,
+            Setting::Is(true)
+        )
+    {
+        param = Some(false);
+    }
     let ratio = section(zero, "offload_optimizer")
         .get("ratio")
         .and_then(Value::as_f64);
@@ -363,15 +406,20 @@ fn precision(origin: &str, v: &Value, given: Precision) -> anyhow::Result<Precis
         Ok(match flag(origin, sec.get("enabled"), &k)? {
             Setting::Is(b) => b,
             Setting::Auto => auto,
-            // A section without `enabled` is on (DeepSpeed's `"bf16": {}`) for bf16/fp16.
-            Setting::Absent => sec.is_object() && key != "torch_autocast",
+            // DeepSpeed's sections are off unless `enabled` says otherwise.
+            Setting::Absent => false,
         })
     };
-    let (bf16, fp16) = (on("bf16", bf16_given)?, on("fp16", fp16_given)?);
+    // `bfloat16` is DeepSpeed's older name of the section.
+    let bf16 = on("bf16", bf16_given)? || on("bfloat16", bf16_given)?;
+    let fp16 = on("fp16", fp16_given)?;
     if bf16 && fp16 {
         bail!("{origin}: bf16 and fp16 are both enabled: DeepSpeed runs one; disable the other");
     }
-    let bf16_sec = section(v, "bf16");
+    let bf16_sec = match section(v, "bf16") {
+        Value::Null => section(v, "bfloat16"),
+        sec => sec,
+    };
     let pure = ["bf16_master_weights_and_grads", "bf16_optimizer_states"]
         .map(|k| matches!(flag(origin, bf16_sec.get(k), k), Ok(Setting::Is(true))));
     if fp16
@@ -400,8 +448,9 @@ fn precision(origin: &str, v: &Value, given: Precision) -> anyhow::Result<Precis
             section(v, "torch_autocast").get("dtype"),
             "torch_autocast.dtype",
         )? {
-            None | Some("bfloat16" | "torch.bfloat16") => Precision::AmpBf16,
-            Some("float16" | "torch.float16") => Precision::AmpFp16,
+            // Without a dtype DeepSpeed calls `torch.autocast` with none: fp16 on CUDA.
+            Some("bfloat16" | "torch.bfloat16" | "bf16") => Precision::AmpBf16,
+            None | Some("float16" | "torch.float16" | "fp16" | "half") => Precision::AmpFp16,
             Some(other) => {
                 bail!("{origin}: torch_autocast.dtype \"{other}\": use bfloat16 or float16")
             }

@@ -71,7 +71,8 @@ fn offload_device(on: bool) -> Value {
     }
 }
 
-/// The ds_config.json of `s` (which [`expresses`] accepts for DeepSpeed).
+/// The ds_config.json of `s` (which [`expresses`] accepts for DeepSpeed). Its learning rate,
+/// weight decay and clipping are `"auto"`: HF's Trainer and accelerate fill them.
 pub fn deepspeed(s: &TrainSetup) -> Value {
     let b = s.zero_buffers;
     let mut zero = json!({
@@ -103,6 +104,11 @@ pub fn deepspeed(s: &TrainSetup) -> Value {
         },
         "gradient_clipping": "auto",
     });
+    if s.optimizer == Optimizer::Sgd {
+        // DeepSpeed's ZeRO runs SGD only when told it may, and offloads it only as torch's.
+        v["zero_allow_untested_optimizer"] = json!(true);
+        v["zero_force_ds_cpu_optimizer"] = json!(false);
+    }
     if let Precision::AmpBf16 | Precision::AmpFp16 = s.precision {
         let dtype = if s.precision == Precision::AmpBf16 {
             "bfloat16"

@@ -29,15 +29,21 @@ pub(super) fn batch(
         Setting::Auto | Setting::Absent => None,
     };
     let dp = dp as u64;
+    // Products past 64 bits are no batch anyone runs: refused, never wrapped.
+    let mul = |a: u64, b: u64| {
+        a.checked_mul(b).ok_or_else(|| {
+            anyhow::anyhow!("{origin}: the batch settings multiply past 2^64: give real sizes")
+        })
+    };
     let (m, g) = match (m, g, t) {
-        (Some(m), Some(g), Some(t)) if m * g * dp != t => bail!(
+        (Some(m), Some(g), Some(t)) if mul(mul(m, g)?, dp)? != t => bail!(
             "{origin}: train_batch_size {t} is not train_micro_batch_size_per_gpu {m} × \
              gradient_accumulation_steps {g} × {dp} GPUs (--gpus) = {}: fix one",
             m * g * dp
         ),
         (Some(m), Some(g), _) => (m, g),
-        (Some(m), None, Some(t)) if m > 0 && t % (m * dp) == 0 => (m, t / (m * dp)),
-        (None, Some(g), Some(t)) if g > 0 && t % (g * dp) == 0 => (t / (g * dp), g),
+        (Some(m), None, Some(t)) if m > 0 && t % mul(m, dp)? == 0 => (m, t / (m * dp)),
+        (None, Some(g), Some(t)) if g > 0 && t % mul(g, dp)? == 0 => (t / (g * dp), g),
         (None, None, Some(t)) if t % dp == 0 => (t / dp, 1),
         (Some(m), None, None) => (m, 1),
         (_, _, Some(t)) => bail!(
@@ -64,15 +70,23 @@ pub(super) fn buffers(
 ) -> anyhow::Result<ZeroBuffers> {
     let d = ZeroBuffers::DEEPSPEED;
     let h = hidden.unwrap_or(0);
-    let pick = |key: &str, default: u64, auto: u64| -> anyhow::Result<u64> {
-        Ok(
-            match count(origin, zero.get(key), &format!("zero_optimization.{key}"))? {
-                Setting::Absent => default,
-                Setting::Auto if hidden.is_some() => auto,
-                Setting::Auto => default,
-                Setting::Is(n) => n,
-            },
-        )
+    // The first of `keys` set (DeepSpeed also takes the names without `stage3_`); `"auto"` as
+    // HF fills it from the model's hidden size, which a bare parameter count does not have.
+    let pick = |keys: &[&str], default: u64, auto: u64| -> anyhow::Result<u64> {
+        let key = keys
+            .iter()
+            .find(|k| zero.get(**k).is_some())
+            .unwrap_or(&keys[0]);
+        let name = format!("zero_optimization.{key}");
+        Ok(match count(origin, zero.get(*key), &name)? {
+            Setting::Absent => default,
+            Setting::Auto if hidden.is_some() => auto,
+            Setting::Auto => bail!(
+                "{origin}: {name} is \"auto\", which needs the model's hidden size: plan with \
+                 --model, or give a number"
+            ),
+            Setting::Is(n) => n,
+        })
     };
     let sub_group = match count(origin, zero.get("sub_group_size"), "zero_optimization.sub_group_size")? {
         Setting::Absent => d.sub_group,
@@ -81,14 +95,17 @@ pub(super) fn buffers(
         Setting::Is(n) => n,
     };
     Ok(ZeroBuffers {
-        reduce_bucket: pick("reduce_bucket_size", d.reduce_bucket, h * h)?,
+        reduce_bucket: pick(&["reduce_bucket_size"], d.reduce_bucket, h * h)?,
         prefetch_bucket: pick(
-            "stage3_prefetch_bucket_size",
+            &["stage3_prefetch_bucket_size", "prefetch_bucket_size"],
             d.prefetch_bucket,
             (0.9 * (h * h) as f64) as u64,
         )?,
         persistence_threshold: pick(
-            "stage3_param_persistence_threshold",
+            &[
+                "stage3_param_persistence_threshold",
+                "param_persistence_threshold",
+            ],
             d.persistence_threshold,
             10 * h,
         )?,
