@@ -257,6 +257,8 @@ fn finish(
     metrics: &Metrics,
 ) {
     worker.free(r.seq);
+    let pool = worker.setup.kv_blocks as usize;
+    metrics.left_batch(used_blocks(worker, pool));
     metrics.finished(match reason {
         Some("length") => Finish::Length,
         Some(_) => Finish::Stop,
