@@ -101,3 +101,26 @@ fn a_lora_rank_past_its_matrix_is_refused_by_every_command() {
     let train = common::frugal(&["train", "--model", "gpt2-tiny", "--lora-rank", "100000"]);
     common::fails_with(&train, "--lora-rank");
 }
+
+/// A `--data` larger than the memory it would be read into is refused before a byte is read
+/// (a sparse 1 TiB file: no disk is used).
+#[test]
+fn a_corpus_larger_than_memory_is_refused_before_reading() {
+    let dir = common::temp_dir("refusals", "huge-data");
+    let path = dir.join("huge.txt");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let out = common::frugal(&[
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "1",
+        "--data",
+        path.to_str().unwrap(),
+    ]);
+    common::fails_with(&out, "1099511627776 bytes of text");
+    let _ = std::fs::remove_file(&path);
+}

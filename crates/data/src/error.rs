@@ -36,6 +36,13 @@ pub enum DataError {
     #[error("{path} is not a regular file or folder (a device or a pipe is never read); point at a UTF-8 text file or a folder of .txt files")]
     NotAFile { path: PathBuf },
 
+    /// The text is larger than the memory it would be read into.
+    #[error(
+        "{path} holds {bytes} bytes of text; the whole corpus is read into memory and {max} \
+         bytes fit here: give a smaller file or a folder with fewer files"
+    )]
+    TooLarge { path: PathBuf, bytes: u64, max: u64 },
+
     /// A folder holds no `.txt` file.
     #[error("{path} holds no .txt files; point at a UTF-8 text file or a folder of .txt files")]
     NoTextFiles { path: PathBuf },

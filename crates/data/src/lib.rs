@@ -44,7 +44,7 @@ pub use dataset::{BatchShape, Dataset, DEFAULT_VAL_FRACTION};
 pub use error::{DataError, Result};
 pub use loader::{Loader, LoaderConfig, LoaderPosition, WindowOrder};
 pub use rng::SplitMix64;
-pub use text_files::load_text_path;
+pub use text_files::{load_text_path, load_text_path_within};
 pub use token_file::{
     decode_token_file, encode_token_file, read_token_file, token_width_bytes, write_token_file,
     TokenFile, TOKEN_FILE_HEADER_BYTES, TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION,

@@ -19,6 +19,12 @@ use crate::error::{DataError, Result};
 /// `.txt` file in it, sorted by file name. Errors name the offending path: unreadable, not UTF-8,
 /// a folder without `.txt` files, or no text at all.
 pub fn load_text_path(path: &Path) -> Result<Corpus> {
+    load_text_path_within(path, u64::MAX)
+}
+
+/// [`load_text_path`], refusing before reading a byte when the text is over `max_bytes` (the
+/// memory it would be read into).
+pub fn load_text_path_within(path: &Path, max_bytes: u64) -> Result<Corpus> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::io("cannot read", path, e))?;
     let files = if meta.is_dir() {
         text_files_in(path)?
@@ -30,6 +36,17 @@ pub fn load_text_path(path: &Path) -> Result<Corpus> {
             path: path.to_path_buf(),
         });
     };
+    let bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    if bytes > max_bytes {
+        return Err(DataError::TooLarge {
+            path: path.to_path_buf(),
+            bytes,
+            max: max_bytes,
+        });
+    }
     let mut documents = Vec::with_capacity(files.len());
     for file in &files {
         documents.push(Document {

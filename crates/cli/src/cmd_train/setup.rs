@@ -34,7 +34,12 @@ pub struct Rank {
 
 fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
     Ok(match path {
-        Some(p) => data::load_text_path(p).with_context(|| format!("--data {}", p.display()))?,
+        Some(p) => {
+            // The text and its tokens (about as many bytes) must fit beside the run.
+            let max = engine::capacity::host_available().map_or(u64::MAX, |h| h.bytes / 4);
+            data::load_text_path_within(p, max)
+                .with_context(|| format!("--data {}", p.display()))?
+        }
         None => data::shakespeare(),
     })
 }
