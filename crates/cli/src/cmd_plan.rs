@@ -365,6 +365,14 @@ fn model_report(
         }
         r.step_time = Some(plan::fit::step_time(model, &setup, &hw));
         r.gpu = Some(hw.gpu.name.to_string());
+        // A setup over the device's memory: the nearest one that fits, as the advisor finds it.
+        if let Some(size) = &args.device_memory {
+            let capacity = units::parse_bytes(size, "--device-memory")?;
+            if r.per_device.total_bytes > capacity {
+                let runtime = plan::fit::Runtime::parse(runtime)?;
+                r.fix = plan::fit::cheapest_fix(model, &setup, capacity, runtime);
+            }
+        }
         r
     })
 }
@@ -441,22 +449,7 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
     let Some(size) = &args.device_memory else {
         return Ok(report);
     };
-    let capacity = units::parse_bytes(size, "--device-memory")?;
-    let mut report = report.with_device_memory(capacity);
-    if report.fits == Some(false) && report.mode == "train" {
-        if let Some(model) = &report.model {
-            let (setup, _) = train_setup(args, report_seq(&report), Some(model.d_model))?;
-            if let Ok(runtime) = plan::fit::Runtime::parse(&report.runtime) {
-                report.fix = plan::fit::cheapest_fix(model, &setup, capacity, runtime);
-            }
-        }
-    }
-    Ok(report)
-}
-
-/// The sequence length a training report planned.
-fn report_seq(report: &Report) -> u64 {
-    report.setup["seq"].as_u64().unwrap_or(2048)
+    Ok(report.with_device_memory(units::parse_bytes(size, "--device-memory")?))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

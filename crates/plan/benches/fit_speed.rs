@@ -1,6 +1,6 @@
 //! Fit speed: how many candidate setups `fit::search` weighs per second (memory plan, step time,
 //! ranking), against the baseline of the bare formula estimates of the same candidates in a plain
-//! loop, same run. The issue asks for over 10,000 candidates weighed in under a second.
+//! loop, same run. The target: over 10,000 candidates weighed in under a second.
 //! Run: `cargo bench -p plan --bench fit_speed` (one line per case).
 
 use plan::fit::{self, FitRequest, LoraChoice};

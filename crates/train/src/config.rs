@@ -83,16 +83,27 @@ pub struct LoraConfig {
     pub base_weights: Option<u64>,
 }
 
-/// A fingerprint of a saved model's weights: CRC-32 of every weight file's bytes in order, and
-/// of their sizes, as one number.
-pub fn base_fingerprint(files: &[(String, Vec<u8>)]) -> u64 {
+/// A fingerprint of a saved model's weight files (`paths`, in order): CRC-32 of their bytes, and
+/// of their sizes, as one number. The files are streamed, never held whole.
+pub fn base_fingerprint(paths: &[std::path::PathBuf]) -> std::io::Result<u64> {
+    use std::io::Read;
     let mut data = crc32fast::Hasher::new();
     let mut sizes = crc32fast::Hasher::new();
-    for (_, bytes) in files {
-        data.update(bytes);
-        sizes.update(&(bytes.len() as u64).to_le_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    for path in paths {
+        let mut file = std::fs::File::open(path)?;
+        let mut len = 0u64;
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            data.update(&buf[..n]);
+            len += n as u64;
+        }
+        sizes.update(&len.to_le_bytes());
     }
-    (u64::from(sizes.finalize()) << 32) | u64::from(data.finalize())
+    Ok((u64::from(sizes.finalize()) << 32) | u64::from(data.finalize()))
 }
 
 impl TrainConfig {

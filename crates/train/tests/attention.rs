@@ -1,4 +1,4 @@
-//! Flash attention in the model (issue 6, item 5): logits, loss and every gradient of the whole
+//! Flash attention in the model: logits, loss and every gradient of the whole
 //! model match the materialised kernel's within a stated budget, on GPT-2 and on Llama (RoPE,
 //! GQA), at a sequence that spans two of flash's 64-row tiles; the flash plan keeps `lse` and no
 //! B·NH·T·T buffer, and the arena measures exactly what it plans.

@@ -1,4 +1,4 @@
-//! Recompute (issue 6, item 1): every policy gives bit-identical losses, gradients and weights to
+//! Recompute: every policy gives bit-identical losses, gradients and weights to
 //! no recompute in fp32 (the same kernels run in the same order), on GPT-2 and Llama blocks with
 //! either attention kernel, and the arena's measured peak equals the plan's per category, to the
 //! byte, under every policy. Five blocks so that every:2, every:3 and sqrt (K = 2) end with a

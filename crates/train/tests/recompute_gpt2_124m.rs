@@ -1,4 +1,4 @@
-//! The loss never holds a B×T×V fp32 logits tensor (issue 6, item 6), at GPT-2 124M's real
+//! The loss never holds a B×T×V fp32 logits tensor, at GPT-2 124M's real
 //! vocabulary: the fused classifier works through `CLASSIFIER_CHUNK_ROWS` rows of logits at a
 //! time in `work.classifier`, the only V-wide buffer of the plan.
 //!

@@ -138,7 +138,17 @@ fn start_server(
     }
 }
 
+/// Requests one run sends at once, each on a connection and a thread of its own.
+const MAX_REQUESTS: usize = 1024;
+
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.requests > MAX_REQUESTS {
+        bail!(
+            "--requests {} with --http: every request is sent at once on its own connection; \
+             give at most {MAX_REQUESTS}",
+            a.requests
+        );
+    }
     let source = crate::model::ModelSource::at(std::path::Path::new(&a.model)).context(
         "--http serves a model on disk (a GGUF file, an HF folder or a training --out): give --model PATH",
     )?;
@@ -158,9 +168,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                           "stream": true, "ignore_eos": true, "seed": i})
         .to_string();
         let tx = done_tx.clone();
-        std::thread::spawn(move || {
+        let sent = std::thread::Builder::new().spawn(move || {
             let _ = tx.send((i, one(port, &body, deadline)));
         });
+        if let Err(e) = sent {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+            let _ = server.wait();
+            bail!("starting client {i}: {e}: send fewer --requests");
+        }
     }
     drop(done_tx);
     let mut seen: Vec<Option<Seen>> = (0..requests.len()).map(|_| None).collect();

@@ -117,7 +117,14 @@ pub fn run(
                 break;
             }
             metrics.dequeued();
-            match admit(&mut worker, &tok, job, need, &mut logits, &metrics) {
+            match admit(
+                &mut worker,
+                &tok,
+                job,
+                need,
+                &mut logits,
+                (&metrics, running.len()),
+            ) {
                 Some(r) => running.push(r),
                 None => continue,
             }
@@ -153,7 +160,7 @@ pub fn run(
                 Step::Next => i += 1,
                 Step::Finished(reason) => {
                     let r = running.remove(i);
-                    finish(&mut worker, r, &tok, reason, &metrics);
+                    finish(&mut worker, r, &tok, reason, (&metrics, running.len()));
                 }
             }
         }
@@ -172,7 +179,7 @@ fn admit(
     job: Job,
     blocks: usize,
     logits: &mut Vec<f32>,
-    metrics: &Metrics,
+    (metrics, running): (&Metrics, usize),
 ) -> Option<Running> {
     let seq = worker.new_sequence();
     let mut r = Running {
@@ -196,7 +203,7 @@ fn admit(
     match advance(&mut r, tok, logits, metrics) {
         Step::Next => Some(r),
         Step::Finished(reason) => {
-            finish(worker, r, tok, reason, metrics);
+            finish(worker, r, tok, reason, (metrics, running));
             None
         }
     }
@@ -254,11 +261,12 @@ fn finish(
     r: Running,
     tok: &data::Tokenizer,
     reason: Option<&'static str>,
-    metrics: &Metrics,
+    (metrics, still_running): (&Metrics, usize),
 ) {
     worker.free(r.seq);
+    // Counted before the client hears the end, so it never reads the request as still running.
     let pool = worker.setup.kv_blocks as usize;
-    metrics.left_batch(used_blocks(worker, pool));
+    metrics.set_load(still_running, used_blocks(worker, pool), pool);
     metrics.finished(match reason {
         Some("length") => Finish::Length,
         Some(_) => Finish::Stop,

@@ -99,15 +99,6 @@ impl Metrics {
         self.with(|m| (m.running, m.kv_used, m.kv_total) = (running, kv_used, kv_total));
     }
 
-    /// A request left the batch and its blocks are back: counted before its client hears, so
-    /// that a client who has its answer never sees it still running.
-    pub fn left_batch(&self, kv_used: usize) {
-        self.with(|m| {
-            m.running = m.running.saturating_sub(1);
-            m.kv_used = kv_used;
-        });
-    }
-
     pub fn first_token(&self, seconds: f64) {
         self.with(|m| m.ttft.observe(&TTFT_BUCKETS, seconds));
     }

@@ -271,14 +271,8 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         );
     }
     if let Some(rank) = args.lora_rank {
-        if u64::from(rank) > model.shape.d_model {
-            bail!(
-                "--lora-rank {rank} is larger than the model's width ({}): an adapter's rank \
-                 cannot usefully exceed its matrix's; use --lora-rank {} or less (8-64 are usual)",
-                model.shape.d_model,
-                model.shape.d_model
-            );
-        }
+        // The rule `plan` and `fit` apply: no wider than the smaller side of a targeted matrix.
+        plan::lora::check_rank(&model.shape, rank, &args.lora_targets)?;
     }
     if args.sample_tokens as u64 > model.shape.max_positions {
         bail!(
@@ -303,9 +297,11 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     let mut lora = lora(args)?;
     // A LoRA base from a saved model: its weights' fingerprint goes into every snapshot.
     if let (Some(l), Some(dir)) = (lora.as_mut(), &weights) {
-        let files = engine::io::read_hf_folder(dir)
+        let files = engine::io::hf_weight_files(dir)
             .with_context(|| format!("--model {}", dir.display()))?;
-        l.base_weights = Some(train::base_fingerprint(&files));
+        let fingerprint = train::base_fingerprint(&files)
+            .with_context(|| format!("reading the weights of --model {}", dir.display()))?;
+        l.base_weights = Some(fingerprint);
     }
     let optimizer = match (optimizer(args.optimizer), &lora) {
         // Adapters train without weight decay, as PEFT runs under HF Trainer's default.

@@ -98,7 +98,7 @@ fn every_policy_packs_to_its_peak_and_saves_memory() {
     }
 }
 
-/// Issue 6 item 6: the loss holds `CLASSIFIER_CHUNK_ROWS` × V logits, never B×T×V.
+/// The loss holds `CLASSIFIER_CHUNK_ROWS` × V logits, never B×T×V.
 #[test]
 fn no_plan_holds_full_logits_or_flash_probabilities() {
     let model = presets::by_name("gpt2-124m").unwrap();
