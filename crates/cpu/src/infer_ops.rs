@@ -81,8 +81,12 @@ pub(super) fn embed_rows(a: &Arena<Cpu>, op: &EmbedRows) {
     let tokens = a.view::<u32>(op.tokens.prefix(n));
     let mut out = a.view_mut::<f32>(op.out.prefix(n * c));
     with_weight(a, &op.table, |w| {
+        let (first, held) = (op.shard.unwrap_or(0), op.table.rows);
         for (row, &t) in out.chunks_exact_mut(c).zip(tokens.iter()) {
-            w.row(t as usize, row);
+            match (t as usize).checked_sub(first).filter(|&i| i < held) {
+                Some(i) => w.row(i, row),
+                None => row.fill(0.0),
+            }
         }
     });
     if let Some(wpe) = op.wpe {

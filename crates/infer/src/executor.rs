@@ -76,7 +76,7 @@ impl<B: InferOps> Executor for Single<'_, B> {
     }
     fn decode(&mut self, seqs: &[SeqId], tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
         self.worker.decode(seqs, tokens, &mut self.logits)?;
-        let v = self.worker.config.shape.vocab as usize;
+        let v = self.worker.vocab();
         Ok(self
             .logits
             .chunks_exact(v)

@@ -8,7 +8,9 @@
 //!   [`Worker::prefill`] runs up to a chunk of one sequence's tokens per step, [`Worker::decode`]
 //!   one token of each of several sequences; [`Worker::fork`] shares a sequence's blocks;
 //! - the executor (`executor`): carries out the scheduler's decisions on one worker (`Single`)
-//!   or on block counts alone (`Replay`); a tensor-parallel group would be another.
+//!   or on block counts alone (`Replay`);
+//! - tensor parallelism (`tp`): a worker that is one rank of a group holds its share of the
+//!   model and meets the others at the embedding, the row-parallel projections and the head.
 //!
 //! Weights come from fp32 units (a trained model, quantized by `weights`), from random codes built
 //! directly in the format (benchmarks: no fp32 copy), or from a quantized file (`file`). `sample`
@@ -41,6 +43,7 @@ pub mod sample;
 pub mod schedule;
 pub mod spec;
 mod step;
+mod tp;
 pub mod weights;
 
 pub use runner::Runner;
@@ -135,6 +138,8 @@ pub struct Worker<B: InferOps = Cpu> {
     pub(crate) caches: Vec<KvCache>,
     /// The KV cache's block tables (the one block rule, shared with `schedule::simulate`).
     pub blocks: BlockManager,
+    /// Tensor parallelism: this rank's link to its group (`None`: the whole model here).
+    pub(crate) tp: Option<tp::TpRank>,
 }
 
 impl Worker<Cpu> {
@@ -176,8 +181,20 @@ impl<B: InferOps> Worker<B> {
     ) -> Result<Worker<B>, EngineError> {
         engine::backend::require::<B>(engine::backend::model_needs(&config.shape))?;
         let plan = serve_plan(&config.shape, &setup)?;
-        let arena = Arena::new(backend, &plan, Device::Gpu, capacity)?;
         let units = plan::frugal::param_units(&config.shape, 1)?;
+        Worker::with_plan(backend, config, setup, capacity, (plan, units))
+    }
+
+    /// A worker of `config` (a whole model or a rank's share) holding `units`, carved from
+    /// `plan`.
+    pub(crate) fn with_plan(
+        backend: B,
+        config: ModelConfig,
+        setup: ServeSetup,
+        capacity: Option<u64>,
+        (plan, units): (MemoryPlan, Vec<Unit>),
+    ) -> Result<Worker<B>, EngineError> {
+        let arena = Arena::new(backend, &plan, Device::Gpu, capacity)?;
         let weights = units
             .iter()
             .map(|u| bind_unit(&arena, u, setup.weights))
@@ -201,6 +218,7 @@ impl<B: InferOps> Worker<B> {
             units,
             weights,
             caches,
+            tp: None,
         })
     }
 
@@ -436,5 +454,7 @@ pub(crate) fn unit_index(units: &[Unit], kind: UnitKind) -> usize {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tp_tests;
 #[cfg(test)]
 mod window_tests;

@@ -100,7 +100,7 @@ fn run<B: InferOps>(
     let mut rng = SplitMix64::new(seed);
     let mut stats = SpecStats::default();
     let mut logits = Vec::new();
-    let v = target.config.shape.vocab as usize;
+    let v = target.vocab();
     let (body, tail) = prompt.split_at(prompt.len() - 1);
     let mut last = tail[0];
     if !body.is_empty() {

@@ -35,7 +35,7 @@ impl<B: InferOps> Worker<B> {
         &self,
         tokens: impl Iterator<Item = u32>,
     ) -> Result<(), EngineError> {
-        let vocab = self.config.shape.vocab;
+        let vocab = self.vocab() as u64;
         for t in tokens {
             if u64::from(t) >= vocab {
                 return Err(EngineError::Infer(format!(
@@ -104,7 +104,7 @@ impl<B: InferOps> Worker<B> {
         for &(id, _) in entries {
             self.blocks.release_outside_window(id);
         }
-        Ok(())
+        self.tp_check()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -132,7 +132,15 @@ impl<B: InferOps> Worker<B> {
         let tok = get(StepAct::Tokens);
         be.upload_ids(a, tok.prefix(n), tokens);
         let embed = &self.weights[unit_index(&self.units, UnitKind::Embed)];
-        let learned = self.design.positions == Positions::Learned;
+        // Tensor parallelism: what is added once is added by rank 0, partial sums meet here.
+        let tp = self.tp.as_ref();
+        let lead = tp.is_none_or(|t| t.lead());
+        let sum = |x: Tensor| {
+            if let Some(t) = tp {
+                t.sum(a, x);
+            }
+        };
+        let learned = self.design.positions == Positions::Learned && lead;
         be.embed_rows(
             a,
             &EmbedRows {
@@ -141,8 +149,10 @@ impl<B: InferOps> Worker<B> {
                 table: embed.matrix(Role::TokenEmbedding),
                 wpe: learned.then(|| embed.vector(Role::PositionEmbedding).expect("wpe")),
                 positions,
+                shard: tp.map(|t| t.link.vocab.0 as usize),
             },
         );
+        sum(residual.prefix(n * c));
         let norm = |w: Tensor, bias: Option<Tensor>, rows: usize, inp: Tensor, out: Tensor| {
             let kind = match self.design.norm {
                 Norm::LayerNorm => NormKind::Layer {
@@ -241,7 +251,9 @@ impl<B: InferOps> Worker<B> {
                     },
                 );
                 let attn_proj = w.matrix(Role::AttnProjWeight);
-                linear(proj, atty, attn_proj, w.vector(Role::AttnProjBias), n);
+                let bias = w.vector(Role::AttnProjBias).filter(|_| lead);
+                linear(proj, atty, attn_proj, bias, n);
+                sum(proj.prefix(n * c));
             }
             be.residual_add(a, residual.prefix(n * c), proj.prefix(n * c));
             norm(
@@ -270,7 +282,14 @@ impl<B: InferOps> Worker<B> {
                 },
             );
             let down = w.matrix(Role::FcProjWeight);
-            linear(proj, fch_act, down, w.vector(Role::FcProjBias), n);
+            linear(
+                proj,
+                fch_act,
+                down,
+                w.vector(Role::FcProjBias).filter(|_| lead),
+                n,
+            );
+            sum(proj.prefix(n * c));
             be.residual_add(a, residual.prefix(n * c), proj.prefix(n * c));
         }
         let head = &self.weights[unit_index(&self.units, UnitKind::Head)];
@@ -292,7 +311,12 @@ impl<B: InferOps> Worker<B> {
         }
         let out = get(StepAct::Logits).prefix(rows * v);
         linear(out, ln.slice((n - rows) * c..n * c), lm, None, rows);
-        logits.resize(rows * v, 0.0);
-        be.download(a, out, logits);
+        match tp {
+            Some(t) => t.gather_logits(a, out, rows, logits),
+            None => {
+                logits.resize(rows * v, 0.0);
+                be.download(a, out, logits);
+            }
+        }
     }
 }

@@ -39,6 +39,9 @@ pub struct EmbedRows<'a> {
     /// GPT-2's learned positions (maxT, C), fp32.
     pub wpe: Option<Tensor>,
     pub positions: &'a [u32],
+    /// Tensor parallelism: `table` holds the vocabulary rows from this first id on; a token
+    /// outside them gets a zero row (the group's sum is the embedding).
+    pub shard: Option<usize>,
 }
 
 /// One layer's paged cache: keys and values of every block, scales when quantized.

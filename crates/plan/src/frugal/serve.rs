@@ -22,7 +22,7 @@
 
 use super::family;
 use super::key::{Key, StepAct, StepKind};
-use super::units::{check_buildable, param_units, Role};
+use super::units::{build_units, check_buildable, param_units, Role};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::{ModelShape, PlanError};
 
@@ -317,9 +317,28 @@ pub fn step_numel(
 /// Every buffer of an inference engine for `model` under `setup`.
 pub fn serve_plan(model: &ModelShape, setup: &ServeSetup) -> Result<MemoryPlan, PlanError> {
     check_serve(model, setup)?;
+    plan_shape(model, setup)
+}
+
+/// The serving plan of rank `rank` of a tensor-parallel group of `tp` over `model`: the plan of
+/// its share (`tp::rank_shape`), after the whole model and the split are checked.
+pub fn serve_plan_rank(
+    model: &ModelShape,
+    setup: &ServeSetup,
+    tp: u32,
+    rank: u32,
+) -> Result<MemoryPlan, PlanError> {
+    check_serve(model, setup)?;
+    super::tp::check(model, tp)?;
+    super::tp::check_groups(model, tp, setup.weights.group())?;
+    plan_shape(&super::tp::rank_shape(model, tp, rank), setup)
+}
+
+/// [`serve_plan`] of a checked shape (a whole model, or a rank's share of one).
+fn plan_shape(model: &ModelShape, setup: &ServeSetup) -> Result<MemoryPlan, PlanError> {
     let mut plan = MemoryPlan::inference(model.n_layers);
     let dev = Device::Gpu;
-    for unit in param_units(model, 1)? {
+    for unit in build_units(model, 1)? {
         let mut vectors = 0;
         for v in &unit.views {
             if !is_matrix(v.role) {

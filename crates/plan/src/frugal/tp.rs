@@ -84,6 +84,30 @@ pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Refuses quantization groups (`group` weights along a row) that a row-parallel slice (the
+/// attention output's and the MLP down projection's columns) would cut: each rank quantizes its
+/// own slice, and its groups must be the whole model's groups for the values to be the same.
+pub fn check_groups(model: &ModelShape, tp: u32, group: Option<u64>) -> Result<(), PlanError> {
+    let Some(group) = group.filter(|_| tp > 1) else {
+        return Ok(());
+    };
+    let t = u64::from(tp);
+    let attn = u64::from(model.n_heads) * model.d_head / t;
+    for (what, cols) in [
+        ("attention output", attn),
+        ("MLP down projection", model.d_ff / t),
+    ] {
+        if cols % group != 0 {
+            let reason = format!(
+                "each rank holds {cols} input columns of the {what}, not a whole number of \
+                 --weight-group {group} groups (use a group that divides {cols}, or another --tp)"
+            );
+            return Err(invalid("tp", reason));
+        }
+    }
+    Ok(())
+}
+
 /// The vocabulary rows `(first, rows)` rank `rank` of `tp` holds: the first `vocab % tp` ranks
 /// take one row more.
 pub fn vocab_range(vocab: u64, tp: u32, rank: u32) -> (u64, u64) {

@@ -1,0 +1,171 @@
+//! Tensor-parallel inference: one rank of a group that splits the model as training does
+//! (Megatron-LM, `plan::frugal::tp`). A rank's worker is the single-rank worker of its share
+//! (`tp::rank_shape`: its query heads, its key/value heads or the one it shares, its slice of the
+//! MLP and of the vocabulary), so its plan is the serving plan of that shape and measures
+//! exactly as one rank does. The ranks meet at four points of a step:
+//! - the embedding: each rank looks up the tokens of its vocabulary slice (zero rows for the
+//!   others), rank 0 adds learned positions, and the group sums the rows;
+//! - after the attention output projection and after the MLP down projection (row-parallel):
+//!   the group sums the partial outputs, rank 0 alone having added the bias;
+//! - the head (vocabulary-parallel): each rank computes its slice's logits, gathered whole on
+//!   the host, so every rank samples the same token from the same numbers.
+//!
+//! Quantized weights are cut from the whole model's fp32 values and quantized per rank; the
+//! row-parallel slices must hold whole groups (`tp::check_groups`).
+//!
+//! Example: `engine::world::launch(2, timeout, |comm| { let mut w = Worker::tensor_parallel(
+//! cpu::Cpu::new(), config.clone(), setup, comm, None)?; w.load_whole_units(&units)?; ... })`.
+
+use super::Worker;
+use comm::Collective;
+use engine::arena::Arena;
+use engine::backend::{InferOps, Tensor};
+use engine::config::ModelConfig;
+use engine::error::EngineError;
+use engine::share::Share;
+use engine::tp::TensorParallel;
+use plan::frugal::pp::Stage;
+use plan::frugal::{serve_plan_rank, tp, ServeSetup};
+use std::cell::RefCell;
+
+/// A worker's place in its tensor-parallel group.
+pub(crate) struct TpRank {
+    pub link: TensorParallel,
+    /// The whole model the ranks' shares are cut from.
+    pub whole: ModelConfig,
+    /// Every rank's vocabulary rows, in rank order.
+    widths: Vec<usize>,
+    /// Host scratch of the logits gather: this rank's rows (padded), then every rank's.
+    local: RefCell<Vec<f32>>,
+    gathered: RefCell<Vec<f32>>,
+}
+
+impl TpRank {
+    /// Whether this rank adds what is added once (biases of row-parallel projections, learned
+    /// positions).
+    pub fn lead(&self) -> bool {
+        self.link.rank == 0
+    }
+
+    /// Sums `t` over the group (a failure is kept for the step's end).
+    pub fn sum<B: InferOps>(&self, a: &Arena<B>, t: Tensor) {
+        self.link.all_reduce(a, t);
+    }
+
+    /// `rows` rows of this rank's logits (`out`, its vocabulary slice) gathered into the whole
+    /// vocabulary's rows in `logits`.
+    pub fn gather_logits<B: InferOps>(
+        &self,
+        a: &Arena<B>,
+        out: Tensor,
+        rows: usize,
+        logits: &mut Vec<f32>,
+    ) {
+        let mine = self.widths[self.link.rank as usize];
+        let width = *self.widths.iter().max().expect("a group");
+        let (mut local, mut all) = (self.local.borrow_mut(), self.gathered.borrow_mut());
+        // This rank's rows, then spread to the widest slice's stride: a gather moves equal
+        // lengths.
+        local.resize(rows * width, 0.0);
+        a.backend().download(a, out, &mut local[..rows * mine]);
+        for r in (0..rows).rev() {
+            local.copy_within(r * mine..(r + 1) * mine, r * width);
+            local[r * width + mine..(r + 1) * width].fill(0.0);
+        }
+        all.resize(rows * width * self.widths.len(), 0.0);
+        self.link.gather_host(&local, &mut all);
+        let vocab: usize = self.widths.iter().sum();
+        logits.resize(rows * vocab, 0.0);
+        for (r, row) in logits.chunks_exact_mut(vocab).enumerate() {
+            let mut at = 0;
+            for (k, &w) in self.widths.iter().enumerate() {
+                let theirs = &all[(k * rows + r) * width..][..w];
+                row[at..at + w].copy_from_slice(theirs);
+                at += w;
+            }
+        }
+    }
+}
+
+impl<B: InferOps> Worker<B> {
+    /// Rank `comm.rank()` of a tensor-parallel group of `comm.world_size()` ranks serving the
+    /// whole model `config`: the worker of its share, sized by `setup` (refused before
+    /// allocating past `capacity`), weights zeroed. A model the group cannot split, or
+    /// quantization groups a slice would cut, is refused naming the numbers.
+    pub fn tensor_parallel(
+        backend: B,
+        config: ModelConfig,
+        setup: ServeSetup,
+        comm: Box<dyn Collective>,
+        capacity: Option<u64>,
+    ) -> Result<Worker<B>, EngineError> {
+        let (size, rank) = (comm.world_size() as u32, comm.rank() as u32);
+        if size == 1 {
+            return Worker::on(backend, config, setup, capacity);
+        }
+        let whole = &config.shape;
+        engine::backend::require::<B>(engine::backend::model_needs(whole))?;
+        let plan = serve_plan_rank(whole, &setup, size, rank)?;
+        let units = tp::units(whole, size, rank, 1)?;
+        let rank_config = ModelConfig {
+            shape: tp::rank_shape(whole, size, rank),
+            ..config.clone()
+        };
+        let mut worker = Worker::with_plan(backend, rank_config, setup, capacity, (plan, units))?;
+        let vocab = whole.vocab;
+        worker.tp = Some(TpRank {
+            link: TensorParallel::new(vocab, comm),
+            widths: (0..size)
+                .map(|r| tp::vocab_range(vocab, size, r).1 as usize)
+                .collect(),
+            whole: config,
+            local: RefCell::new(Vec::new()),
+            gathered: RefCell::new(Vec::new()),
+        });
+        Ok(worker)
+    }
+
+    /// Loads the whole model's fp32 units (as [`Worker::load_units`] takes them), keeping this
+    /// rank's share of each.
+    pub fn load_whole_units(&mut self, whole: &[Vec<f32>]) -> Result<(), EngineError> {
+        let Some(t) = &self.tp else {
+            return self.load_units(whole);
+        };
+        let share = Share::new(
+            t.whole.clone(),
+            (t.link.rank, t.link.size),
+            Stage::whole(t.whole.shape.n_layers),
+        )?;
+        let mine: Vec<Vec<f32>> = self
+            .units
+            .iter()
+            .map(|unit| {
+                let values = &whole[share.whole_index(unit.kind)];
+                let mut part = vec![0.0f32; unit.padded_numel as usize];
+                share.take_unit(unit, values, &mut part);
+                part
+            })
+            .collect();
+        self.load_units(&mine)
+    }
+
+    /// The rank and size of this worker's tensor-parallel group (0 of 1 alone).
+    pub fn tp_rank(&self) -> (u32, u32) {
+        self.tp
+            .as_ref()
+            .map_or((0, 1), |t| (t.link.rank, t.link.size))
+    }
+
+    /// The whole model's vocabulary: the width of a row of logits.
+    pub fn vocab(&self) -> usize {
+        match &self.tp {
+            Some(t) => t.whole.shape.vocab as usize,
+            None => self.config.shape.vocab as usize,
+        }
+    }
+
+    /// The first failed collective of the last step, if any.
+    pub(crate) fn tp_check(&self) -> Result<(), EngineError> {
+        self.tp.as_ref().map_or(Ok(()), |t| t.link.check())
+    }
+}

@@ -1,0 +1,138 @@
+//! Tensor-parallel inference against one rank: the same logits at every step (up to the order
+//! of the sums), every rank's bytes equal to its own plan, and the refusals.
+
+use super::tests::{max_abs, reference};
+use super::*;
+use engine::testkit::{gpt2_tiny, llama_tiny, tokens};
+use engine::world::{comm_failure, launch, DEFAULT_TIMEOUT};
+use plan::ModelShape;
+
+/// Prefill then `steps` greedy decode steps on `tp` ranks; every rank's logits per step, and
+/// whether its measured bytes equal its plan.
+fn run(
+    shape: &ModelShape,
+    tp: usize,
+    w: WeightFormat,
+    units: &[Vec<f32>],
+    steps: usize,
+) -> Vec<(Vec<Vec<f32>>, bool)> {
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let setup = ServeSetup::generation(shape, 1, shape.max_positions, w, KvFormat::F32, 4, 4);
+    launch(
+        tp,
+        DEFAULT_TIMEOUT,
+        |comm| {
+            let mut worker =
+                Worker::tensor_parallel(Cpu::new(), config.clone(), setup, comm, None)?;
+            worker.load_whole_units(units)?;
+            let seq = worker.new_sequence();
+            let mut logits = Vec::new();
+            worker.prefill(seq, &tokens(6, shape.vocab, 4), &mut logits)?;
+            let mut seen = vec![logits.clone()];
+            for _ in 0..steps {
+                let next = sample::argmax(&logits);
+                worker.decode(&[seq], &[next], &mut logits)?;
+                seen.push(logits.clone());
+            }
+            let m = worker.measured();
+            let exact = m.category_peak_bytes == worker.plan.category_peaks(Device::Gpu)
+                && m.peak_bytes == worker.plan.peak_bytes(Device::Gpu);
+            Ok::<_, EngineError>((seen, exact))
+        },
+        comm_failure,
+    )
+    .unwrap()
+}
+
+#[test]
+fn tensor_parallel_ranks_give_one_ranks_logits_and_measure_their_plans() {
+    // GPT-2 (learned positions, biases, tied head), Llama (GQA), and Llama with fewer
+    // key/value heads than ranks (each replicated on two ranks).
+    let mqa = ModelShape {
+        n_kv_heads: 1,
+        ..llama_tiny()
+    };
+    for (shape, tp) in [
+        (gpt2_tiny(), 2),
+        (gpt2_tiny(), 4),
+        (llama_tiny(), 2),
+        (mqa, 2),
+    ] {
+        let r = reference(&shape, 3);
+        let units = r.unit_values();
+        let one = run(&shape, 1, WeightFormat::F32, &units, 6);
+        let many = run(&shape, tp, WeightFormat::F32, &units, 6);
+        for (rank, (steps, exact)) in many.iter().enumerate() {
+            assert!(
+                exact,
+                "{} tp {tp} rank {rank}: measured != plan",
+                shape.name
+            );
+            for (i, (got, want)) in steps.iter().zip(&one[0].0).enumerate() {
+                assert_eq!(got.len(), want.len());
+                let d = max_abs(got, want);
+                assert!(d < 1e-4, "{} tp {tp} rank {rank} step {i}: {d}", shape.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_shares_hold_whole_groups_and_match_one_rank() {
+    // int4 groups of 32 along rows: each rank's 32 input columns of the attention output and
+    // 64 of the MLP down projection hold whole groups, so the codes are the whole model's.
+    let shape = ModelShape {
+        d_model: 64,
+        n_heads: 8,
+        d_ff: 128,
+        ..llama_tiny()
+    };
+    let units = reference(&shape, 5).unit_values();
+    let w = WeightFormat::Int4 {
+        group: 32,
+        asym: false,
+    };
+    let one = run(&shape, 1, w, &units, 4);
+    let two = run(&shape, 2, w, &units, 4);
+    let exact = run(&shape, 1, WeightFormat::F32, &units, 4);
+    // Both runs decode the same tokens; the activations' int8 rounding may flip where the two
+    // ranks' sums differ in the last bit, far inside int4's own error.
+    for ((got, want), f32s) in two[0].0.iter().zip(&one[0].0).zip(&exact[0].0) {
+        let (d, q) = (max_abs(got, want), max_abs(want, f32s));
+        assert!(d < 0.1 * q, "tp 2 vs 1: {d}; int4 vs f32: {q}");
+        assert_eq!(sample::argmax(got), sample::argmax(want));
+    }
+    assert!(two.iter().all(|(_, exact)| *exact), "measured != plan");
+    // Groups of 64 would cut the 32 columns of the attention output each rank holds.
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let cut = WeightFormat::Int4 {
+        group: 64,
+        asym: false,
+    };
+    let setup = ServeSetup::generation(&shape, 1, 16, cut, KvFormat::F32, 4, 1);
+    let err = launch(
+        2,
+        DEFAULT_TIMEOUT,
+        |comm| Worker::tensor_parallel(Cpu::new(), config.clone(), setup, comm, None),
+        comm_failure,
+    )
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("--weight-group 64"), "{err}");
+}
+
+#[test]
+fn a_model_the_ranks_cannot_split_is_refused_naming_the_numbers() {
+    let shape = gpt2_tiny();
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let setup = ServeSetup::generation(&shape, 1, 16, WeightFormat::F32, KvFormat::F32, 4, 1);
+    let err = launch(
+        3,
+        DEFAULT_TIMEOUT,
+        |comm| Worker::tensor_parallel(Cpu::new(), config.clone(), setup, comm, None),
+        comm_failure,
+    )
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("4 attention heads"), "{err}");
+}
