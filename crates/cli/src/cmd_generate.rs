@@ -6,7 +6,7 @@
 //!
 //! Example: `frugal generate --model run1 --prompt "ROMEO:" --max-new-tokens 64 --weights int4`.
 
-use crate::model::{Loaded, ModelSource};
+use crate::model::ModelSource;
 use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
 use infer::sample::Sampling;
@@ -17,6 +17,10 @@ use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;
 
+mod reference;
+mod tp;
+pub(crate) use tp::group;
+
 const EXAMPLES: &str = "\
 Examples:
   frugal generate --model run1 --prompt \"ROMEO:\" --max-new-tokens 64
@@ -24,6 +28,7 @@ Examples:
   frugal generate --model run1 --prompt \"ROMEO:\" --draft small-run --draft-tokens 4
   frugal generate --model run1 --prompt \"ROMEO:\" --draft run1 --draft-weights int4
   frugal generate --model run1 --prompt \"ROMEO:\" --weights nf4 --save-quantized run1-nf4
+  frugal generate --model SmolLM2-135M-Instruct.Q4_1.gguf --chat \"Hi\" --tp 3
   frugal generate --model run1 --prompt \"ROMEO:\" --kv-cache off      (the reference)";
 
 #[derive(clap::Args, Clone, Debug)]
@@ -83,6 +88,11 @@ pub struct Args {
     /// Also write the quantized weights here (config.json + weights.frugal), to load later.
     #[arg(long)]
     pub save_quantized: Option<PathBuf>,
+    /// Tensor-parallel ranks (threads of this process): attention heads, the MLP and the
+    /// vocabulary split across them as Megatron-LM splits them, each rank's bytes planned and
+    /// measured.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -114,6 +124,9 @@ pub fn weight_format(
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.temperature.is_nan() || args.temperature <= 0.0 {
         bail!("--temperature must be positive");
+    }
+    if args.tp == 0 {
+        bail!("--tp 0: give at least one tensor-parallel rank (1: the whole model on one)");
     }
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
@@ -168,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         vocab_limit: Some(tok.vocab_size() as usize),
     };
     if args.kv_cache == "off" {
-        return reference(&args, &source, &tok, &prompt, sampling);
+        return reference::run(&args, &source, &tok, &prompt, sampling);
     }
     let weights = weight_format(
         args.weights.as_deref(),
@@ -189,6 +202,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let rows = args.draft_tokens.clamp(1, 32) as u64 + 1;
         setup.prefill_logit_rows = rows;
         setup.prefill_chunk = setup.prefill_chunk.max(rows);
+    }
+    if args.tp != 1 {
+        return tp::run(&args, &source, &tok, &prompt, setup, sampling);
     }
     let mut worker = source.worker(setup)?;
     if let Some(dir) = &args.save_quantized {
@@ -329,62 +345,6 @@ fn plain(
     Ok((out, prefill, steps))
 }
 
-/// `--kv-cache off`: the fp32 model recomputing every prefix (engine::eval::generate).
-fn reference(
-    args: &Args,
-    source: &Loaded,
-    tok: &data::Tokenizer,
-    prompt: &[u32],
-    sampling: Sampling,
-) -> anyhow::Result<()> {
-    if args.draft.is_some() || args.weights.as_deref().is_some_and(|w| w != "f32") {
-        bail!("--kv-cache off is the fp32 reference: it takes neither --draft nor --weights");
-    }
-    let units = source.units()?;
-    let context = (prompt.len() + args.max_new_tokens) as u64;
-    let setup = plan::frugal::ForwardSetup {
-        batch: 1,
-        seq: context,
-        attention: plan::setup::Attention::Flash,
-    };
-    let mut runner = infer::Runner::new(source.config.clone(), setup)?;
-    for (u, w) in units.iter().enumerate() {
-        runner.load_unit(u, w);
-    }
-    let t0 = Instant::now();
-    let s = engine::eval::Sampling {
-        top_k: sampling.top_k,
-        temperature: sampling.temperature,
-        seed: args.seed,
-        vocab_limit: sampling.vocab_limit,
-    };
-    let tokens = engine::eval::generate(
-        &mut runner,
-        prompt,
-        args.max_new_tokens,
-        context as usize,
-        s,
-    )?;
-    let secs = t0.elapsed().as_secs_f64();
-    let text = tok.decode(&tokens).unwrap_or_default();
-    if args.json {
-        let v = json!({
-            "tokens": tokens, "text": text, "kv_cache": "off", "prompt_tokens": prompt.len(),
-            "prompt_token_ids": prompt,
-            "decode_tokens_per_s": tokens.len() as f64 / secs,
-        });
-        println!("{v}");
-    } else {
-        println!("{}{}", args.prompt, text);
-        eprintln!(
-            "{} tokens in {secs:.2} s ({:.1} tokens/s), recomputing the prefix every token (no KV cache)",
-            tokens.len(),
-            tokens.len() as f64 / secs
-        );
-    }
-    Ok(())
-}
-
 fn save_quantized(worker: &Worker, dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("--save-quantized {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), worker.config.to_hf_json())
@@ -403,6 +363,20 @@ pub fn per_device(cats: [u64; 6], peak: u64) -> Map<String, Value> {
     m
 }
 
+/// The plan of the phases that ran: prefill and decode, or prefill alone.
+fn phases_run(worker: &Worker, decoded: bool) -> ([u64; 6], u64) {
+    match decoded {
+        true => (
+            worker.plan.category_peaks(Device::Gpu),
+            worker.plan.peak_bytes(Device::Gpu),
+        ),
+        false => {
+            let prefill = worker.plan.timeline(Device::Gpu)[0].1;
+            (prefill, prefill.iter().sum())
+        }
+    }
+}
+
 fn report(args: &Args, worker: &Worker, run: &Run<'_>) -> anyhow::Result<()> {
     let Run {
         prompt,
@@ -413,17 +387,7 @@ fn report(args: &Args, worker: &Worker, run: &Run<'_>) -> anyhow::Result<()> {
         acceptance,
         decoded,
     } = *run;
-    // The plan of the phases that ran: prefill and decode, or prefill alone.
-    let (planned, planned_peak) = match decoded {
-        true => (
-            worker.plan.category_peaks(Device::Gpu),
-            worker.plan.peak_bytes(Device::Gpu),
-        ),
-        false => {
-            let prefill = worker.plan.timeline(Device::Gpu)[0].1;
-            (prefill, prefill.iter().sum())
-        }
-    };
+    let (planned, planned_peak) = phases_run(worker, decoded);
     let m = worker.measured();
     let prefill_tps = if prefill_s > 0.0 {
         prompt.len() as f64 / prefill_s

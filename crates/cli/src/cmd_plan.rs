@@ -343,7 +343,12 @@ fn model_report(
             )?,
             other => bail!("invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"),
         };
-        report::inference(runtime, Some(model), 0, &setup, &est)
+        let mut r = report::inference(runtime, Some(model), 0, &setup, &est);
+        if runtime == "frugal" {
+            let split_k = ::infer::default_split_k();
+            r.rank_peaks = plan::frugal::serve::rank_peaks(model, &setup, split_k)?;
+        }
+        r
     } else {
         let (setup, config) = train_setup(args, seq, Some(model.d_model))?;
         let mut est = train_estimate(runtime, model, &setup)?;

@@ -27,6 +27,7 @@ const EXAMPLES: &str = "\
 Examples:
   frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf
   frugal serve --model run1 --port 8001 --weights int8 --ctx 1024
+  frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf --tp 3
   curl localhost:8000/v1/completions -d '{\"prompt\": \"ROMEO:\", \"max_tokens\": 32}'
   curl localhost:8000/v1/chat/completions -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'";
 
@@ -65,6 +66,10 @@ pub struct Args {
     /// waits until its prompt and max_tokens fit.
     #[arg(long)]
     pub kv_tokens: Option<u64>,
+    /// Tensor-parallel ranks (threads of this process), as generate's --tp: each holds its
+    /// share of the heads, the MLP and the vocabulary, and the batch runs on all of them.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
 }
 
 /// What every handler shares.
@@ -77,6 +82,9 @@ pub struct State {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.tp == 0 {
+        bail!("--tp 0: give at least one tensor-parallel rank (1: the whole model on one)");
+    }
     if args.queue == 0 {
         bail!("--queue 0: at least one request must be able to wait");
     }
@@ -118,7 +126,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         setup.kv_blocks = tokens.div_ceil(setup.kv_block);
     }
-    let worker = source.worker(setup)?;
+    let worker = match args.tp {
+        1 => infer::group::Group::single(source.worker(setup)?),
+        tp => crate::cmd_generate::group(&args.model, source, setup, tp)?,
+    };
     let (jobs, queue) = std::sync::mpsc::sync_channel(args.queue);
     let engine_tok = tok.clone();
     let metrics = Arc::new(metrics::Metrics::default());

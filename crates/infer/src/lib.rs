@@ -36,6 +36,7 @@
 pub mod blocks;
 pub mod executor;
 pub mod file;
+pub mod group;
 mod mla_step;
 mod moe_step;
 pub mod runner;

@@ -11,11 +11,15 @@
 //!   the host, so every rank samples the same token from the same numbers.
 //!
 //! Quantized weights are cut from the whole model's fp32 values and quantized per rank; the
-//! row-parallel slices must hold whole groups (`tp::check_groups`).
+//! row-parallel slices must hold whole groups (`tp::check_groups`), and int8's one scale per row
+//! is the whole row's, so every rank's codes and scales are the whole model's. (The int8 kernel
+//! quantizes its activations per row, which a rank sees only its slice of: int8 runs may part
+//! from one rank's within int8's error; fp32, bf16, int4 and nf4 agree up to the order of sums.)
 //!
 //! Example: `engine::world::launch(2, timeout, |comm| { let mut w = Worker::tensor_parallel(
 //! cpu::Cpu::new(), config.clone(), setup, comm, None)?; w.load_whole_units(&units)?; ... })`.
 
+use super::weights::{pack, Packed};
 use super::Worker;
 use comm::Collective;
 use engine::arena::Arena;
@@ -25,7 +29,8 @@ use engine::error::EngineError;
 use engine::share::Share;
 use engine::tp::TensorParallel;
 use plan::frugal::pp::Stage;
-use plan::frugal::{serve_plan_rank, tp, ServeSetup};
+use plan::frugal::tp::Split;
+use plan::frugal::{serve_plan_rank, tp, ServeSetup, WeightFormat};
 use std::cell::RefCell;
 
 /// A worker's place in its tensor-parallel group.
@@ -146,7 +151,44 @@ impl<B: InferOps> Worker<B> {
                 part
             })
             .collect();
-        self.load_units(&mine)
+        self.load_units(&mine)?;
+        if self.setup.weights == WeightFormat::Int8 {
+            self.whole_row_scales(&share, whole)?;
+        }
+        Ok(())
+    }
+
+    /// int8 keeps one scale per row of the whole matrix: a row-parallel slice (some columns of
+    /// every row) is quantized with its whole rows' scales, so its codes are the whole model's.
+    fn whole_row_scales(&self, share: &Share, whole: &[Vec<f32>]) -> Result<(), EngineError> {
+        for (u, unit) in self.units.iter().enumerate() {
+            let w = &share.whole_units[share.whole_index(unit.kind)];
+            for v in &unit.views {
+                let (rows, whole_cols) = match w.view(v.role).shape.as_slice() {
+                    &[r, c] => (r as usize, c as usize),
+                    _ => continue,
+                };
+                let Split::Cols(first, cols) =
+                    tp::split(&share.whole.shape, v.role, share.tp_size, share.tp_rank)
+                else {
+                    continue;
+                };
+                let wv = w.view(v.role);
+                let values =
+                    &whole[share.whole_index(unit.kind)][wv.offset as usize..][..rows * whole_cols];
+                let p = pack(WeightFormat::Int8, values, rows, whole_cols)?;
+                let (first, cols) = (first as usize, cols as usize);
+                let codes = p
+                    .codes
+                    .chunks_exact(whole_cols)
+                    .flat_map(|row| &row[first..first + cols])
+                    .copied()
+                    .collect();
+                let part = Packed { codes, ..p };
+                self.upload_matrix(&self.weights[u].matrix(v.role), &part);
+            }
+        }
+        Ok(())
     }
 
     /// The rank and size of this worker's tensor-parallel group (0 of 1 alone).

@@ -88,21 +88,23 @@ fn quantized_shares_hold_whole_groups_and_match_one_rank() {
         ..llama_tiny()
     };
     let units = reference(&shape, 5).unit_values();
-    let w = WeightFormat::Int4 {
+    let exact = run(&shape, 1, WeightFormat::F32, &units, 4);
+    let int4 = WeightFormat::Int4 {
         group: 32,
         asym: false,
     };
-    let one = run(&shape, 1, w, &units, 4);
-    let two = run(&shape, 2, w, &units, 4);
-    let exact = run(&shape, 1, WeightFormat::F32, &units, 4);
-    // Both runs decode the same tokens; the activations' int8 rounding may flip where the two
-    // ranks' sums differ in the last bit, far inside int4's own error.
-    for ((got, want), f32s) in two[0].0.iter().zip(&one[0].0).zip(&exact[0].0) {
-        let (d, q) = (max_abs(got, want), max_abs(want, f32s));
-        assert!(d < 0.1 * q, "tp 2 vs 1: {d}; int4 vs f32: {q}");
-        assert_eq!(sample::argmax(got), sample::argmax(want));
+    for w in [int4, WeightFormat::Int8] {
+        let one = run(&shape, 1, w, &units, 4);
+        let two = run(&shape, 2, w, &units, 4);
+        // Both runs decode the same tokens; the activations' int8 rounding may flip where the
+        // two ranks' sums differ in the last bit, far inside the format's own error.
+        for ((got, want), f32s) in two[0].0.iter().zip(&one[0].0).zip(&exact[0].0) {
+            let (d, q) = (max_abs(got, want), max_abs(want, f32s));
+            assert!(d < 0.1 * q, "{} tp 2 vs 1: {d}; vs f32: {q}", w.name());
+            assert_eq!(sample::argmax(got), sample::argmax(want));
+        }
+        assert!(two.iter().all(|(_, exact)| *exact), "measured != plan");
     }
-    assert!(two.iter().all(|(_, exact)| *exact), "measured != plan");
     // Groups of 64 would cut the 32 columns of the attention output each rank holds.
     let config = ModelConfig::from_shape(shape.clone()).unwrap();
     let cut = WeightFormat::Int4 {
@@ -135,4 +137,45 @@ fn a_model_the_ranks_cannot_split_is_refused_naming_the_numbers() {
     .err()
     .expect("refused");
     assert!(err.to_string().contains("4 attention heads"), "{err}");
+}
+
+#[test]
+fn a_group_driven_from_one_thread_batches_as_one_worker_does() {
+    // Two sequences decoded together, one forked and one freed midway: the calls a server's
+    // engine loop makes, on a group of two and on one worker.
+    let shape = llama_tiny();
+    let units = std::sync::Arc::new(reference(&shape, 8).unit_values());
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let setup = ServeSetup::generation(&shape, 3, 32, WeightFormat::F32, KvFormat::F32, 4, 2);
+    let run = |tp: usize| {
+        let u = units.clone();
+        let load: group::Load = std::sync::Arc::new(move |w: &mut Worker| w.load_whole_units(&u));
+        let mut g = group::Group::start(config.clone(), setup, tp, load).unwrap();
+        let mut logits = Vec::new();
+        let mut seen = Vec::new();
+        let (a, b) = (g.new_sequence(), g.new_sequence());
+        g.prefill(a, &tokens(5, shape.vocab, 1), &mut logits)
+            .unwrap();
+        g.prefill(b, &tokens(7, shape.vocab, 2), &mut logits)
+            .unwrap();
+        let c = g.fork(a);
+        for step in 0..6u32 {
+            let ids = if step < 3 { vec![a, b, c] } else { vec![a, c] };
+            if step == 3 {
+                g.free(b);
+            }
+            let feed: Vec<u32> = (0..ids.len() as u32).map(|i| (i * 7 + step) % 64).collect();
+            g.decode(&ids, &feed, &mut logits).unwrap();
+            seen.push(logits.clone());
+        }
+        let plan = (g.plan.category_peaks(Device::Gpu), g.size());
+        (seen, g.finish(), plan)
+    };
+    let (one, _, _) = run(1);
+    let (two, measured, (lead_plan, size)) = run(2);
+    assert_eq!((size, measured.len()), (2, 2));
+    assert_eq!(measured[0].category_peak_bytes, lead_plan);
+    for (got, want) in two.iter().zip(&one) {
+        assert!(max_abs(got, want) < 1e-4);
+    }
 }

@@ -43,12 +43,19 @@ fn describe(report: &Report) -> String {
     }
     if !report.rank_peaks.is_empty() {
         note.push_str("every rank planned (the table is the busiest one's):\n");
+        let staged = report.rank_peaks.iter().any(|r| r.stage > 0);
         for r in &report.rank_peaks {
+            let stage = match staged {
+                true => format!(
+                    "stage {} (layers {}..{}), ",
+                    r.stage,
+                    r.first_layer,
+                    r.first_layer + r.layers
+                ),
+                false => String::new(),
+            };
             note.push_str(&format!(
-                "  stage {} (layers {}..{}), tp rank {}: peak {} = {} bytes\n",
-                r.stage,
-                r.first_layer,
-                r.first_layer + r.layers,
+                "  {stage}tp rank {}: peak {} = {} bytes\n",
                 r.tp_rank,
                 crate::output::human_bytes(r.peak_bytes),
                 r.peak_bytes

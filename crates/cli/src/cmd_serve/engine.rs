@@ -8,6 +8,7 @@
 
 use super::metrics::{Finish, Metrics};
 use infer::blocks::SeqId;
+use infer::group::Group;
 use infer::sample::Sampling;
 use infer::Worker;
 use std::sync::mpsc;
@@ -67,7 +68,7 @@ enum Step {
 
 /// Runs jobs from `jobs` on `worker` until the queue closes and every admitted job is done.
 pub fn run(
-    mut worker: Worker,
+    mut worker: Group,
     tok: data::Tokenizer,
     jobs: mpsc::Receiver<Job>,
     metrics: Arc<Metrics>,
@@ -174,7 +175,7 @@ fn used_blocks(worker: &Worker, pool: usize) -> usize {
 
 /// Prefills `job` and samples its first token; `None` when it already finished.
 fn admit(
-    worker: &mut Worker,
+    worker: &mut Group,
     tok: &data::Tokenizer,
     job: Job,
     blocks: usize,
@@ -257,7 +258,7 @@ fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Met
 
 /// Sends what was held back and the job's end, and frees its blocks.
 fn finish(
-    worker: &mut Worker,
+    worker: &mut Group,
     r: Running,
     tok: &data::Tokenizer,
     reason: Option<&'static str>,

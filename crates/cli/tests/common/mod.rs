@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod served;
 pub mod web;
 
 use serde_json::Value;

@@ -26,8 +26,10 @@ use super::units::{build_units, check_buildable, param_units, Role};
 use crate::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan, Phase};
 use crate::{ModelShape, PlanError};
 
+mod estimate;
 mod formats;
 
+pub use estimate::{inference_estimate, rank_peaks};
 pub use formats::{KvFormat, WeightFormat};
 
 /// Rows of a prefill step unless told otherwise.
@@ -430,80 +432,6 @@ pub fn weight_bytes(model: &ModelShape, format: WeightFormat) -> Result<u64, Pla
         }
     }
     Ok(total)
-}
-
-/// `frugal plan --infer --runtime frugal`: the serving plan of `setup` (the flags `frugal
-/// generate` takes: batch sequences of `seq` tokens, `kv_block` tokens per block or one block per
-/// sequence) in the report's shape. Weight formats the engine does not run (fp16, fp8) and
-/// tensor parallelism are refused.
-pub fn inference_estimate(
-    model: &ModelShape,
-    setup: &crate::setup::InferSetup,
-    split_k: u64,
-) -> Result<crate::InferEstimate, PlanError> {
-    use crate::setup::Dtype;
-    if setup.tp != 1 {
-        return Err(PlanError::Unsupported {
-            runtime: "frugal",
-            what: "tensor parallelism in inference (use --tp 1)".into(),
-        });
-    }
-    let group = setup.weight_group;
-    let weights = match setup.weights {
-        Dtype::F32 => WeightFormat::F32,
-        Dtype::Bf16 => WeightFormat::Bf16,
-        Dtype::Int8 => WeightFormat::Int8,
-        Dtype::Int4 => WeightFormat::parse("int4", group)?,
-        Dtype::Nf4 => WeightFormat::parse("nf4", group)?,
-        Dtype::F16 | Dtype::Fp8 => {
-            return Err(PlanError::Unsupported {
-                runtime: "frugal",
-                what: "fp16 or fp8 weights (the engine stores f32, bf16, int8, int4 or nf4)".into(),
-            })
-        }
-    };
-    let kv = match setup.kv_dtype {
-        Dtype::F32 => KvFormat::F32,
-        Dtype::Bf16 => KvFormat::Bf16,
-        Dtype::Int8 => KvFormat::Int8,
-        Dtype::Fp8 => KvFormat::Fp8,
-        _ => {
-            return Err(PlanError::Unsupported {
-                runtime: "frugal",
-                what: "this KV format (the engine caches f32, bf16, int8 or fp8)".into(),
-            })
-        }
-    };
-    // Without --kv-block, the engine's own default (`frugal generate --kv-block 16`).
-    let block = setup.kv_block.unwrap_or(DEFAULT_KV_BLOCK);
-    let serve = ServeSetup::generation(model, setup.batch, setup.seq, weights, kv, block, split_k);
-    let plan = serve_plan(model, &serve)?;
-    let timeline = plan.timeline(Device::Gpu);
-    let at = |phase: Phase| {
-        timeline
-            .iter()
-            .find(|(p, _)| *p == phase)
-            .map(|(_, c)| *c)
-            .unwrap_or_default()
-    };
-    let (prefill, decode) = (at(Phase::Prefill), at(Phase::Decode));
-    let peak = plan.peak_bytes(Device::Gpu);
-    let kv_bytes = prefill[Category::KvCache as usize];
-    let per_token = serve.block_bytes(model) / serve.kv_block;
-    let held = serve.kv_blocks * serve.kv_block;
-    Ok(crate::InferEstimate {
-        weights_bytes: prefill[Category::Params as usize],
-        kv_cache_bytes: kv_bytes,
-        // A ring (sliding window) holds fewer slots than the context: no partly filled page.
-        kv_waste_bytes: held.saturating_sub(setup.batch * setup.seq) * per_token,
-        kv_bytes_per_token: per_token,
-        prefill,
-        decode,
-        peak_bytes: peak,
-        // One slab, carved at start: nothing cached beyond it, no CUDA context on the CPU.
-        reserved_bytes: crate::frugal::assign_offsets(&plan, Device::Gpu).slab_bytes,
-        context_bytes: 0,
-    })
 }
 
 #[cfg(test)]

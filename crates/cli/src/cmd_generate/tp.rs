@@ -1,0 +1,213 @@
+//! `frugal generate --tp N`: the model split over N tensor-parallel ranks (threads of this
+//! process, `infer::Worker::tensor_parallel`), each holding its share of the heads, the MLP and
+//! the vocabulary; rank 0 prints the text, and every rank's planned bytes are shown beside its
+//! measured ones.
+
+use super::{check_plan, per_device, plain, Args};
+use crate::model::Loaded;
+use crate::output::{group_digits, Table};
+use anyhow::{bail, Context};
+use infer::sample::Sampling;
+use infer::Worker;
+use plan::buffer::{Category, Device};
+use plan::frugal::ServeSetup;
+use serde_json::json;
+
+/// What one rank ran and measured.
+struct Rank {
+    tokens: Vec<u32>,
+    prefill_s: f64,
+    total_s: f64,
+    decoded: bool,
+    planned: [u64; 6],
+    planned_peak: u64,
+    measured: engine::arena::Measured,
+}
+
+pub(super) fn run(
+    args: &Args,
+    source: &Loaded,
+    tok: &data::Tokenizer,
+    prompt: &[u32],
+    setup: ServeSetup,
+    sampling: Sampling,
+) -> anyhow::Result<()> {
+    let tp = args.tp;
+    if args.draft.is_some() || args.save_quantized.is_some() {
+        bail!("--tp {tp} runs one model split over ranks: it takes neither --draft nor --save-quantized");
+    }
+    let units = fp32_units(args.tp, &args.model, source)?;
+    check_fit(&source.config.shape, &setup, tp)?;
+    let eos = tok.eos();
+    let ranks = engine::world::launch(
+        tp,
+        engine::world::DEFAULT_TIMEOUT,
+        |comm| {
+            let mut worker =
+                Worker::tensor_parallel(cpu::Cpu::new(), source.config.clone(), setup, comm, None)?;
+            worker.load_whole_units(units)?;
+            let t0 = std::time::Instant::now();
+            let (tokens, prefill_s, steps) = plain(
+                &mut worker,
+                prompt,
+                args.max_new_tokens,
+                &sampling,
+                args.seed,
+                eos,
+            )
+            .map_err(|e| match e.downcast::<engine::EngineError>() {
+                Ok(e) => e,
+                Err(e) => engine::EngineError::Infer(format!("{e:#}")),
+            })?;
+            let decoded = steps > 0;
+            let (planned, planned_peak) = super::phases_run(&worker, decoded);
+            Ok::<_, engine::EngineError>(Rank {
+                tokens,
+                prefill_s,
+                total_s: t0.elapsed().as_secs_f64(),
+                decoded,
+                planned,
+                planned_peak,
+                measured: worker.measured(),
+            })
+        },
+        engine::world::comm_failure,
+    )?;
+    report(args, tok, prompt, &ranks)
+}
+
+/// The fp32 weights each rank cuts its share from.
+fn fp32_units<'a>(
+    tp: usize,
+    model: &std::path::Path,
+    source: &'a Loaded,
+) -> anyhow::Result<&'a [Vec<f32>]> {
+    source.units().map_err(|_| {
+        anyhow::anyhow!(
+            "--tp {tp}: each rank cuts its share from the model's fp32 weights, and {} is stored \
+             quantized; pass its fp32 folder, its Hugging Face folder or its GGUF file",
+            model.display()
+        )
+    })
+}
+
+/// Refuses a split the model does not allow, or ranks whose plans together exceed the RAM this
+/// process may use (every rank lives in it).
+fn check_fit(shape: &plan::ModelShape, setup: &ServeSetup, tp: usize) -> anyhow::Result<()> {
+    let mut total = 0;
+    for r in 0..tp as u32 {
+        let plan = plan::frugal::serve_plan_rank(shape, setup, tp as u32, r)
+            .with_context(|| format!("--tp {tp}"))?;
+        total += plan.peak_bytes(Device::Gpu);
+    }
+    if let Some(host) = engine::capacity::host_available() {
+        if total > host.bytes {
+            bail!(
+                "--tp {tp}: the ranks' plans need {} bytes together and this process may use \
+                 {} ({}); store the weights smaller (--weights int8, int4 or nf4) or plan a \
+                 shorter context",
+                group_digits(total),
+                group_digits(host.bytes),
+                host.source
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `tp` ranks serving `source` (`frugal serve --tp`), rank 0 driven by the caller.
+pub(crate) fn group(
+    model: &std::path::Path,
+    source: Loaded,
+    setup: ServeSetup,
+    tp: usize,
+) -> anyhow::Result<infer::group::Group> {
+    fp32_units(tp, model, &source)?;
+    check_fit(&source.config.shape, &setup, tp)?;
+    let config = source.config.clone();
+    let units = std::sync::Arc::new(source);
+    let load: infer::group::Load = std::sync::Arc::new(move |w: &mut Worker| {
+        w.load_whole_units(
+            units
+                .units()
+                .map_err(|e| engine::EngineError::Infer(e.to_string()))?,
+        )
+    });
+    Ok(infer::group::Group::start(config, setup, tp, load)?)
+}
+
+fn report(
+    args: &Args,
+    tok: &data::Tokenizer,
+    prompt: &[u32],
+    ranks: &[Rank],
+) -> anyhow::Result<()> {
+    let lead = &ranks[0];
+    let mut tokens = lead.tokens.clone();
+    if let Some(at) = tok.eos().and_then(|e| tokens.iter().position(|&t| t == e)) {
+        tokens.truncate(at);
+    }
+    let text = tok.decode(&tokens).unwrap_or_default();
+    let prefill_tps = prompt.len() as f64 / lead.prefill_s.max(1e-9);
+    let decode_tps = tokens.len() as f64 / (lead.total_s - lead.prefill_s).max(1e-9);
+    if args.json {
+        let per_rank: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, k)| {
+                json!({
+                    "rank": r,
+                    "planned": per_device(k.planned, k.planned_peak),
+                    "measured": per_device(k.measured.category_peak_bytes, k.measured.peak_bytes),
+                })
+            })
+            .collect();
+        let v = json!({
+            "tokens": tokens,
+            "text": text,
+            "tp": ranks.len(),
+            "prompt_tokens": prompt.len(),
+            "prompt_token_ids": prompt,
+            "prefill_tokens_per_s": prefill_tps,
+            "decode_tokens_per_s": decode_tps,
+            "ranks": per_rank,
+        });
+        println!("{v}");
+    } else {
+        match &args.chat {
+            Some(_) => println!("{text}"),
+            None => println!("{}{}", args.prompt, text),
+        }
+        let cats: Vec<Category> = Category::ALL
+            .into_iter()
+            .filter(|&c| ranks.iter().any(|k| k.planned[c as usize] > 0))
+            .collect();
+        let mut head = vec!["rank".to_string()];
+        head.extend(cats.iter().map(|c| c.label().to_string()));
+        head.extend(["planned peak".into(), "measured peak".into()]);
+        let head: Vec<&str> = head.iter().map(String::as_str).collect();
+        let mut t = Table::new(&head);
+        for (r, k) in ranks.iter().enumerate() {
+            let mut row = vec![r.to_string()];
+            row.extend(cats.iter().map(|&c| group_digits(k.planned[c as usize])));
+            row.push(group_digits(k.planned_peak));
+            row.push(group_digits(k.measured.peak_bytes));
+            t.row(row);
+        }
+        eprintln!();
+        eprintln!(
+            "{} tensor-parallel ranks · prefill {} tokens at {prefill_tps:.1} tokens/s · decode {} \
+             tokens at {decode_tps:.1} tokens/s; each rank's planned bytes and its measured peak:",
+            ranks.len(),
+            prompt.len(),
+            tokens.len()
+        );
+        eprint!("{}", t.render());
+    }
+    for (r, k) in ranks.iter().enumerate() {
+        check_plan(k.planned, k.planned_peak, &k.measured).with_context(|| {
+            format!("rank {r}{}", if k.decoded { "" } else { " (prefill only)" })
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Tensor-parallel inference from the CLI on a real model (SmolLM2-135M: 9 heads over 3
+//! key/value heads, split over 3 ranks): the same tokens as one rank, every rank's bytes equal to
+//! its plan and to `plan --infer --tp`, the server on a group, and the refusals.
+
+mod common;
+
+use common::served::Served;
+use common::{fails_with, frugal, json, smollm2};
+use serde_json::Value;
+
+fn generate(model: &str, tp: &str, weights: &str) -> Value {
+    json(&frugal(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "The history of Rome",
+        "--max-new-tokens",
+        "24",
+        "--weights",
+        weights,
+        "--tp",
+        tp,
+        "--json",
+    ]))
+}
+
+#[test]
+fn three_ranks_generate_one_ranks_tokens_and_measure_their_plans() {
+    let model = smollm2();
+    let model = model.to_str().unwrap();
+    for weights in ["f32", "int4"] {
+        let one = generate(model, "1", weights);
+        let three = generate(model, "3", weights);
+        assert_eq!(three["tokens"], one["tokens"], "{weights}");
+        assert_eq!(three["tp"], 3);
+        let ranks = three["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 3);
+        // The plan of every rank, from the planner, for the same context.
+        let context = (one["prompt_tokens"].as_u64().unwrap() + 24).to_string();
+        let planned = json(&frugal(&[
+            "plan",
+            "--model",
+            model,
+            "--infer",
+            "--runtime",
+            "frugal",
+            "--tp",
+            "3",
+            "--batch",
+            "1",
+            "--seq",
+            &context,
+            "--weights",
+            weights,
+            "--kv-dtype",
+            "f32",
+            "--json",
+        ]));
+        let peaks = planned["rank_peaks"].as_array().unwrap();
+        assert_eq!(peaks.len(), 3);
+        let mut params = 0;
+        for (r, rank) in ranks.iter().enumerate() {
+            assert_eq!(rank["planned"], rank["measured"], "{weights} rank {r}");
+            assert_eq!(rank["measured"]["peak_bytes"], peaks[r]["peak_bytes"]);
+            params += rank["measured"]["params_bytes"].as_u64().unwrap();
+        }
+        // Together the ranks hold the model once, but for the replicated norms.
+        let whole = one["planned"]["params_bytes"].as_u64().unwrap();
+        assert!(
+            params > whole && params < whole + whole / 50,
+            "{params} vs {whole}"
+        );
+    }
+}
+
+#[test]
+fn splits_the_model_does_not_allow_are_refused_naming_the_numbers() {
+    let model = smollm2();
+    let model = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", model, "--max-new-tokens", "4"];
+        args.extend_from_slice(extra);
+        frugal(&args)
+    };
+    fails_with(
+        &run(&["--tp", "2"]),
+        "9 attention heads do not split over --tp 2",
+    );
+    fails_with(&run(&["--tp", "3", "--draft", model]), "neither --draft");
+    fails_with(&run(&["--tp", "3", "--kv-cache", "off"]), "--tp");
+    fails_with(&run(&["--tp", "0"]), "at least one tensor-parallel rank");
+    let plan = frugal(&[
+        "plan",
+        "--model",
+        model,
+        "--infer",
+        "--runtime",
+        "frugal",
+        "--tp",
+        "2",
+    ]);
+    fails_with(&plan, "9 attention heads");
+}
+
+#[test]
+fn three_tensor_parallel_ranks_serve_concurrent_clients_as_one_worker() {
+    // SmolLM2's 9 heads over 3 ranks; three clients at once share the group's batch, and each
+    // greedy answer equals generate's on one rank.
+    let model = smollm2();
+    let server = Served::start_with(&model, &["--tp", "3"]);
+    let prompts = [
+        "The history of Rome",
+        "Water boils at",
+        "My favourite book is",
+    ];
+    let answers: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let server = &server;
+                s.spawn(move || {
+                    let body =
+                        format!(r#"{{"prompt": "{p}", "max_tokens": 16, "temperature": 0}}"#);
+                    let (status, answer) = server.post("/v1/completions", &body);
+                    assert_eq!(status, 200, "{answer}");
+                    let v: Value = serde_json::from_str(&answer).unwrap();
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, got) in prompts.iter().zip(&answers) {
+        let alone = json(&frugal(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            p,
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ]));
+        assert_eq!(got, alone["text"].as_str().unwrap(), "{p}");
+    }
+    assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
+}

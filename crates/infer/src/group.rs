@@ -1,0 +1,213 @@
+//! A tensor-parallel group driven from one thread, as a server's engine loop drives one worker:
+//! rank 0's worker lives with the caller, and every other rank's on a thread of its own that
+//! repeats each call the caller makes (new sequences, prefills, decode steps, forks, frees), in
+//! the same order, so the ranks meet at the same collectives inside each step. Every rank's
+//! block manager sees the same calls and hands out the same sequence ids and blocks, so a
+//! refusal (a full pool, a context overrun) happens on every rank before any collective.
+//!
+//! A group of one is the worker alone (no threads).
+//!
+//! Example: `let mut g = Group::start(config, setup, 2, Arc::new(|w| w.load_whole_units(&units)))?;`
+//! then `g.prefill(g.new_sequence(), &prompt, &mut logits)?` as on a [`Worker`].
+
+use super::blocks::SeqId;
+use super::Worker;
+use engine::arena::Measured;
+use engine::config::ModelConfig;
+use engine::error::EngineError;
+use plan::frugal::ServeSetup;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+/// How each rank fills its worker's weights (its share of the whole model's, usually
+/// [`Worker::load_whole_units`]).
+pub type Load = Arc<dyn Fn(&mut Worker) -> Result<(), EngineError> + Send + Sync>;
+
+/// What the other ranks repeat.
+enum Call {
+    NewSequence,
+    Prefill(SeqId, Vec<u32>),
+    Decode(Vec<SeqId>, Vec<u32>),
+    Fork(SeqId),
+    Free(SeqId),
+}
+
+/// Rank 0's worker and the other ranks' threads.
+pub struct Group {
+    lead: Worker,
+    calls: Vec<mpsc::Sender<Call>>,
+    threads: Vec<JoinHandle<Measured>>,
+}
+
+impl Group {
+    /// A group of one: `worker` alone.
+    pub fn single(worker: Worker) -> Group {
+        Group {
+            lead: worker,
+            calls: Vec::new(),
+            threads: Vec::new(),
+        }
+    }
+
+    /// `tp` ranks serving `config` (threads of this process), each sized by `setup` and filled
+    /// by `load`; the first rank's error if any fails to start.
+    pub fn start(
+        config: ModelConfig,
+        setup: ServeSetup,
+        tp: usize,
+        load: Load,
+    ) -> Result<Group, EngineError> {
+        let timeout = engine::world::DEFAULT_TIMEOUT;
+        let mut comms = engine::world::communicators(tp, timeout)?.into_iter();
+        let lead_comm = comms.next().expect("a group has a rank 0");
+        let (mut calls, mut threads, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, comm) in comms.enumerate() {
+            let (tx, rx) = mpsc::channel();
+            let (ok_tx, ok_rx) = mpsc::channel();
+            let (config, load) = (config.clone(), load.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("tp rank {}", i + 1))
+                .spawn(move || follow(config, setup, comm, load, ok_tx, rx))
+                .map_err(|e| EngineError::Infer(format!("starting tensor-parallel rank: {e}")))?;
+            calls.push(tx);
+            threads.push(thread);
+            ready.push(ok_rx);
+        }
+        let lead = Worker::tensor_parallel(cpu::Cpu::new(), config, setup, lead_comm, None)
+            .and_then(|mut w| load(&mut w).map(|()| w));
+        let mut group_err = None;
+        for (r, ok) in ready.into_iter().enumerate() {
+            let got = ok.recv().unwrap_or_else(|_| {
+                Err(EngineError::Infer(format!(
+                    "tensor-parallel rank {} stopped",
+                    r + 1
+                )))
+            });
+            if let Err(e) = got {
+                group_err.get_or_insert(e);
+            }
+        }
+        match (lead, group_err) {
+            (Ok(lead), None) => Ok(Group {
+                lead,
+                calls,
+                threads,
+            }),
+            // Dropping the senders ends the threads that started.
+            (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+        }
+    }
+
+    fn tell(&self, call: impl Fn() -> Call) {
+        for c in &self.calls {
+            // A rank that has stopped makes the next step's collectives fail on the lead.
+            let _ = c.send(call());
+        }
+    }
+
+    pub fn new_sequence(&mut self) -> SeqId {
+        self.tell(|| Call::NewSequence);
+        self.lead.new_sequence()
+    }
+
+    pub fn prefill(
+        &mut self,
+        id: SeqId,
+        tokens: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.tell(|| Call::Prefill(id, tokens.to_vec()));
+        self.lead.prefill(id, tokens, logits)
+    }
+
+    pub fn decode(
+        &mut self,
+        ids: &[SeqId],
+        tokens: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.tell(|| Call::Decode(ids.to_vec(), tokens.to_vec()));
+        self.lead.decode(ids, tokens, logits)
+    }
+
+    pub fn fork(&mut self, id: SeqId) -> SeqId {
+        self.tell(|| Call::Fork(id));
+        self.lead.fork(id)
+    }
+
+    pub fn free(&mut self, id: SeqId) {
+        self.tell(|| Call::Free(id));
+        self.lead.free(id)
+    }
+
+    /// Ends the group: every rank's measured bytes, in rank order.
+    pub fn finish(self) -> Vec<Measured> {
+        let mut out = vec![self.lead.measured()];
+        drop(self.calls);
+        for t in self.threads {
+            // A rank that panicked measured nothing: its plan's bytes were never all live.
+            out.push(t.join().unwrap_or_default());
+        }
+        out
+    }
+
+    /// Ranks in the group.
+    pub fn size(&self) -> usize {
+        self.calls.len() + 1
+    }
+}
+
+/// Reads (the plan, the setup, free blocks) go to rank 0's worker; every rank's are the same
+/// but for its share's bytes.
+impl std::ops::Deref for Group {
+    type Target = Worker;
+    fn deref(&self) -> &Worker {
+        &self.lead
+    }
+}
+
+/// A rank other than 0: builds its worker, says whether it started, then repeats the calls
+/// until the group ends, returning its measured bytes.
+fn follow(
+    config: ModelConfig,
+    setup: ServeSetup,
+    comm: Box<dyn comm::Collective>,
+    load: Load,
+    ready: mpsc::Sender<Result<(), EngineError>>,
+    calls: mpsc::Receiver<Call>,
+) -> Measured {
+    let built = Worker::tensor_parallel(cpu::Cpu::new(), config, setup, comm, None)
+        .and_then(|mut w| load(&mut w).map(|()| w));
+    let mut worker = match built {
+        Ok(w) => {
+            let _ = ready.send(Ok(()));
+            w
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return Measured::default();
+        }
+    };
+    let mut logits = Vec::new();
+    // Errors are the lead's to report: it makes the same call and sees the same refusal, or
+    // the failed collective.
+    for call in calls {
+        let _ = match call {
+            Call::NewSequence => {
+                worker.new_sequence();
+                Ok(())
+            }
+            Call::Prefill(id, tokens) => worker.prefill(id, &tokens, &mut logits),
+            Call::Decode(ids, tokens) => worker.decode(&ids, &tokens, &mut logits),
+            Call::Fork(id) => {
+                worker.fork(id);
+                Ok(())
+            }
+            Call::Free(id) => {
+                worker.free(id);
+                Ok(())
+            }
+        };
+    }
+    worker.measured()
+}
