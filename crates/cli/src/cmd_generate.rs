@@ -19,7 +19,7 @@ use std::time::Instant;
 
 mod reference;
 mod tp;
-pub(crate) use tp::group;
+pub(crate) use tp::{check_fit, group};
 
 const EXAMPLES: &str = "\
 Examples:

@@ -18,6 +18,7 @@ use super::model_config;
 use crate::output::group_digits;
 use anyhow::{bail, Context};
 use infer::blocks::SeqId;
+use infer::group::Group;
 use infer::{SplitK, Worker};
 use plan::buffer::Device;
 use plan::frugal::serve::is_matrix;
@@ -32,6 +33,7 @@ Examples:
   frugal bench generate                                       llama2-7b shape, int4 g32, batch 1
   frugal bench generate --weights int8 --batch 8 --json
   frugal bench generate --model gpt2-124m --weights f32 --new-tokens 32
+  frugal bench generate --model tinyllama-1.1b --tp 2                 two tensor-parallel ranks
   frugal bench generate --model llama2-7b --save /tmp/q7b     also write the weights (dev/bench_llamacpp.py)";
 
 #[derive(clap::Args, Clone, Debug)]
@@ -71,6 +73,10 @@ pub struct Args {
     /// f32, bf16). Needs python3 with llama-cpp-python and gguf, or torch and transformers.
     #[arg(long)]
     pub baseline: Option<String>,
+    /// Tensor-parallel ranks (threads of this process; each holds its share of the heads, the
+    /// MLP and the vocabulary, built at random as the whole model is).
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -133,8 +139,7 @@ pub fn read_rate(buf: &[f32]) -> f64 {
 
 /// Bytes one decode step of `batch` rows reads: weights (see the module docs) and, for each
 /// sequence of `cached` tokens, its KV.
-pub fn step_bytes(worker: &Worker, batch: u64, cached: u64) -> u64 {
-    let s = &worker.config.shape;
+pub fn step_bytes(s: &plan::ModelShape, setup: &ServeSetup, batch: u64, cached: u64) -> u64 {
     let mut bytes = 0;
     let units = plan::frugal::param_units(s, 1).expect("a buildable model");
     for unit in &units {
@@ -144,7 +149,7 @@ pub fn step_bytes(worker: &Worker, batch: u64, cached: u64) -> u64 {
                 bytes += 4 * v.numel();
                 continue;
             }
-            let (c, sc, z) = worker.setup.weights.matrix_bytes(rows, cols);
+            let (c, sc, z) = setup.weights.matrix_bytes(rows, cols);
             let whole = c + sc + z;
             bytes += if v.role == Role::TokenEmbedding && !s.tied_embeddings {
                 whole / rows * batch
@@ -153,7 +158,7 @@ pub fn step_bytes(worker: &Worker, batch: u64, cached: u64) -> u64 {
             };
         }
     }
-    bytes + batch * cached * worker.block_bytes() / worker.setup.kv_block
+    bytes + batch * cached * setup.block_bytes(s) / setup.kv_block
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -174,10 +179,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.kv_block,
         infer::default_split_k(),
     );
-    let mut worker = Worker::new_in_ram(config, setup)?;
-    worker.split_k = split_k(&a.split_k)?;
+    let shape = config.shape.clone();
+    let (sk, seed) = (split_k(&a.split_k)?, a.seed);
     let t = Instant::now();
-    worker.fill_random(a.seed);
+    let mut worker = match a.tp {
+        0 => bail!("--tp 0: give at least one tensor-parallel rank"),
+        1 => {
+            let mut w = Worker::new_in_ram(config, setup)?;
+            w.split_k = sk;
+            w.fill_random(seed);
+            Group::single(w)
+        }
+        tp => {
+            if a.save.is_some() || a.baseline.is_some() {
+                bail!("--tp {tp}: --save and --baseline take the whole model (--tp 1)");
+            }
+            crate::cmd_generate::check_fit(&shape, &setup, tp)?;
+            let load: infer::group::Load = std::sync::Arc::new(move |w: &mut Worker| {
+                w.split_k = sk;
+                w.fill_random(seed);
+                Ok(())
+            });
+            Group::start(config, setup, tp, load)?
+        }
+    };
     let fill_s = t.elapsed().as_secs_f64();
     if let Some(b) = a.baseline.as_deref() {
         if !matches!(b, "llama.cpp" | "hf") {
@@ -198,7 +223,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let buf = read_buffer();
     read_rate(&buf);
-    let vocab = worker.config.shape.vocab;
+    let vocab = shape.vocab;
     let mut rng = data::SplitMix64::new(a.seed);
     let mut token = || (rng.next_u64() % vocab) as u32;
     let seqs: Vec<SeqId> = (0..a.batch).map(|_| worker.new_sequence()).collect();
@@ -214,7 +239,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // drifts; a read just before a step also leaves the caches as cold as a real decode finds
     // them).
     let cached = a.prompt_len + a.new_tokens;
-    let bytes = step_bytes(&worker, a.batch, cached);
+    // The whole model's bytes: each rank reads its share, together the model once.
+    let bytes = step_bytes(&shape, &setup, a.batch, cached);
     let (mut steps, mut rates, mut fractions) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=a.new_tokens {
         let feed: Vec<u32> = seqs.iter().map(|_| token()).collect();
@@ -242,15 +268,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         median(&mut rates),
         median(&mut fractions),
     );
-    let measured = worker.measured();
     let planned_peak = worker.plan.peak_bytes(Device::Gpu);
+    let planned: Vec<u64> = (0..a.tp as u32)
+        .map(|r| plan::frugal::serve_plan_rank(&shape, &setup, a.tp as u32, r))
+        .map(|p| p.map(|p| p.peak_bytes(Device::Gpu)))
+        .collect::<Result<_, _>>()?;
     let cpu = cpu_name();
     let shape_config = worker.config.to_hf_json();
     let threads = rayon::current_num_threads();
     let weights_bytes = worker.plan.persistent_bytes(plan::buffer::Category::Params);
-    let name = worker.config.shape.name.clone();
+    let name = shape.name.clone();
     // The baseline gets the machine's memory to itself.
-    drop(worker);
+    let measured: Vec<u64> = worker.finish().iter().map(|m| m.peak_bytes).collect();
     drop(buf);
     let baseline = match a.baseline.as_deref() {
         Some(b) => Some(run_baseline(
@@ -287,8 +316,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "bytes_per_token": bytes / a.batch,
             "bandwidth_bytes_per_s": bandwidth,
             "bandwidth_fraction": fraction,
+            "tp": a.tp,
             "planned_peak_bytes": planned_peak,
-            "measured_peak_bytes": measured.peak_bytes,
+            "measured_peak_bytes": measured[0],
+            "ranks_planned_peak_bytes": planned,
+            "ranks_measured_peak_bytes": measured,
             "weights_bytes": weights_bytes,
             "fill_s": fill_s,
             "cpu": cpu,
@@ -320,11 +352,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             bandwidth / 1e9,
             100.0 * fraction
         );
-        println!(
-            "memory: planned {} bytes, measured {}",
-            group_digits(planned_peak),
-            group_digits(measured.peak_bytes)
-        );
+        for (r, (p, m)) in planned.iter().zip(&measured).enumerate() {
+            let rank = if a.tp > 1 {
+                format!("rank {r} ")
+            } else {
+                String::new()
+            };
+            println!(
+                "memory: {rank}planned {} bytes, measured {}",
+                group_digits(*p),
+                group_digits(*m)
+            );
+        }
         if let (Some(name), Some(b)) = (a.baseline.as_deref(), base_tps) {
             println!(
                 "{name} on the same shape and threads: decode {b:.2} tokens/s; frugal / {name} = {:.2}x",
@@ -332,7 +371,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             );
         }
     }
-    if measured.peak_bytes != planned_peak {
+    if measured != planned {
         bail!("measured memory differs from the plan: a bug in the engine or the plan");
     }
     Ok(())

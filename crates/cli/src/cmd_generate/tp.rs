@@ -93,7 +93,11 @@ fn fp32_units<'a>(
 
 /// Refuses a split the model does not allow, or ranks whose plans together exceed the RAM this
 /// process may use (every rank lives in it).
-fn check_fit(shape: &plan::ModelShape, setup: &ServeSetup, tp: usize) -> anyhow::Result<()> {
+pub(crate) fn check_fit(
+    shape: &plan::ModelShape,
+    setup: &ServeSetup,
+    tp: usize,
+) -> anyhow::Result<()> {
     let mut total = 0;
     for r in 0..tp as u32 {
         let plan = plan::frugal::serve_plan_rank(shape, setup, tp as u32, r)
