@@ -88,6 +88,25 @@ mod with_mpi {
     }
 
     #[test]
+    fn mpi_processes_send_and_receive_bytes_point_to_point() {
+        // bench comm checks every message byte for byte on arrival and fails otherwise.
+        let args: Vec<String> = ["bench", "comm", "--mib", "1", "--reps", "2", "--json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = launcher()
+            .args(["-n", "2", env!("CARGO_BIN_EXE_frugal")])
+            .args(&args[..2])
+            .args(["--comm", "mpi"])
+            .args(&args[2..])
+            .output()
+            .expect("mpiexec runs (apt install mpich)");
+        let v = json(&out);
+        assert_eq!(v["ranks"], 2);
+        assert!(v["send_recv_s"].as_f64().unwrap() > 0.0, "{v}");
+    }
+
+    #[test]
     fn mpi_ranks_train_bit_identically_to_thread_ranks_at_every_stage() {
         let data = data("parity");
         let cases: [(usize, &[&str]); 8] = [

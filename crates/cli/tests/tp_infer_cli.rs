@@ -146,3 +146,30 @@ fn three_tensor_parallel_ranks_serve_concurrent_clients_as_one_worker() {
     }
     assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
 }
+
+#[test]
+fn bench_generate_measures_every_ranks_plan() {
+    let out = json(&frugal(&[
+        "bench",
+        "generate",
+        "--model",
+        "gpt2-124m",
+        "--weights",
+        "int4",
+        "--tp",
+        "2",
+        "--prompt-len",
+        "4",
+        "--new-tokens",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(out["tp"], 2);
+    let planned = out["ranks_planned_peak_bytes"].as_array().unwrap();
+    assert_eq!(planned.len(), 2);
+    assert_eq!(
+        out["ranks_measured_peak_bytes"],
+        out["ranks_planned_peak_bytes"]
+    );
+    assert!(out["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}

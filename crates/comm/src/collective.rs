@@ -24,7 +24,7 @@
 //! assert_eq!(sums, vec![3.0, 3.0]);
 //! ```
 
-use crate::Result;
+use crate::{CommError, Result};
 use half::bf16;
 use std::fmt;
 
@@ -246,6 +246,24 @@ pub trait Collective: Send {
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<()>;
 
+    /// Point-to-point: hands `bytes` to rank `dest`, which takes them with [`recv_bytes`]
+    /// (messages between two ranks arrive in the order sent). Buffered where the backend can
+    /// (in process: always; MPI: as its eager limit allows), so a sender may run ahead of its
+    /// receiver. Only these two ranks take part.
+    ///
+    /// [`recv_bytes`]: Collective::recv_bytes
+    fn send_bytes(&mut self, bytes: &[u8], dest: usize) -> Result<()> {
+        let _ = (bytes, dest);
+        Err(no_point_to_point(self.rank(), "send"))
+    }
+
+    /// Point-to-point: the next message from rank `src` into `out`, whose length must be the
+    /// message's; waits up to the world's timeout.
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize) -> Result<()> {
+        let _ = (out, src);
+        Err(no_point_to_point(self.rank(), "recv"))
+    }
+
     /// Fails the world: every rank's pending and future calls return `CommError::Aborted`.
     fn abort(&self, reason: &str);
 
@@ -330,6 +348,12 @@ impl<C: Collective + ?Sized> Collective for Box<C> {
     fn broadcast(&mut self, buf: BufMut<'_>, root: usize) -> Result<()> {
         (**self).broadcast(buf, root)
     }
+    fn send_bytes(&mut self, bytes: &[u8], dest: usize) -> Result<()> {
+        (**self).send_bytes(bytes, dest)
+    }
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize) -> Result<()> {
+        (**self).recv_bytes(out, src)
+    }
     fn barrier(&mut self) -> Result<()> {
         (**self).barrier()
     }
@@ -344,5 +368,16 @@ impl<C: Collective + ?Sized> Collective for Box<C> {
     }
     fn wait(&mut self, ticket: Ticket) -> Result<()> {
         (**self).wait(ticket)
+    }
+}
+
+/// What a backend without point-to-point transfers answers (a world of one has no peer).
+fn no_point_to_point(rank: usize, op: &'static str) -> CommError {
+    CommError::BadArgs {
+        rank,
+        op,
+        detail: "this communicator has no point-to-point transfers (a world of one has no \
+                 other rank)"
+            .into(),
     }
 }

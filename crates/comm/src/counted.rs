@@ -119,6 +119,14 @@ impl<C: Collective> Collective for Counted<C> {
         self.count(CollectiveKind::Barrier, 0, t0, r)
     }
 
+    fn send_bytes(&mut self, bytes: &[u8], dest: usize) -> Result<()> {
+        self.inner.send_bytes(bytes, dest)
+    }
+
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize) -> Result<()> {
+        self.inner.recv_bytes(out, src)
+    }
+
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
     }

@@ -40,6 +40,9 @@ static UNIVERSE: Mutex<Option<mpi::environment::Universe>> = Mutex::new(None);
 /// Whether MPI granted `MPI_THREAD_MULTIPLE` at [`Mpi::init`].
 static MULTIPLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The tag of point-to-point messages (collectives use none; the timeout probe its own).
+const P2P_TAG: i32 = 0x5032;
+
 /// One process's endpoint in an MPI communicator.
 pub struct Mpi {
     comm: SimpleCommunicator,
@@ -453,6 +456,44 @@ impl Collective for Mpi {
                 self.finish(req, "broadcast");
             }),
         }
+        Ok(())
+    }
+
+    fn send_bytes(&mut self, bytes: &[u8], dest: usize) -> Result<()> {
+        use mpi::point_to_point::Destination;
+        self.check("send", dest < self.size && dest != self.rank, || {
+            format!("rank {dest} of {} (not this rank)", self.size)
+        })?;
+        let to = self.comm.process_at_rank(dest as i32);
+        // The length first, so a receiver expecting another size fails clearly.
+        let len = bytes.len() as u64;
+        mpi::request::scope(|scope| {
+            let req = to.immediate_send_with_tag(scope, &len, P2P_TAG);
+            self.finish(req, "send");
+            let req = to.immediate_send_with_tag(scope, bytes, P2P_TAG);
+            self.finish(req, "send");
+        });
+        Ok(())
+    }
+
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize) -> Result<()> {
+        use mpi::point_to_point::Source;
+        self.check("recv", src < self.size && src != self.rank, || {
+            format!("rank {src} of {} (not this rank)", self.size)
+        })?;
+        let from = self.comm.process_at_rank(src as i32);
+        let mut len = 0u64;
+        mpi::request::scope(|scope| {
+            let req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
+            self.finish(req, "recv");
+        });
+        self.check("recv", len == out.len() as u64, || {
+            format!("{len} bytes sent by rank {src}, {} expected", out.len())
+        })?;
+        mpi::request::scope(|scope| {
+            let req = from.immediate_receive_into_with_tag(scope, out, P2P_TAG);
+            self.finish(req, "recv");
+        });
         Ok(())
     }
 

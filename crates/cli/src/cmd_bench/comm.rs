@@ -4,7 +4,8 @@
 //! one-process ranks move bytes through memory, so that is their ceiling. Reports the median
 //! seconds of an all-reduce of `--mib` MiB of f32, its algorithm bandwidth (size / time) and
 //! bus bandwidth (2(N−1)/N · size / time, NCCL's convention), and the bus bandwidth over the
-//! triad's.
+//! triad's; and a point-to-point transfer of the same bytes between ranks 0 and 1 (the
+//! send/receive prefill/decode disaggregation ships KV with), checked byte for byte.
 //!
 //! Example: `mpirun -n 2 frugal bench comm --comm mpi --mib 64 --json`.
 
@@ -48,6 +49,42 @@ fn time_all_reduce(c: &mut dyn Collective, n: usize, reps: usize) -> anyhow::Res
     Ok(f64::from(c.all_reduce_f32(median, ReduceOp::Max)?))
 }
 
+/// Median seconds of one point-to-point transfer of `n` bytes (half a ping-pong between ranks
+/// 0 and 1; the others wait), each message checked byte for byte on arrival.
+fn time_send_recv(c: &mut dyn Collective, n: usize, reps: usize) -> anyhow::Result<f64> {
+    let message: Vec<u8> = (0..n).map(|i| (i * 31 + 7) as u8).collect();
+    let mut back = vec![0u8; n];
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..=reps {
+        c.barrier()?;
+        let t0 = Instant::now();
+        match c.rank() {
+            0 => {
+                c.send_bytes(&message, 1)?;
+                c.recv_bytes(&mut back, 1)?;
+                anyhow::ensure!(back == message, "rank 0 got back other bytes than it sent");
+            }
+            1 => {
+                c.recv_bytes(&mut back, 0)?;
+                anyhow::ensure!(back == message, "rank 1 got other bytes than rank 0 sent");
+                c.send_bytes(&back, 0)?;
+            }
+            _ => {}
+        }
+        times.push(t0.elapsed().as_secs_f64() / 2.0);
+    }
+    times.remove(0);
+    times.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    let median = times[reps / 2] as f32;
+    Ok(f64::from(c.all_reduce_f32(median, ReduceOp::Max)?))
+}
+
+/// The all-reduce's and the point-to-point transfer's median seconds.
+fn time_both(c: &mut dyn Collective, n: usize, reps: usize) -> anyhow::Result<(f64, f64)> {
+    let all_reduce = time_all_reduce(c, n, reps)?;
+    Ok((all_reduce, time_send_recv(c, 4 * n, reps)?))
+}
+
 /// A triad over three buffers of `n` f32 (read 2, write 1): bytes per second.
 fn triad_bandwidth(n: usize) -> f64 {
     let (b, c) = (vec![1.0f32; n], vec![2.0f32; n]);
@@ -80,11 +117,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let n = (a.mib << 20) / 4;
-    let (world, seconds, triad) = match a.comm {
+    anyhow::ensure!(
+        a.comm == CommArg::Mpi || a.ranks >= 2,
+        "--ranks {}: the transfers need at least two ranks",
+        a.ranks
+    );
+    let (world, (seconds, p2p), triad) = match a.comm {
         CommArg::Threads => {
             let triad = triad_bandwidth(n);
             let timeout = engine::world::DEFAULT_TIMEOUT;
-            let run = |mut c: Box<dyn Collective>| time_all_reduce(&mut c, n, a.reps);
+            let run = |mut c: Box<dyn Collective>| time_both(&mut c, n, a.reps);
             let mut all = engine::world::launch(a.ranks, timeout, run, |_| false)?;
             (a.ranks, all.swap_remove(0), triad)
         }
@@ -100,6 +142,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "comm": format!("{:?}", a.comm).to_lowercase(), "ranks": world, "bytes": 4 * n,
             "all_reduce_s": seconds, "algo_bytes_per_s": size / seconds, "bus_bytes_per_s": bus,
             "triad_bytes_per_s": triad, "bus_over_triad": bus / triad,
+            "send_recv_s": p2p, "send_recv_bytes_per_s": size / p2p,
             "cpu": super::generate::cpu_name(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -115,6 +158,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             bus / triad,
             triad / 1e9,
             super::generate::cpu_name()
+        );
+        println!(
+            "send/receive of {} MiB between ranks 0 and 1: {:.1} ms, {:.2} GB/s (each message \
+             checked byte for byte)",
+            a.mib,
+            1e3 * p2p,
+            size / p2p / 1e9
         );
     }
     Ok(())
@@ -132,7 +182,7 @@ fn rank0() -> Option<bool> {
 /// Under MPI: the world size, the all-reduce's seconds, and the triad measured by rank 0 alone
 /// (the others wait at a barrier, as the thread case measures it with nothing else running).
 #[cfg(feature = "mpi")]
-fn mpi_seconds(n: usize, reps: usize) -> anyhow::Result<(usize, f64, f64)> {
+fn mpi_seconds(n: usize, reps: usize) -> anyhow::Result<(usize, (f64, f64), f64)> {
     let report = |why: &str| eprintln!("error: {why}");
     let mut c = comm::Mpi::init(engine::world::DEFAULT_TIMEOUT, report)?;
     RANK0.with(|r| r.set(Some(c.rank() == 0)));
@@ -142,13 +192,17 @@ fn mpi_seconds(n: usize, reps: usize) -> anyhow::Result<(usize, f64, f64)> {
         _ => 0.0,
     };
     c.barrier()?;
-    let seconds = time_all_reduce(&mut c, n, reps)?;
+    anyhow::ensure!(
+        world >= 2,
+        "the transfers need at least two ranks (mpirun -n 2 or more)"
+    );
+    let seconds = time_both(&mut c, n, reps)?;
     drop(c);
     comm::Mpi::finalize();
     Ok((world, seconds, triad))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_seconds(_: usize, _: usize) -> anyhow::Result<(usize, f64, f64)> {
+fn mpi_seconds(_: usize, _: usize) -> anyhow::Result<(usize, (f64, f64), f64)> {
     anyhow::bail!("--comm mpi: this frugal was built without MPI (cargo build --release --features mpi -p frugal)")
 }

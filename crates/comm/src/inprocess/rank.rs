@@ -365,6 +365,32 @@ impl Collective for InProcessComm {
         Ok(())
     }
 
+    fn send_bytes(&mut self, bytes: &[u8], dest: usize) -> Result<()> {
+        if dest >= self.world.n_ranks || dest == self.rank {
+            let detail = format!("rank {dest} of {} (not this rank)", self.world.n_ranks);
+            return Err(self.bad_args("send", detail));
+        }
+        self.world.post(self.rank, dest, bytes.to_vec())
+    }
+
+    fn recv_bytes(&mut self, out: &mut [u8], src: usize) -> Result<()> {
+        if src >= self.world.n_ranks || src == self.rank {
+            let detail = format!("rank {src} of {} (not this rank)", self.world.n_ranks);
+            return Err(self.bad_args("recv", detail));
+        }
+        let m = self.world.take(src, self.rank)?;
+        if m.len() != out.len() {
+            let detail = format!(
+                "{} bytes sent by rank {src}, {} expected",
+                m.len(),
+                out.len()
+            );
+            return Err(self.bad_args("recv", detail));
+        }
+        out.copy_from_slice(&m);
+        Ok(())
+    }
+
     fn barrier(&mut self) -> Result<()> {
         let call = self.call(CollectiveKind::Barrier, DType::F32, 0, 0);
         self.arrive(call, 0)?;

@@ -14,7 +14,7 @@
 //! ```
 
 use crate::{CollectiveKind, CommError, DType, ReduceOp, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -77,6 +77,9 @@ struct State {
     round: Vec<Option<Post>>,
 }
 
+/// Messages by (from, to), oldest first.
+type Mailboxes = HashMap<(usize, usize), VecDeque<Vec<u8>>>;
+
 pub(crate) struct World {
     pub n_ranks: usize,
     pub timeout: Duration,
@@ -85,6 +88,9 @@ pub(crate) struct World {
     /// Sub-worlds being made by a `split`, by (call index, color): the first rank of a group in
     /// creates it, the others join it.
     groups: Mutex<HashMap<(u64, u32), Arc<World>>>,
+    /// Point-to-point messages in flight, by (from, to), oldest first.
+    mail: Mutex<Mailboxes>,
+    mail_changed: Condvar,
 }
 
 impl World {
@@ -102,6 +108,8 @@ impl World {
             }),
             changed: Condvar::new(),
             groups: Mutex::new(HashMap::new()),
+            mail: Mutex::new(HashMap::new()),
+            mail_changed: Condvar::new(),
         }
     }
 
@@ -135,6 +143,53 @@ impl World {
         }
         drop(st);
         self.changed.notify_all();
+        // A receiver waiting for mail learns of the failure too.
+        let _mail = self.mail.lock().unwrap_or_else(|e| e.into_inner());
+        self.mail_changed.notify_all();
+    }
+
+    /// Leaves `bytes` for `to` from `from` (a buffered send).
+    pub fn post(&self, from: usize, to: usize, bytes: Vec<u8>) -> Result<()> {
+        if let Some(err) = &self.lock().failure {
+            return Err(err.clone());
+        }
+        let mut mail = self.mail.lock().unwrap_or_else(|e| e.into_inner());
+        mail.entry((from, to)).or_default().push_back(bytes);
+        drop(mail);
+        self.mail_changed.notify_all();
+        Ok(())
+    }
+
+    /// The oldest message from `from` to `to`, waiting up to the timeout.
+    pub fn take(&self, from: usize, to: usize) -> Result<Vec<u8>> {
+        let deadline = Instant::now() + self.timeout;
+        let mut mail = self.mail.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(m) = mail.get_mut(&(from, to)).and_then(VecDeque::pop_front) {
+                return Ok(m);
+            }
+            if let Some(err) = &self.lock().failure {
+                return Err(err.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let err = CommError::Timeout {
+                    op: "recv",
+                    call_idx: 0,
+                    late: vec![from],
+                    timeout: self.timeout,
+                    detected_by: to,
+                };
+                drop(mail);
+                self.fail(err.clone());
+                return Err(err);
+            }
+            mail = self
+                .mail_changed
+                .wait_timeout(mail, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     /// Enters a collective. On success `posts_out` holds every rank's post (index = rank).
