@@ -42,6 +42,7 @@ mod moe_step;
 pub mod runner;
 pub mod sample;
 pub mod schedule;
+mod ship;
 pub mod spec;
 mod step;
 mod tp;
@@ -455,6 +456,8 @@ pub(crate) fn unit_index(units: &[Unit], kind: UnitKind) -> usize {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod ship_tests;
 #[cfg(test)]
 mod tp_tests;
 #[cfg(test)]
