@@ -16,6 +16,7 @@
 mod engine;
 mod metrics;
 mod openai;
+mod pd;
 
 use crate::model::ModelSource;
 use anyhow::{anyhow, bail, Context};
@@ -70,6 +71,15 @@ pub struct Args {
     /// share of the heads, the MLP and the vocabulary, and the batch runs on all of them.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// Prefill/decode disaggregation: this many prefill workers (ranks of their own) run the
+    /// prompts and ship their KV to the decode worker, which only decodes, so long prompts stop
+    /// stalling the tokens of running requests. 0: one worker does both.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_ranks: usize,
+    /// With --prefill-ranks: the cores the prefill workers share (default half the machine's);
+    /// the decode worker gets the rest.
+    #[arg(long)]
+    pub prefill_threads: Option<usize>,
 }
 
 /// What every handler shares.
@@ -126,9 +136,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         setup.kv_blocks = tokens.div_ceil(setup.kv_block);
     }
-    let worker = match args.tp {
-        1 => infer::group::Group::single(source.worker(setup)?),
-        tp => crate::cmd_generate::group(&args.model, source, setup, tp)?,
+    let (worker, pd, pool) = match (args.tp, args.prefill_ranks) {
+        (1, 0) => (
+            infer::group::Group::single(source.worker(setup)?),
+            None,
+            None,
+        ),
+        (tp, 0) => (
+            crate::cmd_generate::group(&args.model, source, setup, tp)?,
+            None,
+            None,
+        ),
+        (1, _) => {
+            let (w, d, pool) = disaggregate(&args, source, setup)?;
+            (w, Some(d), Some(pool))
+        }
+        _ => bail!(
+            "--prefill-ranks with --tp: shipped KV goes to one decode worker; use one of the two"
+        ),
     };
     let (jobs, queue) = std::sync::mpsc::sync_channel(args.queue);
     let engine_tok = tok.clone();
@@ -136,7 +161,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let engine_metrics = metrics.clone();
     std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || engine::run(worker, engine_tok, queue, engine_metrics))
+        .spawn(move || {
+            let run = || engine::run(worker, engine_tok, queue, engine_metrics, pd);
+            match pool {
+                Some(p) => p.install(run),
+                None => run(),
+            }
+        })
         .context("starting the engine thread")?;
     let state = Arc::new(State {
         name: args.model.display().to_string(),
@@ -172,6 +203,59 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         })
+}
+
+/// `--prefill-ranks`: the decode worker (a pool for every request, prompt chunks of one token:
+/// it never prefills), the prefill workers started on their cores, and the decode worker's
+/// cores.
+fn disaggregate(
+    args: &Args,
+    source: crate::model::Loaded,
+    setup: ServeSetup,
+) -> anyhow::Result<(infer::group::Group, pd::Disaggregated, rayon::ThreadPool)> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let prefill = args.prefill_threads.unwrap_or((cores / 2).max(1));
+    if args.prefill_ranks > 64 || prefill == 0 || prefill > cores {
+        bail!(
+            "--prefill-ranks {} --prefill-threads {prefill}: give 1 to 64 prefill ranks on 1 to \
+             {cores} threads (this machine's)",
+            args.prefill_ranks
+        );
+    }
+    let pool = |n: usize, name: &'static str| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(move |i| format!("{name} {i}"))
+            .build()
+            .context("starting a thread pool")
+    };
+    let decode_setup = ServeSetup {
+        prefill_chunk: 1,
+        ..setup
+    };
+    let decode = infer::group::Group::single(source.worker(decode_setup)?);
+    let shape = source.config.shape.clone();
+    let prefill_setup = ServeSetup {
+        max_seqs: 1,
+        kv_blocks: setup.context.div_ceil(setup.kv_block),
+        ..setup
+    };
+    let source = Arc::new(source);
+    let build: Arc<dyn Fn() -> anyhow::Result<infer::Worker> + Send + Sync> =
+        Arc::new(move || source.worker(prefill_setup));
+    let timeout = ::engine::world::DEFAULT_TIMEOUT;
+    let comms = ::engine::world::communicators(args.prefill_ranks + 1, timeout)?;
+    let prefill_pool = Arc::new(pool(prefill, "prefill")?);
+    let d = pd::Disaggregated::start(comms, build, prefill_pool)?;
+    let decode_threads = cores.saturating_sub(prefill).max(1);
+    eprintln!(
+        "frugal serve: {} prefill ranks on {prefill} threads (each planned {} bytes), decode on \
+         {decode_threads} (planned {} bytes)",
+        args.prefill_ranks,
+        plan::frugal::serve_plan(&shape, &prefill_setup)?.peak_bytes(plan::buffer::Device::Gpu),
+        decode.plan.peak_bytes(plan::buffer::Device::Gpu)
+    );
+    Ok((decode, d, pool(decode_threads, "decode")?))
 }
 
 /// SIGTERM or Ctrl-C: stop accepting connections; those open finish their requests first.

@@ -140,6 +140,17 @@ impl Group {
         self.lead.free(id)
     }
 
+    /// A shipped sequence's KV (prefill/decode disaggregation), into a group of one: a
+    /// tensor-parallel group would need each rank's heads shipped apart.
+    pub fn import_kv(&mut self, len: usize, bytes: &[u8]) -> Result<SeqId, EngineError> {
+        if !self.calls.is_empty() {
+            return Err(EngineError::Infer(
+                "shipped KV goes to a single decode worker, not a tensor-parallel group".into(),
+            ));
+        }
+        self.lead.import_kv(len, bytes)
+    }
+
     /// Ends the group: every rank's measured bytes, in rank order.
     pub fn finish(self) -> Vec<Measured> {
         let mut out = vec![self.lead.measured()];

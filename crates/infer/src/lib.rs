@@ -455,9 +455,9 @@ pub(crate) fn unit_index(units: &[Unit], kind: UnitKind) -> usize {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod ship_tests;
+#[cfg(test)]
+mod tests;
 #[cfg(test)]
 mod tp_tests;
 #[cfg(test)]

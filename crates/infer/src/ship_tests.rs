@@ -54,11 +54,22 @@ fn a_shipped_sequence_decodes_as_where_it_was_prefilled() {
         p.prefill(a, &prompt, &mut here).unwrap();
         let mut bytes = Vec::new();
         p.export_kv(a, &mut bytes);
-        let live = p.blocks.seq(a).blocks.iter().filter(|&&b| b != blocks::FREED);
-        assert_eq!(bytes.len() as u64, p.kv_ship_bytes(live.count()), "{}", shape.name);
+        let live = p
+            .blocks
+            .seq(a)
+            .blocks
+            .iter()
+            .filter(|&&b| b != blocks::FREED);
+        assert_eq!(
+            bytes.len() as u64,
+            p.kv_ship_bytes(live.count()),
+            "{}",
+            shape.name
+        );
         // Another sequence first, so the shipped one lands in other blocks.
         let other = d.new_sequence();
-        d.prefill(other, &tokens(5, shape.vocab, 9), &mut there).unwrap();
+        d.prefill(other, &tokens(5, shape.vocab, 9), &mut there)
+            .unwrap();
         let b = d.import_kv(prompt.len(), &bytes).unwrap();
         assert_eq!(d.seq_len(b), prompt.len());
         for step in 0..6 {
@@ -80,7 +91,8 @@ fn a_shipment_that_does_not_fit_is_refused_changing_nothing() {
     let shape = llama_tiny();
     let (mut p, mut d) = pair(&shape, KvFormat::F32);
     let a = p.new_sequence();
-    p.prefill(a, &tokens(9, shape.vocab, 1), &mut Vec::new()).unwrap();
+    p.prefill(a, &tokens(9, shape.vocab, 1), &mut Vec::new())
+        .unwrap();
     let mut bytes = Vec::new();
     p.export_kv(a, &mut bytes);
     let free = d.free_blocks();

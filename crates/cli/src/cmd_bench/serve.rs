@@ -75,6 +75,13 @@ pub struct Args {
     /// With --http: stop after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// With --http: serve disaggregated, this many prefill workers shipping KV to the decode
+    /// worker (`frugal serve --prefill-ranks`); 0 co-located.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_ranks: usize,
+    /// With --http and --prefill-ranks: the prefill workers' cores (default half the machine's).
+    #[arg(long)]
+    pub prefill_threads: Option<usize>,
 }
 
 /// A log-normal draw with this mean (σ in log space), clamped to [1, max].
@@ -116,6 +123,9 @@ pub fn percentile(v: &[f64], q: f64) -> f64 {
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.requests == 0 || a.max_seqs == 0 || a.kv_block == 0 {
         bail!("--requests, --max-seqs and --kv-block must be at least 1");
+    }
+    if !a.http && (a.prefill_ranks > 0 || a.prefill_threads.is_some()) {
+        bail!("--prefill-ranks and --prefill-threads serve over HTTP: add --http");
     }
     if a.http {
         return super::serve_http::run(a);

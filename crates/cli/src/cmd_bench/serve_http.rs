@@ -113,6 +113,12 @@ fn start_server(
             "--weight-group",
             &a.weight_group.to_string(),
         ])
+        .args(["--prefill-ranks", &a.prefill_ranks.to_string()])
+        .args(
+            a.prefill_threads
+                .iter()
+                .flat_map(|t| ["--prefill-threads".to_string(), t.to_string()]),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -136,6 +142,30 @@ fn start_server(
             bail!("frugal serve did not start: {}", err.trim())
         }
     }
+}
+
+/// One counter of the server's `/metrics` (0 when absent or unreadable).
+fn metric(port: u16, name: &str) -> f64 {
+    let read = || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text)?;
+        Ok(text)
+    };
+    read()
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
 }
 
 /// Requests one run sends at once, each on a connection and a thread of its own.
@@ -201,6 +231,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let shipped = metric(port, "frugal_kv_shipped_bytes_total") as u64;
+    let shipments = metric(port, "frugal_kv_shipments_total");
+    let ship_s = metric(port, "frugal_kv_shipping_seconds_total") / shipments.max(1.0);
     // SIGTERM: the server answers what it admitted and exits.
     // SAFETY: `kill` on our own child's pid.
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
@@ -241,6 +274,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "throughput_tokens_per_s": tps,
                 "ttft_p50_s": q(&ttft, 0.5), "ttft_p99_s": q(&ttft, 0.99),
                 "tpot_p50_s": q(&tpot, 0.5), "tpot_p99_s": q(&tpot, 0.99),
+                "prefill_ranks": a.prefill_ranks, "kv_shipped_bytes": shipped,
+                "kv_shipping_mean_s": ship_s,
                 "cpu": cpu_name(),
             })
         );
@@ -259,6 +294,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             1e3 * q(&tpot, 0.5),
             1e3 * q(&tpot, 0.99)
         );
+        if a.prefill_ranks > 0 {
+            println!(
+                "disaggregated: {} prefill ranks shipped {shipped} bytes of KV to the decode worker, \
+                 {:.1} ms a prompt from its prefill's end to its import",
+                a.prefill_ranks,
+                1e3 * ship_s
+            );
+        }
     }
     Ok(())
 }

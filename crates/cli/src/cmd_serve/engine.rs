@@ -7,6 +7,7 @@
 //! A job whose client has gone is dropped at its next token and its KV blocks freed.
 
 use super::metrics::{Finish, Metrics};
+use super::pd::{Disaggregated, PrefillJob, Prefilled};
 use infer::blocks::SeqId;
 use infer::group::Group;
 use infer::sample::Sampling;
@@ -72,6 +73,7 @@ pub fn run(
     tok: data::Tokenizer,
     jobs: mpsc::Receiver<Job>,
     metrics: Arc<Metrics>,
+    mut pd: Option<Disaggregated>,
 ) {
     let max_seqs = worker.setup.max_seqs as usize;
     let (block, pool) = (
@@ -82,14 +84,16 @@ pub fn run(
     let mut waiting: Option<Job> = None;
     let mut closed = false;
     let mut logits = Vec::new();
+    let mut shipped = Vec::new();
     loop {
         // Admit while a slot and the blocks for the job's worst case are free.
-        while running.len() < max_seqs {
+        while running.len() + pd.as_ref().map_or(0, |d| d.in_flight) < max_seqs {
+            let idle = running.is_empty() && pd.as_ref().is_none_or(|d| d.in_flight == 0);
             let job = match waiting.take() {
                 Some(j) => j,
                 None if closed => break,
                 // Idle: block until a job comes (or the queue closes).
-                None if running.is_empty() => match jobs.recv() {
+                None if idle => match jobs.recv() {
                     Ok(j) => j,
                     Err(_) => return,
                 },
@@ -103,7 +107,8 @@ pub fn run(
                 },
             };
             let need = (job.prompt.len() + job.max_tokens).div_ceil(block);
-            let reserved: usize = running.iter().map(|r| r.blocks).sum();
+            let reserved: usize = running.iter().map(|r| r.blocks).sum::<usize>()
+                + pd.as_ref().map_or(0, |d| d.in_flight_blocks);
             if need > pool {
                 metrics.dequeued();
                 metrics.finished(Finish::Error);
@@ -118,6 +123,20 @@ pub fn run(
                 break;
             }
             metrics.dequeued();
+            if let Some(d) = &mut pd {
+                // The prompt runs on a prefill worker; its KV arrives later.
+                (d.in_flight, d.in_flight_blocks) = (d.in_flight + 1, d.in_flight_blocks + need);
+                if let Err(e) = d.jobs.send(PrefillJob { job, blocks: need }) {
+                    (d.in_flight, d.in_flight_blocks) =
+                        (d.in_flight - 1, d.in_flight_blocks - need);
+                    metrics.finished(Finish::Error);
+                    let _ =
+                        e.0.job
+                            .events
+                            .send(Event::Failed("the prefill workers have stopped".into()));
+                }
+                continue;
+            }
             match admit(
                 &mut worker,
                 &tok,
@@ -130,8 +149,11 @@ pub fn run(
                 None => continue,
             }
         }
+        if let Some(d) = &mut pd {
+            arrivals(d, &mut worker, &tok, &mut running, &metrics, &mut shipped);
+        }
         if running.is_empty() {
-            if closed && waiting.is_none() {
+            if closed && waiting.is_none() && pd.as_ref().is_none_or(|d| d.in_flight == 0) {
                 return;
             }
             continue;
@@ -171,6 +193,64 @@ pub fn run(
 
 fn used_blocks(worker: &Worker, pool: usize) -> usize {
     pool.saturating_sub(worker.free_blocks())
+}
+
+/// Prompts the prefill workers finished: their KV received and imported, their first token
+/// streamed, the job joining the batch. Waits a little for one when nothing else runs.
+fn arrivals(
+    d: &mut Disaggregated,
+    worker: &mut Group,
+    tok: &data::Tokenizer,
+    running: &mut Vec<Running>,
+    metrics: &Metrics,
+    buf: &mut Vec<u8>,
+) {
+    loop {
+        let got = match running.is_empty() && d.in_flight > 0 {
+            true => d
+                .done
+                .recv_timeout(std::time::Duration::from_millis(5))
+                .ok(),
+            false => d.done.try_recv().ok(),
+        };
+        let Some(Prefilled {
+            job,
+            blocks,
+            outcome,
+        }) = got
+        else {
+            return;
+        };
+        (d.in_flight, d.in_flight_blocks) = (d.in_flight - 1, d.in_flight_blocks - blocks);
+        let imported = outcome.and_then(|s| d.receive(worker, &s, buf).map(|seq| (seq, s)));
+        let (seq, s) = match imported {
+            Ok(x) => x,
+            Err(e) => {
+                metrics.finished(Finish::Error);
+                let _ = job.events.send(Event::Failed(e));
+                continue;
+            }
+        };
+        metrics.shipped(s.bytes as u64, s.prefilled_at.elapsed().as_secs_f64());
+        metrics.first_token(job.queued_at.elapsed().as_secs_f64());
+        let mut r = Running {
+            rng: s.rng,
+            job,
+            seq,
+            ids: Vec::new(),
+            sent: String::new(),
+            blocks,
+            stopped_at_text: false,
+            last_token_at: Instant::now(),
+        };
+        match accept(&mut r, tok, s.first, metrics) {
+            Step::Next => running.push(r),
+            Step::Finished(reason) => {
+                let still = running.len();
+                finish(worker, r, tok, reason, (metrics, still));
+            }
+        }
+    }
 }
 
 /// Prefills `job` and samples its first token; `None` when it already finished.
@@ -215,8 +295,13 @@ fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Met
     if !r.ids.is_empty() {
         metrics.inter_token(r.last_token_at.elapsed().as_secs_f64());
     }
-    r.last_token_at = Instant::now();
     let t = infer::sample::pick(logits, &r.job.sampling, &mut r.rng);
+    accept(r, tok, t, metrics)
+}
+
+/// Takes `t` as the next token of `r` and streams its text.
+fn accept(r: &mut Running, tok: &data::Tokenizer, t: u32, metrics: &Metrics) -> Step {
+    r.last_token_at = Instant::now();
     if Some(t) == tok.eos() && !r.job.ignore_eos {
         return Step::Finished(Some("stop"));
     }

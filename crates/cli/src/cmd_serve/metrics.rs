@@ -56,6 +56,10 @@ struct Inner {
     tokens: u64,
     recent: VecDeque<Instant>,
     finished: [u64; 4],
+    /// Prefill/decode disaggregation: KV bytes shipped and the shipments.
+    shipped_bytes: u64,
+    shipments: u64,
+    shipping_s: f64,
 }
 
 /// How a request ended, for `frugal_requests_total`.
@@ -122,6 +126,15 @@ impl Metrics {
         });
     }
 
+    /// A prompt's KV arrived from a prefill worker, `seconds` after its prefill ended.
+    pub fn shipped(&self, bytes: u64, seconds: f64) {
+        self.with(|m| {
+            m.shipped_bytes += bytes;
+            m.shipments += 1;
+            m.shipping_s += seconds;
+        });
+    }
+
     pub fn finished(&self, how: Finish) {
         self.with(|m| m.finished[how as usize] += 1);
     }
@@ -179,6 +192,17 @@ impl Metrics {
             "# HELP frugal_generated_tokens_total Tokens generated.\n\
              # TYPE frugal_generated_tokens_total counter\nfrugal_generated_tokens_total {}",
             m.tokens
+        );
+        let _ = writeln!(
+            out,
+            "# HELP frugal_kv_shipped_bytes_total KV bytes shipped from prefill to decode workers.\n\
+             # TYPE frugal_kv_shipped_bytes_total counter\nfrugal_kv_shipped_bytes_total {}\n\
+             # HELP frugal_kv_shipments_total Prompts whose KV was shipped.\n\
+             # TYPE frugal_kv_shipments_total counter\nfrugal_kv_shipments_total {}\n\
+             # HELP frugal_kv_shipping_seconds_total From the end of a prompt's prefill to its KV \
+             imported by the decode worker, summed.\n\
+             # TYPE frugal_kv_shipping_seconds_total counter\nfrugal_kv_shipping_seconds_total {}",
+            m.shipped_bytes, m.shipments, m.shipping_s
         );
         let _ = writeln!(
             out,

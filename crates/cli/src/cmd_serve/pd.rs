@@ -1,0 +1,168 @@
+//! Prefill/decode disaggregation for `frugal serve --prefill-ranks P`: P prefill workers, each a
+//! rank with a worker of its own (a long prompt chunk's activations, a KV pool for one prompt),
+//! run admitted prompts, sample the first token and ship the prompt's KV to the decode rank
+//! (rank 0, the engine thread) with `comm`'s point-to-point send; the decode worker imports it
+//! and only ever decodes, so a long prompt no longer stalls the tokens of running requests
+//! (DistServe; vLLM's disaggregated prefill). Each role has its own plan, measured exactly, and
+//! runs on its own cores (`--prefill-threads`), so both modes use the machine's cores.
+//!
+//! Example: `frugal serve --model M --prefill-ranks 1 --prefill-threads 1` on a 2-core machine.
+
+use super::engine::Job;
+use comm::Collective;
+use infer::sample::pick;
+use infer::Worker;
+use std::sync::{mpsc, Arc, Mutex};
+
+/// A job sent to the prefill workers, with the KV blocks the engine reserved for it.
+pub struct PrefillJob {
+    pub job: Job,
+    pub blocks: usize,
+}
+
+/// A prefill worker's answer: the job, its first token and the sampler's state after it, and
+/// where its KV waits (`from`'s next message), or why the prefill failed.
+pub struct Prefilled {
+    pub job: Job,
+    pub blocks: usize,
+    pub outcome: Result<Shipped, String>,
+}
+
+pub struct Shipped {
+    pub first: u32,
+    pub rng: data::SplitMix64,
+    pub tokens: usize,
+    pub from: usize,
+    pub bytes: usize,
+    /// When the prefill ended (shipping time counts from here).
+    pub prefilled_at: std::time::Instant,
+}
+
+/// The engine's side of disaggregation: the queue to the prefill workers, their answers, and
+/// the decode rank's endpoint.
+pub struct Disaggregated {
+    pub jobs: mpsc::Sender<PrefillJob>,
+    pub done: mpsc::Receiver<Prefilled>,
+    pub comm: Box<dyn Collective>,
+    /// Jobs sent and not yet imported, and their reserved blocks.
+    pub in_flight: usize,
+    pub in_flight_blocks: usize,
+}
+
+impl Disaggregated {
+    /// Starts one prefill worker per endpoint of `comms` (ranks 1..), each built by `build` on
+    /// its own thread inside `pool`; rank 0's endpoint is the engine's. The first error if any
+    /// worker fails to start.
+    pub fn start(
+        mut comms: Vec<Box<dyn Collective>>,
+        build: Arc<dyn Fn() -> anyhow::Result<Worker> + Send + Sync>,
+        pool: Arc<rayon::ThreadPool>,
+    ) -> anyhow::Result<Disaggregated> {
+        let (jobs_tx, jobs_rx) = mpsc::channel::<PrefillJob>();
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let (done_tx, done_rx) = mpsc::channel();
+        let rest = comms.split_off(1);
+        let mut ready = Vec::new();
+        for comm in rest {
+            let (ok_tx, ok_rx) = mpsc::channel();
+            let (build, pool, jobs, done) = (
+                build.clone(),
+                pool.clone(),
+                jobs_rx.clone(),
+                done_tx.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("prefill rank {}", comm.rank()))
+                .spawn(move || {
+                    pool.install(|| match build() {
+                        Ok(w) => {
+                            let _ = ok_tx.send(Ok(()));
+                            serve_prefills(w, comm, &jobs, &done);
+                        }
+                        Err(e) => {
+                            let _ = ok_tx.send(Err(e));
+                        }
+                    })
+                })?;
+            ready.push(ok_rx);
+        }
+        for r in ready {
+            r.recv()
+                .map_err(|_| anyhow::anyhow!("a prefill worker stopped while starting"))??;
+        }
+        Ok(Disaggregated {
+            jobs: jobs_tx,
+            done: done_rx,
+            comm: comms.pop().expect("rank 0"),
+            in_flight: 0,
+            in_flight_blocks: 0,
+        })
+    }
+
+    /// The KV of `s` from its prefill worker, imported into `worker` as a new sequence.
+    pub fn receive(
+        &mut self,
+        worker: &mut infer::group::Group,
+        s: &Shipped,
+        buf: &mut Vec<u8>,
+    ) -> Result<infer::blocks::SeqId, String> {
+        buf.resize(s.bytes, 0);
+        self.comm.recv_bytes(buf, s.from).map_err(|e| {
+            format!(
+                "receiving the prompt's KV from prefill rank {}: {e}",
+                s.from
+            )
+        })?;
+        worker.import_kv(s.tokens, buf).map_err(|e| e.to_string())
+    }
+}
+
+/// A prefill worker's loop: prefill, sample the first token, ship the KV, free the sequence.
+fn serve_prefills(
+    mut worker: Worker,
+    mut comm: Box<dyn Collective>,
+    jobs: &Mutex<mpsc::Receiver<PrefillJob>>,
+    done: &mpsc::Sender<Prefilled>,
+) {
+    let (mut logits, mut bytes) = (Vec::new(), Vec::new());
+    let rank = comm.rank();
+    loop {
+        let next = jobs.lock().ok().and_then(|j| j.recv().ok());
+        let Some(PrefillJob { job, blocks }) = next else {
+            return;
+        };
+        let seq = worker.new_sequence();
+        let outcome = match worker.prefill(seq, &job.prompt, &mut logits) {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => {
+                let prefilled_at = std::time::Instant::now();
+                let mut rng = data::SplitMix64::new(job.seed);
+                let first = pick(&logits, &job.sampling, &mut rng);
+                bytes.clear();
+                worker.export_kv(seq, &mut bytes);
+                match comm.send_bytes(&bytes, 0) {
+                    Ok(()) => Ok(Shipped {
+                        first,
+                        rng,
+                        tokens: job.prompt.len(),
+                        from: rank,
+                        bytes: bytes.len(),
+                        prefilled_at,
+                    }),
+                    Err(e) => Err(format!("shipping the prompt's KV: {e}")),
+                }
+            }
+        };
+        worker.free(seq);
+        if done
+            .send(Prefilled {
+                job,
+                blocks,
+                outcome,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Prefill/decode disaggregation from the CLI on a real model (SmolLM2-135M): a prefill worker
+//! runs each prompt and ships its KV to the decode worker; the answers equal one worker's, the
+//! bytes shipped per request equal the plan's KV for the prompt, and the refusals.
+
+mod common;
+
+use common::served::Served;
+use common::{fails_with, frugal, json, smollm2};
+use serde_json::Value;
+
+#[test]
+fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
+    let model = smollm2();
+    let m = model.to_str().unwrap();
+    let server = Served::start_with(&model, &["--prefill-ranks", "1"]);
+    let prompts = [
+        "The history of Rome",
+        "Water boils at",
+        "My favourite book is",
+    ];
+    let answers: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let server = &server;
+                s.spawn(move || {
+                    let body =
+                        format!(r#"{{"prompt": "{p}", "max_tokens": 16, "temperature": 0}}"#);
+                    let (status, answer) = server.post("/v1/completions", &body);
+                    assert_eq!(status, 200, "{answer}");
+                    serde_json::from_str::<Value>(&answer).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // What the plan says one token's KV is, over every layer.
+    let plan = json(&frugal(&[
+        "plan",
+        "--model",
+        m,
+        "--infer",
+        "--runtime",
+        "frugal",
+        "--seq",
+        "64",
+        "--batch",
+        "1",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+        "--json",
+    ]));
+    let per_token = plan["inference"]["kv_bytes_per_token"].as_u64().unwrap();
+    let mut planned = 0;
+    for (p, got) in prompts.iter().zip(&answers) {
+        let alone = json(&frugal(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            p,
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ]));
+        let text = got["choices"][0]["text"].as_str().unwrap();
+        assert_eq!(text, alone["text"].as_str().unwrap(), "{p}");
+        // Whole blocks of 16 tokens hold the prompt.
+        let prompt = got["usage"]["prompt_tokens"].as_u64().unwrap();
+        planned += prompt.div_ceil(16) * 16 * per_token;
+    }
+    assert_eq!(server.metric("frugal_kv_shipments_total"), 3.0);
+    assert_eq!(
+        server.metric("frugal_kv_shipped_bytes_total"),
+        planned as f64
+    );
+    assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
+}
+
+#[test]
+fn bench_serve_compares_disaggregated_serving_over_http() {
+    let model = smollm2();
+    let out = json(&frugal(&[
+        "bench",
+        "serve",
+        "--http",
+        "--model",
+        model.to_str().unwrap(),
+        "--requests",
+        "4",
+        "--prompt-mean",
+        "64",
+        "--output-mean",
+        "8",
+        "--context",
+        "256",
+        "--max-seqs",
+        "2",
+        "--prefill-ranks",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(out["prefill_ranks"], 1);
+    assert!(out["kv_shipped_bytes"].as_u64().unwrap() > 0, "{out}");
+    assert!(out["tpot_p99_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn disaggregation_is_refused_where_it_does_not_apply() {
+    let model = smollm2();
+    let m = model.to_str().unwrap();
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--model", m, "--port", "0"];
+        args.extend_from_slice(extra);
+        frugal(&args)
+    };
+    fails_with(
+        &serve(&["--prefill-ranks", "1", "--tp", "3"]),
+        "use one of the two",
+    );
+    fails_with(
+        &serve(&["--prefill-ranks", "1", "--prefill-threads", "0"]),
+        "--prefill-threads 0",
+    );
+    fails_with(&serve(&["--prefill-ranks", "100"]), "1 to 64 prefill ranks");
+    fails_with(
+        &frugal(&["bench", "serve", "--prefill-ranks", "1"]),
+        "add --http",
+    );
+}
