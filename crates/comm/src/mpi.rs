@@ -25,6 +25,8 @@
 //!
 //! Example: `let comm = comm::Mpi::init(Duration::from_secs(60), report)?;` under `mpirun`.
 
+mod p2p;
+
 use crate::reduce::{reduce_into, Elem};
 use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, ReduceOp, Result};
 use half::bf16;
@@ -39,9 +41,6 @@ static UNIVERSE: Mutex<Option<mpi::environment::Universe>> = Mutex::new(None);
 
 /// Whether MPI granted `MPI_THREAD_MULTIPLE` at [`Mpi::init`].
 static MULTIPLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// The tag of point-to-point messages (collectives use none; the timeout probe its own).
-const P2P_TAG: i32 = 0x5032;
 
 /// One process's endpoint in an MPI communicator.
 pub struct Mpi {
@@ -193,35 +192,6 @@ impl Mpi {
                 self.abort_job(&err.to_string(), 3);
             }
         }
-    }
-
-    /// After a timeout: which ranks are not alive to say so. Every rank that times out tells
-    /// every other one on `side`; whoever is heard from within a second (or the timeout, if
-    /// shorter) is waiting too, the rest are late. Only called on the way to `MPI_Abort`, so its
-    /// sends are left to the abort.
-    fn late_ranks(&self) -> Vec<usize> {
-        use mpi::point_to_point::{Destination, Source};
-        const TAG: i32 = 0x4652;
-        let call: &'static u64 = Box::leak(Box::new(self.calls));
-        for r in (0..self.size).filter(|&r| r != self.rank) {
-            let to = self.side.process_at_rank(r as i32);
-            let req = to.immediate_send_with_tag(mpi::request::StaticScope, call, TAG);
-            std::mem::forget(req);
-        }
-        let mut heard = vec![false; self.size];
-        heard[self.rank] = true;
-        let until = Instant::now() + self.timeout.min(Duration::from_secs(1));
-        while Instant::now() < until && heard.iter().any(|h| !h) {
-            match self.side.any_process().immediate_probe_with_tag(TAG) {
-                Some(status) => {
-                    let from = self.side.process_at_rank(status.source_rank());
-                    let (_call, st): (u64, _) = from.receive_with_tag(TAG);
-                    heard[st.source_rank() as usize] = true;
-                }
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-        (0..self.size).filter(|&r| !heard[r]).collect()
     }
 
     fn check(&self, op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
@@ -460,41 +430,11 @@ impl Collective for Mpi {
     }
 
     fn send_bytes(&mut self, bytes: &[u8], dest: usize) -> Result<()> {
-        use mpi::point_to_point::Destination;
-        self.check("send", dest < self.size && dest != self.rank, || {
-            format!("rank {dest} of {} (not this rank)", self.size)
-        })?;
-        let to = self.comm.process_at_rank(dest as i32);
-        // The length first, so a receiver expecting another size fails clearly.
-        let len = bytes.len() as u64;
-        mpi::request::scope(|scope| {
-            let req = to.immediate_send_with_tag(scope, &len, P2P_TAG);
-            self.finish(req, "send");
-            let req = to.immediate_send_with_tag(scope, bytes, P2P_TAG);
-            self.finish(req, "send");
-        });
-        Ok(())
+        self.send(bytes, dest)
     }
 
     fn recv_bytes(&mut self, out: &mut [u8], src: usize) -> Result<()> {
-        use mpi::point_to_point::Source;
-        self.check("recv", src < self.size && src != self.rank, || {
-            format!("rank {src} of {} (not this rank)", self.size)
-        })?;
-        let from = self.comm.process_at_rank(src as i32);
-        let mut len = 0u64;
-        mpi::request::scope(|scope| {
-            let req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
-            self.finish(req, "recv");
-        });
-        self.check("recv", len == out.len() as u64, || {
-            format!("{len} bytes sent by rank {src}, {} expected", out.len())
-        })?;
-        mpi::request::scope(|scope| {
-            let req = from.immediate_receive_into_with_tag(scope, out, P2P_TAG);
-            self.finish(req, "recv");
-        });
-        Ok(())
+        self.recv(out, src)
     }
 
     fn barrier(&mut self) -> Result<()> {
