@@ -93,6 +93,10 @@ pub struct Args {
     /// measured.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// With --tp: threads (ranks in this process) or mpi (one rank per process under
+    /// `mpirun -n N`; a frugal built with `--features mpi`).
+    #[arg(long, default_value = "threads")]
+    pub comm: crate::cmd_train::CommArg,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -203,7 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         setup.prefill_logit_rows = rows;
         setup.prefill_chunk = setup.prefill_chunk.max(rows);
     }
-    if args.tp != 1 {
+    if args.tp != 1 || args.comm == crate::cmd_train::CommArg::Mpi {
         return tp::run(&args, &source, &tok, &prompt, setup, sampling);
     }
     let mut worker = source.worker(setup)?;

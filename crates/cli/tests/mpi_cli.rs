@@ -88,6 +88,41 @@ mod with_mpi {
     }
 
     #[test]
+    fn three_mpi_processes_generate_the_tokens_of_three_thread_ranks() {
+        // SmolLM2's 9 heads and 3 key/value heads over 3 processes.
+        let model = common::smollm2();
+        let args: Vec<String> = [
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "The history of Rome",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let over_mpi = json(&mpiexec(3, &args));
+        let mut threads: Vec<&str> = args.iter().map(String::as_str).collect();
+        threads.extend(["--tp", "3"]);
+        let over_threads = json(&frugal(&threads));
+        assert_eq!(over_mpi["tokens"], over_threads["tokens"]);
+        assert_eq!(over_mpi["tp"], 3);
+        for (r, rank) in over_mpi["ranks"].as_array().unwrap().iter().enumerate() {
+            assert_eq!(
+                rank["planned"]["peak_bytes"], rank["measured"]["peak_bytes"],
+                "rank {r}"
+            );
+            assert_eq!(
+                rank["measured"]["peak_bytes"],
+                over_threads["ranks"][r]["measured"]["peak_bytes"]
+            );
+        }
+    }
+
+    #[test]
     fn mpi_processes_send_and_receive_bytes_point_to_point() {
         // bench comm checks every message byte for byte on arrival and fails otherwise.
         let args: Vec<String> = ["bench", "comm", "--mib", "1", "--reps", "2", "--json"]

@@ -90,6 +90,7 @@ fn splits_the_model_does_not_allow_are_refused_naming_the_numbers() {
     fails_with(&run(&["--tp", "3", "--draft", model]), "neither --draft");
     fails_with(&run(&["--tp", "3", "--kv-cache", "off"]), "--tp");
     fails_with(&run(&["--tp", "0"]), "at least one tensor-parallel rank");
+    fails_with(&run(&["--comm", "mpi"]), "built without MPI");
     let plan = frugal(&[
         "plan",
         "--model",

@@ -4,6 +4,7 @@
 //! measured ones.
 
 use super::{check_plan, per_device, plain, Args};
+use crate::cmd_train::CommArg;
 use crate::model::Loaded;
 use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
@@ -24,6 +25,56 @@ struct Rank {
     measured: engine::arena::Measured,
 }
 
+/// What every rank runs, given its endpoint.
+struct Job<'a> {
+    args: &'a Args,
+    source: &'a Loaded,
+    units: &'a [Vec<f32>],
+    prompt: &'a [u32],
+    setup: ServeSetup,
+    sampling: Sampling,
+    eos: Option<u32>,
+}
+
+impl Job<'_> {
+    /// This rank's worker built, loaded and run; what it did and measured.
+    fn rank(
+        &self,
+        comm: Box<dyn comm::Collective>,
+        capacity: Option<u64>,
+    ) -> Result<Rank, engine::EngineError> {
+        let config = self.source.config.clone();
+        let mut worker =
+            Worker::tensor_parallel(cpu::Cpu::new(), config, self.setup, comm, capacity)?;
+        worker.load_whole_units(self.units)?;
+        let t0 = std::time::Instant::now();
+        let a = self.args;
+        let (tokens, prefill_s, steps) = plain(
+            &mut worker,
+            self.prompt,
+            a.max_new_tokens,
+            &self.sampling,
+            a.seed,
+            self.eos,
+        )
+        .map_err(|e| match e.downcast::<engine::EngineError>() {
+            Ok(e) => e,
+            Err(e) => engine::EngineError::Infer(format!("{e:#}")),
+        })?;
+        let decoded = steps > 0;
+        let (planned, planned_peak) = super::phases_run(&worker, decoded);
+        Ok(Rank {
+            tokens,
+            prefill_s,
+            total_s: t0.elapsed().as_secs_f64(),
+            decoded,
+            planned,
+            planned_peak,
+            measured: worker.measured(),
+        })
+    }
+}
+
 pub(super) fn run(
     args: &Args,
     source: &Loaded,
@@ -37,43 +88,94 @@ pub(super) fn run(
         bail!("--tp {tp} runs one model split over ranks: it takes neither --draft nor --save-quantized");
     }
     let units = fp32_units(args.tp, &args.model, source)?;
+    let job = Job {
+        args,
+        source,
+        units,
+        prompt,
+        setup,
+        sampling,
+        eos: tok.eos(),
+    };
+    if args.comm == CommArg::Mpi {
+        return over_mpi(&job, tok);
+    }
     check_fit(&source.config.shape, &setup, tp)?;
-    let eos = tok.eos();
     let ranks = engine::world::launch(
         tp,
         engine::world::DEFAULT_TIMEOUT,
-        |comm| {
-            let mut worker =
-                Worker::tensor_parallel(cpu::Cpu::new(), source.config.clone(), setup, comm, None)?;
-            worker.load_whole_units(units)?;
-            let t0 = std::time::Instant::now();
-            let (tokens, prefill_s, steps) = plain(
-                &mut worker,
-                prompt,
-                args.max_new_tokens,
-                &sampling,
-                args.seed,
-                eos,
-            )
-            .map_err(|e| match e.downcast::<engine::EngineError>() {
-                Ok(e) => e,
-                Err(e) => engine::EngineError::Infer(format!("{e:#}")),
-            })?;
-            let decoded = steps > 0;
-            let (planned, planned_peak) = super::phases_run(&worker, decoded);
-            Ok::<_, engine::EngineError>(Rank {
-                tokens,
-                prefill_s,
-                total_s: t0.elapsed().as_secs_f64(),
-                decoded,
-                planned,
-                planned_peak,
-                measured: worker.measured(),
-            })
-        },
+        |comm| job.rank(comm, None),
         engine::world::comm_failure,
     )?;
     report(args, tok, prompt, &ranks)
+}
+
+/// `--comm mpi`: this process is one rank of the launcher's job (`--tp` its size); each rank
+/// checks its own plan against its machine, and rank 0 gathers every rank's bytes and reports.
+#[cfg(feature = "mpi")]
+fn over_mpi(job: &Job, tok: &data::Tokenizer) -> anyhow::Result<()> {
+    use comm::Collective;
+    let mut world = comm::Mpi::init(engine::world::DEFAULT_TIMEOUT, |why| {
+        eprintln!("error: {why}")
+    })?;
+    let (rank, size) = (world.rank(), world.world_size());
+    let result = (|| -> anyhow::Result<()> {
+        if job.args.tp != 1 && job.args.tp != size {
+            bail!(
+                "--tp {} with --comm mpi: the ranks are the launcher's {size} processes (-n); \
+                 leave --tp out",
+                job.args.tp
+            );
+        }
+        // The worker's endpoint; `world` stays for the report's gather.
+        let comm = world.split(0, rank as u32)?;
+        let capacity = engine::capacity::host_available().map(|h| h.bytes);
+        let mine = job.rank(comm, capacity)?;
+        let m = &mine.measured;
+        let mut values: Vec<u64> = mine.planned.to_vec();
+        values.extend([mine.planned_peak]);
+        values.extend(m.category_peak_bytes);
+        values.extend([m.peak_bytes, u64::from(mine.decoded)]);
+        let all = world.all_gather_u64(&values)?;
+        if rank != 0 {
+            return Ok(());
+        }
+        let ranks: Vec<Rank> = all
+            .chunks_exact(values.len())
+            .map(|v| Rank {
+                tokens: mine.tokens.clone(),
+                prefill_s: mine.prefill_s,
+                total_s: mine.total_s,
+                decoded: v[14] == 1,
+                planned: v[..6].try_into().expect("six categories"),
+                planned_peak: v[6],
+                measured: engine::arena::Measured {
+                    category_peak_bytes: v[7..13].try_into().expect("six categories"),
+                    peak_bytes: v[13],
+                    ..Default::default()
+                },
+            })
+            .collect();
+        report(job.args, tok, job.prompt, &ranks)
+    })();
+    if let Err(e) = &result {
+        if size > 1 {
+            eprintln!("error: rank {rank}: {e:#}");
+            comm::Mpi::abort_world(2);
+        }
+    }
+    drop(world);
+    comm::Mpi::finalize();
+    result
+}
+
+/// Without the feature: the flag is known, the backend is not built in.
+#[cfg(not(feature = "mpi"))]
+fn over_mpi(_: &Job, _: &data::Tokenizer) -> anyhow::Result<()> {
+    bail!(
+        "--comm mpi: this frugal was built without MPI; build it with `cargo build --release \
+         --features mpi -p frugal` and run it under `mpirun -n N`"
+    )
 }
 
 /// The fp32 weights each rank cuts its share from.
