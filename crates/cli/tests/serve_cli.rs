@@ -368,4 +368,11 @@ fn bench_serve_over_http_reports_latencies() {
     ] {
         assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
     }
+    // Paged blocks waste at most a partly filled block a request; contiguous caches the context.
+    if v["kv_waste_samples"].as_u64().unwrap() > 0 {
+        let paged = v["kv_waste_fraction"].as_f64().unwrap();
+        assert!(
+            (0.0..1.0).contains(&paged) && paged < v["contiguous_waste_fraction"].as_f64().unwrap()
+        );
+    }
 }

@@ -105,6 +105,16 @@ impl BlockManager {
         self.block
     }
 
+    /// Tokens the live blocks of every sequence hold (a token shared by forks counts once per
+    /// sequence); with the blocks in use, the paged cache's waste.
+    pub fn held_tokens(&self) -> usize {
+        self.seqs
+            .iter()
+            .flatten()
+            .map(|s| s.len - self.block * s.blocks.iter().filter(|&&b| b == FREED).count())
+            .sum()
+    }
+
     /// A new, empty sequence (a handle freed earlier is reused).
     pub fn new_sequence(&mut self) -> SeqId {
         let seq = Sequence::default();

@@ -2,7 +2,8 @@
 //! over HTTP on 127.0.0.1, as vLLM's `benchmark_serving` drives a server: every request at once,
 //! streamed, each prompt the trace's random tokens as text, `ignore_eos` so each answer has the
 //! trace's length. Reports throughput, time to first token and time per output token (p50,
-//! p99), with a progress line while it runs; bounded by `--timeout`. The server is this binary,
+//! p99), the paged KV cache's waste (sampled from `/metrics` twice a second), with a progress
+//! line while it runs; bounded by `--timeout`. The server is this binary,
 //! started on a free port and stopped with SIGTERM.
 //!
 //! Example: `frugal bench serve --http --model SmolLM2-135M-Instruct.Q4_1.gguf --requests 16`.
@@ -211,11 +212,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     drop(done_tx);
     let mut seen: Vec<Option<Seen>> = (0..requests.len()).map(|_| None).collect();
     let mut last_progress = Instant::now();
+    let (mut last_sample, mut waste) = (Instant::now(), Vec::new());
     while seen.iter().any(Option::is_none) {
         match done_rx.recv_timeout(Duration::from_millis(200)) {
             Ok((i, s)) => seen[i] = Some(s),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             Err(_) => {}
+        }
+        if last_sample.elapsed() >= Duration::from_millis(500) {
+            // Paged waste: the used blocks' slots no token fills; contiguous caches would hold
+            // the whole context for every running request.
+            let used = metric(port, "frugal_kv_blocks_used");
+            let slots = used * metric(port, "frugal_kv_block_size_tokens");
+            let tokens = metric(port, "frugal_kv_tokens_cached");
+            let whole = metric(port, "frugal_requests_running") * context as f64;
+            if slots > 0.0 && whole > 0.0 {
+                waste.push((1.0 - tokens / slots, 1.0 - tokens / whole));
+            }
+            last_sample = Instant::now();
         }
         if last_progress.elapsed() >= Duration::from_secs(2) {
             let n = seen.iter().filter(|s| s.is_some()).count();
@@ -264,6 +278,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|(s, r)| (s.last_s - s.first_s) / (r.max_new - 1) as f64)
         .collect();
     let q = |v: &[f64], p: f64| if v.is_empty() { 0.0 } else { percentile(v, p) };
+    let mean =
+        |f: fn(&(f64, f64)) -> f64| waste.iter().map(f).sum::<f64>() / waste.len().max(1) as f64;
+    let (kv_waste, contiguous_waste) = (mean(|w| w.0), mean(|w| w.1));
     let tps = tokens as f64 / seconds;
     if a.json {
         println!(
@@ -274,6 +291,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "throughput_tokens_per_s": tps,
                 "ttft_p50_s": q(&ttft, 0.5), "ttft_p99_s": q(&ttft, 0.99),
                 "tpot_p50_s": q(&tpot, 0.5), "tpot_p99_s": q(&tpot, 0.99),
+                "kv_waste_fraction": kv_waste, "contiguous_waste_fraction": contiguous_waste,
+                "kv_waste_samples": waste.len(),
                 "prefill_ranks": a.prefill_ranks, "kv_shipped_bytes": shipped,
                 "kv_shipping_mean_s": ship_s,
                 "cpu": cpu_name(),
@@ -293,6 +312,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             q(&ttft, 0.99),
             1e3 * q(&tpot, 0.5),
             1e3 * q(&tpot, 0.99)
+        );
+        println!(
+            "KV cache: {:.1}% of the used blocks' slots empty, against {:.1}% of contiguous \
+             caches of the whole context (mean of {} samples of /metrics)",
+            100.0 * kv_waste,
+            100.0 * contiguous_waste,
+            waste.len()
         );
         if a.prefill_ranks > 0 {
             println!(

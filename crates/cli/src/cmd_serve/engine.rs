@@ -80,6 +80,7 @@ pub fn run(
         worker.setup.kv_block as usize,
         worker.setup.kv_blocks as usize,
     );
+    metrics.set_block(block);
     let mut running: Vec<Running> = Vec::new();
     let mut waiting: Option<Job> = None;
     let mut closed = false;
@@ -158,7 +159,7 @@ pub fn run(
             }
             continue;
         }
-        metrics.set_load(running.len(), used_blocks(&worker, pool), pool);
+        metrics.set_load(running.len(), kv_load(&worker, pool), pool);
         let seqs: Vec<SeqId> = running.iter().map(|r| r.seq).collect();
         let last: Vec<u32> = running
             .iter()
@@ -187,12 +188,16 @@ pub fn run(
                 }
             }
         }
-        metrics.set_load(running.len(), used_blocks(&worker, pool), pool);
+        metrics.set_load(running.len(), kv_load(&worker, pool), pool);
     }
 }
 
-fn used_blocks(worker: &Worker, pool: usize) -> usize {
-    pool.saturating_sub(worker.free_blocks())
+/// KV blocks in use and the tokens they hold.
+fn kv_load(worker: &Worker, pool: usize) -> (usize, usize) {
+    (
+        pool.saturating_sub(worker.free_blocks()),
+        worker.blocks.held_tokens(),
+    )
 }
 
 /// Prompts the prefill workers finished: their KV received and imported, their first token
@@ -352,7 +357,7 @@ fn finish(
     worker.free(r.seq);
     // Counted before the client hears the end, so it never reads the request as still running.
     let pool = worker.setup.kv_blocks as usize;
-    metrics.set_load(still_running, used_blocks(worker, pool), pool);
+    metrics.set_load(still_running, kv_load(worker, pool), pool);
     metrics.finished(match reason {
         Some("length") => Finish::Length,
         Some(_) => Finish::Stop,

@@ -51,6 +51,9 @@ struct Inner {
     running: usize,
     kv_used: usize,
     kv_total: usize,
+    /// Tokens the used blocks hold, and a block's tokens.
+    kv_tokens: usize,
+    kv_block: usize,
     ttft: Histogram,
     itl: Histogram,
     tokens: u64,
@@ -99,8 +102,17 @@ impl Metrics {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| w.checked_sub(1));
     }
 
-    pub fn set_load(&self, running: usize, kv_used: usize, kv_total: usize) {
-        self.with(|m| (m.running, m.kv_used, m.kv_total) = (running, kv_used, kv_total));
+    /// Tokens per KV block (set once).
+    pub fn set_block(&self, tokens: usize) {
+        self.with(|m| m.kv_block = tokens);
+    }
+
+    /// Running requests, KV blocks (used, and the tokens they hold) of a pool of `kv_total`.
+    pub fn set_load(&self, running: usize, (kv_used, kv_tokens): (usize, usize), kv_total: usize) {
+        self.with(|m| {
+            (m.running, m.kv_used, m.kv_tokens, m.kv_total) =
+                (running, kv_used, kv_tokens, kv_total)
+        });
     }
 
     pub fn first_token(&self, seconds: f64) {
@@ -172,6 +184,18 @@ impl Metrics {
             "frugal_kv_blocks_free",
             "KV-cache blocks free in the pool.",
             m.kv_total.saturating_sub(m.kv_used) as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_kv_block_size_tokens",
+            "Tokens one KV block holds.",
+            m.kv_block as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_kv_tokens_cached",
+            "Tokens the used KV blocks hold (the rest of their slots is paged waste).",
+            m.kv_tokens as f64,
         );
         let rate = match (m.recent.front(), m.recent.back()) {
             (Some(a), Some(b))
