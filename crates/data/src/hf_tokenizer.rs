@@ -54,6 +54,16 @@ fn fail(source: &str, reason: impl Into<String>) -> DataError {
     }
 }
 
+/// A `tokenizer.json`'s text as the `tokenizers` crate reads it. The JSON is checked first (a
+/// syntax error named by line and column), and a panic inside the crate on a structure it does
+/// not expect becomes an error.
+fn parse(text: &str) -> std::result::Result<tokenizers::Tokenizer, String> {
+    serde_json::from_str::<Value>(text).map_err(|e| e.to_string())?;
+    std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
+        .map_err(|_| "its structure is not a tokenizer's".to_string())?
+        .map_err(|e| e.to_string())
+}
+
 impl HfTokenizer {
     /// A `tokenizer.json`; `tokenizer_config.json` beside it, when there is one, names the BOS
     /// and EOS tokens, whether prompts start with BOS, and the chat template (or
@@ -61,9 +71,7 @@ impl HfTokenizer {
     pub fn from_file(path: &Path) -> Result<HfTokenizer> {
         let source = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| fail(&source, e.to_string()))?;
-        let tokenizer: tokenizers::Tokenizer = text
-            .parse()
-            .map_err(|e| fail(&source, format!("does not parse: {e}")))?;
+        let tokenizer = parse(&text).map_err(|e| fail(&source, format!("does not parse: {e}")))?;
         let dir = path.parent().unwrap_or(Path::new("."));
         // Optional; one that is there but does not parse is an error, never silently skipped.
         let config_path = dir.join("tokenizer_config.json");

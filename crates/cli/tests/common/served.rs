@@ -14,15 +14,12 @@ impl Served {
     pub fn start_with(model: &std::path::Path, extra: &[&str]) -> Served {
         use std::io::BufRead;
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
-            .args([
-                "serve",
-                "--port",
-                "0",
-                "--ctx",
-                "512",
-                "--model",
-                model.to_str().unwrap(),
-            ])
+            .args(["serve", "--port", "0", "--model", model.to_str().unwrap()])
+            // A context of 512 unless the test gives its own.
+            .args(match extra.contains(&"--ctx") {
+                true => &[][..],
+                false => &["--ctx", "512"][..],
+            })
             .args(extra)
             .stdout(std::process::Stdio::piped())
             .spawn()
