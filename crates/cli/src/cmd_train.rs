@@ -370,6 +370,19 @@ impl train::run::Hooks<cpu::Cpu> for CliHooks<'_> {
         Ok(())
     }
 
+    fn interrupted(&mut self, trainer: &mut Trainer) -> anyhow::Result<bool> {
+        Ok(trainer.any_rank(guard::stop_requested())?)
+    }
+
+    fn stop(&mut self, trainer: &mut Trainer, loader: &data::Loader) -> anyhow::Result<()> {
+        // After the last step the run ends anyway: its model is saved, without this validation.
+        if trainer.step < self.args.steps {
+            self.bar.finish_and_clear();
+            return Err(interrupted(self.args, trainer, loader, self.data_id));
+        }
+        Ok(())
+    }
+
     fn progress(&mut self, trainer: &Trainer, stats: &train::StepStats, ran: &train::run::Ran) {
         let message = format!(
             "loss {:.3} | {:.0} tok/s | peak {}{}",

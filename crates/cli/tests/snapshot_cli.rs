@@ -381,3 +381,62 @@ fn sigterm_during_the_sample_stops_it_and_keeps_the_saved_model() {
     assert!(v["sample"].is_string(), "{v}");
     assert!(out_dir.join("config.json").exists());
 }
+
+/// SIGTERM during a long validation: it is dropped, and the run ends as after a step, with a
+/// snapshot of that step.
+#[test]
+fn sigterm_during_validation_stops_it_with_a_snapshot() {
+    let dir = temp_dir("sigterm-val");
+    let out_dir = dir.join("out");
+    let data = dir.join("whole.txt");
+    std::fs::write(&data, data::shakespeare_text()).unwrap();
+    // About a thousand validation batches of one 32-token row: tens of seconds of validation.
+    let args = train_args(
+        &dir,
+        &[
+            "--model",
+            "gpt2-mini",
+            "--steps",
+            "3",
+            "--batch",
+            "1",
+            "--seq",
+            "32",
+            "--val-every",
+            "1",
+            "--val-batches",
+            "100000",
+            "--save-every",
+            "1",
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Step 1's snapshot is written before its validation starts.
+    let started = Instant::now();
+    while !out_dir.join("step-000001").join("manifest.json").exists() {
+        assert!(started.elapsed() < Duration::from_secs(300), "no snapshot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "{:?} after the signal: {stderr}",
+        signalled.elapsed()
+    );
+    assert!(stderr.contains("interrupted after step 1"), "{stderr}");
+    assert!(!out_dir.join("step-000002").exists());
+}

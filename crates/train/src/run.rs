@@ -67,6 +67,21 @@ pub trait Hooks<B: TrainOps> {
     fn progress(&mut self, trainer: &Trainer<B>, stats: &StepStats, ran: &Ran) {
         let _ = (trainer, stats, ran);
     }
+
+    /// Between validation batches: whether a stop was asked for (on every rank alike: a
+    /// collective where ranks must agree). The validation is then dropped and [`Hooks::stop`]
+    /// called.
+    fn interrupted(&mut self, trainer: &mut Trainer<B>) -> Result<bool, Self::Error> {
+        let _ = trainer;
+        Ok(false)
+    }
+
+    /// A stop asked for during a validation: end the run as [`Hooks::stepped`] would (a
+    /// snapshot and an error), or return to let the loop go on.
+    fn stop(&mut self, trainer: &mut Trainer<B>, loader: &data::Loader) -> Result<(), Self::Error> {
+        let _ = (trainer, loader);
+        Ok(())
+    }
 }
 
 /// Hooks that do nothing.
@@ -93,6 +108,27 @@ pub fn val_loss<B: TrainOps>(
     Ok((sum / batches as f64) as f32)
 }
 
+/// [`val_loss`], asking `hooks` before each batch after the first whether to stop (`None`).
+fn val_loss_unless_stopped<B: TrainOps, H: Hooks<B>>(
+    trainer: &mut Trainer<B>,
+    val: &data::ValBatches,
+    max_batches: usize,
+    hooks: &mut H,
+) -> Result<Option<f32>, H::Error> {
+    let n = trainer.micro_tokens();
+    let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
+    let batches = val.n_batches().min(max_batches.max(1));
+    let mut sum = 0.0f64;
+    for i in 0..batches {
+        if i > 0 && hooks.interrupted(trainer)? {
+            return Ok(None);
+        }
+        val.fill_batch(i, &mut x, &mut y);
+        sum += f64::from(trainer.eval_loss(&x, &y)?);
+    }
+    Ok(Some((sum / batches as f64) as f32))
+}
+
 /// Steps `trainer` from its current step to `schedule.steps`. A fresh LoRA run's curve starts
 /// with the base's validation loss at step 0 (its adapters start at B = 0).
 pub fn run<B: TrainOps, H: Hooks<B>>(
@@ -116,8 +152,10 @@ pub fn run<B: TrainOps, H: Hooks<B>>(
         ran.curves.train.push((step + 1, stats.loss));
         hooks.stepped(trainer, loader, &stats)?;
         if (step + 1) % schedule.val_every.max(1) == 0 || step + 1 == schedule.steps {
-            let loss = val_loss(trainer, val, schedule.val_batches)?;
-            ran.curves.val.push((step + 1, loss));
+            match val_loss_unless_stopped(trainer, val, schedule.val_batches, hooks)? {
+                Some(loss) => ran.curves.val.push((step + 1, loss)),
+                None => hooks.stop(trainer, loader)?,
+            }
         }
         ran.seconds = started.elapsed().as_secs_f64();
         hooks.progress(trainer, &stats, &ran);
