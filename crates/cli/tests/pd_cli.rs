@@ -6,7 +6,6 @@ mod common;
 
 use common::served::Served;
 use common::{fails_with, frugal, json, smollm2};
-use serde_json::Value;
 
 #[test]
 fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
@@ -18,22 +17,7 @@ fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
         "Water boils at",
         "My favourite book is",
     ];
-    let answers: Vec<Value> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let server = &server;
-                s.spawn(move || {
-                    let body =
-                        format!(r#"{{"prompt": "{p}", "max_tokens": 16, "temperature": 0}}"#);
-                    let (status, answer) = server.post("/v1/completions", &body);
-                    assert_eq!(status, 200, "{answer}");
-                    serde_json::from_str::<Value>(&answer).unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let answers = server.complete_all(&prompts, 16);
     // What the plan says one token's KV is, over every layer.
     let plan = json(&frugal(&[
         "plan",

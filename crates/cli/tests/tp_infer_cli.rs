@@ -115,23 +115,11 @@ fn three_tensor_parallel_ranks_serve_concurrent_clients_as_one_worker() {
         "Water boils at",
         "My favourite book is",
     ];
-    let answers: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let server = &server;
-                s.spawn(move || {
-                    let body =
-                        format!(r#"{{"prompt": "{p}", "max_tokens": 16, "temperature": 0}}"#);
-                    let (status, answer) = server.post("/v1/completions", &body);
-                    assert_eq!(status, 200, "{answer}");
-                    let v: Value = serde_json::from_str(&answer).unwrap();
-                    v["choices"][0]["text"].as_str().unwrap().to_string()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let answers: Vec<String> = server
+        .complete_all(&prompts, 16)
+        .iter()
+        .map(|v| v["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
     for (p, got) in prompts.iter().zip(&answers) {
         let alone = json(&frugal(&[
             "generate",

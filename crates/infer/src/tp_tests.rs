@@ -108,37 +108,29 @@ fn quantized_shares_hold_whole_groups_and_match_one_rank() {
         assert!(two.iter().all(|(_, exact)| *exact), "measured != plan");
     }
     // Groups of 64 would cut the 32 columns of the attention output each rank holds.
-    let config = ModelConfig::from_shape(shape.clone()).unwrap();
     let cut = WeightFormat::Int4 {
         group: 64,
         asym: false,
     };
-    let setup = ServeSetup::generation(&shape, 1, 16, cut, KvFormat::F32, 4, 1);
-    let err = launch(
-        2,
-        DEFAULT_TIMEOUT,
-        |comm| Worker::tensor_parallel(Cpu::new(), config.clone(), setup, comm, None),
-        comm_failure,
-    )
-    .err()
-    .expect("refused");
-    assert!(err.to_string().contains("--weight-group 64"), "{err}");
+    let err = refusal(&shape, 2, cut);
+    assert!(err.contains("--weight-group 64"), "{err}");
+}
+
+/// The error every rank of a group of `tp` gets building a worker of `shape` in format `w`.
+fn refusal(shape: &ModelShape, tp: usize, w: WeightFormat) -> String {
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let setup = ServeSetup::generation(shape, 1, 16, w, KvFormat::F32, 4, 1);
+    let build = |comm| Worker::tensor_parallel(Cpu::new(), config.clone(), setup, comm, None);
+    match launch(tp, DEFAULT_TIMEOUT, build, comm_failure) {
+        Ok(_) => panic!("{} on {tp} ranks was not refused", shape.name),
+        Err(e) => e.to_string(),
+    }
 }
 
 #[test]
 fn a_model_the_ranks_cannot_split_is_refused_naming_the_numbers() {
-    let shape = gpt2_tiny();
-    let config = ModelConfig::from_shape(shape.clone()).unwrap();
-    let setup = ServeSetup::generation(&shape, 1, 16, WeightFormat::F32, KvFormat::F32, 4, 1);
-    let err = launch(
-        3,
-        DEFAULT_TIMEOUT,
-        |comm| Worker::tensor_parallel(Cpu::new(), config.clone(), setup, comm, None),
-        comm_failure,
-    )
-    .err()
-    .expect("refused");
-    assert!(err.to_string().contains("4 attention heads"), "{err}");
+    let err = refusal(&gpt2_tiny(), 3, WeightFormat::F32);
+    assert!(err.contains("4 attention heads"), "{err}");
 }
 
 #[test]

@@ -59,6 +59,22 @@ struct Running {
     last_token_at: Instant,
 }
 
+impl Running {
+    /// `job` in sequence `seq`, sampling from `rng`, holding a reservation of `blocks`.
+    fn new(job: Job, seq: SeqId, rng: data::SplitMix64, blocks: usize) -> Running {
+        Running {
+            job,
+            seq,
+            rng,
+            ids: Vec::new(),
+            sent: String::new(),
+            blocks,
+            stopped_at_text: false,
+            last_token_at: Instant::now(),
+        }
+    }
+}
+
 /// How a token left a job.
 enum Step {
     /// Still running: its last token feeds the next decode step.
@@ -238,16 +254,7 @@ fn arrivals(
         };
         metrics.shipped(s.bytes as u64, s.prefilled_at.elapsed().as_secs_f64());
         metrics.first_token(job.queued_at.elapsed().as_secs_f64());
-        let mut r = Running {
-            rng: s.rng,
-            job,
-            seq,
-            ids: Vec::new(),
-            sent: String::new(),
-            blocks,
-            stopped_at_text: false,
-            last_token_at: Instant::now(),
-        };
+        let mut r = Running::new(job, seq, s.rng, blocks);
         match accept(&mut r, tok, s.first, metrics) {
             Step::Next => running.push(r),
             Step::Finished(reason) => {
@@ -268,16 +275,8 @@ fn admit(
     (metrics, running): (&Metrics, usize),
 ) -> Option<Running> {
     let seq = worker.new_sequence();
-    let mut r = Running {
-        rng: data::SplitMix64::new(job.seed),
-        job,
-        seq,
-        ids: Vec::new(),
-        sent: String::new(),
-        blocks,
-        stopped_at_text: false,
-        last_token_at: Instant::now(),
-    };
+    let rng = data::SplitMix64::new(job.seed);
+    let mut r = Running::new(job, seq, rng, blocks);
     if let Err(e) = worker.prefill(seq, &r.job.prompt, logits) {
         metrics.finished(Finish::Error);
         let _ = r.job.events.send(Event::Failed(format!("{e}")));

@@ -90,3 +90,25 @@ impl Drop for Served {
         let _ = self.child.wait();
     }
 }
+
+impl Served {
+    /// One greedy completion of `max_tokens` per prompt, all sent at once, in prompt order.
+    pub fn complete_all(&self, prompts: &[&str], max_tokens: usize) -> Vec<serde_json::Value> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    s.spawn(move || {
+                        let body = format!(
+                            r#"{{"prompt": "{p}", "max_tokens": {max_tokens}, "temperature": 0}}"#
+                        );
+                        let (status, answer) = self.post("/v1/completions", &body);
+                        assert_eq!(status, 200, "{answer}");
+                        serde_json::from_str::<serde_json::Value>(&answer).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+}
