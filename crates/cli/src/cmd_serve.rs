@@ -136,6 +136,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         setup.kv_blocks = tokens.div_ceil(setup.kv_block);
     }
+    if args.prefill_threads.is_some() && args.prefill_ranks == 0 {
+        bail!("--prefill-threads sizes the prefill workers of --prefill-ranks: give both");
+    }
     let (worker, pd, pool) = match (args.tp, args.prefill_ranks) {
         (1, 0) => (
             infer::group::Group::single(source.worker(setup)?),

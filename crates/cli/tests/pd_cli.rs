@@ -11,7 +11,8 @@ use common::{fails_with, frugal, json, smollm2};
 fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
     let model = smollm2();
     let m = model.to_str().unwrap();
-    let server = Served::start_with(&model, &["--prefill-ranks", "1"]);
+    // Two workers on one core: a worker waiting for work holds none of its pool.
+    let server = Served::start_with(&model, &["--prefill-ranks", "2", "--prefill-threads", "1"]);
     let prompts = [
         "The history of Rome",
         "Water boils at",
@@ -109,6 +110,7 @@ fn disaggregation_is_refused_where_it_does_not_apply() {
         "--prefill-threads 0",
     );
     fails_with(&serve(&["--prefill-ranks", "100"]), "1 to 64 prefill ranks");
+    fails_with(&serve(&["--prefill-threads", "1"]), "give both");
     fails_with(
         &frugal(&["bench", "serve", "--prefill-ranks", "1"]),
         "add --http",

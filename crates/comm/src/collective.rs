@@ -376,8 +376,8 @@ fn no_point_to_point(rank: usize, op: &'static str) -> CommError {
     CommError::BadArgs {
         rank,
         op,
-        detail: "this communicator has no point-to-point transfers (a world of one has no \
-                 other rank)"
+        detail: "this communicator has no point-to-point transfers (in-process and MPI ranks \
+                 have them; a world of one has no other rank)"
             .into(),
     }
 }

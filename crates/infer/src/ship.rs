@@ -15,7 +15,7 @@ use engine::backend::{InferOps, Tensor};
 use engine::error::EngineError;
 
 impl<B: InferOps> Worker<B> {
-    /// Bytes the KV of a sequence of `len` tokens ships as (its live blocks).
+    /// Bytes the KV of `blocks` live blocks ships as.
     pub fn kv_ship_bytes(&self, blocks: usize) -> u64 {
         blocks as u64 * self.block_bytes()
     }

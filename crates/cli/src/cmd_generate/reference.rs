@@ -16,8 +16,9 @@ pub(super) fn run(
     prompt: &[u32],
     sampling: Sampling,
 ) -> anyhow::Result<()> {
-    if args.draft.is_some() || args.tp != 1 || args.weights.as_deref().is_some_and(|w| w != "f32") {
-        bail!("--kv-cache off is the fp32 reference: it takes neither --draft, --tp nor --weights");
+    let ranks = args.tp != 1 || args.comm == crate::cmd_train::CommArg::Mpi;
+    if args.draft.is_some() || ranks || args.weights.as_deref().is_some_and(|w| w != "f32") {
+        bail!("--kv-cache off is the fp32 reference: it takes neither --draft, --tp, --comm mpi nor --weights");
     }
     let units = source.units()?;
     let context = (prompt.len() + args.max_new_tokens) as u64;

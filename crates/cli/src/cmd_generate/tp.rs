@@ -129,7 +129,9 @@ fn over_mpi(job: &Job, tok: &data::Tokenizer) -> anyhow::Result<()> {
         }
         // The worker's endpoint; `world` stays for the report's gather.
         let comm = world.split(0, rank as u32)?;
-        let capacity = engine::capacity::host_available().map(|h| h.bytes);
+        // The processes on this machine share its memory (a collective: every rank asks).
+        let here = world.node_ranks() as u64;
+        let capacity = engine::capacity::host_available().map(|h| h.bytes / here.max(1));
         let mine = job.rank(comm, capacity)?;
         let m = &mine.measured;
         let mut values: Vec<u64> = mine.planned.to_vec();

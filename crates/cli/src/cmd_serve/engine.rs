@@ -231,16 +231,25 @@ fn arrivals(
             true => d
                 .done
                 .recv_timeout(std::time::Duration::from_millis(5))
-                .ok(),
-            false => d.done.try_recv().ok(),
+                .map_err(|e| e == mpsc::RecvTimeoutError::Disconnected),
+            false => d
+                .done
+                .try_recv()
+                .map_err(|e| e == mpsc::TryRecvError::Disconnected),
         };
-        let Some(Prefilled {
+        let Prefilled {
             job,
             blocks,
             outcome,
-        }) = got
-        else {
-            return;
+        } = match got {
+            Ok(p) => p,
+            // Every prefill worker has gone: nothing in flight will come back (its clients'
+            // streams have closed), and new jobs are refused when sent.
+            Err(true) => {
+                (d.in_flight, d.in_flight_blocks) = (0, 0);
+                return;
+            }
+            Err(false) => return,
         };
         (d.in_flight, d.in_flight_blocks) = (d.in_flight - 1, d.in_flight_blocks - blocks);
         let imported = outcome.and_then(|s| d.receive(worker, &s, buf).map(|seq| (seq, s)));

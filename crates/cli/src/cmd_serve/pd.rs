@@ -3,8 +3,9 @@
 //! run admitted prompts, sample the first token and ship the prompt's KV to the decode rank
 //! (rank 0, the engine thread) with `comm`'s point-to-point send; the decode worker imports it
 //! and only ever decodes, so a long prompt no longer stalls the tokens of running requests
-//! (DistServe; vLLM's disaggregated prefill). Each role has its own plan, measured exactly, and
-//! runs on its own cores (`--prefill-threads`), so both modes use the machine's cores.
+//! (DistServe; vLLM's disaggregated prefill). Each role has its own plan, measured exactly (the
+//! KV in transit, a prompt's per worker and per arrival, is host memory outside both), and runs
+//! on its own cores (`--prefill-threads`), so both modes use the machine's cores.
 //!
 //! Example: `frugal serve --model M --prefill-ranks 1 --prefill-threads 1` on a 2-core machine.
 
@@ -71,18 +72,18 @@ impl Disaggregated {
                 jobs_rx.clone(),
                 done_tx.clone(),
             );
+            // The loop runs on a thread of its own and enters the pool for each prompt only, so
+            // a worker waiting for work holds none of the pool's threads.
             std::thread::Builder::new()
                 .name(format!("prefill rank {}", comm.rank()))
-                .spawn(move || {
-                    pool.install(|| match build() {
-                        Ok(w) => {
-                            let _ = ok_tx.send(Ok(()));
-                            serve_prefills(w, comm, &jobs, &done);
-                        }
-                        Err(e) => {
-                            let _ = ok_tx.send(Err(e));
-                        }
-                    })
+                .spawn(move || match pool.install(|| build()) {
+                    Ok(w) => {
+                        let _ = ok_tx.send(Ok(()));
+                        serve_prefills(w, comm, &jobs, &done, &pool);
+                    }
+                    Err(e) => {
+                        let _ = ok_tx.send(Err(e));
+                    }
                 })?;
             ready.push(ok_rx);
         }
@@ -118,42 +119,26 @@ impl Disaggregated {
 }
 
 /// A prefill worker's loop: prefill, sample the first token, ship the KV, free the sequence.
+/// Every job gets an answer, a panic inside one included (its error), so the engine's count of
+/// jobs in flight stays true.
 fn serve_prefills(
     mut worker: Worker,
     mut comm: Box<dyn Collective>,
     jobs: &Mutex<mpsc::Receiver<PrefillJob>>,
     done: &mpsc::Sender<Prefilled>,
+    pool: &rayon::ThreadPool,
 ) {
     let (mut logits, mut bytes) = (Vec::new(), Vec::new());
-    let rank = comm.rank();
     loop {
         let next = jobs.lock().ok().and_then(|j| j.recv().ok());
         let Some(PrefillJob { job, blocks }) = next else {
             return;
         };
-        let seq = worker.new_sequence();
-        let outcome = match worker.prefill(seq, &job.prompt, &mut logits) {
-            Err(e) => Err(e.to_string()),
-            Ok(()) => {
-                let prefilled_at = std::time::Instant::now();
-                let mut rng = data::SplitMix64::new(job.seed);
-                let first = pick(&logits, &job.sampling, &mut rng);
-                bytes.clear();
-                worker.export_kv(seq, &mut bytes);
-                match comm.send_bytes(&bytes, 0) {
-                    Ok(()) => Ok(Shipped {
-                        first,
-                        rng,
-                        tokens: job.prompt.len(),
-                        from: rank,
-                        bytes: bytes.len(),
-                        prefilled_at,
-                    }),
-                    Err(e) => Err(format!("shipping the prompt's KV: {e}")),
-                }
-            }
-        };
-        worker.free(seq);
+        let run = std::panic::AssertUnwindSafe(|| {
+            pool.install(|| prefill_one(&mut worker, &mut *comm, &job, &mut logits, &mut bytes))
+        });
+        let outcome = std::panic::catch_unwind(run)
+            .unwrap_or_else(|_| Err("the prefill worker failed on this prompt".into()));
         if done
             .send(Prefilled {
                 job,
@@ -165,4 +150,38 @@ fn serve_prefills(
             return;
         }
     }
+}
+
+/// One prompt: its prefill, first token and KV shipped to rank 0; the sequence freed.
+fn prefill_one(
+    worker: &mut Worker,
+    comm: &mut dyn Collective,
+    job: &Job,
+    logits: &mut Vec<f32>,
+    bytes: &mut Vec<u8>,
+) -> Result<Shipped, String> {
+    let seq = worker.new_sequence();
+    let outcome = match worker.prefill(seq, &job.prompt, logits) {
+        Err(e) => Err(e.to_string()),
+        Ok(()) => {
+            let prefilled_at = std::time::Instant::now();
+            let mut rng = data::SplitMix64::new(job.seed);
+            let first = pick(logits, &job.sampling, &mut rng);
+            bytes.clear();
+            worker.export_kv(seq, bytes);
+            match comm.send_bytes(bytes, 0) {
+                Ok(()) => Ok(Shipped {
+                    first,
+                    rng,
+                    tokens: job.prompt.len(),
+                    from: comm.rank(),
+                    bytes: bytes.len(),
+                    prefilled_at,
+                }),
+                Err(e) => Err(format!("shipping the prompt's KV: {e}")),
+            }
+        }
+    };
+    worker.free(seq);
+    outcome
 }

@@ -140,6 +140,7 @@ pub fn json_value<B: TrainOps>(s: &Summary<'_, B>) -> Value {
         "loss_first": loss_first,
         "loss_last": loss_last,
         "val_loss": val_loss,
+        "val_step": s.ran.curves.val.last().map(|p| p.0),
         "val_curve": s.ran.curves.val,
         "seconds": s.ran.seconds,
         "tokens_per_s": s.ran.tokens as f64 / s.ran.seconds,
@@ -229,6 +230,13 @@ pub fn human<B: TrainOps>(s: &Summary<'_, B>, args: &Args) -> String {
     }
     let (first, last) = first_last(&s.ran.curves.train);
     let val = s.ran.curves.val.last().map_or(f32::NAN, |p| p.1);
+    // A validation stopped by a signal leaves an earlier step's loss as the last one.
+    let val_step = s.ran.curves.val.last().map(|p| p.0);
+    let last_step = s.ran.curves.train.last().map(|p| p.0);
+    let val_at = match (val_step, last_step) {
+        (Some(v), Some(t)) if v < t => format!(" (at step {v})"),
+        _ => String::new(),
+    };
     let mut out = format!(
         "trained {} ({} layers, d_model {}, vocab {}) for {} of {} x {} tokens (x{} accumulation, {})\n",
         shape.name,
@@ -249,7 +257,7 @@ pub fn human<B: TrainOps>(s: &Summary<'_, B>, args: &Args) -> String {
         }
     );
     out.push_str(&format!(
-        "loss {first:.3} -> {last:.3}, validation loss {val:.3}; {:.0} tokens/s over {:.1} s\n\n",
+        "loss {first:.3} -> {last:.3}, validation loss {val:.3}{val_at}; {:.0} tokens/s over {:.1} s\n\n",
         s.ran.tokens as f64 / s.ran.seconds,
         s.ran.seconds
     ));

@@ -40,9 +40,15 @@ impl Mpi {
             let req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
             self.finish(req, "recv");
         });
-        self.check("recv", len == out.len() as u64, || {
-            format!("{len} bytes sent by rank {src}, {} expected", out.len())
-        })?;
+        if len != out.len() as u64 {
+            // The message's bytes would be read as the next length: the world cannot go on (as
+            // in process, where the mismatch fails the world).
+            let why = format!(
+                "recv: {len} bytes sent by rank {src}, {} expected",
+                out.len()
+            );
+            self.abort_job(&why, 3);
+        }
         mpi::request::scope(|scope| {
             let req = from.immediate_receive_into_with_tag(scope, out, P2P_TAG);
             self.finish(req, "recv");
