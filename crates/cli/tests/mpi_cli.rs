@@ -123,6 +123,46 @@ mod with_mpi {
     }
 
     #[test]
+    fn two_and_four_mpi_processes_generate_as_two_and_four_thread_ranks() {
+        // A Llama with 4 query heads over 2 key/value heads: at 4 ranks each KV head is
+        // replicated on two. Trained a few steps here, saved, then split.
+        let data = data("tp-generate");
+        let out = common::temp_dir("mpi-cli", "tp-generate").join("llama");
+        let out_s = out.to_str().unwrap();
+        let train = run_args(&data, &["--model", "llama-tiny", "--out", out_s]);
+        json(&frugal(
+            &train.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        for n in [2usize, 4] {
+            let args: Vec<String> = [
+                "generate",
+                "--model",
+                out_s,
+                "--prompt",
+                "ROMEO:",
+                "--max-new-tokens",
+                "12",
+                "--json",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let over_mpi = json(&mpiexec(n, &args));
+            let mut threads: Vec<&str> = args.iter().map(String::as_str).collect();
+            let tp = n.to_string();
+            threads.extend(["--tp", &tp]);
+            let over_threads = json(&frugal(&threads));
+            assert_eq!(over_mpi["tokens"], over_threads["tokens"], "{n} ranks");
+            assert_eq!(over_mpi["tp"], n);
+            let ranks = over_mpi["ranks"].as_array().unwrap();
+            for (r, rank) in ranks.iter().enumerate() {
+                assert_eq!(rank["planned"], rank["measured"], "{n} ranks, rank {r}");
+                assert_eq!(rank["measured"], over_threads["ranks"][r]["measured"]);
+            }
+        }
+    }
+
+    #[test]
     fn mpi_processes_send_and_receive_bytes_point_to_point() {
         // bench comm checks every message byte for byte on arrival and fails otherwise.
         let args: Vec<String> = ["bench", "comm", "--mib", "1", "--reps", "2", "--json"]

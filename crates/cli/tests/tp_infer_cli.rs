@@ -5,7 +5,7 @@
 mod common;
 
 use common::served::Served;
-use common::{fails_with, frugal, json, smollm2};
+use common::{fails_with, frugal, json, short_train, small_text, smollm2, temp_dir};
 use serde_json::Value;
 
 fn generate(model: &str, tp: &str, weights: &str) -> Value {
@@ -161,4 +161,48 @@ fn bench_generate_measures_every_ranks_plan() {
         out["ranks_planned_peak_bytes"]
     );
     assert!(out["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn two_and_four_ranks_of_a_trained_gqa_model_generate_one_ranks_tokens() {
+    // llama-tiny: 4 query heads over 2 key/value heads, so at 4 ranks each KV head is
+    // replicated on two; trained 20 steps so its greedy choices are not near ties.
+    let data = small_text("tp-infer", "gqa", 40_000);
+    let out = temp_dir("tp-infer", "gqa-model").join("llama");
+    let out_s = out.to_str().unwrap();
+    let mut train = short_train("20", &data);
+    train.extend([
+        "--model",
+        "llama-tiny",
+        "--batch",
+        "2",
+        "--seq",
+        "32",
+        "--out",
+        out_s,
+    ]);
+    common::assert_ok(&frugal(&train));
+    let tokens = |tp: &str| {
+        let v = json(&frugal(&[
+            "generate",
+            "--model",
+            out_s,
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "24",
+            "--tp",
+            tp,
+            "--json",
+        ]));
+        if tp != "1" {
+            for rank in v["ranks"].as_array().unwrap() {
+                assert_eq!(rank["planned"], rank["measured"], "--tp {tp}");
+            }
+        }
+        v["tokens"].clone()
+    };
+    let one = tokens("1");
+    assert_eq!(tokens("2"), one);
+    assert_eq!(tokens("4"), one);
 }
