@@ -51,6 +51,8 @@ run_side() {
     [mixtral_infer]="--model mixtral-8x7b --weights int4 --batch 8 --seq 4096"
     [deepseek_infer]="--model deepseek-v2-lite --batch 4 --seq 8192 --kv-dtype int8"
     [llama_tp]="--model llama2-13b --train --tp 4 --sp --gpus 8 --batch 2 --seq 4096"
+    [llama_infer_frugal]="--model llama2-7b --infer --runtime frugal --weights int4 --kv-dtype int8 --batch 4 --seq 2048"
+    [gpt2_infer_frugal]="--model gpt2-124m --infer --runtime frugal --weights f32 --batch 1 --seq 512"
   )
   for name in "${!plans[@]}"; do
     # shellcheck disable=SC2086
