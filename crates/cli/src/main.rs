@@ -125,6 +125,9 @@ fn main() -> ExitCode {
     let result = match result {
         Ok(result) => result,
         Err(payload) if overflow_message(&*payload).is_some() => Err(overflowed(&*payload)),
+        // The reader of our output went away (`frugal plan --json | head`): stop quietly, as
+        // a tool killed by SIGPIPE does.
+        Err(payload) if closed_pipe(&*payload) => return ExitCode::from(141),
         Err(payload) => std::panic::resume_unwind(payload),
     };
     match result {
@@ -137,16 +140,26 @@ fn main() -> ExitCode {
 }
 
 /// The planner's arithmetic is overflow-checked in every profile (Cargo.toml): such a panic
-/// means the inputs are too large for 64-bit byte counts, which `main` reports as an error; every
-/// other panic is a bug and prints as usual.
+/// means the inputs are too large for 64-bit byte counts, which `main` reports as an error; a
+/// write to a closed pipe ends the run quietly; every other panic is a bug and prints as usual.
 fn silence_overflow_panics() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let overflow = overflow_message(info.payload()).is_some();
-        if !overflow {
+        let expected = overflow_message(info.payload()).is_some() || closed_pipe(info.payload());
+        if !expected {
             default(info);
         }
     }));
+}
+
+/// Whether a panic is `println!`'s on a closed pipe (the standard library ignores SIGPIPE, so
+/// a write to a pipe whose reader left fails, and `println!` panics on it).
+fn closed_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
+    let text = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    text.is_some_and(|t| t.starts_with("failed printing to") && t.contains("Broken pipe"))
 }
 
 fn overflow_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
