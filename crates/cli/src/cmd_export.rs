@@ -228,6 +228,27 @@ fn lora_of(snap: &Snapshot) -> anyhow::Result<Option<(plan::setup::Lora, f32)>> 
     Ok(Some((lora, v["alpha"].as_f64().ok_or_else(bad)? as f32)))
 }
 
+/// Refuses a `--base` whose weight files are not the ones the run trained over (the snapshot's
+/// `run.lora.base_weights` fingerprint; a run over a preset's random weights recorded none).
+fn check_base(snap: &Snapshot, base: &Path) -> anyhow::Result<()> {
+    let Some(recorded) = snap.state.run.lora["base_weights"].as_str() else {
+        return Ok(());
+    };
+    let files =
+        engine::io::hf_weight_files(base).with_context(|| format!("--base {}", base.display()))?;
+    let found = train::base_fingerprint(&files)
+        .with_context(|| format!("reading the weights of --base {}", base.display()))?;
+    if format!("{found:016x}") != recorded {
+        bail!(
+            "--base {}: its weights are not the ones {} trained its adapters over (fingerprint \
+             {found:016x}, the run recorded {recorded}); give the run's --model folder",
+            base.display(),
+            snap.dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// `--merge`: the base's HF weights through the base format, plus the snapshot's adapters.
 fn merge(
     args: &Args,
@@ -238,6 +259,7 @@ fn merge(
     base: &Path,
 ) -> anyhow::Result<()> {
     let shape = &model.shape;
+    check_base(snap, base)?;
     let units = plan::frugal::param_units(shape, 1)?;
     let data =
         engine::io::read_hf_folder(base).with_context(|| format!("--base {}", base.display()))?;

@@ -236,7 +236,7 @@ fn a_lora_run_resumes_from_its_snapshot_on_the_same_trajectory() {
 /// A LoRA snapshot records a fingerprint of its base's weights: resuming it on another saved
 /// model of the same shape is refused naming `run.lora.base_weights`; on its own base it runs.
 #[test]
-fn a_lora_resume_on_another_base_is_refused_naming_the_base_weights() {
+fn a_lora_resume_or_merge_on_another_base_is_refused_naming_the_base_weights() {
     let dir = temp_dir("lora-cli", "base-identity");
     let data = small_text("lora-cli", "base-identity-data", 40_000);
     let short = [
@@ -288,6 +288,21 @@ fn a_lora_resume_on_another_base_is_refused_naming_the_base_weights() {
         ],
     );
     fails_with(&other, "run.lora.base_weights");
+    // Merging the adapters onto another base of the same shape is refused the same way.
+    let merged = dir.join("merged");
+    let merge = |base: &std::path::Path| {
+        frugal(&[
+            "export",
+            snap.to_str().unwrap(),
+            "--merge",
+            "--base",
+            base.to_str().unwrap(),
+            "--hf",
+            merged.to_str().unwrap(),
+        ])
+    };
+    fails_with(&merge(&bases[1]), "trained its adapters over");
+    common::assert_ok(&merge(&bases[0]));
     let same = lora(
         &bases[0],
         &[
