@@ -206,3 +206,34 @@ fn two_and_four_ranks_of_a_trained_gqa_model_generate_one_ranks_tokens() {
     assert_eq!(tokens("2"), one);
     assert_eq!(tokens("4"), one);
 }
+
+#[test]
+fn bench_serve_over_http_runs_a_tensor_parallel_server() {
+    let model = smollm2();
+    let out = json(&frugal(&[
+        "bench",
+        "serve",
+        "--http",
+        "--model",
+        model.to_str().unwrap(),
+        "--requests",
+        "4",
+        "--prompt-mean",
+        "16",
+        "--output-mean",
+        "8",
+        "--context",
+        "128",
+        "--max-seqs",
+        "2",
+        "--tp",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(out["tp"], 3);
+    assert_eq!(out["requests"], 4);
+    assert!(
+        out["throughput_tokens_per_s"].as_f64().unwrap() > 0.0,
+        "{out}"
+    );
+}

@@ -82,6 +82,9 @@ pub struct Args {
     /// With --http and --prefill-ranks: the prefill workers' cores (default half the machine's).
     #[arg(long)]
     pub prefill_threads: Option<usize>,
+    /// With --http: serve on this many tensor-parallel ranks (`frugal serve --tp`).
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
 }
 
 /// A log-normal draw with this mean (σ in log space), clamped to [1, max].
@@ -124,8 +127,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.requests == 0 || a.max_seqs == 0 || a.kv_block == 0 {
         bail!("--requests, --max-seqs and --kv-block must be at least 1");
     }
-    if !a.http && (a.prefill_ranks > 0 || a.prefill_threads.is_some()) {
-        bail!("--prefill-ranks and --prefill-threads serve over HTTP: add --http");
+    if !a.http && (a.prefill_ranks > 0 || a.prefill_threads.is_some() || a.tp != 1) {
+        bail!("--tp, --prefill-ranks and --prefill-threads serve over HTTP: add --http");
     }
     if a.http {
         return super::serve_http::run(a);

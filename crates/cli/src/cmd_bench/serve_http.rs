@@ -115,6 +115,7 @@ fn start_server(
             &a.weight_group.to_string(),
         ])
         .args(["--prefill-ranks", &a.prefill_ranks.to_string()])
+        .args(["--tp", &a.tp.to_string()])
         .args(
             a.prefill_threads
                 .iter()
@@ -293,7 +294,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "tpot_p50_s": q(&tpot, 0.5), "tpot_p99_s": q(&tpot, 0.99),
                 "kv_waste_fraction": kv_waste, "contiguous_waste_fraction": contiguous_waste,
                 "kv_waste_samples": waste.len(),
-                "prefill_ranks": a.prefill_ranks, "kv_shipped_bytes": shipped,
+                "tp": a.tp, "prefill_ranks": a.prefill_ranks, "kv_shipped_bytes": shipped,
                 "kv_shipping_mean_s": ship_s,
                 "cpu": cpu_name(),
             })
