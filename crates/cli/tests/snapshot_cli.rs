@@ -324,6 +324,32 @@ fn bad_snapshot_flags_and_files_exit_2_saying_what_to_fix() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Runs `frugal args`, sends it SIGTERM 300 ms after `path` appears, and returns its output
+/// and the time it took to end after the signal.
+fn signal_once(args: &[String], path: &Path) -> (Output, Duration) {
+    let child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    (out, signalled.elapsed())
+}
+
 /// SIGTERM during the sample that ends a run: the model was saved before it, the sample stops
 /// at once (not after hundreds of full forwards), and the run ends normally saying so.
 #[test]
@@ -347,28 +373,10 @@ fn sigterm_during_the_sample_stops_it_and_keeps_the_saved_model() {
             out_dir.to_str().unwrap(),
         ],
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while !out_dir.join("model.safetensors").exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "no model saved"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let signalled = Instant::now();
-    let out = child.wait_with_output().unwrap();
+    let (out, after) = signal_once(&args, &out_dir.join("model.safetensors"));
     assert!(
-        signalled.elapsed() < Duration::from_secs(60),
-        "{:?} after the signal",
-        signalled.elapsed()
+        after < Duration::from_secs(60),
+        "{after:?} after the signal"
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -414,28 +422,12 @@ fn sigterm_during_validation_stops_it_with_a_snapshot() {
             out_dir.to_str().unwrap(),
         ],
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     // Step 1's snapshot is written before its validation starts.
-    let started = Instant::now();
-    while !out_dir.join("step-000001").join("manifest.json").exists() {
-        assert!(started.elapsed() < Duration::from_secs(300), "no snapshot");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let signalled = Instant::now();
-    let out = child.wait_with_output().unwrap();
+    let (out, after) = signal_once(&args, &out_dir.join("step-000001").join("manifest.json"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        signalled.elapsed() < Duration::from_secs(10),
-        "{:?} after the signal: {stderr}",
-        signalled.elapsed()
+        after < Duration::from_secs(10),
+        "{after:?} after the signal: {stderr}"
     );
     assert!(stderr.contains("interrupted after step 1"), "{stderr}");
     assert!(!out_dir.join("step-000002").exists());
