@@ -50,7 +50,7 @@ pub struct Args {
     /// --base.
     #[arg(long)]
     pub merge: bool,
-    /// The base model folder the LoRA run trained over (its `--model`).
+    /// The base the LoRA run trained over (its `--model`: an HF folder or a GGUF file).
     #[arg(long)]
     pub base: Option<PathBuf>,
     /// Print one JSON object (snapshot, step, ranks, the folder and files written).
@@ -234,14 +234,15 @@ fn check_base(snap: &Snapshot, base: &Path) -> anyhow::Result<()> {
     let Some(recorded) = snap.state.run.lora["base_weights"].as_str() else {
         return Ok(());
     };
-    let files =
-        engine::io::hf_weight_files(base).with_context(|| format!("--base {}", base.display()))?;
+    let files = crate::model::saved::weight_files(base)
+        .with_context(|| format!("--base {}", base.display()))?;
     let found = train::base_fingerprint(&files)
         .with_context(|| format!("reading the weights of --base {}", base.display()))?;
     if format!("{found:016x}") != recorded {
         bail!(
             "--base {}: its weights are not the ones {} trained its adapters over (fingerprint \
-             {found:016x}, the run recorded {recorded}); give the run's --model folder",
+             {found:016x}, the run recorded {recorded}); give the run's --model (its folder or \
+             GGUF file)",
             base.display(),
             snap.dir.display()
         );
@@ -261,15 +262,17 @@ fn merge(
     let shape = &model.shape;
     check_base(snap, base)?;
     let units = plan::frugal::param_units(shape, 1)?;
-    let data =
-        engine::io::read_hf_folder(base).with_context(|| format!("--base {}", base.display()))?;
-    let files = engine::io::file_slices(&data);
-    let base_values = engine::io::read_units(&units, &files, "")
+    let base_values = crate::model::saved::read_units(base, &units)
         .with_context(|| format!("--base {}", base.display()))?;
     let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;
     let adapters = snap.weights(&adapter_units)?;
     let tensors = train::peft::merge_host(shape, lora, alpha, base_values, &adapters)?;
     engine::io::save_hf(model, tensors, &args.hf)
+        .with_context(|| format!("--hf {}", args.hf.display()))?;
+    // The base's own tokenizer files beside the merged weights (GPT-2's models write none).
+    crate::model::ModelSource::at(base)?
+        .tokenizer()?
+        .save_hf(&args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;
     let summary = format!(
         "merged {} (step {}, LoRA r {} alpha {alpha} over a {:?} base) into {}",

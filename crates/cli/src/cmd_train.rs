@@ -24,6 +24,8 @@ Examples:
   frugal train --data my.txt --device-memory 512MiB   refused before step one if it won't fit
   frugal train --model run1 --lora-rank 16 --lora-base nf4 --double-quant --out adapter --merge
                                   QLoRA over run1: PEFT adapter files and merged/
+  frugal train --model model.gguf --lora-rank 8 --lora-base fp32 --out ft
+                                  LoRA over a GGUF model's weights, with its tokenizer
   mpirun -n 2 frugal train --comm mpi --zero 3    ranks as MPI processes (a --features mpi build)";
 
 pub(crate) mod config;
@@ -54,8 +56,8 @@ pub const DEFAULT_MODEL: &str = "gpt2-mini";
 #[command(after_help = EXAMPLES)]
 pub struct Args {
     /// Model: a preset (gpt2-mini, gpt2-tiny, llama-tiny, mixtral-tiny, deepseek-tiny, gpt2-124m,
-    /// ...), an HF config.json, or a folder with config.json (and model.safetensors, to continue
-    /// from its weights).
+    /// ...), an HF config.json, a folder with config.json (and model.safetensors, to continue
+    /// from its weights), or a GGUF file (its weights, dequantized, and its tokenizer).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Optimizer steps.

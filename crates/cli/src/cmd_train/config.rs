@@ -47,7 +47,8 @@ impl FromStr for OffloadArg {
     }
 }
 
-/// The run every rank builds, and the saved model folder whose weights it starts from.
+/// The run every rank builds, and the saved weights it starts from (an HF folder or a GGUF
+/// file).
 pub struct Validated {
     pub config: TrainConfig,
     pub weights: Option<PathBuf>,
@@ -297,7 +298,7 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     let mut lora = lora(args)?;
     // A LoRA base from a saved model: its weights' fingerprint goes into every snapshot.
     if let (Some(l), Some(dir)) = (lora.as_mut(), &weights) {
-        let files = engine::io::hf_weight_files(dir)
+        let files = crate::model::saved::weight_files(dir)
             .with_context(|| format!("--model {}", dir.display()))?;
         let fingerprint = train::base_fingerprint(&files)
             .with_context(|| format!("reading the weights of --model {}", dir.display()))?;

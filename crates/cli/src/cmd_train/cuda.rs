@@ -119,10 +119,10 @@ mod gpu {
         config.host_memory = None;
         let mut trainer = train::Trainer::on(gpu, config, Box::new(comm::Solo::new()))?;
         trainer.init_weights(args.seed);
-        if let Some(dir) = &shared.weights {
+        if let Some(path) = &shared.weights {
             trainer
-                .load_hf_folder(dir)
-                .with_context(|| format!("--model {}", dir.display()))?;
+                .load_whole(|units| crate::model::saved::read_units(path, units))
+                .with_context(|| format!("--model {}", path.display()))?;
         }
         // The same loop as on the CPU; progress as plain lines (one per step).
         let schedule = train::run::Schedule {

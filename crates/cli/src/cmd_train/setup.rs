@@ -132,13 +132,14 @@ pub fn build_rank(
     let config = shared.config.clone();
     let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);
-    if let Some(dir) = &shared.weights {
+    if let Some(path) = &shared.weights {
+        let read = |units: &[_]| crate::model::saved::read_units(path, units);
         match trainer.model.lora.is_some() {
             // The weights are the frozen base; the adapters start as PEFT's.
-            true => engine::lora::base::load_hf_folder(&trainer.model, &trainer.arena, dir),
-            false => trainer.load_hf_folder(dir),
+            true => engine::lora::base::load_with(&trainer.model, &trainer.arena, read),
+            false => trainer.load_whole(read),
         }
-        .with_context(|| format!("--model {}", dir.display()))?;
+        .with_context(|| format!("--model {}", path.display()))?;
     }
     let mut loader = loader;
     if let Some(snap) = &shared.snapshot {

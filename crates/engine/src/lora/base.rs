@@ -144,9 +144,21 @@ pub fn load_files<B: Backend>(
     files: &[(String, &[u8])],
     prefix: &str,
 ) -> Result<(), EngineError> {
+    load_with(model, arena, |units| {
+        crate::io::read_units(units, files, prefix)
+    })
+}
+
+/// The base from saved weights: `read` gets the full model's unit layout and returns every
+/// unit's values (an HF folder's, a GGUF file's), checked before any is packed.
+pub fn load_with<B: Backend>(
+    model: &Model,
+    arena: &Arena<B>,
+    read: impl FnOnce(&[Unit]) -> Result<Vec<Vec<f32>>, EngineError>,
+) -> Result<(), EngineError> {
     let lora = model.lora.as_ref().expect("a LoRA model");
     let units = full_units(model);
-    let values = crate::io::read_units(&units, files, prefix)?;
+    let values = read(&units)?;
     for (u, (unit, v)) in units.iter().zip(&values).enumerate() {
         upload_unit(lora, arena, u, unit, v);
     }

@@ -17,6 +17,7 @@ use engine::backend::DType;
 use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::init;
+use plan::frugal::units::Unit;
 
 impl<B: TrainOps> Trainer<B> {
     /// Initialises every weight from `seed` (identical on every rank and at every stage).
@@ -45,16 +46,26 @@ impl<B: TrainOps> Trainer<B> {
         }
     }
 
-    /// Loads a Hugging Face folder's weights (`io::read_hf_folder`) into this rank, wherever it
-    /// keeps them: whole or as its ZeRO-3 shard, as fp32 or as bf16/fp16 masters with the
-    /// working copy rounded from them, and under tensor or pipeline parallelism its share of the
-    /// whole model's units. Every tensor is checked before any weight changes.
+    /// Loads a Hugging Face folder's weights (`io::read_hf_folder`): [`Trainer::load_whole`]
+    /// over its safetensors files.
     pub fn load_hf_folder(&mut self, dir: &std::path::Path) -> Result<(), EngineError> {
         let data = engine::io::read_hf_folder(dir)?;
         let files = engine::io::file_slices(&data);
+        self.load_whole(|units| engine::io::read_units(units, &files, ""))
+    }
+
+    /// Loads saved weights into this rank, wherever it keeps them: whole or as its ZeRO-3
+    /// shard, as fp32 or as bf16/fp16 masters with the working copy rounded from them, and
+    /// under tensor or pipeline parallelism its share of the whole model's units. `read` gets
+    /// the whole model's unit layout and returns every unit's values (an HF folder's or a GGUF
+    /// file's), each tensor checked before any weight changes.
+    pub fn load_whole(
+        &mut self,
+        read: impl FnOnce(&[Unit]) -> Result<Vec<Vec<f32>>, EngineError>,
+    ) -> Result<(), EngineError> {
         let mut values: Vec<Vec<f32>> = match &self.model.share {
             Some(share) => {
-                let whole = engine::io::read_units(&share.whole_units, &files, "")?;
+                let whole = read(&share.whole_units)?;
                 (self.model.units.iter())
                     .map(|unit| {
                         let w = share.whole_index(unit.kind);
@@ -66,7 +77,7 @@ impl<B: TrainOps> Trainer<B> {
                     })
                     .collect()
             }
-            None => engine::io::read_units(&self.model.units, &files, "")?,
+            None => read(&self.model.units)?,
         };
         for (u, v) in values.iter_mut().enumerate() {
             v.resize(self.model.units[u].padded_numel as usize, 0.0);
