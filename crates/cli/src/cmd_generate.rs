@@ -350,6 +350,19 @@ fn plain(
 }
 
 fn save_quantized(worker: &Worker, dir: &std::path::Path) -> anyhow::Result<()> {
+    // A folder that holds a model would load its quantized copy from then on, silently.
+    let held = [
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "manifest.json",
+    ];
+    if let Some(file) = held.iter().find(|f| dir.join(f).exists()) {
+        bail!(
+            "--save-quantized {}: the folder holds a model ({file}), which would load as the \
+             quantized copy from then on; save it to a folder of its own",
+            dir.display()
+        );
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("--save-quantized {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), worker.config.to_hf_json())
         .with_context(|| format!("--save-quantized {}", dir.display()))?;

@@ -63,6 +63,19 @@ impl ModelSource {
         }
         if path.is_dir() {
             let has = |name: &str| path.join(name).is_file();
+            // A weights or config path of the wrong kind would be read as "no weights".
+            let files = [
+                "model.safetensors",
+                "model.safetensors.index.json",
+                "config.json",
+            ];
+            if let Some(name) = files.iter().find(|f| path.join(f).exists() && !has(f)) {
+                bail!(
+                    "--model {spec}: {} is not a regular file (a folder?); put the file itself \
+                     there",
+                    path.join(name).display()
+                );
+            }
             if has(file::FILE_NAME) {
                 return Ok(ModelSource::Quantized(path.join(file::FILE_NAME)));
             }

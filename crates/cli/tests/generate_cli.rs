@@ -420,7 +420,7 @@ fn mixtures_of_experts_and_latent_attention_generate_with_their_caches_as_planne
 fn runs_without_a_decode_step_measure_the_prefill_plan() {
     let dir = common::temp_dir("generate-cli", "no-decode");
     let model = train_tiny(&dir, "generate-cli-no-decode");
-    let cases: [&[&str]; 3] = [
+    let cases: [&[&str]; 5] = [
         &[
             "--draft",
             &model,
@@ -431,6 +431,16 @@ fn runs_without_a_decode_step_measure_the_prefill_plan() {
         ],
         &["--max-new-tokens", "0"],
         &["--max-new-tokens", "1"],
+        // No token to draft, from a prompt of one token: the prompt is still read.
+        &[
+            "--draft",
+            &model,
+            "--max-new-tokens",
+            "0",
+            "--prompt",
+            "hello",
+        ],
+        &["--max-new-tokens", "0", "--prompt", "hello"],
     ];
     for extra in cases {
         let mut args = vec!["generate", "--model", &model, "--json"];

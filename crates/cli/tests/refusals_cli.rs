@@ -120,3 +120,60 @@ fn a_corpus_larger_than_memory_is_refused_before_reading() {
     common::fails_with(&out, "1099511627776 bytes of text");
     let _ = std::fs::remove_file(&path);
 }
+
+/// Paths of the wrong kind and values that would be silently wrong: a weights file that is a
+/// folder, a quantized copy saved over its own model, an int4 group that does not divide the
+/// rows, a NaN dropout, a corpus too short to split.
+#[test]
+fn wrong_kinds_of_paths_and_values_are_refused_naming_them() {
+    let dir = common::temp_dir("robust-cli", "kinds");
+    let run = dir.join("run");
+    let out = tiny_train(&["--out", run.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let folder = dir.join("folder-weights");
+    std::fs::create_dir_all(folder.join("model.safetensors")).unwrap();
+    std::fs::copy(run.join("config.json"), folder.join("config.json")).unwrap();
+    let from_folder = ["train", "--model", folder.to_str().unwrap(), "--steps", "1"];
+    common::fails_with(
+        &frugal(&from_folder),
+        "model.safetensors is not a regular file",
+    );
+    let run_s = run.to_str().unwrap();
+    let quantized = [
+        "generate",
+        "--model",
+        run_s,
+        "--weights",
+        "int8",
+        "--save-quantized",
+        run_s,
+    ];
+    common::fails_with(&frugal(&quantized), "holds a model (model.safetensors)");
+    assert!(!run.join("weights.frugal").exists());
+    let plan = [
+        "plan",
+        "--model",
+        "llama2-7b",
+        "--infer",
+        "--weights",
+        "int4",
+        "--weight-group",
+        "7",
+    ];
+    common::fails_with(&frugal(&plan), "--weight-group");
+    common::fails_with(&frugal(&plan), "do not divide");
+    common::fails_with(
+        &tiny_train(&["--lora-rank", "4", "--lora-dropout", "NaN"]),
+        "--lora-dropout",
+    );
+    let hello = dir.join("hello.txt");
+    std::fs::write(&hello, "hello").unwrap();
+    common::fails_with(
+        &tiny_train(&["--data", hello.to_str().unwrap()]),
+        "too short: 1 token(s)",
+    );
+}

@@ -321,6 +321,13 @@ fn bad_snapshot_flags_and_files_exit_2_saying_what_to_fix() {
         &frugal(&["export", &s(&step4), "--hf", &s(&dir.join("hf"))]),
         &["fails its checksum"],
     );
+    // A snapshot folder renamed for another step is refused, naming its own step.
+    let renamed = out.join("step-000007");
+    std::fs::rename(out.join("step-000002"), &renamed).unwrap();
+    fails_with(
+        &frugal(&["export", &s(&renamed), "--hf", &s(&dir.join("hf"))]),
+        &["step 2's state", "named for step 7", "step-000002"],
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

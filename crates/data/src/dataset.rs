@@ -146,7 +146,10 @@ impl Dataset {
         let n_val = (tokens.len() as f64 * val_fraction).ceil() as usize;
         let split_at = tokens.len() - n_val.min(tokens.len());
         if split_at == 0 {
-            return Err(DataError::EmptyDataset { split: "train" });
+            return Err(DataError::NothingToTrain {
+                total: tokens.len(),
+                held_out: n_val,
+            });
         }
         Ok(Dataset {
             tokens: tokens.into(),

@@ -123,6 +123,13 @@ pub enum DataError {
     #[error("the {split} data set is empty (0 tokens); give a non-empty corpus")]
     EmptyDataset { split: &'static str },
 
+    /// So few tokens that the validation split takes them all.
+    #[error(
+        "the corpus is too short: {total} token(s), and the validation split holds out \
+         {held_out}, leaving none to train on; give a longer --data"
+    )]
+    NothingToTrain { total: usize, held_out: usize },
+
     /// Not enough tokens for one global batch of windows of `seq_len + 1` tokens.
     #[error(
         "the {split} split has {have_tokens} tokens, but one batch of {world_size} x {batch_size} \

@@ -316,7 +316,14 @@ fn bad_token_streams_are_typed_errors() {
     // One token and a 10% split leaves nothing to train on.
     let err = Dataset::new(vec![1], 10, 0.1).unwrap_err();
     assert!(
-        matches!(err, DataError::EmptyDataset { split: "train" }),
+        matches!(
+            err,
+            DataError::NothingToTrain {
+                total: 1,
+                held_out: 1
+            }
+        ),
         "{err}"
     );
+    assert!(err.to_string().contains("1 token(s)"), "{err}");
 }

@@ -101,6 +101,12 @@ fn run<B: InferOps>(
     let mut stats = SpecStats::default();
     let mut logits = Vec::new();
     let v = target.vocab();
+    if n_new == 0 {
+        // Nothing to propose: the prompt is read, as a run without a draft reads it.
+        target.prefill(ts, prompt, &mut logits)?;
+        draft.prefill(ds, prompt, &mut logits)?;
+        return Ok((Vec::new(), stats));
+    }
     let (body, tail) = prompt.split_at(prompt.len() - 1);
     let mut last = tail[0];
     if !body.is_empty() {

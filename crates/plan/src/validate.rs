@@ -28,6 +28,26 @@ fn at_least_one(field: &str, value: u64) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// An int4 group (GPTQ/AWQ's `group_size`) runs along each linear's input: it must divide
+/// every input width (a group as wide as the row or wider is one scale per row).
+pub(crate) fn check_groups(model: &ModelShape, group: u64) -> Result<(), PlanError> {
+    let layers = (0..model.n_layers).flat_map(|l| model.block_tensors(l));
+    let widths = layers.chain(model.head_tensors()).filter_map(|t| {
+        (t.kind == crate::params::TensorKind::Linear && group < t.d_in && t.d_in % group != 0)
+            .then_some(t.d_in)
+    });
+    match widths.min() {
+        Some(width) => Err(invalid(
+            "--weight-group",
+            format!(
+                "groups of {group} do not divide the model's linear inputs ({width} wide): \
+                 use a group that divides it (32, 64 and 128 are usual)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Tensor parallelism splits heads (and key/value heads) evenly over the ranks.
 fn check_tp(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
     at_least_one("--tp", tp as u64)?;
@@ -154,6 +174,7 @@ impl InferSetup {
         check_positions(model, self.seq)?;
         if let Some(g) = self.weight_group {
             at_least_one("--weight-group", g)?;
+            check_groups(model, g)?;
         }
         if let Some(b) = self.kv_block {
             at_least_one("--kv-block", b)?;

@@ -36,8 +36,27 @@ pub fn router(state: Arc<State>) -> Router {
                 "no such endpoint: use /v1/completions, /v1/chat/completions, /v1/models, /health or /metrics",
             )
         })
-        .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY as usize))
+        .layer(axum::middleware::from_fn(declared_size))
         .with_state(state)
+}
+
+/// The largest request body read.
+const MAX_BODY: u64 = 1 << 20;
+
+/// A body declared larger than [`MAX_BODY`] is refused before any of it is read (the limit
+/// above stops a body that grows past it while being read).
+async fn declared_size(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let declared = (req.headers().get(header::CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > MAX_BODY => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body declares {n} bytes; requests are limited to {MAX_BODY} bytes"),
+        ),
+        _ => next.run(req).await,
+    }
 }
 
 fn error(status: StatusCode, message: &str) -> Response {

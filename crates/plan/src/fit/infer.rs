@@ -292,10 +292,19 @@ fn tp_degrees(model: &ModelShape, gpus: u32, per_node: u32) -> Vec<u32> {
 fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool]) -> Vec<Serving> {
     let mut out = Vec::new();
     for tp in tp_degrees(model, gpus, r.hardware.gpus_per_node) {
-        for &(weights, weight_group) in &WEIGHT_FORMATS {
+        for &(weights, group) in &WEIGHT_FORMATS {
             if r.weights.is_some_and(|w| w != weights) {
                 continue;
             }
+            // The usual group, else the widest smaller one that divides every linear input.
+            let fits = |g: &u64| crate::validate::check_groups(model, *g).is_ok();
+            let weight_group = match group {
+                Some(g) => match [g, 64, 32].into_iter().filter(|x| *x <= g).find(fits) {
+                    Some(g) => Some(g),
+                    None => continue,
+                },
+                None => None,
+            };
             for &kv_dtype in &KV_FORMATS {
                 if r.kv_dtype.is_some_and(|k| k != kv_dtype) {
                     continue;

@@ -70,7 +70,7 @@ impl BaseFormat {
             },
             other => {
                 return Err(PlanError::Invalid {
-                    field: "lora-base".into(),
+                    field: "--lora-base".into(),
                     reason: format!(
                         "{other:?} is not a base this engine stores: use fp32, bf16, int8 or nf4"
                     ),
@@ -259,13 +259,13 @@ pub fn check(model: &ModelShape, lora: &Lora) -> Result<(), PlanError> {
     crate::lora::check_targets(model, &lora.targets)?;
     if lora.rank == 0 {
         return Err(PlanError::Invalid {
-            field: "lora-rank".into(),
+            field: "--lora-rank".into(),
             reason: "a rank of at least 1 is needed".into(),
         });
     }
     if !(0.0..1.0).contains(&lora.dropout) {
         return Err(PlanError::Invalid {
-            field: "lora-dropout".into(),
+            field: "--lora-dropout".into(),
             reason: format!(
                 "{} is not a probability below 1 (0.05-0.1 are usual)",
                 lora.dropout
@@ -278,7 +278,7 @@ pub fn check(model: &ModelShape, lora: &Lora) -> Result<(), PlanError> {
         .any(|m| m.targeted().next().is_some());
     if !any {
         return Err(PlanError::Invalid {
-            field: "lora-targets".into(),
+            field: "--lora-targets".into(),
             reason: format!(
                 "no linear layer of {} matches {}",
                 model.name,

@@ -53,13 +53,13 @@ pub fn forward_plan(model: &ModelShape, setup: &ForwardSetup) -> Result<MemoryPl
     check_buildable(model)?;
     if setup.batch == 0 || setup.seq == 0 {
         return Err(PlanError::Invalid {
-            field: "batch".into(),
+            field: "--batch".into(),
             reason: "batch and sequence must be positive".into(),
         });
     }
     if setup.seq > model.max_positions {
         return Err(PlanError::Invalid {
-            field: "seq".into(),
+            field: "--seq".into(),
             reason: format!(
                 "sequence {} is longer than the model's {} positions",
                 setup.seq, model.max_positions

@@ -105,7 +105,7 @@ impl Stage {
 pub fn check(model: &ModelShape, pp: u32) -> Result<(), PlanError> {
     if pp == 0 || pp > model.n_layers {
         return Err(PlanError::Invalid {
-            field: "pp".into(),
+            field: "--pp".into(),
             reason: format!(
                 "--pp {pp} stages over {} layers: every stage needs at least one layer (use \
                  --pp 1 to {})",

@@ -218,7 +218,7 @@ pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanErr
             for v in unit.views.iter().filter(|v| is_matrix(v.role)) {
                 if v.shape[1] % g != 0 {
                     return Err(invalid(
-                        "weight-group",
+                        "--weight-group",
                         format!(
                             "groups of {g} do not divide the {} columns of {} in {}: use a \
                              group size that divides it",

@@ -42,7 +42,7 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:06}")
 }
 
-fn parse_step(name: &str) -> Option<u64> {
+pub(crate) fn parse_step(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("step-")?;
     (digits.len() >= 6 && digits.bytes().all(|b| b.is_ascii_digit()))
         .then(|| digits.parse().ok())

@@ -255,6 +255,21 @@ impl Snapshot {
                 path: dir.join(STATE_FILE),
                 reason: format!("not a train state: {e}"),
             })?;
+        // A renamed folder would resume at, and list as, a step it is not.
+        let named = dir
+            .file_name()
+            .and_then(|n| files::parse_step(&n.to_string_lossy()));
+        if let Some(named) = named.filter(|&n| n != state.step) {
+            return Err(SnapshotError::BadContents {
+                path: dir.join(STATE_FILE),
+                reason: format!(
+                    "it is step {}'s state, but its folder is named for step {named}; rename \
+                     the folder {}",
+                    state.step,
+                    files::step_dir_name(state.step)
+                ),
+            });
+        }
         let hf_config = String::from_utf8_lossy(&take(CONFIG_FILE)?).into_owned();
         take(WEIGHTS_FILE)?;
         // A tensor- or pipeline-parallel run writes one shard file of the whole model.

@@ -89,7 +89,7 @@ impl WeightFormat {
         if let Some(g) = f.group() {
             if ![32, 64, 128].contains(&g) {
                 return Err(invalid(
-                    "weight-group",
+                    "--weight-group",
                     format!("groups of {g}: use 32, 64 or 128"),
                 ));
             }
