@@ -314,4 +314,20 @@ fn a_lora_resume_or_merge_on_another_base_is_refused_naming_the_base_weights() {
         ],
     );
     json(&same);
+    // The adapter file records the same fingerprint and the base's config in its metadata.
+    let bytes = std::fs::read(resumed.join("adapter_model.safetensors")).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let meta = &header["__metadata__"];
+    let state = std::fs::read_to_string(snap.join("train.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(
+        meta["frugal.base_weights"],
+        state["run"]["lora"]["base_weights"]
+    );
+    assert!(meta["frugal.base_config"]
+        .as_str()
+        .unwrap()
+        .contains("\"n_layer\""));
+    assert_eq!(meta["format"], "pt");
 }

@@ -145,6 +145,12 @@ pub fn to_safetensors<B: Backend>(model: &Model, arena: &Arena<B>) -> Vec<u8> {
 
 /// The safetensors bytes of `tensors` (f32, HF layout).
 pub fn tensors_to_safetensors(tensors: Vec<HfTensor>) -> Vec<u8> {
+    tensors_with_metadata(tensors, &[])
+}
+
+/// [`tensors_to_safetensors`] with `extra` string pairs in the header's `__metadata__` beside
+/// `format: pt` (readers such as PEFT and transformers ignore keys they do not know).
+pub fn tensors_with_metadata(tensors: Vec<HfTensor>, extra: &[(&str, String)]) -> Vec<u8> {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
         .map(|t| {
@@ -160,7 +166,8 @@ pub fn tensors_to_safetensors(tensors: Vec<HfTensor>) -> Vec<u8> {
             (name.clone(), view)
         })
         .collect();
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let mut metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    metadata.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
     safetensors::serialize(views, Some(metadata)).expect("in-memory serialisation succeeds")
 }
 

@@ -62,6 +62,18 @@ pub fn adapter_config(trainer: &Trainer) -> serde_json::Value {
     })
 }
 
+/// What the adapters were trained over, for the weight file's metadata: the base's whole
+/// config and, for a saved base, its weight files' fingerprint (the one a snapshot records and
+/// `export --merge --base` checks).
+pub fn provenance(trainer: &Trainer) -> Vec<(&'static str, String)> {
+    let mut out = vec![("frugal.base_config", trainer.config.model.to_hf_json())];
+    let lora = trainer.config.lora.as_ref().and_then(|l| l.base_weights);
+    if let Some(fingerprint) = lora {
+        out.push(("frugal.base_weights", format!("{fingerprint:016x}")));
+    }
+    out
+}
+
 /// The adapters' whole fp32 values: `gathered` (`Trainer::full_params`, which ZeRO-3 and 2-byte
 /// runs need every rank for), or read from the arena.
 fn adapter_values(trainer: &Trainer, gathered: Option<&[Vec<f32>]>) -> Vec<Vec<f32>> {
@@ -82,7 +94,7 @@ pub fn save_adapter(
     let values = adapter_values(trainer, gathered);
     let slices: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
     let tensors = engine::io::export_units(&trainer.model, &slices);
-    let bytes = engine::io::tensors_to_safetensors(tensors);
+    let bytes = engine::io::tensors_with_metadata(tensors, &provenance(trainer));
     write(&dir.join(ADAPTER_WEIGHTS), &bytes)?;
     let config = serde_json::to_string_pretty(&adapter_config(trainer)).expect("JSON");
     write(&dir.join(ADAPTER_CONFIG), config.as_bytes())

@@ -189,3 +189,20 @@ fn int4_dequantizes_as_scale_times_code_minus_zero() {
     };
     assert_eq!(asym.at(0, 5, 32), 1.0);
 }
+
+#[test]
+fn rows_that_end_in_half_a_128_weight_chunk_match_the_reference() {
+    // SmolLM2's widths: 576 = 4.5 chunks of 128, 192 = 1.5 (its tensor-parallel slices).
+    for (ic, group) in [(576, 32), (576, 64), (192, 32), (192, 64), (320, 32)] {
+        let oc = 7;
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64), oc, ic, groups);
+        let w = QWeight::Int4 {
+            codes: &s.u8s,
+            scales: &s.h_scales[..groups],
+            zeros: None,
+            group,
+        };
+        check_all(&format!("int4 ic={ic} group={group}"), &w, ic, oc);
+    }
+}
