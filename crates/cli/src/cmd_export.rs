@@ -270,10 +270,14 @@ fn merge(
     engine::io::save_hf(model, tensors, &args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;
     // The base's own tokenizer files beside the merged weights (GPT-2's models write none).
-    crate::model::ModelSource::at(base)?
+    let tokenizer = crate::model::ModelSource::at(base)?
         .tokenizer()?
         .save_hf(&args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;
+    let mut files = vec![train::snapshot::CONFIG_FILE, train::snapshot::WEIGHTS_FILE];
+    if tokenizer {
+        files.extend(["tokenizer.json", "tokenizer_config.json"]);
+    }
     let summary = format!(
         "merged {} (step {}, LoRA r {} alpha {alpha} over a {:?} base) into {}",
         snap.dir.display(),
@@ -288,7 +292,7 @@ fn merge(
             serde_json::json!({
                 "snapshot": snap.dir.display().to_string(), "step": snap.state.step,
                 "merged": true, "hf": args.hf.display().to_string(),
-                "files": [train::snapshot::CONFIG_FILE, train::snapshot::WEIGHTS_FILE],
+                "files": files,
             })
         ),
         false => println!("{summary}"),

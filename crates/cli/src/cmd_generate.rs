@@ -356,7 +356,13 @@ fn save_quantized(worker: &Worker, dir: &std::path::Path) -> anyhow::Result<()> 
         "model.safetensors.index.json",
         "manifest.json",
     ];
-    if let Some(file) = held.iter().find(|f| dir.join(f).exists()) {
+    let snapshots = std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("step-"))
+    });
+    let held = held.iter().find(|f| dir.join(f).exists()).copied();
+    if let Some(file) = held.or(snapshots.then_some("step-NNNNNN snapshots")) {
         bail!(
             "--save-quantized {}: the folder holds a model ({file}), which would load as the \
              quantized copy from then on; save it to a folder of its own",

@@ -321,6 +321,7 @@ fn a_lora_resume_or_merge_on_another_base_is_refused_naming_the_base_weights() {
     let meta = &header["__metadata__"];
     let state = std::fs::read_to_string(snap.join("train.json")).unwrap();
     let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert!(meta["frugal.base_weights"].is_string(), "{meta}");
     assert_eq!(
         meta["frugal.base_weights"],
         state["run"]["lora"]["base_weights"]

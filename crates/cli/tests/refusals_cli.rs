@@ -123,7 +123,7 @@ fn a_corpus_larger_than_memory_is_refused_before_reading() {
 
 /// Paths of the wrong kind and values that would be silently wrong: a weights file that is a
 /// folder, a quantized copy saved over its own model, an int4 group that does not divide the
-/// rows, a NaN dropout, a corpus too short to split.
+/// linear inputs, a NaN dropout, a corpus too short to split.
 #[test]
 fn wrong_kinds_of_paths_and_values_are_refused_naming_them() {
     let dir = common::temp_dir("robust-cli", "kinds");

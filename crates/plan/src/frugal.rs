@@ -80,7 +80,7 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     }
     if setup.sp && setup.tp < 2 {
         return Err(invalid(
-            "sp",
+            "--sp",
             "sequence parallelism splits the norms' rows over the tensor-parallel ranks: use it \
              with --tp 2 or more"
                 .into(),
@@ -92,7 +92,7 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
              --seq {} must be a multiple of --tp {}",
             setup.seq, setup.tp
         );
-        return Err(invalid("sp", reason));
+        return Err(invalid("--sp", reason));
     }
     tp::check(model, setup.tp)?;
     if setup.tp > 1 && setup.lora.is_some() {
@@ -106,7 +106,7 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     }
     if setup.recompute == Recompute::Every(0) {
         return Err(invalid(
-            "recompute",
+            "--recompute",
             "every:0 keeps no block input; use every:K with K >= 1".into(),
         ));
     }
@@ -136,7 +136,7 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
     }
     if setup.micro_batch == 0 || setup.seq == 0 || setup.grad_accum == 0 {
         return Err(invalid(
-            "batch",
+            "--batch",
             "batch, sequence and grad-accum must be positive".into(),
         ));
     }
@@ -145,7 +145,7 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
             "sequence {} is longer than the model's {} positions; use --seq {} or less",
             setup.seq, model.max_positions, model.max_positions
         );
-        return Err(invalid("seq", reason));
+        return Err(invalid("--seq", reason));
     }
     Ok(())
 }

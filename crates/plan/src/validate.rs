@@ -29,7 +29,9 @@ fn at_least_one(field: &str, value: u64) -> Result<(), PlanError> {
 }
 
 /// An int4 group (GPTQ/AWQ's `group_size`) runs along each linear's input: it must divide
-/// every input width (a group as wide as the row or wider is one scale per row).
+/// every input width (a group as wide as the row or wider is one scale per row), for the
+/// `formula` and `pytorch` runtimes. The frugal runtime's own check (`frugal::serve`) is
+/// stricter: its groups are 32, 64 or 128 and divide every column count.
 pub(crate) fn check_groups(model: &ModelShape, group: u64) -> Result<(), PlanError> {
     let layers = (0..model.n_layers).flat_map(|l| model.block_tensors(l));
     let widths = layers.chain(model.head_tensors()).filter_map(|t| {

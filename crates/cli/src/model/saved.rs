@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// Every unit's values (`numel` each) from the weights at `path`: a GGUF file, or an HF folder
 /// (`model.safetensors` or its shards). Every tensor is checked before any is returned.
 pub fn read_units(path: &Path, units: &[Unit]) -> Result<Vec<Vec<f32>>, EngineError> {
-    if !(path.is_file() && is_gguf(path)) {
+    if !is_gguf_file(path) {
         let data = engine::io::read_hf_folder(path)?;
         return engine::io::read_units(units, &engine::io::file_slices(&data), "");
     }
@@ -31,8 +31,13 @@ pub fn read_units(path: &Path, units: &[Unit]) -> Result<Vec<Vec<f32>>, EngineEr
 /// The files that hold the weights at `path`, in order: the GGUF file itself, or an HF folder's
 /// weight files. A LoRA run fingerprints them, so its adapters are merged over the same base.
 pub fn weight_files(path: &Path) -> Result<Vec<PathBuf>, EngineError> {
-    match path.is_file() && is_gguf(path) {
+    match is_gguf_file(path) {
         true => Ok(vec![path.to_path_buf()]),
         false => engine::io::hf_weight_files(path),
     }
+}
+
+/// A file with GGUF's magic or its extension (so a damaged one gets the GGUF reader's error).
+fn is_gguf_file(path: &Path) -> bool {
+    path.is_file() && (is_gguf(path) || path.extension().is_some_and(|e| e == "gguf"))
 }

@@ -165,16 +165,6 @@ pub fn load_with<B: Backend>(
     Ok(())
 }
 
-/// [`load_files`] from a Hugging Face folder.
-pub fn load_hf_folder<B: Backend>(
-    model: &Model,
-    arena: &Arena<B>,
-    dir: &std::path::Path,
-) -> Result<(), EngineError> {
-    let data = crate::io::read_hf_folder(dir)?;
-    load_files(model, arena, &crate::io::file_slices(&data), "")
-}
-
 /// Full model unit `u`'s values as the base holds them (block matrices dequantized): the
 /// weights a merged export starts from.
 pub fn dequantized_unit<B: Backend>(

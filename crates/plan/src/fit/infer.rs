@@ -289,6 +289,13 @@ fn tp_degrees(model: &ModelShape, gpus: u32, per_node: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The format's usual group `g`, else the widest smaller one (64, 32) that divides every linear
+/// input; `None` when none does.
+fn group_for(model: &ModelShape, g: u64) -> Option<u64> {
+    let fits = |g: &u64| crate::validate::check_groups(model, *g).is_ok();
+    [g, 64, 32].into_iter().filter(|x| *x <= g).find(fits)
+}
+
 fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool]) -> Vec<Serving> {
     let mut out = Vec::new();
     for tp in tp_degrees(model, gpus, r.hardware.gpus_per_node) {
@@ -296,10 +303,8 @@ fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool])
             if r.weights.is_some_and(|w| w != weights) {
                 continue;
             }
-            // The usual group, else the widest smaller one that divides every linear input.
-            let fits = |g: &u64| crate::validate::check_groups(model, *g).is_ok();
             let weight_group = match group {
-                Some(g) => match [g, 64, 32].into_iter().filter(|x| *x <= g).find(fits) {
+                Some(g) => match group_for(model, g) {
                     Some(g) => Some(g),
                     None => continue,
                 },
@@ -364,6 +369,21 @@ pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
             "--weights",
             "use bf16, fp8, int8, int4 or nf4".into(),
         ));
+    }
+    let grouped = WEIGHT_FORMATS
+        .iter()
+        .filter(|(d, g)| Some(*d) == r.weights && g.is_some());
+    if let Some((d, Some(g))) = grouped.clone().next() {
+        if group_for(model, *g).is_none() {
+            return Err(invalid(
+                "--weights",
+                format!(
+                    "{} groups of 32, 64 or {g} do not divide every linear input of the model: \
+                     use int8 or bf16",
+                    d
+                ),
+            ));
+        }
     }
     if tp_degrees(model, r.gpus, r.hardware.gpus_per_node).is_empty() {
         return Err(invalid(

@@ -165,7 +165,7 @@ pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanErr
     }
     if model.mla.is_some() && !matches!(setup.kv, KvFormat::F32 | KvFormat::Bf16) {
         return Err(invalid(
-            "kv-dtype",
+            "--kv-dtype",
             format!(
                 "{:?}: latent attention caches its latents in f32 or bf16 (--kv-dtype f32 or \
                  bf16)",

@@ -45,7 +45,7 @@ fn invalid(field: &str, reason: String) -> PlanError {
 /// MLP width must divide by `tp`, the vocabulary hold at least one row per rank.
 pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
     if tp == 0 {
-        return Err(invalid("tp", "at least one tensor-parallel rank".into()));
+        return Err(invalid("--tp", "at least one tensor-parallel rank".into()));
     }
     if tp == 1 {
         return Ok(());
@@ -61,7 +61,7 @@ pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
     let heads = model.n_heads;
     if heads % tp != 0 {
         let reason = format!("{heads} attention heads do not split over --tp {tp}");
-        return Err(invalid("tp", reason));
+        return Err(invalid("--tp", reason));
     }
     // Fewer key/value heads than ranks: each is replicated on the tp / n_kv ranks whose query
     // heads read it (Megatron's GQA with TP > groups).
@@ -71,15 +71,15 @@ pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
             "{kv} key/value heads neither split over --tp {tp} nor replicate evenly on it (use a \
              --tp that divides {kv} or that {kv} divides)"
         );
-        return Err(invalid("tp", reason));
+        return Err(invalid("--tp", reason));
     }
     if model.d_ff % u64::from(tp) != 0 {
         let reason = format!("the MLP width {} does not split over --tp {tp}", model.d_ff);
-        return Err(invalid("tp", reason));
+        return Err(invalid("--tp", reason));
     }
     if model.vocab < u64::from(tp) {
         let reason = format!("a vocabulary of {} is smaller than --tp {tp}", model.vocab);
-        return Err(invalid("tp", reason));
+        return Err(invalid("--tp", reason));
     }
     Ok(())
 }
@@ -102,7 +102,7 @@ pub fn check_groups(model: &ModelShape, tp: u32, group: Option<u64>) -> Result<(
                 "each rank holds {cols} input columns of the {what}, not a whole number of \
                  --weight-group {group} groups (use a group that divides {cols}, or another --tp)"
             );
-            return Err(invalid("tp", reason));
+            return Err(invalid("--tp", reason));
         }
     }
     Ok(())

@@ -46,14 +46,6 @@ impl<B: TrainOps> Trainer<B> {
         }
     }
 
-    /// Loads a Hugging Face folder's weights (`io::read_hf_folder`): [`Trainer::load_whole`]
-    /// over its safetensors files.
-    pub fn load_hf_folder(&mut self, dir: &std::path::Path) -> Result<(), EngineError> {
-        let data = engine::io::read_hf_folder(dir)?;
-        let files = engine::io::file_slices(&data);
-        self.load_whole(|units| engine::io::read_units(units, &files, ""))
-    }
-
     /// Loads saved weights into this rank, wherever it keeps them: whole or as its ZeRO-3
     /// shard, as fp32 or as bf16/fp16 masters with the working copy rounded from them, and
     /// under tensor or pipeline parallelism its share of the whole model's units. `read` gets

@@ -78,7 +78,7 @@ impl WeightFormat {
             "nf4" => WeightFormat::Nf4 { group },
             other => {
                 return Err(invalid(
-                    "weights",
+                    "--weights",
                     format!(
                         "'{other}' is not a weight format this engine runs: use f32, bf16, \
                          int8, int4, int4-asym or nf4"
@@ -139,7 +139,7 @@ impl KvFormat {
             "fp8" | "fp8-e4m3" => KvFormat::Fp8,
             other => {
                 return Err(invalid(
-                    "kv-dtype",
+                    "--kv-dtype",
                     format!(
                         "'{other}' is not a KV format this engine runs: use f32, bf16, int8 or fp8"
                     ),
