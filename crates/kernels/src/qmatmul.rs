@@ -35,6 +35,7 @@ mod by_rows;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod portable;
 #[cfg(target_arch = "x86_64")]
 mod q8avx2;
 #[cfg(target_arch = "x86_64")]
@@ -423,38 +424,7 @@ fn run_rows(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: matmul_on checked that this CPU has AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { avx2::rows(out, a, w, rows, ic, oc, range) },
-        _ => portable_rows(out, a, w, rows, ic, oc, range),
-    }
-}
-
-/// Portable path: 16 partial sums per dot product, dequantizing as it goes.
-fn portable_rows(
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    rows: usize,
-    ic: usize,
-    oc: usize,
-    range: std::ops::Range<usize>,
-) {
-    let mut wrow = [0.0f32; 256];
-    for o in range {
-        let mut acc = [[0.0f32; 16]; ROWS];
-        for c0 in (0..ic).step_by(256) {
-            let len = 256.min(ic - c0);
-            for (j, x) in wrow[..len].iter_mut().enumerate() {
-                *x = w.at(o, c0 + j, ic);
-            }
-            for r in 0..rows {
-                let ar = &a[r * ic + c0..][..len];
-                for (j, (x, y)) in wrow[..len].iter().zip(ar).enumerate() {
-                    acc[r][j % 16] += x * y;
-                }
-            }
-        }
-        for r in 0..rows {
-            out[r * oc + o] = acc[r].iter().sum();
-        }
+        _ => portable::rows(out, a, w, rows, ic, oc, range),
     }
 }
 
