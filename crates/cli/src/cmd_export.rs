@@ -123,7 +123,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
         (None, false, None) => check_target(&args)?,
     }
-    let tokens = prompt_tokens(&args.prompt, &model)?;
+    let tokens = prompt_tokens(&args.prompt, &model, &snap.dir, args.logits.is_some())?;
     // One row of the prompt's length: the smallest arena that runs the logits.
     let setup = ForwardSetup {
         batch: 1,
@@ -300,14 +300,39 @@ fn merge(
     Ok(())
 }
 
-fn prompt_tokens(prompt: &str, model: &engine::ModelConfig) -> anyhow::Result<Vec<u32>> {
-    let mut tokens = data::Tokenizer::gpt2().encode(prompt);
+/// `prompt` in the run's own tokenizer (the `tokenizer.json` beside the snapshot or in the run's
+/// folder, which a run over a GGUF or an HF folder writes there when it ends), else GPT-2's.
+/// For `--logits` a model whose vocabulary GPT-2's ids overrun without its own tokenizer is
+/// refused, rather than fed ids of another vocabulary.
+fn prompt_tokens(
+    prompt: &str,
+    model: &engine::ModelConfig,
+    snapshot: &Path,
+    logits: bool,
+) -> anyhow::Result<Vec<u32>> {
+    let found = [Some(snapshot), snapshot.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("tokenizer.json"))
+        .find(|p| p.is_file());
+    let tokenizer = match &found {
+        Some(path) => data::Tokenizer::hf(data::hf_tokenizer::HfTokenizer::from_file(path)?),
+        None if logits && model.shape.vocab < 50_257 => bail!(
+            "--logits: no tokenizer.json beside {} or in its run's folder, and GPT-2's ids do not \
+             fit the model's vocabulary of {}; copy the model's tokenizer.json there",
+            snapshot.display(),
+            model.shape.vocab
+        ),
+        None => data::Tokenizer::gpt2(),
+    };
+    let mut tokens = tokenizer.encode(prompt);
     tokens.truncate(model.shape.max_positions as usize);
     if tokens.is_empty() {
         bail!("--prompt is empty: give some text to compute logits on");
     }
-    if let Some(&id) = tokens
-        .iter()
+    // Without --logits the prompt only sizes the arena.
+    if let Some(&id) = (tokens.iter())
+        .filter(|_| logits)
         .find(|&&id| u64::from(id) >= model.shape.vocab)
     {
         bail!(

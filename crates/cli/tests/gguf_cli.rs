@@ -359,6 +359,57 @@ fn qlora_over_the_gguf_trains_on_its_tokens_and_merges_over_it() {
             == bytes(&on_gguf.join("merged/model.safetensors"))
     );
     assert!(merged.join("tokenizer.json").is_file());
+    // A full run over the GGUF: --logits encodes its prompt with the run's own tokenizer
+    // (SmolLM2's, not GPT-2's).
+    let full = dir.join("full");
+    common::assert_ok(&frugal(&[
+        "train",
+        "--model",
+        gguf,
+        "--batch",
+        "1",
+        "--seq",
+        "32",
+        "--steps",
+        "1",
+        "--val-batches",
+        "1",
+        "--sample-tokens",
+        "0",
+        "--save-every",
+        "1",
+        "--out",
+        full.to_str().unwrap(),
+    ]));
+    let logits = dir.join("logits.safetensors");
+    let hf2 = dir.join("hf2");
+    common::assert_ok(&frugal(&[
+        "export",
+        full.join("step-000001").to_str().unwrap(),
+        "--hf",
+        hf2.to_str().unwrap(),
+        "--logits",
+        logits.to_str().unwrap(),
+        "--prompt",
+        "Hello, world",
+    ]));
+    let bytes = bytes(&logits);
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let [a, b] = [0, 1].map(|i| header["tokens"]["data_offsets"][i].as_u64().unwrap() as usize);
+    let ids: Vec<Value> = bytes[8 + len + a..8 + len + b]
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()).into())
+        .collect();
+    let want = json(&frugal(&[
+        "tokenize",
+        "--model",
+        gguf,
+        "--json",
+        "--",
+        "Hello, world",
+    ]));
+    assert_eq!(Value::from(ids), want["ids"]);
     // The same values in another file are not the base the run recorded.
     let out = export(hf.to_str().unwrap(), &dir.join("other"));
     common::fails_with(&out, "are not the ones");
