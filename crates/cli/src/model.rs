@@ -21,7 +21,7 @@ use train::snapshot::Snapshot;
 
 mod from_gguf;
 pub mod saved;
-use from_gguf::{gguf_config, gguf_vocab, is_gguf, open_gguf};
+use from_gguf::{gguf_config, gguf_vocab, is_gguf_file, open_gguf};
 
 /// What `--model` names.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,7 +56,7 @@ impl ModelSource {
             if path.file_name() == Some(file::FILE_NAME.as_ref()) {
                 return Ok(ModelSource::Quantized(path.to_path_buf()));
             }
-            if is_gguf(path) || path.extension().is_some_and(|e| e == "gguf") {
+            if is_gguf_file(path) {
                 return Ok(ModelSource::Gguf(path.to_path_buf()));
             }
             return Ok(ModelSource::Config(path.to_path_buf()));

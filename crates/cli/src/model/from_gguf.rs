@@ -4,13 +4,18 @@
 use std::path::Path;
 
 /// A file that starts with GGUF's magic.
-pub(super) fn is_gguf(path: &Path) -> bool {
+fn is_gguf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
     std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut magic))
         .is_ok()
         && &magic == b"GGUF"
+}
+
+/// A file with GGUF's magic or its extension (so a damaged one gets the GGUF reader's error).
+pub(super) fn is_gguf_file(path: &Path) -> bool {
+    path.is_file() && (is_gguf(path) || path.extension().is_some_and(|e| e == "gguf"))
 }
 
 pub(super) fn open_gguf(path: &Path) -> anyhow::Result<gguf::Gguf> {

@@ -4,7 +4,7 @@
 //!
 //! Example: `let values = saved::read_units(Path::new("model.gguf"), &units)?;`
 
-use super::from_gguf::{is_gguf, open_gguf};
+use super::from_gguf::{is_gguf_file, open_gguf};
 use engine::error::EngineError;
 use plan::frugal::units::Unit;
 use std::path::{Path, PathBuf};
@@ -35,9 +35,4 @@ pub fn weight_files(path: &Path) -> Result<Vec<PathBuf>, EngineError> {
         true => Ok(vec![path.to_path_buf()]),
         false => engine::io::hf_weight_files(path),
     }
-}
-
-/// A file with GGUF's magic or its extension (so a damaged one gets the GGUF reader's error).
-fn is_gguf_file(path: &Path) -> bool {
-    path.is_file() && (is_gguf(path) || path.extension().is_some_and(|e| e == "gguf"))
 }
