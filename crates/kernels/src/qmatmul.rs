@@ -12,6 +12,9 @@
 //!   weight j in its low nibble and weight j + 16 in its high nibble.
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
 //!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
+//! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
+//!   with an fp32 scale and, optionally, an fp32 minimum: w = scale × code + min. ggml's block
+//!   types (Q4_0 … Q8_0, the k-quants) repack into it with their values exact.
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
 //! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`; int4 on VNNI where present),
@@ -72,6 +75,13 @@ pub enum QWeight<'a> {
         codes: &'a [u8],
         scales: &'a [f32],
         levels: &'a [f32; 16],
+        group: usize,
+    },
+    Grouped {
+        codes: &'a [i8],
+        scales: &'a [f32],
+        /// One minimum per group; `None`: zero.
+        mins: Option<&'a [f32]>,
         group: usize,
     },
 }
@@ -160,6 +170,21 @@ impl QWeight<'_> {
                 group,
                 ..
             } => check_groups(codes.len(), scales.len(), oc, ic, group),
+            QWeight::Grouped {
+                codes,
+                scales,
+                mins,
+                group,
+            } => {
+                assert!(
+                    (group == 16 || group == 32) && ic.is_multiple_of(32),
+                    "groups of 16 or 32 in rows of whole blocks of 32 (IC = {ic})"
+                );
+                assert!(codes.len() == n && scales.len() == n / group, "grouped weight");
+                if let Some(m) = mins {
+                    assert_eq!(m.len(), scales.len(), "one minimum per group");
+                }
+            }
         }
     }
 
@@ -188,6 +213,16 @@ impl QWeight<'_> {
                 let g = (o * ic + i) / group;
                 scales[g] * levels[nibble(codes, o * ic + i) as usize]
             }
+            QWeight::Grouped {
+                codes,
+                scales,
+                mins,
+                group,
+            } => {
+                let g = (o * ic + i) / group;
+                let w = scales[g] * f32::from(codes[o * ic + i]);
+                mins.map_or(w, |m| w + m[g])
+            }
         }
     }
 
@@ -212,6 +247,12 @@ impl QWeight<'_> {
                 ..
             } => codes.len() + 2 * scales.len() + zeros.map_or(0, |z| z.len()),
             QWeight::Nf4 { codes, scales, .. } => codes.len() + 4 * scales.len(),
+            QWeight::Grouped {
+                codes,
+                scales,
+                mins,
+                ..
+            } => codes.len() + 4 * scales.len() + mins.map_or(0, |m| 4 * m.len()),
         }
     }
 }
@@ -319,7 +360,7 @@ pub fn matmul_on(
     // up: the AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this
     // one's 0.82 (TinyLlama int8 decode, 2 Zen 4 cores).
     #[cfg(target_arch = "x86_64")]
-    let int8 = matches!(w, QWeight::Int8 { .. });
+    let int8 = matches!(w, QWeight::Int8 { .. } | QWeight::Grouped { .. });
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 || (int8 && isa != Isa::Portable) {
         if let Some((weights, group)) = q8_weights(w, ic) {
@@ -383,6 +424,20 @@ fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, us
         QWeight::Int8 { codes, scales } if ic.is_multiple_of(32) => {
             Some((q8avx2::Weights::Int8 { codes, scales }, ic))
         }
+        QWeight::Grouped {
+            codes,
+            scales,
+            mins,
+            group,
+        } => Some((
+            q8avx2::Weights::Grouped {
+                codes,
+                scales,
+                mins,
+                group,
+            },
+            group,
+        )),
         _ => None,
     }
 }
@@ -417,6 +472,10 @@ fn run_rows(
     oc: usize,
     range: std::ops::Range<usize>,
 ) {
+    if let QWeight::Grouped { .. } = w {
+        // Grouped weights run on the integer path from AVX2 up; below it, here.
+        return portable::rows(out, a, w, rows, ic, oc, range);
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: matmul_on checked that this CPU has AVX-512 F and BW.

@@ -135,6 +135,11 @@ unsafe fn rows_n<const R: usize>(
                     table_group::<R>(&mut acc, codes, lut, ap, o, ic, g * group, group);
                 }
             }
+            // Grouped weights run on the integer path (`matmul_on` routes them); a direct call
+            // still gets the right sum.
+            QWeight::Grouped { .. } => {
+                scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
+            }
             QWeight::Nf4 {
                 codes,
                 scales,

@@ -57,10 +57,11 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             }
             #[cfg(target_arch = "x86_64")]
             {
-                let int8 = matches!(w, QWeight::Int8 { .. });
+                let int8 = matches!(w, QWeight::Int8 { .. } | QWeight::Grouped { .. });
                 let integer = isa == Isa::Avx2 || (int8 && isa != Isa::Portable);
                 if integer && q8_weights(w, ic).is_some() {
-                    // So does the AVX2 integer path (int4, and int8 in whole blocks of 32).
+                    // So does the AVX2 integer path (int4, grouped, and int8 in whole blocks of
+                    // 32).
                     reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
                 }
             }
@@ -204,5 +205,24 @@ fn rows_that_end_in_half_a_128_weight_chunk_match_the_reference() {
             group,
         };
         check_all(&format!("int4 ic={ic} group={group}"), &w, ic, oc);
+    }
+}
+
+#[test]
+fn grouped_int8_with_and_without_minima_matches_the_reference() {
+    // ggml's shapes: Q8_0/Q4_1-like groups of 32 with minima, Q6_K-like groups of 16 without,
+    // and groups of 16 with minima (a Q4_K_M file's mix); SmolLM2's 576 and a 256-wide row.
+    for (ic, group, with_mins) in [(576, 32, true), (256, 16, false), (576, 16, true)] {
+        let oc = 11;
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64 + group as u64), oc, ic, groups);
+        let mins: Vec<f32> = s.f_scales.iter().map(|x| x - 0.5).collect();
+        let w = QWeight::Grouped {
+            codes: &s.i8s,
+            scales: &s.f_scales,
+            mins: with_mins.then_some(mins.as_slice()),
+            group,
+        };
+        check_all(&format!("grouped ic={ic} group={group} mins={with_mins}"), &w, ic, oc);
     }
 }
