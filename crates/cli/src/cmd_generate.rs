@@ -350,6 +350,12 @@ fn plain(
 }
 
 fn save_quantized(worker: &Worker, dir: &std::path::Path) -> anyhow::Result<()> {
+    if let WeightFormat::Ggml { .. } = worker.setup.weights {
+        bail!(
+            "--save-quantized with --weights ggml: the GGUF file is already the compact copy of \
+             these weights; pass it as --model, or save another format (int8, int4, nf4)"
+        );
+    }
     // A folder that holds a model would load its quantized copy from then on, silently.
     let held = [
         "model.safetensors",

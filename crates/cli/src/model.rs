@@ -272,7 +272,7 @@ impl ModelSource {
             ModelSource::Gguf(path) => {
                 let config = self.config()?;
                 let units = plan::frugal::param_units(&config.shape, 1)?;
-                let weights = Weights::Units(saved::read_units(path, &units)?);
+                let weights = Weights::Gguf(path.clone(), saved::read_units(path, &units)?);
                 Ok(Loaded { config, weights })
             }
             ModelSource::Snapshot(dir) => {
@@ -374,6 +374,8 @@ pub enum Weights {
     Quantized(PathBuf, WeightFormat),
     /// fp32 units, already read.
     Units(Vec<Vec<f32>>),
+    /// A GGUF file's values as fp32 units; the `ggml` format takes its blocks exactly.
+    Gguf(PathBuf, Vec<Vec<f32>>),
 }
 
 impl Loaded {
@@ -381,24 +383,42 @@ impl Loaded {
     pub fn stored_format(&self) -> Option<WeightFormat> {
         match &self.weights {
             Weights::Quantized(_, f) => Some(*f),
-            Weights::Units(_) => None,
+            Weights::Units(_) | Weights::Gguf(..) => None,
         }
     }
 
-    /// A worker of `setup` holding these weights.
-    pub fn worker(&self, setup: ServeSetup) -> anyhow::Result<Worker> {
+    /// A worker of `setup` holding these weights (the `ggml` format narrowed to a GGUF file's
+    /// groups, or Q8_0's for other weights).
+    pub fn worker(&self, mut setup: ServeSetup) -> anyhow::Result<Worker> {
+        setup.weights = self.narrow(setup.weights)?;
         let mut worker = Worker::new_in_ram(self.config.clone(), setup)?;
         match &self.weights {
             Weights::Quantized(path, _) => file::load(&mut worker, path)?,
-            Weights::Units(units) => worker.load_units(units)?,
+            Weights::Gguf(path, units) if matches!(setup.weights, WeightFormat::Ggml { .. }) => {
+                from_gguf::load_exact(&mut worker, path, units)?
+            }
+            Weights::Units(units) | Weights::Gguf(_, units) => worker.load_units(units)?,
         }
         Ok(worker)
+    }
+
+    /// `format` as these weights hold it: `ggml` takes a GGUF file's grouping, and Q8_0's
+    /// (groups of 32, no minima) for weights from elsewhere.
+    pub fn narrow(&self, format: WeightFormat) -> anyhow::Result<WeightFormat> {
+        Ok(match (format, &self.weights) {
+            (WeightFormat::Ggml { .. }, Weights::Gguf(path, _)) => from_gguf::ggml_format(path)?,
+            (WeightFormat::Ggml { .. }, _) => WeightFormat::Ggml {
+                group: 32,
+                mins: false,
+            },
+            (f, _) => f,
+        })
     }
 
     /// The fp32 units (the `--kv-cache off` reference needs them).
     pub fn units(&self) -> anyhow::Result<&[Vec<f32>]> {
         match &self.weights {
-            Weights::Units(u) => Ok(u),
+            Weights::Units(u) | Weights::Gguf(_, u) => Ok(u),
             Weights::Quantized(p, f) => bail!(
                 "{} holds {} weights; the recompute-everything reference (--kv-cache off) runs \
                  the fp32 model: pass its fp32 folder",

@@ -42,6 +42,17 @@ fn with_weight<R>(a: &Arena<Cpu>, m: &QMatrix, f: impl FnOnce(&QWeight) -> R) ->
                 group: group as usize,
             })
         }
+        WeightFormat::Ggml { group, .. } => {
+            let codes = a.view::<i8>(m.codes);
+            let scales = a.view::<f32>(m.scales.unwrap());
+            let mins = m.zeros.map(|z| a.view::<f32>(z));
+            f(&QWeight::Grouped {
+                codes: &codes,
+                scales: &scales,
+                mins: mins.as_deref(),
+                group: group as usize,
+            })
+        }
         WeightFormat::Nf4 { group } => {
             let codes = a.view::<u8>(m.codes);
             let scales = a.view::<f32>(m.scales.unwrap());

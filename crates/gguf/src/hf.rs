@@ -9,7 +9,7 @@
 //!
 //! Example: `let m = gguf::hf::Model::new(&file)?; let cfg = m.config_json()?;`
 
-use crate::{Gguf, GgufError, Result};
+use crate::{quant, Gguf, GgufError, Result};
 
 /// The architectures whose tensors map onto a Hugging Face model this way.
 const ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];
@@ -138,40 +138,87 @@ impl<'a> Model<'a> {
     /// HF tensor `hf`: its shape (HF's: out features first) and its values, dequantized, with
     /// the q/k row order of a `llama` file undone.
     pub fn tensor(&self, hf: &str) -> Result<(Vec<u64>, Vec<f32>)> {
+        let t = self.info(hf)?;
+        let values = self.file.dequantize(t)?;
+        let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+        let values = match self.permuted_heads(hf)? {
+            Some(heads) => unpermute(&values, shape[0], t.dims[0], heads),
+            None => values,
+        };
+        Ok((shape, values))
+    }
+
+    /// HF tensor `hf` as int8 codes in groups of `group` along its rows (the `ggml` weight
+    /// format: `scale · code + min` is ggml's value), in HF's row order; `None` for a float
+    /// tensor, which holds no codes.
+    pub fn tensor_grouped(&self, hf: &str, group: usize) -> Result<Option<quant::Grouped>> {
+        let t = self.info(hf)?;
+        if t.kind.scale_group().is_none() {
+            return Ok(None);
+        }
+        let n = t.numel() as usize;
+        let mut g = quant::grouped(t.kind, self.file.data(t), n, group).map_err(|what| {
+            GgufError::Tensor {
+                path: self.file.path.clone(),
+                tensor: t.name.clone(),
+                what,
+            }
+        })?;
+        if let Some(heads) = self.permuted_heads(hf)? {
+            let (rows, cols) = (t.rows(), t.dims[0]);
+            g.codes = unpermute(&g.codes, rows, cols, heads);
+            g.scales = unpermute(&g.scales, rows, cols / group as u64, heads);
+            g.mins = unpermute(&g.mins, rows, cols / group as u64, heads);
+        }
+        Ok(Some(g))
+    }
+
+    /// The group (32, or 16 when a matrix is Q6_K) and whether minima are needed, for holding
+    /// every quantized tensor of the file in the `ggml` weight format.
+    pub fn grouping(&self) -> (usize, bool) {
+        let kinds = self.file.tensors.iter().map(|t| t.kind);
+        let group = kinds.clone().filter_map(|k| k.scale_group()).min().unwrap_or(32);
+        (group, kinds.clone().any(|k| k.has_min()))
+    }
+
+    fn info(&self, hf: &str) -> Result<&crate::TensorInfo> {
         let name = self.gguf_name(hf).ok_or_else(|| GgufError::Tensor {
             path: self.file.path.clone(),
             tensor: hf.into(),
             what: "has no GGUF counterpart in this mapping".into(),
         })?;
-        let t = self.file.tensor(&name)?;
-        let mut values = self.file.dequantize(t)?;
-        let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
-        let heads = if hf.ends_with("q_proj.weight") || hf.ends_with("q_proj.bias") {
-            Some(self.file.u64(&self.key("attention.head_count"))?)
+        self.file.tensor(&name)
+    }
+
+    /// The heads whose q/k rows a `llama` file stores in llama.cpp's rotary order, if `hf` is
+    /// such a tensor.
+    fn permuted_heads(&self, hf: &str) -> Result<Option<u64>> {
+        if self.arch != "llama" {
+            return Ok(None);
+        }
+        let heads = self.file.u64(&self.key("attention.head_count"));
+        if hf.ends_with("q_proj.weight") || hf.ends_with("q_proj.bias") {
+            Ok(Some(heads?))
         } else if hf.ends_with("k_proj.weight") || hf.ends_with("k_proj.bias") {
-            let heads = self.file.u64(&self.key("attention.head_count"))?;
-            Some(
+            let heads = heads?;
+            Ok(Some(
                 self.file
                     .u64(&self.key("attention.head_count_kv"))
                     .unwrap_or(heads),
-            )
+            ))
         } else {
-            None
-        };
-        if let (Some(heads), "llama") = (heads, self.arch) {
-            values = unpermute(&values, shape[0], t.dims[0], heads);
+            Ok(None)
         }
-        Ok((shape, values))
     }
 }
 
 /// Rows `rows` (each of `cols` values) in `heads` heads: GGUF's row `2i + p` of a head is HF's row
 /// `p · half + i` (`half` = head size / 2), the inverse of llama.cpp's `permute`.
-fn unpermute(values: &[f32], rows: u64, cols: u64, heads: u64) -> Vec<f32> {
+fn unpermute<T: Copy + Default>(values: &[T], rows: u64, cols: u64, heads: u64) -> Vec<T> {
     let (rows, cols) = (rows as usize, cols as usize);
     let head = rows / heads as usize;
     let half = head / 2;
-    let mut out = vec![0.0f32; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for h in 0..heads as usize {
         for i in 0..half {
             for p in 0..2 {

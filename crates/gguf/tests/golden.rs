@@ -1,7 +1,7 @@
 //! Dequantization against the `gguf` Python package (llama.cpp's gguf-py) on random blocks of
 //! every type the reader takes, bit for bit (`dev/golden_gguf.py` wrote the golden file).
 
-use gguf::quant::{dequantize, TensorType};
+use gguf::quant::{dequantize, grouped, TensorType};
 
 fn kind(name: &str) -> TensorType {
     match name {
@@ -42,5 +42,21 @@ fn every_type_dequantizes_bit_for_bit_as_ggml_does() {
         dequantize(kind(name), &bytes, &mut got).unwrap();
         let differ = got.iter().zip(&want).position(|(g, w)| g.to_bits() != *w);
         assert_eq!(differ, None, "{name}: value {differ:?} differs");
+        // Repacked as int8 codes in groups (the `ggml` weight format): scale · code + min is
+        // the same float, in groups of the type's own size and, where that is 32, of 16.
+        let Some(own) = kind(name).scale_group() else {
+            continue;
+        };
+        for group in [own, 16] {
+            let g = grouped(kind(name), &bytes, want.len(), group).unwrap();
+            for (i, w) in want.iter().enumerate() {
+                let v = g.scales[i / group] * f32::from(g.codes[i]);
+                let v = if kind(name).has_min() { v + g.mins[i / group] } else { v };
+                assert_eq!(v.to_bits(), *w, "{name} in groups of {group}: value {i}");
+            }
+        }
+        if own == 16 {
+            assert!(grouped(kind(name), &bytes, want.len(), 32).is_err());
+        }
     }
 }

@@ -372,12 +372,13 @@ fn bind_unit<B: InferOps>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -
             let dtype = match format {
                 WeightFormat::F32 => DType::F32,
                 WeightFormat::Bf16 => DType::Bf16,
-                WeightFormat::Int8 => DType::I8,
+                WeightFormat::Int8 | WeightFormat::Ggml { .. } => DType::I8,
                 _ => DType::U8,
             };
-            let scale_type = match format {
-                WeightFormat::Nf4 { .. } => DType::F32,
-                _ => DType::F16,
+            let (scale_type, zero_type) = match format {
+                WeightFormat::Nf4 { .. } => (DType::F32, DType::U8),
+                WeightFormat::Ggml { .. } => (DType::F32, DType::F32),
+                _ => (DType::F16, DType::U8),
             };
             matrices.push((
                 v.role,
@@ -385,7 +386,7 @@ fn bind_unit<B: InferOps>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -
                     format,
                     codes: arena.key_tensor(Key::QWeight(unit.kind, v.role), dtype),
                     scales: arena.try_tensor(Key::QScales(unit.kind, v.role), scale_type),
-                    zeros: arena.try_tensor(Key::QZeros(unit.kind, v.role), DType::U8),
+                    zeros: arena.try_tensor(Key::QZeros(unit.kind, v.role), zero_type),
                     rows,
                     cols,
                 },

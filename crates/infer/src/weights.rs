@@ -20,8 +20,12 @@ use formats::quant::{quantize, Granularity, QuantConfig, Scheme, Symmetry};
 use formats::{Format, IntRange};
 use half::{bf16, f16};
 use plan::frugal::serve::is_matrix;
-use plan::frugal::units::Role;
+use plan::frugal::units::{ParamView, Role, Unit};
 use plan::frugal::WeightFormat;
+
+/// A matrix already in the worker's format, if its source holds one: `(unit, view)` → bytes.
+pub type StoredMatrix<'a> =
+    dyn FnMut(&Unit, &ParamView) -> Result<Option<Packed>, EngineError> + 'a;
 
 /// A matrix's stored bytes: codes (or values), scales, zero points.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -108,6 +112,7 @@ pub fn pack(
                 zeros: q.zero_points.iter().map(|&z| z as u8).collect(),
             }
         }
+        WeightFormat::Ggml { group, mins } => ggml_q8(values, group as usize, mins),
         WeightFormat::Nf4 { group } => {
             let g = Granularity::PerGroup(group as usize);
             let c = config(Scheme::Nf4, g, Symmetry::Symmetric, Format::F32);
@@ -123,6 +128,34 @@ pub fn pack(
             }
         }
     })
+}
+
+/// Values quantized as ggml's Q8_0 (scale absmax / 127, codes rounded to nearest even) with
+/// fp32 scales, per group; minima of zero when the format stores them.
+fn ggml_q8(values: &[f32], group: usize, mins: bool) -> Packed {
+    let mut codes = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(values.len() / group);
+    for g in values.chunks_exact(group) {
+        let amax = g.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        codes.extend(g.iter().map(|x| (x * inv).round_ties_even() as i8 as u8));
+        scales.push(d);
+    }
+    let zeros = if mins { vec![0.0; scales.len()] } else { Vec::new() };
+    Packed::grouped(codes, &scales, &zeros)
+}
+
+impl Packed {
+    /// Grouped int8 (the `ggml` format): codes, then fp32 scales and minima (empty: none).
+    pub fn grouped(codes: Vec<u8>, scales: &[f32], mins: &[f32]) -> Packed {
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Packed {
+            codes,
+            scales: bytes(scales),
+            zeros: bytes(mins),
+        }
+    }
 }
 
 /// Random stored bytes for a (rows, cols) matrix of `format` (standard deviation near 0.02).
@@ -181,6 +214,16 @@ pub fn random_packed(
                 zeros: if asym { vec![8; groups] } else { Vec::new() },
             }
         }
+        WeightFormat::Ggml { group, mins } => {
+            let groups = n / group as usize;
+            // Codes in −127..=127, as int8's.
+            let codes = bytes(n)
+                .into_iter()
+                .map(|b| if b == 0x80 { 0x81 } else { b })
+                .collect();
+            let zeros = if mins { vec![0.0; groups] } else { Vec::new() };
+            Packed::grouped(codes, &vec![a / 127.0; groups], &zeros)
+        }
         WeightFormat::Nf4 { group } => Packed {
             codes: bytes(n / 2),
             scales: (0..n / group as usize)
@@ -213,6 +256,16 @@ impl<B: InferOps> Worker<B> {
     /// Quantizes fp32 units (each unit's flat elements, as `Runner`/`Snapshot` hold them) into
     /// the worker's weight format.
     pub fn load_units(&mut self, units: &[Vec<f32>]) -> Result<(), EngineError> {
+        self.load_units_with(units, &mut |_, _| Ok(None))
+    }
+
+    /// As [`Worker::load_units`], except for the matrices `stored(unit, view)` gives already in
+    /// the worker's format (a GGUF file's blocks, repacked exactly).
+    pub fn load_units_with(
+        &mut self,
+        units: &[Vec<f32>],
+        stored: &mut StoredMatrix<'_>,
+    ) -> Result<(), EngineError> {
         assert_eq!(units.len(), self.units.len(), "one fp32 buffer per unit");
         for (u, values) in units.iter().enumerate() {
             let unit = &self.units[u];
@@ -222,6 +275,10 @@ impl<B: InferOps> Worker<B> {
                 let x = &values[o..o + n];
                 if is_matrix(v.role) {
                     let m = self.weights[u].matrix(v.role);
+                    if let Some(p) = stored(unit, v)? {
+                        self.upload_matrix(&m, &p);
+                        continue;
+                    }
                     let p = pack(self.setup.weights, x, m.rows, m.cols).map_err(|e| match e {
                         EngineError::Weights { reason, .. } => EngineError::Weights {
                             path: format!("{} of unit {}", v.parts[0].name, unit.name),

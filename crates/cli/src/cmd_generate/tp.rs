@@ -87,7 +87,7 @@ pub(super) fn run(
     if args.draft.is_some() || args.save_quantized.is_some() {
         bail!("--tp {tp} runs one model split over ranks: it takes neither --draft nor --save-quantized");
     }
-    let units = fp32_units(args.tp, &args.model, source)?;
+    let units = fp32_units(args.tp, &args.model, source, &setup)?;
     let job = Job {
         args,
         source,
@@ -185,7 +185,15 @@ fn fp32_units<'a>(
     tp: usize,
     model: &std::path::Path,
     source: &'a Loaded,
+    setup: &ServeSetup,
 ) -> anyhow::Result<&'a [Vec<f32>]> {
+    if let plan::frugal::WeightFormat::Ggml { .. } = setup.weights {
+        anyhow::bail!(
+            "--tp {tp} with --weights ggml: the ranks cut their shares from fp32 values, which \
+             would quantize the file's blocks again; run ggml on one rank, or --tp with f32, \
+             bf16, int8, int4 or nf4"
+        );
+    }
     source.units().map_err(|_| {
         anyhow::anyhow!(
             "--tp {tp}: each rank cuts its share from the model's fp32 weights, and {} is stored \
@@ -230,7 +238,7 @@ pub(crate) fn group(
     setup: ServeSetup,
     tp: usize,
 ) -> anyhow::Result<infer::group::Group> {
-    fp32_units(tp, model, &source)?;
+    fp32_units(tp, model, &source, &setup)?;
     check_fit(&source.config.shape, &setup, tp)?;
     let config = source.config.clone();
     let units = std::sync::Arc::new(source);

@@ -57,3 +57,62 @@ pub(super) fn gguf_vocab(g: &gguf::Gguf) -> anyhow::Result<data::hf_tokenizer::G
         chat_template: text("tokenizer.chat_template"),
     })
 }
+
+/// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest
+/// scale group (16 when a tensor is Q6_K), minima when a type has them.
+pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
+    let g = open_gguf(path)?;
+    let (group, mins) = gguf::hf::Model::new(&g)?.grouping();
+    Ok(plan::frugal::WeightFormat::Ggml {
+        group: group as u64,
+        mins,
+    })
+}
+
+/// Loads `units` (the file's values as f32) into `worker`, whose format is `ggml`, taking each
+/// quantized matrix's codes, scales and minima from the file's blocks: the values the engine
+/// multiplies are ggml's exactly. A matrix the file holds as floats is quantized as Q8_0 is.
+pub(super) fn load_exact(
+    worker: &mut infer::Worker,
+    path: &Path,
+    units: &[Vec<f32>],
+) -> anyhow::Result<()> {
+    let plan::frugal::WeightFormat::Ggml { group, mins } = worker.setup.weights else {
+        anyhow::bail!("the exact GGUF load needs the ggml weight format");
+    };
+    let g = open_gguf(path)?;
+    let model = gguf::hf::Model::new(&g)?;
+    let name = path.display().to_string();
+    let fail = |reason: String| engine::error::EngineError::Weights {
+        path: name.clone(),
+        reason,
+    };
+    worker.load_units_with(units, &mut |_, view| {
+        let mut codes = Vec::new();
+        let (mut scales, mut minima) = (Vec::new(), Vec::new());
+        for part in &view.parts {
+            let Some(t) = model
+                .tensor_grouped(&part.name, group as usize)
+                .map_err(|e| fail(e.to_string()))?
+            else {
+                return Ok(None);
+            };
+            codes.extend(t.codes.iter().map(|&c| c as u8));
+            scales.extend_from_slice(&t.scales);
+            minima.extend_from_slice(&t.mins);
+        }
+        if codes.len() as u64 != view.numel() {
+            return Err(fail(format!(
+                "{} holds {} values, the model needs {}",
+                view.parts[0].name,
+                codes.len(),
+                view.numel()
+            )));
+        }
+        if !mins {
+            minima.clear();
+        }
+        Ok(Some(infer::weights::Packed::grouped(codes, &scales, &minima)))
+    })?;
+    Ok(())
+}

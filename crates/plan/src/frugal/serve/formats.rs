@@ -29,6 +29,13 @@ pub enum WeightFormat {
     Nf4 {
         group: u64,
     },
+    /// ggml's block types held exactly: an int8 code per weight, an fp32 scale per group of
+    /// `group` (32, or 16 when the file has Q6_K) and, with `mins`, an fp32 minimum per group.
+    /// Other weights are quantized into it as ggml's Q8_0 is (absmax / 127, no minimum).
+    Ggml {
+        group: u64,
+        mins: bool,
+    },
 }
 
 impl WeightFormat {
@@ -43,6 +50,9 @@ impl WeightFormat {
                 (n / 2, 2 * (n / group), if asym { n / group } else { 0 })
             }
             WeightFormat::Nf4 { group } => (n / 2, 4 * (n / group), 0),
+            WeightFormat::Ggml { group, mins } => {
+                (n, 4 * (n / group), if mins { 4 * (n / group) } else { 0 })
+            }
         }
     }
 
@@ -54,7 +64,7 @@ impl WeightFormat {
         }
     }
 
-    /// The flag spelling: `f32`, `bf16`, `int8`, `int4`, `int4-asym`, `nf4`.
+    /// The flag spelling: `f32`, `bf16`, `int8`, `int4`, `int4-asym`, `nf4`, `ggml`.
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::F32 => "f32",
@@ -63,6 +73,7 @@ impl WeightFormat {
             WeightFormat::Int4 { asym: false, .. } => "int4",
             WeightFormat::Int4 { asym: true, .. } => "int4-asym",
             WeightFormat::Nf4 { .. } => "nf4",
+            WeightFormat::Ggml { .. } => "ggml",
         }
     }
 
@@ -76,12 +87,17 @@ impl WeightFormat {
             "int4" => WeightFormat::Int4 { group, asym: false },
             "int4-asym" => WeightFormat::Int4 { group, asym: true },
             "nf4" => WeightFormat::Nf4 { group },
+            // A GGUF file's loader narrows these to what the file holds.
+            "ggml" => WeightFormat::Ggml {
+                group: 32,
+                mins: true,
+            },
             other => {
                 return Err(invalid(
                     "--weights",
                     format!(
                         "'{other}' is not a weight format this engine runs: use f32, bf16, \
-                         int8, int4, int4-asym or nf4"
+                         int8, int4, int4-asym, nf4 or ggml"
                     ),
                 ))
             }
