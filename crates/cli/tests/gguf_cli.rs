@@ -88,6 +88,51 @@ fn greedy_generation_starts_as_llama_cpps_and_measures_its_plan() {
 }
 
 #[test]
+fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
+    let model = smollm2();
+    for case in golden()["greedy"].as_array().unwrap().iter().take(2) {
+        let prompt = case["prompt"].as_str().unwrap();
+        let v = json(&frugal(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "8",
+            "--weights",
+            "ggml",
+            "--json",
+        ]));
+        let (ours, theirs) = (
+            v["tokens"].as_array().unwrap(),
+            case["tokens"].as_array().unwrap(),
+        );
+        assert_eq!(ours[..5], theirs[..5], "{prompt}: {:?}", v["text"]);
+        assert_eq!(v["planned"], v["measured"], "planned == measured");
+        // Every matrix (the Q4_1 blocks and the Q8_0 embedding, 134,479,872 weights) as an
+        // int8 code plus an fp32 scale and minimum per 32: 1.25 bytes a weight; the norms'
+        // 35,136 values in f32.
+        let params = v["planned"]["params_bytes"].as_u64().unwrap();
+        assert_eq!(params, 134_479_872 * 5 / 4 + 4 * 35_136);
+    }
+    // Its shares would be cut from f32 values: refused, naming what works.
+    let out = frugal(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Hi",
+        "--weights",
+        "ggml",
+        "--tp",
+        "3",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--tp 3 with --weights ggml"), "{err}");
+}
+
+#[test]
 fn a_chat_message_gets_the_models_template_and_an_answer() {
     let model = smollm2();
     let out = frugal(&[
