@@ -395,11 +395,25 @@ impl Loaded {
         match &self.weights {
             Weights::Quantized(path, _) => file::load(&mut worker, path)?,
             Weights::Gguf(path, units) if matches!(setup.weights, WeightFormat::Ggml { .. }) => {
-                from_gguf::load_exact(&mut worker, path, units)?
+                from_gguf::load_exact(&mut worker, path, units, false)?
             }
             Weights::Units(units) | Weights::Gguf(_, units) => worker.load_units(units)?,
         }
         Ok(worker)
+    }
+
+    /// Loads a tensor-parallel rank's share of the whole model (of a GGUF file's blocks
+    /// themselves, in the `ggml` format).
+    pub fn load_whole(&self, w: &mut Worker) -> Result<(), engine::EngineError> {
+        match &self.weights {
+            Weights::Gguf(path, units) if matches!(w.setup.weights, WeightFormat::Ggml { .. }) => {
+                from_gguf::load_exact(w, path, units, true)
+            }
+            _ => w.load_whole_units(
+                self.units()
+                    .map_err(|e| engine::EngineError::Infer(format!("{e:#}")))?,
+            ),
+        }
     }
 
     /// `format` as these weights hold it: `ggml` takes a GGUF file's grouping, and Q8_0's

@@ -55,7 +55,7 @@ impl Share {
             .expect("every unit is in the whole model")
     }
 
-    fn split(&self, role: Role, rank: u32) -> Split {
+    pub fn split(&self, role: Role, rank: u32) -> Split {
         tp::split(&self.whole.shape, role, self.tp_size, rank)
     }
 

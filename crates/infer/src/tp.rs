@@ -19,7 +19,7 @@
 //! Example: `engine::world::launch(2, timeout, |comm| { let mut w = Worker::tensor_parallel(
 //! cpu::Cpu::new(), config.clone(), setup, comm, None)?; w.load_whole_units(&units)?; ... })`.
 
-use super::weights::{pack, Packed};
+use super::weights::{pack, Packed, StoredMatrix};
 use super::Worker;
 use comm::Collective;
 use engine::arena::Arena;
@@ -158,6 +158,47 @@ impl<B: InferOps> Worker<B> {
         Ok(())
     }
 
+    /// As [`Worker::load_whole_units`], with the whole model's matrices that `stored` gives in
+    /// the `ggml` format (a GGUF file's blocks, exact): each rank keeps its rows of those bytes,
+    /// or each row's columns in whole groups, so its values are the file's.
+    pub fn load_whole_units_with(
+        &mut self,
+        whole: &[Vec<f32>],
+        stored: &mut StoredMatrix<'_>,
+    ) -> Result<(), EngineError> {
+        let Some(t) = &self.tp else {
+            return self.load_units_with(whole, stored);
+        };
+        let WeightFormat::Ggml { group, .. } = self.setup.weights else {
+            return self.load_whole_units(whole);
+        };
+        let rank = t.link.rank;
+        let share = Share::new(
+            t.whole.clone(),
+            (rank, t.link.size),
+            Stage::whole(t.whole.shape.n_layers),
+        )?;
+        let mine: Vec<Vec<f32>> = self
+            .units
+            .iter()
+            .map(|unit| {
+                let values = &whole[share.whole_index(unit.kind)];
+                let mut part = vec![0.0f32; unit.padded_numel as usize];
+                share.take_unit(unit, values, &mut part);
+                part
+            })
+            .collect();
+        self.load_units_with(&mine, &mut |unit, view| {
+            let w = &share.whole_units[share.whole_index(unit.kind)];
+            let wv = w.view(view.role);
+            let Some(p) = stored(w, wv)? else {
+                return Ok(None);
+            };
+            let (rows, cols) = (wv.shape[0] as usize, wv.shape[1] as usize);
+            take_grouped(&share.split(view.role, rank), rows, cols, group as usize, &p).map(Some)
+        })
+    }
+
     /// int8 keeps one scale per row of the whole matrix: a row-parallel slice (some columns of
     /// every row) is quantized with its whole rows' scales, so its codes are the whole model's.
     fn whole_row_scales(&self, share: &Share, whole: &[Vec<f32>]) -> Result<(), EngineError> {
@@ -210,4 +251,55 @@ impl<B: InferOps> Worker<B> {
     pub(crate) fn tp_check(&self) -> Result<(), EngineError> {
         self.tp.as_ref().map_or(Ok(()), |t| t.link.check())
     }
+}
+
+/// A rank's share of a whole (rows, cols) matrix in the `ggml` format: row ranges of its codes,
+/// scales and minima, or each row's columns `first..first + cols` when those are whole groups.
+fn take_grouped(
+    split: &Split,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    p: &Packed,
+) -> Result<Packed, EngineError> {
+    // Bytes per row of each stored array: an int8 code a column, 4 bytes a group.
+    let arrays = [(&p.codes, cols), (&p.scales, 4 * cols / group), (&p.zeros, 4 * cols / group)];
+    let cut = |keep: &dyn Fn(&[u8], usize) -> Vec<u8>| -> Vec<Vec<u8>> {
+        arrays
+            .iter()
+            .map(|&(a, row)| if a.is_empty() { Vec::new() } else { keep(a, row) })
+            .collect()
+    };
+    let parts = match split {
+        Split::Whole => return Ok(p.clone()),
+        Split::Rows(ranges) => cut(&|a, row| {
+            ranges
+                .iter()
+                .flat_map(|&(first, n)| &a[first as usize * row..(first + n) as usize * row])
+                .copied()
+                .collect()
+        }),
+        Split::Cols(first, n) => {
+            let (first, n) = (*first as usize, *n as usize);
+            if first % group != 0 || n % group != 0 {
+                return Err(EngineError::Infer(format!(
+                    "a rank's columns {first}..{} do not hold whole groups of {group}",
+                    first + n
+                )));
+            }
+            cut(&|a, row| {
+                let (from, len) = (first * row / cols, n * row / cols);
+                (0..rows)
+                    .flat_map(|r| &a[r * row + from..r * row + from + len])
+                    .copied()
+                    .collect()
+            })
+        }
+    };
+    let [codes, scales, zeros]: [Vec<u8>; 3] = parts.try_into().expect("three arrays");
+    Ok(Packed {
+        codes,
+        scales,
+        zeros,
+    })
 }

@@ -29,7 +29,6 @@ struct Rank {
 struct Job<'a> {
     args: &'a Args,
     source: &'a Loaded,
-    units: &'a [Vec<f32>],
     prompt: &'a [u32],
     setup: ServeSetup,
     sampling: Sampling,
@@ -46,7 +45,7 @@ impl Job<'_> {
         let config = self.source.config.clone();
         let mut worker =
             Worker::tensor_parallel(cpu::Cpu::new(), config, self.setup, comm, capacity)?;
-        worker.load_whole_units(self.units)?;
+        self.source.load_whole(&mut worker)?;
         let t0 = std::time::Instant::now();
         let a = self.args;
         let (tokens, prefill_s, steps) = plain(
@@ -87,11 +86,14 @@ pub(super) fn run(
     if args.draft.is_some() || args.save_quantized.is_some() {
         bail!("--tp {tp} runs one model split over ranks: it takes neither --draft nor --save-quantized");
     }
-    let units = fp32_units(args.tp, &args.model, source, &setup)?;
+    fp32_units(args.tp, &args.model, source)?;
+    let setup = ServeSetup {
+        weights: source.narrow(setup.weights)?,
+        ..setup
+    };
     let job = Job {
         args,
         source,
-        units,
         prompt,
         setup,
         sampling,
@@ -185,15 +187,7 @@ fn fp32_units<'a>(
     tp: usize,
     model: &std::path::Path,
     source: &'a Loaded,
-    setup: &ServeSetup,
 ) -> anyhow::Result<&'a [Vec<f32>]> {
-    if let plan::frugal::WeightFormat::Ggml { .. } = setup.weights {
-        anyhow::bail!(
-            "--tp {tp} with --weights ggml: the ranks cut their shares from fp32 values, which \
-             would quantize the file's blocks again; run ggml on one rank, or --tp with f32, \
-             bf16, int8, int4 or nf4"
-        );
-    }
     source.units().map_err(|_| {
         anyhow::anyhow!(
             "--tp {tp}: each rank cuts its share from the model's fp32 weights, and {} is stored \
@@ -238,17 +232,15 @@ pub(crate) fn group(
     setup: ServeSetup,
     tp: usize,
 ) -> anyhow::Result<infer::group::Group> {
-    fp32_units(tp, model, &source, &setup)?;
+    fp32_units(tp, model, &source)?;
+    let setup = ServeSetup {
+        weights: source.narrow(setup.weights)?,
+        ..setup
+    };
     check_fit(&source.config.shape, &setup, tp)?;
     let config = source.config.clone();
     let units = std::sync::Arc::new(source);
-    let load: infer::group::Load = std::sync::Arc::new(move |w: &mut Worker| {
-        w.load_whole_units(
-            units
-                .units()
-                .map_err(|e| engine::EngineError::Infer(e.to_string()))?,
-        )
-    });
+    let load: infer::group::Load = std::sync::Arc::new(move |w: &mut Worker| units.load_whole(w));
     Ok(infer::group::Group::start(config, setup, tp, load)?)
 }
 

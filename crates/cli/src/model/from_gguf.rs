@@ -72,22 +72,25 @@ pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFor
 /// Loads `units` (the file's values as f32) into `worker`, whose format is `ggml`, taking each
 /// quantized matrix's codes, scales and minima from the file's blocks: the values the engine
 /// multiplies are ggml's exactly. A matrix the file holds as floats is quantized as Q8_0 is.
+/// With `whole`, `units` are the whole model's and `worker` a tensor-parallel rank, which keeps
+/// its share of each matrix's blocks.
 pub(super) fn load_exact(
     worker: &mut infer::Worker,
     path: &Path,
     units: &[Vec<f32>],
-) -> anyhow::Result<()> {
-    let plan::frugal::WeightFormat::Ggml { group, mins } = worker.setup.weights else {
-        anyhow::bail!("the exact GGUF load needs the ggml weight format");
-    };
-    let g = open_gguf(path)?;
-    let model = gguf::hf::Model::new(&g)?;
+    whole: bool,
+) -> Result<(), engine::error::EngineError> {
     let name = path.display().to_string();
     let fail = |reason: String| engine::error::EngineError::Weights {
         path: name.clone(),
         reason,
     };
-    worker.load_units_with(units, &mut |_, view| {
+    let plan::frugal::WeightFormat::Ggml { group, mins } = worker.setup.weights else {
+        return Err(fail("the exact GGUF load needs the ggml weight format".into()));
+    };
+    let g = open_gguf(path).map_err(|e| fail(format!("{e:#}")))?;
+    let model = gguf::hf::Model::new(&g).map_err(|e| fail(e.to_string()))?;
+    let mut stored = |_: &plan::frugal::Unit, view: &plan::frugal::units::ParamView| {
         let mut codes = Vec::new();
         let (mut scales, mut minima) = (Vec::new(), Vec::new());
         for part in &view.parts {
@@ -113,6 +116,9 @@ pub(super) fn load_exact(
             minima.clear();
         }
         Ok(Some(infer::weights::Packed::grouped(codes, &scales, &minima)))
-    })?;
-    Ok(())
+    };
+    match whole {
+        true => worker.load_whole_units_with(units, &mut stored),
+        false => worker.load_units_with(units, &mut stored),
+    }
 }
