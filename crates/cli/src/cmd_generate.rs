@@ -52,8 +52,9 @@ pub struct Args {
     pub system: Option<String>,
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
-    /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4. Default:
-    /// the model's stored format (f32 for an fp32 model).
+    /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4, or ggml (a
+    /// GGUF file's own blocks, exactly: int8 codes with an fp32 scale and minimum per 32).
+    /// Default: the model's stored format (ggml for a quantized GGUF, f32 for an fp32 model).
     #[arg(long)]
     pub weights: Option<String>,
     /// Group size of int4/nf4 weights: 32, 64 or 128.
@@ -102,16 +103,16 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The weight format asked for, or the stored one.
+/// The weight format asked for, or the source's default (its stored one, a GGUF file's blocks).
 pub fn weight_format(
     flag: Option<&str>,
     group: u64,
-    stored: Option<WeightFormat>,
+    source: &crate::model::Loaded,
 ) -> anyhow::Result<WeightFormat> {
     let asked = flag
         .map(|f| WeightFormat::parse(f, Some(group)))
         .transpose()?;
-    match (asked, stored) {
+    match (asked, source.stored_format()) {
         (Some(a), Some(s)) if a != s => bail!(
             "--weights {}: the model is stored as {} (group {:?}); pass its fp32 folder to \
              quantize it another way",
@@ -120,8 +121,7 @@ pub fn weight_format(
             s.group()
         ),
         (Some(a), _) => Ok(a),
-        (None, Some(s)) => Ok(s),
-        (None, None) => Ok(WeightFormat::F32),
+        (None, _) => source.default_format(),
     }
 }
 
@@ -187,11 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.kv_cache == "off" {
         return reference::run(&args, &source, &tok, &prompt, sampling);
     }
-    let weights = weight_format(
-        args.weights.as_deref(),
-        args.weight_group,
-        source.stored_format(),
-    )?;
+    let weights = weight_format(args.weights.as_deref(), args.weight_group, &source)?;
     let kv = KvFormat::parse(&args.kv_dtype)?;
     let mut setup = ServeSetup::generation(
         shape,
@@ -231,7 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let format = weight_format(
                 args.draft_weights.as_deref().or(args.weights.as_deref()),
                 args.weight_group,
-                draft_src.stored_format(),
+                &draft_src,
             )
             .with_context(|| format!("--draft {}", d.display()))?;
             let dsetup = ServeSetup::generation(

@@ -44,7 +44,8 @@ pub struct Args {
     /// Port (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Weight storage, as generate's --weights (default: the model's stored format).
+    /// Weight storage, as generate's --weights (default: the model's stored format; a quantized
+    /// GGUF file runs its own blocks, ggml).
     #[arg(long)]
     pub weights: Option<String>,
     /// Group size of int4/nf4 weights.
@@ -109,11 +110,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             shape.max_positions
         );
     }
-    let weights = crate::cmd_generate::weight_format(
-        args.weights.as_deref(),
-        args.weight_group,
-        source.stored_format(),
-    )?;
+    let weights =
+        crate::cmd_generate::weight_format(args.weights.as_deref(), args.weight_group, &source)?;
     let kv = KvFormat::parse(&args.kv_dtype)?;
     if !(1..=256).contains(&args.max_seqs) {
         bail!(

@@ -416,6 +416,16 @@ impl Loaded {
         }
     }
 
+    /// The format these weights run in when `--weights` is not given: the stored one, a GGUF
+    /// file's own blocks, or f32.
+    pub fn default_format(&self) -> anyhow::Result<WeightFormat> {
+        match &self.weights {
+            Weights::Quantized(_, f) => Ok(*f),
+            Weights::Gguf(path, _) => from_gguf::default_format(path),
+            Weights::Units(_) => Ok(WeightFormat::F32),
+        }
+    }
+
     /// `format` as these weights hold it: `ggml` takes a GGUF file's grouping, and Q8_0's
     /// (groups of 32, no minima) for weights from elsewhere.
     pub fn narrow(&self, format: WeightFormat) -> anyhow::Result<WeightFormat> {

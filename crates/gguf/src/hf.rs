@@ -177,7 +177,11 @@ impl<'a> Model<'a> {
     /// every quantized tensor of the file in the `ggml` weight format.
     pub fn grouping(&self) -> (usize, bool) {
         let kinds = self.file.tensors.iter().map(|t| t.kind);
-        let group = kinds.clone().filter_map(|k| k.scale_group()).min().unwrap_or(32);
+        let group = kinds
+            .clone()
+            .filter_map(|k| k.scale_group())
+            .min()
+            .unwrap_or(32);
         (group, kinds.clone().any(|k| k.has_min()))
     }
 

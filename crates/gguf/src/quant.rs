@@ -226,7 +226,14 @@ pub fn grouped(kind: TensorType, data: &[u8], n: usize, group: usize) -> Result<
     let (len, bytes) = (kind.block_len() as usize, kind.block_bytes() as usize);
     for (i, b) in data.chunks_exact(bytes).enumerate() {
         // Each value sets its group's scale: a group of 16 inside a 32-value one takes its.
-        block(kind, b, &mut Groups { g: &mut g, at: i * len });
+        block(
+            kind,
+            b,
+            &mut Groups {
+                g: &mut g,
+                at: i * len,
+            },
+        );
     }
     Ok(g)
 }
@@ -274,7 +281,11 @@ fn q4_1(b: &[u8], y: &mut impl Put) {
 /// Q5_0 (`d`, 32 high bits, nibbles; minus 16) and Q5_1 (`d`, `m`, high bits, nibbles; plus m).
 fn q5(b: &[u8], y: &mut impl Put, with_min: bool) {
     let d = half(b, 0);
-    let (m, at) = if with_min { (Some(half(b, 2)), 4) } else { (None, 2) };
+    let (m, at) = if with_min {
+        (Some(half(b, 2)), 4)
+    } else {
+        (None, 2)
+    };
     let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     let off = if with_min { 0 } else { 16 };
     for (j, &q) in b[at + 4..at + 20].iter().enumerate() {

@@ -51,7 +51,11 @@ fn every_type_dequantizes_bit_for_bit_as_ggml_does() {
             let g = grouped(kind(name), &bytes, want.len(), group).unwrap();
             for (i, w) in want.iter().enumerate() {
                 let v = g.scales[i / group] * f32::from(g.codes[i]);
-                let v = if kind(name).has_min() { v + g.mins[i / group] } else { v };
+                let v = if kind(name).has_min() {
+                    v + g.mins[i / group]
+                } else {
+                    v
+                };
                 assert_eq!(v.to_bits(), *w, "{name} in groups of {group}: value {i}");
             }
         }

@@ -195,7 +195,14 @@ impl<B: InferOps> Worker<B> {
                 return Ok(None);
             };
             let (rows, cols) = (wv.shape[0] as usize, wv.shape[1] as usize);
-            take_grouped(&share.split(view.role, rank), rows, cols, group as usize, &p).map(Some)
+            take_grouped(
+                &share.split(view.role, rank),
+                rows,
+                cols,
+                group as usize,
+                &p,
+            )
+            .map(Some)
         })
     }
 
@@ -263,11 +270,21 @@ fn take_grouped(
     p: &Packed,
 ) -> Result<Packed, EngineError> {
     // Bytes per row of each stored array: an int8 code a column, 4 bytes a group.
-    let arrays = [(&p.codes, cols), (&p.scales, 4 * cols / group), (&p.zeros, 4 * cols / group)];
+    let arrays = [
+        (&p.codes, cols),
+        (&p.scales, 4 * cols / group),
+        (&p.zeros, 4 * cols / group),
+    ];
     let cut = |keep: &dyn Fn(&[u8], usize) -> Vec<u8>| -> Vec<Vec<u8>> {
         arrays
             .iter()
-            .map(|&(a, row)| if a.is_empty() { Vec::new() } else { keep(a, row) })
+            .map(|&(a, row)| {
+                if a.is_empty() {
+                    Vec::new()
+                } else {
+                    keep(a, row)
+                }
+            })
             .collect()
     };
     let parts = match split {

@@ -142,7 +142,11 @@ fn ggml_q8(values: &[f32], group: usize, mins: bool) -> Packed {
         codes.extend(g.iter().map(|x| (x * inv).round_ties_even() as i8 as u8));
         scales.push(d);
     }
-    let zeros = if mins { vec![0.0; scales.len()] } else { Vec::new() };
+    let zeros = if mins {
+        vec![0.0; scales.len()]
+    } else {
+        Vec::new()
+    };
     Packed::grouped(codes, &scales, &zeros)
 }
 

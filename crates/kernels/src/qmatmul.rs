@@ -180,7 +180,10 @@ impl QWeight<'_> {
                     (group == 16 || group == 32) && ic.is_multiple_of(32),
                     "groups of 16 or 32 in rows of whole blocks of 32 (IC = {ic})"
                 );
-                assert!(codes.len() == n && scales.len() == n / group, "grouped weight");
+                assert!(
+                    codes.len() == n && scales.len() == n / group,
+                    "grouped weight"
+                );
                 if let Some(m) = mins {
                     assert_eq!(m.len(), scales.len(), "one minimum per group");
                 }

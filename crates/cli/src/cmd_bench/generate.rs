@@ -42,7 +42,8 @@ pub struct Args {
     /// A preset, an HF config.json, or a folder with a config.json (its shape; random weights).
     #[arg(long, default_value = "llama2-7b")]
     pub model: String,
-    /// f32, bf16, int8, int4, int4-asym or nf4.
+    /// f32, bf16, int8, int4, int4-asym, nf4 or ggml (int8 codes, an fp32 scale and minimum
+    /// per 32: the layout a GGUF file's blocks run in).
     #[arg(long, default_value = "int4")]
     pub weights: String,
     #[arg(long, default_value_t = 32)]
@@ -167,6 +168,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let config = model_config(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;
+    if a.baseline.as_deref() == Some("llama.cpp") && matches!(weights, WeightFormat::Ggml { .. }) {
+        bail!(
+            "--baseline llama.cpp runs these same bytes from a GGUF file it is given; it takes \
+             --weights int4, int8, bf16 or f32 (compare ggml on a real GGUF file with \
+             `frugal generate --model FILE --json`)"
+        );
+    }
     let kv = KvFormat::parse(&a.kv_dtype)?;
     // Prompt, one untimed step, the timed steps, then as many paired with bandwidth reads.
     let context = a.prompt_len + 2 * a.new_tokens + 1;

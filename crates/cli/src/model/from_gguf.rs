@@ -58,6 +58,16 @@ pub(super) fn gguf_vocab(g: &gguf::Gguf) -> anyhow::Result<data::hf_tokenizer::G
     })
 }
 
+/// What a GGUF file runs in by default: its own blocks (`ggml`) when it holds quantized
+/// tensors, as llama.cpp runs them; f32 for a file of floats.
+pub(super) fn default_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
+    let g = open_gguf(path)?;
+    match g.tensors.iter().any(|t| t.kind.scale_group().is_some()) {
+        true => ggml_format(path),
+        false => Ok(plan::frugal::WeightFormat::F32),
+    }
+}
+
 /// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest
 /// scale group (16 when a tensor is Q6_K), minima when a type has them.
 pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
@@ -86,7 +96,9 @@ pub(super) fn load_exact(
         reason,
     };
     let plan::frugal::WeightFormat::Ggml { group, mins } = worker.setup.weights else {
-        return Err(fail("the exact GGUF load needs the ggml weight format".into()));
+        return Err(fail(
+            "the exact GGUF load needs the ggml weight format".into(),
+        ));
     };
     let g = open_gguf(path).map_err(|e| fail(format!("{e:#}")))?;
     let model = gguf::hf::Model::new(&g).map_err(|e| fail(e.to_string()))?;
@@ -115,7 +127,9 @@ pub(super) fn load_exact(
         if !mins {
             minima.clear();
         }
-        Ok(Some(infer::weights::Packed::grouped(codes, &scales, &minima)))
+        Ok(Some(infer::weights::Packed::grouped(
+            codes, &scales, &minima,
+        )))
     };
     match whole {
         true => worker.load_whole_units_with(units, &mut stored),

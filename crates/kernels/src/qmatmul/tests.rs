@@ -223,6 +223,11 @@ fn grouped_int8_with_and_without_minima_matches_the_reference() {
             mins: with_mins.then_some(mins.as_slice()),
             group,
         };
-        check_all(&format!("grouped ic={ic} group={group} mins={with_mins}"), &w, ic, oc);
+        check_all(
+            &format!("grouped ic={ic} group={group} mins={with_mins}"),
+            &w,
+            ic,
+            oc,
+        );
     }
 }
