@@ -127,9 +127,11 @@ pub struct Args {
     /// LoRA dropout on the adapters' input (the frugal runtime plans its scratch when > 0).
     #[arg(long, default_value_t = 0.0)]
     lora_dropout: f32,
-    /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4.
-    #[arg(long, default_value_t = Dtype::Bf16)]
-    weights: Dtype,
+    /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4, or ggml (a GGUF file's
+    /// blocks as the frugal runtime holds them: int8 codes, an fp32 scale and minimum per 32).
+    /// Default: bf16; with the frugal runtime, a quantized GGUF file's own blocks (ggml).
+    #[arg(long)]
+    weights: Option<Dtype>,
     /// Weights per quantization scale (default: int8 one scale per output row, int4 128 as
     /// GPTQ/AWQ, nf4 64 as bitsandbytes).
     #[arg(long)]
@@ -263,10 +265,23 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
     })
 }
 
-fn infer_setup(args: &Args, seq: u64) -> InferSetup {
-    InferSetup {
-        weights: args.weights,
-        weight_group: args.weight_group,
+fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetup> {
+    // The frugal runtime runs a quantized GGUF file's blocks as they are, as generate does.
+    let own = match (args.weights, runtime, &args.model) {
+        (None, "frugal", Some(m)) => crate::model::ModelSource::at(std::path::Path::new(m))?
+            .own_format()?
+            .and_then(|f| match f {
+                plan::frugal::WeightFormat::Ggml { group } => Some(group),
+                _ => None,
+            }),
+        _ => None,
+    };
+    Ok(InferSetup {
+        weights: match own {
+            Some(_) => Dtype::Ggml,
+            None => args.weights.unwrap_or(Dtype::Bf16),
+        },
+        weight_group: args.weight_group.or(own),
         double_quant: args.double_quant,
         kv_dtype: args.kv_dtype,
         batch: args.batch,
@@ -274,7 +289,7 @@ fn infer_setup(args: &Args, seq: u64) -> InferSetup {
         kv_block: args.kv_block,
         tp: args.tp,
         attention: args.attention,
-    }
+    })
 }
 
 fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Result<Estimate> {
@@ -332,7 +347,7 @@ fn model_report(
         bail!("--device cuda plans training on the CUDA backend; inference runs on the CPU backend only");
     }
     Ok(if args.infer {
-        let setup = infer_setup(args, seq);
+        let setup = infer_setup(args, seq, runtime)?;
         let est = match runtime {
             "formula" => infer::inference_estimate(model, &setup)?,
             "pytorch" => pytorch_inference(model, &setup)?,
@@ -433,14 +448,9 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
                 ));
             }
             if args.infer {
-                let est = infer::weights_only_estimate(n, args.weights);
-                report::inference(
-                    "formula",
-                    None,
-                    n,
-                    &infer_setup(args, args.seq.unwrap_or(0)),
-                    &est,
-                )
+                let setup = infer_setup(args, args.seq.unwrap_or(0), "formula")?;
+                let est = infer::weights_only_estimate(n, setup.weights);
+                report::inference("formula", None, n, &setup, &est)
             } else {
                 let (setup, config) = train_setup(args, args.seq.unwrap_or(2048), None)?;
                 let est = formula::model_states_estimate(n, &setup)?;

@@ -194,38 +194,46 @@ fn plan_reads_the_shape_from_the_file() {
         "--json",
     ]));
     assert_eq!(v["model"]["n_layers"], 30, "{v}");
-    // What generate holds for a 5-token prompt and 24 new tokens, byte for byte, before it runs.
-    let g = json(&frugal(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "The capital of France is",
-        "--max-new-tokens",
-        "24",
-        "--weights",
-        "f32",
-        "--json",
-    ]));
-    let p = json(&frugal(&[
-        "plan",
-        "--model",
-        model.to_str().unwrap(),
-        "--infer",
-        "--runtime",
-        "frugal",
-        "--weights",
-        "f32",
-        "--kv-dtype",
-        "f32",
-        "--batch",
-        "1",
-        "--seq",
-        "29",
-        "--json",
-    ]));
-    assert_eq!(g["prompt_tokens"], 5);
-    assert_eq!(p["per_device"]["peak_bytes"], g["measured"]["peak_bytes"]);
+    // What generate holds for a 5-token prompt and 24 new tokens, byte for byte, before it runs:
+    // on the file's own blocks (the default of both) and on its f32 values.
+    for weights in [None, Some("f32")] {
+        let mut gen = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "24",
+            "--json",
+        ];
+        let mut plan = vec![
+            "plan",
+            "--model",
+            model.to_str().unwrap(),
+            "--infer",
+            "--runtime",
+            "frugal",
+            "--kv-dtype",
+            "f32",
+            "--batch",
+            "1",
+            "--seq",
+            "29",
+            "--json",
+        ];
+        if let Some(w) = weights {
+            gen.extend(["--weights", w]);
+            plan.extend(["--weights", w]);
+        }
+        let (g, p) = (json(&frugal(&gen)), json(&frugal(&plan)));
+        assert_eq!(g["prompt_tokens"], 5);
+        assert_eq!(g["weights"], weights.unwrap_or("ggml"));
+        assert_eq!(
+            p["per_device"]["peak_bytes"], g["measured"]["peak_bytes"],
+            "{weights:?}"
+        );
+    }
 }
 
 #[test]

@@ -173,16 +173,11 @@ impl<'a> Model<'a> {
         Ok(Some(g))
     }
 
-    /// The group (32, or 16 when a matrix is Q6_K) and whether minima are needed, for holding
-    /// every quantized tensor of the file in the `ggml` weight format.
-    pub fn grouping(&self) -> (usize, bool) {
+    /// The group (32, or 16 when a tensor is Q6_K) that holds every quantized tensor of the
+    /// file in the `ggml` weight format.
+    pub fn group(&self) -> usize {
         let kinds = self.file.tensors.iter().map(|t| t.kind);
-        let group = kinds
-            .clone()
-            .filter_map(|k| k.scale_group())
-            .min()
-            .unwrap_or(32);
-        (group, kinds.clone().any(|k| k.has_min()))
+        kinds.filter_map(|k| k.scale_group()).min().unwrap_or(32)
     }
 
     fn info(&self, hf: &str) -> Result<&crate::TensorInfo> {

@@ -112,7 +112,7 @@ pub fn pack(
                 zeros: q.zero_points.iter().map(|&z| z as u8).collect(),
             }
         }
-        WeightFormat::Ggml { group, mins } => ggml_q8(values, group as usize, mins),
+        WeightFormat::Ggml { group } => ggml_q8(values, group as usize),
         WeightFormat::Nf4 { group } => {
             let g = Granularity::PerGroup(group as usize);
             let c = config(Scheme::Nf4, g, Symmetry::Symmetric, Format::F32);
@@ -131,8 +131,8 @@ pub fn pack(
 }
 
 /// Values quantized as ggml's Q8_0 (scale absmax / 127, codes rounded to nearest even) with
-/// fp32 scales, per group; minima of zero when the format stores them.
-fn ggml_q8(values: &[f32], group: usize, mins: bool) -> Packed {
+/// fp32 scales, per group, and minima of zero.
+fn ggml_q8(values: &[f32], group: usize) -> Packed {
     let mut codes = Vec::with_capacity(values.len());
     let mut scales = Vec::with_capacity(values.len() / group);
     for g in values.chunks_exact(group) {
@@ -142,16 +142,12 @@ fn ggml_q8(values: &[f32], group: usize, mins: bool) -> Packed {
         codes.extend(g.iter().map(|x| (x * inv).round_ties_even() as i8 as u8));
         scales.push(d);
     }
-    let zeros = if mins {
-        vec![0.0; scales.len()]
-    } else {
-        Vec::new()
-    };
+    let zeros = vec![0.0; scales.len()];
     Packed::grouped(codes, &scales, &zeros)
 }
 
 impl Packed {
-    /// Grouped int8 (the `ggml` format): codes, then fp32 scales and minima (empty: none).
+    /// Grouped int8 (the `ggml` format): codes, then fp32 scales and minima.
     pub fn grouped(codes: Vec<u8>, scales: &[f32], mins: &[f32]) -> Packed {
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect();
         Packed {
@@ -218,15 +214,14 @@ pub fn random_packed(
                 zeros: if asym { vec![8; groups] } else { Vec::new() },
             }
         }
-        WeightFormat::Ggml { group, mins } => {
+        WeightFormat::Ggml { group } => {
             let groups = n / group as usize;
             // Codes in −127..=127, as int8's.
             let codes = bytes(n)
                 .into_iter()
                 .map(|b| if b == 0x80 { 0x81 } else { b })
                 .collect();
-            let zeros = if mins { vec![0.0; groups] } else { Vec::new() };
-            Packed::grouped(codes, &vec![a / 127.0; groups], &zeros)
+            Packed::grouped(codes, &vec![a / 127.0; groups], &vec![0.0; groups])
         }
         WeightFormat::Nf4 { group } => Packed {
             codes: bytes(n / 2),

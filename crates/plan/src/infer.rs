@@ -97,6 +97,7 @@ pub fn weight_bytes(
             ),
         ),
         Dtype::Nf4 => stored_bytes(numel, &spec(Scheme::Nf4, group.unwrap_or(64), Format::F32)),
+        Dtype::Ggml => numel + 8 * numel.div_ceil(group.unwrap_or(32)),
     }
 }
 

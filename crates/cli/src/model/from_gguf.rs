@@ -69,13 +69,12 @@ pub(super) fn default_format(path: &Path) -> anyhow::Result<plan::frugal::Weight
 }
 
 /// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest
-/// scale group (16 when a tensor is Q6_K), minima when a type has them.
+/// scale group (16 when a tensor is Q6_K).
 pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
     let g = open_gguf(path)?;
-    let (group, mins) = gguf::hf::Model::new(&g)?.grouping();
+    let group = gguf::hf::Model::new(&g)?.group();
     Ok(plan::frugal::WeightFormat::Ggml {
         group: group as u64,
-        mins,
     })
 }
 
@@ -95,7 +94,7 @@ pub(super) fn load_exact(
         path: name.clone(),
         reason,
     };
-    let plan::frugal::WeightFormat::Ggml { group, mins } = worker.setup.weights else {
+    let plan::frugal::WeightFormat::Ggml { group } = worker.setup.weights else {
         return Err(fail(
             "the exact GGUF load needs the ggml weight format".into(),
         ));
@@ -123,9 +122,6 @@ pub(super) fn load_exact(
                 codes.len(),
                 view.numel()
             )));
-        }
-        if !mins {
-            minima.clear();
         }
         Ok(Some(infer::weights::Packed::grouped(
             codes, &scales, &minima,

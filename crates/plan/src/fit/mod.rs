@@ -292,6 +292,7 @@ pub fn dtype_name(d: Dtype) -> &'static str {
         Dtype::Int8 => "int8",
         Dtype::Int4 => "int4",
         Dtype::Nf4 => "nf4",
+        Dtype::Ggml => "ggml",
     }
 }
 

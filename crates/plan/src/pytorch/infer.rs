@@ -54,6 +54,10 @@ fn weight_storage(setup: &InferSetup) -> Result<(u64, Option<Quant>), PlanError>
         Dtype::Fp8 => Err(unsupported(
             "fp8 weights in HF transformers (FP8 checkpoints run through vLLM/TensorRT kernels); use bf16, int8, int4 or nf4",
         )),
+        Dtype::Ggml => Err(unsupported(
+            "ggml weights (a GGUF file's blocks as frugal's engine holds them): use --runtime \
+             frugal, or bf16, int8, int4 or nf4",
+        )),
         d => Ok((dtype_es(d)?, None)),
     }
 }

@@ -18,6 +18,9 @@ pub enum Dtype {
     Int8,
     Int4,
     Nf4,
+    /// A GGUF file's blocks as frugal's engine holds them: an int8 code per weight, an fp32
+    /// scale and minimum per group of 32 (16 for Q6_K files).
+    Ggml,
 }
 
 impl Dtype {
@@ -27,6 +30,8 @@ impl Dtype {
             Dtype::F16 | Dtype::Bf16 => 16,
             Dtype::Fp8 | Dtype::Int8 => 8,
             Dtype::Int4 | Dtype::Nf4 => 4,
+            // 8 bits of code and 64 of scale and minimum per 32.
+            Dtype::Ggml => 10,
         }
     }
 }

@@ -172,7 +172,7 @@ impl fmt::Display for Offload {
     }
 }
 
-const DTYPES: [(&[&str], Dtype); 7] = [
+const DTYPES: [(&[&str], Dtype); 8] = [
     (&["fp32", "f32"], Dtype::F32),
     (&["fp16", "f16"], Dtype::F16),
     (&["bf16"], Dtype::Bf16),
@@ -180,12 +180,13 @@ const DTYPES: [(&[&str], Dtype); 7] = [
     (&["int8"], Dtype::Int8),
     (&["int4"], Dtype::Int4),
     (&["nf4"], Dtype::Nf4),
+    (&["ggml"], Dtype::Ggml),
 ];
 
 impl FromStr for Dtype {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        lookup(s, &DTYPES, "fp32, fp16, bf16, fp8, int8, int4 or nf4")
+        lookup(s, &DTYPES, "fp32, fp16, bf16, fp8, int8, int4, nf4 or ggml")
     }
 }
 

@@ -86,6 +86,7 @@ fn serve_setup(
         Dtype::Int8 => WeightFormat::Int8,
         Dtype::Int4 => WeightFormat::parse("int4", group)?,
         Dtype::Nf4 => WeightFormat::parse("nf4", group)?,
+        Dtype::Ggml => WeightFormat::parse("ggml", group)?,
         Dtype::F16 | Dtype::Fp8 => {
             return Err(PlanError::Unsupported {
                 runtime: "frugal",

@@ -29,12 +29,11 @@ pub enum WeightFormat {
     Nf4 {
         group: u64,
     },
-    /// ggml's block types held exactly: an int8 code per weight, an fp32 scale per group of
-    /// `group` (32, or 16 when the file has Q6_K) and, with `mins`, an fp32 minimum per group.
-    /// Other weights are quantized into it as ggml's Q8_0 is (absmax / 127, no minimum).
+    /// ggml's block types held exactly: an int8 code per weight, an fp32 scale and an fp32
+    /// minimum per group of `group` (32, or 16 when the file has Q6_K); a type without
+    /// minima has zeros. Other weights are quantized into it as ggml's Q8_0 is (absmax / 127).
     Ggml {
         group: u64,
-        mins: bool,
     },
 }
 
@@ -50,9 +49,7 @@ impl WeightFormat {
                 (n / 2, 2 * (n / group), if asym { n / group } else { 0 })
             }
             WeightFormat::Nf4 { group } => (n / 2, 4 * (n / group), 0),
-            WeightFormat::Ggml { group, mins } => {
-                (n, 4 * (n / group), if mins { 4 * (n / group) } else { 0 })
-            }
+            WeightFormat::Ggml { group } => (n, 4 * (n / group), 4 * (n / group)),
         }
     }
 
@@ -89,8 +86,7 @@ impl WeightFormat {
             "nf4" => WeightFormat::Nf4 { group },
             // A GGUF file's loader narrows these to what the file holds.
             "ggml" => WeightFormat::Ggml {
-                group: 32,
-                mins: true,
+                group: if group == 16 { 16 } else { 32 },
             },
             other => {
                 return Err(invalid(
