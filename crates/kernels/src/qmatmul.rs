@@ -41,6 +41,7 @@ mod avx512;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod q8avx2;
+mod stored;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -48,6 +49,7 @@ use crate::cpu::{self, Level};
 use crate::par::SyncPtr;
 use half::{bf16, f16};
 use rayon::prelude::*;
+pub use stored::{nibble, pack_nibbles};
 
 /// Activation rows per pass over the weights.
 pub const ROWS: usize = 8;
@@ -141,156 +143,6 @@ impl Isa {
 /// Every path this CPU runs, plainest first, whatever the cap (tests and benchmarks run each).
 pub fn supported() -> Vec<Isa> {
     Isa::ALL.into_iter().filter(|i| i.runs_here()).collect()
-}
-
-impl QWeight<'_> {
-    /// Checks the stored sizes against (OC, IC); panics on a mismatch (a programmer error).
-    pub fn check(&self, oc: usize, ic: usize) {
-        let n = oc * ic;
-        match *self {
-            QWeight::F32(w) => assert_eq!(w.len(), n, "f32 weight"),
-            QWeight::Bf16(w) => assert_eq!(w.len(), n, "bf16 weight"),
-            QWeight::Int8 { codes, scales } => {
-                assert!(codes.len() == n && scales.len() == oc, "int8 weight");
-            }
-            QWeight::Int4 {
-                codes,
-                scales,
-                zeros,
-                group,
-            } => {
-                check_groups(codes.len(), scales.len(), oc, ic, group);
-                if let Some(z) = zeros {
-                    assert_eq!(z.len(), scales.len(), "one zero point per group");
-                }
-            }
-            QWeight::Nf4 {
-                codes,
-                scales,
-                group,
-                ..
-            } => check_groups(codes.len(), scales.len(), oc, ic, group),
-            QWeight::Grouped {
-                codes,
-                scales,
-                mins,
-                group,
-            } => {
-                assert!(
-                    (group == 16 || group == 32) && ic.is_multiple_of(32),
-                    "groups of 16 or 32 in rows of whole blocks of 32 (IC = {ic})"
-                );
-                assert!(
-                    codes.len() == n && scales.len() == n / group,
-                    "grouped weight"
-                );
-                if let Some(m) = mins {
-                    assert_eq!(m.len(), scales.len(), "one minimum per group");
-                }
-            }
-        }
-    }
-
-    /// Weight (o, i), dequantized (the reference's view, and the embedding's row lookup).
-    pub fn at(&self, o: usize, i: usize, ic: usize) -> f32 {
-        match *self {
-            QWeight::F32(w) => w[o * ic + i],
-            QWeight::Bf16(w) => w[o * ic + i].to_f32(),
-            QWeight::Int8 { codes, scales } => scales[o].to_f32() * codes[o * ic + i] as f32,
-            QWeight::Int4 {
-                codes,
-                scales,
-                zeros,
-                group,
-            } => {
-                let g = (o * ic + i) / group;
-                let z = zeros.map_or(8, |z| z[g]) as i32;
-                scales[g].to_f32() * (nibble(codes, o * ic + i) as i32 - z) as f32
-            }
-            QWeight::Nf4 {
-                codes,
-                scales,
-                levels,
-                group,
-            } => {
-                let g = (o * ic + i) / group;
-                scales[g] * levels[nibble(codes, o * ic + i) as usize]
-            }
-            QWeight::Grouped {
-                codes,
-                scales,
-                mins,
-                group,
-            } => {
-                let g = (o * ic + i) / group;
-                let w = scales[g] * f32::from(codes[o * ic + i]);
-                mins.map_or(w, |m| w + m[g])
-            }
-        }
-    }
-
-    /// Row `o` dequantized into `out` (IC).
-    pub fn row(&self, o: usize, out: &mut [f32]) {
-        let ic = out.len();
-        for (i, x) in out.iter_mut().enumerate() {
-            *x = self.at(o, i, ic);
-        }
-    }
-
-    /// Bytes of weight data (codes, scales, zero points) one full product reads.
-    pub fn bytes(&self) -> usize {
-        match *self {
-            QWeight::F32(w) => 4 * w.len(),
-            QWeight::Bf16(w) => 2 * w.len(),
-            QWeight::Int8 { codes, scales } => codes.len() + 2 * scales.len(),
-            QWeight::Int4 {
-                codes,
-                scales,
-                zeros,
-                ..
-            } => codes.len() + 2 * scales.len() + zeros.map_or(0, |z| z.len()),
-            QWeight::Nf4 { codes, scales, .. } => codes.len() + 4 * scales.len(),
-            QWeight::Grouped {
-                codes,
-                scales,
-                mins,
-                ..
-            } => codes.len() + 4 * scales.len() + mins.map_or(0, |m| 4 * m.len()),
-        }
-    }
-}
-
-fn check_groups(codes: usize, scales: usize, oc: usize, ic: usize, group: usize) {
-    assert!(
-        group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group),
-        "group {group} must be a multiple of {SUB} dividing IC = {ic}"
-    );
-    assert_eq!(codes, oc * ic / 2, "two codes per byte");
-    assert_eq!(scales, oc * ic / group, "one scale per group");
-}
-
-/// The nibble of weight `idx` (flat index in a row-major matrix whose rows are whole sub-blocks).
-#[inline(always)]
-pub fn nibble(codes: &[u8], idx: usize) -> u8 {
-    let (sub, j) = (idx / SUB, idx % SUB);
-    let byte = codes[sub * (SUB / 2) + j % (SUB / 2)];
-    if j < SUB / 2 {
-        byte & 0xF
-    } else {
-        byte >> 4
-    }
-}
-
-/// Packs 4-bit codes (one per weight, in row-major order) into the sub-block nibble order.
-pub fn pack_nibbles(codes: &[u8]) -> Vec<u8> {
-    assert!(codes.len().is_multiple_of(SUB), "whole sub-blocks of {SUB}");
-    let mut out = vec![0u8; codes.len() / 2];
-    for (sub, c) in codes.chunks_exact(SUB).enumerate() {
-        for j in 0..SUB / 2 {
-            out[sub * SUB / 2 + j] = (c[j] & 0xF) | (c[j + SUB / 2] << 4);
-        }
-    }
-    out
 }
 
 /// out (N,OC) = inp (N,IC) · Wᵀ on the best path for this CPU.

@@ -1,0 +1,79 @@
+//! Grouped int8 weights on the AVX2 integer path: ggml's blocks repacked, a scale per group
+//! of 32 (or 16) and each group's minimum times the activations' sum over the group.
+
+use super::{dot32, hsum, QActs};
+use std::arch::x86_64::*;
+
+/// Grouped int8: each block's sum scaled by its activation scale and its group's weight scale
+/// (per half block for groups of 16); the minima's share added at the end.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn outputs<const R: usize, const O: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    codes: &[i8],
+    scales: &[f32],
+    mins: Option<&[f32]>,
+    group: usize,
+    ic: usize,
+    oc: usize,
+    o0: usize,
+) {
+    let blocks = ic / 32;
+    let groups = ic / group;
+    let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); R]; O];
+    let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));
+    let srow: [*const f32; O] = std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups));
+    for s in 0..blocks {
+        let wv: [__m256i; O] =
+            std::array::from_fn(|j| _mm256_loadu_si256(wrow[j].add(s * 32) as *const __m256i));
+        let wabs: [__m256i; O] = std::array::from_fn(|j| _mm256_sign_epi8(wv[j], wv[j]));
+        let dw: [__m256; O] = std::array::from_fn(|j| {
+            if group == 16 {
+                let (lo, hi) = (*srow[j].add(2 * s), *srow[j].add(2 * s + 1));
+                _mm256_setr_ps(lo, lo, lo, lo, hi, hi, hi, hi)
+            } else {
+                _mm256_set1_ps(*srow[j].add(s))
+            }
+        });
+        for r in 0..R {
+            let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
+            let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
+            for j in 0..O {
+                let p = dot32(wabs[j], _mm256_sign_epi8(a, wv[j]));
+                acc[j][r] = _mm256_fmadd_ps(p, _mm256_mul_ps(da, dw[j]), acc[j][r]);
+            }
+        }
+    }
+    for j in 0..O {
+        let o = o0 + j;
+        for r in 0..R {
+            let mut total = hsum(acc[j][r]);
+            if let Some(m) = mins {
+                let sums = &q.group_sums[r * groups..(r + 1) * groups];
+                total += min_share(&m[o * groups..(o + 1) * groups], sums);
+            }
+            out[r * oc + o] = total;
+        }
+    }
+}
+
+/// Σ_g min_g · sums_g.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn min_share(mins: &[f32], sums: &[f32]) -> f32 {
+    let body = mins.len() / 8 * 8;
+    let mut share = _mm256_setzero_ps();
+    for g in (0..body).step_by(8) {
+        let m = _mm256_loadu_ps(mins.as_ptr().add(g));
+        share = _mm256_fmadd_ps(m, _mm256_loadu_ps(sums.as_ptr().add(g)), share);
+    }
+    let mut total = hsum(share);
+    for g in body..mins.len() {
+        total += mins[g] * sums[g];
+    }
+    total
+}
