@@ -1,7 +1,7 @@
 """An independent f64 reference for a llama GGUF: the `gguf` package's dequantizer, ggml's
 interleaved RoPE on the file's own q/k rows (no reordering), and the Llama block in numpy.
 Prints greedy continuations of the prompts dev/golden_smollm2.py uses and, for each, the first
-token where `frugal generate` (f32) differs, plus the largest logit difference at the last
+token where `frugal generate --weights f32` differs, plus the largest logit difference at the last
 prompt position (frugal's logits via `frugal generate --json --max-new-tokens 1` are not
 exposed, so the comparison is on tokens).
 
@@ -88,7 +88,7 @@ def main(path, frugal):
     eos = int(field(r, "tokenizer.ggml.eos_token_id"))
     for prompt in PROMPTS:
         run = subprocess.run([frugal, "generate", "--model", path, "--prompt", prompt,
-                              "--max-new-tokens", str(NEW), "--json"], capture_output=True,
+                              "--max-new-tokens", str(NEW), "--weights", "f32", "--json"], capture_output=True,
                              text=True, check=True)
         ours = json.loads(run.stdout)
         ids = list(ours["prompt_token_ids"])

@@ -2,7 +2,9 @@
 //! `llama-perplexity` computes it: the text tokenized whole by the model's tokenizer, cut into
 //! chunks of `--ctx` tokens (the first token of each replaced by BOS when the model adds one),
 //! each chunk one forward pass, only its second half scored; PPL = exp(mean negative
-//! log-likelihood), with its standard error.
+//! log-likelihood), with its standard error. The chunks run on the inference engine in the
+//! weight and KV formats asked for (default: as generate: a quantized GGUF file's own blocks),
+//! so a run measures what a format costs.
 //!
 //! Example: `frugal perplexity --model SmolLM2-135M-Instruct.Q4_1.gguf --ctx 512 --chunks 20`.
 
@@ -17,6 +19,8 @@ const EXAMPLES: &str = "\
 Examples:
   frugal perplexity --model model.gguf                       the shipped Tempest, 512-token chunks
   frugal perplexity --model model.gguf --data my.txt --ctx 1024 --chunks 10
+  frugal perplexity --model model.gguf --weights f32          the file's values in f32
+  frugal perplexity --model run1 --weights int4 --kv-dtype int8  what quantization costs
   frugal perplexity --model run1 --json                      a model trained here (GPT-2's tokens)";
 
 #[derive(clap::Args, Clone, Debug)]
@@ -35,6 +39,16 @@ pub struct Args {
     /// Chunks to score (default: every whole chunk of the text).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Weight storage, as generate's --weights (default: the model's stored format; ggml for a
+    /// quantized GGUF file).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// Group size of int4/nf4 weights: 32, 64 or 128.
+    #[arg(long, default_value_t = 32)]
+    pub weight_group: u64,
+    /// KV cache storage: f32, bf16, int8 or fp8.
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -79,15 +93,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.ctx
         );
     }
-    let setup = plan::frugal::ForwardSetup {
-        batch: 1,
-        seq: args.ctx as u64,
-        attention: plan::setup::Attention::Flash,
+    let weights = crate::cmd_generate::weight_format(
+        args.weights.as_deref(),
+        args.weight_group,
+        &source,
+    )?;
+    let kv = plan::frugal::KvFormat::parse(&args.kv_dtype)?;
+    let ctx = args.ctx as u64;
+    let setup = plan::frugal::ServeSetup {
+        prefill_chunk: ctx,
+        prefill_logit_rows: ctx,
+        ..plan::frugal::ServeSetup::generation(&source.config.shape, 1, ctx, weights, kv, 16, 1)
     };
-    let mut runner = infer::Runner::new(source.config.clone(), setup)?;
-    for (u, w) in source.units()?.iter().enumerate() {
-        runner.load_unit(u, w);
-    }
+    let mut worker = source.worker(setup)?;
+    let (width, limit) = (worker.vocab(), tok.vocab_size() as usize);
+    let mut logits = Vec::new();
     let bar = match args.json {
         true => ProgressBar::hidden(),
         false => ProgressBar::new(n_chunks as u64),
@@ -107,10 +127,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         // Row j predicts token start + j + 1; the chunk's last row predicts past it and is not
         // scored (llama.cpp scores rows ctx/2 .. ctx - 2).
-        let mut targets = tokens[start + 1..start + args.ctx].to_vec();
-        targets.push(0);
-        let mut lp = engine::eval::target_log_probs(&mut runner, &inputs, &targets, first)?;
-        lp.truncate(args.ctx - 1 - first);
+        let s = worker.new_sequence();
+        worker.prefill_rows(s, &inputs, args.ctx, &mut logits)?;
+        worker.free(s);
+        let lp = (first..args.ctx - 1).map(|j| {
+            let row = &logits[j * width..j * width + limit];
+            log_prob(row, tokens[start + j + 1] as usize)
+        });
         for l in lp {
             nll -= l;
             nll2 += l * l;
@@ -137,15 +160,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let v = json!({
             "ppl": ppl, "ppl_stderr": stderr, "nll_mean": mean, "chunks": n_chunks,
             "ctx": args.ctx, "scored_tokens": count, "text_tokens": tokens.len(),
-            "tokens_per_s": tokens_per_s,
+            "tokens_per_s": tokens_per_s, "weights": weights.name(), "kv_dtype": kv.name(),
         });
         println!("{v}");
     } else {
         println!(
             "PPL = {ppl:.4} +/- {stderr:.5} over {n_chunks} chunks of {} tokens ({count} scored, \
-             {:.0} tokens/s)",
-            args.ctx, tokens_per_s
+             {:.0} tokens/s; weights {}, KV {})",
+            args.ctx,
+            tokens_per_s,
+            weights.name(),
+            kv.name()
         );
     }
     Ok(())
+}
+
+/// log softmax(row)[target], in f64.
+fn log_prob(row: &[f32], target: usize) -> f64 {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = row.iter().map(|&x| f64::from(x - m).exp()).sum();
+    f64::from(row[target] - m) - s.ln()
 }

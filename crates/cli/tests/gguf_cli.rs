@@ -75,9 +75,9 @@ fn greedy_generation_starts_as_llama_cpps_and_measures_its_plan() {
         ]);
         let v = json(&out);
         assert_eq!(v["prompt_token_ids"], case["prompt_ids"], "{prompt}");
-        // llama.cpp multiplies Q4_1 rows by activations rounded to 8 bits; frugal by the f32
-        // activations over ggml's dequantized weights. The first tokens agree on every prompt
-        // (up to 48 of 48 on some): dev/golden_smollm2.py records llama.cpp's.
+        // Both multiply the file's Q4_1 values by activations rounded to 8 bits, each its own
+        // way (the ggml default here). The first tokens agree on every prompt (up to 48 of 48
+        // on some): dev/golden_smollm2.py records llama.cpp's.
         let (ours, theirs) = (
             v["tokens"].as_array().unwrap(),
             case["tokens"].as_array().unwrap(),
