@@ -93,11 +93,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.ctx
         );
     }
-    let weights = crate::cmd_generate::weight_format(
-        args.weights.as_deref(),
-        args.weight_group,
-        &source,
-    )?;
+    let weights =
+        crate::cmd_generate::weight_format(args.weights.as_deref(), args.weight_group, &source)?;
     let kv = plan::frugal::KvFormat::parse(&args.kv_dtype)?;
     let ctx = args.ctx as u64;
     let setup = plan::frugal::ServeSetup {

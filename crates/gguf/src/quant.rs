@@ -319,9 +319,9 @@ fn q4_k(b: &[u8], y: &mut impl Put) {
         let (s1, m1) = scale_min(2 * k, scales);
         let (s2, m2) = scale_min(2 * k + 1, scales);
         let (d1, m1, d2, m2) = (d * s1, -(dmin * m1), d * s2, -(dmin * m2));
-        for l in 0..32 {
-            y.put(64 * k + l, d1, (q[l] & 0xF) as i8, Some(m1));
-            y.put(64 * k + l + 32, d2, (q[l] >> 4) as i8, Some(m2));
+        for (l, &q) in q.iter().enumerate() {
+            y.put(64 * k + l, d1, (q & 0xF) as i8, Some(m1));
+            y.put(64 * k + l + 32, d2, (q >> 4) as i8, Some(m2));
         }
     }
 }
