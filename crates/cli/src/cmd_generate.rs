@@ -53,7 +53,8 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
     /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4, or ggml (a
-    /// GGUF file's own blocks, exactly: int8 codes with an fp32 scale and minimum per 32).
+    /// GGUF file's own blocks, exactly: int8 codes with an fp32 scale and minimum per 32, or 16
+    /// in a file with Q6_K).
     /// Default: the model's stored format (ggml for a quantized GGUF, f32 for an fp32 model).
     #[arg(long)]
     pub weights: Option<String>,

@@ -104,6 +104,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut worker = source.worker(setup)?;
     let (width, limit) = (worker.vocab(), tok.vocab_size() as usize);
+    if limit > width {
+        bail!(
+            "--model {}: its tokenizer has {limit} tokens, more than the model's {width} \
+             embedding rows",
+            args.model.display()
+        );
+    }
     let mut logits = Vec::new();
     let bar = match args.json {
         true => ProgressBar::hidden(),

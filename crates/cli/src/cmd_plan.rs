@@ -10,13 +10,14 @@ mod plot;
 mod render;
 
 use anyhow::{anyhow, bail};
+use plan::frugal::WeightFormat;
 use plan::report::{self, Report};
 use plan::setup::{
     Attention, Convention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute,
     TrainSetup, ZeroStage,
 };
 use plan::{formula, infer, units, Estimate, InferEstimate, ModelShape, PlanError};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const LONG_ABOUT: &str = "\
 Memory per device of a training or inference setup, before anything runs.
@@ -128,7 +129,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0.0)]
     lora_dropout: f32,
     /// Inference weight format: fp32, fp16, bf16, fp8, int8, int4, nf4, or ggml (a GGUF file's
-    /// blocks as the frugal runtime holds them: int8 codes, an fp32 scale and minimum per 32).
+    /// blocks as the frugal runtime holds them: int8 codes, an fp32 scale and minimum per 32, or
+    /// 16 in a file with Q6_K).
     /// Default: bf16; with the frugal runtime, a quantized GGUF file's own blocks (ggml).
     #[arg(long)]
     weights: Option<Dtype>,
@@ -266,22 +268,27 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
 }
 
 fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetup> {
-    // The frugal runtime runs a quantized GGUF file's blocks as they are, as generate does.
-    let own = match (args.weights, runtime, &args.model) {
-        (None, "frugal", Some(m)) => crate::model::ModelSource::at(std::path::Path::new(m))?
-            .own_format()?
-            .and_then(|f| match f {
-                plan::frugal::WeightFormat::Ggml { group } => Some(group),
-                _ => None,
-            }),
+    // ggml weights take a GGUF file's own group, as generate does; the frugal runtime runs a
+    // quantized GGUF file's blocks by default.
+    let file_group = match (&args.model, args.weights) {
+        (Some(m), None | Some(Dtype::Ggml)) => crate::model::ModelSource::at(Path::new(m))
+            .and_then(|s| s.own_format())
+            .ok()
+            .flatten()
+            .and_then(|f| f.group().filter(|_| matches!(f, WeightFormat::Ggml { .. }))),
         _ => None,
     };
+    let weights = match (args.weights, file_group, runtime) {
+        (Some(w), _, _) => w,
+        (None, Some(_), "frugal") => Dtype::Ggml,
+        (None, _, _) => Dtype::Bf16,
+    };
     Ok(InferSetup {
-        weights: match own {
-            Some(_) => Dtype::Ggml,
-            None => args.weights.unwrap_or(Dtype::Bf16),
+        weights,
+        weight_group: match (weights, file_group) {
+            (Dtype::Ggml, Some(g)) => Some(g),
+            _ => args.weight_group,
         },
-        weight_group: args.weight_group.or(own),
         double_quant: args.double_quant,
         kv_dtype: args.kv_dtype,
         batch: args.batch,

@@ -130,8 +130,8 @@ pub fn pack(
     })
 }
 
-/// Values quantized as ggml's Q8_0 (scale absmax / 127, codes rounded to nearest even) with
-/// fp32 scales, per group, and minima of zero.
+/// Values quantized Q8_0-like, per group: scale absmax / 127 kept in fp32 (Q8_0 keeps fp16),
+/// codes rounded to nearest even, minima of zero.
 fn ggml_q8(values: &[f32], group: usize) -> Packed {
     let mut codes = Vec::with_capacity(values.len());
     let mut scales = Vec::with_capacity(values.len() / group);

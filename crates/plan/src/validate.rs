@@ -181,10 +181,13 @@ impl InferSetup {
         if let Some(b) = self.kv_block {
             at_least_one("--kv-block", b)?;
         }
-        if matches!(self.kv_dtype, Dtype::Int4 | Dtype::Nf4) {
+        if matches!(self.kv_dtype, Dtype::Int4 | Dtype::Nf4 | Dtype::Ggml) {
             return Err(invalid(
                 "--kv-dtype",
-                "4-bit KV caches are not modelled: use bf16, fp16, fp8 or int8".into(),
+                format!(
+                    "{} KV caches are not modelled: use bf16, fp16, fp8 or int8",
+                    crate::fit::dtype_name(self.kv_dtype)
+                ),
             ));
         }
         Ok(())

@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long, default_value = "llama2-7b")]
     pub model: String,
     /// f32, bf16, int8, int4, int4-asym, nf4 or ggml (int8 codes, an fp32 scale and minimum
-    /// per 32: the layout a GGUF file's blocks run in).
+    /// per --weight-group of 32 or 16: the layout a GGUF file's blocks run in).
     #[arg(long, default_value = "int4")]
     pub weights: String,
     #[arg(long, default_value_t = 32)]

@@ -80,7 +80,8 @@ pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFor
 
 /// Loads `units` (the file's values as f32) into `worker`, whose format is `ggml`, taking each
 /// quantized matrix's codes, scales and minima from the file's blocks: the values the engine
-/// multiplies are ggml's exactly. A matrix the file holds as floats is quantized as Q8_0 is.
+/// multiplies are ggml's exactly. A matrix the file holds as floats (or a fused one, such as
+/// q|k|v, with any part in floats) is quantized Q8_0-like instead.
 /// With `whole`, `units` are the whole model's and `worker` a tensor-parallel rank, which keeps
 /// its share of each matrix's blocks.
 pub(super) fn load_exact(

@@ -33,8 +33,8 @@ impl Loaded {
         }
     }
 
-    /// A worker of `setup` holding these weights (the `ggml` format narrowed to a GGUF file's
-    /// groups, or Q8_0's for other weights).
+    /// A worker of `setup` holding these weights (the `ggml` format in a GGUF file's own
+    /// group).
     pub fn worker(&self, mut setup: ServeSetup) -> anyhow::Result<Worker> {
         setup.weights = self.narrow(setup.weights)?;
         let mut worker = Worker::new_in_ram(self.config.clone(), setup)?;
@@ -72,12 +72,10 @@ impl Loaded {
         }
     }
 
-    /// `format` as these weights hold it: `ggml` takes a GGUF file's grouping, and Q8_0's
-    /// (groups of 32, no minima) for weights from elsewhere.
+    /// `format` as these weights hold it: `ggml` takes a GGUF file's own group.
     pub fn narrow(&self, format: WeightFormat) -> anyhow::Result<WeightFormat> {
         Ok(match (format, &self.weights) {
             (WeightFormat::Ggml { .. }, Weights::Gguf(path, _)) => from_gguf::ggml_format(path)?,
-            (WeightFormat::Ggml { .. }, _) => WeightFormat::Ggml { group: 32 },
             (f, _) => f,
         })
     }

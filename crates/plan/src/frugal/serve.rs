@@ -213,19 +213,36 @@ pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanErr
                 .into(),
         });
     }
-    if let Some(g) = setup.weights.group() {
+    if let Some(group) = setup.weights.group() {
+        // ggml's rows are whole blocks of 32, whatever the group.
+        let g = match setup.weights {
+            WeightFormat::Ggml { .. } => group.max(32),
+            _ => group,
+        };
         for unit in param_units(model, 1)? {
             for v in unit.views.iter().filter(|v| is_matrix(v.role)) {
-                if v.shape[1] % g != 0 {
-                    return Err(invalid(
+                let (cols, name) = (v.shape[1], &v.parts[0].name);
+                if cols % g == 0 {
+                    continue;
+                }
+                return Err(match setup.weights {
+                    WeightFormat::Ggml { .. } => invalid(
+                        "--weights",
+                        format!(
+                            "ggml rows are whole blocks of 32, and {name} in {} has {cols} \
+                             columns: use f32, bf16, int8 or another group of int4",
+                            unit.name
+                        ),
+                    ),
+                    _ => invalid(
                         "--weight-group",
                         format!(
-                            "groups of {g} do not divide the {} columns of {} in {}: use a \
-                             group size that divides it",
-                            v.shape[1], v.parts[0].name, unit.name
+                            "groups of {g} do not divide the {cols} columns of {name} in {}: \
+                             use a group size that divides it",
+                            unit.name
                         ),
-                    ));
-                }
+                    ),
+                });
             }
         }
     }

@@ -19,7 +19,7 @@ pub enum Dtype {
     Int4,
     Nf4,
     /// A GGUF file's blocks as frugal's engine holds them: an int8 code per weight, an fp32
-    /// scale and minimum per group of 32 (16 for Q6_K files).
+    /// scale and minimum per group of 32 (16 in files with Q6_K).
     Ggml,
 }
 

@@ -30,8 +30,9 @@ pub enum WeightFormat {
         group: u64,
     },
     /// ggml's block types held exactly: an int8 code per weight, an fp32 scale and an fp32
-    /// minimum per group of `group` (32, or 16 when the file has Q6_K); a type without
-    /// minima has zeros. Other weights are quantized into it as ggml's Q8_0 is (absmax / 127).
+    /// minimum per group of `group` (32, or 16 when the file has Q6_K: 1.25 or 1.5 bytes a
+    /// weight); a type without minima has zeros. Float weights are quantized into it Q8_0-like
+    /// (absmax / 127).
     Ggml {
         group: u64,
     },
@@ -56,7 +57,9 @@ impl WeightFormat {
     /// The group size, for formats that have one.
     pub fn group(self) -> Option<u64> {
         match self {
-            WeightFormat::Int4 { group, .. } | WeightFormat::Nf4 { group } => Some(group),
+            WeightFormat::Int4 { group, .. }
+            | WeightFormat::Nf4 { group }
+            | WeightFormat::Ggml { group } => Some(group),
             _ => None,
         }
     }
@@ -84,10 +87,8 @@ impl WeightFormat {
             "int4" => WeightFormat::Int4 { group, asym: false },
             "int4-asym" => WeightFormat::Int4 { group, asym: true },
             "nf4" => WeightFormat::Nf4 { group },
-            // A GGUF file's loader narrows these to what the file holds.
-            "ggml" => WeightFormat::Ggml {
-                group: if group == 16 { 16 } else { 32 },
-            },
+            // A GGUF file's loader takes the file's own group instead.
+            "ggml" => WeightFormat::Ggml { group },
             other => {
                 return Err(invalid(
                     "--weights",
@@ -98,7 +99,14 @@ impl WeightFormat {
                 ))
             }
         };
-        if let Some(g) = f.group() {
+        if let WeightFormat::Ggml { group } = f {
+            if group != 16 && group != 32 {
+                return Err(invalid(
+                    "--weight-group",
+                    format!("ggml weights in groups of {group}: use 32 (or 16, Q6_K's)"),
+                ));
+            }
+        } else if let Some(g) = f.group() {
             if ![32, 64, 128].contains(&g) {
                 return Err(invalid(
                     "--weight-group",
@@ -158,5 +166,27 @@ impl KvFormat {
                 ))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WeightFormat;
+
+    #[test]
+    fn ggml_takes_groups_of_32_or_16_and_counts_a_scale_and_minimum_each() {
+        let g32 = WeightFormat::parse("ggml", Some(32)).unwrap();
+        assert_eq!(g32.group(), Some(32));
+        // 4096 × 4096: a byte of code a weight, 4 + 4 bytes a group.
+        assert_eq!(g32.matrix_bytes(4096, 4096), (1 << 24, 1 << 21, 1 << 21));
+        let g16 = WeightFormat::parse("ggml", Some(16)).unwrap();
+        assert_eq!(g16.matrix_bytes(16, 32), (512, 128, 128));
+        let err = WeightFormat::parse("ggml", Some(64))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--weight-group") && err.contains("16"),
+            "{err}"
+        );
     }
 }
