@@ -133,24 +133,10 @@ impl<B: InferOps> Worker<B> {
     /// Loads the whole model's fp32 units (as [`Worker::load_units`] takes them), keeping this
     /// rank's share of each.
     pub fn load_whole_units(&mut self, whole: &[Vec<f32>]) -> Result<(), EngineError> {
-        let Some(t) = &self.tp else {
+        let Some(share) = self.share()? else {
             return self.load_units(whole);
         };
-        let share = Share::new(
-            t.whole.clone(),
-            (t.link.rank, t.link.size),
-            Stage::whole(t.whole.shape.n_layers),
-        )?;
-        let mine: Vec<Vec<f32>> = self
-            .units
-            .iter()
-            .map(|unit| {
-                let values = &whole[share.whole_index(unit.kind)];
-                let mut part = vec![0.0f32; unit.padded_numel as usize];
-                share.take_unit(unit, values, &mut part);
-                part
-            })
-            .collect();
+        let mine = self.shares_of(&share, whole);
         self.load_units(&mine)?;
         if self.setup.weights == WeightFormat::Int8 {
             self.whole_row_scales(&share, whole)?;
@@ -166,28 +152,14 @@ impl<B: InferOps> Worker<B> {
         whole: &[Vec<f32>],
         stored: &mut StoredMatrix<'_>,
     ) -> Result<(), EngineError> {
-        let Some(t) = &self.tp else {
+        let Some(share) = self.share()? else {
             return self.load_units_with(whole, stored);
         };
         let WeightFormat::Ggml { group, .. } = self.setup.weights else {
             return self.load_whole_units(whole);
         };
-        let rank = t.link.rank;
-        let share = Share::new(
-            t.whole.clone(),
-            (rank, t.link.size),
-            Stage::whole(t.whole.shape.n_layers),
-        )?;
-        let mine: Vec<Vec<f32>> = self
-            .units
-            .iter()
-            .map(|unit| {
-                let values = &whole[share.whole_index(unit.kind)];
-                let mut part = vec![0.0f32; unit.padded_numel as usize];
-                share.take_unit(unit, values, &mut part);
-                part
-            })
-            .collect();
+        let rank = share.tp_rank;
+        let mine = self.shares_of(&share, whole);
         self.load_units_with(&mine, &mut |unit, view| {
             let w = &share.whole_units[share.whole_index(unit.kind)];
             let wv = w.view(view.role);
@@ -204,6 +176,32 @@ impl<B: InferOps> Worker<B> {
             )
             .map(Some)
         })
+    }
+
+    /// How this tensor-parallel rank's units are cut from the whole model's; `None` alone.
+    fn share(&self) -> Result<Option<Share>, EngineError> {
+        let Some(t) = &self.tp else {
+            return Ok(None);
+        };
+        let stage = Stage::whole(t.whole.shape.n_layers);
+        Ok(Some(Share::new(
+            t.whole.clone(),
+            (t.link.rank, t.link.size),
+            stage,
+        )?))
+    }
+
+    /// This rank's share of each whole unit's fp32 values.
+    fn shares_of(&self, share: &Share, whole: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        self.units
+            .iter()
+            .map(|unit| {
+                let values = &whole[share.whole_index(unit.kind)];
+                let mut part = vec![0.0f32; unit.padded_numel as usize];
+                share.take_unit(unit, values, &mut part);
+                part
+            })
+            .collect()
     }
 
     /// int8 keeps one scale per row of the whole matrix: a row-parallel slice (some columns of
@@ -319,4 +317,49 @@ fn take_grouped(
         scales,
         zeros,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Packed ggml bytes dequantized: scale · code + min per group.
+    fn values(p: &Packed, group: usize) -> Vec<f32> {
+        let f = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let (scales, mins) = (f(&p.scales), f(&p.zeros));
+        p.codes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| scales[i / group] * f32::from(c as i8) + mins[i / group])
+            .collect()
+    }
+
+    #[test]
+    fn a_ranks_share_of_ggml_bytes_holds_the_values_of_its_share() {
+        let (rows, cols, group) = (4usize, 64usize, 16usize);
+        let groups = rows * cols / group;
+        let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8).collect();
+        let scales: Vec<f32> = (0..groups).map(|g| 0.01 * (g + 1) as f32).collect();
+        let mins: Vec<f32> = (0..groups).map(|g| -0.1 * g as f32).collect();
+        let whole = Packed::grouped(codes, &scales, &mins);
+        let dense = values(&whole, group);
+        let shape = [rows as u64, cols as u64];
+        for split in [
+            Split::Whole,
+            Split::Rows(vec![(1, 2)]),
+            Split::Rows(vec![(0, 1), (3, 1)]),
+            Split::Cols(16, 32),
+        ] {
+            let part = take_grouped(&split, rows, cols, group, &whole).unwrap();
+            let mut want = vec![0.0f32; part.codes.len()];
+            plan::frugal::tp::take(&split, &shape, &dense, &mut want);
+            assert_eq!(values(&part, group), want, "{split:?}");
+        }
+        // Columns that cut a group are refused.
+        assert!(take_grouped(&Split::Cols(8, 32), rows, cols, group, &whole).is_err());
+    }
 }
