@@ -52,18 +52,8 @@ pub struct Args {
     pub system: Option<String>,
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
-    /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4, or ggml (a
-    /// GGUF file's own blocks, exactly: int8 codes with an fp32 scale and minimum per 32, or 16
-    /// in a file with Q6_K).
-    /// Default: the model's stored format (ggml for a quantized GGUF, f32 for an fp32 model).
-    #[arg(long)]
-    pub weights: Option<String>,
-    /// Group size of int4/nf4 weights: 32, 64 or 128.
-    #[arg(long, default_value_t = 32)]
-    pub weight_group: u64,
-    /// KV cache storage: f32, bf16, int8 or fp8 (e4m3; per token and head scales).
-    #[arg(long, default_value = "f32")]
-    pub kv_dtype: String,
+    #[command(flatten)]
+    pub storage: Storage,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub kv_block: u64,
@@ -102,6 +92,34 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How the weights and the KV cache are stored (generate, serve, perplexity).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Storage {
+    /// Weight storage: f32, bf16, int8 (per row), int4, int4-asym (zero points), nf4, or ggml (a
+    /// GGUF file's own blocks, exactly: int8 codes with an fp32 scale and minimum per 32, or 16
+    /// in a file with Q6_K).
+    /// Default: the model's stored format (ggml for a quantized GGUF, f32 for an fp32 model).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// Group size of int4/nf4 weights: 32, 64 or 128 (ggml takes a GGUF file's own).
+    #[arg(long, default_value_t = 32)]
+    pub weight_group: u64,
+    /// KV cache storage: f32, bf16, int8 or fp8 (e4m3; per token and head scales).
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+}
+
+impl Storage {
+    /// The weight and KV formats these flags ask of `source`.
+    pub fn formats(
+        &self,
+        source: &crate::model::Loaded,
+    ) -> anyhow::Result<(WeightFormat, KvFormat)> {
+        let weights = weight_format(self.weights.as_deref(), self.weight_group, source)?;
+        Ok((weights, KvFormat::parse(&self.kv_dtype)?))
+    }
 }
 
 /// The weight format asked for, or the source's default (its stored one, a GGUF file's blocks).
@@ -188,8 +206,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.kv_cache == "off" {
         return reference::run(&args, &source, &tok, &prompt, sampling);
     }
-    let weights = weight_format(args.weights.as_deref(), args.weight_group, &source)?;
-    let kv = KvFormat::parse(&args.kv_dtype)?;
+    let (weights, kv) = args.storage.formats(&source)?;
     let mut setup = ServeSetup::generation(
         shape,
         1,
@@ -226,8 +243,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .load()
                 .with_context(|| format!("--draft {}", d.display()))?;
             let format = weight_format(
-                args.draft_weights.as_deref().or(args.weights.as_deref()),
-                args.weight_group,
+                args.draft_weights
+                    .as_deref()
+                    .or(args.storage.weights.as_deref()),
+                args.storage.weight_group,
                 &draft_src,
             )
             .with_context(|| format!("--draft {}", d.display()))?;

@@ -39,16 +39,8 @@ pub struct Args {
     /// Chunks to score (default: every whole chunk of the text).
     #[arg(long)]
     pub chunks: Option<usize>,
-    /// Weight storage, as generate's --weights (default: the model's stored format; ggml for a
-    /// quantized GGUF file).
-    #[arg(long)]
-    pub weights: Option<String>,
-    /// Group size of int4/nf4 weights: 32, 64 or 128.
-    #[arg(long, default_value_t = 32)]
-    pub weight_group: u64,
-    /// KV cache storage: f32, bf16, int8 or fp8.
-    #[arg(long, default_value = "f32")]
-    pub kv_dtype: String,
+    #[command(flatten)]
+    pub storage: crate::cmd_generate::Storage,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -93,9 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.ctx
         );
     }
-    let weights =
-        crate::cmd_generate::weight_format(args.weights.as_deref(), args.weight_group, &source)?;
-    let kv = plan::frugal::KvFormat::parse(&args.kv_dtype)?;
+    let (weights, kv) = args.storage.formats(&source)?;
     let ctx = args.ctx as u64;
     let setup = plan::frugal::ServeSetup {
         prefill_chunk: ctx,

@@ -20,7 +20,7 @@ mod pd;
 
 use crate::model::ModelSource;
 use anyhow::{anyhow, bail, Context};
-use plan::frugal::{KvFormat, ServeSetup};
+use plan::frugal::ServeSetup;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -44,16 +44,8 @@ pub struct Args {
     /// Port (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Weight storage, as generate's --weights (default: the model's stored format; a quantized
-    /// GGUF file runs its own blocks, ggml).
-    #[arg(long)]
-    pub weights: Option<String>,
-    /// Group size of int4/nf4 weights.
-    #[arg(long, default_value_t = 32)]
-    pub weight_group: u64,
-    /// KV cache storage: f32, bf16, int8 or fp8.
-    #[arg(long, default_value = "f32")]
-    pub kv_dtype: String,
+    #[command(flatten)]
+    pub storage: crate::cmd_generate::Storage,
     /// Tokens of context a request may use, prompt and answer together (default: the model's,
     /// at most 4096).
     #[arg(long)]
@@ -110,9 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             shape.max_positions
         );
     }
-    let weights =
-        crate::cmd_generate::weight_format(args.weights.as_deref(), args.weight_group, &source)?;
-    let kv = KvFormat::parse(&args.kv_dtype)?;
+    let (weights, kv) = args.storage.formats(&source)?;
     if !(1..=256).contains(&args.max_seqs) {
         bail!(
             "--max-seqs {}: give 1 to 256 requests per batch",
