@@ -212,7 +212,15 @@ fn rows_that_end_in_half_a_128_weight_chunk_match_the_reference() {
 fn grouped_int8_with_and_without_minima_matches_the_reference() {
     // ggml's shapes: Q8_0/Q4_1-like groups of 32 with minima, Q6_K-like groups of 16 without,
     // and groups of 16 with minima (a Q4_K_M file's mix); SmolLM2's 576 and a 256-wide row.
-    for (ic, group, with_mins) in [(576, 32, true), (256, 16, false), (576, 16, true)] {
+    // 96: an odd number of blocks (the VNNI path's lone last block).
+    let cases = [
+        (576, 32, true),
+        (256, 16, false),
+        (576, 16, true),
+        (96, 32, true),
+        (96, 16, false),
+    ];
+    for (ic, group, with_mins) in cases {
         let oc = 11;
         let groups = oc * ic / group;
         let s = stored(&mut Rng::new(ic as u64 + group as u64), oc, ic, groups);
