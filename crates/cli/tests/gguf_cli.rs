@@ -276,10 +276,39 @@ fn perplexity_is_llama_cpps_within_half_a_percent() {
         "--json",
     ]));
     assert_eq!(v["scored_tokens"], want["scored"], "{v}");
+    assert_eq!(v["weights"], "ggml", "the file's own blocks by default");
     let (ours, theirs) = (v["ppl"].as_f64().unwrap(), want["ppl"].as_f64().unwrap());
     assert!(
         (ours / theirs - 1.0).abs() < 0.005,
         "frugal {ours} against llama.cpp {theirs} on the same chunks"
+    );
+    // The file's values in f32, and int4 weights with an int8 KV cache: what they cost.
+    let other = |extra: &[&str]| {
+        let mut args = vec![
+            "perplexity",
+            "--model",
+            model.to_str().unwrap(),
+            "--ctx",
+            "256",
+            "--chunks",
+            "4",
+            "--json",
+        ];
+        args.extend(extra);
+        json(&frugal(&args))
+    };
+    let f32s = other(&["--weights", "f32"]);
+    assert_eq!(f32s["weights"], "f32");
+    let f32_ppl = f32s["ppl"].as_f64().unwrap();
+    assert!((f32_ppl / theirs - 1.0).abs() < 0.01, "f32 {f32_ppl}");
+    let int4 = other(&["--weights", "int4", "--kv-dtype", "int8"]);
+    assert_eq!(
+        (&int4["weights"], &int4["kv_dtype"]),
+        (&"int4".into(), &"int8".into())
+    );
+    assert!(
+        int4["ppl"].as_f64().unwrap() > f32_ppl,
+        "4-bit weights cost perplexity: {int4}"
     );
     let short = frugal(&[
         "perplexity",
