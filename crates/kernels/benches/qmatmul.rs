@@ -51,7 +51,7 @@ fn main() {
     for group in [32usize, 128] {
         let h_g: Vec<f16> = (0..n / group).map(|_| f16::from_f32(0.01)).collect();
         let f_g: Vec<f32> = vec![0.01; n / group];
-        let formats: Vec<(String, QWeight)> = vec![
+        let mut formats: Vec<(String, QWeight)> = vec![
             ("f32".into(), QWeight::F32(&f32s)),
             ("bf16".into(), QWeight::Bf16(&bf16s)),
             (
@@ -80,11 +80,24 @@ fn main() {
                 },
             ),
         ];
+        if group == 32 {
+            // A GGUF file's blocks as the engine runs them: a scale and a minimum per 32.
+            formats.push((
+                "ggml g32".into(),
+                QWeight::Grouped {
+                    codes: &i8s,
+                    scales: &f_g,
+                    mins: Some(&f_g),
+                    group,
+                },
+            ));
+        }
         for (name, w) in &formats {
             if group != 32 && !name.contains('g') {
                 continue;
             }
             for &isa in &isas {
+                // VNNI changes only int4's path; int8 and ggml run the AVX2 integer one.
                 if isa == Isa::Avx512Vnni && !name.starts_with("int4") {
                     continue;
                 }
