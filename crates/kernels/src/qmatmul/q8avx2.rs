@@ -20,7 +20,7 @@
 //! seen (kernel internals, like faer's workspace, not tensors of the engine's plan). IC must be a
 //! multiple of 32.
 
-mod grouped;
+pub(super) mod grouped;
 
 use super::ROWS;
 use half::f16;
