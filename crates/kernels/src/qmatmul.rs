@@ -91,8 +91,7 @@ pub enum QWeight<'a> {
 /// Which instruction set runs the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 VNNI for int4, and for grouped weights from 4 rows (activations quantized to
-    /// int8 per 32); AVX-512 for the rest.
+    /// AVX-512 VNNI for int4 (activations quantized to int8 per 32); AVX-512 for the rest.
     Avx512Vnni,
     Avx512,
     Avx2,
@@ -232,23 +231,9 @@ pub fn matmul_on(
                         &mut out[r0 * oc..(r0 + rows) * oc],
                         oc,
                         chunk,
-                        |out, range| match weights {
-                            // From 4 rows on, where the products bind (a decode batch); one
-                            // row is bound by its bytes, and the AVX2 loop reads them faster.
-                            // SAFETY: the CPU has AVX-512 VNNI (the path is `isa`, which runs
-                            // here); `q` holds `rows` rows of IC in whole blocks of 32.
-                            q8avx2::Weights::Grouped {
-                                codes,
-                                scales,
-                                mins,
-                                group,
-                            } if isa == Isa::Avx512Vnni && rows >= 4 => unsafe {
-                                q8avx2::grouped::vnni_rows(
-                                    out, q, codes, scales, mins, group, rows, ic, oc, range,
-                                )
-                            },
+                        |out, range| {
                             // SAFETY: as above; `q` holds `rows` rows of IC.
-                            _ => unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range) },
+                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range) }
                         },
                     );
                 }

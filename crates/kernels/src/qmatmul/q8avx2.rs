@@ -20,7 +20,7 @@
 //! seen (kernel internals, like faer's workspace, not tensors of the engine's plan). IC must be a
 //! multiple of 32.
 
-pub(super) mod grouped;
+mod grouped;
 
 use super::ROWS;
 use half::f16;
