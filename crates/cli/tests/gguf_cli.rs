@@ -88,61 +88,6 @@ fn greedy_generation_starts_as_llama_cpps_and_measures_its_plan() {
 }
 
 #[test]
-fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
-    let model = smollm2();
-    for case in golden()["greedy"].as_array().unwrap().iter().take(2) {
-        let prompt = case["prompt"].as_str().unwrap();
-        let v = json(&frugal(&[
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            prompt,
-            "--max-new-tokens",
-            "8",
-            "--weights",
-            "ggml",
-            "--json",
-        ]));
-        let (ours, theirs) = (
-            v["tokens"].as_array().unwrap(),
-            case["tokens"].as_array().unwrap(),
-        );
-        assert_eq!(ours[..5], theirs[..5], "{prompt}: {:?}", v["text"]);
-        assert_eq!(v["planned"], v["measured"], "planned == measured");
-        // Every matrix (the Q4_1 blocks and the Q8_0 embedding, 134,479,872 weights) as an
-        // int8 code plus an fp32 scale and minimum per 32: 1.25 bytes a weight; the norms'
-        // 35,136 values in f32.
-        let params = v["planned"]["params_bytes"].as_u64().unwrap();
-        assert_eq!(params, 134_479_872 * 5 / 4 + 4 * 35_136);
-    }
-    // Three tensor-parallel ranks, each holding its rows or whole groups of columns of the
-    // file's blocks: the same first tokens, each rank's plan measured to the byte.
-    let v = json(&frugal(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "The capital of France is",
-        "--max-new-tokens",
-        "8",
-        "--weights",
-        "ggml",
-        "--tp",
-        "3",
-        "--json",
-    ]));
-    let theirs = golden()["greedy"][0]["tokens"].clone();
-    assert_eq!(
-        v["tokens"].as_array().unwrap()[..5],
-        theirs.as_array().unwrap()[..5]
-    );
-    for rank in v["ranks"].as_array().unwrap() {
-        assert_eq!(rank["planned"], rank["measured"]);
-    }
-}
-
-#[test]
 fn a_chat_message_gets_the_models_template_and_an_answer() {
     let model = smollm2();
     let out = frugal(&[
