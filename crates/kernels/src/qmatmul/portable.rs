@@ -68,19 +68,7 @@ fn dequantize(w: &QWeight, o: usize, c0: usize, ic: usize, out: &mut [f32]) {
         } if whole && group.is_multiple_of(SUB) => nibbles(codes, start, group, out, |g| {
             std::array::from_fn(|q| scales[g] * levels[q])
         }),
-        QWeight::Grouped {
-            codes,
-            scales,
-            mins,
-            group,
-        } => {
-            for (j, x) in out.iter_mut().enumerate() {
-                let (idx, g) = (start + j, (start + j) / group);
-                let w = scales[g] * f32::from(codes[idx]);
-                *x = mins.map_or(w, |m| w + m[g]);
-            }
-        }
-        QWeight::Int4 { .. } | QWeight::Nf4 { .. } => {
+        QWeight::Int4 { .. } | QWeight::Nf4 { .. } | QWeight::Grouped { .. } => {
             for (j, x) in out.iter_mut().enumerate() {
                 *x = w.at(o, c0 + j, ic);
             }
