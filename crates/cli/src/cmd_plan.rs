@@ -270,13 +270,16 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
 fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetup> {
     // ggml weights take a GGUF file's own group, as generate does; the frugal runtime runs a
     // quantized GGUF file's blocks by default.
-    let file_group = match (&args.model, args.weights) {
+    let file_format = match (&args.model, args.weights) {
         (Some(m), None | Some(Dtype::Ggml)) => crate::model::ModelSource::at(Path::new(m))
             .and_then(|s| s.own_format())
             .ok()
-            .flatten()
-            .and_then(|f| f.group().filter(|_| matches!(f, WeightFormat::Ggml { .. }))),
+            .flatten(),
         _ => None,
+    };
+    let (file_group, nibbles) = match file_format {
+        Some(WeightFormat::Ggml { group, nibbles }) => (Some(group), nibbles),
+        _ => (None, plan::frugal::Roles::NONE),
     };
     let weights = match (args.weights, file_group, runtime) {
         (Some(w), _, _) => w,
@@ -289,6 +292,7 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
             (Dtype::Ggml, Some(g)) => Some(g),
             _ => args.weight_group,
         },
+        ggml_nibbles: nibbles,
         double_quant: args.double_quant,
         kv_dtype: args.kv_dtype,
         batch: args.batch,

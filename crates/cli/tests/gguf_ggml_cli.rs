@@ -34,11 +34,14 @@ fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
         );
         assert_eq!(ours[..5], theirs[..5], "{prompt}: {:?}", v["text"]);
         assert_eq!(v["planned"], v["measured"], "planned == measured");
-        // Every matrix (the Q4_1 blocks and the Q8_0 embedding, 134,479,872 weights) as an
-        // int8 code plus an fp32 scale and minimum per 32: 1.25 bytes a weight; the norms'
-        // 35,136 values in f32.
+        // An fp32 scale and minimum per 32 weights; the codes of the 30 layers' Q4_1 matrices
+        // (106,168,320 weights) two a byte, 0.75 bytes a weight; the Q8_0 embedding's
+        // (49152 x 576) one a byte, 1.25; the norms' 35,136 values in f32.
         let params = v["planned"]["params_bytes"].as_u64().unwrap();
-        assert_eq!(params, 134_479_872 * 5 / 4 + 4 * 35_136);
+        assert_eq!(
+            params,
+            106_168_320 * 3 / 4 + 49_152 * 576 * 5 / 4 + 4 * 35_136
+        );
     }
     // Three tensor-parallel ranks, each holding its rows or whole groups of columns of the
     // file's blocks: the same first tokens, each rank's plan measured to the byte.

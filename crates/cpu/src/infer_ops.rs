@@ -11,7 +11,7 @@ use engine::backend::{DType, Tensor};
 use half::{bf16, f16};
 use kernels::paged_attention::{self as pa, KvShape, KvSlice, KvSliceMut, RowCtx};
 use kernels::qmatmul::{self, QWeight};
-use plan::frugal::{KvFormat, WeightFormat};
+use plan::frugal::{KvFormat, Roles, WeightFormat};
 
 /// The QLoRA NormalFloat4 levels as f32 (the formats crate's table).
 fn nf4_levels() -> [f32; 16] {
@@ -39,6 +39,17 @@ fn with_weight<R>(a: &Arena<Cpu>, m: &QMatrix, f: impl FnOnce(&QWeight) -> R) ->
                 codes: &codes,
                 scales: &scales,
                 zeros: zeros.as_deref(),
+                group: group as usize,
+            })
+        }
+        WeightFormat::Ggml { group, nibbles } if nibbles == Roles::ALL => {
+            let codes = a.view::<u8>(m.codes);
+            let scales = a.view::<f32>(m.scales.unwrap());
+            let mins = m.zeros.map(|z| a.view::<f32>(z));
+            f(&QWeight::Grouped4 {
+                codes: &codes,
+                scales: &scales,
+                mins: mins.as_deref(),
                 group: group as usize,
             })
         }

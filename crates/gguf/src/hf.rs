@@ -173,6 +173,11 @@ impl<'a> Model<'a> {
         Ok(Some(g))
     }
 
+    /// The type the file holds HF tensor `hf` in.
+    pub fn tensor_kind(&self, hf: &str) -> Result<crate::TensorType> {
+        Ok(self.info(hf)?.kind)
+    }
+
     /// The group (32, or 16 when a tensor is Q6_K) that holds every quantized tensor of the
     /// file in the `ggml` weight format.
     pub fn group(&self) -> usize {

@@ -165,6 +165,11 @@ impl TensorType {
         }
     }
 
+    /// Whether the type's codes are 4 bits (Q4_0's −8..7 shift to 0..15 into a minimum).
+    pub fn four_bit(self) -> bool {
+        matches!(self, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q4K)
+    }
+
     /// Whether a group's values carry a minimum (`d · q + m`).
     pub fn has_min(self) -> bool {
         matches!(

@@ -369,9 +369,12 @@ fn bind_unit<B: InferOps>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -
     for v in &unit.views {
         if is_matrix(v.role) {
             let (rows, cols) = (v.shape[0] as usize, v.shape[1] as usize);
+            // The matrix's own format: ggml keeps some roles' codes two a byte.
+            let format = format.of(v.role);
             let dtype = match format {
                 WeightFormat::F32 => DType::F32,
                 WeightFormat::Bf16 => DType::Bf16,
+                WeightFormat::Ggml { .. } if format.nibbles(v.role) => DType::U8,
                 WeightFormat::Int8 | WeightFormat::Ggml { .. } => DType::I8,
                 _ => DType::U8,
             };

@@ -21,7 +21,7 @@ use formats::{Format, IntRange};
 use half::{bf16, f16};
 use plan::frugal::serve::is_matrix;
 use plan::frugal::units::{ParamView, Role, Unit};
-use plan::frugal::WeightFormat;
+use plan::frugal::{Roles, WeightFormat};
 
 /// A matrix already in the worker's format, if its source holds one: `(unit, view)` → bytes.
 pub type StoredMatrix<'a> =
@@ -112,7 +112,17 @@ pub fn pack(
                 zeros: q.zero_points.iter().map(|&z| z as u8).collect(),
             }
         }
-        WeightFormat::Ggml { group } => ggml_q8(values, group as usize),
+        WeightFormat::Ggml { group, nibbles } if nibbles == Roles::NONE => {
+            ggml_q8(values, group as usize)
+        }
+        WeightFormat::Ggml { .. } => {
+            return Err(EngineError::Weights {
+                path: "quantization".into(),
+                reason: "ggml's 4-bit codes come only from a GGUF file's Q4_0, Q4_1 and Q4_K \
+                         blocks"
+                    .into(),
+            })
+        }
         WeightFormat::Nf4 { group } => {
             let g = Granularity::PerGroup(group as usize);
             let c = config(Scheme::Nf4, g, Symmetry::Symmetric, Format::F32);
@@ -155,6 +165,24 @@ impl Packed {
             scales: bytes(scales),
             zeros: bytes(mins),
         }
+    }
+
+    /// Grouped codes one a byte, each 0..15, packed two a byte in the kernels' sub-block order;
+    /// rows of `cols` must be whole sub-blocks of 32.
+    pub fn into_nibbles(self, cols: usize) -> Result<Packed, String> {
+        if !cols.is_multiple_of(kernels::qmatmul::SUB) {
+            return Err(format!(
+                "rows of {cols} 4-bit codes are not whole blocks of {}",
+                kernels::qmatmul::SUB
+            ));
+        }
+        if let Some(c) = self.codes.iter().find(|&&c| c > 15) {
+            return Err(format!("a code of {} does not fit in 4 bits", *c as i8));
+        }
+        Ok(Packed {
+            codes: kernels::qmatmul::pack_nibbles(&self.codes),
+            ..self
+        })
     }
 }
 
@@ -214,7 +242,14 @@ pub fn random_packed(
                 zeros: if asym { vec![8; groups] } else { Vec::new() },
             }
         }
-        WeightFormat::Ggml { group } => {
+        WeightFormat::Ggml { group, nibbles } if nibbles != Roles::NONE => {
+            let groups = n / group as usize;
+            // Codes 0..=15 around a minimum of −8 steps (Q4_0's values).
+            let scales = vec![a / 7.0; groups];
+            let mins: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+            Packed::grouped(bytes(n / 2), &scales, &mins)
+        }
+        WeightFormat::Ggml { group, .. } => {
             let groups = n / group as usize;
             // Codes in −127..=127, as int8's.
             let codes = bytes(n)
@@ -275,10 +310,20 @@ impl<B: InferOps> Worker<B> {
                 if is_matrix(v.role) {
                     let m = self.weights[u].matrix(v.role);
                     if let Some(p) = stored(unit, v)? {
+                        let p = match m.format.nibbles(v.role) {
+                            true => {
+                                p.into_nibbles(m.cols)
+                                    .map_err(|reason| EngineError::Weights {
+                                        path: format!("{} of unit {}", v.parts[0].name, unit.name),
+                                        reason,
+                                    })?
+                            }
+                            false => p,
+                        };
                         self.upload_matrix(&m, &p);
                         continue;
                     }
-                    let p = pack(self.setup.weights, x, m.rows, m.cols).map_err(|e| match e {
+                    let p = pack(m.format, x, m.rows, m.cols).map_err(|e| match e {
                         EngineError::Weights { reason, .. } => EngineError::Weights {
                             path: format!("{} of unit {}", v.parts[0].name, unit.name),
                             reason,
@@ -315,7 +360,7 @@ impl<B: InferOps> Worker<B> {
             for v in &unit.views {
                 if is_matrix(v.role) {
                     let m = self.weights[u].matrix(v.role);
-                    let p = random_packed(self.setup.weights, m.rows, m.cols, &mut rng);
+                    let p = random_packed(m.format, m.rows, m.cols, &mut rng);
                     self.upload_matrix(&m, &p);
                     continue;
                 }

@@ -91,6 +91,16 @@ fn main() {
                     group,
                 },
             ));
+            // Its 4-bit types, codes two a byte.
+            formats.push((
+                "ggml4 g32".into(),
+                QWeight::Grouped4 {
+                    codes: &u8s,
+                    scales: &f_g,
+                    mins: Some(&f_g),
+                    group,
+                },
+            ));
         }
         for (name, w) in &formats {
             if group != 32 && !name.contains('g') {

@@ -15,6 +15,8 @@
 //! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
 //!   with an fp32 scale and, optionally, an fp32 minimum: w = scale × code + min. ggml's block
 //!   types (Q4_0 … Q8_0, the k-quants) repack into it with their values exact.
+//! - `Grouped4`: `Grouped` whose codes are 0..15 (ggml's 4-bit types: Q4_0 shifted by 8 into
+//!   its minimum, Q4_1, Q4_K), packed two per byte in int4's sub-block order.
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
 //! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`; int4 on VNNI where present),
@@ -83,6 +85,13 @@ pub enum QWeight<'a> {
         codes: &'a [i8],
         scales: &'a [f32],
         /// One minimum per group; `None`: zero.
+        mins: Option<&'a [f32]>,
+        group: usize,
+    },
+    /// As `Grouped`, with codes 0..15 packed two per byte in int4's sub-block order.
+    Grouped4 {
+        codes: &'a [u8],
+        scales: &'a [f32],
         mins: Option<&'a [f32]>,
         group: usize,
     },
@@ -215,7 +224,10 @@ pub fn matmul_on(
     // up: the AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this
     // one's 0.82 (TinyLlama int8 decode, 2 Zen 4 cores).
     #[cfg(target_arch = "x86_64")]
-    let int8 = matches!(w, QWeight::Int8 { .. } | QWeight::Grouped { .. });
+    let int8 = matches!(
+        w,
+        QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. }
+    );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 || (int8 && isa != Isa::Portable) {
         if let Some((weights, group)) = q8_weights(w, ic) {
@@ -286,7 +298,21 @@ fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, us
             group,
         } => Some((
             q8avx2::Weights::Grouped {
-                codes,
+                codes: q8avx2::Codes::I8(codes),
+                scales,
+                mins,
+                group,
+            },
+            group,
+        )),
+        QWeight::Grouped4 {
+            codes,
+            scales,
+            mins,
+            group,
+        } => Some((
+            q8avx2::Weights::Grouped {
+                codes: q8avx2::Codes::U4(codes),
                 scales,
                 mins,
                 group,
@@ -327,7 +353,7 @@ fn run_rows(
     oc: usize,
     range: std::ops::Range<usize>,
 ) {
-    if let QWeight::Grouped { .. } = w {
+    if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } = w {
         // Grouped weights run on the integer path from AVX2 up; below it, here.
         return portable::rows(out, a, w, rows, ic, oc, range);
     }

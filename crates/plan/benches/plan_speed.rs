@@ -85,6 +85,7 @@ fn main() {
             plan.buffers.len()
         );
         let inf = InferSetup {
+            ggml_nibbles: plan::frugal::Roles::NONE,
             weights: Dtype::Int4,
             weight_group: Some(128),
             double_quant: false,

@@ -36,7 +36,7 @@ pub use acts::{classifier_row_bytes, ActPolicy, ActShape, CLASSIFIER_CHUNK_ROWS}
 pub use forward::{forward_plan, ForwardSetup};
 pub use key::{Key, StepAct, StepKind};
 pub use layout::{assign_offsets, assign_offsets_aligned, SlabLayout};
-pub use serve::{serve_plan, serve_plan_rank, KvFormat, ServeSetup, WeightFormat};
+pub use serve::{serve_plan, serve_plan_rank, KvFormat, Roles, ServeSetup, WeightFormat};
 pub use shards::StateRule;
 pub use units::{param_units, Role, Unit, UnitKind};
 

@@ -96,6 +96,7 @@ fn rows() -> Vec<Row> {
                     Dtype::Bf16
                 };
                 let setup = InferSetup {
+                    ggml_nibbles: plan::frugal::Roles::NONE,
                     weights,
                     weight_group: None,
                     double_quant: false,

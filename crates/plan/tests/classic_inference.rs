@@ -5,6 +5,7 @@ use plan::{infer, presets, Category};
 
 fn setup(weights: Dtype, kv_dtype: Dtype, batch: u64, seq: u64) -> InferSetup {
     InferSetup {
+        ggml_nibbles: plan::frugal::Roles::NONE,
         weights,
         weight_group: None,
         double_quant: false,

@@ -10,6 +10,7 @@ use plan::setup::{Attention, Dtype, InferSetup};
 
 fn setup(weights: Dtype) -> InferSetup {
     InferSetup {
+        ggml_nibbles: plan::frugal::Roles::NONE,
         weights,
         weight_group: None,
         double_quant: false,
@@ -129,6 +130,7 @@ fn kv_formats_hf_does_not_cache_are_typed_errors() {
 fn eager_prefill_peak_is_ten_bytes_per_score_over_weights_and_cache() {
     let (b, t, heads) = (1u64, 4096u64, 32u64);
     let eager = |weights: Dtype| InferSetup {
+        ggml_nibbles: plan::frugal::Roles::NONE,
         batch: b,
         seq: t,
         kv_dtype: weights,

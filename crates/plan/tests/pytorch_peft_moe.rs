@@ -166,6 +166,7 @@ fn mla_caches_the_latent_and_rope_key() {
     let m = by_name("deepseek-v2-lite").unwrap();
     let mla = m.mla.clone().unwrap();
     let s = InferSetup {
+        ggml_nibbles: plan::frugal::Roles::NONE,
         weights: Dtype::Bf16,
         weight_group: None,
         double_quant: false,

@@ -248,6 +248,7 @@ fn vllm_kv_formula_and_sliding_windows() {
     let kv = |model: &str, seq: u64, block: Option<u64>| {
         let m = presets::by_name(model).unwrap();
         let s = InferSetup {
+            ggml_nibbles: plan::frugal::Roles::NONE,
             weights: Dtype::Bf16,
             weight_group: None,
             double_quant: false,

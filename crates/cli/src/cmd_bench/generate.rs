@@ -150,7 +150,7 @@ pub fn step_bytes(s: &plan::ModelShape, setup: &ServeSetup, batch: u64, cached: 
                 bytes += 4 * v.numel();
                 continue;
             }
-            let (c, sc, z) = setup.weights.matrix_bytes(rows, cols);
+            let (c, sc, z) = setup.weights.matrix_bytes(v.role, rows, cols);
             let whole = c + sc + z;
             bytes += if v.role == Role::TokenEmbedding && !s.tied_embeddings {
                 whole / rows * batch

@@ -63,7 +63,13 @@ fn cases() -> Vec<(WeightFormat, KvFormat)> {
         ),
         (W::Nf4 { group: 64 }, K::F32),
         // A GGUF file's own blocks (Q8_0's rule for other weights).
-        (W::Ggml { group: 32 }, K::F32),
+        (
+            W::Ggml {
+                group: 32,
+                nibbles: plan::frugal::Roles::NONE,
+            },
+            K::F32,
+        ),
         (W::F32, K::Bf16),
         (W::F32, K::Int8),
         (W::F32, K::Fp8),

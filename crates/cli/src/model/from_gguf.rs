@@ -69,12 +69,26 @@ pub(super) fn default_format(path: &Path) -> anyhow::Result<plan::frugal::Weight
 }
 
 /// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest
-/// scale group (16 when a tensor is Q6_K).
+/// scale group (16 when a tensor is Q6_K), and two codes a byte for the matrices it holds in
+/// 4-bit types in every layer (every part of a fused one: q, k and v; gate and up).
 pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
+    use plan::frugal::{serve::is_matrix, Roles};
     let g = open_gguf(path)?;
-    let group = gguf::hf::Model::new(&g)?.group();
+    let model = gguf::hf::Model::new(&g)?;
+    let shape = plan::hf_config::parse(&model.config_json()?, &path.display().to_string())?;
+    let mut nibbles = Roles::ALL;
+    for unit in plan::frugal::param_units(&shape, 1)? {
+        for v in unit.views.iter().filter(|v| is_matrix(v.role)) {
+            for part in &v.parts {
+                if !model.tensor_kind(&part.name)?.four_bit() {
+                    nibbles = nibbles.without(v.role);
+                }
+            }
+        }
+    }
     Ok(plan::frugal::WeightFormat::Ggml {
-        group: group as u64,
+        group: model.group() as u64,
+        nibbles,
     })
 }
 
@@ -95,7 +109,8 @@ pub(super) fn load_exact(
         path: name.clone(),
         reason,
     };
-    let plan::frugal::WeightFormat::Ggml { group } = worker.setup.weights else {
+    let format = worker.setup.weights;
+    let plan::frugal::WeightFormat::Ggml { group, .. } = format else {
         return Err(fail(
             "the exact GGUF load needs the ggml weight format".into(),
         ));
@@ -106,12 +121,25 @@ pub(super) fn load_exact(
         let mut codes = Vec::new();
         let (mut scales, mut minima) = (Vec::new(), Vec::new());
         for part in &view.parts {
-            let Some(t) = model
+            let Some(mut t) = model
                 .tensor_grouped(&part.name, group as usize)
                 .map_err(|e| fail(e.to_string()))?
             else {
                 return Ok(None);
             };
+            let kind = model
+                .tensor_kind(&part.name)
+                .map_err(|e| fail(e.to_string()))?;
+            if format.nibbles(view.role) && kind == gguf::TensorType::Q4_0 {
+                // Q4_0's d·(q − 8) as d·q + (−8d), codes 0..15: the same value (both terms
+                // are whole multiples of d, and so is their sum, exactly).
+                for c in &mut t.codes {
+                    *c += 8;
+                }
+                for (m, d) in t.mins.iter_mut().zip(&t.scales) {
+                    *m = -8.0 * d;
+                }
+            }
             codes.extend(t.codes.iter().map(|&c| c as u8));
             scales.extend_from_slice(&t.scales);
             minima.extend_from_slice(&t.mins);

@@ -12,6 +12,7 @@ use plan::frugal::{KvFormat, WeightFormat};
 /// A (rows, cols) weight matrix as stored: codes (or values), scales, zero points.
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix {
+    /// This matrix's own format (`WeightFormat::of` its role).
     pub format: WeightFormat,
     pub codes: Tensor,
     pub scales: Option<Tensor>,

@@ -90,7 +90,7 @@ unsafe fn rows_n<const R: usize>(
             }
             // Grouped weights run on the integer path (`matmul_on` routes them); a direct call
             // still gets the right sum.
-            QWeight::Grouped { .. } => {
+            QWeight::Grouped { .. } | QWeight::Grouped4 { .. } => {
                 scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
             }
             QWeight::Nf4 {

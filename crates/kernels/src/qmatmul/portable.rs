@@ -68,7 +68,22 @@ fn dequantize(w: &QWeight, o: usize, c0: usize, ic: usize, out: &mut [f32]) {
         } if whole && group.is_multiple_of(SUB) => nibbles(codes, start, group, out, |g| {
             std::array::from_fn(|q| scales[g] * levels[q])
         }),
-        QWeight::Int4 { .. } | QWeight::Nf4 { .. } | QWeight::Grouped { .. } => {
+        QWeight::Grouped4 {
+            codes,
+            scales,
+            mins,
+            group: 32,
+        } if whole => nibbles(codes, start, 32, out, |g| {
+            let m = mins.map(|m| m[g]);
+            std::array::from_fn(|q| {
+                let w = scales[g] * f32::from(q as u8);
+                m.map_or(w, |m| w + m)
+            })
+        }),
+        QWeight::Int4 { .. }
+        | QWeight::Nf4 { .. }
+        | QWeight::Grouped { .. }
+        | QWeight::Grouped4 { .. } => {
             for (j, x) in out.iter_mut().enumerate() {
                 *x = w.at(o, c0 + j, ic);
             }
@@ -145,6 +160,18 @@ mod tests {
             },
             QWeight::Grouped {
                 codes: &int8,
+                scales: &[f_scales.as_slice(), f_scales.as_slice()].concat(),
+                mins: None,
+                group: 16,
+            },
+            QWeight::Grouped4 {
+                codes: &codes,
+                scales: &f_scales,
+                mins: Some(&f_scales),
+                group: 32,
+            },
+            QWeight::Grouped4 {
+                codes: &codes,
                 scales: &[f_scales.as_slice(), f_scales.as_slice()].concat(),
                 mins: None,
                 group: 16,

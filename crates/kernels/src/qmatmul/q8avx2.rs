@@ -14,7 +14,9 @@
 //!   unsigned); one scale per output row.
 //! - grouped int8 (ggml's blocks repacked): as int8, with a scale per group of 32 (or 16: the
 //!   block's low and high 4 lanes take their own) applied to each block's sum, and each group's
-//!   minimum times the activations' sum over the group added once per output.
+//!   minimum times the activations' sum over the group added once per output. Codes 0..15
+//!   packed two per byte unpack to the same 32 lanes and multiply unsigned, as int4's: the
+//!   same integer sums, so the same results as their int8 copy.
 //!
 //! The int8 activations live in a per-thread scratch that grows once to the largest row set
 //! seen (kernel internals, like faer's workspace, not tensors of the engine's plan). IC must be a
@@ -164,11 +166,18 @@ pub(super) enum Weights<'a> {
         scales: &'a [f16],
     },
     Grouped {
-        codes: &'a [i8],
+        codes: Codes<'a>,
         scales: &'a [f32],
         mins: Option<&'a [f32]>,
         group: usize,
     },
+}
+
+/// A grouped weight's codes: one signed byte each, or 0..15 two per byte (int4's order).
+#[derive(Clone, Copy)]
+pub(super) enum Codes<'a> {
+    I8(&'a [i8]),
+    U4(&'a [u8]),
 }
 
 /// out[r][o] for `rows` activation rows and the output rows in `range`.

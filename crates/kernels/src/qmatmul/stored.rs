@@ -48,6 +48,24 @@ impl QWeight<'_> {
                     assert_eq!(m.len(), scales.len(), "one minimum per group");
                 }
             }
+            QWeight::Grouped4 {
+                codes,
+                scales,
+                mins,
+                group,
+            } => {
+                assert!(
+                    (group == 16 || group == 32) && ic.is_multiple_of(SUB),
+                    "groups of 16 or 32 in rows of whole sub-blocks of {SUB} (IC = {ic})"
+                );
+                assert!(
+                    codes.len() == n / 2 && scales.len() == n / group,
+                    "grouped 4-bit weight"
+                );
+                if let Some(m) = mins {
+                    assert_eq!(m.len(), scales.len(), "one minimum per group");
+                }
+            }
         }
     }
 
@@ -86,6 +104,16 @@ impl QWeight<'_> {
                 let w = scales[g] * f32::from(codes[o * ic + i]);
                 mins.map_or(w, |m| w + m[g])
             }
+            QWeight::Grouped4 {
+                codes,
+                scales,
+                mins,
+                group,
+            } => {
+                let g = (o * ic + i) / group;
+                let w = scales[g] * f32::from(nibble(codes, o * ic + i));
+                mins.map_or(w, |m| w + m[g])
+            }
         }
     }
 
@@ -111,6 +139,12 @@ impl QWeight<'_> {
             } => codes.len() + 2 * scales.len() + zeros.map_or(0, |z| z.len()),
             QWeight::Nf4 { codes, scales, .. } => codes.len() + 4 * scales.len(),
             QWeight::Grouped {
+                codes,
+                scales,
+                mins,
+                ..
+            } => codes.len() + 4 * scales.len() + mins.map_or(0, |m| 4 * m.len()),
+            QWeight::Grouped4 {
                 codes,
                 scales,
                 mins,

@@ -57,7 +57,10 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             }
             #[cfg(target_arch = "x86_64")]
             {
-                let int8 = matches!(w, QWeight::Int8 { .. } | QWeight::Grouped { .. });
+                let int8 = matches!(
+                    w,
+                    QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. }
+                );
                 let integer = isa == Isa::Avx2 || (int8 && isa != Isa::Portable);
                 if integer && q8_weights(w, ic).is_some() {
                     // So does the AVX2 integer path (int4, grouped, and int8 in whole blocks of
@@ -237,5 +240,46 @@ fn grouped_int8_with_and_without_minima_matches_the_reference() {
             ic,
             oc,
         );
+    }
+}
+
+#[test]
+fn grouped_nibbles_give_the_results_of_their_int8_copy_bit_for_bit() {
+    // ggml's 4-bit types packed two a byte: the same values as the same codes one a byte, and
+    // the same sums on every path (the integer path's lanes see the same products).
+    for (ic, group, with_mins) in [(576, 32, true), (256, 16, true), (96, 32, false)] {
+        let oc = 13;
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64 + 3), oc, ic, groups);
+        let codes: Vec<u8> = s.u8s.iter().flat_map(|b| [b & 0xF, b >> 4]).collect();
+        let packed = pack_nibbles(&codes);
+        let as_i8: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+        let mins: Vec<f32> = s.f_scales.iter().map(|x| -8.0 * x).collect();
+        let mins = with_mins.then_some(mins.as_slice());
+        let (scales, name) = (&s.f_scales, format!("grouped4 ic={ic} group={group}"));
+        let w4 = QWeight::Grouped4 {
+            codes: &packed,
+            scales,
+            mins,
+            group,
+        };
+        let w8 = QWeight::Grouped {
+            codes: &as_i8,
+            scales,
+            mins,
+            group,
+        };
+        check_all(&name, &w4, ic, oc);
+        let mut rng = Rng::new(11);
+        for n in [1, 5, 8] {
+            let inp: Vec<f32> = (0..n * ic).map(|_| rng.uniform() as f32).collect();
+            for isa in isas() {
+                let (mut a, mut b) = (vec![0.0f32; n * oc], vec![1.0f32; n * oc]);
+                matmul_on(isa, &mut a, &inp, &w4, n, ic, oc);
+                matmul_on(isa, &mut b, &inp, &w8, n, ic, oc);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{name} {} n={n}", isa.name());
+            }
+        }
     }
 }

@@ -146,6 +146,7 @@ impl InferAdvice {
 
 fn setup_of(s: &Serving, batch: u64, seq: u64) -> InferSetup {
     InferSetup {
+        ggml_nibbles: crate::frugal::Roles::NONE,
         weights: s.weights,
         weight_group: s.weight_group,
         double_quant: false,

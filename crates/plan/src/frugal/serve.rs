@@ -30,7 +30,7 @@ mod estimate;
 mod formats;
 
 pub use estimate::{inference_estimate, rank_peaks};
-pub use formats::{KvFormat, WeightFormat};
+pub use formats::{KvFormat, Roles, WeightFormat};
 
 /// Rows of a prefill step unless told otherwise.
 pub const DEFAULT_PREFILL_CHUNK: u64 = 256;
@@ -364,7 +364,7 @@ fn plan_shape(model: &ModelShape, setup: &ServeSetup) -> Result<MemoryPlan, Plan
                 vectors += v.numel();
                 continue;
             }
-            let (codes, scales, zeros) = setup.weights.matrix_bytes(v.shape[0], v.shape[1]);
+            let (codes, scales, zeros) = setup.weights.matrix_bytes(v.role, v.shape[0], v.shape[1]);
             let held = Lifetime::Persistent;
             plan.push(Buffer::keyed(
                 Key::QWeight(unit.kind, v.role),
@@ -441,7 +441,7 @@ pub fn weight_bytes(model: &ModelShape, format: WeightFormat) -> Result<u64, Pla
     for unit in param_units(model, 1)? {
         for v in &unit.views {
             total += if is_matrix(v.role) {
-                let (c, s, z) = format.matrix_bytes(v.shape[0], v.shape[1]);
+                let (c, s, z) = format.matrix_bytes(v.role, v.shape[0], v.shape[1]);
                 c + s + z
             } else {
                 4 * v.numel()

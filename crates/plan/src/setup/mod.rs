@@ -245,6 +245,9 @@ pub struct InferSetup {
     /// Group size of weight quantization (`None`: int8 one scale per output row, int4 groups of
     /// 128 as GPTQ/AWQ, nf4 blocks of 64 as bitsandbytes); scales stored in fp16.
     pub weight_group: Option<u64>,
+    /// ggml only: the matrices a GGUF file holds in 4-bit types in every layer, whose codes the
+    /// engine keeps two a byte (`WeightFormat::Ggml`'s `nibbles`).
+    pub ggml_nibbles: crate::frugal::Roles,
     /// nf4 only: bitsandbytes' double quantization (uint8 absmax per block with an fp32 scale
     /// per 256 blocks; `bnb_4bit_use_double_quant`, off by default in HF, on in QLoRA's recipe).
     pub double_quant: bool,

@@ -1,7 +1,8 @@
-//! Grouped int8 weights on the AVX2 integer path: ggml's blocks repacked, a scale per group
-//! of 32 (or 16) and each group's minimum times the activations' sum over the group.
+//! Grouped weights on the AVX2 integer path: ggml's blocks repacked (int8 codes, or 4-bit ones
+//! two per byte), a scale per group of 32 (or 16) and each group's minimum times the
+//! activations' sum over the group.
 
-use super::{dot32, hsum, QActs};
+use super::{dot32, hsum, Codes, QActs};
 use std::arch::x86_64::*;
 
 /// Grouped int8: each block's sum scaled by its activation scale and its group's weight scale
@@ -13,7 +14,7 @@ use std::arch::x86_64::*;
 pub(super) unsafe fn outputs<const R: usize, const O: usize>(
     out: &mut [f32],
     q: &QActs,
-    codes: &[i8],
+    codes: Codes,
     scales: &[f32],
     mins: Option<&[f32]>,
     group: usize,
@@ -21,16 +22,62 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize>(
     oc: usize,
     o0: usize,
 ) {
+    let acc = match codes {
+        Codes::I8(c) => sums::<R, O, false>(q, c.as_ptr() as *const u8, scales, group, ic, o0),
+        Codes::U4(c) => sums::<R, O, true>(q, c.as_ptr(), scales, group, ic, o0),
+    };
+    let groups = ic / group;
+    for j in 0..O {
+        let o = o0 + j;
+        for r in 0..R {
+            let mut total = hsum(acc[j][r]);
+            if let Some(m) = mins {
+                let sums = &q.group_sums[r * groups..(r + 1) * groups];
+                total += min_share(&m[o * groups..(o + 1) * groups], sums);
+            }
+            out[r * oc + o] = total;
+        }
+    }
+}
+
+/// The scaled block sums of outputs `o0 .. o0 + O` for the `R` activation rows, over codes at
+/// `base` (one byte each, or two a byte when `NIBBLES`).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool>(
+    q: &QActs,
+    base: *const u8,
+    scales: &[f32],
+    group: usize,
+    ic: usize,
+    o0: usize,
+) -> [[__m256; R]; O] {
+    let nibbles = NIBBLES;
     let blocks = ic / 32;
     let groups = ic / group;
     let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); R]; O];
-    let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));
+    let row_bytes = if NIBBLES { ic / 2 } else { ic };
+    let wrow: [*const u8; O] = std::array::from_fn(|j| base.add((o0 + j) * row_bytes));
     let srow: [*const f32; O] = std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups));
+    let low = _mm_set1_epi8(0x0F);
     for s in 0..blocks {
-        let wv: [__m256i; O] =
-            std::array::from_fn(|j| _mm256_loadu_si256(wrow[j].add(s * 32) as *const __m256i));
-        let wabs: [__m256i; O] = std::array::from_fn(|j| _mm256_sign_epi8(wv[j], wv[j]));
+        // Each weight's magnitude (unsigned), and the codes whose signs the activations take.
+        let wv: [__m256i; O] = std::array::from_fn(|j| {
+            if nibbles {
+                let v = _mm_loadu_si128(wrow[j].add(s * 16) as *const __m128i);
+                let lo = _mm_and_si128(v, low);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), low);
+                _mm256_set_m128i(hi, lo)
+            } else {
+                _mm256_loadu_si256(wrow[j].add(s * 32) as *const __m256i)
+            }
+        });
+        let wabs: [__m256i; O] = std::array::from_fn(|j| match nibbles {
+            true => wv[j],
+            false => _mm256_sign_epi8(wv[j], wv[j]),
+        });
         let dw: [__m256; O] = std::array::from_fn(|j| {
             if group == 16 {
                 let (lo, hi) = (*srow[j].add(2 * s), *srow[j].add(2 * s + 1));
@@ -43,22 +90,16 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize>(
             let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
             let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
             for j in 0..O {
-                let p = dot32(wabs[j], _mm256_sign_epi8(a, wv[j]));
+                let a = match nibbles {
+                    true => a,
+                    false => _mm256_sign_epi8(a, wv[j]),
+                };
+                let p = dot32(wabs[j], a);
                 acc[j][r] = _mm256_fmadd_ps(p, _mm256_mul_ps(da, dw[j]), acc[j][r]);
             }
         }
     }
-    for j in 0..O {
-        let o = o0 + j;
-        for r in 0..R {
-            let mut total = hsum(acc[j][r]);
-            if let Some(m) = mins {
-                let sums = &q.group_sums[r * groups..(r + 1) * groups];
-                total += min_share(&m[o * groups..(o + 1) * groups], sums);
-            }
-            out[r * oc + o] = total;
-        }
-    }
+    acc
 }
 
 /// Σ_g min_g · sums_g.

@@ -86,7 +86,13 @@ fn serve_setup(
         Dtype::Int8 => WeightFormat::Int8,
         Dtype::Int4 => WeightFormat::parse("int4", group)?,
         Dtype::Nf4 => WeightFormat::parse("nf4", group)?,
-        Dtype::Ggml => WeightFormat::parse("ggml", group)?,
+        Dtype::Ggml => match WeightFormat::parse("ggml", group)? {
+            WeightFormat::Ggml { group, .. } => WeightFormat::Ggml {
+                group,
+                nibbles: setup.ggml_nibbles,
+            },
+            f => f,
+        },
         Dtype::F16 | Dtype::Fp8 => {
             return Err(PlanError::Unsupported {
                 runtime: "frugal",

@@ -1,9 +1,10 @@
 //! The storage formats of the serving plan: how weight matrices ([`WeightFormat`]) and the KV
 //! cache ([`KvFormat`]) are stored, their byte counts, and their flag spellings.
 //!
-//! Example: `WeightFormat::parse("int4", Some(32))?.matrix_bytes(4096, 4096)` is (8 MiB of codes,
-//! 1 MiB of fp16 scales, no zero points).
+//! Example: `WeightFormat::parse("int4", Some(32))?.matrix_bytes(Role::QkvWeight, 4096, 4096)` is
+//! (8 MiB of codes, 1 MiB of fp16 scales, no zero points).
 
+use super::super::units::Role;
 use crate::PlanError;
 
 fn invalid(field: &str, reason: String) -> PlanError {
@@ -31,16 +32,88 @@ pub enum WeightFormat {
     },
     /// ggml's block types held exactly: an int8 code per weight, an fp32 scale and an fp32
     /// minimum per group of `group` (32, or 16 when the file has Q6_K: 1.25 or 1.5 bytes a
-    /// weight); a type without minima has zeros. Float weights are quantized into it Q8_0-like
+    /// weight); a type without minima has zeros. The matrices in `nibbles` (those a file holds
+    /// in 4-bit types, Q4_0, Q4_1 and Q4_K, in every layer) keep their codes two a byte: 0.75
+    /// bytes a weight in groups of 32. Float weights are quantized into it Q8_0-like
     /// (absmax / 127).
     Ggml {
         group: u64,
+        nibbles: Roles,
     },
 }
 
+/// A set of matrix roles (those [`super::is_matrix`] names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Roles(u32);
+
+/// The matrix roles, in the order of their bits.
+const MATRIX_ROLES: [Role; 14] = [
+    Role::TokenEmbedding,
+    Role::QkvWeight,
+    Role::AttnProjWeight,
+    Role::FcWeight,
+    Role::FcProjWeight,
+    Role::LmHead,
+    Role::ExpertsFcWeight,
+    Role::ExpertsProjWeight,
+    Role::SharedFcWeight,
+    Role::SharedProjWeight,
+    Role::MlaQ,
+    Role::MlaQa,
+    Role::MlaQb,
+    Role::MlaKva,
+];
+
+impl Roles {
+    pub const NONE: Roles = Roles(0);
+    pub const ALL: Roles = Roles((1 << MATRIX_ROLES.len()) - 1);
+
+    fn bit(role: Role) -> u32 {
+        MATRIX_ROLES
+            .iter()
+            .position(|&r| r == role)
+            .map_or(0, |i| 1 << i)
+    }
+
+    /// Whether `role` is in the set (never, for a role that is not a matrix).
+    pub fn has(self, role: Role) -> bool {
+        self.0 & Roles::bit(role) != 0
+    }
+
+    /// The set with `role` added.
+    pub fn with(self, role: Role) -> Roles {
+        Roles(self.0 | Roles::bit(role))
+    }
+
+    /// The set without `role`.
+    pub fn without(self, role: Role) -> Roles {
+        Roles(self.0 & !Roles::bit(role))
+    }
+}
+
 impl WeightFormat {
-    /// Bytes of a (rows, cols) matrix: codes, scales and zero points.
-    pub fn matrix_bytes(self, rows: u64, cols: u64) -> (u64, u64, u64) {
+    /// The format one matrix of `role` is stored in: `ggml` with its codes two a byte (all
+    /// roles in `nibbles`) or one a byte (none); every other format as it is.
+    pub fn of(self, role: Role) -> WeightFormat {
+        match self {
+            WeightFormat::Ggml { group, nibbles } => WeightFormat::Ggml {
+                group,
+                nibbles: match nibbles.has(role) {
+                    true => Roles::ALL,
+                    false => Roles::NONE,
+                },
+            },
+            f => f,
+        }
+    }
+
+    /// Whether a `ggml` matrix of `role` keeps its 4-bit codes two a byte.
+    pub fn nibbles(self, role: Role) -> bool {
+        matches!(self, WeightFormat::Ggml { nibbles, .. } if nibbles.has(role))
+    }
+
+    /// Bytes of a (rows, cols) matrix of `role`: codes, scales and zero points.
+    pub fn matrix_bytes(self, role: Role, rows: u64, cols: u64) -> (u64, u64, u64) {
         let n = rows * cols;
         match self {
             WeightFormat::F32 => (4 * n, 0, 0),
@@ -50,7 +123,10 @@ impl WeightFormat {
                 (n / 2, 2 * (n / group), if asym { n / group } else { 0 })
             }
             WeightFormat::Nf4 { group } => (n / 2, 4 * (n / group), 0),
-            WeightFormat::Ggml { group } => (n, 4 * (n / group), 4 * (n / group)),
+            WeightFormat::Ggml { group, nibbles } => {
+                let codes = if nibbles.has(role) { n / 2 } else { n };
+                (codes, 4 * (n / group), 4 * (n / group))
+            }
         }
     }
 
@@ -59,7 +135,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Int4 { group, .. }
             | WeightFormat::Nf4 { group }
-            | WeightFormat::Ggml { group } => Some(group),
+            | WeightFormat::Ggml { group, .. } => Some(group),
             _ => None,
         }
     }
@@ -87,8 +163,11 @@ impl WeightFormat {
             "int4" => WeightFormat::Int4 { group, asym: false },
             "int4-asym" => WeightFormat::Int4 { group, asym: true },
             "nf4" => WeightFormat::Nf4 { group },
-            // A GGUF file's loader takes the file's own group instead.
-            "ggml" => WeightFormat::Ggml { group },
+            // A GGUF file's loader takes the file's own group and 4-bit matrices instead.
+            "ggml" => WeightFormat::Ggml {
+                group,
+                nibbles: Roles::NONE,
+            },
             other => {
                 return Err(invalid(
                     "--weights",
@@ -99,7 +178,7 @@ impl WeightFormat {
                 ))
             }
         };
-        if let WeightFormat::Ggml { group } = f {
+        if let WeightFormat::Ggml { group, .. } = f {
             if group != 16 && group != 32 {
                 return Err(invalid(
                     "--weight-group",
@@ -171,16 +250,20 @@ impl KvFormat {
 
 #[cfg(test)]
 mod tests {
-    use super::WeightFormat;
+    use super::{Role, Roles, WeightFormat};
 
     #[test]
     fn ggml_takes_groups_of_32_or_16_and_counts_a_scale_and_minimum_each() {
         let g32 = WeightFormat::parse("ggml", Some(32)).unwrap();
         assert_eq!(g32.group(), Some(32));
         // 4096 × 4096: a byte of code a weight, 4 + 4 bytes a group.
-        assert_eq!(g32.matrix_bytes(4096, 4096), (1 << 24, 1 << 21, 1 << 21));
+        let qkv = Role::QkvWeight;
+        assert_eq!(
+            g32.matrix_bytes(qkv, 4096, 4096),
+            (1 << 24, 1 << 21, 1 << 21)
+        );
         let g16 = WeightFormat::parse("ggml", Some(16)).unwrap();
-        assert_eq!(g16.matrix_bytes(16, 32), (512, 128, 128));
+        assert_eq!(g16.matrix_bytes(qkv, 16, 32), (512, 128, 128));
         let err = WeightFormat::parse("ggml", Some(64))
             .unwrap_err()
             .to_string();
@@ -188,5 +271,20 @@ mod tests {
             err.contains("--weight-group") && err.contains("16"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn ggml_keeps_the_codes_of_its_4_bit_roles_two_a_byte() {
+        let nibbles = Roles::NONE.with(Role::QkvWeight).with(Role::FcWeight);
+        let f = WeightFormat::Ggml { group: 32, nibbles };
+        // Half a byte of code a weight where packed, a byte elsewhere; the same scales and minima.
+        assert_eq!(f.matrix_bytes(Role::QkvWeight, 64, 64), (2048, 512, 512));
+        assert_eq!(f.matrix_bytes(Role::FcProjWeight, 64, 64), (4096, 512, 512));
+        assert!(f.nibbles(Role::FcWeight) && !f.nibbles(Role::TokenEmbedding));
+        // A matrix's own format says the same for any role.
+        assert!(f.of(Role::QkvWeight).nibbles(Role::LmHead));
+        assert!(!f.of(Role::LmHead).nibbles(Role::QkvWeight));
+        assert!(!nibbles.has(Role::Norm1Weight) && !Roles::ALL.has(Role::Norm1Weight));
+        assert!(!WeightFormat::Int8.nibbles(Role::QkvWeight));
     }
 }
