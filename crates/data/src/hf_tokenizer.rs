@@ -3,11 +3,14 @@
 //! built from the vocabulary a GGUF file embeds (`tokenizer.ggml.*`), written as the
 //! `tokenizer.json` transformers would write for it and loaded the same way.
 //!
-//! GGUF vocabularies read: BPE `gpt2` with llama.cpp's pre-tokenizers `default`/`gpt2` (GPT-2's
-//! split), `smollm` (each digit alone, then GPT-2's split), `llama-bpe` (Llama 3's split) and
-//! `qwen2`. A SentencePiece (`llama`) vocabulary or another pre-tokenizer is refused by name.
+//! GGUF vocabularies read: BPE `gpt2` with llama.cpp's pre-tokenizers `default`/`gpt2`/`gpt-2`
+//! (GPT-2's split), `smollm`/`starcoder`/`refact` (each digit alone, then GPT-2's split),
+//! `llama-bpe` (Llama 3's split) and `qwen2`; SentencePiece `llama` (`spm`). Another model or
+//! pre-tokenizer is refused by name.
 //!
 //! Example: `let tok = HfTokenizer::from_file(Path::new("model/tokenizer.json"))?;`
+
+mod spm;
 
 use crate::error::{DataError, Result};
 use serde_json::{json, Value};
@@ -33,6 +36,11 @@ pub struct GgufVocab<'a> {
     pub model: &'a str,
     pub pre: &'a str,
     pub tokens: Vec<&'a str>,
+    /// SentencePiece's piece scores (empty for BPE).
+    pub scores: Vec<f32>,
+    pub unk: Option<u32>,
+    /// SentencePiece: a space (`▁`) goes before the text.
+    pub add_space_prefix: bool,
     /// ggml's token types (1 normal, 3 control, 4 user-defined, ...), if the file has them.
     pub types: Vec<u64>,
     pub merges: Vec<&'a str>,
@@ -105,71 +113,46 @@ impl HfTokenizer {
 
     /// The tokenizer a GGUF file embeds.
     pub fn from_gguf(v: &GgufVocab<'_>) -> Result<HfTokenizer> {
-        if v.model != "gpt2" {
-            return Err(fail(
-                v.source,
-                format!(
-                    "tokenizer.ggml.model {:?} is not read (BPE \"gpt2\" vocabularies are)",
-                    v.model
-                ),
-            ));
-        }
-        let byte_level = |use_regex: bool| {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
-                   "use_regex": use_regex})
-        };
-        let split = |pattern: &str| {
-            json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
-                   "invert": false})
-        };
-        let pre = match v.pre {
-            "default" | "gpt2" => byte_level(true),
-            "smollm" => json!({"type": "Sequence", "pretokenizers": [
-                {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-            "llama-bpe" | "llama3" => json!({"type": "Sequence", "pretokenizers": [
-                split(LLAMA3_SPLIT), byte_level(false)]}),
-            "qwen2" => json!({"type": "Sequence", "pretokenizers": [
-                split(QWEN2_SPLIT), byte_level(false)]}),
+        let (normalizer, pre, decoder, model) = match v.model {
+            "gpt2" => {
+                let (pre, decoder, model) = byte_level_bpe(v)?;
+                (Value::Null, pre, decoder, model)
+            }
+            "llama" => {
+                let (normalizer, decoder, model) =
+                    spm::parts(&v.tokens, &v.scores, v.unk, v.add_space_prefix);
+                (normalizer, Value::Null, decoder, model)
+            }
             other => {
                 return Err(fail(
                     v.source,
                     format!(
-                        "pre-tokenizer {other:?} is not read (default, gpt2, smollm, llama-bpe \
-                         and qwen2 are)"
+                        "tokenizer.ggml.model {other:?} is not read (BPE \"gpt2\" and \
+                         SentencePiece \"llama\" vocabularies are)"
                     ),
                 ))
             }
         };
-        let vocab: serde_json::Map<String, Value> = v
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(id, t)| (t.to_string(), json!(id)))
-            .collect();
-        if vocab.len() != v.tokens.len() {
+        let ids: std::collections::HashSet<&str> = v.tokens.iter().copied().collect();
+        if ids.len() != v.tokens.len() {
             return Err(fail(v.source, "the vocabulary repeats a token"));
         }
-        // Control (3) and user-defined (4) tokens match whole, before the split, as
+        // Unknown (2), control (3) and user-defined (4) tokens match whole, before the split, as
         // transformers' added tokens do.
         let added: Vec<Value> = v
             .types
             .iter()
             .enumerate()
-            .filter(|(_, &t)| t == 3 || t == 4)
+            .filter(|(_, &t)| (2..=4).contains(&t))
             .map(|(id, &t)| {
                 json!({"id": id, "content": v.tokens[id], "single_word": false, "lstrip": false,
-                       "rstrip": false, "normalized": false, "special": t == 3})
+                       "rstrip": false, "normalized": false, "special": t != 4})
             })
             .collect();
         let doc = json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-            "normalizer": null, "pre_tokenizer": pre, "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
-                        "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                      "vocab": vocab, "merges": v.merges},
+            "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": null,
+            "decoder": decoder, "model": model,
         });
         let text = doc.to_string();
         let tokenizer: tokenizers::Tokenizer = text.parse().map_err(|e| {
@@ -249,4 +232,50 @@ impl HfTokenizer {
             .decode(ids, false)
             .map_err(|e| fail(&self.name, format!("decoding: {e}")))
     }
+}
+
+/// A byte-level BPE vocabulary's pre-tokenizer (llama.cpp's `tokenizer.ggml.pre`), decoder and
+/// model.
+fn byte_level_bpe(v: &GgufVocab<'_>) -> Result<(Value, Value, Value)> {
+    let byte_level = |use_regex: bool| {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+               "use_regex": use_regex})
+    };
+    let split = |pattern: &str| {
+        json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+               "invert": false})
+    };
+    let pre = match v.pre {
+        "default" | "gpt2" | "gpt-2" | "mpt" | "olmo" => byte_level(true),
+        "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        "llama-bpe" | "llama3" | "llama-v3" | "dbrx" | "smaug-bpe" => json!({"type": "Sequence",
+            "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]}),
+        "qwen2" | "stablelm2" => json!({"type": "Sequence", "pretokenizers": [
+            split(QWEN2_SPLIT), byte_level(false)]}),
+        other => {
+            return Err(fail(
+                v.source,
+                format!(
+                    "pre-tokenizer {other:?} is not read (gpt2, smollm, starcoder, llama-bpe, \
+                     qwen2 and their aliases are)"
+                ),
+            ))
+        }
+    };
+    let vocab: serde_json::Map<String, Value> = v
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.to_string(), json!(id)))
+        .collect();
+    let decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                         "use_regex": true});
+    // Llama 3's vocabulary takes a word that is a token whole, before any merge.
+    let ignore_merges = matches!(v.pre, "llama-bpe" | "llama3" | "llama-v3");
+    let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+                       "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                       "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
+                       "vocab": vocab, "merges": v.merges});
+    Ok((pre, decoder, model))
 }

@@ -170,7 +170,7 @@ impl Packed {
     /// Grouped codes one a byte, each 0..15, packed two a byte in the kernels' sub-block order;
     /// rows of `cols` must be whole sub-blocks of 32.
     pub fn into_nibbles(self, cols: usize) -> Result<Packed, String> {
-        if !cols.is_multiple_of(kernels::qmatmul::SUB) {
+        if cols % kernels::qmatmul::SUB != 0 {
             return Err(format!(
                 "rows of {cols} 4-bit codes are not whole blocks of {}",
                 kernels::qmatmul::SUB

@@ -40,8 +40,22 @@ pub(super) fn gguf_vocab(g: &gguf::Gguf) -> anyhow::Result<data::hf_tokenizer::G
             .collect(),
         Err(_) => Vec::new(),
     };
+    let scores = match g.get("tokenizer.ggml.scores") {
+        Ok(v) => v
+            .as_array()
+            .unwrap_or_default()
+            .iter()
+            .map(|s| s.as_f64().unwrap_or(0.0) as f32)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let flag = |key: &str| g.get(key).ok().and_then(|v| v.as_bool());
     Ok(data::hf_tokenizer::GgufVocab {
         source: g.path.to_str().unwrap_or("the GGUF file"),
+        scores,
+        unk: id("tokenizer.ggml.unknown_token_id"),
+        // llama.cpp's default for SentencePiece vocabularies: a space before the text.
+        add_space_prefix: flag("tokenizer.ggml.add_space_prefix").unwrap_or(true),
         model: text("tokenizer.ggml.model").unwrap_or(""),
         pre: text("tokenizer.ggml.pre").unwrap_or("default"),
         tokens: g.strings("tokenizer.ggml.tokens")?,
@@ -49,11 +63,15 @@ pub(super) fn gguf_vocab(g: &gguf::Gguf) -> anyhow::Result<data::hf_tokenizer::G
         merges: g.strings("tokenizer.ggml.merges").unwrap_or_default(),
         bos: id("tokenizer.ggml.bos_token_id"),
         eos: id("tokenizer.ggml.eos_token_id"),
-        add_bos: g
-            .get("tokenizer.ggml.add_bos_token")
-            .ok()
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false),
+        // llama.cpp's defaults where the file does not say: BOS first for SentencePiece and
+        // Llama 3's vocabularies.
+        add_bos: flag("tokenizer.ggml.add_bos_token").unwrap_or_else(|| {
+            text("tokenizer.ggml.model") == Some("llama")
+                || matches!(
+                    text("tokenizer.ggml.pre"),
+                    Some("llama3" | "llama-v3" | "llama-bpe")
+                )
+        }),
         chat_template: text("tokenizer.chat_template"),
     })
 }

