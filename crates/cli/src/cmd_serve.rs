@@ -17,6 +17,18 @@ mod engine;
 mod metrics;
 mod openai;
 mod pd;
+#[cfg(feature = "mpi")]
+mod pd_mpi;
+/// Without the feature no MPI job starts, so none ends.
+#[cfg(not(feature = "mpi"))]
+mod pd_mpi {
+    pub enum End {}
+    impl End {
+        pub fn finish(self) {
+            match self {}
+        }
+    }
+}
 
 use crate::model::ModelSource;
 use anyhow::{anyhow, bail, Context};
@@ -29,6 +41,7 @@ Examples:
   frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf
   frugal serve --model run1 --port 8001 --weights int8 --ctx 1024
   frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf --tp 3
+  mpirun -n 3 frugal serve --comm mpi --prefill-ranks 2 --model SmolLM2-135M-Instruct.Q4_1.gguf
   curl localhost:8000/v1/completions -d '{\"prompt\": \"ROMEO:\", \"max_tokens\": 32}'
   curl localhost:8000/v1/chat/completions -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'";
 
@@ -73,6 +86,10 @@ pub struct Args {
     /// the decode worker gets the rest.
     #[arg(long)]
     pub prefill_threads: Option<usize>,
+    /// With --prefill-ranks: threads (workers in this process) or mpi (`mpirun -n P+1`: rank 0
+    /// answers and decodes, each other process prefills; a frugal built with `--features mpi`).
+    #[arg(long, default_value = "threads")]
+    pub comm: crate::cmd_train::CommArg,
 }
 
 /// What every handler shares.
@@ -127,7 +144,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.prefill_threads.is_some() && args.prefill_ranks == 0 {
         bail!("--prefill-threads sizes the prefill workers of --prefill-ranks: give both");
     }
+    let mut end = None;
     let (worker, pd, pool) = match (args.tp, args.prefill_ranks) {
+        _ if args.comm == crate::cmd_train::CommArg::Mpi => {
+            let Some((worker, pd, e)) = over_mpi(&args, source, setup)? else {
+                // A prefill rank: rank 0 has stopped it.
+                return Ok(());
+            };
+            end = Some(e);
+            (worker, Some(pd), None)
+        }
         (1, 0) => (
             infer::group::Group::single(source.worker(setup)?),
             None,
@@ -150,7 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let engine_tok = tok.clone();
     let metrics = Arc::new(metrics::Metrics::default());
     let engine_metrics = metrics.clone();
-    std::thread::Builder::new()
+    let engine = std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || {
             let run = || engine::run(worker, engine_tok, queue, engine_metrics, pd);
@@ -168,7 +194,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         metrics,
     });
     let addr = format!("{}:{}", args.host, args.port);
-    tokio::runtime::Builder::new_multi_thread()
+    let served = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the server")?
@@ -193,7 +219,55 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "frugal serve: stopped, every admitted request answered"
             );
             Ok(())
-        })
+        });
+    if let Some(end) = end {
+        // The engine stops once the server's handlers are gone; then the prefill ranks.
+        let _ = engine.join();
+        end.finish();
+    }
+    served
+}
+
+/// `--comm mpi`: this process's part of an MPI job (see `pd_mpi`); `None` on a prefill rank.
+#[cfg(feature = "mpi")]
+fn over_mpi(
+    args: &Args,
+    source: crate::model::Loaded,
+    setup: ServeSetup,
+) -> anyhow::Result<Option<(infer::group::Group, pd::Disaggregated, pd_mpi::End)>> {
+    check_mpi(args)?;
+    Ok(pd_mpi::start(args, source, setup)?.map(|r| (r.worker, r.pd, r.end)))
+}
+
+/// Without the feature: the flag is known, the backend is not built in.
+#[cfg(not(feature = "mpi"))]
+fn over_mpi(
+    args: &Args,
+    _: crate::model::Loaded,
+    _: ServeSetup,
+) -> anyhow::Result<Option<(infer::group::Group, pd::Disaggregated, pd_mpi::End)>> {
+    check_mpi(args)?;
+    bail!(
+        "--comm mpi: this frugal was built without MPI; build it with `cargo build --release \
+         --features mpi -p frugal` and run it under `mpirun -n P+1`"
+    )
+}
+
+/// What `--comm mpi` serves: prompts on P processes of their own, decoding on rank 0.
+fn check_mpi(args: &Args) -> anyhow::Result<()> {
+    if args.prefill_ranks == 0 || args.tp != 1 {
+        bail!(
+            "--comm mpi serves with --prefill-ranks P under `mpirun -n P+1` (rank 0 answers and \
+             decodes, the others prefill); tensor-parallel serving (--tp) runs on threads"
+        );
+    }
+    if args.prefill_threads.is_some() {
+        bail!(
+            "--prefill-threads sizes prefill workers that are threads; under --comm mpi each \
+             process has the cores its launcher gives it"
+        );
+    }
+    Ok(())
 }
 
 /// `--prefill-ranks`: the decode worker (a pool for every request, prompt chunks of one token:

@@ -32,6 +32,12 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
 
+    /// The state, which `new` takes back to go on from here (a stream handed to another
+    /// process).
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
     /// The generator for one epoch of a shuffle seeded with `seed`. The epoch goes through the mixer
     /// before it meets the seed, so epochs e and e+1 are unrelated streams, not one stream shifted
     /// by a step (which `new(seed + e * GOLDEN_GAMMA)` would give).

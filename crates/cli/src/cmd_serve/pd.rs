@@ -35,6 +35,9 @@ pub struct Shipped {
     pub tokens: usize,
     pub from: usize,
     pub bytes: usize,
+    /// The KV already received (MPI processes: a proxy thread took it off the wire); `None`:
+    /// `from`'s next message on the engine's endpoint.
+    pub kv: Option<Vec<u8>>,
     /// When the prefill ended (shipping time counts from here).
     pub prefilled_at: std::time::Instant,
 }
@@ -44,7 +47,9 @@ pub struct Shipped {
 pub struct Disaggregated {
     pub jobs: mpsc::Sender<PrefillJob>,
     pub done: mpsc::Receiver<Prefilled>,
-    pub comm: Box<dyn Collective>,
+    /// The decode rank's endpoint, where the KV arrives (threads); `None` when it comes with
+    /// the answer.
+    pub comm: Option<Box<dyn Collective>>,
     /// Jobs sent and not yet imported, and their reserved blocks.
     pub in_flight: usize,
     pub in_flight_blocks: usize,
@@ -94,7 +99,7 @@ impl Disaggregated {
         Ok(Disaggregated {
             jobs: jobs_tx,
             done: done_rx,
-            comm: comms.pop().expect("rank 0"),
+            comm: Some(comms.pop().expect("rank 0")),
             in_flight: 0,
             in_flight_blocks: 0,
         })
@@ -107,14 +112,21 @@ impl Disaggregated {
         s: &Shipped,
         buf: &mut Vec<u8>,
     ) -> Result<infer::blocks::SeqId, String> {
-        buf.resize(s.bytes, 0);
-        self.comm.recv_bytes(buf, s.from).map_err(|e| {
-            format!(
-                "receiving the prompt's KV from prefill rank {}: {e}",
-                s.from
-            )
-        })?;
-        worker.import_kv(s.tokens, buf).map_err(|e| e.to_string())
+        let bytes = match (&s.kv, &mut self.comm) {
+            (Some(kv), _) => kv,
+            (None, Some(comm)) => {
+                buf.resize(s.bytes, 0);
+                comm.recv_bytes(buf, s.from).map_err(|e| {
+                    format!(
+                        "receiving the prompt's KV from prefill rank {}: {e}",
+                        s.from
+                    )
+                })?;
+                &*buf
+            }
+            (None, None) => return Err("the prompt's KV never arrived".into()),
+        };
+        worker.import_kv(s.tokens, bytes).map_err(|e| e.to_string())
     }
 }
 
@@ -176,6 +188,7 @@ fn prefill_one(
                     tokens: job.prompt.len(),
                     from: comm.rank(),
                     bytes: bytes.len(),
+                    kv: None,
                     prefilled_at,
                 }),
                 Err(e) => Err(format!("shipping the prompt's KV: {e}")),

@@ -56,6 +56,46 @@ impl Mpi {
         Ok(())
     }
 
+    /// This endpoint's ranks split by `color` (ordered by `key`) as endpoints of their own: a
+    /// collective every rank calls.
+    pub fn split_mpi(&mut self, color: u32, key: u32) -> Result<Mpi> {
+        use mpi::topology::Color;
+        self.calls += 1;
+        let sub = self
+            .comm
+            .split_by_color_with_key(Color::with_value(color as i32), key as i32)
+            .expect("every rank names a color");
+        Ok(Mpi::on(sub, self.timeout, self.report))
+    }
+
+    /// A message of any length from `src` (sent with `send_bytes`) into `out`, waited for
+    /// without the timeout and without holding a core (a check every 200 µs): a worker that
+    /// waits for its next job, however long the server stays idle.
+    pub fn wait_bytes(&mut self, out: &mut Vec<u8>, src: usize) -> Result<()> {
+        use mpi::point_to_point::Source;
+        self.check("recv", src < self.size && src != self.rank, || {
+            format!("rank {src} of {} (not this rank)", self.size)
+        })?;
+        let from = self.comm.process_at_rank(src as i32);
+        let mut len = 0u64;
+        mpi::request::scope(|scope| {
+            let mut req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
+            loop {
+                match req.test() {
+                    Ok(_) => break,
+                    Err(r) => req = r,
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        out.resize(len as usize, 0);
+        mpi::request::scope(|scope| {
+            let req = from.immediate_receive_into_with_tag(scope, &mut out[..], P2P_TAG);
+            self.finish(req, "recv");
+        });
+        Ok(())
+    }
+
     /// After a timeout: which ranks are not alive to say so. Every rank that times out tells
     /// every other one on `side`; whoever is heard from within a second (or the timeout, if
     /// shorter) is waiting too, the rest are late. Only called on the way to `MPI_Abort`, so its
