@@ -19,6 +19,8 @@ mod openai;
 mod pd;
 #[cfg(feature = "mpi")]
 mod pd_mpi;
+#[cfg(feature = "mpi")]
+mod tp_mpi;
 /// Without the feature no MPI job starts, so none ends.
 #[cfg(not(feature = "mpi"))]
 mod pd_mpi {
@@ -41,6 +43,7 @@ Examples:
   frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf
   frugal serve --model run1 --port 8001 --weights int8 --ctx 1024
   frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf --tp 3
+  mpirun -n 3 frugal serve --comm mpi --model SmolLM2-135M-Instruct.Q4_1.gguf
   mpirun -n 3 frugal serve --comm mpi --prefill-ranks 2 --model SmolLM2-135M-Instruct.Q4_1.gguf
   curl localhost:8000/v1/completions -d '{\"prompt\": \"ROMEO:\", \"max_tokens\": 32}'
   curl localhost:8000/v1/chat/completions -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'";
@@ -73,8 +76,9 @@ pub struct Args {
     /// waits until its prompt and max_tokens fit.
     #[arg(long)]
     pub kv_tokens: Option<u64>,
-    /// Tensor-parallel ranks (threads of this process), as generate's --tp: each holds its
-    /// share of the heads, the MLP and the vocabulary, and the batch runs on all of them.
+    /// Tensor-parallel ranks (threads of this process; with --comm mpi, the launcher's
+    /// processes), as generate's --tp: each holds its share of the heads, the MLP and the
+    /// vocabulary, and the batch runs on all of them.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
     /// Prefill/decode disaggregation: this many prefill workers (ranks of their own) run the
@@ -86,8 +90,10 @@ pub struct Args {
     /// the decode worker gets the rest.
     #[arg(long)]
     pub prefill_threads: Option<usize>,
-    /// With --prefill-ranks: threads (workers in this process) or mpi (`mpirun -n P+1`: rank 0
-    /// answers and decodes, each other process prefills; a frugal built with `--features mpi`).
+    /// threads (ranks in this process) or mpi (one rank per process; a frugal built with
+    /// `--features mpi`): `mpirun -n N` splits the model over N tensor-parallel processes;
+    /// with --prefill-ranks P, `mpirun -n P+1` has rank 0 answer and decode and the others
+    /// prefill.
     #[arg(long, default_value = "threads")]
     pub comm: crate::cmd_train::CommArg,
 }
@@ -148,11 +154,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (worker, pd, pool) = match (args.tp, args.prefill_ranks) {
         _ if args.comm == crate::cmd_train::CommArg::Mpi => {
             let Some((worker, pd, e)) = over_mpi(&args, source, setup)? else {
-                // A prefill rank: rank 0 has stopped it.
+                // A rank other than 0: rank 0 has stopped it.
                 return Ok(());
             };
             end = Some(e);
-            (worker, Some(pd), None)
+            (worker, pd, None)
         }
         (1, 0) => (
             infer::group::Group::single(source.worker(setup)?),
@@ -234,9 +240,12 @@ fn over_mpi(
     args: &Args,
     source: crate::model::Loaded,
     setup: ServeSetup,
-) -> anyhow::Result<Option<(infer::group::Group, pd::Disaggregated, pd_mpi::End)>> {
+) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, pd_mpi::End)>> {
     check_mpi(args)?;
-    Ok(pd_mpi::start(args, source, setup)?.map(|r| (r.worker, r.pd, r.end)))
+    if args.prefill_ranks == 0 {
+        return Ok(tp_mpi::start(args, source, setup)?.map(|(group, end)| (group, None, end)));
+    }
+    Ok(pd_mpi::start(args, source, setup)?.map(|r| (r.worker, Some(r.pd), r.end)))
 }
 
 /// Without the feature: the flag is known, the backend is not built in.
@@ -245,7 +254,7 @@ fn over_mpi(
     args: &Args,
     _: crate::model::Loaded,
     _: ServeSetup,
-) -> anyhow::Result<Option<(infer::group::Group, pd::Disaggregated, pd_mpi::End)>> {
+) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, pd_mpi::End)>> {
     check_mpi(args)?;
     bail!(
         "--comm mpi: this frugal was built without MPI; build it with `cargo build --release \
@@ -253,12 +262,13 @@ fn over_mpi(
     )
 }
 
-/// What `--comm mpi` serves: prompts on P processes of their own, decoding on rank 0.
+/// What `--comm mpi` serves: the model split over the launcher's processes (tensor
+/// parallel), or prompts on P processes of their own and decoding on rank 0.
 fn check_mpi(args: &Args) -> anyhow::Result<()> {
-    if args.prefill_ranks == 0 || args.tp != 1 {
+    if args.prefill_ranks > 0 && args.tp != 1 {
         bail!(
-            "--comm mpi serves with --prefill-ranks P under `mpirun -n P+1` (rank 0 answers and \
-             decodes, the others prefill); tensor-parallel serving (--tp) runs on threads"
+            "--comm mpi runs either tensor-parallel ranks (mpirun -n N, --tp N) or prefill \
+             ranks (mpirun -n P+1, --prefill-ranks P): use one of the two"
         );
     }
     if args.prefill_threads.is_some() {

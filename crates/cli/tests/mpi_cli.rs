@@ -360,45 +360,39 @@ mod with_mpi {
         (out, took)
     }
 
-    /// Two prefill ranks as MPI processes and rank 0 decoding: the greedy answers equal
-    /// `generate`'s, every prompt's KV crosses once, and SIGTERM drains and ends the job cleanly.
-    #[test]
-    fn prefill_ranks_as_mpi_processes_serve_as_one_worker() {
-        use std::io::{BufRead, Read, Write};
-        let model = common::smollm2();
-        let m = model.to_str().unwrap();
-        let mut child = launcher()
-            .args([
-                "-n",
-                "3",
-                env!("CARGO_BIN_EXE_frugal"),
-                "serve",
-                "--comm",
-                "mpi",
-            ])
-            .args([
-                "--prefill-ranks",
-                "2",
-                "--model",
-                m,
-                "--port",
-                "0",
-                "--ctx",
-                "256",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("mpiexec runs (apt install mpich)");
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        let port: u16 = first
-            .rsplit("http://127.0.0.1:")
-            .next()
-            .and_then(|rest| rest.split('/').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {first:?}"));
-        let ask = |method: &str, path: &str, body: &str| {
-            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    /// `frugal serve --comm mpi` on `n` processes with `extra` flags, on SmolLM2.
+    struct MpiServer {
+        child: std::process::Child,
+        lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+        port: u16,
+    }
+
+    impl MpiServer {
+        fn start(n: usize, extra: &[&str]) -> MpiServer {
+            use std::io::BufRead;
+            let model = common::smollm2();
+            let mut child = launcher()
+                .args(["-n", &n.to_string(), env!("CARGO_BIN_EXE_frugal")])
+                .args(["serve", "--comm", "mpi", "--model", model.to_str().unwrap()])
+                .args(["--port", "0", "--ctx", "256"])
+                .args(extra)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("mpiexec runs (apt install mpich)");
+            let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+            let first = lines.next().unwrap().unwrap();
+            let port = first
+                .rsplit("http://127.0.0.1:")
+                .next()
+                .and_then(|rest| rest.split('/').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no port in {first:?}"));
+            MpiServer { child, lines, port }
+        }
+
+        fn ask(&self, method: &str, path: &str, body: &str) -> String {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
             write!(
                 s,
                 "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
@@ -408,36 +402,60 @@ mod with_mpi {
             let mut text = String::new();
             s.read_to_string(&mut text).unwrap();
             text.split_once("\r\n\r\n").unwrap().1.to_string()
-        };
-        for prompt in [
-            "Water boils at",
-            "The history of Rome",
-            "My favourite book is",
-        ] {
-            let body = format!(r#"{{"prompt": "{prompt}", "max_tokens": 12, "temperature": 0}}"#);
-            let got: Value = serde_json::from_str(&ask("POST", "/v1/completions", &body)).unwrap();
-            let alone = json(&frugal(&[
-                "generate",
-                "--model",
-                m,
-                "--prompt",
-                prompt,
-                "--max-new-tokens",
-                "12",
-                "--json",
-            ]));
-            assert_eq!(got["choices"][0]["text"], alone["text"], "{prompt}");
         }
-        let metrics = ask("GET", "/metrics", "");
+
+        /// Greedy answers of three prompts against `generate`'s alone (`weights` its flags).
+        fn answers_as_generate(&self, weights: &[&str]) {
+            let model = common::smollm2();
+            for prompt in [
+                "Water boils at",
+                "The history of Rome",
+                "My favourite book is",
+            ] {
+                let body =
+                    format!(r#"{{"prompt": "{prompt}", "max_tokens": 12, "temperature": 0}}"#);
+                let got: Value =
+                    serde_json::from_str(&self.ask("POST", "/v1/completions", &body)).unwrap();
+                let mut args = vec!["generate", "--model", model.to_str().unwrap()];
+                args.extend(["--prompt", prompt, "--max-new-tokens", "12", "--json"]);
+                args.extend(weights);
+                let alone = json(&frugal(&args));
+                assert_eq!(got["choices"][0]["text"], alone["text"], "{prompt}");
+            }
+        }
+
+        /// SIGTERM to the launcher: rank 0 drains, stops the others, and the job exits 0.
+        fn stop(mut self) {
+            // SAFETY: a plain kill(2) of the launcher this test started.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let status = self.child.wait().unwrap();
+            let rest: Vec<String> = self.lines.map_while(Result::ok).collect();
+            assert!(status.success(), "{status:?} {rest:?}");
+            assert!(rest
+                .iter()
+                .any(|l| l.contains("every admitted request answered")));
+        }
+    }
+
+    /// Two prefill ranks as MPI processes and rank 0 decoding: the greedy answers equal
+    /// `generate`'s, every prompt's KV crosses once, and SIGTERM drains and ends the job cleanly.
+    #[test]
+    fn prefill_ranks_as_mpi_processes_serve_as_one_worker() {
+        let server = MpiServer::start(3, &["--prefill-ranks", "2"]);
+        server.answers_as_generate(&[]);
+        let metrics = server.ask("GET", "/metrics", "");
         assert!(metrics.contains("frugal_kv_shipments_total 3"), "{metrics}");
-        // SAFETY: a plain kill(2) of the launcher this test started.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let status = child.wait().unwrap();
-        let rest: Vec<String> = lines.map_while(Result::ok).collect();
-        assert!(status.success(), "{status:?} {rest:?}");
-        assert!(rest
-            .iter()
-            .any(|l| l.contains("every admitted request answered")));
+        server.stop();
+    }
+
+    /// Three tensor-parallel MPI processes serving, rank 0 relaying its calls: the greedy
+    /// answers of f32 weights equal one worker's (8-bit activations may round a partial sum a
+    /// step apart on a rank, as thread ranks' do).
+    #[test]
+    fn tensor_parallel_mpi_processes_serve_as_one_worker() {
+        let server = MpiServer::start(3, &["--weights", "f32"]);
+        server.answers_as_generate(&["--weights", "f32"]);
+        server.stop();
     }
 
     #[test]

@@ -24,7 +24,8 @@ use std::thread::JoinHandle;
 pub type Load = Arc<dyn Fn(&mut Worker) -> Result<(), EngineError> + Send + Sync>;
 
 /// What the other ranks repeat.
-enum Call {
+#[derive(Clone, Debug, PartialEq)]
+pub enum Call {
     NewSequence,
     Prefill(SeqId, Vec<u32>),
     Decode(Vec<SeqId>, Vec<u32>),
@@ -32,11 +33,120 @@ enum Call {
     Free(SeqId),
 }
 
-/// Rank 0's worker and the other ranks' threads.
+impl Call {
+    /// The call as bytes (another process's copy): a kind, then little-endian words.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let words: Vec<u64> = match self {
+            Call::NewSequence => vec![0],
+            Call::Prefill(id, tokens) => [1, id.0 as u64]
+                .into_iter()
+                .chain(tokens.iter().map(|&t| u64::from(t)))
+                .collect(),
+            Call::Decode(ids, tokens) => [2, ids.len() as u64]
+                .into_iter()
+                .chain(ids.iter().map(|i| i.0 as u64))
+                .chain(tokens.iter().map(|&t| u64::from(t)))
+                .collect(),
+            Call::Fork(id) => vec![3, id.0 as u64],
+            Call::Free(id) => vec![4, id.0 as u64],
+        };
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// A call from [`Call::to_bytes`]; `None` for bytes that are not one.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Call> {
+        if bytes.len() % 8 != 0 {
+            return None;
+        }
+        let w: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let id = |i: usize| w.get(i).map(|&x| SeqId(x as usize));
+        let tokens = |from: usize| w.get(from..).map(|t| t.iter().map(|&x| x as u32).collect());
+        Some(match *w.first()? {
+            0 => Call::NewSequence,
+            1 => Call::Prefill(id(1)?, tokens(2)?),
+            2 => {
+                let n = usize::try_from(*w.get(1)?).ok()?;
+                let ids = w
+                    .get(2..2 + n)?
+                    .iter()
+                    .map(|&x| SeqId(x as usize))
+                    .collect();
+                Call::Decode(ids, tokens(2 + n)?)
+            }
+            3 => Call::Fork(id(1)?),
+            4 => Call::Free(id(1)?),
+            _ => return None,
+        })
+    }
+
+    /// Makes this call on `worker`. Errors are the lead's to report: it makes the same call
+    /// and sees the same refusal, or the failed collective.
+    pub fn apply(&self, worker: &mut Worker, logits: &mut Vec<f32>) {
+        let _ = match self {
+            Call::NewSequence => {
+                worker.new_sequence();
+                Ok(())
+            }
+            Call::Prefill(id, tokens) => worker.prefill(*id, tokens, logits),
+            Call::Decode(ids, tokens) => worker.decode(ids, tokens, logits),
+            Call::Fork(id) => {
+                worker.fork(*id);
+                Ok(())
+            }
+            Call::Free(id) => {
+                worker.free(*id);
+                Ok(())
+            }
+        };
+    }
+}
+
+/// Where the other ranks' copies of each call go: threads of this process ([`Group::start`]),
+/// or other processes (a caller's relay over MPI).
+pub trait Relay: Send {
+    fn tell(&mut self, call: &Call);
+    /// The other ranks, whose calls this relays.
+    fn ranks(&self) -> usize;
+    /// Ends the other ranks: their measured bytes in rank order, where known.
+    fn end(self: Box<Self>) -> Vec<Measured>;
+}
+
+/// Rank 0's worker and where the other ranks' calls go.
 pub struct Group {
     lead: Worker,
+    relay: Option<Box<dyn Relay>>,
+}
+
+/// The other ranks as threads of this process.
+struct Threads {
     calls: Vec<mpsc::Sender<Call>>,
     threads: Vec<JoinHandle<Measured>>,
+}
+
+impl Relay for Threads {
+    fn tell(&mut self, call: &Call) {
+        for c in &self.calls {
+            // A rank that has stopped makes the next step's collectives fail on the lead.
+            let _ = c.send(call.clone());
+        }
+    }
+
+    fn ranks(&self) -> usize {
+        self.calls.len()
+    }
+
+    fn end(self: Box<Self>) -> Vec<Measured> {
+        let Threads { calls, threads } = *self;
+        drop(calls);
+        // A rank that panicked measured nothing: its plan's bytes were never all live.
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_default())
+            .collect()
+    }
 }
 
 impl Group {
@@ -44,8 +154,15 @@ impl Group {
     pub fn single(worker: Worker) -> Group {
         Group {
             lead: worker,
-            calls: Vec::new(),
-            threads: Vec::new(),
+            relay: None,
+        }
+    }
+
+    /// Rank 0's `worker` (a tensor-parallel rank), the others' calls sent through `relay`.
+    pub fn with_relay(worker: Worker, relay: Box<dyn Relay>) -> Group {
+        Group {
+            lead: worker,
+            relay: Some(relay),
         }
     }
 
@@ -90,18 +207,16 @@ impl Group {
         match (lead, group_err) {
             (Ok(lead), None) => Ok(Group {
                 lead,
-                calls,
-                threads,
+                relay: Some(Box::new(Threads { calls, threads })),
             }),
             // Dropping the senders ends the threads that started.
             (Err(e), _) | (Ok(_), Some(e)) => Err(e),
         }
     }
 
-    fn tell(&self, call: impl Fn() -> Call) {
-        for c in &self.calls {
-            // A rank that has stopped makes the next step's collectives fail on the lead.
-            let _ = c.send(call());
+    fn tell(&mut self, call: impl Fn() -> Call) {
+        if let Some(r) = &mut self.relay {
+            r.tell(&call());
         }
     }
 
@@ -143,7 +258,7 @@ impl Group {
     /// A shipped sequence's KV (prefill/decode disaggregation), into a group of one: a
     /// tensor-parallel group would need each rank's heads shipped apart.
     pub fn import_kv(&mut self, len: usize, bytes: &[u8]) -> Result<SeqId, EngineError> {
-        if !self.calls.is_empty() {
+        if self.relay.is_some() {
             return Err(EngineError::Infer(
                 "shipped KV goes to a single decode worker, not a tensor-parallel group".into(),
             ));
@@ -154,17 +269,15 @@ impl Group {
     /// Ends the group: every rank's measured bytes, in rank order.
     pub fn finish(self) -> Vec<Measured> {
         let mut out = vec![self.lead.measured()];
-        drop(self.calls);
-        for t in self.threads {
-            // A rank that panicked measured nothing: its plan's bytes were never all live.
-            out.push(t.join().unwrap_or_default());
+        if let Some(r) = self.relay {
+            out.extend(r.end());
         }
         out
     }
 
     /// Ranks in the group.
     pub fn size(&self) -> usize {
-        self.calls.len() + 1
+        1 + self.relay.as_ref().map_or(0, |r| r.ranks())
     }
 }
 
@@ -200,25 +313,34 @@ fn follow(
         }
     };
     let mut logits = Vec::new();
-    // Errors are the lead's to report: it makes the same call and sees the same refusal, or
-    // the failed collective.
     for call in calls {
-        let _ = match call {
-            Call::NewSequence => {
-                worker.new_sequence();
-                Ok(())
-            }
-            Call::Prefill(id, tokens) => worker.prefill(id, &tokens, &mut logits),
-            Call::Decode(ids, tokens) => worker.decode(&ids, &tokens, &mut logits),
-            Call::Fork(id) => {
-                worker.fork(id);
-                Ok(())
-            }
-            Call::Free(id) => {
-                worker.free(id);
-                Ok(())
-            }
-        };
+        call.apply(&mut worker, &mut logits);
     }
     worker.measured()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_cross_as_bytes_and_malformed_bytes_are_refused() {
+        let calls = [
+            Call::NewSequence,
+            Call::Prefill(SeqId(3), vec![1, 2, 49151]),
+            Call::Decode(vec![SeqId(0), SeqId(7)], vec![11, 12]),
+            Call::Decode(Vec::new(), Vec::new()),
+            Call::Fork(SeqId(2)),
+            Call::Free(SeqId(9)),
+        ];
+        for c in &calls {
+            assert_eq!(Call::from_bytes(&c.to_bytes()).as_ref(), Some(c));
+        }
+        assert_eq!(Call::from_bytes(&[]), None);
+        assert_eq!(Call::from_bytes(&[1, 2, 3]), None);
+        assert_eq!(Call::from_bytes(&9u64.to_le_bytes()), None);
+        // A decode that claims more sequences than it carries.
+        let short: Vec<u8> = [2u64, 5, 1].iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(Call::from_bytes(&short), None);
+    }
 }

@@ -31,8 +31,8 @@ pub struct Rank0 {
 
 /// The proxies and the world endpoint, kept until the engine has stopped.
 pub struct End {
-    proxies: Vec<std::thread::JoinHandle<()>>,
-    world: comm::Mpi,
+    pub(super) proxies: Vec<std::thread::JoinHandle<()>>,
+    pub(super) world: comm::Mpi,
 }
 
 impl End {
@@ -119,19 +119,33 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
         };
         Ok(Some((worker, pd, proxies)))
     })();
-    match result {
-        Ok(Some((worker, pd, proxies))) => Ok(Some(Rank0 {
+    settle(result, world, rank, size, |(worker, pd, proxies), world| {
+        Rank0 {
             worker,
             pd,
             end: End { proxies, world },
-        })),
+        }
+    })
+}
+
+/// How a process's part of the job began: rank 0's (`wrap`ped with the world endpoint, which
+/// lives until the server stops), another rank's that has finished (MPI ended here), or an
+/// error, which ends the job with its reason (every other rank waits on this one).
+pub(super) fn settle<T, R>(
+    result: anyhow::Result<Option<T>>,
+    world: comm::Mpi,
+    rank: usize,
+    size: usize,
+    wrap: impl FnOnce(T, comm::Mpi) -> R,
+) -> anyhow::Result<Option<R>> {
+    match result {
+        Ok(Some(lead)) => Ok(Some(wrap(lead, world))),
         Ok(None) => {
             drop(world);
             comm::Mpi::finalize();
             Ok(None)
         }
         Err(e) => {
-            // Every other rank waits on this one: end the job with the reason.
             if size > 1 {
                 eprintln!("error: rank {rank}: {e:#}");
                 comm::Mpi::abort_world(2);
@@ -141,6 +155,17 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
             Err(e)
         }
     }
+}
+
+/// The launcher passes SIGTERM and Ctrl-C to every process: rank 0 drains and then stops the
+/// others, which must outlive the requests they still serve.
+pub(super) fn outlive_signals() -> anyhow::Result<()> {
+    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        signal_hook::flag::register(signal, seen.clone())
+            .context("installing the SIGTERM/SIGINT handlers")?;
+    }
+    Ok(())
 }
 
 /// A prompt's message: its length, the sampler (top-k + 1 or 0, the temperature's bits, the
@@ -244,13 +269,7 @@ fn exchange(link: &mut comm::Mpi, rank: usize, job: &Job) -> comm::Result<Result
 /// A prefill rank's loop: each prompt prefilled, its first token sampled and its KV sent to
 /// rank 0, the sequence freed; an empty message ends it.
 fn serve_prefills(mut link: comm::Mpi, mut worker: infer::Worker) -> anyhow::Result<()> {
-    // The launcher passes SIGTERM and Ctrl-C to every process: rank 0 drains and then stops
-    // this one, which must outlive the requests it still prefills.
-    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for signal in [libc::SIGTERM, libc::SIGINT] {
-        signal_hook::flag::register(signal, seen.clone())
-            .context("installing the SIGTERM/SIGINT handlers")?;
-    }
+    outlive_signals()?;
     let (mut msg, mut logits, mut kv) = (Vec::new(), Vec::new(), Vec::new());
     loop {
         link.wait_bytes(&mut msg, 0)?;

@@ -69,8 +69,8 @@ impl Mpi {
     }
 
     /// A message of any length from `src` (sent with `send_bytes`) into `out`, waited for
-    /// without the timeout and without holding a core (a check every 200 µs): a worker that
-    /// waits for its next job, however long the server stays idle.
+    /// without the timeout and, after its first millisecond, without holding a core (a check
+    /// every 200 µs): a worker that waits for its next call, however long the server idles.
     pub fn wait_bytes(&mut self, out: &mut Vec<u8>, src: usize) -> Result<()> {
         use mpi::point_to_point::Source;
         self.check("recv", src < self.size && src != self.rank, || {
@@ -80,12 +80,16 @@ impl Mpi {
         let mut len = 0u64;
         mpi::request::scope(|scope| {
             let mut req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
+            let hot = Instant::now() + Duration::from_millis(1);
             loop {
                 match req.test() {
                     Ok(_) => break,
                     Err(r) => req = r,
                 }
-                std::thread::sleep(Duration::from_micros(200));
+                match Instant::now() < hot {
+                    true => std::thread::yield_now(),
+                    false => std::thread::sleep(Duration::from_micros(200)),
+                }
             }
         });
         out.resize(len as usize, 0);
