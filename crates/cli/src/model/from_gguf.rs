@@ -94,19 +94,20 @@ pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFor
     let g = open_gguf(path)?;
     let model = gguf::hf::Model::new(&g)?;
     let shape = plan::hf_config::parse(&model.config_json()?, &path.display().to_string())?;
-    let mut nibbles = Roles::ALL;
+    let (mut seen, mut wider) = (Roles::NONE, Roles::NONE);
     for unit in plan::frugal::param_units(&shape, 1)? {
         for v in unit.views.iter().filter(|v| is_matrix(v.role)) {
+            seen = seen.with(v.role);
             for part in &v.parts {
                 if !model.tensor_kind(&part.name)?.four_bit() {
-                    nibbles = nibbles.without(v.role);
+                    wider = wider.with(v.role);
                 }
             }
         }
     }
     Ok(plan::frugal::WeightFormat::Ggml {
         group: model.group() as u64,
-        nibbles,
+        nibbles: seen.difference(wider),
     })
 }
 

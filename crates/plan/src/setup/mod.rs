@@ -247,6 +247,7 @@ pub struct InferSetup {
     pub weight_group: Option<u64>,
     /// ggml only: the matrices a GGUF file holds in 4-bit types in every layer, whose codes the
     /// engine keeps two a byte (`WeightFormat::Ggml`'s `nibbles`).
+    #[serde(skip_serializing_if = "crate::frugal::Roles::is_empty")]
     pub ggml_nibbles: crate::frugal::Roles,
     /// nf4 only: bitsandbytes' double quantization (uint8 absmax per block with an fp32 scale
     /// per 256 blocks; `bnb_4bit_use_double_quant`, off by default in HF, on in QLoRA's recipe).

@@ -42,9 +42,20 @@ pub enum WeightFormat {
     },
 }
 
-/// A set of matrix roles (those [`super::is_matrix`] names).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+/// A set of matrix roles (those [`super::is_matrix`] names); `--json` lists their names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Roles(u32);
+
+impl serde::Serialize for Roles {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let names: Vec<String> = MATRIX_ROLES
+            .iter()
+            .filter(|&&r| self.has(r))
+            .map(|r| format!("{r:?}"))
+            .collect();
+        names.serialize(s)
+    }
+}
 
 /// The matrix roles, in the order of their bits.
 const MATRIX_ROLES: [Role; 14] = [
@@ -68,6 +79,10 @@ impl Roles {
     pub const NONE: Roles = Roles(0);
     pub const ALL: Roles = Roles((1 << MATRIX_ROLES.len()) - 1);
 
+    pub fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+
     fn bit(role: Role) -> u32 {
         MATRIX_ROLES
             .iter()
@@ -85,9 +100,9 @@ impl Roles {
         Roles(self.0 | Roles::bit(role))
     }
 
-    /// The set without `role`.
-    pub fn without(self, role: Role) -> Roles {
-        Roles(self.0 & !Roles::bit(role))
+    /// The roles of this set that are not in `other`.
+    pub fn difference(self, other: Roles) -> Roles {
+        Roles(self.0 & !other.0)
     }
 }
 
@@ -285,6 +300,11 @@ mod tests {
         assert!(f.of(Role::QkvWeight).nibbles(Role::LmHead));
         assert!(!f.of(Role::LmHead).nibbles(Role::QkvWeight));
         assert!(!nibbles.has(Role::Norm1Weight) && !Roles::ALL.has(Role::Norm1Weight));
+        assert_eq!(
+            Roles::ALL.difference(nibbles),
+            Roles::ALL.difference(Roles::NONE.with(Role::FcWeight).with(Role::QkvWeight))
+        );
+        assert!(Roles::NONE.is_empty() && !nibbles.is_empty());
         assert!(!WeightFormat::Int8.nibbles(Role::QkvWeight));
     }
 }
