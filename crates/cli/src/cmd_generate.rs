@@ -19,6 +19,8 @@ use std::time::Instant;
 
 mod reference;
 mod tp;
+#[cfg(feature = "mpi")]
+pub(crate) use tp::fp32_units;
 pub(crate) use tp::{check_fit, group};
 
 const EXAMPLES: &str = "\

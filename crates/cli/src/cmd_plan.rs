@@ -292,7 +292,10 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
             (Dtype::Ggml, Some(g)) => Some(g),
             _ => args.weight_group,
         },
-        ggml_nibbles: nibbles,
+        ggml_nibbles: match weights {
+            Dtype::Ggml => nibbles,
+            _ => plan::frugal::Roles::NONE,
+        },
         double_quant: args.double_quant,
         kv_dtype: args.kv_dtype,
         batch: args.batch,

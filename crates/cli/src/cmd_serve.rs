@@ -15,6 +15,8 @@
 
 mod engine;
 mod metrics;
+#[cfg(feature = "mpi")]
+mod mpi_job;
 mod openai;
 mod pd;
 #[cfg(feature = "mpi")]
@@ -23,7 +25,7 @@ mod pd_mpi;
 mod tp_mpi;
 /// Without the feature no MPI job starts, so none ends.
 #[cfg(not(feature = "mpi"))]
-mod pd_mpi {
+mod mpi_job {
     pub enum End {}
     impl End {
         pub fn finish(self) {
@@ -126,6 +128,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let (weights, kv) = args.storage.formats(&source)?;
+    // ggml in the file's own group and 4-bit matrices, for every role's plan.
+    let weights = source.narrow(weights)?;
     if !(1..=256).contains(&args.max_seqs) {
         bail!(
             "--max-seqs {}: give 1 to 256 requests per batch",
@@ -227,7 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         });
     if let Some(end) = end {
-        // The engine stops once the server's handlers are gone; then the prefill ranks.
+        // The engine stops once the server's handlers are gone; then the other ranks, and MPI.
         let _ = engine.join();
         end.finish();
     }
@@ -240,7 +244,7 @@ fn over_mpi(
     args: &Args,
     source: crate::model::Loaded,
     setup: ServeSetup,
-) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, pd_mpi::End)>> {
+) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, mpi_job::End)>> {
     check_mpi(args)?;
     if args.prefill_ranks == 0 {
         return Ok(tp_mpi::start(args, source, setup)?.map(|(group, end)| (group, None, end)));
@@ -254,11 +258,11 @@ fn over_mpi(
     args: &Args,
     _: crate::model::Loaded,
     _: ServeSetup,
-) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, pd_mpi::End)>> {
+) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, mpi_job::End)>> {
     check_mpi(args)?;
     bail!(
         "--comm mpi: this frugal was built without MPI; build it with `cargo build --release \
-         --features mpi -p frugal` and run it under `mpirun -n P+1`"
+         --features mpi -p frugal` and run it under `mpirun -n N`"
     )
 }
 

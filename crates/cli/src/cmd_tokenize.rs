@@ -45,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .with_context(|| format!("--decode: {t:?} is not a token id"))
             })
             .collect::<anyhow::Result<Vec<u32>>>()?;
-        let text = tok.decode(&ids)?;
+        let text = tok.decode_text(&ids)?;
         match args.json {
             true => println!("{}", json!({"ids": ids, "text": text})),
             false => println!("{text}"),

@@ -111,7 +111,7 @@ fn disaggregation_is_refused_where_it_does_not_apply() {
     );
     fails_with(&serve(&["--prefill-ranks", "100"]), "1 to 64 prefill ranks");
     fails_with(&serve(&["--prefill-threads", "1"]), "give both");
-    // MPI processes serve disaggregated only, each on its launcher's cores.
+    // MPI processes run one kind of rank, each on its launcher's cores.
     fails_with(
         &serve(&["--comm", "mpi", "--prefill-ranks", "1", "--tp", "2"]),
         "use one of the two",

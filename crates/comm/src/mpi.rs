@@ -32,7 +32,7 @@ use crate::{Buf, BufMut, Collective, CollectiveKind, CommError, ReduceOp, Result
 use half::bf16;
 use mpi::collective::{CommunicatorCollectives, Root};
 use mpi::request::{Request, Scope};
-use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::topology::{Communicator, SimpleCommunicator};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -449,11 +449,6 @@ impl Collective for Mpi {
     }
 
     fn split(&mut self, color: u32, key: u32) -> Result<Box<dyn Collective>> {
-        self.calls += 1;
-        let sub = self
-            .comm
-            .split_by_color_with_key(Color::with_value(color as i32), key as i32)
-            .expect("every rank names a color");
-        Ok(Box::new(Mpi::on(sub, self.timeout, self.report)))
+        Ok(Box::new(self.split_mpi(color, key)?))
     }
 }

@@ -27,6 +27,9 @@ pub struct HfTokenizer {
     /// Whether a prompt starts with `bos`.
     pub add_bos: bool,
     pub chat_template: Option<String>,
+    /// A token that decodes to `A` alone, put before a continuation's ids so a decoder that
+    /// drops a text's leading space (SentencePiece's) keeps the continuation's.
+    probe: Option<u32>,
 }
 
 /// The pieces of a GGUF file's `tokenizer.ggml.*` metadata.
@@ -142,10 +145,11 @@ impl HfTokenizer {
         let added: Vec<Value> = v
             .types
             .iter()
+            .zip(&v.tokens)
             .enumerate()
-            .filter(|(_, &t)| (2..=4).contains(&t))
-            .map(|(id, &t)| {
-                json!({"id": id, "content": v.tokens[id], "single_word": false, "lstrip": false,
+            .filter(|(_, (&t, _))| (2..=4).contains(&t))
+            .map(|(id, (&t, token))| {
+                json!({"id": id, "content": token, "single_word": false, "lstrip": false,
                        "rstrip": false, "normalized": false, "special": t != 4})
             })
             .collect();
@@ -176,6 +180,10 @@ impl HfTokenizer {
         chat_template: Option<String>,
     ) -> HfTokenizer {
         let vocab_size = tokenizer.get_vocab_size(true) as u32;
+        let probe = ["A", "<0x41>"]
+            .iter()
+            .filter_map(|t| tokenizer.token_to_id(t))
+            .find(|&id| tokenizer.decode(&[id], false).is_ok_and(|d| d == "A"));
         HfTokenizer {
             tokenizer,
             name: format!("hf-{:08x}", crc32fast::hash(text.as_bytes())),
@@ -184,6 +192,7 @@ impl HfTokenizer {
             eos,
             add_bos,
             chat_template,
+            probe,
         }
     }
 
@@ -226,8 +235,20 @@ impl HfTokenizer {
         }
     }
 
-    /// The text of `ids`, special tokens included.
+    /// The text of `ids` as a continuation (generated tokens after a prompt), special tokens
+    /// included: a leading space stays, which SentencePiece's decoder drops from a whole text.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        if let Some(p) = self.probe {
+            let with: Vec<u32> = std::iter::once(p).chain(ids.iter().copied()).collect();
+            if let Some(rest) = self.decode_text(&with)?.strip_prefix('A') {
+                return Ok(rest.to_string());
+            }
+        }
+        self.decode_text(ids)
+    }
+
+    /// The text of `ids` as a whole text, as the tokenizer's own decoder gives it.
+    pub fn decode_text(&self, ids: &[u32]) -> Result<String> {
         self.tokenizer
             .decode(ids, false)
             .map_err(|e| fail(&self.name, format!("decoding: {e}")))

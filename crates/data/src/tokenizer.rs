@@ -160,6 +160,16 @@ impl Tokenizer {
         }
     }
 
+    /// As [`Tokenizer::decode`], for ids that start a text: a SentencePiece vocabulary's
+    /// leading space (the one it puts before every text) is dropped, as its decoder does.
+    pub fn decode_text(&self, tokens: &[u32]) -> Result<String> {
+        self.check_ids(tokens)?;
+        match &self.inner {
+            Inner::Gpt2(_) => self.decode(tokens),
+            Inner::Hf(t) => t.decode_text(tokens),
+        }
+    }
+
     fn check_ids(&self, tokens: &[u32]) -> Result<()> {
         match tokens.iter().position(|&t| t >= self.vocab_size()) {
             None => Ok(()),

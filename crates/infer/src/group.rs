@@ -68,13 +68,9 @@ impl Call {
             0 => Call::NewSequence,
             1 => Call::Prefill(id(1)?, tokens(2)?),
             2 => {
-                let n = usize::try_from(*w.get(1)?).ok()?;
-                let ids = w
-                    .get(2..2 + n)?
-                    .iter()
-                    .map(|&x| SeqId(x as usize))
-                    .collect();
-                Call::Decode(ids, tokens(2 + n)?)
+                let end = usize::try_from(*w.get(1)?).ok()?.checked_add(2)?;
+                let ids = w.get(2..end)?.iter().map(|&x| SeqId(x as usize)).collect();
+                Call::Decode(ids, tokens(end)?)
             }
             3 => Call::Fork(id(1)?),
             4 => Call::Free(id(1)?),

@@ -183,7 +183,7 @@ fn over_mpi(_: &Job, _: &data::Tokenizer) -> anyhow::Result<()> {
 }
 
 /// The fp32 weights each rank cuts its share from.
-fn fp32_units<'a>(
+pub(crate) fn fp32_units<'a>(
     tp: usize,
     model: &std::path::Path,
     source: &'a Loaded,

@@ -172,29 +172,41 @@ fn prefill_one(
     logits: &mut Vec<f32>,
     bytes: &mut Vec<u8>,
 ) -> Result<Shipped, String> {
+    let (first, rng) = prefill_export(worker, &job.prompt, &job.sampling, job.seed, logits, bytes)?;
+    let prefilled_at = std::time::Instant::now();
+    match comm.send_bytes(bytes, 0) {
+        Ok(()) => Ok(Shipped {
+            first,
+            rng,
+            tokens: job.prompt.len(),
+            from: comm.rank(),
+            bytes: bytes.len(),
+            kv: None,
+            prefilled_at,
+        }),
+        Err(e) => Err(format!("shipping the prompt's KV: {e}")),
+    }
+}
+
+/// A prefill worker's part of one prompt, wherever the worker runs: the prompt prefilled in a
+/// new sequence, its first token sampled (the sampler seeded with `seed`), its KV exported into
+/// `bytes` and the sequence freed; the first token and the sampler's state after it.
+pub fn prefill_export(
+    worker: &mut Worker,
+    prompt: &[u32],
+    sampling: &infer::sample::Sampling,
+    seed: u64,
+    logits: &mut Vec<f32>,
+    bytes: &mut Vec<u8>,
+) -> Result<(u32, data::SplitMix64), String> {
     let seq = worker.new_sequence();
-    let outcome = match worker.prefill(seq, &job.prompt, logits) {
-        Err(e) => Err(e.to_string()),
-        Ok(()) => {
-            let prefilled_at = std::time::Instant::now();
-            let mut rng = data::SplitMix64::new(job.seed);
-            let first = pick(logits, &job.sampling, &mut rng);
-            bytes.clear();
-            worker.export_kv(seq, bytes);
-            match comm.send_bytes(bytes, 0) {
-                Ok(()) => Ok(Shipped {
-                    first,
-                    rng,
-                    tokens: job.prompt.len(),
-                    from: comm.rank(),
-                    bytes: bytes.len(),
-                    kv: None,
-                    prefilled_at,
-                }),
-                Err(e) => Err(format!("shipping the prompt's KV: {e}")),
-            }
-        }
-    };
+    let outcome = worker.prefill(seq, prompt, logits).map(|()| {
+        let mut rng = data::SplitMix64::new(seed);
+        let first = pick(logits, sampling, &mut rng);
+        bytes.clear();
+        worker.export_kv(seq, bytes);
+        (first, rng)
+    });
     worker.free(seq);
-    outcome
+    outcome.map_err(|e| e.to_string())
 }

@@ -12,13 +12,14 @@
 //! `mpiexec` ends the job too: MPICH's launcher stops every process when one dies.
 
 use super::engine::Job;
-use super::pd::{Disaggregated, PrefillJob, Prefilled, Shipped};
+use super::mpi_job::{check_threads, ready, settle, signal_ready, End};
+use super::pd::{prefill_export, Disaggregated, PrefillJob, Prefilled, Shipped};
 use super::Args;
 use crate::model::Loaded;
 use anyhow::{bail, Context};
 use comm::Collective;
 use infer::group::Group;
-use infer::sample::{pick, Sampling};
+use infer::sample::Sampling;
 use plan::frugal::ServeSetup;
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -29,23 +30,6 @@ pub struct Rank0 {
     pub end: End,
 }
 
-/// The proxies and the world endpoint, kept until the engine has stopped.
-pub struct End {
-    pub(super) proxies: Vec<std::thread::JoinHandle<()>>,
-    pub(super) world: comm::Mpi,
-}
-
-impl End {
-    /// Waits for every proxy to stop its prefill rank, then ends MPI.
-    pub fn finish(self) {
-        for p in self.proxies {
-            let _ = p.join();
-        }
-        drop(self.world);
-        comm::Mpi::finalize();
-    }
-}
-
 /// This process's part: `None` on a prefill rank (its loop ran until rank 0 stopped it), the
 /// decode worker and its proxies on rank 0.
 pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<Option<Rank0>> {
@@ -54,6 +38,7 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
     let (rank, size) = (world.rank(), world.world_size());
     type Lead = (Group, Disaggregated, Vec<std::thread::JoinHandle<()>>);
     let result = (|| -> anyhow::Result<Option<Lead>> {
+        check_threads(size)?;
         if size != args.prefill_ranks + 1 {
             bail!(
                 "--comm mpi --prefill-ranks {}: run {} processes (mpirun -n {}), rank 0 to \
@@ -80,8 +65,9 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
             kv_blocks: setup.context.div_ceil(setup.kv_block),
             ..setup
         };
-        if let Some(link) = mine {
+        if let Some(mut link) = mine {
             let worker = source.worker(prefill_setup)?;
+            signal_ready(&mut link)?;
             serve_prefills(link, worker)?;
             return Ok(None);
         }
@@ -90,6 +76,9 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
             ..setup
         };
         let worker = Group::single(source.worker(decode_setup)?);
+        for (r, link) in &mut links {
+            ready(link, 1).with_context(|| format!("prefill rank {r}"))?;
+        }
         eprintln!(
             "frugal serve: {} prefill ranks (MPI processes, each planned {} bytes), decode on \
              rank 0 (planned {} bytes)",
@@ -123,49 +112,12 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
         Rank0 {
             worker,
             pd,
-            end: End { proxies, world },
+            end: End {
+                proxies,
+                world: Some(world),
+            },
         }
     })
-}
-
-/// How a process's part of the job began: rank 0's (`wrap`ped with the world endpoint, which
-/// lives until the server stops), another rank's that has finished (MPI ended here), or an
-/// error, which ends the job with its reason (every other rank waits on this one).
-pub(super) fn settle<T, R>(
-    result: anyhow::Result<Option<T>>,
-    world: comm::Mpi,
-    rank: usize,
-    size: usize,
-    wrap: impl FnOnce(T, comm::Mpi) -> R,
-) -> anyhow::Result<Option<R>> {
-    match result {
-        Ok(Some(lead)) => Ok(Some(wrap(lead, world))),
-        Ok(None) => {
-            drop(world);
-            comm::Mpi::finalize();
-            Ok(None)
-        }
-        Err(e) => {
-            if size > 1 {
-                eprintln!("error: rank {rank}: {e:#}");
-                comm::Mpi::abort_world(2);
-            }
-            drop(world);
-            comm::Mpi::finalize();
-            Err(e)
-        }
-    }
-}
-
-/// The launcher passes SIGTERM and Ctrl-C to every process: rank 0 drains and then stops the
-/// others, which must outlive the requests they still serve.
-pub(super) fn outlive_signals() -> anyhow::Result<()> {
-    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for signal in [libc::SIGTERM, libc::SIGINT] {
-        signal_hook::flag::register(signal, seen.clone())
-            .context("installing the SIGTERM/SIGINT handlers")?;
-    }
-    Ok(())
 }
 
 /// A prompt's message: its length, the sampler (top-k + 1 or 0, the temperature's bits, the
@@ -194,7 +146,7 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
 fn parse_job(msg: &[u8]) -> Option<(Vec<u32>, Sampling, u64)> {
     let head: Vec<u64> = words(msg.get(..40)?).collect();
     let len = usize::try_from(head[0]).ok()?;
-    let tokens = msg.get(40..40 + 4 * len)?;
+    let tokens = msg.get(40..len.checked_mul(4)?.checked_add(40)?)?;
     let opt = |w: u64| w.checked_sub(1).map(|v| v as usize);
     let sampling = Sampling {
         top_k: opt(head[1]),
@@ -269,28 +221,20 @@ fn exchange(link: &mut comm::Mpi, rank: usize, job: &Job) -> comm::Result<Result
 /// A prefill rank's loop: each prompt prefilled, its first token sampled and its KV sent to
 /// rank 0, the sequence freed; an empty message ends it.
 fn serve_prefills(mut link: comm::Mpi, mut worker: infer::Worker) -> anyhow::Result<()> {
-    outlive_signals()?;
     let (mut msg, mut logits, mut kv) = (Vec::new(), Vec::new(), Vec::new());
     loop {
         link.wait_bytes(&mut msg, 0)?;
         if msg.is_empty() {
             return Ok(());
         }
-        let seq = worker.new_sequence();
         let run = std::panic::AssertUnwindSafe(|| -> Result<[u64; 3], String> {
             let (prompt, sampling, seed) = parse_job(&msg).ok_or("a malformed prompt message")?;
-            worker
-                .prefill(seq, &prompt, &mut logits)
-                .map_err(|e| e.to_string())?;
-            let mut rng = data::SplitMix64::new(seed);
-            let first = pick(&logits, &sampling, &mut rng);
-            kv.clear();
-            worker.export_kv(seq, &mut kv);
+            let (first, rng) =
+                prefill_export(&mut worker, &prompt, &sampling, seed, &mut logits, &mut kv)?;
             Ok([u64::from(first), rng.state(), prompt.len() as u64])
         });
         let outcome = std::panic::catch_unwind(run)
             .unwrap_or_else(|_| Err("the prefill worker failed on this prompt".into()));
-        worker.free(seq);
         let (head, body): ([u64; 4], &[u8]) = match &outcome {
             Ok([first, state, len]) => ([1, *first, *state, *len], &kv),
             Err(e) => ([0; 4], e.as_bytes()),

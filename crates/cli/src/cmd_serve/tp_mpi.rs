@@ -6,7 +6,7 @@
 //! collectives inside each step (`infer::group::Relay`). When the engine stops, an empty
 //! message stops the others.
 
-use super::pd_mpi::End;
+use super::mpi_job::{check_threads, ready, settle, signal_ready, End};
 use super::Args;
 use crate::model::Loaded;
 use anyhow::bail;
@@ -68,6 +68,7 @@ pub fn start(
     let mut world = comm::Mpi::init(timeout, |why| eprintln!("error: {why}"))?;
     let (rank, size) = (world.rank(), world.world_size());
     let result = (|| -> anyhow::Result<Option<Group>> {
+        check_threads(size)?;
         if args.tp != 1 && args.tp != size {
             bail!(
                 "--tp {} with --comm mpi: the ranks are the launcher's {size} processes (-n); \
@@ -75,10 +76,7 @@ pub fn start(
                 args.tp
             );
         }
-        let setup = ServeSetup {
-            weights: source.narrow(setup.weights)?,
-            ..setup
-        };
+        crate::cmd_generate::fp32_units(size, &args.model, &source)?;
         // The worker's collectives and the calls on communicators of their own.
         let tp = world.split(0, rank as u32)?;
         let link = world.split_mpi(0, rank as u32)?;
@@ -89,9 +87,14 @@ pub fn start(
         let mut worker =
             infer::Worker::tensor_parallel(cpu::Cpu::new(), config, setup, tp, capacity)?;
         source.load_whole(&mut worker)?;
+        let mut link = link;
         if rank != 0 {
+            signal_ready(&mut link)?;
             follow(link, worker)?;
             return Ok(None);
+        }
+        for r in 1..size {
+            ready(&mut link, r)?;
         }
         eprintln!(
             "frugal serve: {size} tensor-parallel ranks (MPI processes), rank 0 planned {} bytes",
@@ -104,12 +107,12 @@ pub fn start(
         };
         Ok(Some(Group::with_relay(worker, Box::new(relay))))
     })();
-    super::pd_mpi::settle(result, world, rank, size, |group, world| {
+    settle(result, world, rank, size, |group, world| {
         (
             group,
             End {
                 proxies: Vec::new(),
-                world,
+                world: Some(world),
             },
         )
     })
@@ -117,7 +120,6 @@ pub fn start(
 
 /// A rank other than 0: makes each call rank 0 sends until an empty message.
 fn follow(mut link: comm::Mpi, mut worker: infer::Worker) -> anyhow::Result<()> {
-    super::pd_mpi::outlive_signals()?;
     let (mut msg, mut logits) = (Vec::new(), Vec::new());
     loop {
         link.wait_bytes(&mut msg, 0)?;

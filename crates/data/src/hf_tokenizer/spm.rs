@@ -70,3 +70,51 @@ pub(super) fn parts(
         model,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{GgufVocab, HfTokenizer};
+
+    /// A SentencePiece vocabulary of its specials, the 256 byte pieces and a few words.
+    fn vocab() -> (Vec<String>, Vec<f32>, Vec<u64>) {
+        let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
+        tokens.extend((0..=255).map(|b| format!("<0x{b:02X}>")));
+        let words = ["\u{2581}", "H", "i", "\u{2581}H", "Hi", "\u{2581}Hi"];
+        tokens.extend(words.map(String::from));
+        let mut scores = vec![0.0; 259];
+        scores.extend([-1.0, -2.0, -3.0, -4.0, -5.0, -0.5]);
+        let mut types = vec![2, 3, 3];
+        types.extend([6; 256]);
+        types.extend([1; 6]);
+        (tokens, scores, types)
+    }
+
+    #[test]
+    fn pieces_merge_by_score_fall_back_to_bytes_and_keep_a_continuations_space() {
+        let (tokens, scores, types) = vocab();
+        let tok = HfTokenizer::from_gguf(&GgufVocab {
+            source: "test",
+            model: "llama",
+            pre: "default",
+            tokens: tokens.iter().map(String::as_str).collect(),
+            scores,
+            unk: Some(0),
+            add_space_prefix: true,
+            types,
+            merges: Vec::new(),
+            bos: Some(1),
+            eos: Some(2),
+            add_bos: true,
+            chat_template: None,
+        })
+        .unwrap();
+        let hi = 259 + 5;
+        assert_eq!(tok.encode("Hi Hi"), [hi, hi]);
+        // No piece for "é": its two UTF-8 bytes, after the space piece.
+        assert_eq!(tok.encode("é"), [259, 3 + 0xC3, 3 + 0xA9]);
+        assert_eq!(tok.decode_text(&[hi, hi]).unwrap(), "Hi Hi");
+        // Generated after a prompt, the first piece keeps its space.
+        assert_eq!(tok.decode(&[hi]).unwrap(), " Hi");
+        assert_eq!(tok.decode(&[259, 3 + 0xC3, 3 + 0xA9]).unwrap(), " é");
+    }
+}

@@ -127,23 +127,7 @@ pub const MAX_LATENT_RANK: u64 = 1024;
 
 /// Whether a unit's view is stored in the weight format (a matrix) or in fp32 (a vector).
 pub fn is_matrix(role: Role) -> bool {
-    matches!(
-        role,
-        Role::TokenEmbedding
-            | Role::QkvWeight
-            | Role::AttnProjWeight
-            | Role::FcWeight
-            | Role::FcProjWeight
-            | Role::LmHead
-            | Role::ExpertsFcWeight
-            | Role::ExpertsProjWeight
-            | Role::SharedFcWeight
-            | Role::SharedProjWeight
-            | Role::MlaQ
-            | Role::MlaQa
-            | Role::MlaQb
-            | Role::MlaKva
-    )
+    formats::MATRIX_ROLES.contains(&role)
 }
 
 /// Checks `setup` against `model`, naming the field at fault.
@@ -349,7 +333,12 @@ pub fn serve_plan_rank(
 ) -> Result<MemoryPlan, PlanError> {
     check_serve(model, setup)?;
     super::tp::check(model, tp)?;
-    super::tp::check_groups(model, tp, setup.weights.group())?;
+    // ggml's codes are cut in whole blocks of 32, whatever its group.
+    let cut = match setup.weights {
+        WeightFormat::Ggml { group, .. } => Some(group.max(32)),
+        f => f.group(),
+    };
+    super::tp::check_groups(model, tp, cut)?;
     plan_shape(&super::tp::rank_shape(model, tp, rank), setup)
 }
 

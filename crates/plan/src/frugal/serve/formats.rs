@@ -57,8 +57,8 @@ impl serde::Serialize for Roles {
     }
 }
 
-/// The matrix roles, in the order of their bits.
-const MATRIX_ROLES: [Role; 14] = [
+/// The matrix roles (stored in the weight format), in the order of their bits.
+pub(super) const MATRIX_ROLES: [Role; 14] = [
     Role::TokenEmbedding,
     Role::QkvWeight,
     Role::AttnProjWeight,
