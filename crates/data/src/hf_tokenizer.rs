@@ -70,7 +70,13 @@ fn fail(source: &str, reason: impl Into<String>) -> DataError {
 /// not expect becomes an error.
 fn parse(text: &str) -> std::result::Result<tokenizers::Tokenizer, String> {
     serde_json::from_str::<Value>(text).map_err(|e| e.to_string())?;
-    std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
+    // The crate's panic message would print before the clean error: quiet while it parses
+    // (a file is read once, at start-up).
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
+    std::panic::set_hook(hook);
+    parsed
         .map_err(|_| "its structure is not a tokenizer's".to_string())?
         .map_err(|e| e.to_string())
 }
