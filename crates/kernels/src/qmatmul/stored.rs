@@ -35,37 +35,13 @@ impl QWeight<'_> {
                 scales,
                 mins,
                 group,
-            } => {
-                assert!(
-                    (group == 16 || group == 32) && ic.is_multiple_of(32),
-                    "groups of 16 or 32 in rows of whole blocks of 32 (IC = {ic})"
-                );
-                assert!(
-                    codes.len() == n && scales.len() == n / group,
-                    "grouped weight"
-                );
-                if let Some(m) = mins {
-                    assert_eq!(m.len(), scales.len(), "one minimum per group");
-                }
-            }
+            } => check_grouped(codes.len(), n, scales, mins, group, ic),
             QWeight::Grouped4 {
                 codes,
                 scales,
                 mins,
                 group,
-            } => {
-                assert!(
-                    (group == 16 || group == 32) && ic.is_multiple_of(SUB),
-                    "groups of 16 or 32 in rows of whole sub-blocks of {SUB} (IC = {ic})"
-                );
-                assert!(
-                    codes.len() == n / 2 && scales.len() == n / group,
-                    "grouped 4-bit weight"
-                );
-                if let Some(m) = mins {
-                    assert_eq!(m.len(), scales.len(), "one minimum per group");
-                }
-            }
+            } => check_grouped(2 * codes.len(), n, scales, mins, group, ic),
         }
     }
 
@@ -151,6 +127,26 @@ impl QWeight<'_> {
                 ..
             } => codes.len() + 4 * scales.len() + mins.map_or(0, |m| 4 * m.len()),
         }
+    }
+}
+
+/// A grouped weight of `n` values holding `codes` codes: groups of 16 or 32 in rows of whole
+/// blocks of 32, a scale (and a minimum, if any) per group.
+fn check_grouped(
+    codes: usize,
+    n: usize,
+    scales: &[f32],
+    mins: Option<&[f32]>,
+    group: usize,
+    ic: usize,
+) {
+    assert!(
+        (group == 16 || group == 32) && ic.is_multiple_of(SUB),
+        "groups of 16 or 32 in rows of whole blocks of {SUB} (IC = {ic})"
+    );
+    assert!(codes == n && scales.len() == n / group, "grouped weight");
+    if let Some(m) = mins {
+        assert_eq!(m.len(), scales.len(), "one minimum per group");
     }
 }
 
