@@ -204,11 +204,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         metrics,
     });
     let addr = format!("{}:{}", args.host, args.port);
-    let served = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the server")?
-        .block_on(async move {
+        .context("starting the server");
+    // No early return from here: with --comm mpi the engine and the other ranks end below.
+    let served = runtime.and_then(|rt| {
+        rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind(&addr)
                 .await
                 .map_err(|e| anyhow!("invalid --port/--host: cannot listen on {addr}: {e}"))?;
@@ -229,7 +231,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "frugal serve: stopped, every admitted request answered"
             );
             Ok(())
-        });
+        })
+    });
     if let Some(end) = end {
         // The engine stops once the server's handlers are gone; then the other ranks, and MPI.
         let _ = engine.join();

@@ -70,12 +70,23 @@ fn fail(source: &str, reason: impl Into<String>) -> DataError {
 /// not expect becomes an error.
 fn parse(text: &str) -> std::result::Result<tokenizers::Tokenizer, String> {
     serde_json::from_str::<Value>(text).map_err(|e| e.to_string())?;
-    // The crate's panic message would print before the clean error: quiet while it parses
-    // (a file is read once, at start-up).
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    // The crate's panic message would print before the clean error: this thread's panics are
+    // quiet while it parses (other threads' print as before).
+    thread_local! {
+        static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info)
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
     let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
-    std::panic::set_hook(hook);
+    QUIET.with(|q| q.set(false));
     parsed
         .map_err(|_| "its structure is not a tokenizer's".to_string())?
         .map_err(|e| e.to_string())
@@ -186,10 +197,10 @@ impl HfTokenizer {
         chat_template: Option<String>,
     ) -> HfTokenizer {
         let vocab_size = tokenizer.get_vocab_size(true) as u32;
-        let probe = ["A", "<0x41>"]
-            .iter()
-            .filter_map(|t| tokenizer.token_to_id(t))
-            .find(|&id| tokenizer.decode(&[id], false).is_ok_and(|d| d == "A"));
+        // The piece `A` (not the byte token, which fuses with the bytes after it).
+        let probe = tokenizer
+            .token_to_id("A")
+            .filter(|&id| tokenizer.decode(&[id], false).is_ok_and(|d| d == "A"));
         HfTokenizer {
             tokenizer,
             name: format!("hf-{:08x}", crc32fast::hash(text.as_bytes())),

@@ -144,8 +144,9 @@ impl Tokenizer {
         tokens
     }
 
-    /// Decodes ids to text. Byte sequences that are not valid UTF-8 (a sample cut inside a
-    /// multi-byte character) become U+FFFD; an id `>= vocab_size()` is an error.
+    /// Decodes ids that continue a text (generated tokens) to text: a leading space stays.
+    /// Byte sequences that are not valid UTF-8 (a sample cut inside a multi-byte character)
+    /// become U+FFFD; an id `>= vocab_size()` is an error.
     pub fn decode(&self, tokens: &[u32]) -> Result<String> {
         self.check_ids(tokens)?;
         match &self.inner {

@@ -195,7 +195,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     for (i, r) in requests.iter().enumerate() {
         // The trace's tokens as text; the server tokenizes it again (lengths may shift a little).
-        let text = tok.decode(&r.prompt).unwrap_or_default();
+        let text = tok.decode_text(&r.prompt).unwrap_or_default();
         let body = json!({"prompt": text, "max_tokens": r.max_new, "temperature": 0,
                           "stream": true, "ignore_eos": true, "seed": i})
         .to_string();

@@ -190,7 +190,8 @@ fn prefill_one(
 
 /// A prefill worker's part of one prompt, wherever the worker runs: the prompt prefilled in a
 /// new sequence, its first token sampled (the sampler seeded with `seed`), its KV exported into
-/// `bytes` and the sequence freed; the first token and the sampler's state after it.
+/// `bytes` and the sequence freed; the first token and the sampler's state after it. The
+/// shipping time counts from here.
 pub fn prefill_export(
     worker: &mut Worker,
     prompt: &[u32],
@@ -200,13 +201,21 @@ pub fn prefill_export(
     bytes: &mut Vec<u8>,
 ) -> Result<(u32, data::SplitMix64), String> {
     let seq = worker.new_sequence();
-    let outcome = worker.prefill(seq, prompt, logits).map(|()| {
-        let mut rng = data::SplitMix64::new(seed);
-        let first = pick(logits, sampling, &mut rng);
-        bytes.clear();
-        worker.export_kv(seq, bytes);
-        (first, rng)
+    // A panic inside is this prompt's error: the sequence is freed either way, so the worker's
+    // one-prompt pool serves the next.
+    let run = std::panic::AssertUnwindSafe(|| {
+        worker.prefill(seq, prompt, logits).map(|()| {
+            let mut rng = data::SplitMix64::new(seed);
+            let first = pick(logits, sampling, &mut rng);
+            bytes.clear();
+            worker.export_kv(seq, bytes);
+            (first, rng)
+        })
     });
+    let outcome = std::panic::catch_unwind(run);
     worker.free(seq);
-    outcome.map_err(|e| e.to_string())
+    match outcome {
+        Ok(done) => done.map_err(|e| e.to_string()),
+        Err(_) => Err("the prefill worker failed on this prompt".into()),
+    }
 }

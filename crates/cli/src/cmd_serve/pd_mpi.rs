@@ -227,14 +227,12 @@ fn serve_prefills(mut link: comm::Mpi, mut worker: infer::Worker) -> anyhow::Res
         if msg.is_empty() {
             return Ok(());
         }
-        let run = std::panic::AssertUnwindSafe(|| -> Result<[u64; 3], String> {
+        let outcome = (|| -> Result<[u64; 3], String> {
             let (prompt, sampling, seed) = parse_job(&msg).ok_or("a malformed prompt message")?;
             let (first, rng) =
                 prefill_export(&mut worker, &prompt, &sampling, seed, &mut logits, &mut kv)?;
             Ok([u64::from(first), rng.state(), prompt.len() as u64])
-        });
-        let outcome = std::panic::catch_unwind(run)
-            .unwrap_or_else(|_| Err("the prefill worker failed on this prompt".into()));
+        })();
         let (head, body): ([u64; 4], &[u8]) = match &outcome {
             Ok([first, state, len]) => ([1, *first, *state, *len], &kv),
             Err(e) => ([0; 4], e.as_bytes()),

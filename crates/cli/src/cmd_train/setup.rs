@@ -210,5 +210,5 @@ pub fn sample(
     }
     let mut all = prompt;
     all.extend(new);
-    Ok(tok.decode(&all)?)
+    Ok(tok.decode_text(&all)?)
 }

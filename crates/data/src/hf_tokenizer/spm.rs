@@ -79,13 +79,13 @@ mod tests {
     fn vocab() -> (Vec<String>, Vec<f32>, Vec<u64>) {
         let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
         tokens.extend((0..=255).map(|b| format!("<0x{b:02X}>")));
-        let words = ["\u{2581}", "H", "i", "\u{2581}H", "Hi", "\u{2581}Hi"];
+        let words = ["\u{2581}", "H", "i", "\u{2581}H", "Hi", "\u{2581}Hi", "A"];
         tokens.extend(words.map(String::from));
         let mut scores = vec![0.0; 259];
-        scores.extend([-1.0, -2.0, -3.0, -4.0, -5.0, -0.5]);
+        scores.extend([-1.0, -2.0, -3.0, -4.0, -5.0, -0.5, -6.0]);
         let mut types = vec![2, 3, 3];
         types.extend([6; 256]);
-        types.extend([1; 6]);
+        types.extend([1; 7]);
         (tokens, scores, types)
     }
 
