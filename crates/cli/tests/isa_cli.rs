@@ -1,8 +1,8 @@
 //! Every instruction-set level this CPU runs, end to end from the binary (`FRUGAL_ISA`), so the
 //! AVX2 and portable kernels are exercised on an AVX-512 machine too and the suite cannot pass
 //! only on the CPU it was written on: fp32 and bf16 training, ZeRO-3 over two ranks, LoRA over
-//! an NF4 base, and int4 / int8 / NF4 generation, each checked by the binary itself (planned ==
-//! measured, or exit 2) and against the best level's losses. A bad or too-high `FRUGAL_ISA` is
+//! an NF4 base, int4 / int8 / NF4 generation and a GGUF file's own blocks, each checked by the
+//! binary itself (planned == measured, or exit 2) and against the best level's losses. A bad or too-high `FRUGAL_ISA` is
 //! refused before any work.
 
 mod common;
@@ -163,4 +163,29 @@ fn a_bad_or_too_high_level_is_refused_before_any_work() {
     // Unset or empty: the CPU's best, no error.
     assert!(at("", &["formats", "1.5"]).status.success());
     assert!(frugal(&["formats", "1.5"]).status.success());
+}
+
+/// A GGUF file's own blocks (SmolLM2's Q4_1, codes two a byte) at every level: each level's
+/// run measures its plan (the binary exits 2 otherwise) and generates.
+#[test]
+fn every_level_runs_a_gguf_files_own_blocks() {
+    let model = common::smollm2();
+    for level in kernels::cpu::supported().iter().map(|l| l.name()) {
+        let v = ok_json(
+            level,
+            &[
+                "generate",
+                "--model",
+                model.to_str().unwrap(),
+                "--prompt",
+                "The capital of France is",
+                "--max-new-tokens",
+                "6",
+                "--json",
+            ],
+        );
+        assert_eq!(v["weights"], "ggml", "{level}: {v}");
+        assert_eq!(v["planned"], v["measured"], "{level}");
+        assert!(!v["tokens"].as_array().unwrap().is_empty(), "{level}: {v}");
+    }
 }
