@@ -333,12 +333,20 @@ pub fn serve_plan_rank(
 ) -> Result<MemoryPlan, PlanError> {
     check_serve(model, setup)?;
     super::tp::check(model, tp)?;
-    // ggml's codes are cut in whole blocks of 32, whatever its group.
-    let cut = match setup.weights {
-        WeightFormat::Ggml { group, .. } => Some(group.max(32)),
-        f => f.group(),
-    };
-    super::tp::check_groups(model, tp, cut)?;
+    match setup.weights {
+        // ggml's codes are cut in whole blocks of 32, whatever the file's group.
+        WeightFormat::Ggml { group, .. } => super::tp::check_groups(model, tp, Some(group.max(32)))
+            .map_err(|_| {
+                invalid(
+                    "--tp",
+                    "a rank's share of the attention output or the MLP down projection would \
+                     cut a GGUF file's blocks of 32 codes: use a --tp that leaves each rank \
+                     whole blocks, or --weights f32, bf16 or int8"
+                        .into(),
+                )
+            })?,
+        f => super::tp::check_groups(model, tp, f.group())?,
+    }
     plan_shape(&super::tp::rank_shape(model, tp, rank), setup)
 }
 

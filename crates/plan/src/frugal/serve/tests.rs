@@ -159,3 +159,19 @@ fn latent_attention_caches_one_latent_row_per_token_and_refuses_what_it_cannot_h
         "{err}"
     );
 }
+
+#[test]
+fn tensor_parallel_ggml_ranks_hold_whole_blocks_of_32() {
+    // A Q6_K file runs in groups of 16, but its codes are still cut in blocks of 32: an MLP of
+    // 96 leaves each of 2 ranks 48 columns of the down projection, refused by name.
+    let mut m = presets::by_name("gpt2-124m").unwrap();
+    (m.d_model, m.n_heads, m.n_kv_heads, m.d_head, m.d_ff) = (128, 4, 4, 32, 96);
+    let ggml = WeightFormat::Ggml {
+        group: 16,
+        nibbles: Roles::NONE,
+    };
+    let s = ServeSetup::generation(&m, 1, 64, ggml, KvFormat::F32, 16, 1);
+    assert!(serve_plan(&m, &s).is_ok());
+    let e = serve_plan_rank(&m, &s, 2, 0).unwrap_err().to_string();
+    assert!(e.contains("--tp") && e.contains("blocks of 32"), "{e}");
+}
