@@ -31,10 +31,7 @@ impl Mpi {
     /// `Collective::recv_bytes`: the length, checked, then the bytes.
     pub(super) fn recv(&mut self, out: &mut [u8], src: usize) -> Result<()> {
         use mpi::point_to_point::Source;
-        self.check("recv", src < self.size && src != self.rank, || {
-            format!("rank {src} of {} (not this rank)", self.size)
-        })?;
-        let from = self.comm.process_at_rank(src as i32);
+        let from = self.peer(src)?;
         let mut len = 0u64;
         mpi::request::scope(|scope| {
             let req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
@@ -49,11 +46,25 @@ impl Mpi {
             );
             self.abort_job(&why, 3);
         }
+        self.body(&from, out);
+        Ok(())
+    }
+
+    /// Rank `src` of this endpoint, checked (another rank than this one).
+    fn peer(&self, src: usize) -> Result<mpi::topology::Process<'_>> {
+        self.check("recv", src < self.size && src != self.rank, || {
+            format!("rank {src} of {} (not this rank)", self.size)
+        })?;
+        Ok(self.comm.process_at_rank(src as i32))
+    }
+
+    /// A message's bytes after its length, bounded by the timeout.
+    fn body(&self, from: &mpi::topology::Process<'_>, out: &mut [u8]) {
+        use mpi::point_to_point::Source;
         mpi::request::scope(|scope| {
             let req = from.immediate_receive_into_with_tag(scope, out, P2P_TAG);
             self.finish(req, "recv");
         });
-        Ok(())
     }
 
     /// This endpoint's ranks split by `color` (ordered by `key`) as endpoints of their own: a
@@ -73,10 +84,7 @@ impl Mpi {
     /// every 200 µs): a worker that waits for its next call, however long the server idles.
     pub fn wait_bytes(&mut self, out: &mut Vec<u8>, src: usize) -> Result<()> {
         use mpi::point_to_point::Source;
-        self.check("recv", src < self.size && src != self.rank, || {
-            format!("rank {src} of {} (not this rank)", self.size)
-        })?;
-        let from = self.comm.process_at_rank(src as i32);
+        let from = self.peer(src)?;
         let mut len = 0u64;
         mpi::request::scope(|scope| {
             let mut req = from.immediate_receive_into_with_tag(scope, &mut len, P2P_TAG);
@@ -93,10 +101,7 @@ impl Mpi {
             }
         });
         out.resize(len as usize, 0);
-        mpi::request::scope(|scope| {
-            let req = from.immediate_receive_into_with_tag(scope, &mut out[..], P2P_TAG);
-            self.finish(req, "recv");
-        });
+        self.body(&from, out);
         Ok(())
     }
 
