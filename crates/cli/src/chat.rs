@@ -32,7 +32,7 @@ pub fn render_messages(
     let Some(template) = tok.chat_template() else {
         bail!(
             "the model ships no chat template (neither its GGUF file nor its \
-             tokenizer_config.json has one); give the whole prompt as text instead"
+             tokenizer_config.json has one)"
         );
     };
     let mut env = Environment::new();

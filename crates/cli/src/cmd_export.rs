@@ -260,6 +260,23 @@ fn merge(
     base: &Path,
 ) -> anyhow::Result<()> {
     let shape = &model.shape;
+    use crate::model::ModelSource;
+    match ModelSource::resolve(&base.to_string_lossy())? {
+        ModelSource::HfFolder(_) | ModelSource::Gguf(_) => {}
+        source => {
+            let kind = match source {
+                ModelSource::Preset(_) => "a preset's name or a path that does not exist",
+                ModelSource::Snapshot(_) => "a training run's snapshots",
+                ModelSource::Quantized(_) => "a quantized copy",
+                _ => "a config.json, a shape with no weights",
+            };
+            bail!(
+                "--base {}: {kind}; give the Hugging Face folder or GGUF file the run trained \
+                 its adapters over (its --model)",
+                base.display()
+            )
+        }
+    }
     check_base(snap, base)?;
     let units = plan::frugal::param_units(shape, 1)?;
     let base_values = crate::model::saved::read_units(base, &units)

@@ -67,10 +67,10 @@ pub struct Args {
     pub draft: Option<PathBuf>,
     /// The draft's weight storage (default: as --weights). `--draft` may name the target's own
     /// folder with `--draft-weights int4`: a quantized copy of the model drafts for itself.
-    #[arg(long)]
+    #[arg(long, requires = "draft")]
     pub draft_weights: Option<String>,
     /// Tokens the draft proposes per target step.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, requires = "draft")]
     pub draft_tokens: usize,
     /// Sample among the k most likely tokens (default: greedy).
     #[arg(long)]
@@ -156,12 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
     }
-    if args.kv_block == 0 || args.kv_block > 4096 {
-        bail!(
-            "--kv-block {}: tokens per KV block must be 1 to 4096 (16 is usual)",
-            args.kv_block
-        );
-    }
+    plan::validate::check_kv_block(args.kv_block)?;
     if args.draft.is_some() && !(1..=32).contains(&args.draft_tokens) {
         bail!(
             "--draft-tokens {}: the draft proposes 1 to 32 tokens a step (4 is usual)",
@@ -281,7 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 &sampling,
                 args.seed,
             )?;
-            (out, 0.0, Some(stats), false)
+            (out, stats.prefill_s, Some(stats), false)
         }
         None => {
             let (out, prefill, decode_steps) = plain(
@@ -485,14 +480,16 @@ fn report(args: &Args, worker: &Worker, run: &Run<'_>) -> anyhow::Result<()> {
         prompt.len(),
         tokens.len()
     );
-    if let Some(s) = acceptance {
-        eprintln!(
+    match acceptance {
+        Some(s) if s.drafted == 0 => eprintln!("speculative: no draft tokens proposed"),
+        Some(s) => eprintln!(
             "speculative: {} of {} draft tokens accepted ({:.0}%), {} target steps",
             s.accepted,
             s.drafted,
             100.0 * s.acceptance_rate(),
             s.target_steps
-        );
+        ),
+        None => {}
     }
     eprint!("{}", t.render());
     check_plan(planned, planned_peak, &m)

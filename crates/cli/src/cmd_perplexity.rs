@@ -9,7 +9,7 @@
 //! Example: `frugal perplexity --model SmolLM2-135M-Instruct.Q4_1.gguf --ctx 512 --chunks 20`.
 
 use crate::model::ModelSource;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::path::PathBuf;
@@ -64,8 +64,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let text = match &args.data {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("--data {}: reading it as UTF-8 text", path.display()))?,
+        Some(path) => crate::cmd_train::setup::corpus(Some(path))?
+            .documents
+            .iter()
+            .map(|d| d.text.as_ref())
+            .collect::<Vec<_>>()
+            .join(data::DOCUMENT_SEPARATOR),
         None => data::shakespeare()
             .documents
             .iter()

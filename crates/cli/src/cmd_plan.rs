@@ -335,12 +335,20 @@ fn pytorch_inference(model: &ModelShape, setup: &InferSetup) -> anyhow::Result<I
         c[3] = peak.saturating_sub(d.weights_bytes + d.kv_cache_bytes + d.workspace_bytes);
         c
     };
-    let per_token =
-        infer::kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp) * model.n_layers as u64;
+    let per_layer = infer::kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp);
+    let per_token = per_layer * model.n_layers as u64;
+    // A paged pool holds whole blocks of the prompt and the decoded token; the rest is waste.
+    let used: u64 = (0..model.n_layers)
+        .map(|l| setup.batch * model.kv_tokens(l, setup.seq + 1) * per_layer)
+        .sum();
+    let waste = match setup.kv_block {
+        Some(_) => d.kv_cache_bytes.saturating_sub(used),
+        None => 0,
+    };
     Ok(InferEstimate {
         weights_bytes: d.weights_bytes,
         kv_cache_bytes: d.kv_cache_bytes,
-        kv_waste_bytes: 0,
+        kv_waste_bytes: waste,
         kv_bytes_per_token: per_token,
         prefill: phase(d.prefill_peak_bytes),
         decode: phase(d.decode_peak_bytes),

@@ -71,10 +71,12 @@ impl ModelSource {
                 "model.safetensors.index.json",
                 "config.json",
             ];
-            if let Some(name) = files.iter().find(|f| path.join(f).exists() && !has(f)) {
+            // (`symlink_metadata`: a link to nothing is there too, and is not a file.)
+            let there = |f: &&str| path.join(f).symlink_metadata().is_ok();
+            if let Some(name) = files.iter().find(|f| there(f) && !has(f)) {
                 bail!(
-                    "--model {spec}: {} is not a regular file (a folder?); put the file itself \
-                     there",
+                    "--model {spec}: {} is not a regular file (a folder, or a link to nothing?); \
+                     put the file itself there",
                     path.join(name).display()
                 );
             }

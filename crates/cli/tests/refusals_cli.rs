@@ -39,7 +39,10 @@ fn out_of_range_values_and_devices_are_refused_naming_the_flag() {
         args.extend_from_slice(extra);
         frugal(&args)
     };
-    common::fails_with(&gen(&["--kv-block", "0"]), "--kv-block 0");
+    common::fails_with(
+        &gen(&["--kv-block", "0"]),
+        "--kv-block: 0: tokens per KV block",
+    );
     common::fails_with(
         &gen(&["--draft", &model, "--draft-tokens", "0"]),
         "--draft-tokens 0",

@@ -162,7 +162,7 @@ impl Worker<Cpu> {
                 };
                 no.advice = Some(
                     "store the weights smaller (--weights int8, int4 or nf4), cache keys and \
-                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences or \
+                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences (--kv-tokens when serving) or \
                      a shorter context"
                         .into(),
                 );
@@ -341,8 +341,8 @@ impl<B: InferOps> Worker<B> {
             if len as u64 > self.setup.context {
                 return Err(EngineError::Infer(format!(
                     "a sequence of {len} tokens is longer than the context of {} this engine was \
-                     planned for (the model has {} positions): shorten the prompt or \
-                     --max-new-tokens, or plan a longer --context",
+                     planned for (the model has {} positions): shorten the prompt, generate fewer \
+                     tokens or plan a longer context",
                     self.setup.context, self.config.shape.max_positions
                 )));
             }

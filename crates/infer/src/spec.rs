@@ -29,6 +29,8 @@ pub struct SpecStats {
     pub accepted: u64,
     /// Target verification steps.
     pub target_steps: u64,
+    /// Seconds spent reading the prompt (target and draft), before the first proposal.
+    pub prefill_s: f64,
 }
 
 impl SpecStats {
@@ -101,10 +103,12 @@ fn run<B: InferOps>(
     let mut stats = SpecStats::default();
     let mut logits = Vec::new();
     let v = target.vocab();
+    let t0 = std::time::Instant::now();
     if n_new == 0 {
         // Nothing to propose: the prompt is read, as a run without a draft reads it.
         target.prefill(ts, prompt, &mut logits)?;
         draft.prefill(ds, prompt, &mut logits)?;
+        stats.prefill_s = t0.elapsed().as_secs_f64();
         return Ok((Vec::new(), stats));
     }
     let (body, tail) = prompt.split_at(prompt.len() - 1);
@@ -113,6 +117,7 @@ fn run<B: InferOps>(
         target.prefill(ts, body, &mut logits)?;
         draft.prefill(ds, body, &mut logits)?;
     }
+    stats.prefill_s = t0.elapsed().as_secs_f64();
     let context = target.setup.context.min(draft.setup.context) as usize;
     let mut out = Vec::with_capacity(n_new + k + 1);
     while out.len() < n_new {

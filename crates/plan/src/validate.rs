@@ -106,6 +106,7 @@ impl TrainSetup {
         }?;
         if let Some(lora) = &self.lora {
             at_least_one("--lora-rank", lora.rank as u64)?;
+            check_dropout(lora.dropout)?;
             if !matches!(
                 lora.base,
                 Dtype::F32 | Dtype::Bf16 | Dtype::F16 | Dtype::Int8 | Dtype::Nf4
@@ -152,15 +153,55 @@ impl TrainSetup {
     }
 }
 
-/// GPT-2 has a learned position table: sequences longer than it have no positions.
+/// A sequence longer than the positions the model was trained for: GPT-2's learned table has no
+/// more rows, and a rotary model's config.json says how far it reaches (`max_position_embeddings`,
+/// which a long-context variant raises along with its `rope_scaling`), as vLLM's context check.
 fn check_positions(model: &ModelShape, seq: u64) -> Result<(), PlanError> {
-    if model.family == crate::model::Family::Gpt2 && seq > model.max_positions {
+    if seq <= model.max_positions {
+        return Ok(());
+    }
+    let how = if model.family == crate::model::Family::Gpt2 {
+        format!(
+            "the {} learned positions of {}",
+            model.max_positions, model.name
+        )
+    } else {
+        format!(
+            "the {} positions {} was trained for (max_position_embeddings; a copy of its \
+             config.json with rope_scaling and a larger max_position_embeddings extends it)",
+            model.max_positions, model.name
+        )
+    };
+    Err(invalid(
+        "--seq",
+        format!(
+            "{seq} tokens exceed {how}: use --seq {} or less",
+            model.max_positions
+        ),
+    ))
+}
+
+/// LoRA dropout: a probability in [0, 1).
+pub fn check_dropout(p: f32) -> Result<(), PlanError> {
+    if !(0.0..1.0).contains(&p) {
         return Err(invalid(
-            "--seq",
-            format!(
-                "{seq} tokens exceed the {} learned positions of {}: use --seq {} or less",
-                model.max_positions, model.name, model.max_positions
-            ),
+            "--lora-dropout",
+            format!("{p} is not a probability below 1 (0.05-0.1 are usual)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Tokens per KV block, in every command: 1 to this (vLLM's blocks are 16 or 32 tokens; a block
+/// of more than 4096 is a contiguous cache by another name).
+pub const KV_BLOCK_MAX: u64 = 4096;
+
+/// Refuses a KV block size outside 1..=[`KV_BLOCK_MAX`], naming `--kv-block`.
+pub fn check_kv_block(block: u64) -> Result<(), PlanError> {
+    if block == 0 || block > KV_BLOCK_MAX {
+        return Err(invalid(
+            "--kv-block",
+            format!("{block}: tokens per KV block must be 1 to {KV_BLOCK_MAX} (16 is usual)"),
         ));
     }
     Ok(())
@@ -179,7 +220,7 @@ impl InferSetup {
             check_groups(model, g)?;
         }
         if let Some(b) = self.kv_block {
-            at_least_one("--kv-block", b)?;
+            check_kv_block(b)?;
         }
         if matches!(self.kv_dtype, Dtype::Int4 | Dtype::Nf4 | Dtype::Ggml) {
             return Err(invalid(

@@ -176,8 +176,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let kv = KvFormat::parse(&a.kv_dtype)?;
+    plan::validate::check_kv_block(a.kv_block)?;
     // Prompt, one untimed step, the timed steps, then as many paired with bandwidth reads.
     let context = a.prompt_len + 2 * a.new_tokens + 1;
+    if context > config.shape.max_positions {
+        bail!(
+            "--prompt-len {} and --new-tokens {} need {context} positions (the prompt, an \
+             untimed step, then twice the new tokens: timed alone and beside bandwidth reads); \
+             the model has {}: lower --prompt-len or --new-tokens",
+            a.prompt_len,
+            a.new_tokens,
+            config.shape.max_positions
+        );
+    }
     let setup = ServeSetup::generation(
         &config.shape,
         a.batch,

@@ -135,18 +135,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     drop(reference);
     let mut rows = Vec::new();
-    // A group size must divide every matrix's input width (d_model, d_ff, the attention output).
-    let widths = [
-        shape.d_model,
-        shape.d_ff,
-        u64::from(shape.n_heads) * shape.d_head,
-    ];
+    // A group size must divide every matrix's columns.
+    let fit = plan::frugal::serve::fitting_groups(&shape)?;
     let (cases, skipped): (Vec<_>, Vec<_>) = cases()
         .into_iter()
-        .partition(|(w, _)| w.group().is_none_or(|g| widths.iter().all(|c| c % g == 0)));
+        .partition(|(w, _)| w.group().is_none_or(|g| fit.contains(&g)));
     for (w, _) in &skipped {
         eprintln!(
-            "skipped {} in groups of {}: the group does not divide the model's widths {widths:?}",
+            "skipped {} in groups of {}: the group does not divide every matrix's columns \
+             (groups that do: {fit:?})",
             w.name(),
             w.group().unwrap_or(0)
         );

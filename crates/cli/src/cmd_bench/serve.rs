@@ -124,9 +124,10 @@ pub fn percentile(v: &[f64], q: f64) -> f64 {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if a.requests == 0 || a.max_seqs == 0 || a.kv_block == 0 {
-        bail!("--requests, --max-seqs and --kv-block must be at least 1");
+    if a.requests == 0 || a.max_seqs == 0 {
+        bail!("--requests and --max-seqs must be at least 1");
     }
+    plan::validate::check_kv_block(a.kv_block)?;
     if !a.http && (a.prefill_ranks > 0 || a.prefill_threads.is_some() || a.tp != 1) {
         bail!("--tp, --prefill-ranks and --prefill-threads serve over HTTP: add --http");
     }

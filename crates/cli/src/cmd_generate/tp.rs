@@ -206,8 +206,7 @@ pub(crate) fn check_fit(
 ) -> anyhow::Result<()> {
     let mut total = 0;
     for r in 0..tp as u32 {
-        let plan = plan::frugal::serve_plan_rank(shape, setup, tp as u32, r)
-            .with_context(|| format!("--tp {tp}"))?;
+        let plan = plan::frugal::serve_plan_rank(shape, setup, tp as u32, r)?;
         total += plan.peak_bytes(Device::Gpu);
     }
     if let Some(host) = engine::capacity::host_available() {

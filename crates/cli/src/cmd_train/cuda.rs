@@ -98,17 +98,11 @@ mod gpu {
         engine::backend::require::<cuda::Cuda>(shared.config.needs())?;
         cuda::available().context("--device cuda")?;
         let (b, t) = (args.batch as usize, args.seq as usize);
-        let mut loader = shared
-            .dataset
-            .train_loader(data::LoaderConfig::shuffled(
-                data::BatchShape::single(b, t),
-                args.seed,
-            ))
-            .context("the training split is too short for one batch: lower --batch or --seq")?;
-        let val = shared
-            .dataset
-            .val_batches(data::BatchShape::single(b, t))
-            .context("the validation split is too short for one batch: lower --batch or --seq")?;
+        let mut loader = shared.dataset.train_loader(data::LoaderConfig::shuffled(
+            data::BatchShape::single(b, t),
+            args.seed,
+        ))?;
+        let val = shared.dataset.val_batches(data::BatchShape::single(b, t))?;
         let gpu = cuda::Cuda::new(0)?;
         let (device, context_bytes) = (gpu.describe(), gpu.context_bytes);
         let mut config = shared.config.clone();

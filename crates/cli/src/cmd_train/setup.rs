@@ -32,7 +32,9 @@ pub struct Rank {
     pub val: data::ValBatches,
 }
 
-fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
+/// `--data`'s text (a file or a folder of .txt files, no larger than a quarter of the free RAM),
+/// or the shipped corpus.
+pub(crate) fn corpus(path: Option<&Path>) -> anyhow::Result<data::Corpus> {
     Ok(match path {
         Some(p) => {
             // The text and its tokens (about as many bytes) must fit beside the run.
@@ -123,12 +125,8 @@ pub fn build_rank(
     (shape.rank, shape.world_size) = ((comm.rank() / tp) % dp, dp);
     let loader = shared
         .dataset
-        .train_loader(data::LoaderConfig::shuffled(shape, args.seed))
-        .context("the training split is too short for one batch: lower --batch or --seq")?;
-    let val = shared
-        .dataset
-        .val_batches(data::BatchShape::single(b, t))
-        .context("the validation split is too short for one batch: lower --batch or --seq")?;
+        .train_loader(data::LoaderConfig::shuffled(shape, args.seed))?;
+    let val = shared.dataset.val_batches(data::BatchShape::single(b, t))?;
     let config = shared.config.clone();
     let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);

@@ -263,15 +263,7 @@ pub fn check(model: &ModelShape, lora: &Lora) -> Result<(), PlanError> {
             reason: "a rank of at least 1 is needed".into(),
         });
     }
-    if !(0.0..1.0).contains(&lora.dropout) {
-        return Err(PlanError::Invalid {
-            field: "--lora-dropout".into(),
-            reason: format!(
-                "{} is not a probability below 1 (0.05-0.1 are usual)",
-                lora.dropout
-            ),
-        });
-    }
+    crate::validate::check_dropout(lora.dropout)?;
     let base = BaseFormat::of(lora)?;
     let any = matrices(model, 0, lora, base)?
         .iter()

@@ -218,19 +218,45 @@ pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanErr
                             unit.name
                         ),
                     ),
-                    _ => invalid(
-                        "--weight-group",
-                        format!(
-                            "groups of {g} do not divide the {cols} columns of {name} in {}: \
-                             use a group size that divides it",
-                            unit.name
-                        ),
-                    ),
+                    _ => {
+                        let fit = fitting_groups(model)?;
+                        let fix = match fit.as_slice() {
+                            [] => "no group of 32, 64 or 128 divides every matrix's columns \
+                                   here: use --weights int8, bf16 or f32"
+                                .to_string(),
+                            groups => format!(
+                                "use --weight-group {}",
+                                groups
+                                    .iter()
+                                    .map(u64::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(" or ")
+                            ),
+                        };
+                        invalid(
+                            "--weight-group",
+                            format!(
+                                "groups of {g} do not divide the {cols} columns of {name}: {fix}"
+                            ),
+                        )
+                    }
                 });
             }
         }
     }
     Ok(())
+}
+
+/// The int4/nf4 groups (32, 64, 128) that divide every matrix's columns of `model`.
+pub fn fitting_groups(model: &ModelShape) -> Result<Vec<u64>, PlanError> {
+    let units = param_units(model, 1)?;
+    let fits = |g: u64| {
+        units
+            .iter()
+            .flat_map(|u| u.views.iter().filter(|v| is_matrix(v.role)))
+            .all(|v| v.shape[1] % g == 0)
+    };
+    Ok([32, 64, 128].into_iter().filter(|&g| fits(g)).collect())
 }
 
 /// Rows of scratch of a step kind.

@@ -15,12 +15,46 @@ pub struct Difference {
     pub this_run: String,
 }
 
+impl Difference {
+    /// What sets this field on the command line.
+    pub fn set_by(&self) -> &'static str {
+        let f = self.field.as_str();
+        match f {
+            "run.optimizer" => "--optimizer",
+            "run.lr" => "--lr",
+            "run.warmup_steps" => "--warmup (by default a share of --steps)",
+            "run.total_steps" => "--steps (a resumed run keeps the schedule it started with)",
+            "run.min_lr_ratio" => "the schedule",
+            "run.grad_clip" => "--grad-clip",
+            "run.seq" => "--seq",
+            "run.global_rows" => "--batch (per rank) times the data-parallel ranks",
+            "run.grad_accum" => "--grad-accum",
+            "run.seed" => "--seed",
+            "run.precision" => "--precision",
+            "run.loss_scaler" => "--loss-scaler",
+            "run.data" => "--data",
+            "run.lora.rank" => "--lora-rank",
+            "run.lora.alpha" => "--lora-alpha",
+            "run.lora.targets" => "--lora-targets",
+            "run.lora.base" | "run.lora.double_quant" => "--lora-base, --double-quant",
+            "run.lora.dropout" => "--lora-dropout",
+            "run.lora.base_weights" => "--model (the base the adapters were trained over)",
+            "run.lora" => "--lora-rank",
+            _ if f.starts_with("model.") => "--model (the run's model or its config.json)",
+            _ => "the run's flags",
+        }
+    }
+}
+
 impl std::fmt::Display for Difference {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: snapshot {} vs this run {}",
-            self.field, self.snapshot, self.this_run
+            "{}: snapshot {} vs this run {} (set by {})",
+            self.field,
+            self.snapshot,
+            self.this_run,
+            self.set_by()
         )
     }
 }
@@ -40,6 +74,9 @@ pub enum SnapshotError {
         context: String,
         cause: std::io::Error,
     },
+    /// `--resume` named a path that does not exist.
+    #[error("{path} does not exist; pass a snapshot folder or the --out folder of a run")]
+    Missing { path: PathBuf },
     /// `--resume` named a folder holding no committed snapshot.
     #[error(
         "{path} holds no committed snapshot (a snapshot is a step-NNNNNN folder with a \

@@ -215,6 +215,9 @@ impl Snapshot {
     /// which lists it in [`Snapshot::skipped`]; when none is intact the newest one's error is
     /// returned. A snapshot folder named itself is opened as it is or refused.
     pub fn open(path: &Path) -> Result<Snapshot, SnapshotError> {
+        if std::fs::symlink_metadata(path).is_err() {
+            return Err(SnapshotError::Missing { path: path.into() });
+        }
         if files::is_committed(path) {
             return Snapshot::open_dir(path.to_path_buf());
         }
@@ -255,6 +258,15 @@ impl Snapshot {
                 path: dir.join(STATE_FILE),
                 reason: format!("not a train state: {e}"),
             })?;
+        if manifest.step != state.step {
+            return Err(SnapshotError::BadManifest {
+                path: dir.join(files::MANIFEST),
+                reason: format!(
+                    "it lists step {} and the train state is step {}",
+                    manifest.step, state.step
+                ),
+            });
+        }
         // A renamed folder would resume at, and list as, a step it is not.
         let named = dir
             .file_name()
