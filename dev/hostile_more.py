@@ -1,6 +1,7 @@
 """More of `dev/hostile.py`'s cases: damaged model files, bad API bodies, zero sizes, and the
 errors' own words (every flag they name exists)."""
 
+import json
 import os
 import re
 import subprocess
@@ -134,3 +135,70 @@ def every_flag_an_error_names_exists(w):
                       f"they point to) has"
 
 
+
+
+# ---- sizes, paths and snapshots a careless user gives -------------------------------------
+
+@case("wrong")
+def sizes_past_the_cache_or_the_model(w):
+    for args, flag in (
+            (["plan", "--model", "gpt2-124m", "--infer", "--seq", "1000", "--kv-block",
+              "1000000000"], "--kv-block"),
+            (["bench", "generate", "--model", "gpt2-tiny", "--weights", "f32", "--kv-block", "0"],
+             "--kv-block"),
+            (["bench", "generate", "--model", "gpt2-tiny", "--weights", "f32", "--prompt-len",
+              "250", "--new-tokens", "16"], "--prompt-len"),
+            (["plan", "--model", "llama2-7b", "--seq", "1099511627776"], "max_position_embeddings"),
+            (["plan", "--model", "llama2-7b", "--train", "--lora-rank", "8", "--lora-dropout",
+              "NaN"], "--lora-dropout"),
+            (["train", "--model", "gpt2-tiny", "--precision", "amp-bf16"], "autocast")):
+        v = refuses(args, flag)
+        if v[0] != "handled":
+            return v[0], f"{' '.join(args)}: {v[1]}"
+    return "handled", "a 10^9-token KV block (plan, bench), a bench context past the model, " \
+                      "--seq 2^40 on a rotary model, NaN dropout in plan, an autocast policy in train"
+
+
+@case("wrong")
+def perplexity_of_a_device(w):
+    return refuses(["perplexity", "--model", train(w, "ppl", "gpt2-tiny"), "--data", "/dev/zero",
+                    "--ctx", "16"], "not a regular file", timeout=30)
+
+
+@case("wrong")
+def weights_that_link_to_nothing(w):
+    src = train(w, "link-src", "gpt2-tiny")
+    d = os.path.join(w, "linked")
+    os.makedirs(d)
+    subprocess.run(["cp", os.path.join(src, "config.json"), d], check=True)
+    os.symlink(os.path.join(w, "gone"), os.path.join(d, "model.safetensors"))
+    return refuses(["train", "--model", d, "--steps", "1"] + TINY, "model.safetensors")
+
+
+@case("wrong")
+def a_manifest_whose_step_is_not_its_state(w):
+    out = train(w, "mstep", "gpt2-tiny")
+    step = os.path.join(out, "step-000002")
+    m = json.load(open(os.path.join(step, "manifest.json")))
+    m["step"] = 7
+    json.dump(m, open(os.path.join(step, "manifest.json"), "w"))
+    return refuses(["export", step, "--hf", os.path.join(w, "mstep-hf")], "step 7")
+
+
+@case("unclear")
+def a_merge_over_a_config_or_a_preset(w):
+    base = train(w, "mbase", "llama-tiny")
+    lora = train(w, "mlora", base, "--lora-rank", "2")
+    for b in (os.path.join(base, "config.json"), "llama-tiny"):
+        v = refuses(["export", lora, "--merge", "--base", b, "--hf", os.path.join(w, "m-out")],
+                    "--base", "hugging face folder")
+        if v[0] != "handled":
+            return v[0], f"--base {b}: {v[1]}"
+    return "handled", "a config.json and a preset as --base each say what a base is"
+
+
+@case("unclear")
+def resume_differences_name_their_flag(w):
+    out = train(w, "rflag", "gpt2-tiny")
+    return refuses(["train", "--model", "gpt2-tiny", "--resume", out, "--out", out, "--steps", "2",
+                    "--lr", "0.5"] + TINY, "set by --lr")

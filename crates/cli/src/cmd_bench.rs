@@ -82,7 +82,7 @@ pub struct TrainArgs {
     /// runs the fastest bf16 GEMM this CPU has (AMX tiles, AVX-512 BF16, AVX2 + FMA, or portable;
     /// named in the report); FRUGAL_ISA=avx512bf16, =avx2 or =portable caps every kernel, to
     /// compare paths on one machine (`paths` in --json lists what each kernel ran).
-    #[arg(long, default_value_t = Precision::Fp32, value_parser = crate::cmd_train::engine_precision)]
+    #[arg(long, default_value_t = Precision::Fp32, value_parser = crate::cmd_train::config::engine_precision)]
     pub precision: Precision,
     /// Attention kernel: flash or eager (also spelled naive), as `frugal train`.
     #[arg(long, default_value_t = Attention::DEFAULT)]

@@ -7,6 +7,7 @@
 //! `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --batch 4 --seq 2048 --json`.
 
 mod plot;
+mod pytorch;
 mod render;
 
 use anyhow::{anyhow, bail};
@@ -16,7 +17,7 @@ use plan::setup::{
     Attention, Convention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute,
     TrainSetup, ZeroStage,
 };
-use plan::{formula, infer, units, Estimate, InferEstimate, ModelShape, PlanError};
+use plan::{formula, infer, units, Estimate, ModelShape, PlanError};
 use std::path::{Path, PathBuf};
 
 const LONG_ABOUT: &str = "\
@@ -322,42 +323,6 @@ fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Resu
     })
 }
 
-/// The `pytorch` profile's inference answer in the report's shape: weights, KV cache, and the
-/// rest of each phase's peak as activations (cuBLAS workspaces as other).
-fn pytorch_inference(model: &ModelShape, setup: &InferSetup) -> anyhow::Result<InferEstimate> {
-    setup.validate(model)?;
-    let d = plan::pytorch::inference_estimate(model, setup, Some(1))?;
-    let phase = |peak: u64| {
-        let mut c = [0u64; 6];
-        c[0] = d.weights_bytes;
-        c[4] = d.kv_cache_bytes;
-        c[5] = d.workspace_bytes;
-        c[3] = peak.saturating_sub(d.weights_bytes + d.kv_cache_bytes + d.workspace_bytes);
-        c
-    };
-    let per_layer = infer::kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp);
-    let per_token = per_layer * model.n_layers as u64;
-    // A paged pool holds whole blocks of the prompt and the decoded token; the rest is waste.
-    let used: u64 = (0..model.n_layers)
-        .map(|l| setup.batch * model.kv_tokens(l, setup.seq + 1) * per_layer)
-        .sum();
-    let waste = match setup.kv_block {
-        Some(_) => d.kv_cache_bytes.saturating_sub(used),
-        None => 0,
-    };
-    Ok(InferEstimate {
-        weights_bytes: d.weights_bytes,
-        kv_cache_bytes: d.kv_cache_bytes,
-        kv_waste_bytes: waste,
-        kv_bytes_per_token: per_token,
-        prefill: phase(d.prefill_peak_bytes),
-        decode: phase(d.decode_peak_bytes),
-        peak_bytes: d.prefill_peak_bytes.max(d.decode_peak_bytes),
-        reserved_bytes: d.reserved_bytes,
-        context_bytes: d.context_bytes,
-    })
-}
-
 /// The report of `model` under `runtime`.
 fn model_report(
     args: &Args,
@@ -372,7 +337,7 @@ fn model_report(
         let setup = infer_setup(args, seq, runtime)?;
         let est = match runtime {
             "formula" => infer::inference_estimate(model, &setup)?,
-            "pytorch" => pytorch_inference(model, &setup)?,
+            "pytorch" => pytorch::pytorch_inference(model, &setup)?,
             "frugal" => plan::frugal::serve::inference_estimate(
                 model,
                 &setup,

@@ -153,7 +153,7 @@ pub struct Args {
     pub recompute: Recompute,
     /// fp32, bf16 (2-byte weights and gradients, fp32 master weights and Adam state) or fp16
     /// (the same with dynamic loss scaling).
-    #[arg(long, default_value_t = Precision::Fp32, value_parser = engine_precision)]
+    #[arg(long, default_value_t = Precision::Fp32, value_parser = config::engine_precision)]
     pub precision: Precision,
     /// fp16's dynamic loss scaler: torch (GradScaler's defaults) or deepspeed (its fp16
     /// block's defaults). Default torch; only with --precision fp16.
@@ -194,7 +194,7 @@ pub struct Args {
     #[arg(long, default_value_t = plan::setup::Dtype::Bf16, requires = "lora_rank")]
     pub lora_base: plan::setup::Dtype,
     /// nf4 base: bitsandbytes' double quantization of the absmax (4.127 bits per weight).
-    #[arg(long, requires = "lora_rank")]
+    #[arg(long)]
     pub double_quant: bool,
     /// Dropout on each adapter's input while training (PEFT's lora_dropout; 0: none).
     #[arg(long, default_value_t = 0.0)]
@@ -221,19 +221,6 @@ pub struct Args {
     /// (without it such a folder is refused: continue it with --resume instead).
     #[arg(long)]
     pub overwrite: bool,
-}
-
-/// `--precision` as this engine trains: fp32, bf16 or fp16. The planner's autocast policies
-/// (amp-bf16, amp-fp16, pure-bf16) are PyTorch's ways, which `frugal plan` models.
-pub fn engine_precision(s: &str) -> Result<Precision, String> {
-    match s.parse::<Precision>() {
-        Ok(p @ (Precision::Fp32 | Precision::Bf16 | Precision::Fp16)) => Ok(p),
-        Ok(_) => Err(format!(
-            "{s} is a PyTorch autocast policy (`frugal plan --precision {s}` plans it); this \
-             engine trains in fp32, bf16 or fp16"
-        )),
-        Err(_) => Err("use fp32, bf16 or fp16".into()),
-    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -262,7 +262,7 @@ fn bad_snapshot_flags_and_files_exit_2_saying_what_to_fix() {
     );
     fails_with(
         &train(&dir, &["--resume", &s(&dir.join("nothing"))]),
-        &["holds no committed snapshot"],
+        &["does not exist"],
     );
     ok(&train(
         &dir,

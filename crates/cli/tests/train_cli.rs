@@ -163,7 +163,7 @@ fn an_empty_or_too_short_data_set_is_refused() {
         "--data",
         short.to_str().unwrap(),
     ];
-    fails_with(&frugal(&args), "too short");
+    fails_with(&frugal(&args), "needs at least");
 }
 
 #[test]

@@ -192,7 +192,7 @@ fn bad_requests_get_400_with_the_clis_text_and_the_server_keeps_serving() {
         ),
         (
             "GET",
-            "/api/plan?model=llama3-8b&batch=999999999999&seq=99999999",
+            "/api/plan?model=llama3-8b&batch=999999999999&seq=131072",
             "",
             "overflow",
         ),

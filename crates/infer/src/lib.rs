@@ -162,7 +162,7 @@ impl Worker<Cpu> {
                 };
                 no.advice = Some(
                     "store the weights smaller (--weights int8, int4 or nf4), cache keys and \
-                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences (--kv-tokens when serving) or \
+                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences (`frugal serve --kv-tokens`) or \
                      a shorter context"
                         .into(),
                 );
