@@ -72,9 +72,9 @@ pub struct Args {
     /// Peak learning rate (linear warmup, then cosine decay to a tenth).
     #[arg(long, default_value_t = 2e-3)]
     pub lr: f32,
-    /// Warmup steps.
-    #[arg(long, default_value_t = 20)]
-    pub warmup: u64,
+    /// Warmup steps [default: 20, or --steps when fewer]
+    #[arg(long)]
+    pub warmup: Option<u64>,
     /// Micro-batches per optimizer step (the loss is normalised by the step's token count).
     #[arg(long, default_value_t = 1)]
     pub grad_accum: u32,

@@ -325,7 +325,7 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         lora,
         schedule: Schedule {
             lr: args.lr,
-            warmup_steps: args.warmup.min(args.steps),
+            warmup_steps: warmup(args)?,
             total_steps: args.steps,
             min_lr_ratio: 0.1,
         },
@@ -362,5 +362,19 @@ pub fn engine_precision(s: &str) -> Result<Precision, String> {
              engine trains in fp32, bf16 or fp16"
         )),
         Err(_) => Err("use fp32, bf16 or fp16".into()),
+    }
+}
+
+/// `--warmup`, at most `--steps` (the default, 20, shortens to a shorter run).
+fn warmup(args: &Args) -> anyhow::Result<u64> {
+    match args.warmup {
+        Some(w) if w > args.steps => bail!(
+            "--warmup {w} is longer than the run's --steps {}: the learning rate would never \
+             reach --lr; use --warmup {} or less",
+            args.steps,
+            args.steps
+        ),
+        Some(w) => Ok(w),
+        None => Ok(20.min(args.steps)),
     }
 }
