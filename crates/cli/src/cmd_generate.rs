@@ -105,12 +105,13 @@ pub struct Storage {
     /// Default: the model's stored format (ggml for a quantized GGUF, f32 for an fp32 model).
     #[arg(long)]
     pub weights: Option<String>,
-    /// Group size of int4/nf4 weights: 32, 64 or 128 (ggml takes a GGUF file's own).
-    #[arg(long, default_value_t = 32)]
-    pub weight_group: u64,
-    /// KV cache storage: f32, bf16, int8 or fp8 (e4m3; per token and head scales).
-    #[arg(long, default_value = "f32")]
-    pub kv_dtype: String,
+    /// Group size of int4/nf4 weights: 32, 64 or 128 [default: 32] (ggml takes a GGUF file's
+    /// own).
+    #[arg(long)]
+    pub weight_group: Option<u64>,
+    /// KV cache storage: f32, bf16, int8 or fp8 (e4m3; per token and head scales) [default: f32]
+    #[arg(long)]
+    pub kv_dtype: Option<String>,
 }
 
 impl Storage {
@@ -120,19 +121,30 @@ impl Storage {
         source: &crate::model::Loaded,
     ) -> anyhow::Result<(WeightFormat, KvFormat)> {
         let weights = weight_format(self.weights.as_deref(), self.weight_group, source)?;
-        Ok((weights, KvFormat::parse(&self.kv_dtype)?))
+        Ok((
+            weights,
+            KvFormat::parse(self.kv_dtype.as_deref().unwrap_or("f32"))?,
+        ))
     }
 }
 
 /// The weight format asked for, or the source's default (its stored one, a GGUF file's blocks).
 pub fn weight_format(
     flag: Option<&str>,
-    group: u64,
+    group: Option<u64>,
     source: &crate::model::Loaded,
 ) -> anyhow::Result<WeightFormat> {
     let asked = flag
-        .map(|f| WeightFormat::parse(f, Some(group)))
+        .map(|f| WeightFormat::parse(f, Some(group.unwrap_or(32))))
         .transpose()?;
+    if let (Some(g), Some(f)) = (group, asked) {
+        if f.group().is_none() {
+            bail!(
+                "--weight-group {g}: groups are int4's and nf4's; --weights {} has none",
+                f.name()
+            );
+        }
+    }
     match (asked, source.stored_format()) {
         (Some(a), Some(s)) if a != s => bail!(
             "--weights {}: the model is stored as {} (group {:?}); pass its fp32 folder to \
@@ -201,6 +213,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         vocab_limit: Some(tok.vocab_size() as usize),
     };
     if args.kv_cache == "off" {
+        if args.storage.kv_dtype.is_some() {
+            bail!(
+                "--kv-dtype stores the KV cache, and --kv-cache off keeps none: give one of them"
+            );
+        }
         return reference::run(&args, &source, &tok, &prompt, sampling);
     }
     let (weights, kv) = args.storage.formats(&source)?;

@@ -158,7 +158,8 @@ fn wrong_paths_and_disagreeing_snapshots_are_refused_naming_the_fix() {
     );
 }
 
-/// A speculative run that proposes nothing says so, not "0 of 0 accepted (0%)".
+/// A speculative run that proposes nothing says so, not "0 of 0 accepted (0%)"; flags that
+/// would do nothing in a run are refused, naming them.
 #[test]
 fn a_speculative_run_without_proposals_says_so() {
     let dir = common::temp_dir("robust-cli", "spec0");
@@ -180,4 +181,29 @@ fn a_speculative_run_without_proposals_says_so() {
     common::assert_ok(&out);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no draft tokens proposed"), "{err}");
+    let gen = |extra: &[&str]| {
+        frugal(&[&["generate", "--model", run_s, "--prompt", "hi"][..], extra].concat())
+    };
+    fails_with(
+        &gen(&["--weights", "f32", "--weight-group", "64"]),
+        "--weight-group 64: groups are int4's",
+    );
+    fails_with(
+        &gen(&["--kv-cache", "off", "--kv-dtype", "int8"]),
+        "--kv-cache off",
+    );
+    fails_with(&gen(&["--draft-tokens", "3"]), "--draft");
+    let warmup = [
+        "train",
+        "--model",
+        "gpt2-tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "5",
+    ];
+    fails_with(
+        &frugal(&warmup),
+        "--warmup 5 is longer than the run's --steps 2",
+    );
 }
