@@ -151,12 +151,12 @@ def sizes_past_the_cache_or_the_model(w):
             (["plan", "--model", "llama2-7b", "--seq", "1099511627776"], "max_position_embeddings"),
             (["plan", "--model", "llama2-7b", "--train", "--lora-rank", "8", "--lora-dropout",
               "NaN"], "--lora-dropout"),
-            (["train", "--model", "gpt2-tiny", "--precision", "amp-bf16"], "autocast")):
+            (["train", "--model", "gpt2-tiny", "--precision", "amp-bf16"], "precision policies")):
         v = refuses(args, flag)
         if v[0] != "handled":
             return v[0], f"{' '.join(args)}: {v[1]}"
     return "handled", "a 10^9-token KV block (plan, bench), a bench context past the model, " \
-                      "--seq 2^40 on a rotary model, NaN dropout in plan, an autocast policy in train"
+                      "--seq 2^40 on a rotary model, NaN dropout in plan, a PyTorch precision policy in train"
 
 
 @case("wrong")

@@ -261,21 +261,22 @@ fn merge(
 ) -> anyhow::Result<()> {
     let shape = &model.shape;
     use crate::model::ModelSource;
-    match ModelSource::resolve(&base.to_string_lossy())? {
-        ModelSource::HfFolder(_) | ModelSource::Gguf(_) => {}
-        source => {
-            let kind = match source {
-                ModelSource::Preset(_) => "a preset's name or a path that does not exist",
-                ModelSource::Snapshot(_) => "a training run's snapshots",
-                ModelSource::Quantized(_) => "a quantized copy",
-                _ => "a config.json, a shape with no weights",
-            };
-            bail!(
-                "--base {}: {kind}; give the Hugging Face folder or GGUF file the run trained \
-                 its adapters over (its --model)",
-                base.display()
-            )
-        }
+    let what = "give the Hugging Face folder or GGUF file the run trained its adapters over (its \
+                --model)";
+    if base.symlink_metadata().is_err() {
+        bail!("--base {} does not exist; {what}", base.display());
+    }
+    // (`resolve` speaks of --model, the flag it usually reads.)
+    let source = ModelSource::resolve(&base.to_string_lossy())
+        .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--model", "--base", 1)))?;
+    let kind = match source {
+        ModelSource::HfFolder(_) | ModelSource::Gguf(_) => None,
+        ModelSource::Snapshot(_) => Some("a training run's snapshots"),
+        ModelSource::Quantized(_) => Some("a quantized copy"),
+        _ => Some("a config.json, a shape with no weights"),
+    };
+    if let Some(kind) = kind {
+        bail!("--base {}: {kind}; {what}", base.display());
     }
     check_base(snap, base)?;
     let units = plan::frugal::param_units(shape, 1)?;

@@ -121,6 +121,13 @@ impl Storage {
         source: &crate::model::Loaded,
     ) -> anyhow::Result<(WeightFormat, KvFormat)> {
         let weights = weight_format(self.weights.as_deref(), self.weight_group, source)?;
+        if let Some(g) = self.weight_group.filter(|_| weights.group().is_none()) {
+            bail!(
+                "--weight-group {g}: groups are int4's and nf4's; the weights run as {}, which \
+                 has none",
+                weights.name()
+            );
+        }
         Ok((
             weights,
             KvFormat::parse(self.kv_dtype.as_deref().unwrap_or("f32"))?,
@@ -137,14 +144,6 @@ pub fn weight_format(
     let asked = flag
         .map(|f| WeightFormat::parse(f, Some(group.unwrap_or(32))))
         .transpose()?;
-    if let (Some(g), Some(f)) = (group, asked) {
-        if f.group().is_none() {
-            bail!(
-                "--weight-group {g}: groups are int4's and nf4's; --weights {} has none",
-                f.name()
-            );
-        }
-    }
     match (asked, source.stored_format()) {
         (Some(a), Some(s)) if a != s => bail!(
             "--weights {}: the model is stored as {} (group {:?}); pass its fp32 folder to \

@@ -56,7 +56,7 @@ fn sizes_past_the_model_or_the_cache_are_refused_naming_the_flag() {
         "--precision",
         "amp-bf16",
     ];
-    fails_with(&frugal(&amp), "autocast policy");
+    fails_with(&frugal(&amp), "precision policies");
 }
 
 /// One step of gpt2-tiny saved at every step into `out`, plus `extra`.

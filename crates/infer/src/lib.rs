@@ -162,8 +162,8 @@ impl Worker<Cpu> {
                 };
                 no.advice = Some(
                     "store the weights smaller (--weights int8, int4 or nf4), cache keys and \
-                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences (`frugal serve --kv-tokens`) or \
-                     a shorter context"
+                     values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences or \
+                     a shorter context (`frugal serve --max-seqs`, `--kv-tokens`, `--ctx`)"
                         .into(),
                 );
                 EngineError::DoesNotFit(no)

@@ -116,8 +116,9 @@ fn run<B: InferOps>(
     if !body.is_empty() {
         target.prefill(ts, body, &mut logits)?;
         draft.prefill(ds, body, &mut logits)?;
+        // (A one-token prompt has no prefill: its token is the first verification step's.)
+        stats.prefill_s = t0.elapsed().as_secs_f64();
     }
-    stats.prefill_s = t0.elapsed().as_secs_f64();
     let context = target.setup.context.min(draft.setup.context) as usize;
     let mut out = Vec::with_capacity(n_new + k + 1);
     while out.len() < n_new {

@@ -140,14 +140,7 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
             "batch, sequence and grad-accum must be positive".into(),
         ));
     }
-    if setup.seq > model.max_positions {
-        let reason = format!(
-            "sequence {} is longer than the model's {} positions; use --seq {} or less",
-            setup.seq, model.max_positions, model.max_positions
-        );
-        return Err(invalid("--seq", reason));
-    }
-    Ok(())
+    crate::validate::check_positions(model, setup.seq)
 }
 
 /// What the pipeline does not run yet, named.

@@ -201,6 +201,34 @@ fn sliding_window(f: &Fields, family: Family) -> Result<Option<SlidingWindow>, P
     }))
 }
 
+/// The context a rotary model's config reaches, as vLLM derives it: `max_position_embeddings`,
+/// times a linear or dynamic `rope_scaling` factor, or a YaRN factor times its
+/// `original_max_position_embeddings` (Llama 3's and LongRoPE's scaling are already counted in
+/// `max_position_embeddings`).
+fn rotary_positions(f: &Fields) -> Result<u64, PlanError> {
+    let max = f.u64("max_position_embeddings")?;
+    let Some(scaling) = f.0.get("rope_scaling").and_then(Value::as_object) else {
+        return Ok(max);
+    };
+    let kind = ["rope_type", "type"]
+        .iter()
+        .find_map(|k| scaling.get(*k).and_then(Value::as_str))
+        .unwrap_or("");
+    let factor = scaling.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+    if !(factor.is_finite() && factor >= 1.0) {
+        return Ok(max);
+    }
+    let base = match kind {
+        "linear" | "dynamic" => max,
+        "yarn" => scaling
+            .get("original_max_position_embeddings")
+            .and_then(Value::as_u64)
+            .unwrap_or(max),
+        _ => return Ok(max),
+    };
+    Ok(max.max((base as f64 * factor) as u64))
+}
+
 fn llama_like(f: &Fields, family: Family) -> Result<ModelShape, PlanError> {
     let d_model = f.u64("hidden_size")?;
     let (n_heads, n_kv_heads, d_head) = heads(f, d_model)?;
@@ -214,7 +242,7 @@ fn llama_like(f: &Fields, family: Family) -> Result<ModelShape, PlanError> {
         d_head,
         d_ff: f.u64("intermediate_size")?,
         vocab: f.u64("vocab_size")?,
-        max_positions: f.u64("max_position_embeddings")?,
+        max_positions: rotary_positions(f)?,
         tied_embeddings: f.bool_or("tie_word_embeddings", false)?,
         moe: None,
         mla: None,
@@ -263,7 +291,7 @@ fn deepseek(f: &Fields) -> Result<ModelShape, PlanError> {
         d_head: v_head_dim,
         d_ff: f.u64("intermediate_size")?,
         vocab: f.u64("vocab_size")?,
-        max_positions: f.u64("max_position_embeddings")?,
+        max_positions: rotary_positions(f)?,
         tied_embeddings: f.bool_or("tie_word_embeddings", false)?,
         moe,
         mla: Some(Mla {

@@ -153,10 +153,10 @@ impl TrainSetup {
     }
 }
 
-/// A sequence longer than the positions the model was trained for: GPT-2's learned table has no
-/// more rows, and a rotary model's config.json says how far it reaches (`max_position_embeddings`,
-/// which a long-context variant raises along with its `rope_scaling`), as vLLM's context check.
-fn check_positions(model: &ModelShape, seq: u64) -> Result<(), PlanError> {
+/// A sequence longer than the model reaches: GPT-2's learned table has no more rows, and a
+/// rotary model's config says how far it goes (`max_position_embeddings`, times its
+/// `rope_scaling` factor where that extends it: vLLM's derived context).
+pub fn check_positions(model: &ModelShape, seq: u64) -> Result<(), PlanError> {
     if seq <= model.max_positions {
         return Ok(());
     }
@@ -167,8 +167,8 @@ fn check_positions(model: &ModelShape, seq: u64) -> Result<(), PlanError> {
         )
     } else {
         format!(
-            "the {} positions {} was trained for (max_position_embeddings; a copy of its \
-             config.json with rope_scaling and a larger max_position_embeddings extends it)",
+            "the {} positions {} reaches (max_position_embeddings, times a rope_scaling factor \
+             where its config.json sets one)",
             model.max_positions, model.name
         )
     };

@@ -170,3 +170,30 @@ fn fields_past_u32_are_refused_not_truncated() {
         }
     }
 }
+
+/// A rotary model reaches `max_position_embeddings`, times a linear, dynamic or YaRN
+/// `rope_scaling` factor (YaRN's over its original length), as vLLM derives a model's context;
+/// Llama 3's scaling is already in `max_position_embeddings`. Past that, `--seq` is refused.
+#[test]
+fn rope_scaling_extends_the_positions_a_sequence_may_use() {
+    let with = |scaling: &str| {
+        let text = QWEN_05B.replace(
+            "\"tie_word_embeddings\": true",
+            &format!("\"tie_word_embeddings\": true, \"rope_scaling\": {scaling}"),
+        );
+        hf_config::parse(&text, "q").unwrap().max_positions
+    };
+    assert_eq!(
+        hf_config::parse(QWEN_05B, "q").unwrap().max_positions,
+        32768
+    );
+    let yarn = r#"{"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}"#;
+    assert_eq!(with(yarn), 131072);
+    assert_eq!(with(r#"{"rope_type": "linear", "factor": 2.0}"#), 65536);
+    assert_eq!(with(r#"{"rope_type": "llama3", "factor": 8.0}"#), 32768);
+    assert_eq!(with("null"), 32768);
+    let shape = hf_config::parse(QWEN_05B, "q").unwrap();
+    assert!(plan::validate::check_positions(&shape, 32768).is_ok());
+    let err = plan::validate::check_positions(&shape, 32769).unwrap_err();
+    assert!(err.to_string().contains("max_position_embeddings"), "{err}");
+}

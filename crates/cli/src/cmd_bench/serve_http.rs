@@ -108,12 +108,16 @@ fn start_server(
             "--kv-dtype",
             &a.kv_dtype,
         ])
-        .args([
-            "--weights",
-            &a.weights,
-            "--weight-group",
-            &a.weight_group.to_string(),
-        ])
+        .args(["--weights", &a.weights])
+        .args(
+            // Only a grouped format (int4, nf4) takes a group.
+            plan::frugal::WeightFormat::parse(&a.weights, Some(a.weight_group))
+                .ok()
+                .and_then(|f| f.group())
+                .map(|g| ["--weight-group".to_string(), g.to_string()])
+                .into_iter()
+                .flatten(),
+        )
         .args(["--prefill-ranks", &a.prefill_ranks.to_string()])
         .args(["--tp", &a.tp.to_string()])
         .args(

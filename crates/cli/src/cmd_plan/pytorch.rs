@@ -19,14 +19,14 @@ pub(super) fn pytorch_inference(
         c[3] = peak.saturating_sub(d.weights_bytes + d.kv_cache_bytes + d.workspace_bytes);
         c
     };
-    let per_layer = infer::kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp);
-    let per_token = per_layer * model.n_layers as u64;
-    // A paged pool holds whole blocks of the prompt and the decoded token; the rest is waste.
-    let used: u64 = (0..model.n_layers)
-        .map(|l| setup.batch * model.kv_tokens(l, setup.seq + 1) * per_layer)
-        .sum();
+    let per_token =
+        infer::kv_bytes_per_token_layer(model, setup.kv_dtype, setup.tp) * model.n_layers as u64;
+    // A paged pool (vLLM's layout in this profile: every layer holds the whole context, a
+    // window or not) holds whole blocks of the prompt and the decoded token; the rest is waste.
     let waste = match setup.kv_block {
-        Some(_) => d.kv_cache_bytes.saturating_sub(used),
+        Some(_) => d
+            .kv_cache_bytes
+            .saturating_sub(setup.batch * (setup.seq + 1) * per_token),
         None => 0,
     };
     Ok(InferEstimate {

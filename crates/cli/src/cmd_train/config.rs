@@ -353,13 +353,13 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
 }
 
 /// `--precision` as this engine trains: fp32, bf16 or fp16. The planner's autocast policies
-/// (amp-bf16, amp-fp16, pure-bf16) are PyTorch's ways, which `frugal plan` models.
+/// (autocast's amp-bf16 and amp-fp16, and pure-bf16) are PyTorch's, which `frugal plan` models.
 pub fn engine_precision(s: &str) -> Result<Precision, String> {
     match s.parse::<Precision>() {
         Ok(p @ (Precision::Fp32 | Precision::Bf16 | Precision::Fp16)) => Ok(p),
         Ok(_) => Err(format!(
-            "{s} is a PyTorch autocast policy (`frugal plan --precision {s}` plans it); this \
-             engine trains in fp32, bf16 or fp16"
+            "{s} is one of PyTorch's precision policies (`frugal plan --precision {s}` plans \
+             it); this engine trains in fp32, bf16 or fp16"
         )),
         Err(_) => Err("use fp32, bf16 or fp16".into()),
     }

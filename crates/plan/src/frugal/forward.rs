@@ -57,15 +57,7 @@ pub fn forward_plan(model: &ModelShape, setup: &ForwardSetup) -> Result<MemoryPl
             reason: "batch and sequence must be positive".into(),
         });
     }
-    if setup.seq > model.max_positions {
-        return Err(PlanError::Invalid {
-            field: "--seq".into(),
-            reason: format!(
-                "sequence {} is longer than the model's {} positions",
-                setup.seq, model.max_positions
-            ),
-        });
-    }
+    crate::validate::check_positions(model, setup.seq)?;
     let mut plan = MemoryPlan::new(model.n_layers);
     for unit in param_units(model, 1)? {
         let key = Key::Params(unit.kind);

@@ -22,7 +22,7 @@ impl Difference {
         match f {
             "run.optimizer" => "--optimizer",
             "run.lr" => "--lr",
-            "run.warmup_steps" => "--warmup (by default a share of --steps)",
+            "run.warmup_steps" => "--warmup (20 by default, or --steps when fewer)",
             "run.total_steps" => "--steps (a resumed run keeps the schedule it started with)",
             "run.min_lr_ratio" => "the schedule",
             "run.grad_clip" => "--grad-clip",

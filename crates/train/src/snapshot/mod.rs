@@ -215,8 +215,10 @@ impl Snapshot {
     /// which lists it in [`Snapshot::skipped`]; when none is intact the newest one's error is
     /// returned. A snapshot folder named itself is opened as it is or refused.
     pub fn open(path: &Path) -> Result<Snapshot, SnapshotError> {
-        if std::fs::symlink_metadata(path).is_err() {
-            return Err(SnapshotError::Missing { path: path.into() });
+        if let Err(e) = std::fs::metadata(path) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                return Err(SnapshotError::Missing { path: path.into() });
+            }
         }
         if files::is_committed(path) {
             return Snapshot::open_dir(path.to_path_buf());
