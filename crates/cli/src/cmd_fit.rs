@@ -45,8 +45,9 @@ named when full fine-tuning does not fit or is at least 10x slower.
 Headroom: a setup fits when its total is at most (1 - --headroom) × --device-memory (default 5%
 kept free for fragmentation and other processes).
 
-Inference (--infer): weight formats bf16, fp8, int8, int4 (groups of 128) and nf4 (64) × KV
-formats bf16, fp8 and int8 × every tensor-parallel degree of --gpus × weights on the device or
+Inference (--infer): weight formats bf16, fp8, int8, int4 (groups of 128) and nf4 (64), and
+for a GGUF file first its own tensor types (ggml, at the bytes its tensors take) × KV formats
+bf16, fp8 and int8 × every tensor-parallel degree of --gpus × weights on the device or
 offloaded to host memory (streamed block by block). Each answer shows its total per GPU at
 --batch sequences of --seq tokens (default 1 × min(4096, positions)), the largest batch at that
 context and the longest context at that batch, decode tokens/s (memory-bound: this rank's
@@ -162,7 +163,8 @@ pub struct Args {
     /// context each holds, decode tokens/s and prefill time.
     #[arg(long)]
     infer: bool,
-    /// With --infer: only this weight format (bf16, fp8, int8, int4, nf4).
+    /// With --infer: only this weight format (bf16, fp8, int8, int4, nf4; ggml: a GGUF file's own
+    /// tensor types, which a GGUF model is weighed in first).
     #[arg(long)]
     weights: Option<plan::setup::Dtype>,
     /// With --infer: only this KV-cache format (bf16, fp8, int8).
@@ -336,6 +338,10 @@ fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRe
         hardware: hw,
         weights: args.weights,
         kv_dtype: args.kv_dtype,
+        ggml_file: match args.config_text {
+            Some(_) => None,
+            None => crate::model::ModelSource::resolve(&args.model)?.ggml_file()?,
+        },
     };
     fit::infer::check(&model, &r)?;
     Ok((model, r))

@@ -297,6 +297,13 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
             Dtype::Ggml => nibbles,
             _ => plan::frugal::Roles::NONE,
         },
+        // The formula runtime counts a GGUF file's own bytes for its ggml weights.
+        ggml_file_bytes: match (weights, &args.model) {
+            (Dtype::Ggml, Some(m)) => crate::model::ModelSource::at(Path::new(m))?
+                .ggml_file()?
+                .map(|f| f.bytes),
+            _ => None,
+        },
         double_quant: args.double_quant,
         kv_dtype: args.kv_dtype,
         batch: args.batch,

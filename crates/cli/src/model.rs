@@ -236,6 +236,15 @@ impl ModelSource {
         }
     }
 
+    /// A quantized GGUF file's own tensors for the advisors (`None` for other sources and for a
+    /// GGUF file of floats).
+    pub fn ggml_file(&self) -> anyhow::Result<Option<plan::fit::infer::GgmlFile>> {
+        match self {
+            ModelSource::Gguf(path) => from_gguf::file_weights(path),
+            _ => Ok(None),
+        }
+    }
+
     /// The format a quantized GGUF file runs in by default (its own blocks); `None` for other
     /// sources.
     pub fn own_format(&self) -> anyhow::Result<Option<WeightFormat>> {

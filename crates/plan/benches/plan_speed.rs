@@ -86,6 +86,7 @@ fn main() {
         );
         let inf = InferSetup {
             ggml_nibbles: plan::frugal::Roles::NONE,
+            ggml_file_bytes: None,
             weights: Dtype::Int4,
             weight_group: Some(128),
             double_quant: false,

@@ -145,6 +145,9 @@ pub fn largest_block_weight_bytes(model: &ModelShape, setup: &InferSetup) -> u64
 
 /// Weights of `model` on one of `setup.tp` ranks.
 pub fn model_weight_bytes(model: &ModelShape, setup: &InferSetup) -> u64 {
+    if let (Dtype::Ggml, Some(bytes)) = (setup.weights, setup.ggml_file_bytes) {
+        return bytes.div_ceil(setup.tp.max(1) as u64);
+    }
     let bytes_of = |tensors: Vec<crate::params::Tensor>| tensors_bytes(&tensors, setup);
     let mut total = bytes_of(model.embedding_tensors()) + bytes_of(model.head_tensors());
     let dense = bytes_of(model.block_tensors(0));

@@ -97,6 +97,7 @@ fn rows() -> Vec<Row> {
                 };
                 let setup = InferSetup {
                     ggml_nibbles: plan::frugal::Roles::NONE,
+                    ggml_file_bytes: None,
                     weights,
                     weight_group: None,
                     double_quant: false,

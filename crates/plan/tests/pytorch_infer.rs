@@ -11,6 +11,7 @@ use plan::setup::{Attention, Dtype, InferSetup};
 fn setup(weights: Dtype) -> InferSetup {
     InferSetup {
         ggml_nibbles: plan::frugal::Roles::NONE,
+        ggml_file_bytes: None,
         weights,
         weight_group: None,
         double_quant: false,
@@ -131,6 +132,7 @@ fn eager_prefill_peak_is_ten_bytes_per_score_over_weights_and_cache() {
     let (b, t, heads) = (1u64, 4096u64, 32u64);
     let eager = |weights: Dtype| InferSetup {
         ggml_nibbles: plan::frugal::Roles::NONE,
+        ggml_file_bytes: None,
         batch: b,
         seq: t,
         kv_dtype: weights,

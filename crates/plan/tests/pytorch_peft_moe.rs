@@ -167,6 +167,7 @@ fn mla_caches_the_latent_and_rope_key() {
     let mla = m.mla.clone().unwrap();
     let s = InferSetup {
         ggml_nibbles: plan::frugal::Roles::NONE,
+        ggml_file_bytes: None,
         weights: Dtype::Bf16,
         weight_group: None,
         double_quant: false,

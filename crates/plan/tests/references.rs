@@ -249,6 +249,7 @@ fn vllm_kv_formula_and_sliding_windows() {
         let m = presets::by_name(model).unwrap();
         let s = InferSetup {
             ggml_nibbles: plan::frugal::Roles::NONE,
+            ggml_file_bytes: None,
             weights: Dtype::Bf16,
             weight_group: None,
             double_quant: false,

@@ -12,8 +12,10 @@ use serde_json::{json, Value};
 
 /// The `frugal plan --infer` flags of `s` at `batch` × `seq`.
 pub fn plan_command(model: &str, s: &Serving, batch: u64, seq: u64) -> String {
+    // (ggml takes the file's own group.)
     let group = s
         .weight_group
+        .filter(|_| s.weights != plan::setup::Dtype::Ggml)
         .map_or(String::new(), |g| format!(" --weight-group {g}"));
     format!(
         "frugal plan --model {model} --infer --runtime formula --weights {}{group} --kv-dtype {} --tp {} --batch {batch} --seq {seq}",

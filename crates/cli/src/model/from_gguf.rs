@@ -86,6 +86,19 @@ pub(super) fn default_format(path: &Path) -> anyhow::Result<plan::frugal::Weight
     }
 }
 
+/// A quantized GGUF file's tensors as it holds them: every tensor's bytes in its own type (what
+/// llama.cpp loads) and its `ggml` group; `None` for a file of floats.
+pub(super) fn file_weights(path: &Path) -> anyhow::Result<Option<plan::fit::infer::GgmlFile>> {
+    match default_format(path)? {
+        plan::frugal::WeightFormat::Ggml { group, .. } => {
+            let g = open_gguf(path)?;
+            let bytes = g.tensors.iter().map(|t| t.bytes()).sum();
+            Ok(Some(plan::fit::infer::GgmlFile { bytes, group }))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest
 /// scale group (16 when a tensor is Q6_K), and two codes a byte for the matrices it holds in
 /// 4-bit types in every layer (every part of a fused one: q, k and v; gate and up).

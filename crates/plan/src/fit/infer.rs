@@ -60,6 +60,18 @@ pub struct InferRequest {
     /// Only this weight format / KV format (the user pinned it).
     pub weights: Option<Dtype>,
     pub kv_dtype: Option<Dtype>,
+    /// A GGUF file's own tensors (`None` for other models): its `ggml` format is weighed first,
+    /// at the file's bytes.
+    pub ggml_file: Option<GgmlFile>,
+}
+
+/// A GGUF file's weights as it holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct GgmlFile {
+    /// Every tensor's bytes in its own type.
+    pub bytes: u64,
+    /// Its smallest scale group (32; 16 with Q6_K).
+    pub group: u64,
 }
 
 impl InferRequest {
@@ -75,6 +87,7 @@ impl InferRequest {
             hardware: Hardware::of(GPUS[0]),
             weights: None,
             kv_dtype: None,
+            ggml_file: None,
         }
     }
 
@@ -144,9 +157,13 @@ impl InferAdvice {
     }
 }
 
-fn setup_of(s: &Serving, batch: u64, seq: u64) -> InferSetup {
+fn setup_of(r: &InferRequest, s: &Serving, batch: u64, seq: u64) -> InferSetup {
     InferSetup {
         ggml_nibbles: crate::frugal::Roles::NONE,
+        ggml_file_bytes: r
+            .ggml_file
+            .filter(|_| s.weights == Dtype::Ggml)
+            .map(|f| f.bytes),
         weights: s.weights,
         weight_group: s.weight_group,
         double_quant: false,
@@ -162,18 +179,19 @@ fn setup_of(s: &Serving, batch: u64, seq: u64) -> InferSetup {
 /// Device and host bytes of `s` serving `batch` sequences of `seq` tokens.
 fn memory(
     model: &ModelShape,
+    r: &InferRequest,
     s: &Serving,
     batch: u64,
     seq: u64,
 ) -> Result<(InferEstimate, u64, u64), PlanError> {
-    let e = inference_estimate(model, &setup_of(s, batch, seq))?;
+    let e = inference_estimate(model, &setup_of(r, s, batch, seq))?;
     let total = e.total_bytes();
     if !s.offload {
         return Ok((e, total, 0));
     }
     // Two units resident (the one running and the next arriving): the largest of a block, the
     // embedding and the head.
-    let one = setup_of(s, 1, 1);
+    let one = setup_of(r, s, 1, 1);
     let largest = crate::infer::largest_block_weight_bytes(model, &one)
         .max(crate::infer::tensors_bytes(
             &model.embedding_tensors(),
@@ -261,9 +279,10 @@ pub fn speed(
 
 /// Weighs `s` for the request.
 fn weigh(model: &ModelShape, r: &InferRequest, s: Serving) -> Result<InferChoice, PlanError> {
-    let (e, device, host) = memory(model, &s, r.batch, r.seq)?;
-    let ok_at =
-        |batch: u64, seq: u64| memory(model, &s, batch, seq).is_ok_and(|(_, d, h)| fits(r, d, h));
+    let (e, device, host) = memory(model, r, &s, r.batch, r.seq)?;
+    let ok_at = |batch: u64, seq: u64| {
+        memory(model, r, &s, batch, seq).is_ok_and(|(_, d, h)| fits(r, d, h))
+    };
     let max_batch = largest(1 << 24, |b| ok_at(b, r.seq));
     let max_seq = largest(model.max_positions, |t| ok_at(r.batch, t));
     Ok(InferChoice {
@@ -299,12 +318,15 @@ fn group_for(model: &ModelShape, g: u64) -> Option<u64> {
 
 fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool]) -> Vec<Serving> {
     let mut out = Vec::new();
+    // A GGUF file's own blocks first, then the formats it could be requantized to.
+    let own = r.ggml_file.map(|f| (Dtype::Ggml, Some(f.group)));
     for tp in tp_degrees(model, gpus, r.hardware.gpus_per_node) {
-        for &(weights, group) in &WEIGHT_FORMATS {
+        for &(weights, group) in own.iter().chain(&WEIGHT_FORMATS) {
             if r.weights.is_some_and(|w| w != weights) {
                 continue;
             }
             let weight_group = match group {
+                Some(g) if weights == Dtype::Ggml => Some(g),
                 Some(g) => match group_for(model, g) {
                     Some(g) => Some(g),
                     None => continue,
@@ -331,10 +353,16 @@ fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool])
 }
 
 fn fidelity(s: &Serving) -> (usize, usize) {
-    let w = WEIGHT_FORMATS
-        .iter()
-        .position(|(d, _)| *d == s.weights)
-        .unwrap_or(9);
+    // A GGUF file's own values rank above any requantization of them.
+    let w = match s.weights {
+        Dtype::Ggml => 0,
+        w => {
+            1 + WEIGHT_FORMATS
+                .iter()
+                .position(|(d, _)| *d == w)
+                .unwrap_or(9)
+        }
+    };
     let k = KV_FORMATS
         .iter()
         .position(|d| *d == s.kv_dtype)
@@ -363,12 +391,20 @@ pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
     if r.kv_dtype.is_some_and(|k| !KV_FORMATS.contains(&k)) {
         return Err(invalid("--kv-dtype", "use bf16, fp8 or int8".into()));
     }
+    if r.weights == Some(Dtype::Ggml) && r.ggml_file.is_none() {
+        return Err(invalid(
+            "--weights",
+            "ggml is a GGUF file's own blocks: pass a GGUF file as --model, or use bf16, fp8, \
+             int8, int4 or nf4"
+                .into(),
+        ));
+    }
     if r.weights
-        .is_some_and(|w| !WEIGHT_FORMATS.iter().any(|(d, _)| *d == w))
+        .is_some_and(|w| w != Dtype::Ggml && !WEIGHT_FORMATS.iter().any(|(d, _)| *d == w))
     {
         return Err(invalid(
             "--weights",
-            "use bf16, fp8, int8, int4 or nf4".into(),
+            "use bf16, fp8, int8, int4 or nf4 (or ggml for a GGUF file)".into(),
         ));
     }
     let grouped = WEIGHT_FORMATS

@@ -249,6 +249,11 @@ pub struct InferSetup {
     /// engine keeps two a byte (`WeightFormat::Ggml`'s `nibbles`).
     #[serde(skip_serializing_if = "crate::frugal::Roles::is_empty")]
     pub ggml_nibbles: crate::frugal::Roles,
+    /// ggml only: the bytes of a GGUF file's tensors, each in its own type (what llama.cpp puts
+    /// on the device); the `formula` runtime counts these for the weights, split evenly over
+    /// `tp` ranks. `None`: its generic ggml estimate (a byte a code and 8 bytes a group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ggml_file_bytes: Option<u64>,
     /// nf4 only: bitsandbytes' double quantization (uint8 absmax per block with an fp32 scale
     /// per 256 blocks; `bnb_4bit_use_double_quant`, off by default in HF, on in QLoRA's recipe).
     pub double_quant: bool,
