@@ -268,6 +268,16 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
     })
 }
 
+/// Whether `--infer` plans a quantized GGUF file in its own blocks: no `--weights` but ggml.
+fn gguf_blocks(args: &Args) -> bool {
+    matches!(args.weights, None | Some(Dtype::Ggml))
+        && args.model.as_ref().is_some_and(|m| {
+            crate::model::ModelSource::at(Path::new(m))
+                .and_then(|s| s.ggml_file())
+                .is_ok_and(|f| f.is_some())
+        })
+}
+
 fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetup> {
     // ggml weights take a GGUF file's own group, as generate does; the frugal runtime runs a
     // quantized GGUF file's blocks by default.
@@ -284,7 +294,7 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
     };
     let weights = match (args.weights, file_group, runtime) {
         (Some(w), _, _) => w,
-        (None, Some(_), "frugal") => Dtype::Ggml,
+        (None, Some(_), "frugal" | "formula") => Dtype::Ggml,
         (None, _, _) => Dtype::Bf16,
     };
     Ok(InferSetup {
@@ -415,6 +425,15 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
                 let mut r = model_report(args, &model, seq, "formula")?;
                 r.runtime_note = Some(
                     "--convention paper is the formula runtime's accounting; planned with formula"
+                        .into(),
+                );
+                r
+            } else if args.runtime == "auto" && args.infer && gguf_blocks(args) {
+                let mut r = model_report(args, &model, seq, "formula")?;
+                r.runtime_note = Some(
+                    "a GGUF file's own tensor types (ggml, at the bytes its tensors take) are \
+                     the formula runtime's; --runtime pytorch plans transformers' load, which \
+                     dequantizes them"
                         .into(),
                 );
                 r

@@ -1,6 +1,6 @@
 //! The advisors read a GGUF file's own tensor types: `fit --infer` weighs the file's `ggml`
 //! format first, at exactly the bytes its tensors take in their types, and the `plan` command it
-//! prints plans the same total.
+//! prints plans the same total; `plan --infer` of the file plans those bytes by default.
 
 mod common;
 
