@@ -155,7 +155,8 @@ pub struct Args {
     #[arg(long, default_value_t = Convention::Deepspeed)]
     convention: Convention,
     /// auto, pytorch (PyTorch + HF transformers on CUDA), formula (analytic) or frugal (this
-    /// engine). auto: pytorch unless it refuses the setup, then formula, and says why.
+    /// engine). auto: pytorch unless it refuses the setup, then formula, and says why; a
+    /// quantized GGUF file's --infer plan is formula's, in the file's own tensor types.
     #[arg(long, default_value = "auto")]
     runtime: String,
     /// The frugal runtime's backend: cpu (the arena's slab, no context) or cuda (the slab and
