@@ -338,9 +338,13 @@ fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRe
         hardware: hw,
         weights: args.weights,
         kv_dtype: args.kv_dtype,
+        // (A file whose tensors cannot be weighed is planned in the other formats.)
         ggml_file: match args.config_text {
             Some(_) => None,
-            None => crate::model::ModelSource::resolve(&args.model)?.ggml_file()?,
+            None => crate::model::ModelSource::resolve(&args.model)
+                .and_then(|s| s.ggml_file())
+                .ok()
+                .flatten(),
         },
     };
     fit::infer::check(&model, &r)?;

@@ -269,26 +269,25 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
     })
 }
 
+/// The GGUF file `--model` names (`None` for every other model, and for a pasted config).
+fn gguf_file(args: &Args) -> Option<crate::model::ModelSource> {
+    let m = args.model.as_ref().filter(|_| args.config_text.is_none())?;
+    crate::model::ModelSource::at(Path::new(m))
+        .ok()
+        .filter(|s| matches!(s, crate::model::ModelSource::Gguf(_)))
+}
+
 /// Whether `--infer` plans a quantized GGUF file in its own blocks: no `--weights` but ggml.
 fn gguf_blocks(args: &Args) -> bool {
     matches!(args.weights, None | Some(Dtype::Ggml))
-        && args.model.as_ref().is_some_and(|m| {
-            crate::model::ModelSource::at(Path::new(m))
-                .and_then(|s| s.ggml_file())
-                .is_ok_and(|f| f.is_some())
-        })
+        && gguf_file(args).is_some_and(|s| s.ggml_file().is_ok_and(|f| f.is_some()))
 }
 
 fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetup> {
     // ggml weights take a GGUF file's own group, as generate does; the frugal runtime runs a
     // quantized GGUF file's blocks by default.
-    let file_format = match (&args.model, args.weights) {
-        (Some(m), None | Some(Dtype::Ggml)) => crate::model::ModelSource::at(Path::new(m))
-            .and_then(|s| s.own_format())
-            .ok()
-            .flatten(),
-        _ => None,
-    };
+    let file = gguf_file(args).filter(|_| matches!(args.weights, None | Some(Dtype::Ggml)));
+    let file_format = file.as_ref().and_then(|s| s.own_format().ok().flatten());
     let (file_group, nibbles) = match file_format {
         Some(WeightFormat::Ggml { group, nibbles }) => (Some(group), nibbles),
         _ => (None, plan::frugal::Roles::NONE),
@@ -309,10 +308,8 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
             _ => plan::frugal::Roles::NONE,
         },
         // The formula runtime counts a GGUF file's own bytes for its ggml weights.
-        ggml_file_bytes: match (weights, &args.model) {
-            (Dtype::Ggml, Some(m)) => crate::model::ModelSource::at(Path::new(m))?
-                .ggml_file()?
-                .map(|f| f.bytes),
+        ggml_file_bytes: match (weights, runtime, &file) {
+            (Dtype::Ggml, "formula", Some(f)) => f.ggml_file()?.map(|f| f.bytes),
             _ => None,
         },
         double_quant: args.double_quant,

@@ -89,14 +89,17 @@ pub(super) fn default_format(path: &Path) -> anyhow::Result<plan::frugal::Weight
 /// A quantized GGUF file's tensors as it holds them: every tensor's bytes in its own type (what
 /// llama.cpp loads) and its `ggml` group; `None` for a file of floats.
 pub(super) fn file_weights(path: &Path) -> anyhow::Result<Option<plan::fit::infer::GgmlFile>> {
-    match default_format(path)? {
-        plan::frugal::WeightFormat::Ggml { group, .. } => {
-            let g = open_gguf(path)?;
-            let bytes = g.tensors.iter().map(|t| t.bytes()).sum();
-            Ok(Some(plan::fit::infer::GgmlFile { bytes, group }))
-        }
-        _ => Ok(None),
+    let g = open_gguf(path)?;
+    if !g.tensors.iter().any(|t| t.kind.scale_group().is_some()) {
+        return Ok(None);
     }
+    let group = gguf::hf::Model::new(&g)?.group() as u64;
+    let bytes = g
+        .tensors
+        .iter()
+        .try_fold(0u64, |sum, t| sum.checked_add(t.bytes()))
+        .ok_or_else(|| anyhow::anyhow!("{}: tensor sizes overflow", path.display()))?;
+    Ok(Some(plan::fit::infer::GgmlFile { bytes, group }))
 }
 
 /// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest

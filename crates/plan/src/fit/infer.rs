@@ -198,6 +198,18 @@ fn memory(
             &one,
         ))
         .max(crate::infer::tensors_bytes(&model.head_tensors(), &one));
+    // A GGUF file's units in proportion to its bytes against the generic ggml estimate.
+    let largest = match one.ggml_file_bytes {
+        Some(file) => {
+            let generic = InferSetup {
+                ggml_file_bytes: None,
+                ..one.clone()
+            };
+            let all = crate::infer::model_weight_bytes(model, &generic).max(1);
+            (largest as u128 * file.div_ceil(s.tp.max(1) as u64) as u128 / all as u128) as u64
+        }
+        None => largest,
+    };
     let device = total - e.weights_bytes + (2 * largest).min(e.weights_bytes);
     let host = e.weights_bytes;
     Ok((e, device, host))
@@ -434,8 +446,8 @@ pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// Weighs every candidate and ranks those that fit: fastest decode first, then higher-fidelity
-/// formats, then fewer GPUs, then no offload.
+/// Weighs every candidate and ranks those that fit: on the device before offloaded, a GGUF
+/// file's own blocks first, then fastest decode, then higher-fidelity formats, then fewer GPUs.
 pub fn advise(model: &ModelShape, r: &InferRequest) -> Result<InferAdvice, PlanError> {
     check(model, r)?;
     let all = candidates(model, r, r.gpus, &[false, true]);
@@ -449,10 +461,17 @@ pub fn advise(model: &ModelShape, r: &InferRequest) -> Result<InferAdvice, PlanE
             too_big.push(c);
         }
     }
+    // On the device before offloaded, and there a GGUF file's own blocks first: requantizing
+    // them rounds twice.
+    let own = |c: &InferChoice| (c.serving.offload, c.serving.weights != Dtype::Ggml);
     fitting.sort_by(|a, b| {
-        b.speed
-            .decode_tokens_per_s
-            .total_cmp(&a.speed.decode_tokens_per_s)
+        own(a)
+            .cmp(&own(b))
+            .then(
+                b.speed
+                    .decode_tokens_per_s
+                    .total_cmp(&a.speed.decode_tokens_per_s),
+            )
             .then(fidelity(&a.serving).cmp(&fidelity(&b.serving)))
             .then(a.serving.tp.cmp(&b.serving.tp))
             .then(a.serving.offload.cmp(&b.serving.offload))
