@@ -148,6 +148,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             w.group().unwrap_or(0)
         );
     }
+    // Latent attention caches its latents in f32 or bf16 only.
+    let latent = shape.mla.is_some();
+    let (cases, skipped): (Vec<_>, Vec<_>) = cases
+        .into_iter()
+        .partition(|(_, kv)| !latent || matches!(kv, KvFormat::F32 | KvFormat::Bf16));
+    for (_, kv) in &skipped {
+        eprintln!(
+            "skipped the {} KV cache: latent attention caches its latents in f32 or bf16",
+            kv.name()
+        );
+    }
     for (wf, kv) in cases {
         let mut worker = source.worker(setup_for(wf, kv))?;
         let (mut kl, mut loss, mut n) = (0.0f64, 0.0f64, 0usize);

@@ -151,9 +151,9 @@ pub fn check_serve(model: &ModelShape, setup: &ServeSetup) -> Result<(), PlanErr
         return Err(invalid(
             "--kv-dtype",
             format!(
-                "{:?}: latent attention caches its latents in f32 or bf16 (--kv-dtype f32 or \
+                "{}: latent attention caches its latents in f32 or bf16 (--kv-dtype f32 or \
                  bf16)",
-                setup.kv
+                setup.kv.name()
             ),
         ));
     }
