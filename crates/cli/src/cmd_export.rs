@@ -87,6 +87,28 @@ fn check_target(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A run's `--out` folder whose finished model is newer than its newest snapshot: exporting the
+/// folder would give the snapshot's older weights, so it is refused, saying what to do instead.
+fn check_finished_model(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
+    let Some(finished) = train::snapshot::finished::step(path) else {
+        return Ok(());
+    };
+    if finished <= snap.state.step {
+        return Ok(());
+    }
+    bail!(
+        "{} holds the run's finished model (step {finished}), newer than its newest snapshot \
+         ({}, step {}): exporting the folder would give the snapshot's older weights. The \
+         finished model is already in transformers' layout (PEFT's for adapters): load {} as it \
+         is, or name a snapshot to export it (frugal export {} --hf ...)",
+        path.display(),
+        snap.dir.display(),
+        snap.state.step,
+        path.display(),
+        snap.dir.display()
+    )
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Ok(source @ crate::model::ModelSource::Gguf(_)) =
         crate::model::ModelSource::at(&args.snapshot)
@@ -95,6 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let snap = Snapshot::open(&args.snapshot)
         .with_context(|| format!("exporting {}", args.snapshot.display()))?;
+    check_finished_model(&args.snapshot, &snap)?;
     for (dir, why) in &snap.skipped {
         eprintln!(
             "warning: {} is damaged ({why}); exporting the newest intact snapshot, {}",

@@ -276,6 +276,8 @@ fn run_on(args: Args, process: Option<Box<dyn Collective>>) -> anyhow::Result<()
             false => zero::save(&first.trainer, &first.finished, dir)?,
         }
         save_tokenizer(dir)?;
+        train::snapshot::finished::record(dir, first.trainer.step)
+            .map_err(|e| anyhow::anyhow!("saving the model's step in {}: {e}", dir.display()))?;
         if args.merge {
             save_tokenizer(&dir.join("merged"))?;
         }

@@ -127,6 +127,32 @@ fn a_resumed_run_ends_with_the_uninterrupted_runs_weights() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--save-every 2` over 5 steps: snapshots of steps 2 and 4, and the finished model of step 5.
+/// Exporting the folder would give step 4's weights; it is refused, naming the finished model's
+/// step and the snapshot to name instead, which exports.
+#[test]
+fn exporting_a_folder_whose_finished_model_is_newer_than_its_snapshots_is_refused() {
+    let dir = temp_dir("finished");
+    let out = dir.join("x5");
+    ok(&train(
+        &dir,
+        &["--steps", "5", "--save-every", "2", "--out", &s(&out)],
+    ));
+    let hf = dir.join("hf");
+    fails_with(
+        &frugal(&["export", &s(&out), "--hf", &s(&hf)]),
+        &["finished model (step 5)", "step-000004, step 4", "load"],
+    );
+    assert!(!hf.join("model.safetensors").exists());
+    common::assert_ok(&frugal(&[
+        "export",
+        &s(&out.join("step-000004")),
+        "--hf",
+        &s(&hf),
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// bf16 (ZeRO-2 on 2 ranks) and fp16 (host-offloaded Adam state): a run resumed from its step-3
 /// snapshot ends with the uninterrupted run's loss, loss scale and master weights, byte for byte;
 /// resuming with another precision exits 2 naming it.

@@ -38,6 +38,7 @@
 
 pub mod error;
 pub mod files;
+pub mod finished;
 pub mod shards;
 pub mod state;
 pub mod whole;
