@@ -111,10 +111,15 @@ pub struct Args {
     #[arg(long)]
     allow_lora: bool,
     /// LoRA rank when --allow-lora.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, requires = "allow_lora")]
     lora_rank: u32,
-    /// LoRA target modules (comma-separated HF names, or all-linear).
-    #[arg(long, default_value = "all-linear", value_delimiter = ',')]
+    /// LoRA target modules (comma-separated HF names, or all-linear) when --allow-lora.
+    #[arg(
+        long,
+        default_value = "all-linear",
+        value_delimiter = ',',
+        requires = "allow_lora"
+    )]
     lora_targets: Vec<String>,
     /// Pin the tensor-parallel degree instead of searching it.
     #[arg(long)]

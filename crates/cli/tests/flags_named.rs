@@ -173,9 +173,12 @@ fn every_flag_and_command_a_message_names_exists() {
                         .chars()
                         .take_while(|c| c.is_ascii_lowercase())
                         .collect();
-                    let command_like = lit[i + 7..].starts_with(&word)
-                        && lit[i + 7 + word.len()..].starts_with(' ')
-                        && lit[i + 7 + word.len()..].trim_start().starts_with("--");
+                    let rest = &lit[i + 7 + word.len()..];
+                    // `frugal word ...` in backquotes is a command line, as is `frugal word
+                    // --flag` written plainly.
+                    let quoted = lit[..i].ends_with('`') && !word.is_empty();
+                    let command_like =
+                        quoted || rest.starts_with(' ') && rest.trim_start().starts_with("--");
                     if command_like && !commands.contains(&word) {
                         unknown.push(format!("{}:{}: frugal {word}", file.display(), n + 1));
                     }

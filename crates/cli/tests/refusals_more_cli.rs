@@ -193,6 +193,22 @@ fn a_speculative_run_without_proposals_says_so() {
         "--kv-cache off",
     );
     fails_with(&gen(&["--draft-tokens", "3"]), "--draft");
+    fails_with(
+        &gen(&["--kv-block", "1000000000"]),
+        "--kv-block: 1000000000",
+    );
+    // With decode steps, and without --json, the speculative run measures its plan and exits 0.
+    let spec = gen(&[
+        "--draft",
+        run_s,
+        "--draft-tokens",
+        "2",
+        "--max-new-tokens",
+        "6",
+    ]);
+    common::assert_ok(&spec);
+    let err = String::from_utf8_lossy(&spec.stderr);
+    assert!(err.contains("draft tokens accepted"), "{err}");
     let warmup = [
         "train",
         "--model",
@@ -206,4 +222,117 @@ fn a_speculative_run_without_proposals_says_so() {
         &frugal(&warmup),
         "--warmup 5 is longer than the run's --steps 2",
     );
+}
+
+/// A weights file that is not frugal's names the command that writes one, never a command that
+/// does not exist.
+#[test]
+fn a_damaged_quantized_file_names_the_command_that_writes_one() {
+    let dir = common::temp_dir("robust-cli", "magic");
+    let run = dir.join("run");
+    common::assert_ok(&saved_run(&run, &["--model", "gpt2-tiny"]));
+    let quantized = dir.join("q");
+    let save = [
+        "generate",
+        "--model",
+        run.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "1",
+        "--weights",
+        "int8",
+        "--save-quantized",
+        quantized.to_str().unwrap(),
+    ];
+    common::assert_ok(&frugal(&save));
+    let file = quantized.join("weights.frugal");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[..8].copy_from_slice(b"NOTMAGIC");
+    std::fs::write(&file, bytes).unwrap();
+    let out = frugal(&[
+        "generate",
+        "--model",
+        quantized.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    fails_with(&out, "frugal generate --save-quantized DIR");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("`frugal quantize"), "{err}");
+}
+
+/// A NaN in a saved model's weights is refused on load by `generate` and `train`, naming the
+/// tensor that holds it (it printed "!!!!" and blamed the learning rate).
+#[test]
+fn non_finite_weights_are_refused_by_generate_and_train_naming_the_tensor() {
+    let dir = common::temp_dir("robust-cli", "nan");
+    let run = dir.join("run");
+    common::assert_ok(&saved_run(&run, &["--model", "gpt2-tiny"]));
+    // The tensor whose data ends the file: its last element becomes a NaN.
+    let file = run.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let last = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| *name != "__metadata__")
+        .max_by_key(|(_, t)| t["data_offsets"][1].as_u64().unwrap())
+        .map(|(name, _)| name.clone())
+        .unwrap();
+    let end = bytes.len();
+    bytes[end - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    let model = run.to_str().unwrap();
+    let generate = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "hi",
+        "--weights",
+        "f32",
+    ];
+    fails_with(&frugal(&generate), &last);
+    let train = [
+        "train",
+        "--model",
+        model,
+        "--steps",
+        "1",
+        "--sample-tokens",
+        "0",
+    ];
+    fails_with(&frugal(&train), &last);
+}
+
+/// `bench quality` over a model whose matrices no group size divides skips the grouped formats
+/// once each, saying why, and scores the rest (it said "use a group size that divides it", and
+/// has no group flag).
+#[test]
+fn bench_quality_skips_the_groups_a_model_cannot_take_saying_why() {
+    let dir = common::temp_dir("robust-cli", "quality");
+    let run = dir.join("run");
+    common::assert_ok(&saved_run(&run, &["--model", "llama-tiny"]));
+    let args = [
+        "bench",
+        "quality",
+        "--model",
+        run.to_str().unwrap(),
+        "--windows",
+        "2",
+        "--seq",
+        "32",
+    ];
+    let out = frugal(&args);
+    common::assert_ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let skip = "skipped int4 in groups of 32: the group does not divide every matrix's columns \
+                (no group size does)";
+    assert_eq!(err.matches(skip).count(), 1, "{err}");
+    assert!(!err.contains("--weight-group"), "{err}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.lines().any(|l| l.starts_with("int8 ")), "{table}");
 }

@@ -197,6 +197,31 @@ fn bad_requests_get_400_with_the_clis_text_and_the_server_keeps_serving() {
             "overflow",
         ),
         ("GET", "/api/fit?model=llama3-8b&gpus=0", "", "--gpus"),
+        // The size ranges the CLI has, tied to the model.
+        (
+            "GET",
+            "/api/plan?model=llama2-7b&seq=1099511627776",
+            "",
+            "max_position_embeddings",
+        ),
+        (
+            "GET",
+            "/api/plan?model=gpt2-124m&infer=true&seq=1000&kv_block=0",
+            "",
+            "--kv-block",
+        ),
+        (
+            "GET",
+            "/api/plan?model=llama2-7b&train=true&lora_rank=100000",
+            "",
+            "--lora-rank",
+        ),
+        (
+            "GET",
+            "/api/fit?model=llama2-7b&lora_rank=100000",
+            "",
+            "--lora-rank",
+        ),
         ("GET", "/api/nothing", "", "no such endpoint"),
     ];
     for (method, path, body, want) in cases {

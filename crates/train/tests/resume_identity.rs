@@ -66,6 +66,14 @@ fn a_changed_sliding_window_is_refused() {
         shape_of(c).sliding_window = windowed().sliding_window
     });
     assert_eq!(f, ["model.sliding_window"]);
+    let f = refused(of(windowed()), |c| shape_of(c).sliding_window = None);
+    assert_eq!(
+        f,
+        [
+            "model.sliding_window.first_layer",
+            "model.sliding_window.window"
+        ]
+    );
 }
 
 #[test]
@@ -100,6 +108,11 @@ fn changed_latent_attention_ranks_are_refused() {
         shape_of(c).mla.as_mut().unwrap().q_lora_rank = None
     });
     assert_eq!(f, ["model.mla.q_lora_rank"]);
+    // DeepSeek's first_k_dense_replace: how many leading layers keep a dense MLP.
+    let f = refused(of(deepseek_tiny()), |c| {
+        shape_of(c).moe.as_mut().unwrap().first_dense += 1
+    });
+    assert_eq!(f, ["model.moe.first_dense"]);
 }
 
 #[test]
@@ -129,8 +142,15 @@ fn changed_lora_settings_are_refused() {
     };
     let f = refused(base.clone(), |c| c.lora = Some(lora(8)));
     assert_eq!(f, ["run.lora.rank"]);
-    let f = refused(base, |c| c.lora.as_mut().unwrap().alpha = 32.0);
+    let f = refused(base.clone(), |c| c.lora.as_mut().unwrap().alpha = 32.0);
     assert_eq!(f, ["run.lora.alpha"]);
+    // Adapters trained over a random preset resumed over a saved base, and back.
+    let saved = |c: &mut TrainConfig| c.lora.as_mut().unwrap().base_weights = Some(7);
+    assert_eq!(refused(base.clone(), saved), ["run.lora.base_weights"]);
+    let mut over_saved = base;
+    saved(&mut over_saved);
+    let f = refused(over_saved, |c| c.lora.as_mut().unwrap().base_weights = None);
+    assert_eq!(f, ["run.lora.base_weights"]);
 }
 
 #[test]

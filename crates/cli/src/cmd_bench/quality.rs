@@ -140,13 +140,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (cases, skipped): (Vec<_>, Vec<_>) = cases()
         .into_iter()
         .partition(|(w, _)| w.group().is_none_or(|g| fit.contains(&g)));
+    let groups_that_do = match fit.is_empty() {
+        true => "no group size does".to_string(),
+        false => format!("groups that do: {fit:?}"),
+    };
+    let mut named = Vec::new();
     for (w, _) in &skipped {
-        eprintln!(
-            "skipped {} in groups of {}: the group does not divide every matrix's columns \
-             (groups that do: {fit:?})",
-            w.name(),
-            w.group().unwrap_or(0)
-        );
+        let what = format!("{} in groups of {}", w.name(), w.group().unwrap_or(0));
+        if !named.contains(&what) {
+            eprintln!("skipped {what}: the group does not divide every matrix's columns ({groups_that_do})");
+            named.push(what);
+        }
     }
     // Latent attention caches its latents in f32 or bf16 only.
     let latent = shape.mla.is_some();
