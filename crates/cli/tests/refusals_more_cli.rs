@@ -336,3 +336,49 @@ fn bench_quality_skips_the_groups_a_model_cannot_take_saying_why() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.lines().any(|l| l.starts_with("int8 ")), "{table}");
 }
+
+/// What `train` refuses, `plan --runtime frugal` (the engine's own plan) refuses too, and for the
+/// same reason: the plan never promises a setup the engine cannot run.
+#[test]
+fn the_engines_plan_refuses_what_train_refuses() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--precision", "pure-bf16"], "precision"),
+        (&["--optimizer", "sgd", "--precision", "bf16"], "adamw"),
+        (&["--offload", "params"], "--offload"),
+        (
+            &["--offload", "optimizer", "--precision", "fp32"],
+            "bf16 or fp16",
+        ),
+        (&["--seq", "4096"], "--seq 256 or less"),
+        (&["--optimizer", "adamw8bit"], "adamw"),
+    ];
+    for (flags, why) in cases {
+        let plan = [
+            &[
+                "plan",
+                "--model",
+                "gpt2-tiny",
+                "--train",
+                "--runtime",
+                "frugal",
+            ],
+            flags,
+        ]
+        .concat();
+        fails_with(&frugal(&plan), why);
+        let train = [
+            &[
+                "train",
+                "--model",
+                "gpt2-tiny",
+                "--steps",
+                "1",
+                "--sample-tokens",
+                "0",
+            ],
+            flags,
+        ]
+        .concat();
+        fails_with(&frugal(&train), why);
+    }
+}
