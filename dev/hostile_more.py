@@ -5,6 +5,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import hostile_lib as lib
 from hostile_lib import (ERRORS, TINY, Run, Server, case, edited, free_port, raw, refuses,
@@ -80,6 +81,28 @@ def page_api_bad_json(w):
             return "panic", "the page server died"
         bad = [a for a in answers if not a.startswith("4")]
         return ("wrong" if bad else "handled"), f"statuses {answers}"
+    finally:
+        srv.stop()
+
+
+@case("panic/hang")
+def openai_server_pipelined_flood_does_not_block_others(w):
+    model = train(w, "flood-model", "llama-tiny", steps=2)
+    srv = Server(["serve", "--model", model], free_port())
+    try:
+        flood = raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 5000,
+                    read=False)[0]
+        silent = raw(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", read=False)[0]
+        t = time.time()
+        after = srv.alive_answer("/health", timeout=10)
+        took = time.time() - t
+        flood.close()
+        silent.close()
+        if srv.p.poll() is not None:
+            return "panic", "the server died"
+        if after is None or "200" not in after:
+            return "hang", f"another client got {after!r} in {took:.2f} s"
+        return ("handled" if took < 5 else "hang"), f"/health answered {after!r} in {took:.2f} s"
     finally:
         srv.stop()
 
