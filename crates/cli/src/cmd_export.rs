@@ -99,8 +99,9 @@ fn check_finished_model(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
     bail!(
         "{} holds the run's finished model (step {finished}), newer than its newest snapshot \
          ({}, step {}): exporting the folder would give the snapshot's older weights. The \
-         finished model is already in transformers' layout (PEFT's for adapters): load {} as it \
-         is, or name a snapshot to export it (frugal export {} --hf ...)",
+         finished model is already in transformers' layout (adapters in PEFT's; `frugal train \
+         --merge` also writes them merged into DIR/merged): load {} as it is, or name a \
+         snapshot to export it (frugal export {} --hf ...)",
         path.display(),
         snap.dir.display(),
         snap.state.step,
@@ -289,9 +290,17 @@ fn merge(
     if base.symlink_metadata().is_err() {
         bail!("--base {} does not exist; {what}", base.display());
     }
-    // (`resolve` speaks of --model, the flag it usually reads.)
-    let source = ModelSource::resolve(&base.to_string_lossy())
-        .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--model", "--base", 1)))?;
+    // `resolve`'s errors speak of --model and end listing every kind --model takes: keep what
+    // is wrong, and say what a base is.
+    let source = ModelSource::resolve(&base.to_string_lossy()).map_err(|e| {
+        let e = format!("{e:#}").replacen("--model", "--base", 1);
+        let cut = ["; pass", ": use one of"]
+            .iter()
+            .filter_map(|end| e.find(end))
+            .min()
+            .unwrap_or(e.len());
+        anyhow::anyhow!("{}; {what}", &e[..cut])
+    })?;
     let kind = match source {
         ModelSource::HfFolder(_) | ModelSource::Gguf(_) => None,
         ModelSource::Snapshot(_) => Some("a training run's snapshots"),

@@ -52,7 +52,8 @@ offloaded to host memory (streamed block by block). Each answer shows its total 
 --batch sequences of --seq tokens (default 1 × min(4096, positions)), the largest batch at that
 context and the longest context at that batch, decode tokens/s (memory-bound: this rank's
 weights and the batch's KV cache read at 80% of the HBM bandwidth, or the host link's for
-offloaded weights; compute-bound past that) and the prefill time; ranked by decode speed, then
+offloaded weights; compute-bound past that) and the prefill time; ranked with setups on the
+device before offloaded ones, a GGUF file's own types first, then by decode speed, then
 fidelity. When only offload fits, it says how many GPUs serve the request without it.
 
 Examples:

@@ -187,7 +187,12 @@ pub struct Args {
     pub lora_alpha: Option<f32>,
     /// Linear layers that get adapters: HF module names (q_proj,v_proj,...; c_attn,c_proj,c_fc
     /// for GPT-2) or all-linear.
-    #[arg(long, default_value = "all-linear", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "all-linear",
+        value_delimiter = ',',
+        requires = "lora_rank"
+    )]
     pub lora_targets: Vec<String>,
     /// How the frozen base's block matrices are stored: fp32, bf16, int8 (an absmax scale per
     /// row) or nf4 (bitsandbytes' QLoRA: blocks of 64 with an fp32 absmax).

@@ -192,7 +192,7 @@ fn a_speculative_run_without_proposals_says_so() {
         &gen(&["--kv-cache", "off", "--kv-dtype", "int8"]),
         "--kv-cache off",
     );
-    fails_with(&gen(&["--draft-tokens", "3"]), "--draft");
+    fails_with(&gen(&["--draft-tokens", "3"]), "--draft <DRAFT>");
     fails_with(
         &gen(&["--kv-block", "1000000000"]),
         "--kv-block: 1000000000",
@@ -341,18 +341,40 @@ fn bench_quality_skips_the_groups_a_model_cannot_take_saying_why() {
 /// same reason: the plan never promises a setup the engine cannot run.
 #[test]
 fn the_engines_plan_refuses_what_train_refuses() {
-    let cases: [(&[&str], &str); 6] = [
-        (&["--precision", "pure-bf16"], "precision"),
-        (&["--optimizer", "sgd", "--precision", "bf16"], "adamw"),
-        (&["--offload", "params"], "--offload"),
+    // (flags, plan's reason, train's reason)
+    let cases: [(&[&str], &str, &str); 6] = [
+        (
+            &["--precision", "pure-bf16"],
+            "precision policy",
+            "precision policies",
+        ),
+        (
+            &["--optimizer", "sgd", "--precision", "bf16"],
+            "optimizer other than adamw",
+            "optimizer other than adamw",
+        ),
+        (
+            &["--offload", "params"],
+            "parameter offload",
+            "use none, optimizer",
+        ),
         (
             &["--offload", "optimizer", "--precision", "fp32"],
-            "bf16 or fp16",
+            "use --precision bf16 or fp16",
+            "needs --precision bf16 or fp16",
         ),
-        (&["--seq", "4096"], "--seq 256 or less"),
-        (&["--optimizer", "adamw8bit"], "adamw"),
+        (
+            &["--seq", "4096"],
+            "use --seq 256 or less",
+            "use --seq 256 or less",
+        ),
+        (
+            &["--optimizer", "adamw8bit"],
+            "optimizer other than adamw",
+            "trains with adamw or sgd",
+        ),
     ];
-    for (flags, why) in cases {
+    for (flags, plan_why, train_why) in cases {
         let plan = [
             &[
                 "plan",
@@ -365,7 +387,7 @@ fn the_engines_plan_refuses_what_train_refuses() {
             flags,
         ]
         .concat();
-        fails_with(&frugal(&plan), why);
+        fails_with(&frugal(&plan), plan_why);
         let train = [
             &[
                 "train",
@@ -379,6 +401,6 @@ fn the_engines_plan_refuses_what_train_refuses() {
             flags,
         ]
         .concat();
-        fails_with(&frugal(&train), why);
+        fails_with(&frugal(&train), train_why);
     }
 }

@@ -163,7 +163,8 @@ impl Worker<Cpu> {
                 no.advice = Some(
                     "store the weights smaller (--weights int8, int4 or nf4), cache keys and \
                      values smaller (--kv-dtype bf16, int8 or fp8), or plan fewer sequences or \
-                     a shorter context (`frugal serve --max-seqs`, `--kv-tokens`, `--ctx`)"
+                     a shorter context (a shorter prompt and fewer new tokens; for `frugal \
+                     serve`, --max-seqs, --kv-tokens and --ctx)"
                         .into(),
                 );
                 EngineError::DoesNotFit(no)

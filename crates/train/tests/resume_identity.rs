@@ -142,6 +142,12 @@ fn changed_lora_settings_are_refused() {
     };
     let f = refused(base.clone(), |c| c.lora = Some(lora(8)));
     assert_eq!(f, ["run.lora.rank"]);
+    // A LoRA snapshot resumed as a full run (no --lora-rank), and back: one difference.
+    assert_eq!(refused(base.clone(), |c| c.lora = None), ["run.lora"]);
+    assert_eq!(
+        refused(of(llama_tiny()), |c| c.lora = Some(lora(4))),
+        ["run.lora"]
+    );
     let f = refused(base.clone(), |c| c.lora.as_mut().unwrap().alpha = 32.0);
     assert_eq!(f, ["run.lora.alpha"]);
     // Adapters trained over a random preset resumed over a saved base, and back.

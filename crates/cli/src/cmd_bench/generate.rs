@@ -178,7 +178,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let kv = KvFormat::parse(&a.kv_dtype)?;
     plan::validate::check_kv_block(a.kv_block)?;
     // Prompt, one untimed step, the timed steps, then as many paired with bandwidth reads.
-    let context = a.prompt_len + 2 * a.new_tokens + 1;
+    let context = a
+        .new_tokens
+        .checked_mul(2)
+        .and_then(|n| n.checked_add(a.prompt_len))
+        .and_then(|n| n.checked_add(1))
+        .unwrap_or(u64::MAX);
     if context > config.shape.max_positions {
         bail!(
             "--prompt-len {} and --new-tokens {} need {context} positions (the prompt, an \

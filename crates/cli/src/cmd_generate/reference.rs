@@ -17,9 +17,12 @@ pub(super) fn run(
     sampling: Sampling,
 ) -> anyhow::Result<()> {
     let ranks = args.tp != 1 || args.comm == crate::cmd_train::CommArg::Mpi;
-    if args.draft.is_some() || ranks || args.storage.weights.as_deref().is_some_and(|w| w != "f32")
-    {
-        bail!("--kv-cache off is the fp32 reference: it takes neither --draft, --tp, --comm mpi nor --weights");
+    let quantized = args.storage.weights.as_deref().is_some_and(|w| w != "f32");
+    if args.draft.is_some() || ranks || quantized || args.storage.weight_group.is_some() {
+        bail!(
+            "--kv-cache off is the fp32 reference: it takes neither --draft, --tp, --comm mpi, \
+             --weights nor --weight-group"
+        );
     }
     let units = source.units()?;
     let context = (prompt.len() + args.max_new_tokens) as u64;

@@ -30,12 +30,18 @@ impl Storage {
         source: &crate::model::Loaded,
     ) -> anyhow::Result<(WeightFormat, KvFormat)> {
         let weights = weight_format(self.weights.as_deref(), self.weight_group, source)?;
-        if let Some(g) = self.weight_group.filter(|_| weights.group().is_none()) {
-            bail!(
-                "--weight-group {g}: groups are int4's and nf4's; the weights run as {}, which \
-                 has none",
+        match (self.weight_group, weights.group()) {
+            (Some(g), None) => bail!(
+                "--weight-group {g}: groups are int4's, nf4's and a GGUF file's blocks'; the \
+                 weights run as {}, which has none",
                 weights.name()
-            );
+            ),
+            (Some(g), Some(own)) if g != own => bail!(
+                "--weight-group {g}: the weights run as {} in their own groups of {own}; drop \
+                 --weight-group, or pass an fp32 model with --weights int4 or nf4 to choose one",
+                weights.name()
+            ),
+            _ => {}
         }
         Ok((
             weights,
@@ -55,11 +61,12 @@ pub fn weight_format(
         .transpose()?;
     match (asked, source.stored_format()) {
         (Some(a), Some(s)) if a != s => bail!(
-            "--weights {}: the model is stored as {} (group {:?}); pass its fp32 folder to \
-             quantize it another way",
+            "--weights {}: the model is stored as {}{}; pass its fp32 folder to quantize it \
+             another way",
             a.name(),
             s.name(),
             s.group()
+                .map_or_else(String::new, |g| format!(" in groups of {g}"))
         ),
         (Some(a), _) => Ok(a),
         (None, _) => source.default_format(),

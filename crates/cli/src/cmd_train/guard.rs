@@ -91,6 +91,12 @@ pub fn check_outputs(
             }
         }
     }
+    // The step of a finished model this run will replace no longer describes the folder.
+    let step_file = out.join(train::snapshot::finished::STEP_FILE);
+    if step_file.exists() {
+        std::fs::remove_file(&step_file)
+            .with_context(|| format!("{}: removing {}", flag(), step_file.display()))?;
+    }
     Ok(Some(lock))
 }
 

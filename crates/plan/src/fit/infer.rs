@@ -288,7 +288,13 @@ fn candidates(model: &ModelShape, r: &InferRequest, gpus: u32, offload: &[bool])
                 continue;
             }
             let weight_group = match group {
-                Some(g) if weights == Dtype::Ggml => Some(g),
+                // The file's own group, or no such candidate when it cannot run as one.
+                Some(g) if weights == Dtype::Ggml => {
+                    match crate::validate::check_groups(model, g) {
+                        Ok(()) => Some(g),
+                        Err(_) => continue,
+                    }
+                }
                 Some(g) => match group_for(model, g) {
                     Some(g) => Some(g),
                     None => continue,
@@ -356,8 +362,9 @@ pub fn check(model: &ModelShape, r: &InferRequest) -> Result<(), PlanError> {
     if r.weights == Some(Dtype::Ggml) && r.ggml_file.is_none() {
         return Err(invalid(
             "--weights",
-            "ggml is a GGUF file's own blocks: pass a GGUF file as --model, or use bf16, fp8, \
-             int8, int4 or nf4"
+            "ggml is a quantized GGUF file's own blocks, and --model is not one whose tensors \
+             could be weighed (a pasted config, or a GGUF file of floats): pass a quantized \
+             GGUF file as --model, or use bf16, fp8, int8, int4 or nf4"
                 .into(),
         ));
     }
@@ -424,7 +431,6 @@ pub fn advise(model: &ModelShape, r: &InferRequest) -> Result<InferAdvice, PlanE
             )
             .then(fidelity(&a.serving).cmp(&fidelity(&b.serving)))
             .then(a.serving.tp.cmp(&b.serving.tp))
-            .then(a.serving.offload.cmp(&b.serving.offload))
     });
     too_big.sort_by_key(|c| c.total_bytes);
     let more_gpus = if fitting.first().is_none_or(|c| c.serving.offload) {

@@ -194,7 +194,10 @@ impl TrainState {
         for (k, v) in ours["run"].as_object().into_iter().flatten() {
             let path = format!("run.{k}");
             match k.as_str() {
-                "lora" => leaves(&path, v, &mut fields),
+                // A LoRA run against a full one differs as a whole (`--lora-rank`), not per field.
+                "lora" if !v.is_null() && !theirs["run"]["lora"].is_null() => {
+                    leaves(&path, v, &mut fields)
+                }
                 _ => fields.push((path, v.clone())),
             }
         }
