@@ -58,5 +58,5 @@ fn fit_weighs_the_files_own_tensors_and_its_plan_command_agrees() {
         "--weights",
         "ggml",
     ];
-    common::fails_with(&frugal(&other), "pass a GGUF file as --model");
+    common::fails_with(&frugal(&other), "pass a quantized GGUF file as --model");
 }
