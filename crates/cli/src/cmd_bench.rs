@@ -350,7 +350,7 @@ fn lora_bench(a: &TrainArgs, mut trainer: Trainer) -> anyhow::Result<()> {
             "lora_rank": lora.setup.rank, "lora_base": lora.format.name(),
             "trained_params": trained, "tokens_per_s": tokens_per_s,
             "planned_peak_bytes": planned, "measured_peak_bytes": measured,
-            "cpu": generate::cpu_name(),
+            "cpu": generate::cpu_name(), "paths": generate::kernel_paths(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

@@ -185,10 +185,10 @@ pub fn paths() -> Vec<(&'static str, &'static str)> {
         crate::fastmath::Simd::Avx2 => "avx2",
         crate::fastmath::Simd::Base => "portable",
     };
-    let dequant = if level() >= Level::Avx512 {
-        "avx512"
-    } else {
-        "portable"
+    let dequant = match level() {
+        l if l >= Level::Avx512 => "avx512",
+        Level::Avx2 => "avx2",
+        _ => "portable",
     };
     vec![
         ("gemm_f32", crate::matmul::capped::path().name()),

@@ -184,7 +184,7 @@ fn whole(out: &mut [f32], src: &[u8], stored: Stored, levels: &[f32; 16], map: &
 }
 
 /// One block: value 2j from byte j's high nibble, 2j + 1 from its low nibble. Runs of 16 values
-/// take AVX-512 when [`crate::cpu::level`] allows it.
+/// take AVX-512, or runs of 8 AVX2, when [`crate::cpu::level`] allows it.
 #[inline]
 fn nf4_block(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
     #[cfg(target_arch = "x86_64")]
@@ -198,7 +198,49 @@ fn nf4_block(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
         }
         return nf4_scalar(&mut out[whole..], &bytes[whole / 2..], lut);
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::level() >= crate::cpu::Level::Avx2 {
+        let whole = out.len() / 8 * 8;
+        // SAFETY: the CPU has AVX2; the loop reads whole / 2 bytes and writes whole values,
+        // both inside the slices.
+        unsafe { avx2::nf4_runs(&mut out[..whole], &bytes[..whole / 2], lut) };
+        if whole == out.len() {
+            return;
+        }
+        return nf4_scalar(&mut out[whole..], &bytes[whole / 2..], lut);
+    }
     nf4_scalar(out, bytes, lut)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `out.len()` (a multiple of 8) values from `out.len() / 2` bytes: each nibble picks from
+    /// the two 8-entry halves of `lut` (`vpermps` each) and bit 3 blends them.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn nf4_runs(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
+        let (low, high) = (
+            _mm256_loadu_ps(lut.as_ptr()),
+            _mm256_loadu_ps(lut[8..].as_ptr()),
+        );
+        // Even lanes take the high nibble, odd lanes the low one.
+        let shifts = _mm256_set_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+        let low4 = _mm256_set1_epi32(0xF);
+        for (o, b) in out.chunks_exact_mut(8).zip(bytes.chunks_exact(4)) {
+            let four = _mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            let pairs = _mm_unpacklo_epi8(four, four);
+            let idx =
+                _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(pairs), shifts), low4);
+            let (l, h) = (
+                _mm256_permutevar8x32_ps(low, idx),
+                _mm256_permutevar8x32_ps(high, idx),
+            );
+            // Bit 3 moved to the sign bit selects the high half.
+            let pick = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_blendv_ps(l, h, pick));
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
