@@ -188,26 +188,21 @@ fn whole(out: &mut [f32], src: &[u8], stored: Stored, levels: &[f32; 16], map: &
 #[inline]
 fn nf4_block(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::level() >= crate::cpu::Level::Avx512 {
-        let whole = out.len() / 16 * 16;
-        // SAFETY: the CPU has AVX-512 F; the loop reads whole / 2 bytes and writes whole values,
-        // both inside the slices.
-        unsafe { avx512::nf4_runs(&mut out[..whole], &bytes[..whole / 2], lut) };
-        if whole == out.len() {
-            return;
+    {
+        use crate::cpu::{level, Level};
+        type Runs = unsafe fn(&mut [f32], &[u8], &[f32; 16]);
+        let simd: Option<(usize, Runs)> = match level() {
+            l if l >= Level::Avx512 => Some((16, avx512::nf4_runs)),
+            Level::Avx2 => Some((8, avx2::nf4_runs)),
+            _ => None,
+        };
+        if let Some((step, runs)) = simd {
+            let whole = out.len() / step * step;
+            // SAFETY: the level says the CPU has the path's features; the loop reads whole / 2
+            // bytes and writes whole values, both inside the slices.
+            unsafe { runs(&mut out[..whole], &bytes[..whole / 2], lut) };
+            return nf4_scalar(&mut out[whole..], &bytes[whole / 2..], lut);
         }
-        return nf4_scalar(&mut out[whole..], &bytes[whole / 2..], lut);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::level() >= crate::cpu::Level::Avx2 {
-        let whole = out.len() / 8 * 8;
-        // SAFETY: the CPU has AVX2; the loop reads whole / 2 bytes and writes whole values,
-        // both inside the slices.
-        unsafe { avx2::nf4_runs(&mut out[..whole], &bytes[..whole / 2], lut) };
-        if whole == out.len() {
-            return;
-        }
-        return nf4_scalar(&mut out[whole..], &bytes[whole / 2..], lut);
     }
     nf4_scalar(out, bytes, lut)
 }
