@@ -16,6 +16,11 @@ use plan::frugal::family::{Norm, Positions};
 use plan::frugal::units::{Role, UnitKind};
 use plan::frugal::{StepAct, StepKind};
 
+/// KV positions from which a decode step whose (row, KV head) tasks do not share out evenly over
+/// the threads splits each task's KV range (SmolLM2's 3 KV heads on 2 threads: 75 → 89 tokens/s
+/// at 210 positions; at a few dozen the merge costs about what the idle thread does).
+const UNEVEN_SPLIT_FROM: usize = 128;
+
 impl<B: InferOps> Worker<B> {
     /// Appends `n` slots to `id`, pushing each new token's (block, slot); a shared block it
     /// writes into is copied first, in every layer's cache.
@@ -46,7 +51,9 @@ impl<B: InferOps> Worker<B> {
         Ok(())
     }
 
-    fn splits(&self, kind: StepKind, rows: usize) -> usize {
+    /// KV splits per (row, KV head) task of a step of `rows` rows whose longest sequence holds
+    /// `longest` positions.
+    fn splits(&self, kind: StepKind, rows: usize, longest: usize) -> usize {
         let planned = self.setup.split_k as usize;
         if kind == StepKind::Prefill || planned <= 1 {
             return 1;
@@ -57,7 +64,11 @@ impl<B: InferOps> Worker<B> {
             SplitK::Auto => {
                 let tasks = (rows * self.config.shape.n_kv_heads as usize).max(1);
                 let threads = rayon::current_num_threads();
-                if tasks >= threads {
+                // Tasks that do not share out evenly (3 KV heads on 2 threads) are split too
+                // once the KV range is long enough for the idle thread to matter more than the
+                // split's merge.
+                let even = tasks % threads == 0 || tasks >= 4 * threads;
+                if tasks >= threads && (even || longest < UNEVEN_SPLIT_FROM) {
                     1
                 } else {
                     (2 * threads).div_ceil(tasks).min(planned)
@@ -96,7 +107,8 @@ impl<B: InferOps> Worker<B> {
             StepKind::Decode => Phase::Decode,
         };
         self.arena.enter(phase);
-        let splits = self.splits(kind, tokens.len());
+        let longest = positions.iter().max().map_or(0, |&p| p as usize + 1);
+        let splits = self.splits(kind, tokens.len(), longest);
         self.run(
             kind, &tokens, &positions, &slots, &owners, splits, logit_rows, logits,
         );
