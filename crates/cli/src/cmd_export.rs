@@ -100,11 +100,12 @@ fn check_finished_model(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
         "{} holds the run's finished model (step {finished}), newer than its newest snapshot \
          ({}, step {}): exporting the folder would give the snapshot's older weights. The \
          finished model is already in transformers' layout (adapters in PEFT's; `frugal train \
-         --merge` also writes them merged into DIR/merged): load {} as it is, or name a \
+         --merge` also writes them merged into {}/merged): load {} as it is, or name a \
          snapshot to export it (frugal export {} --hf ...)",
         path.display(),
         snap.dir.display(),
         snap.state.step,
+        path.display(),
         path.display(),
         snap.dir.display()
     )

@@ -12,15 +12,11 @@ fn fit_weighs_the_files_own_tensors_and_its_plan_command_agrees() {
     let file = gguf::Gguf::open(&model).unwrap();
     let tensor_bytes: u64 = file.tensors.iter().map(|t| t.bytes()).sum();
     let path = model.to_str().unwrap();
-    let v = json(&frugal(&[
-        "fit",
-        "--infer",
-        "--model",
-        path,
-        "--device-memory",
-        "1GiB",
-        "--json",
-    ]));
+    let fit = |extra: &[&str]| {
+        let base = ["fit", "--infer", "--model", path, "--device-memory", "1GiB"];
+        json(&frugal(&[&base[..], extra, &["--json"]].concat()))
+    };
+    let v = fit(&[]);
     let best = &v["best"][0];
     assert_eq!(best["serving"]["weights"], "ggml", "{best}");
     assert_eq!(best["weights_bytes"], tensor_bytes, "{best}");
@@ -32,17 +28,7 @@ fn fit_weighs_the_files_own_tensors_and_its_plan_command_agrees() {
     assert_eq!(plan["per_device"]["params_bytes"], tensor_bytes, "{plan}");
     assert_eq!(plan["per_device"]["total_bytes"], best["total_bytes"]);
     // Pinned to ggml: only the file's format; a model that is not a GGUF file has no ggml.
-    let pinned = json(&frugal(&[
-        "fit",
-        "--infer",
-        "--model",
-        path,
-        "--device-memory",
-        "1GiB",
-        "--weights",
-        "ggml",
-        "--json",
-    ]));
+    let pinned = fit(&["--weights", "ggml"]);
     let weights: Vec<_> = pinned["best"]
         .as_array()
         .unwrap()
