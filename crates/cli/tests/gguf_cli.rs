@@ -55,8 +55,9 @@ fn the_embedded_tokenizer_gives_llama_cpps_ids() {
 }
 
 #[test]
-fn greedy_generation_starts_as_llama_cpps_and_measures_its_plan() {
+fn greedy_generation_parts_from_llama_cpps_only_at_near_ties_and_measures_its_plan() {
     let model = smollm2();
+    let mut agreed = 0;
     for case in common::smollm2_llamacpp()["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
         let out = frugal(&[
@@ -66,21 +67,19 @@ fn greedy_generation_starts_as_llama_cpps_and_measures_its_plan() {
             "--prompt",
             prompt,
             "--max-new-tokens",
-            "16",
+            "48",
             "--json",
         ]);
         let v = json(&out);
         assert_eq!(v["prompt_token_ids"], case["prompt_ids"], "{prompt}");
-        // Both multiply the file's Q4_1 values by activations rounded to 8 bits, each its own
-        // way (the ggml default here). The first tokens agree on every prompt (up to 48 of 48
-        // on some): dev/golden_smollm2.py records llama.cpp's.
-        let (ours, theirs) = (
-            v["tokens"].as_array().unwrap(),
-            case["tokens"].as_array().unwrap(),
-        );
-        assert_eq!(ours[..5], theirs[..5], "{prompt}: {:?}", v["text"]);
+        // Both multiply the file's Q4_1 values by activations rounded to 8 bits in ggml's
+        // blocks (the ggml default here; the products are ggml's bit for bit), and part only
+        // where llama.cpp's top two logits nearly tie: dev/golden_smollm2.py records its
+        // tokens and margins.
+        agreed += common::parts_only_at_a_near_tie(case, v["tokens"].as_array().unwrap());
         assert_eq!(v["planned"], v["measured"], "planned == measured");
     }
+    assert!(agreed >= 24, "{agreed} tokens agree over five prompts");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! SmolLM2-135M-Instruct's Q4_1 GGUF run in its own blocks (`--weights ggml`, the default for a
-//! quantized GGUF): greedy text starts as llama.cpp's (`dev/golden_smollm2.py` records it), the
+//! quantized GGUF): greedy text follows llama.cpp's up to a near tie (`dev/golden_smollm2.py` records it), the
 //! plan counts the repacked bytes exactly, and three tensor-parallel ranks each hold their share.
 
 mod common;
@@ -28,11 +28,7 @@ fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
             "ggml",
             "--json",
         ]));
-        let (ours, theirs) = (
-            v["tokens"].as_array().unwrap(),
-            case["tokens"].as_array().unwrap(),
-        );
-        assert_eq!(ours[..5], theirs[..5], "{prompt}: {:?}", v["text"]);
+        common::parts_only_at_a_near_tie(case, v["tokens"].as_array().unwrap());
         assert_eq!(v["planned"], v["measured"], "planned == measured");
         // An fp32 scale and minimum per 32 weights; the codes of the 30 layers' Q4_1 matrices
         // (106,168,320 weights) two a byte, 0.75 bytes a weight; the Q8_0 embedding's
@@ -59,11 +55,8 @@ fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
         "3",
         "--json",
     ]));
-    let theirs = common::smollm2_llamacpp()["greedy"][0]["tokens"].clone();
-    assert_eq!(
-        v["tokens"].as_array().unwrap()[..5],
-        theirs.as_array().unwrap()[..5]
-    );
+    let case = &common::smollm2_llamacpp()["greedy"][0];
+    common::parts_only_at_a_near_tie(case, v["tokens"].as_array().unwrap());
     for rank in v["ranks"].as_array().unwrap() {
         assert_eq!(rank["planned"], rank["measured"]);
     }

@@ -40,6 +40,7 @@ mod by_rows;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod ggml;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod q8avx2;
@@ -237,7 +238,8 @@ pub fn matmul_on(
                     let a = &inp[r0 * ic..(r0 + rows) * ic];
                     // SAFETY: the CPU has AVX2 (checked above); IC is whole blocks of 32.
                     let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
-                    unsafe { q8avx2::quantize(q, a, rows, ic, group, int4) };
+                    let ggml = matches!(weights, q8avx2::Weights::Grouped { group: 32, .. });
+                    unsafe { q8avx2::quantize(q, a, rows, ic, group, int4, ggml) };
                     let q = &*q;
                     by_columns(
                         &mut out[r0 * oc..(r0 + rows) * oc],

@@ -16,7 +16,9 @@
 //!   block's low and high 4 lanes take their own) applied to each block's sum, and each group's
 //!   minimum times the activations' sum over the group added once per output. Codes 0..15
 //!   packed two per byte unpack to the same 32 lanes and multiply unsigned, as int4's: the
-//!   same integer sums, so the same results as their int8 copy.
+//!   same integer sums, so the same results as their int8 copy. In groups of 32 (ggml's Q4_0 …
+//!   Q8_0 blocks) the activations are ggml's `block_q8_1` and every sum runs in ggml's order:
+//!   the products are ggml's bit for bit ([`super::ggml`]).
 //!
 //! The int8 activations live in a per-thread scratch that grows once to the largest row set
 //! seen (kernel internals, like faer's workspace, not tensors of the engine's plan). IC must be a
@@ -60,11 +62,15 @@ pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
 
 /// Quantizes `rows` rows of `a` (IC each, a multiple of 32) for weight groups of `group` (a
 /// multiple of 32 dividing IC; IC itself for one scale per row), in pairs of blocks when `pair`
-/// (int4 weights, where [`paired`] holds).
+/// (int4 weights, where [`paired`] holds). With `ggml` the blocks are ggml's `block_q8_1`, as
+/// its `quantize_row_q8_1` writes them for the dot products of its Q4_0 … Q8_0 blocks: the
+/// multiplier 127 / absmax, codes rounded to nearest even, and the scale and the scaled code
+/// sum rounded to fp16 — so a product over weights in ggml's blocks of 32 sees the activations
+/// llama.cpp's sees. Otherwise the scale stays f32.
 ///
 /// # Safety
 /// The CPU must have AVX2.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize(
     q: &mut QActs,
     a: &[f32],
@@ -72,7 +78,12 @@ pub(super) unsafe fn quantize(
     ic: usize,
     group: usize,
     pair: bool,
+    ggml: bool,
 ) {
+    assert!(
+        !ggml || group == 32,
+        "ggml's activation blocks serve groups of 32"
+    );
     assert!(ic.is_multiple_of(32) && (group == 16 || group.is_multiple_of(32)));
     assert!(ic.is_multiple_of(group));
     let blocks = ic / 32;
@@ -97,7 +108,12 @@ pub(super) unsafe fn quantize(
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
             let d = amax / 127.0;
-            let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let inv = match ggml {
+                true if amax != 0.0 => 127.0 / amax,
+                false if d > 0.0 => 1.0 / d,
+                _ => 0.0,
+            };
+            let inv = _mm256_set1_ps(inv);
             // cvtps rounds to nearest even (the default MXCSR mode), as `round_ties_even`.
             let v: [__m256i; 4] =
                 std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv)));
@@ -123,6 +139,13 @@ pub(super) unsafe fn quantize(
                 ps[..4].fill(d0);
                 ps[4..].fill(d);
             }
+            if ggml {
+                // ggml keeps the block's scale, and its code sum times the scale, as fp16.
+                let fp16 = |x: f32| f16::from_f32(x).to_f32();
+                q.scales[r * blocks + s] = fp16(d);
+                q.group_sums[r * blocks + s] = fp16(d * hsum_i32(sum) as f32);
+                continue;
+            }
             q.scales[r * blocks + s] = d;
             if group == 16 {
                 let sums = &mut q.group_sums[r * (ic / 16) + 2 * s..][..2];
@@ -145,7 +168,7 @@ pub(super) fn paired(ic: usize, group: usize) -> bool {
 pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
     let mut q = QActs::default();
     // SAFETY: only called where the AVX2 path runs (the tests check the CPU first).
-    unsafe { quantize(&mut q, a, rows, ic, ic, false) };
+    unsafe { quantize(&mut q, a, rows, ic, ic, false, false) };
     q.codes
         .iter()
         .enumerate()

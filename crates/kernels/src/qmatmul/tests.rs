@@ -62,6 +62,15 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                     QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. }
                 );
                 let integer = isa == Isa::Avx2 || (int8 && isa != Isa::Portable);
+                if integer && ggml_blocks(w) {
+                    // ggml's blocks of 32: ggml's own arithmetic, bit for bit.
+                    ggml::reference(&mut want, &inp, w, n, ic, oc);
+                    let mut got = vec![f32::NAN; n * oc];
+                    matmul_on(isa, &mut got, &inp, w, n, ic, oc);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{name} {} n={n}", isa.name());
+                    continue;
+                }
                 if integer && q8_weights(w, ic).is_some() {
                     // So does the AVX2 integer path (int4, grouped, and int8 in whole blocks of
                     // 32).
@@ -209,6 +218,14 @@ fn rows_that_end_in_half_a_128_weight_chunk_match_the_reference() {
         };
         check_all(&format!("int4 ic={ic} group={group}"), &w, ic, oc);
     }
+}
+
+/// Weights in ggml's blocks of 32, which the integer paths multiply in ggml's arithmetic.
+fn ggml_blocks(w: &QWeight) -> bool {
+    matches!(
+        w,
+        QWeight::Grouped { group: 32, .. } | QWeight::Grouped4 { group: 32, .. }
+    )
 }
 
 #[test]

@@ -33,7 +33,7 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize>(
             let mut total = hsum(acc[j][r]);
             if let Some(m) = mins {
                 let sums = &q.group_sums[r * groups..(r + 1) * groups];
-                total += min_share(&m[o * groups..(o + 1) * groups], sums);
+                total += min_share(&m[o * groups..(o + 1) * groups], sums, group == 32);
             }
             out[r * oc + o] = total;
         }
@@ -102,10 +102,17 @@ unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool>(
     acc
 }
 
-/// Σ_g min_g · sums_g.
+/// Σ_g min_g · sums_g: for ggml's blocks of 32 (`ggml`) one fused multiply-add a block in
+/// order, as ggml's Q4_1 and Q5_1 dot products accumulate it; otherwise eight lanes at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn min_share(mins: &[f32], sums: &[f32]) -> f32 {
+unsafe fn min_share(mins: &[f32], sums: &[f32], ggml: bool) -> f32 {
+    if ggml {
+        return mins
+            .iter()
+            .zip(sums)
+            .fold(0.0, |acc, (m, s)| m.mul_add(*s, acc));
+    }
     let body = mins.len() / 8 * 8;
     let mut share = _mm256_setzero_ps();
     for g in (0..body).step_by(8) {
