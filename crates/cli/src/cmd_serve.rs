@@ -186,15 +186,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let engine_tok = tok.clone();
     let metrics = Arc::new(metrics::Metrics::default());
     let engine_metrics = metrics.clone();
+    // The engine drives its pool from one of the pool's workers (see `workers`).
+    let pool = match pool {
+        Some(p) => p,
+        None => crate::workers::machine("engine")?,
+    };
     let engine = std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || {
-            let run = || engine::run(worker, engine_tok, queue, engine_metrics, pd);
-            match pool {
-                Some(p) => p.install(run),
-                None => run(),
-            }
-        })
+        .spawn(move || pool.install(|| engine::run(worker, engine_tok, queue, engine_metrics, pd)))
         .context("starting the engine thread")?;
     let state = Arc::new(State {
         name: args.model.display().to_string(),
@@ -304,13 +303,7 @@ fn disaggregate(
             args.prefill_ranks
         );
     }
-    let pool = |n: usize, name: &'static str| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .thread_name(move |i| format!("{name} {i}"))
-            .build()
-            .context("starting a thread pool")
-    };
+    let pool = crate::workers::pool;
     let decode_setup = ServeSetup {
         prefill_chunk: 1,
         ..setup

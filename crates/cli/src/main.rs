@@ -21,6 +21,7 @@ mod cmd_web;
 mod configs;
 mod model;
 mod output;
+mod workers;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -109,18 +110,23 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     silence_overflow_panics();
+    // The servers run their own threads (serve's engine on a pool of its own); every other
+    // command computes on a pool it drives from one of its workers.
     let result = std::panic::catch_unwind(|| match cli.command {
-        Command::Formats(args) => cmd_formats::run(args),
-        Command::Plan(args) => cmd_plan::run(args),
-        Command::Fit(args) => cmd_fit::run(args),
-        Command::Train(args) => cmd_train::run(args),
-        Command::Bench(args) => cmd_bench::run(args),
-        Command::Export(args) => cmd_export::run(args),
-        Command::Generate(args) => cmd_generate::run(args),
         Command::Web(args) => cmd_web::run(args),
-        Command::Tokenize(args) => cmd_tokenize::run(args),
-        Command::Perplexity(args) => cmd_perplexity::run(args),
         Command::Serve(args) => cmd_serve::run(args),
+        command => workers::install(|| match command {
+            Command::Formats(args) => cmd_formats::run(args),
+            Command::Plan(args) => cmd_plan::run(args),
+            Command::Fit(args) => cmd_fit::run(args),
+            Command::Train(args) => cmd_train::run(args),
+            Command::Bench(args) => cmd_bench::run(args),
+            Command::Export(args) => cmd_export::run(args),
+            Command::Generate(args) => cmd_generate::run(args),
+            Command::Tokenize(args) => cmd_tokenize::run(args),
+            Command::Perplexity(args) => cmd_perplexity::run(args),
+            Command::Web(_) | Command::Serve(_) => unreachable!("matched above"),
+        }),
     });
     let result = match result {
         Ok(result) => result,

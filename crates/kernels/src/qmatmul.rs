@@ -232,6 +232,8 @@ pub fn matmul_on(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 || (int8 && isa != Isa::Portable) {
         if let Some((weights, group)) = q8_weights(w, ic) {
+            // VNNI (AVX-512 VL) where the path allows it: one instruction for four products.
+            let vnni = isa == Isa::Avx512Vnni;
             return q8avx2::with_scratch(|q| {
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);
@@ -247,7 +249,7 @@ pub fn matmul_on(
                         chunk,
                         |out, range| {
                             // SAFETY: as above; `q` holds `rows` rows of IC.
-                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range) }
+                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range, vnni) }
                         },
                     );
                 }

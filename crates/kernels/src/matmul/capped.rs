@@ -57,7 +57,22 @@ pub fn matmul(
         Path::Faer => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par),
         #[cfg(target_arch = "x86_64")]
         Path::FaerAvx2 => avx2(dst, accum, lhs, rhs, alpha, par),
-        _ => portable(dst, accum, lhs, rhs, alpha),
+        _ => return portable(dst, accum, lhs, rhs, alpha),
+    }
+    clean_upper();
+}
+
+/// Clears the upper halves of the vector registers (`vzeroupper`) on a CPU with AVX. faer
+/// returns with them dirty, and then every legacy-SSE instruction on this thread (the scalar
+/// code the crates build for baseline x86-64: a loss's `exp` loop, sampling) waits on them: a
+/// validation loss's scalar cross-entropy ran 50x slower after one faer product on the same
+/// thread (Intel Xeon with AMX).
+#[inline]
+fn clean_upper() {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::detected() >= Level::Avx2 {
+        // SAFETY: the CPU has AVX (implied by AVX2, checked above).
+        unsafe { std::arch::x86_64::_mm256_zeroupper() }
     }
 }
 

@@ -203,13 +203,14 @@ pub(super) enum Codes<'a> {
     U4(&'a [u8]),
 }
 
-/// out[r][o] for `rows` activation rows and the output rows in `range`.
+/// out[r][o] for `rows` activation rows and the output rows in `range`; with `vnni` each
+/// block's four-product sums take one `vpdpbusd` (AVX-512 VNNI on 256 bits) instead of
+/// `vpmaddubsw` and `vpmaddwd`: the same integers, so the same results.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `q` holds `rows` quantized rows of IC; the weights
-/// hold the (OC, IC) matrix.
+/// The CPU must have AVX2, FMA and F16C, and AVX-512 VL and VNNI with `vnni`; `q` holds `rows`
+/// quantized rows of IC; the weights hold the (OC, IC) matrix.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows(
     out: &mut [f32],
     q: &QActs,
@@ -218,12 +219,40 @@ pub(super) unsafe fn rows(
     ic: usize,
     oc: usize,
     range: Range<usize>,
+    vnni: bool,
 ) {
-    by_rows!(rows, rows_n(out, q, w, ic, oc, range))
+    match vnni {
+        true => by_rows!(rows, rows_vnni(out, q, w, ic, oc, range)),
+        false => by_rows!(rows, rows_avx2(out, q, w, ic, oc, range)),
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_n<const R: usize>(
+unsafe fn rows_avx2<const R: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    rows_n::<R, false>(out, q, w, ic, oc, range)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_vnni<const R: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    rows_n::<R, true>(out, q, w, ic, oc, range)
+}
+
+#[inline(always)]
+unsafe fn rows_n<const R: usize, const V: bool>(
     out: &mut [f32],
     q: &QActs,
     w: &Weights,
@@ -237,27 +266,30 @@ unsafe fn rows_n<const R: usize>(
     // its scale broadcast) serves both. Each output's sum runs in the same order either way.
     let mut o = range.start;
     while (4..=5).contains(&R) && o + 2 <= range.end {
-        outputs::<R, 2>(out, q, w, ic, oc, o);
+        outputs::<R, 2, V>(out, q, w, ic, oc, o);
         o += 2;
     }
     while o < range.end {
-        outputs::<R, 1>(out, q, w, ic, oc, o);
+        outputs::<R, 1, V>(out, q, w, ic, oc, o);
         o += 1;
     }
 }
 
-/// 16 pair sums of u8 × i8, then 8 int32 lanes, as f32.
+/// u8 × i8 summed four at a time into 8 int32 lanes (lane k: bytes 4k..4k+4), as f32: one
+/// `vpdpbusd` with `V` (VNNI), else 16 pair sums then their pairs.
 #[inline(always)]
-unsafe fn dot32(w: __m256i, a: __m256i) -> __m256 {
+unsafe fn dot32<const V: bool>(w: __m256i, a: __m256i) -> __m256 {
+    if V {
+        return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a));
+    }
     let pairs = _mm256_maddubs_epi16(w, a);
     _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
 
 /// Output rows `o0 .. o0 + O` for the `R` activation rows.
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn outputs<const R: usize, const O: usize>(
+#[inline(always)]
+unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
     out: &mut [f32],
     q: &QActs,
     w: &Weights,
@@ -361,7 +393,7 @@ unsafe fn outputs<const R: usize, const O: usize>(
                         let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
                         for j in 0..O {
                             let d = _mm256_mul_ps(da, dw[j]);
-                            acc[j][r] = _mm256_fmadd_ps(dot32(wv[j], a), d, acc[j][r]);
+                            acc[j][r] = _mm256_fmadd_ps(dot32::<V>(wv[j], a), d, acc[j][r]);
                         }
                     }
                 }
@@ -386,7 +418,7 @@ unsafe fn outputs<const R: usize, const O: usize>(
                     let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
                     let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
                     for j in 0..O {
-                        let p = dot32(wabs[j], _mm256_sign_epi8(a, wv[j]));
+                        let p = dot32::<V>(wabs[j], _mm256_sign_epi8(a, wv[j]));
                         acc[j][r] = _mm256_fmadd_ps(p, da, acc[j][r]);
                     }
                 }
@@ -403,7 +435,7 @@ unsafe fn outputs<const R: usize, const O: usize>(
             scales,
             mins,
             group,
-        } => grouped::outputs::<R, O>(out, q, codes, scales, mins, group, ic, oc, o0),
+        } => grouped::outputs::<R, O, V>(out, q, codes, scales, mins, group, ic, oc, o0),
     }
 }
 

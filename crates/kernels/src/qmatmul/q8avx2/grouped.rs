@@ -8,10 +8,9 @@ use std::arch::x86_64::*;
 /// Grouped int8: each block's sum scaled by its activation scale and its group's weight scale
 /// (per half block for groups of 16); the minima's share added at the end.
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn outputs<const R: usize, const O: usize>(
+pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
     out: &mut [f32],
     q: &QActs,
     codes: Codes,
@@ -23,8 +22,8 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize>(
     o0: usize,
 ) {
     let acc = match codes {
-        Codes::I8(c) => sums::<R, O, false>(q, c.as_ptr() as *const u8, scales, group, ic, o0),
-        Codes::U4(c) => sums::<R, O, true>(q, c.as_ptr(), scales, group, ic, o0),
+        Codes::I8(c) => sums::<R, O, false, V>(q, c.as_ptr() as *const u8, scales, group, ic, o0),
+        Codes::U4(c) => sums::<R, O, true, V>(q, c.as_ptr(), scales, group, ic, o0),
     };
     let groups = ic / group;
     for j in 0..O {
@@ -43,9 +42,8 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize>(
 /// The scaled block sums of outputs `o0 .. o0 + O` for the `R` activation rows, over codes at
 /// `base` (one byte each, or two a byte when `NIBBLES`).
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool>(
+#[inline(always)]
+unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool, const V: bool>(
     q: &QActs,
     base: *const u8,
     scales: &[f32],
@@ -94,7 +92,7 @@ unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool>(
                     true => a,
                     false => _mm256_sign_epi8(a, wv[j]),
                 };
-                let p = dot32(wabs[j], a);
+                let p = dot32::<V>(wabs[j], a);
                 acc[j][r] = _mm256_fmadd_ps(p, _mm256_mul_ps(da, dw[j]), acc[j][r]);
             }
         }
