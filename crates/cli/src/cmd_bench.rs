@@ -237,6 +237,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
                 base: a.lora_base,
                 double_quant: a.double_quant,
                 dropout: 0.0,
+                ggml: None,
             },
             alpha: rank as f32,
         }),

@@ -249,6 +249,7 @@ fn lora_of(snap: &Snapshot) -> anyhow::Result<Option<(plan::setup::Lora, f32)>> 
         base,
         double_quant: v["double_quant"].as_bool().ok_or_else(bad)?,
         dropout: v["dropout"].as_f64().unwrap_or(0.0) as f32,
+        ggml: None,
     };
     Ok(Some((lora, v["alpha"].as_f64().ok_or_else(bad)? as f32)))
 }
@@ -312,6 +313,12 @@ fn merge(
         bail!("--base {}: {kind}; {what}", base.display());
     }
     check_base(snap, base)?;
+    // A ggml base: the layout of the GGUF file's own blocks.
+    let mut lora = lora.clone();
+    if lora.base == plan::setup::Dtype::Ggml {
+        lora.ggml = Some(crate::model::ggml_base(Some(base))?);
+    }
+    let lora = &lora;
     let units = plan::frugal::param_units(shape, 1)?;
     let base_values = crate::model::saved::read_units(base, &units)
         .with_context(|| format!("--base {}", base.display()))?;

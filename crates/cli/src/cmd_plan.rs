@@ -263,10 +263,23 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
             base: args.lora_base,
             double_quant: args.double_quant,
             dropout: args.lora_dropout,
+            ggml: ggml_base(args),
         }),
         convention: args.convention,
         zero_buffers: plan::setup::ZeroBuffers::DEEPSPEED,
     })
+}
+
+/// `--lora-base ggml` over a quantized GGUF file: the layout of the file's blocks (`None`
+/// otherwise: the plan then says what the base needs).
+fn ggml_base(args: &Args) -> Option<plan::frugal::adapters::GgmlBase> {
+    let file = gguf_file(args).filter(|_| args.lora_base == Dtype::Ggml)?;
+    match file.own_format().ok().flatten()? {
+        WeightFormat::Ggml { group, nibbles } => {
+            Some(plan::frugal::adapters::GgmlBase { group, nibbles })
+        }
+        _ => None,
+    }
 }
 
 /// The GGUF file `--model` names (`None` for every other model, and for a pasted config).

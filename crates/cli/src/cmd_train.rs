@@ -24,8 +24,9 @@ Examples:
   frugal train --data my.txt --device-memory 512MiB   refused before step one if it won't fit
   frugal train --model run1 --lora-rank 16 --lora-base nf4 --double-quant --out adapter --merge
                                   QLoRA over run1: PEFT adapter files and merged/
-  frugal train --model model.gguf --lora-rank 8 --lora-base fp32 --out ft
-                                  LoRA over a GGUF model's weights, with its tokenizer
+  frugal train --model model.gguf --lora-rank 8 --lora-base ggml --out ft
+                                  LoRA over a GGUF model in its own quantized blocks, with its
+                                  tokenizer (the same losses as over its values in fp32)
   mpirun -n 2 frugal train --comm mpi --zero 3    ranks as MPI processes (a --features mpi build)";
 
 pub(crate) mod config;
@@ -195,7 +196,8 @@ pub struct Args {
     )]
     pub lora_targets: Vec<String>,
     /// How the frozen base's block matrices are stored: fp32, bf16, int8 (an absmax scale per
-    /// row) or nf4 (bitsandbytes' QLoRA: blocks of 64 with an fp32 absmax).
+    /// row), nf4 (bitsandbytes' QLoRA: blocks of 64 with an fp32 absmax) or ggml (a quantized
+    /// GGUF file's own blocks, its values exactly: 0.75 bytes a weight for Q4_0/Q4_1/Q4_K).
     #[arg(long, default_value_t = plan::setup::Dtype::Bf16, requires = "lora_rank")]
     pub lora_base: plan::setup::Dtype,
     /// nf4 base: bitsandbytes' double quantization of the absmax (4.127 bits per weight).

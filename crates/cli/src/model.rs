@@ -23,6 +23,7 @@ mod from_gguf;
 mod loaded;
 pub use loaded::{Loaded, Weights};
 pub mod saved;
+pub use from_gguf::{ggml_base, put_file_blocks};
 use from_gguf::{gguf_config, gguf_vocab, is_gguf_file, open_gguf};
 
 /// What `--model` names.

@@ -7,22 +7,11 @@ use engine::arena::Arena;
 use engine::backend::lora_ops::*;
 use engine::backend::Backend;
 use engine::backend::Tensor;
-use kernels::dequant::{dequantize_range, Stored};
-use plan::frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS, NF4_BLOCK};
+use kernels::dequant::dequantize_range;
+use plan::frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS};
+use plan::frugal::Role;
 
 type A = Arena<Cpu>;
-
-fn stored(format: BaseFormat, rows: usize) -> Stored {
-    match format {
-        BaseFormat::F32 => unreachable!("an fp32 base is read in place"),
-        BaseFormat::Bf16 => Stored::Bf16,
-        BaseFormat::Int8 => Stored::Int8 { rows },
-        BaseFormat::Nf4 { double_quant } => Stored::Nf4 {
-            block: NF4_BLOCK as usize,
-            double: double_quant,
-        },
-    }
-}
 
 /// The tables the NF4 layouts index: the 16 levels and bitsandbytes' dynamic map.
 fn tables() -> &'static ([f32; 16], [f32; 256]) {
@@ -38,14 +27,14 @@ fn tables() -> &'static ([f32; 16], [f32; 256]) {
 fn for_tiles(
     a: &A,
     part: &FrozenPart,
-    format: BaseFormat,
+    (format, role): (BaseFormat, Role),
     scratch: Option<Tensor>,
     ic: usize,
     mut gemm: impl FnMut(Tensor, usize, usize),
 ) {
-    if format == BaseFormat::F32 {
+    let Some(stored) = engine::lora::base::stored(format, role, part.rows) else {
         return gemm(part.src, 0, part.rows);
-    }
+    };
     let scratch = scratch.expect("a quantized base has a dequant scratch");
     let (levels, map) = tables();
     let tile = DEQUANT_TILE_ROWS as usize;
@@ -55,7 +44,6 @@ fn for_tiles(
         {
             let src = a.view::<u8>(part.src);
             let mut out = a.view_mut::<f32>(dst);
-            let stored = stored(format, part.rows);
             dequantize_range(&mut out, &src, stored, part.rows * ic, r0 * ic, levels, map);
         }
         gemm(dst, r0, rows);
@@ -64,35 +52,55 @@ fn for_tiles(
 
 pub fn frozen_linear(a: &A, op: &FrozenLinear) {
     for part in op.parts.iter().flatten() {
-        for_tiles(a, part, op.format, op.scratch, op.ic, |w, r0, rows| {
-            let col0 = part.col0 + r0;
-            let bias = op.bias.map(|b| b.slice(col0..col0 + rows));
-            let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
-            let bias = bias.map(|b| a.view::<f32>(b));
-            let mut out = a.view_mut::<f32>(op.out);
-            let cols = (col0, rows);
-            kernels::lora::forward_cols(
-                &mut out,
-                &x,
-                &w,
-                bias.as_deref(),
-                op.n,
-                op.ic,
-                op.oc,
-                cols,
-            );
-        });
+        for_tiles(
+            a,
+            part,
+            (op.format, op.role),
+            op.scratch,
+            op.ic,
+            |w, r0, rows| {
+                let col0 = part.col0 + r0;
+                let bias = op.bias.map(|b| b.slice(col0..col0 + rows));
+                let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
+                let bias = bias.map(|b| a.view::<f32>(b));
+                let mut out = a.view_mut::<f32>(op.out);
+                let cols = (col0, rows);
+                kernels::lora::forward_cols(
+                    &mut out,
+                    &x,
+                    &w,
+                    bias.as_deref(),
+                    op.n,
+                    op.ic,
+                    op.oc,
+                    cols,
+                );
+            },
+        );
     }
 }
 
 pub fn frozen_linear_backward(a: &A, op: &FrozenLinearBackward) {
     for part in op.parts.iter().flatten() {
-        for_tiles(a, part, op.format, op.scratch, op.ic, |w, r0, rows| {
-            let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
-            let mut dinp = a.view_mut::<f32>(op.dinp);
-            let shape = (op.n, op.ic, op.oc);
-            kernels::lora::backward_input_cols(&mut dinp, &dout, &w, shape, (part.col0 + r0, rows));
-        });
+        for_tiles(
+            a,
+            part,
+            (op.format, op.role),
+            op.scratch,
+            op.ic,
+            |w, r0, rows| {
+                let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
+                let mut dinp = a.view_mut::<f32>(op.dinp);
+                let shape = (op.n, op.ic, op.oc);
+                kernels::lora::backward_input_cols(
+                    &mut dinp,
+                    &dout,
+                    &w,
+                    shape,
+                    (part.col0 + r0, rows),
+                );
+            },
+        );
     }
 }
 

@@ -52,6 +52,10 @@ fn main() {
             block: 64,
             double: true,
         },
+        Stored::Grouped {
+            group: 32,
+            nibbles: true,
+        },
     ] {
         let mut src: Vec<u8> = (0..stored.bytes(n))
             .map(|i| (i * 131 % 251) as u8)
@@ -70,6 +74,7 @@ fn main() {
                 n / 2 + n / 64,
                 (n / 64).div_ceil(NESTED_BLOCK) + 1,
             ),
+            Stored::Grouped { group, .. } => finite(&mut src, n / 2, 2 * n / group),
         }
         if let Stored::Nf4 { double: true, .. } = stored {
             // Dequant + GEMM: the whole matrix at once, against tiles of rows the GEMM reads

@@ -9,6 +9,9 @@
 //!   quantization one u8 code per block into the signed dynamic map, one f32 scale per 256 blocks
 //!   and one f32 offset: absmax = map[code] × scale + offset; w = level[code] × absmax.
 //!
+//! - [`Stored::Grouped`]: a GGUF file's blocks as inference's `ggml` weights hold them (see
+//!   `grouped`).
+//!
 //! Work splits over rayon by runs of whole blocks; NF4 decodes 16 values per AVX-512 `vpermps`
 //! when the CPU has it (chosen at run time); [`reference`] decodes value by value.
 //!
@@ -24,6 +27,8 @@
 
 use rayon::prelude::*;
 
+mod grouped;
+
 /// bitsandbytes' blocks of absmax values per second-level scale (double quantization).
 pub const NESTED_BLOCK: usize = 256;
 
@@ -34,8 +39,18 @@ const TASK: usize = 1 << 14;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {
     Bf16,
-    Int8 { rows: usize },
-    Nf4 { block: usize, double: bool },
+    Int8 {
+        rows: usize,
+    },
+    Nf4 {
+        block: usize,
+        double: bool,
+    },
+    /// Codes (two a byte with `nibbles`), an f32 scale and an f32 minimum per `group`.
+    Grouped {
+        group: usize,
+        nibbles: bool,
+    },
 }
 
 impl Stored {
@@ -52,6 +67,7 @@ impl Stored {
                     false => codes + 4 * blocks,
                 }
             }
+            Stored::Grouped { group, nibbles } => grouped::bytes(n, group, nibbles),
         }
     }
 }
@@ -90,6 +106,9 @@ pub fn dequantize_range(
         "{} bytes for {n} values",
         src.len()
     );
+    if let Stored::Grouped { group, nibbles } = stored {
+        return grouped::range(out, src, n, first, group, nibbles);
+    }
     if first == 0 && out.len() == n {
         return whole(out, src, stored, levels, map);
     }
@@ -118,6 +137,7 @@ pub fn dequantize_range(
                 }
             });
         }
+        Stored::Grouped { .. } => unreachable!("decoded above"),
         Stored::Nf4 { .. } => {
             let mut all = vec![0.0f32; n];
             reference::dequantize(&mut all, src, stored, levels, map);
@@ -143,6 +163,7 @@ fn nf4_absmax(rest: &[u8], blocks: usize, b: usize, double: bool, map: &[f32; 25
 fn whole(out: &mut [f32], src: &[u8], stored: Stored, levels: &[f32; 16], map: &[f32; 256]) {
     let n = out.len();
     match stored {
+        Stored::Grouped { group, nibbles } => grouped::range(out, src, n, 0, group, nibbles),
         Stored::Bf16 => out.par_chunks_mut(TASK).enumerate().for_each(|(t, o)| {
             let s = &src[2 * t * TASK..];
             for (j, x) in o.iter_mut().enumerate() {
@@ -309,6 +330,9 @@ pub mod reference {
                     let code = if i % 2 == 0 { byte >> 4 } else { byte & 0xF };
                     levels[code as usize] * absmax
                 }
+                Stored::Grouped { group, nibbles } => {
+                    super::grouped::value(src, n, i, group, nibbles)
+                }
             };
         }
     }
@@ -357,6 +381,7 @@ mod tests {
                     let blocks = n / 64;
                     fix(&mut src, n / 2 + blocks, blocks.div_ceil(NESTED_BLOCK) + 1)
                 }
+                Stored::Grouped { .. } => unreachable!("tested below"),
             }
             let (mut fast, mut slow) = (vec![0.0; n], vec![1.0; n]);
             dequantize(&mut fast, &src, stored, &levels, &map);
@@ -373,6 +398,61 @@ mod tests {
                 dequantize_range(&mut tile, &src, stored, n, first, &levels, &map);
                 assert_eq!(tile, slow[first..first + len], "{stored:?} {first}+{len}");
             }
+        }
+    }
+
+    #[test]
+    fn grouped_blocks_give_inferences_ggml_values_bit_for_bit() {
+        use crate::qmatmul::{pack_nibbles, QWeight};
+        let mut r = SplitMix64::new(3);
+        let mut unit = || (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        let (rows, cols) = (40, 96);
+        let n = rows * cols;
+        for (group, nibbles) in [(32, true), (32, false), (16, false)] {
+            let codes: Vec<u8> = (0..n)
+                .map(|i| match nibbles {
+                    true => (i * 7 % 16) as u8,
+                    false => (i * 37 % 256) as u8,
+                })
+                .collect();
+            let scales: Vec<f32> = (0..n / group).map(|_| unit() * 0.1).collect();
+            let mins: Vec<f32> = (0..n / group).map(|_| unit() - 0.5).collect();
+            let mut src = match nibbles {
+                true => pack_nibbles(&codes),
+                false => codes.clone(),
+            };
+            src.extend(scales.iter().chain(&mins).flat_map(|x| x.to_le_bytes()));
+            let stored = Stored::Grouped { group, nibbles };
+            assert_eq!(src.len(), stored.bytes(n));
+            let signed: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+            let w = match nibbles {
+                true => QWeight::Grouped4 {
+                    codes: &src[..n / 2],
+                    scales: &scales,
+                    mins: Some(&mins),
+                    group,
+                },
+                false => QWeight::Grouped {
+                    codes: &signed,
+                    scales: &scales,
+                    mins: Some(&mins),
+                    group,
+                },
+            };
+            let want: Vec<u32> = (0..n)
+                .map(|i| w.at(i / cols, i % cols, cols).to_bits())
+                .collect();
+            let (levels, map) = ([0.0f32; 16], [0.0f32; 256]);
+            let mut all = vec![0.0f32; n];
+            dequantize(&mut all, &src, stored, &levels, &map);
+            assert_eq!(all.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+            // A tile of rows 7..30 (whole sub-blocks of 32), and a range that starts inside one.
+            let mut tile = vec![0.0f32; 23 * cols];
+            dequantize_range(&mut tile, &src, stored, n, 7 * cols, &levels, &map);
+            assert_eq!(tile, all[7 * cols..30 * cols]);
+            let mut odd = vec![0.0f32; 45];
+            dequantize_range(&mut odd, &src, stored, n, 5, &levels, &map);
+            assert_eq!(odd, all[5..50]);
         }
     }
 }

@@ -259,6 +259,7 @@ fn setups_plain_pytorch_does_not_run_are_typed_errors() {
         base: Dtype::Bf16,
         double_quant: false,
         dropout: 0.0,
+        ggml: None,
     });
     let err = training_detail(&moe, &setup, imp).unwrap_err();
     assert!(err.to_string().contains("experts"), "{err}");

@@ -112,6 +112,7 @@ fn qlora_shrinks_states() {
         base: Dtype::Nf4,
         double_quant: true,
         dropout: 0.0,
+        ggml: None,
     });
     let plan = formula::training_plan(&m, &s).unwrap();
     let peaks = plan.category_peaks(Device::Gpu);
@@ -143,6 +144,7 @@ fn bad_setups_name_the_flag() {
         base: Dtype::Bf16,
         double_quant: false,
         dropout: 0.0,
+        ggml: None,
     });
     assert_eq!(field(&s), "--lora-targets");
 }

@@ -17,6 +17,7 @@ fn qlora_7b(double_quant: bool) -> plan::MemoryPlan {
             base: Dtype::Nf4,
             double_quant,
             dropout: 0.0,
+            ggml: None,
         }),
         ..TrainSetup::new(1, 512)
     };
@@ -59,6 +60,7 @@ fn lora_over_experts_or_latent_attention_is_refused_with_the_alternative() {
         base: Dtype::Bf16,
         double_quant: false,
         dropout: 0.0,
+        ggml: None,
     };
     for name in ["mixtral-tiny", "deepseek-tiny"] {
         let mut model = plan::presets::by_name(name).unwrap();

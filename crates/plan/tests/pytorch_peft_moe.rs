@@ -24,6 +24,7 @@ fn lora(rank: u32, targets: &[&str], base: Dtype) -> Option<Lora> {
         base,
         double_quant: true,
         dropout: 0.0,
+        ggml: None,
     })
 }
 

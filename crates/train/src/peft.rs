@@ -127,7 +127,8 @@ pub fn merged_tensors(trainer: &Trainer, gathered: Option<&[Vec<f32>]>) -> Vec<H
 
 /// The merged model on the host, from the base's HF weights (`base`: the full model's units,
 /// `io::read_units`) and the adapters' units (a LoRA snapshot's weights): each block matrix
-/// rounded through the base format (dequant(quant(W)), what training saw), plus (α/r)·B·A.
+/// rounded through the base format (dequant(quant(W)), what training saw), plus (α/r)·B·A. A
+/// `ggml` base's values are a GGUF file's own, which `base` holds already.
 pub fn merge_host(
     shape: &plan::ModelShape,
     lora: &plan::setup::Lora,
@@ -139,7 +140,8 @@ pub fn merge_host(
     let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;
     let format = BaseFormat::of(lora)?;
     let matrices = engine::lora::all_matrices(shape, lora);
-    for (unit, values) in units.iter().zip(base.iter_mut()) {
+    let rounded = !matches!(format, BaseFormat::Ggml(_));
+    for (unit, values) in units.iter().zip(base.iter_mut()).filter(|_| rounded) {
         let UnitKind::Block(layer) = unit.kind else {
             continue;
         };
@@ -149,8 +151,9 @@ pub fn merge_host(
             for p in &m.parts {
                 let start = view.start + p.row_offset as usize * cols;
                 let rows = &mut values[start..start + p.rows as usize * cols];
-                let bytes = engine::lora::base::pack_part(rows, p.rows as usize, cols, format);
-                engine::lora::base::decode_part(rows, &bytes, p.rows as usize, format);
+                let (base, n) = (engine::lora::base::pack_part, p.rows as usize);
+                let bytes = base(rows, m.role, n, cols, format);
+                engine::lora::base::decode_part(rows, &bytes, n, format, m.role);
             }
         }
     }

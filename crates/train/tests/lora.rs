@@ -19,6 +19,7 @@ fn lora(base: Dtype, double_quant: bool, targets: &str) -> LoraConfig {
             base,
             double_quant,
             dropout: 0.0,
+            ggml: None,
         },
         alpha: 8.0,
         base_weights: None,

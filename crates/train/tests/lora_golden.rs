@@ -22,6 +22,7 @@ fn run(file: &str) {
         base: Dtype::F32,
         double_quant: false,
         dropout: 0.0,
+        ggml: None,
     };
     let config = TrainConfig {
         attention: plan::setup::Attention::Eager,

@@ -132,6 +132,7 @@ fn changed_lora_settings_are_refused() {
             base: plan::setup::Dtype::F32,
             double_quant: false,
             dropout: 0.0,
+            ggml: None,
         },
         alpha: 16.0,
         base_weights: None,

@@ -249,6 +249,7 @@ fn lora(args: &Args) -> anyhow::Result<Option<train::LoraConfig>> {
             base: args.lora_base,
             double_quant: args.double_quant,
             dropout: args.lora_dropout,
+            ggml: None,
         },
         alpha,
         base_weights: None,
@@ -296,6 +297,16 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         None => None,
     };
     let mut lora = lora(args)?;
+    // A ggml base holds the GGUF file's own blocks: their layout comes from the file.
+    if let Some(l) = lora
+        .as_mut()
+        .filter(|l| l.plan.base == plan::setup::Dtype::Ggml)
+    {
+        l.plan.ggml = Some(
+            crate::model::ggml_base(weights.as_deref())
+                .with_context(|| format!("--lora-base ggml with --model {}", args.model))?,
+        );
+    }
     // A LoRA base from a saved model: its weights' fingerprint goes into every snapshot.
     if let (Some(l), Some(dir)) = (lora.as_mut(), &weights) {
         let files = crate::model::saved::weight_files(dir)

@@ -138,6 +138,12 @@ pub fn build_rank(
             false => trainer.load_whole(read),
         }
         .with_context(|| format!("--model {}", path.display()))?;
+        // A ggml base: each block matrix as the file's own blocks.
+        if let Some(g) = trainer.model.lora.as_ref().and_then(|l| l.setup.ggml) {
+            let (model, arena) = (&trainer.model, &trainer.arena);
+            crate::model::put_file_blocks(model, arena, path, g)
+                .with_context(|| format!("--model {}", path.display()))?;
+        }
     }
     let mut loader = loader;
     if let Some(snap) = &shared.snapshot {

@@ -156,28 +156,13 @@ pub(super) fn load_exact(
         let mut codes = Vec::new();
         let (mut scales, mut minima) = (Vec::new(), Vec::new());
         for part in &view.parts {
-            let Some(mut t) = model
-                .tensor_grouped(&part.name, group as usize)
-                .map_err(|e| fail(e.to_string()))?
-            else {
+            let nibbles = format.nibbles(view.role);
+            let Some(t) = blocks(&model, &part.name, group, nibbles).map_err(fail)? else {
                 return Ok(None);
             };
-            let kind = model
-                .tensor_kind(&part.name)
-                .map_err(|e| fail(e.to_string()))?;
-            if format.nibbles(view.role) && kind == gguf::TensorType::Q4_0 {
-                // Q4_0's d·(q − 8) as d·q + (−8d), codes 0..15: the same value (both terms
-                // are whole multiples of d, and so is their sum, exactly).
-                for c in &mut t.codes {
-                    *c += 8;
-                }
-                for (m, d) in t.mins.iter_mut().zip(&t.scales) {
-                    *m = -8.0 * d;
-                }
-            }
-            codes.extend(t.codes.iter().map(|&c| c as u8));
-            scales.extend_from_slice(&t.scales);
-            minima.extend_from_slice(&t.mins);
+            codes.extend(t.codes);
+            scales.extend(t.scales);
+            minima.extend(t.mins);
         }
         if codes.len() as u64 != view.numel() {
             return Err(fail(format!(
@@ -195,4 +180,81 @@ pub(super) fn load_exact(
         true => worker.load_whole_units_with(units, &mut stored),
         false => worker.load_units_with(units, &mut stored),
     }
+}
+
+/// The blocks of HF tensor `name` in `model`'s file as the `ggml` layout holds them (groups of
+/// `group`; codes 0..15 when `nibbles`); `None` when the file holds it in floats.
+fn blocks(
+    model: &gguf::hf::Model,
+    name: &str,
+    group: u64,
+    nibbles: bool,
+) -> Result<Option<engine::lora::base::Blocks>, String> {
+    let Some(mut t) = model
+        .tensor_grouped(name, group as usize)
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    let kind = model.tensor_kind(name).map_err(|e| e.to_string())?;
+    if nibbles && kind == gguf::TensorType::Q4_0 {
+        // Q4_0's d·(q − 8) as d·q + (−8d), codes 0..15: the same value (both terms are whole
+        // multiples of d, and so is their sum, exactly).
+        for c in &mut t.codes {
+            *c += 8;
+        }
+        for (m, d) in t.mins.iter_mut().zip(&t.scales) {
+            *m = -8.0 * d;
+        }
+    }
+    Ok(Some(engine::lora::base::Blocks {
+        codes: t.codes.iter().map(|&c| c as u8).collect(),
+        scales: t.scales,
+        mins: t.mins,
+    }))
+}
+
+/// The layout of a `ggml` LoRA base over the GGUF file `weights`: its `ggml` weight format's.
+pub fn ggml_base(weights: Option<&Path>) -> anyhow::Result<plan::frugal::adapters::GgmlBase> {
+    let Some(path) = weights.filter(|p| is_gguf_file(p)) else {
+        anyhow::bail!(
+            "a ggml base keeps a GGUF file's own quantized blocks: give a .gguf file as --model \
+             (other models: --lora-base nf4, int8, bf16 or fp32)"
+        );
+    };
+    match default_format(path)? {
+        plan::frugal::WeightFormat::Ggml { group, nibbles } => {
+            Ok(plan::frugal::adapters::GgmlBase { group, nibbles })
+        }
+        _ => anyhow::bail!(
+            "{} holds floats, not quantized blocks: use --lora-base fp32, bf16, int8 or nf4",
+            path.display()
+        ),
+    }
+}
+
+/// Puts the GGUF file's own blocks into every block matrix of `model`'s `ggml` base.
+pub fn put_file_blocks<B: engine::backend::Backend>(
+    model: &engine::model::Model,
+    arena: &engine::arena::Arena<B>,
+    path: &Path,
+    base: plan::frugal::adapters::GgmlBase,
+) -> anyhow::Result<()> {
+    let g = open_gguf(path)?;
+    let file = gguf::hf::Model::new(&g)?;
+    engine::lora::base::put_blocks(model, arena, |name, nibbles| {
+        let fail = |reason: String| engine::error::EngineError::Weights {
+            path: path.display().to_string(),
+            reason,
+        };
+        blocks(&file, name, base.group, nibbles)
+            .map_err(fail)?
+            .ok_or_else(|| {
+                fail(format!(
+                    "{name} is held in floats: a ggml base needs every block matrix in quantized \
+                     blocks; use --lora-base nf4 (or int8, bf16, fp32) for this file"
+                ))
+            })
+    })?;
+    Ok(())
 }

@@ -7,6 +7,7 @@
 
 use super::Tensor;
 use plan::frugal::adapters::BaseFormat;
+use plan::frugal::Role;
 
 /// Parts per fused view at most (Llama's q|k|v).
 pub const MAX_PARTS: usize = 3;
@@ -28,6 +29,8 @@ pub struct FrozenLinear {
     pub bias: Option<Tensor>,
     pub parts: [Option<FrozenPart>; MAX_PARTS],
     pub format: BaseFormat,
+    /// The block matrix (a `ggml` base keeps some matrices' codes two a byte).
+    pub role: Role,
     /// `work.dequant` (none for an fp32 base).
     pub scratch: Option<Tensor>,
     pub n: usize,
@@ -42,6 +45,8 @@ pub struct FrozenLinearBackward {
     pub dout: Tensor,
     pub parts: [Option<FrozenPart>; MAX_PARTS],
     pub format: BaseFormat,
+    /// The block matrix (a `ggml` base keeps some matrices' codes two a byte).
+    pub role: Role,
     pub scratch: Option<Tensor>,
     pub n: usize,
     pub ic: usize,

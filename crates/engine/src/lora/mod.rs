@@ -153,7 +153,7 @@ impl LoraModel {
             "at most {MAX_PARTS} HF linears per view"
         );
         for (slot, p) in out.iter_mut().zip(&m.parts) {
-            let bytes = self.format.part_bytes(p.rows, m.cols) as usize;
+            let bytes = self.format.part_bytes(m.role, p.rows, m.cols) as usize;
             let off = p.byte_offset as usize;
             let src = match self.format {
                 BaseFormat::F32 => {
@@ -249,6 +249,7 @@ impl LoraModel {
             bias,
             parts: self.frozen_parts(arena, layer, role),
             format: self.format,
+            role,
             scratch: self.dequant,
             n,
             ic,
@@ -301,6 +302,7 @@ impl LoraModel {
             dout,
             parts: self.frozen_parts(arena, layer, role),
             format: self.format,
+            role,
             scratch: self.dequant,
             n,
             ic,

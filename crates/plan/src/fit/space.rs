@@ -176,6 +176,7 @@ impl LoraChoice {
                 base,
                 double_quant: base == crate::setup::Dtype::Nf4,
                 dropout: 0.0,
+                ggml: None,
             }));
         }
         out

@@ -5,8 +5,9 @@
 //! biases and head stay fp32 in `base.<u>` (the model's units without the four block matrices);
 //! each block matrix (q|k|v, attention projection, fc, fc projection) is `base.h.<l>.<role>` in
 //! the base format, one HF linear after another (bitsandbytes quantizes each `nn.Linear` on its
-//! own): fp32, bf16, int8 (one fp32 absmax scale per output row) or NF4 exactly as bitsandbytes
-//! stores it (blocks of 64, fp32 absmax, or with double quantization, `formats::bnb`). Each part
+//! own): fp32, bf16, int8 (one fp32 absmax scale per output row), NF4 exactly as bitsandbytes
+//! stores it (blocks of 64, fp32 absmax, or with double quantization, `formats::bnb`), or a GGUF
+//! file's own blocks as inference's `ggml` weights hold them ([`GgmlBase`]). Each part
 //! is padded to 4 bytes. A GEMM dequantizes one tile of [`DEQUANT_TILE_ROWS`] rows of a part at a
 //! time into `work.dequant` (one tile's f32 size; none for an fp32 base) and multiplies it, in the
 //! forward and again in the backward, so no dequantized copy outlives its tile's GEMM.
@@ -57,6 +58,19 @@ pub enum BaseFormat {
     Nf4 {
         double_quant: bool,
     },
+    /// A GGUF file's own blocks, as inference's `ggml` weights hold them: a code per weight
+    /// (two a byte for the matrices in `nibbles`), then an fp32 scale and an fp32 minimum per
+    /// group: w = scale × code + min, ggml's values exactly.
+    Ggml(GgmlBase),
+}
+
+/// The layout of a GGUF file's blocks as a frozen base holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GgmlBase {
+    /// Values per scale: 32, or 16 in a file with Q6_K (or Q2_K, Q3_K).
+    pub group: u64,
+    /// The matrices whose codes the file holds in 4-bit types, kept two a byte.
+    pub nibbles: super::Roles,
 }
 
 impl BaseFormat {
@@ -68,21 +82,35 @@ impl BaseFormat {
             Dtype::Nf4 => BaseFormat::Nf4 {
                 double_quant: lora.double_quant,
             },
-            other => {
-                return Err(PlanError::Invalid {
-                    field: "--lora-base".into(),
-                    reason: format!(
-                        "{other:?} is not a base this engine stores: use fp32, bf16, int8 or nf4"
-                    ),
-                })
-            }
+            Dtype::Ggml => match lora.ggml {
+                Some(g) => BaseFormat::Ggml(g),
+                None => {
+                    return Err(PlanError::Invalid {
+                        field: "--lora-base".into(),
+                        reason: "ggml keeps a GGUF file's own blocks: give a quantized .gguf \
+                                 file as the model"
+                            .into(),
+                    })
+                }
+            },
+            other => return Err(PlanError::Invalid {
+                field: "--lora-base".into(),
+                reason: format!(
+                    "{other:?} is not a base this engine stores: use fp32, bf16, int8, nf4 or ggml"
+                ),
+            }),
         })
     }
 
-    /// Bytes of one HF linear of `rows` × `cols` in this format, padded to 4.
-    pub fn part_bytes(self, rows: u64, cols: u64) -> u64 {
+    /// Bytes of one HF linear of `rows` × `cols` in block matrix `role`, in this format,
+    /// padded to 4.
+    pub fn part_bytes(self, role: Role, rows: u64, cols: u64) -> u64 {
         let n = rows * cols;
         let bytes = match self {
+            BaseFormat::Ggml(g) => {
+                let codes = if g.nibbles.has(role) { n / 2 } else { n };
+                codes + 8 * (n / g.group)
+            }
             BaseFormat::F32 => 4 * n,
             BaseFormat::Bf16 => 2 * n,
             BaseFormat::Int8 => n + 4 * rows,
@@ -102,6 +130,7 @@ impl BaseFormat {
                 double_quant: false,
             } => "nf4",
             BaseFormat::Nf4 { double_quant: true } => "nf4 (double quant)",
+            BaseFormat::Ggml(_) => "ggml",
         }
     }
 }
@@ -189,7 +218,7 @@ pub fn matrices(
                         byte_offset,
                         adapter,
                     };
-                    byte_offset += base.part_bytes(part.rows, cols);
+                    byte_offset += base.part_bytes(role, part.rows, cols);
                     part
                 })
                 .collect();

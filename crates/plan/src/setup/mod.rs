@@ -140,8 +140,8 @@ pub struct Lora {
     pub rank: u32,
     /// Linear layers that get adapters, by HF name (`q_proj`, `v_proj`, ...).
     pub targets: Vec<String>,
-    /// Storage of the frozen base weights: `Bf16`, `Int8` or `Nf4` (`Fp32` in the `frugal`
-    /// runtime too).
+    /// Storage of the frozen base weights: `Bf16`, `Int8` or `Nf4` (`Fp32` and `Ggml` in the
+    /// `frugal` runtime too).
     pub base: Dtype,
     /// nf4: bitsandbytes' double quantization of the absmax (the `frugal` runtime plans it as
     /// asked; the `formula` and `pytorch` profiles follow QLoRA's recipe, which has it on).
@@ -149,6 +149,9 @@ pub struct Lora {
     /// Dropout on each adapter's input (PEFT's `lora_dropout`; 0: none). The `frugal` runtime
     /// plans the dropped input and its gradient's scratch when it is on.
     pub dropout: f32,
+    /// `Ggml` base (the `frugal` runtime, over a GGUF file): the layout of the file's blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ggml: Option<crate::frugal::adapters::GgmlBase>,
 }
 
 /// A training setup, per data-parallel group.
