@@ -221,6 +221,7 @@ fn rows_that_end_in_half_a_128_weight_chunk_match_the_reference() {
 }
 
 /// Weights in ggml's blocks of 32, which the integer paths multiply in ggml's arithmetic.
+#[cfg(target_arch = "x86_64")]
 fn ggml_blocks(w: &QWeight) -> bool {
     matches!(
         w,

@@ -93,12 +93,15 @@ impl BaseFormat {
                     })
                 }
             },
-            other => return Err(PlanError::Invalid {
-                field: "--lora-base".into(),
-                reason: format!(
-                    "{other:?} is not a base this engine stores: use fp32, bf16, int8, nf4 or ggml"
-                ),
-            }),
+            other => {
+                return Err(PlanError::Invalid {
+                    field: "--lora-base".into(),
+                    reason: format!(
+                        "{other:?} is not a base this engine stores: use fp32, bf16, int8, nf4 \
+                         or ggml"
+                    ),
+                })
+            }
         })
     }
 
