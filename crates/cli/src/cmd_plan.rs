@@ -6,11 +6,13 @@
 //! SVG of memory over the step. Example:
 //! `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --batch 4 --seq 2048 --json`.
 
+mod gguf;
 mod plot;
 mod pytorch;
 mod render;
 
 use anyhow::{anyhow, bail};
+use gguf::{ggml_base, gguf_blocks, gguf_file};
 use plan::frugal::WeightFormat;
 use plan::report::{self, Report};
 use plan::setup::{
@@ -18,7 +20,7 @@ use plan::setup::{
     TrainSetup, ZeroStage,
 };
 use plan::{formula, infer, units, Estimate, ModelShape, PlanError};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 const LONG_ABOUT: &str = "\
 Memory per device of a training or inference setup, before anything runs.
@@ -268,32 +270,6 @@ fn flag_setup(args: &Args, seq: u64) -> anyhow::Result<TrainSetup> {
         convention: args.convention,
         zero_buffers: plan::setup::ZeroBuffers::DEEPSPEED,
     })
-}
-
-/// `--lora-base ggml` over a quantized GGUF file: the layout of the file's blocks (`None`
-/// otherwise: the plan then says what the base needs).
-fn ggml_base(args: &Args) -> Option<plan::frugal::adapters::GgmlBase> {
-    let file = gguf_file(args).filter(|_| args.lora_base == Dtype::Ggml)?;
-    match file.own_format().ok().flatten()? {
-        WeightFormat::Ggml { group, nibbles } => {
-            Some(plan::frugal::adapters::GgmlBase { group, nibbles })
-        }
-        _ => None,
-    }
-}
-
-/// The GGUF file `--model` names (`None` for every other model, and for a pasted config).
-fn gguf_file(args: &Args) -> Option<crate::model::ModelSource> {
-    let m = args.model.as_ref().filter(|_| args.config_text.is_none())?;
-    crate::model::ModelSource::at(Path::new(m))
-        .ok()
-        .filter(|s| matches!(s, crate::model::ModelSource::Gguf(_)))
-}
-
-/// Whether `--infer` plans a quantized GGUF file in its own blocks: no `--weights` but ggml.
-fn gguf_blocks(args: &Args) -> bool {
-    matches!(args.weights, None | Some(Dtype::Ggml))
-        && gguf_file(args).is_some_and(|s| s.ggml_file().is_ok_and(|f| f.is_some()))
 }
 
 fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetup> {
