@@ -16,7 +16,7 @@ import llama_cpp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from greedy_llamacpp import llama_greedy  # noqa: E402
+from greedy_llamacpp import PROMPTS, llama_greedy  # noqa: E402
 from perplexity_llamacpp import perplexity  # noqa: E402
 
 STRINGS = [
@@ -42,13 +42,6 @@ STRINGS = [
     "x=1;y=2;z=x+y*3",
     "<html><body>Hi</body></html>",
     "$100.00 & 50% off!!!",
-]
-PROMPTS = [
-    "The capital of France is",
-    "ROMEO:",
-    "def fibonacci(n):",
-    "Once upon a time",
-    "The three primary colors are",
 ]
 NEW_TOKENS = 48
 
