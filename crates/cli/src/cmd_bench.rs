@@ -217,6 +217,13 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     if a.baseline.is_some() {
         check_pytorch()?;
     }
+    if a.lora_rank.is_some() && a.lora_base == plan::setup::Dtype::Ggml {
+        bail!(
+            "--lora-base ggml: bench train runs random weights, and a ggml base is a GGUF file's \
+             own blocks; time it with frugal train --model FILE.gguf --lora-base ggml, or bench \
+             another base (nf4, int8, bf16, fp32)"
+        );
+    }
     let model = model_config(&a.model)?;
     if let Some(rank) = a.lora_rank {
         plan::lora::check_rank(&model.shape, rank, &a.lora_targets)?;

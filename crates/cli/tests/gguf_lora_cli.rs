@@ -122,4 +122,17 @@ fn a_ggml_base_needs_a_quantized_gguf_file() {
         ]),
         "ggml keeps a GGUF file's own blocks: give a quantized .gguf file as the model",
     );
+    fails_with(
+        &frugal(&[
+            "bench",
+            "train",
+            "--model",
+            "llama-tiny",
+            "--lora-rank",
+            "4",
+            "--lora-base",
+            "ggml",
+        ]),
+        "--lora-base ggml: bench train runs random weights",
+    );
 }

@@ -408,7 +408,7 @@ mod tests {
         let mut unit = || (r.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
         let (rows, cols) = (40, 96);
         let n = rows * cols;
-        for (group, nibbles) in [(32, true), (32, false), (16, false)] {
+        for (group, nibbles) in [(32, true), (32, false), (16, false), (16, true)] {
             let codes: Vec<u8> = (0..n)
                 .map(|i| match nibbles {
                     true => (i * 7 % 16) as u8,

@@ -222,15 +222,31 @@ pub fn ggml_base(weights: Option<&Path>) -> anyhow::Result<plan::frugal::adapter
              (other models: --lora-base nf4, int8, bf16 or fp32)"
         );
     };
-    match default_format(path)? {
-        plan::frugal::WeightFormat::Ggml { group, nibbles } => {
-            Ok(plan::frugal::adapters::GgmlBase { group, nibbles })
-        }
+    let nibbles = match default_format(path)? {
+        plan::frugal::WeightFormat::Ggml { nibbles, .. } => nibbles,
         _ => anyhow::bail!(
             "{} holds floats, not quantized blocks: use --lora-base fp32, bf16, int8 or nf4",
             path.display()
         ),
+    };
+    // The block matrices' own smallest group (the embedding and head stay fp32 in a base, so
+    // a Q6_K output does not narrow it).
+    let g = open_gguf(path)?;
+    let model = gguf::hf::Model::new(&g)?;
+    let shape = plan::hf_config::parse(&model.config_json()?, &path.display().to_string())?;
+    let mut group = 32;
+    for unit in plan::frugal::param_units(&shape, 1)? {
+        let matrices = unit
+            .views
+            .iter()
+            .filter(|v| plan::frugal::serve::is_matrix(v.role));
+        for part in matrices.flat_map(|v| &v.parts) {
+            if let Some(g) = model.tensor_kind(&part.name)?.scale_group() {
+                group = group.min(g as u64);
+            }
+        }
     }
+    Ok(plan::frugal::adapters::GgmlBase { group, nibbles })
 }
 
 /// Puts the GGUF file's own blocks into every block matrix of `model`'s `ggml` base.

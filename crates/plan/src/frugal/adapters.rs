@@ -67,7 +67,7 @@ pub enum BaseFormat {
 /// The layout of a GGUF file's blocks as a frozen base holds them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct GgmlBase {
-    /// Values per scale: 32, or 16 in a file with Q6_K (or Q2_K, Q3_K).
+    /// Values per scale: 32, or 16 when a block matrix is Q6_K.
     pub group: u64,
     /// The matrices whose codes the file holds in 4-bit types, kept two a byte.
     pub nibbles: super::Roles,
