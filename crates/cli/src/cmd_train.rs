@@ -195,10 +195,8 @@ pub struct Args {
         requires = "lora_rank"
     )]
     pub lora_targets: Vec<String>,
-    /// How the frozen base's block matrices are stored: fp32, bf16, int8 (an absmax scale per
-    /// row), nf4 (bitsandbytes' QLoRA: blocks of 64 with an fp32 absmax) or ggml (a quantized
-    /// GGUF file's own blocks, its values exactly: 0.75 bytes a Q4_0/Q4_1/Q4_K weight, 1.0 when
-    /// the matrices also hold Q6_K).
+    /// How the frozen base's block matrices are stored: fp32, bf16, int8, nf4 (bitsandbytes'
+    /// QLoRA) or ggml (a GGUF file's own blocks, exactly: 0.75-1.0 bytes a 4-bit weight).
     #[arg(long, default_value_t = plan::setup::Dtype::Bf16, requires = "lora_rank")]
     pub lora_base: plan::setup::Dtype,
     /// nf4 base: bitsandbytes' double quantization of the absmax (4.127 bits per weight).
