@@ -144,7 +144,9 @@ def main():
         matrix(f"blk.{l}.ffn_down.weight", u, "fc_proj_w", c, f)
     (lnf,) = vectors("head", [c])
     w.add_tensor("output_norm.weight", lnf)
-    matrix("output.weight", "head", "lm_head", v, c)
+    if "weights.head.lm_head" in t:
+        matrix("output.weight", "head", "lm_head", v, c)
+    # Tied embeddings: without output.weight llama.cpp multiplies by token_embd, as frugal does.
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -198,9 +198,7 @@ pub fn matmul_on(
         },
     ) = (isa, *w)
     {
-        // A 128-weight chunk must lie in one group or hold whole ones.
-        let fits = group == 32 || group == 64 || group.is_multiple_of(128);
-        if ic.is_multiple_of(128) && fits {
+        if vnni_chunks(group, ic) {
             return vnni::with_scratch(|q| {
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);
@@ -221,16 +219,8 @@ pub fn matmul_on(
             });
         }
     }
-    // The AVX2 integer kernel serves int4 at the AVX2 level and int8 at every level from AVX2
-    // up: the AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this
-    // one's 0.82 (TinyLlama int8 decode, 2 Zen 4 cores).
     #[cfg(target_arch = "x86_64")]
-    let int8 = matches!(
-        w,
-        QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. }
-    );
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 || (int8 && isa != Isa::Portable) {
+    if integer_path(isa, w, ic) {
         if let Some((weights, group)) = q8_weights(w, ic) {
             // VNNI (AVX-512 VL) where the path allows it: one instruction for four products.
             let vnni = isa == Isa::Avx512Vnni;
@@ -271,6 +261,34 @@ pub fn matmul_on(
             |out, range| run_rows(isa, out, a, w, rows, ic, oc, range),
         );
     }
+}
+
+/// Whether the AVX-512 VNNI int4 kernel takes rows of `ic` in groups of `group`: whole
+/// 128-weight chunks, each within one group or holding whole ones.
+#[cfg(target_arch = "x86_64")]
+fn vnni_chunks(group: usize, ic: usize) -> bool {
+    let fits = group == 32 || group == 64 || group.is_multiple_of(128);
+    ic.is_multiple_of(128) && fits
+}
+
+/// Whether `w` runs on the AVX2 integer kernel at `isa`: int4 at the AVX2 level, and at the
+/// VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows); int8 and ggml's
+/// blocks at every level from AVX2 up (the AVX-512 int8 path multiplies in f32 and ran 0.56 of
+/// the bandwidth against this one's 0.82: TinyLlama int8 decode, 2 Zen 4 cores).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn integer_path(isa: Isa, w: &QWeight, ic: usize) -> bool {
+    let taken = match *w {
+        QWeight::Int4 { group, .. } => match isa {
+            Isa::Avx2 => true,
+            Isa::Avx512Vnni => !vnni_chunks(group, ic),
+            _ => false,
+        },
+        QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. } => {
+            isa != Isa::Portable
+        }
+        _ => false,
+    };
+    taken && q8_weights(w, ic).is_some()
 }
 
 /// The weights the AVX2 integer path multiplies, and the group its activations' sums follow:

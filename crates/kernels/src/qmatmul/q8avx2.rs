@@ -25,6 +25,7 @@
 //! multiple of 32.
 
 mod grouped;
+mod int4;
 
 use super::ROWS;
 use half::f16;
@@ -306,110 +307,16 @@ unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
             scales,
             zeros,
             group,
-        } if q.paired => {
-            let groups = ic / group;
-            let low = _mm256_set1_epi8(0x0F);
-            let wrow: [*const u8; O] =
-                std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
-            let srow: [*const u16; O] =
-                std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
-            // Group 32: the pair's two scales, each over its four lanes.
-            let spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-            let pscales = q.pair_scales.as_ptr();
-            for p in 0..blocks / 2 {
-                let mut lo = [_mm256_setzero_si256(); O];
-                let mut hi = [_mm256_setzero_si256(); O];
-                let mut dw = [_mm256_setzero_ps(); O];
-                for j in 0..O {
-                    // 32 bytes: both blocks' low nibbles (weights 0..16 of each) and high ones.
-                    let v = _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i);
-                    lo[j] = _mm256_and_si256(v, low);
-                    hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                    dw[j] = if group == 32 {
-                        let two = (srow[j].add(2 * p) as *const i32).read_unaligned();
-                        let d = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
-                        _mm256_permutevar8x32_ps(d, spread)
-                    } else {
-                        let h = _mm_cvtsi32_si128(i32::from(*srow[j].add(p * 64 / group)));
-                        _mm256_broadcastss_ps(_mm_cvtph_ps(h))
-                    };
-                }
-                for r in 0..R {
-                    let a = acodes.add(r * ic + p * 64) as *const __m256i;
-                    let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
-                    let da = _mm256_loadu_ps(pscales.add((r * blocks / 2 + p) * 8));
-                    for j in 0..O {
-                        // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (|sum| < 2^13).
-                        let pairs = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo[j], a0),
-                            _mm256_maddubs_epi16(hi[j], a1),
-                        );
-                        let sum = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-                        let d = _mm256_mul_ps(da, dw[j]);
-                        acc[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[j][r]);
-                    }
-                }
-            }
-            for j in 0..O {
-                let o = o0 + j;
-                let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
-                for r in 0..R {
-                    let sums = &q.group_sums[r * groups..(r + 1) * groups];
-                    out[r * oc + o] = hsum(acc[j][r]) - zero_share(srow[j], z, sums);
-                }
-            }
-        }
-        Weights::Int4 {
-            codes,
-            scales,
-            zeros,
-            group,
-        } => {
-            let groups = ic / group;
-            let per_group = group / 32;
-            let low = _mm_set1_epi8(0x0F);
-            let wrow: [*const u8; O] =
-                std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
-            let srow: [*const u16; O] =
-                std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
-            // Eight groups' scales at a time, widened by F16C.
-            let mut dws = [[0.0f32; 8]; O];
-            for g in 0..groups {
-                if g % 8 == 0 {
-                    for j in 0..O {
-                        load_scales(&mut dws[j], srow[j].add(g), 8.min(groups - g));
-                    }
-                }
-                let dw: [__m256; O] = std::array::from_fn(|j| _mm256_set1_ps(dws[j][g % 8]));
-                for s in g * per_group..(g + 1) * per_group {
-                    let wv: [__m256i; O] = std::array::from_fn(|j| {
-                        let v = _mm_loadu_si128(wrow[j].add(s * 16) as *const __m128i);
-                        let lo = _mm_and_si128(v, low);
-                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), low);
-                        _mm256_set_m128i(hi, lo)
-                    });
-                    for r in 0..R {
-                        let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
-                        let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
-                        for j in 0..O {
-                            let d = _mm256_mul_ps(da, dw[j]);
-                            acc[j][r] = _mm256_fmadd_ps(dot32::<V>(wv[j], a), d, acc[j][r]);
-                        }
-                    }
-                }
-            }
-            for j in 0..O {
-                let o = o0 + j;
-                let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
-                for r in 0..R {
-                    let sums = &q.group_sums[r * groups..(r + 1) * groups];
-                    out[r * oc + o] = hsum(acc[j][r]) - zero_share(srow[j], z, sums);
-                }
-            }
-        }
+        } => int4::outputs::<R, O, V>(out, q, codes, scales, zeros, group, ic, oc, o0),
         Weights::Int8 { codes, scales } => {
             let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));
+            let far = ic >= FAR;
             for s in 0..blocks {
+                if far && s % 2 == 0 {
+                    for row in wrow {
+                        prefetch_next(row as *const u8, s * 32, O * ic);
+                    }
+                }
                 let wv: [__m256i; O] = std::array::from_fn(|j| {
                     _mm256_loadu_si256(wrow[j].add(s * 32) as *const __m256i)
                 });
@@ -439,48 +346,17 @@ unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
     }
 }
 
-/// `n` (≤ 8) fp16 scales at `src` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_scales(dst: &mut [f32; 8], src: *const u16, n: usize) {
-    if n == 8 {
-        let h = _mm_loadu_si128(src as *const __m128i);
-        _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_cvtph_ps(h));
-    } else {
-        for (i, d) in dst.iter_mut().enumerate().take(n) {
-            *d = f16::from_bits(*src.add(i)).to_f32();
-        }
-    }
+/// Asks for the cache line at byte `at` of the row `ahead` bytes past `row`: the same place in
+/// a row this task reads next, so the next passes' weights stream in while this one computes.
+/// Callers ask once a line, and only for rows of 1 KiB or more ([`FAR`]): shorter ones the
+/// hardware's own prefetcher follows, and the extra work slowed SmolLM2's 288-byte rows.
+#[inline(always)]
+pub(super) unsafe fn prefetch_next(row: *const u8, at: usize, ahead: usize) {
+    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(at + ahead) as *const i8);
 }
 
-/// The zero point's share of one output for one activation row: Σ_g scale_g · zero_g · sums_g.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn zero_share(scales: *const u16, zeros: Option<&[u8]>, sums: &[f32]) -> f32 {
-    let groups = sums.len();
-    let body = groups / 8 * 8;
-    let mut share = _mm256_setzero_ps();
-    for g in (0..body).step_by(8) {
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(g) as *const __m128i));
-        let z = match zeros {
-            Some(z) => _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                z.as_ptr().add(g) as *const __m128i
-            ))),
-            None => _mm256_set1_ps(8.0),
-        };
-        share = _mm256_fmadd_ps(
-            _mm256_mul_ps(d, z),
-            _mm256_loadu_ps(sums.as_ptr().add(g)),
-            share,
-        );
-    }
-    let mut total = hsum(share);
-    for g in body..groups {
-        let z = zeros.map_or(8, |z| z[g]) as f32;
-        total += f16::from_bits(*scales.add(g)).to_f32() * z * sums[g];
-    }
-    total
-}
+/// The row length from which the weight loops prefetch the next pass's rows.
+pub(super) const FAR: usize = 1024;
 
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {

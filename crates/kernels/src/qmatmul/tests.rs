@@ -50,18 +50,14 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut want = want.clone();
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx512Vnni && matches!(w, QWeight::Int4 { .. }) && ic.is_multiple_of(128)
-            {
+            let integer = integer_path(isa, w, ic);
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx512Vnni && matches!(w, QWeight::Int4 { .. }) && !integer {
                 // The VNNI path multiplies int8 activations: compare with exactly those.
                 reference(&mut want, &vnni_activations(&inp, n, ic), w, n, ic, oc);
             }
             #[cfg(target_arch = "x86_64")]
             {
-                let int8 = matches!(
-                    w,
-                    QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. }
-                );
-                let integer = isa == Isa::Avx2 || (int8 && isa != Isa::Portable);
                 if integer && ggml_blocks(w) {
                     // ggml's blocks of 32: ggml's own arithmetic, bit for bit.
                     ggml::reference(&mut want, &inp, w, n, ic, oc);
@@ -71,7 +67,7 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                     assert_eq!(bits(&got), bits(&want), "{name} {} n={n}", isa.name());
                     continue;
                 }
-                if integer && q8_weights(w, ic).is_some() {
+                if integer {
                     // So does the AVX2 integer path (int4, grouped, and int8 in whole blocks of
                     // 32).
                     reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
@@ -158,6 +154,14 @@ fn groups_that_straddle_a_128_weight_chunk_take_a_path_that_handles_them() {
         let mut rng = Rng::new(4);
         let inp: Vec<f32> = (0..ic).map(|_| rng.uniform() as f32).collect();
         let mut want = vec![0.0f32; oc];
+        #[cfg(target_arch = "x86_64")]
+        if integer_path(best_isa(), &w, ic) {
+            // Groups of 96 take the AVX2 integer kernel: compare with its int8 activations.
+            reference(&mut want, &avx2_activations(&inp, 1, ic), &w, 1, ic, oc);
+        } else {
+            reference(&mut want, &inp, &w, 1, ic, oc);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         reference(&mut want, &inp, &w, 1, ic, oc);
         let mut got = vec![0.0f32; oc];
         matmul(&mut got, &inp, &w, 1, ic, oc);

@@ -2,7 +2,7 @@
 //! two per byte), a scale per group of 32 (or 16) and each group's minimum times the
 //! activations' sum over the group.
 
-use super::{dot32, hsum, Codes, QActs};
+use super::{dot32, hsum, prefetch_next, Codes, QActs, FAR};
 use std::arch::x86_64::*;
 
 /// Grouped int8: each block's sum scaled by its activation scale and its group's weight scale
@@ -60,7 +60,14 @@ unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool, const V: boo
     let wrow: [*const u8; O] = std::array::from_fn(|j| base.add((o0 + j) * row_bytes));
     let srow: [*const f32; O] = std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups));
     let low = _mm_set1_epi8(0x0F);
+    // Long rows: the next pass's rows asked for a line at a time (see `prefetch_next`).
+    let (block_bytes, far) = (row_bytes / blocks, row_bytes >= FAR);
     for s in 0..blocks {
+        if far && (s * block_bytes).is_multiple_of(64) {
+            for row in wrow {
+                prefetch_next(row, s * block_bytes, O * row_bytes);
+            }
+        }
         // Each weight's magnitude (unsigned), and the codes whose signs the activations take.
         let wv: [__m256i; O] = std::array::from_fn(|j| {
             if nibbles {
