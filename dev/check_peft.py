@@ -16,7 +16,8 @@ backend) and prints the largest logit difference, without a threshold: 5.7e-3 (n
 bitsandbytes' CPU 4-bit path departs from its own stored format was not found.
 
 With --gguf FILE it repeats the fp32 and nf4 checks with adapters trained over a GGUF file
-(`frugal train --model FILE`), PEFT loading them over the folder `frugal export FILE` writes.
+(`frugal train --model FILE`), PEFT loading them over the folder `frugal export FILE` writes, and
+checks adapters trained over the file's own blocks (`--lora-base ggml`) as the fp32 ones.
 
 Run from the repository root after `cargo build --release`:
     python3 dev/check_peft.py [--frugal target/release/frugal] [--bnb] [--gguf FILE]
@@ -58,7 +59,12 @@ def check(frugal, preset, workdir, gguf=None):
         frugal_train(frugal, ["--model", preset, "--steps", "40", "--batch", "2", "--seq", "64",
                               "--data", "data/shakespeare/hamlet.txt", "--out", base_dir])
     ok = True
-    for base, extra in (("fp32", []), ("nf4", ["--double-quant"])):
+    bases = [("fp32", []), ("nf4", ["--double-quant"])]
+    if gguf:
+        # The file's own blocks as the frozen base: the same values as fp32's, so PEFT over the
+        # exported (dequantized) folder must match as closely.
+        bases.append(("ggml", []))
+    for base, extra in bases:
         ad = os.path.join(workdir, f"{preset}-{base}-lora")
         dump = ad + "-logits.safetensors"
         frugal_train(frugal, ["--model", gguf or base_dir, "--steps", "20", "--batch", "2",
@@ -71,14 +77,14 @@ def check(frugal, preset, workdir, gguf=None):
         merged = AutoModelForCausalLM.from_pretrained(os.path.join(ad, "merged"),
                                                       dtype=torch.float32).eval()
         merged_logits = logits_of(merged, tokens)
-        if base == "fp32":
+        if base in ("fp32", "ggml"):
             hf = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
             peft = PeftModel.from_pretrained(hf, ad).eval()
             peft_logits = logits_of(peft, tokens)
             err = (peft_logits - saved["logits"]).abs().max().item()
             merge_err = (merged_logits - peft_logits).abs().max().item()
             good = err <= LOGITS_TOL and merge_err <= MERGE_TOL
-            print(f"{preset} fp32 base: PEFT over HF vs frugal max |diff| = {err:.3e}, merged vs "
+            print(f"{preset} {base} base: PEFT over HF vs frugal max |diff| = {err:.3e}, merged vs "
                   f"PEFT = {merge_err:.3e} ({'OK' if good else 'over the fp32 bound'})")
             if gguf and not good:
                 # A real model's logits reach tens, and 30 layers of fp32 GEMMs round by about
@@ -91,7 +97,7 @@ def check(frugal, preset, workdir, gguf=None):
                 torch32 = (peft_logits.double() - exact).abs().max().item()
                 merged32 = (merged_logits.double() - exact).abs().max().item()
                 good = ours <= 1.5 * torch32 and merged32 <= 1.5 * torch32
-                print(f"{preset} fp32 base, against PEFT in float64: frugal max |diff| = "
+                print(f"{preset} {base} base, against PEFT in float64: frugal max |diff| = "
                       f"{ours:.3e}, PEFT in fp32 = {torch32:.3e}, frugal's merged model in HF = "
                       f"{merged32:.3e}; largest |logit| {exact.abs().max().item():.1f} "
                       f"({'OK' if good else 'FAIL'})")
