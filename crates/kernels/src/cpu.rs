@@ -6,7 +6,7 @@
 //!
 //! Levels, each including those below it:
 //! - `portable`: baseline x86-64 (SSE2) or any other architecture; plain loops.
-//! - `avx2`: AVX2, FMA and F16C (Haswell, Zen 1-3 and later).
+//! - `avx2`: AVX2, FMA and F16C (Haswell, Zen 1-3 and later); AVX-VNNI used where present.
 //! - `avx512`: AVX-512 F, BW and VL (Skylake-SP, Ice Lake, Zen 4-5); VNNI used where present.
 //! - `avx512bf16`: also AVX-512 BF16 (`vdpbf16ps`: Cooper Lake, Sapphire Rapids, Zen 4-5).
 //! - `amx`: also AMX tiles for bf16, granted by the OS (Sapphire Rapids and later).
@@ -171,6 +171,19 @@ pub fn vnni_on_cpu() -> bool {
         static VNNI: OnceLock<bool> = OnceLock::new();
         detected() >= Level::Avx512
             && *VNNI.get_or_init(|| std::is_x86_feature_detected!("avx512vnni"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the CPU has AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd` of Alder Lake, Sapphire
+/// Rapids, Zen 5 and later), used by the integer products from the AVX2 level up.
+pub fn avx_vnni_on_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX_VNNI: OnceLock<bool> = OnceLock::new();
+        detected() >= Level::Avx2
+            && *AVX_VNNI.get_or_init(|| std::is_x86_feature_detected!("avxvnni"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

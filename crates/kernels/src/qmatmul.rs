@@ -104,6 +104,8 @@ pub enum Isa {
     /// AVX-512 VNNI for int4 (activations quantized to int8 per 32); AVX-512 for the rest.
     Avx512Vnni,
     Avx512,
+    /// AVX2 with AVX-VNNI: the AVX2 path, its integer sums in one VEX `vpdpbusd`.
+    Avx2Vnni,
     Avx2,
     Portable,
 }
@@ -113,6 +115,7 @@ impl Isa {
         match self {
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::Avx512 => "avx512",
+            Isa::Avx2Vnni => "avx2-vnni",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
@@ -129,6 +132,7 @@ impl Isa {
     pub fn at(level: Level) -> Isa {
         match level {
             Level::Portable => Isa::Portable,
+            Level::Avx2 if cpu::avx_vnni_on_cpu() => Isa::Avx2Vnni,
             Level::Avx2 => Isa::Avx2,
             _ if cpu::vnni_on_cpu() => Isa::Avx512Vnni,
             _ => Isa::Avx512,
@@ -136,16 +140,23 @@ impl Isa {
     }
 
     /// Every path, plainest first.
-    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
+    pub const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx2Vnni,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+    ];
 
     /// Whether this CPU runs the path, whatever the cap.
     pub fn runs_here(self) -> bool {
-        let best = Isa::at(cpu::detected());
-        match best {
-            Isa::Avx512Vnni => true,
-            Isa::Avx512 => self != Isa::Avx512Vnni,
-            Isa::Avx2 => matches!(self, Isa::Avx2 | Isa::Portable),
-            Isa::Portable => self == Isa::Portable,
+        let level = cpu::detected();
+        match self {
+            Isa::Portable => true,
+            Isa::Avx2 => level >= Level::Avx2,
+            Isa::Avx2Vnni => cpu::avx_vnni_on_cpu(),
+            Isa::Avx512 => level >= Level::Avx512,
+            Isa::Avx512Vnni => cpu::vnni_on_cpu(),
         }
     }
 }
@@ -222,8 +233,12 @@ pub fn matmul_on(
     #[cfg(target_arch = "x86_64")]
     if integer_path(isa, w, ic) {
         if let Some((weights, group)) = q8_weights(w, ic) {
-            // VNNI (AVX-512 VL) where the path allows it: one instruction for four products.
-            let vnni = isa == Isa::Avx512Vnni;
+            // VNNI where the path has it: one instruction for four products.
+            let dot = match isa {
+                Isa::Avx512Vnni => q8avx2::Dot::Evex,
+                Isa::Avx2Vnni => q8avx2::Dot::Vex,
+                _ => q8avx2::Dot::Pairs,
+            };
             return q8avx2::with_scratch(|q| {
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);
@@ -239,17 +254,18 @@ pub fn matmul_on(
                         chunk,
                         |out, range| {
                             // SAFETY: as above; `q` holds `rows` rows of IC.
-                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range, vnni) }
+                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range, dot) }
                         },
                     );
                 }
             });
         }
     }
-    let isa = if isa == Isa::Avx512Vnni {
-        Isa::Avx512
-    } else {
-        isa
+    // The float paths: VNNI changes only the integer ones.
+    let isa = match isa {
+        Isa::Avx512Vnni => Isa::Avx512,
+        Isa::Avx2Vnni => Isa::Avx2,
+        isa => isa,
     };
     for r0 in (0..n).step_by(ROWS) {
         let rows = ROWS.min(n - r0);
@@ -271,7 +287,7 @@ fn vnni_chunks(group: usize, ic: usize) -> bool {
     ic.is_multiple_of(128) && fits
 }
 
-/// Whether `w` runs on the AVX2 integer kernel at `isa`: int4 at the AVX2 level, and at the
+/// Whether `w` runs on the AVX2 integer kernel at `isa`: int4 at the AVX2 levels, and at the
 /// VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows); int8 and ggml's
 /// blocks at every level from AVX2 up (the AVX-512 int8 path multiplies in f32 and ran 0.56 of
 /// the bandwidth against this one's 0.82: TinyLlama int8 decode, 2 Zen 4 cores).
@@ -279,7 +295,7 @@ fn vnni_chunks(group: usize, ic: usize) -> bool {
 pub(crate) fn integer_path(isa: Isa, w: &QWeight, ic: usize) -> bool {
     let taken = match *w {
         QWeight::Int4 { group, .. } => match isa {
-            Isa::Avx2 => true,
+            Isa::Avx2 | Isa::Avx2Vnni => true,
             Isa::Avx512Vnni => !vnni_chunks(group, ic),
             _ => false,
         },

@@ -204,13 +204,26 @@ pub(super) enum Codes<'a> {
     U4(&'a [u8]),
 }
 
-/// out[r][o] for `rows` activation rows and the output rows in `range`; with `vnni` each
-/// block's four-product sums take one `vpdpbusd` (AVX-512 VNNI on 256 bits) instead of
-/// `vpmaddubsw` and `vpmaddwd`: the same integers, so the same results.
+/// How a block's four-product sums are formed: `vpmaddubsw` then `vpmaddwd` (AVX2), or one
+/// `vpdpbusd`, EVEX-encoded (AVX-512 VL and VNNI) or VEX-encoded (AVX-VNNI). The same integers
+/// either way, so the same results.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dot {
+    Pairs,
+    Evex,
+    Vex,
+}
+
+const PAIRS: u8 = 0;
+const EVEX: u8 = 1;
+const VEX: u8 = 2;
+
+/// out[r][o] for `rows` activation rows and the output rows in `range`, the sums formed as
+/// `dot` says.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C, and AVX-512 VL and VNNI with `vnni`; `q` holds `rows`
-/// quantized rows of IC; the weights hold the (OC, IC) matrix.
+/// The CPU must have AVX2, FMA and F16C, and what `dot` names (AVX-512 VL and VNNI, or
+/// AVX-VNNI); `q` holds `rows` quantized rows of IC; the weights hold the (OC, IC) matrix.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows(
     out: &mut [f32],
@@ -220,11 +233,12 @@ pub(super) unsafe fn rows(
     ic: usize,
     oc: usize,
     range: Range<usize>,
-    vnni: bool,
+    dot: Dot,
 ) {
-    match vnni {
-        true => by_rows!(rows, rows_vnni(out, q, w, ic, oc, range)),
-        false => by_rows!(rows, rows_avx2(out, q, w, ic, oc, range)),
+    match dot {
+        Dot::Evex => by_rows!(rows, rows_evex(out, q, w, ic, oc, range)),
+        Dot::Vex => by_rows!(rows, rows_vex(out, q, w, ic, oc, range)),
+        Dot::Pairs => by_rows!(rows, rows_avx2(out, q, w, ic, oc, range)),
     }
 }
 
@@ -237,11 +251,11 @@ unsafe fn rows_avx2<const R: usize>(
     oc: usize,
     range: Range<usize>,
 ) {
-    rows_n::<R, false>(out, q, w, ic, oc, range)
+    rows_n::<R, PAIRS>(out, q, w, ic, oc, range)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_vnni<const R: usize>(
+unsafe fn rows_evex<const R: usize>(
     out: &mut [f32],
     q: &QActs,
     w: &Weights,
@@ -249,11 +263,23 @@ unsafe fn rows_vnni<const R: usize>(
     oc: usize,
     range: Range<usize>,
 ) {
-    rows_n::<R, true>(out, q, w, ic, oc, range)
+    rows_n::<R, EVEX>(out, q, w, ic, oc, range)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_vex<const R: usize>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    rows_n::<R, VEX>(out, q, w, ic, oc, range)
 }
 
 #[inline(always)]
-unsafe fn rows_n<const R: usize, const V: bool>(
+unsafe fn rows_n<const R: usize, const V: u8>(
     out: &mut [f32],
     q: &QActs,
     w: &Weights,
@@ -276,21 +302,34 @@ unsafe fn rows_n<const R: usize, const V: bool>(
     }
 }
 
-/// u8 × i8 summed four at a time into 8 int32 lanes (lane k: bytes 4k..4k+4), as f32: one
-/// `vpdpbusd` with `V` (VNNI), else 16 pair sums then their pairs.
+/// u8 × i8 summed four at a time into 8 int32 lanes (lane k: bytes 4k..4k+4), added to `acc`:
+/// one `vpdpbusd` with VNNI (`V` EVEX or VEX), else 16 pair sums then their pairs.
 #[inline(always)]
-unsafe fn dot32<const V: bool>(w: __m256i, a: __m256i) -> __m256 {
-    if V {
-        return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a));
+unsafe fn dot_add<const V: u8>(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    match V {
+        EVEX => _mm256_dpbusd_epi32(acc, w, a),
+        VEX => _mm256_dpbusd_avx_epi32(acc, w, a),
+        _ => {
+            let pairs = _mm256_maddubs_epi16(w, a);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
     }
-    let pairs = _mm256_maddubs_epi16(w, a);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// As [`dot_add`] from zero, as f32.
+#[inline(always)]
+unsafe fn dot32<const V: u8>(w: __m256i, a: __m256i) -> __m256 {
+    if V == PAIRS {
+        let pairs = _mm256_maddubs_epi16(w, a);
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
+    _mm256_cvtepi32_ps(dot_add::<V>(_mm256_setzero_si256(), w, a))
 }
 
 /// Output rows `o0 .. o0 + O` for the `R` activation rows.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
+unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     out: &mut [f32],
     q: &QActs,
     w: &Weights,

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
+pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     out: &mut [f32],
     q: &QActs,
     codes: Codes,
@@ -43,7 +43,7 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
 /// `base` (one byte each, or two a byte when `NIBBLES`).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool, const V: bool>(
+unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool, const V: u8>(
     q: &QActs,
     base: *const u8,
     scales: &[f32],

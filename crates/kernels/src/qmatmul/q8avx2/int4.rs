@@ -3,7 +3,7 @@
 //! subtracted once per output. Pairs of blocks share one 32-byte load where [`super::paired`]
 //! holds; otherwise one block at a time.
 
-use super::{dot32, hsum, prefetch_next, QActs, FAR};
+use super::{dot32, dot_add, hsum, prefetch_next, QActs, FAR, PAIRS};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 #[allow(clippy::needless_range_loop)]
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
+pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     out: &mut [f32],
     q: &QActs,
     codes: &[u8],
@@ -65,15 +65,15 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: bool>(
                 let da = _mm256_loadu_ps(pscales.add((r * blocks / 2 + p) * 8));
                 for j in 0..O {
                     // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (|sum| < 2^13).
-                    let sum = if V {
-                        let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[j], a0);
-                        _mm256_dpbusd_epi32(sum, hi[j], a1)
-                    } else {
+                    let sum = if V == PAIRS {
                         let pairs = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo[j], a0),
                             _mm256_maddubs_epi16(hi[j], a1),
                         );
                         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+                    } else {
+                        let sum = dot_add::<V>(_mm256_setzero_si256(), lo[j], a0);
+                        dot_add::<V>(sum, hi[j], a1)
                     };
                     let d = _mm256_mul_ps(da, dw[j]);
                     acc[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[j][r]);
