@@ -107,8 +107,9 @@ fn main() {
                 continue;
             }
             for &isa in &isas {
-                // VNNI changes only int4's path; int8 and ggml run the AVX2 integer one.
-                if isa == Isa::Avx512Vnni && !name.starts_with("int4") {
+                // VNNI changes only the integer layouts (int4, int8, ggml's blocks).
+                let integer = name.starts_with("int") || name.starts_with("ggml");
+                if matches!(isa, Isa::Avx512Vnni | Isa::Avx2Vnni) && !integer {
                     continue;
                 }
                 for rows in [1usize, 8] {

@@ -4,9 +4,12 @@
 //! the vectorised `exp`/`tanh` loops of attention, softmax and GELU — asks [`level`] and never
 //! goes above it.
 //!
-//! Levels, each including those below it:
+//! Levels, each including those below it (but `avx2vnni`, which a CPU with AVX-512 may lack):
 //! - `portable`: baseline x86-64 (SSE2) or any other architecture; plain loops.
-//! - `avx2`: AVX2, FMA and F16C (Haswell, Zen 1-3 and later); AVX-VNNI used where present.
+//! - `avx2`: AVX2, FMA and F16C (Haswell, Zen 1-3 and later).
+//! - `avx2vnni`: also AVX-VNNI, the VEX-encoded 256-bit `vpdpbusd` (Alder Lake, Sapphire
+//!   Rapids, Zen 5): the integer products' sums in one instruction. Skylake-SP, Ice Lake and
+//!   Zen 4 run the levels around it, not it.
 //! - `avx512`: AVX-512 F, BW and VL (Skylake-SP, Ice Lake, Zen 4-5); VNNI used where present.
 //! - `avx512bf16`: also AVX-512 BF16 (`vdpbf16ps`: Cooper Lake, Sapphire Rapids, Zen 4-5).
 //! - `amx`: also AMX tiles for bf16, granted by the OS (Sapphire Rapids and later).
@@ -31,6 +34,7 @@ use std::sync::OnceLock;
 pub enum Level {
     Portable,
     Avx2,
+    Avx2Vnni,
     Avx512,
     Avx512Bf16,
     Amx,
@@ -38,9 +42,10 @@ pub enum Level {
 
 impl Level {
     /// Every level, plainest first.
-    pub const ALL: [Level; 5] = [
+    pub const ALL: [Level; 6] = [
         Level::Portable,
         Level::Avx2,
+        Level::Avx2Vnni,
         Level::Avx512,
         Level::Avx512Bf16,
         Level::Amx,
@@ -51,6 +56,7 @@ impl Level {
         match self {
             Level::Portable => "portable",
             Level::Avx2 => "avx2",
+            Level::Avx2Vnni => "avx2vnni",
             Level::Avx512 => "avx512",
             Level::Avx512Bf16 => "avx512bf16",
             Level::Amx => "amx",
@@ -75,6 +81,12 @@ pub enum CapError {
     Unknown(String),
     /// A level this CPU (or OS) does not run.
     AboveCpu { asked: Level, detected: Level },
+    /// A level below the CPU's best whose extension this CPU lacks (`avx2vnni` on a CPU with
+    /// AVX-512 but no AVX-VNNI).
+    Lacks {
+        asked: Level,
+        extension: &'static str,
+    },
 }
 
 impl std::fmt::Display for CapError {
@@ -91,13 +103,23 @@ impl std::fmt::Display for CapError {
                 "this CPU runs up to {detected}, not {asked}: use {} (or a lower level)",
                 detected
             ),
+            CapError::Lacks { asked, extension } => write!(
+                f,
+                "this CPU has no {extension}, which {asked} adds: use avx2 or another level \
+                 it runs ({})",
+                supported()
+                    .iter()
+                    .map(|l| l.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 }
 
 impl std::error::Error for CapError {}
 
-/// The level named `name` (`portable`, `avx2`, `avx512`, `avx512bf16`, `amx`).
+/// The level named `name` (`portable`, `avx2`, `avx2vnni`, `avx512`, `avx512bf16`, `amx`).
 pub fn parse(name: &str) -> Result<Level, CapError> {
     Level::ALL
         .iter()
@@ -119,7 +141,10 @@ fn detect() -> Level {
         return Level::Portable;
     }
     if !(has!("avx512f") && has!("avx512bw") && has!("avx512vl")) {
-        return Level::Avx2;
+        return match has!("avxvnni") {
+            true => Level::Avx2Vnni,
+            false => Level::Avx2,
+        };
     }
     if !has!("avx512bf16") {
         return Level::Avx512;
@@ -140,7 +165,7 @@ pub fn supported() -> Vec<Level> {
     Level::ALL
         .iter()
         .copied()
-        .filter(|&l| l <= detected())
+        .filter(|&l| l <= detected() && (l != Level::Avx2Vnni || avx_vnni_on_cpu()))
         .collect()
 }
 
@@ -153,6 +178,12 @@ pub fn set_cap(cap: Level) -> Result<(), CapError> {
         return Err(CapError::AboveCpu {
             asked: cap,
             detected: detected(),
+        });
+    }
+    if cap == Level::Avx2Vnni && !avx_vnni_on_cpu() {
+        return Err(CapError::Lacks {
+            asked: cap,
+            extension: "AVX-VNNI",
         });
     }
     CAP.store(cap as u8, Ordering::Relaxed);
@@ -177,7 +208,7 @@ pub fn vnni_on_cpu() -> bool {
 }
 
 /// Whether the CPU has AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd` of Alder Lake, Sapphire
-/// Rapids, Zen 5 and later), used by the integer products from the AVX2 level up.
+/// Rapids, Zen 5 and later), which the `avx2vnni` level adds.
 pub fn avx_vnni_on_cpu() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -200,7 +231,7 @@ pub fn paths() -> Vec<(&'static str, &'static str)> {
     };
     let dequant = match level() {
         l if l >= Level::Avx512 => "avx512",
-        Level::Avx2 => "avx2",
+        Level::Avx2 | Level::Avx2Vnni => "avx2",
         _ => "portable",
     };
     vec![
@@ -237,6 +268,16 @@ mod tests {
             err.contains(above.name()) && err.contains(detected().name()),
             "{err}"
         );
+    }
+
+    #[test]
+    fn avx2vnni_is_refused_where_the_cpu_lacks_avx_vnni() {
+        if avx_vnni_on_cpu() || detected() < Level::Avx2Vnni {
+            return;
+        }
+        let err = set_cap(Level::Avx2Vnni).unwrap_err().to_string();
+        assert!(err.contains("AVX-VNNI") && err.contains("avx2"), "{err}");
+        assert!(!supported().contains(&Level::Avx2Vnni));
     }
 
     #[test]

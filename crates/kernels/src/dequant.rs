@@ -214,7 +214,7 @@ fn nf4_block(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
         type Runs = unsafe fn(&mut [f32], &[u8], &[f32; 16]);
         let simd: Option<(usize, Runs)> = match level() {
             l if l >= Level::Avx512 => Some((16, avx512::nf4_runs)),
-            Level::Avx2 => Some((8, avx2::nf4_runs)),
+            Level::Avx2 | Level::Avx2Vnni => Some((8, avx2::nf4_runs)),
             _ => None,
         };
         if let Some((step, runs)) = simd {

@@ -41,7 +41,7 @@ pub enum Simd {
 pub fn simd() -> Simd {
     match crate::cpu::level() {
         Level::Portable => Simd::Base,
-        Level::Avx2 => Simd::Avx2,
+        Level::Avx2 | Level::Avx2Vnni => Simd::Avx2,
         _ => Simd::Avx512,
     }
 }

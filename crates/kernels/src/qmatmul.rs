@@ -19,11 +19,14 @@
 //!   its minimum, Q4_1, Q4_K), packed two per byte in int4's sub-block order.
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
-//! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`; int4 on VNNI where present),
-//! AVX2 + FMA (8 lanes; int4 and int8 on int8 activations with `vpmaddubsw`, `q8avx2`, which
-//! also runs int8 at the AVX-512 levels), and portable loops. Up to [`ROWS`] activation rows share one pass over the weights (a decode batch
-//! reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is split over
-//! rayon by output rows. [`reference`] is the plain loop every path is tested against.
+//! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`; int4 on 512-bit VNNI where
+//! present and rows are whole 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel
+//! `q8avx2` (int8 activations; int4 at the AVX2 levels and for rows the 512-bit kernel does not
+//! tile, int8 and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI
+//! or AVX-512 VNNI as the level has them, see [`integer_path`]), and portable loops. Up to
+//! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
+//! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
+//! [`reference`] is the plain loop every path is tested against.
 //!
 //! ```
 //! use kernels::qmatmul::{matmul, QWeight};
@@ -101,7 +104,8 @@ pub enum QWeight<'a> {
 /// Which instruction set runs the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 VNNI for int4 (activations quantized to int8 per 32); AVX-512 for the rest.
+    /// AVX-512 VNNI: int4 on the 512-bit VNNI kernel, the integer kernel's sums in EVEX
+    /// `vpdpbusd`; AVX-512 for the float layouts.
     Avx512Vnni,
     Avx512,
     /// AVX2 with AVX-VNNI: the AVX2 path, its integer sums in one VEX `vpdpbusd`.
@@ -132,8 +136,9 @@ impl Isa {
     pub fn at(level: Level) -> Isa {
         match level {
             Level::Portable => Isa::Portable,
-            Level::Avx2 if cpu::avx_vnni_on_cpu() => Isa::Avx2Vnni,
             Level::Avx2 => Isa::Avx2,
+            // set_cap and detection grant this level only with AVX-VNNI.
+            Level::Avx2Vnni => Isa::Avx2Vnni,
             _ if cpu::vnni_on_cpu() => Isa::Avx512Vnni,
             _ => Isa::Avx512,
         }
@@ -243,7 +248,8 @@ pub fn matmul_on(
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);
                     let a = &inp[r0 * ic..(r0 + rows) * ic];
-                    // SAFETY: the CPU has AVX2 (checked above); IC is whole blocks of 32.
+                    // SAFETY: the CPU runs `isa` (asserted above), so AVX2 and what `dot` names;
+                    // IC is whole blocks of 32.
                     let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
                     let ggml = matches!(weights, q8avx2::Weights::Grouped { group: 32, .. });
                     unsafe { q8avx2::quantize(q, a, rows, ic, group, int4, ggml) };

@@ -25,7 +25,7 @@ impl Path {
     pub fn name(self) -> &'static str {
         match self {
             Path::Faer if cpu::detected() >= Level::Avx512 => "faer-avx512",
-            Path::Faer if cpu::detected() == Level::Avx2 => "faer-avx2",
+            Path::Faer if cpu::detected() >= Level::Avx2 => "faer-avx2",
             Path::Faer => "faer",
             Path::FaerAvx2 => "faer-avx2",
             Path::Portable => "portable",
@@ -38,7 +38,7 @@ impl Path {
 pub fn path() -> Path {
     match cpu::level() {
         Level::Portable if cpu::detected() > Level::Portable => Path::Portable,
-        Level::Avx2 if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
+        Level::Avx2 | Level::Avx2Vnni if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
         _ => Path::Faer,
     }
 }

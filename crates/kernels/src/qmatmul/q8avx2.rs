@@ -4,7 +4,8 @@
 //! 32 unsigned weight bytes by 32 signed activation bytes into 16 pair sums, `vpmaddwd` by ones
 //! adds those into 8 int32 lanes, and one FMA scales the block by weight scale × activation
 //! scale: 32 weights in 4 instructions per activation row, against 8 FMAs and the widening on the
-//! f32 path.
+//! f32 path. With AVX-VNNI (VEX) or AVX-512 VNNI (EVEX) one `vpdpbusd` forms the same int32 sums
+//! ([`Dot`]).
 //!
 //! - int4: the 16 bytes of a 32-weight sub-block give 16 low and 16 high nibbles, which are the
 //!   sub-block's weights 0..16 and 16..32 in order (the stored nibble order); the codes are

@@ -109,6 +109,25 @@ fn dense_layouts_match_the_reference_with_a_column_tail() {
 }
 
 #[test]
+fn int4_rows_of_odd_blocks_or_groups_of_96_match_the_reference() {
+    // 5 blocks a row, and groups that are not pairs of blocks: the integer kernel's one-block
+    // loop (every other int4 case runs it on pairs).
+    for (oc, ic, group) in [(19, 160, 32), (7, 384, 96)] {
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64), oc, ic, groups);
+        for zeros in [None, Some(&s.zeros[..])] {
+            let w = QWeight::Int4 {
+                codes: &s.u8s,
+                scales: &s.h_scales[..groups],
+                zeros,
+                group,
+            };
+            check_all(&format!("int4 ic={ic} g{group}"), &w, ic, oc);
+        }
+    }
+}
+
+#[test]
 fn nibble_layouts_match_the_reference_for_every_group_size() {
     let (oc, ic) = (29, 256);
     for group in [32, 64, 128] {

@@ -64,7 +64,8 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
                 let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
                 let da = _mm256_loadu_ps(pscales.add((r * blocks / 2 + p) * 8));
                 for j in 0..O {
-                    // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (|sum| < 2^13).
+                    // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (each i16 of the pair sums
+                    // at most 2 · 2 · 15 · 127 = 7620: no saturation).
                     let sum = if V == PAIRS {
                         let pairs = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo[j], a0),
