@@ -243,41 +243,30 @@ pub(super) unsafe fn rows(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_avx2<const R: usize>(
-    out: &mut [f32],
-    q: &QActs,
-    w: &Weights,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
-    rows_n::<R, PAIRS>(out, q, w, ic, oc, range)
+/// `$name::<R>`: [`rows_n`] with the sums formed by `$dot`, compiled for `$features`.
+macro_rules! rows_with {
+    ($name:ident, $features:literal, $dot:expr) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(
+            out: &mut [f32],
+            q: &QActs,
+            w: &Weights,
+            ic: usize,
+            oc: usize,
+            range: Range<usize>,
+        ) {
+            rows_n::<R, $dot>(out, q, w, ic, oc, range)
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_evex<const R: usize>(
-    out: &mut [f32],
-    q: &QActs,
-    w: &Weights,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
-    rows_n::<R, EVEX>(out, q, w, ic, oc, range)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn rows_vex<const R: usize>(
-    out: &mut [f32],
-    q: &QActs,
-    w: &Weights,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
-    rows_n::<R, VEX>(out, q, w, ic, oc, range)
-}
+rows_with!(rows_avx2, "avx2,fma,f16c", PAIRS);
+rows_with!(
+    rows_evex,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    EVEX
+);
+rows_with!(rows_vex, "avx2,fma,f16c,avxvnni", VEX);
 
 #[inline(always)]
 unsafe fn rows_n<const R: usize, const V: u8>(

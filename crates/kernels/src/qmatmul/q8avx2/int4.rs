@@ -8,7 +8,6 @@ use half::f16;
 use std::arch::x86_64::*;
 
 /// Outputs `o0 .. o0 + O` for the `R` activation rows.
-#[allow(clippy::needless_range_loop)]
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
@@ -22,81 +21,106 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     oc: usize,
     o0: usize,
 ) {
-    let blocks = ic / 32;
-    let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); R]; O];
-    if q.paired {
-        let groups = ic / group;
-        let low = _mm256_set1_epi8(0x0F);
-        let wrow: [*const u8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
-        let srow: [*const u16; O] =
-            std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
-        // Group 32: the pair's two scales, each over its four lanes.
-        let spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-        let pscales = q.pair_scales.as_ptr();
-        // Two passes ahead: a little faster than one here (TinyLlama, AVX2, 2 cores).
-        let far = ic / 2 >= FAR;
-        for p in 0..blocks / 2 {
-            if far && p % 2 == 0 {
-                for row in wrow {
-                    prefetch_next(row, p * 32, 2 * O * ic / 2);
-                }
-            }
-            let mut lo = [_mm256_setzero_si256(); O];
-            let mut hi = [_mm256_setzero_si256(); O];
-            let mut dw = [_mm256_setzero_ps(); O];
-            for j in 0..O {
-                // 32 bytes: both blocks' low nibbles (weights 0..16 of each) and high ones.
-                let v = _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i);
-                lo[j] = _mm256_and_si256(v, low);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                dw[j] = if group == 32 {
-                    let two = (srow[j].add(2 * p) as *const i32).read_unaligned();
-                    let d = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
-                    _mm256_permutevar8x32_ps(d, spread)
-                } else {
-                    let h = _mm_cvtsi32_si128(i32::from(*srow[j].add(p * 64 / group)));
-                    _mm256_broadcastss_ps(_mm_cvtph_ps(h))
-                };
-            }
-            for r in 0..R {
-                let a = acodes.add(r * ic + p * 64) as *const __m256i;
-                let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
-                let da = _mm256_loadu_ps(pscales.add((r * blocks / 2 + p) * 8));
-                for j in 0..O {
-                    // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (each i16 of the pair sums
-                    // at most 2 · 2 · 15 · 127 = 7620: no saturation).
-                    let sum = if V == PAIRS {
-                        let pairs = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo[j], a0),
-                            _mm256_maddubs_epi16(hi[j], a1),
-                        );
-                        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
-                    } else {
-                        let sum = dot_add::<V>(_mm256_setzero_si256(), lo[j], a0);
-                        dot_add::<V>(sum, hi[j], a1)
-                    };
-                    let d = _mm256_mul_ps(da, dw[j]);
-                    acc[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[j][r]);
-                }
-            }
-        }
-        for j in 0..O {
-            let o = o0 + j;
-            let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
-            let shares = zero_shares::<R>(srow[j], z, &q.group_sums, groups);
-            for r in 0..R {
-                out[r * oc + o] = hsum(acc[j][r]) - shares[r];
-            }
-        }
-        return;
-    }
     let groups = ic / group;
-    let per_group = group / 32;
-    let low = _mm_set1_epi8(0x0F);
     let wrow: [*const u8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic / 2));
     let srow: [*const u16; O] =
         std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups) as *const u16);
+    let acc = match q.paired {
+        true => pairs::<R, O, V>(q, wrow, srow, group, ic),
+        false => blocks::<R, O, V>(q, wrow, srow, group, ic),
+    };
+    for j in 0..O {
+        let o = o0 + j;
+        let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+        let shares = zero_shares::<R>(srow[j], z, &q.group_sums, groups);
+        for r in 0..R {
+            out[r * oc + o] = hsum(acc[j][r]) - shares[r];
+        }
+    }
+}
+
+/// The scaled sums of two blocks at a time: one 32-byte load holds both blocks' nibbles.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn pairs<const R: usize, const O: usize, const V: u8>(
+    q: &QActs,
+    wrow: [*const u8; O],
+    srow: [*const u16; O],
+    group: usize,
+    ic: usize,
+) -> [[__m256; R]; O] {
+    let blocks = ic / 32;
+    let acodes = q.codes.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); R]; O];
+    let low = _mm256_set1_epi8(0x0F);
+    // Group 32: the pair's two scales, each over its four lanes.
+    let spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    let pscales = q.pair_scales.as_ptr();
+    // Two passes ahead: a little faster than one here (TinyLlama, AVX2, 2 cores).
+    let far = ic / 2 >= FAR;
+    for p in 0..blocks / 2 {
+        if far && p % 2 == 0 {
+            for row in wrow {
+                prefetch_next(row, p * 32, 2 * O * ic / 2);
+            }
+        }
+        let mut lo = [_mm256_setzero_si256(); O];
+        let mut hi = [_mm256_setzero_si256(); O];
+        let mut dw = [_mm256_setzero_ps(); O];
+        for j in 0..O {
+            // 32 bytes: both blocks' low nibbles (weights 0..16 of each) and high ones.
+            let v = _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i);
+            lo[j] = _mm256_and_si256(v, low);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+            dw[j] = if group == 32 {
+                let two = (srow[j].add(2 * p) as *const i32).read_unaligned();
+                let d = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));
+                _mm256_permutevar8x32_ps(d, spread)
+            } else {
+                let h = _mm_cvtsi32_si128(i32::from(*srow[j].add(p * 64 / group)));
+                _mm256_broadcastss_ps(_mm_cvtph_ps(h))
+            };
+        }
+        for r in 0..R {
+            let a = acodes.add(r * ic + p * 64) as *const __m256i;
+            let (a0, a1) = (_mm256_loadu_si256(a), _mm256_loadu_si256(a.add(1)));
+            let da = _mm256_loadu_ps(pscales.add((r * blocks / 2 + p) * 8));
+            for j in 0..O {
+                // Lanes 0-3 sum block 2p, lanes 4-7 block 2p + 1 (each i16 of the pair sums
+                // at most 2 · 2 · 15 · 127 = 7620: no saturation).
+                let sum = if V == PAIRS {
+                    let pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo[j], a0),
+                        _mm256_maddubs_epi16(hi[j], a1),
+                    );
+                    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+                } else {
+                    let sum = dot_add::<V>(_mm256_setzero_si256(), lo[j], a0);
+                    dot_add::<V>(sum, hi[j], a1)
+                };
+                let d = _mm256_mul_ps(da, dw[j]);
+                acc[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[j][r]);
+            }
+        }
+    }
+    acc
+}
+
+/// The scaled sums one block at a time (rows of an odd number of blocks, groups of 96 …).
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn blocks<const R: usize, const O: usize, const V: u8>(
+    q: &QActs,
+    wrow: [*const u8; O],
+    srow: [*const u16; O],
+    group: usize,
+    ic: usize,
+) -> [[__m256; R]; O] {
+    let (blocks, groups) = (ic / 32, ic / group);
+    let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); R]; O];
+    let per_group = group / 32;
+    let low = _mm_set1_epi8(0x0F);
     // Eight groups' scales at a time, widened by F16C.
     let mut dws = [[0.0f32; 8]; O];
     for g in 0..groups {
@@ -123,14 +147,7 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
             }
         }
     }
-    for j in 0..O {
-        let o = o0 + j;
-        let z = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
-        let shares = zero_shares::<R>(srow[j], z, &q.group_sums, groups);
-        for r in 0..R {
-            out[r * oc + o] = hsum(acc[j][r]) - shares[r];
-        }
-    }
+    acc
 }
 
 /// `n` (≤ 8) fp16 scales at `src` as f32.
