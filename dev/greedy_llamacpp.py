@@ -5,7 +5,10 @@ f16, flash attention off or on): how far its own greedy text carries when only t
 its f32 sums or its KV precision changes — the floor for any other implementation.
 
     venv/bin/python dev/greedy_llamacpp.py FILE target/release/frugal [--kv f32|f16] [--flash]
-        [--tokens 48] [--frugal-args "--weights ggml"] [--floor]
+        [--tokens 48] [--frugal-args "--weights ggml"] [--floor] [--prompts FILE]
+
+`--prompts FILE` takes the prompts from FILE, one a line (dev/greedy_prompts.txt holds 20),
+instead of the five below; the last line counts the prompts whose whole continuation agrees.
 
 llama.cpp is llama-cpp-python built from source (dev/golden_smollm2.py says how); frugal's
 KV cache is f32, so `--kv f32` (the default here) puts llama.cpp's there too.
@@ -81,19 +84,25 @@ def main():
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--frugal-args", default="")
     p.add_argument("--floor", action="store_true")
+    p.add_argument("--prompts", help="a file of prompts, one a line")
     a = p.parse_args()
+    prompts = PROMPTS
+    if a.prompts:
+        with open(a.prompts, encoding="utf-8") as f:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
     if a.floor:
         floor(a.model, a.tokens)
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=512, n_threads=2, verbose=False,
                           logits_all=True, type_k=KV_TYPES[a.kv], type_v=KV_TYPES[a.kv],
                           flash_attn=a.flash)
-    agree = []
-    for prompt in PROMPTS:
+    agree, whole = [], 0
+    for prompt in prompts:
         ids, theirs, logits = llama_greedy(llm, prompt, a.tokens)
         our_ids, ours = frugal_greedy(a.frugal, a.model, prompt, a.tokens, a.frugal_args)
         assert our_ids == ids, f"{prompt!r}: prompt ids {our_ids} vs llama.cpp's {ids}"
         same = first_difference(ours, theirs)
         agree.append(same)
+        whole += ours == theirs
         line = f"{prompt!r}: {same} of {len(theirs)} agree"
         if same < min(len(ours), len(theirs)):
             row = logits[same]
@@ -102,6 +111,7 @@ def main():
                      f" llama.cpp's top two {top[0]}={row[top[0]]:.4f} {top[1]}={row[top[1]]:.4f}")
         print(line)
     print("agree:", agree)
+    print(f"{whole} of {len(prompts)} prompts: the whole continuation identical")
 
 
 if __name__ == "__main__":

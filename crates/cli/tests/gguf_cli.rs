@@ -57,8 +57,9 @@ fn the_embedded_tokenizer_gives_llama_cpps_ids() {
 #[test]
 fn greedy_generation_parts_from_llama_cpps_only_at_near_ties_and_measures_its_plan() {
     let model = smollm2();
-    let mut agreed = 0;
-    for case in common::smollm2_llamacpp()["greedy"].as_array().unwrap() {
+    let (mut agreed, mut whole) = (0, 0);
+    let cases = common::smollm2_llamacpp()["greedy"].as_array().unwrap().clone();
+    for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
         let out = frugal(&[
             "generate",
@@ -76,10 +77,18 @@ fn greedy_generation_parts_from_llama_cpps_only_at_near_ties_and_measures_its_pl
         // blocks (the ggml default here; the products are ggml's bit for bit), and part only
         // where llama.cpp's top two logits nearly tie: dev/golden_smollm2.py records its
         // tokens and margins.
-        agreed += common::parts_only_at_a_near_tie(case, v["tokens"].as_array().unwrap());
+        let ours = v["tokens"].as_array().unwrap();
+        agreed += common::parts_only_at_a_near_tie(case, ours);
+        whole += usize::from(ours == case["tokens"].as_array().unwrap());
         assert_eq!(v["planned"], v["measured"], "planned == measured");
     }
-    assert!(agreed >= 24, "{agreed} tokens agree over five prompts");
+    // On an Intel Xeon with AMX: 8 of the 20 prompts identical to their end (7 of them all 48
+    // tokens), 533 of 904 tokens before the first parting.
+    assert!(
+        whole >= 5 && agreed >= 250,
+        "{whole} of {} continuations identical, {agreed} tokens agree",
+        cases.len()
+    );
 }
 
 #[test]
