@@ -58,7 +58,10 @@ fn the_embedded_tokenizer_gives_llama_cpps_ids() {
 fn greedy_generation_parts_from_llama_cpps_only_at_near_ties_and_measures_its_plan() {
     let model = smollm2();
     let (mut agreed, mut whole) = (0, 0);
-    let cases = common::smollm2_llamacpp()["greedy"].as_array().unwrap().clone();
+    let cases = common::smollm2_llamacpp()["greedy"]
+        .as_array()
+        .unwrap()
+        .clone();
     for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
         let out = frugal(&[
