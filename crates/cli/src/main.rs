@@ -94,7 +94,7 @@ enum Command {
 const ISA_VAR: &str = "FRUGAL_ISA";
 
 /// Applies `FRUGAL_ISA` (unset or empty: the CPU's best); a name that is not a level, or a level
-/// above this CPU, is refused before any work.
+/// this CPU does not run (above it, or `avx2vnni` without AVX-VNNI), is refused before any work.
 fn cap_instruction_set() -> Result<(), String> {
     let value = match std::env::var(ISA_VAR) {
         Ok(v) if !v.trim().is_empty() => v,

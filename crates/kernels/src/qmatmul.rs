@@ -23,7 +23,7 @@
 //! present and rows are whole 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel
 //! `q8avx2` (int8 activations; int4 at the AVX2 levels and for rows the 512-bit kernel does not
 //! tile, int8 and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI
-//! or AVX-512 VNNI as the level has them, see [`integer_path`]), and portable loops. Up to
+//! or AVX-512 VNNI as the level has them; `integer_path` decides), and portable loops. Up to
 //! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
 //! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
 //! [`reference`] is the plain loop every path is tested against.

@@ -7,7 +7,7 @@
 //!
 //! Budgets: the fp32 families differ across levels only in summation order and FMA contraction
 //! (relative 1e-4 over sums of up to a few hundred terms); the quantized products at the AVX2
-//! level multiply int8-quantized activations (relative 2e-2, the int8 step of 1/127 over a
+//! levels multiply int8-quantized activations (relative 2e-2, the int8 step of 1/127 over a
 //! block's absmax, as the VNNI path); conversions and dequantization are exact.
 
 use half::bf16;
