@@ -23,7 +23,7 @@
 //! present and rows are whole 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel
 //! `q8avx2` (int8 activations; int4 at the AVX2 levels and for rows the 512-bit kernel does not
 //! tile, int8 and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI
-//! or AVX-512 VNNI as the level has them; `integer_path` decides), and portable loops. Up to
+//! or AVX-512 VNNI as the level has them; `integer_weights` decides), and portable loops. Up to
 //! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
 //! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
 //! [`reference`] is the plain loop every path is tested against.
@@ -236,36 +236,34 @@ pub fn matmul_on(
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if integer_path(isa, w, ic) {
-        if let Some((weights, group)) = q8_weights(w, ic) {
-            // VNNI where the path has it: one instruction for four products.
-            let dot = match isa {
-                Isa::Avx512Vnni => q8avx2::Dot::Evex,
-                Isa::Avx2Vnni => q8avx2::Dot::Vex,
-                _ => q8avx2::Dot::Pairs,
-            };
-            return q8avx2::with_scratch(|q| {
-                for r0 in (0..n).step_by(ROWS) {
-                    let rows = ROWS.min(n - r0);
-                    let a = &inp[r0 * ic..(r0 + rows) * ic];
-                    // SAFETY: the CPU runs `isa` (asserted above), so AVX2 and what `dot` names;
-                    // IC is whole blocks of 32.
-                    let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
-                    let ggml = matches!(weights, q8avx2::Weights::Grouped { group: 32, .. });
-                    unsafe { q8avx2::quantize(q, a, rows, ic, group, int4, ggml) };
-                    let q = &*q;
-                    by_columns(
-                        &mut out[r0 * oc..(r0 + rows) * oc],
-                        oc,
-                        chunk,
-                        |out, range| {
-                            // SAFETY: as above; `q` holds `rows` rows of IC.
-                            unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range, dot) }
-                        },
-                    );
-                }
-            });
-        }
+    if let Some((weights, group)) = integer_weights(isa, w, ic) {
+        // VNNI where the path has it: one instruction for four products.
+        let dot = match isa {
+            Isa::Avx512Vnni => q8avx2::Dot::Evex,
+            Isa::Avx2Vnni => q8avx2::Dot::Vex,
+            _ => q8avx2::Dot::Pairs,
+        };
+        return q8avx2::with_scratch(|q| {
+            for r0 in (0..n).step_by(ROWS) {
+                let rows = ROWS.min(n - r0);
+                let a = &inp[r0 * ic..(r0 + rows) * ic];
+                // SAFETY: the CPU runs `isa` (asserted above), so AVX2 and what `dot` names;
+                // IC is whole blocks of 32.
+                let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
+                let ggml = matches!(weights, q8avx2::Weights::Grouped { group: 32, .. });
+                unsafe { q8avx2::quantize(q, a, rows, ic, group, int4, ggml) };
+                let q = &*q;
+                by_columns(
+                    &mut out[r0 * oc..(r0 + rows) * oc],
+                    oc,
+                    chunk,
+                    |out, range| {
+                        // SAFETY: as above; `q` holds `rows` rows of IC.
+                        unsafe { q8avx2::rows(out, q, &weights, rows, ic, oc, range, dot) }
+                    },
+                );
+            }
+        });
     }
     // The float paths: VNNI changes only the integer ones.
     let isa = match isa {
@@ -293,12 +291,17 @@ fn vnni_chunks(group: usize, ic: usize) -> bool {
     ic.is_multiple_of(128) && fits
 }
 
-/// Whether `w` runs on the AVX2 integer kernel at `isa`: int4 at the AVX2 levels, and at the
-/// VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows); int8 and ggml's
-/// blocks at every level from AVX2 up (the AVX-512 int8 path multiplies in f32 and ran 0.56 of
-/// the bandwidth against this one's 0.82: TinyLlama int8 decode, 2 Zen 4 cores).
+/// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs
+/// there at `isa`: int4 at the AVX2 levels, and at the VNNI level where [`vnni_chunks`] does not
+/// hold (SmolLM2's 576-wide rows); int8 and ggml's blocks at every level from AVX2 up (the
+/// AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this one's 0.82:
+/// TinyLlama int8 decode, 2 Zen 4 cores). `None`: a float path.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn integer_path(isa: Isa, w: &QWeight, ic: usize) -> bool {
+fn integer_weights<'a>(
+    isa: Isa,
+    w: &QWeight<'a>,
+    ic: usize,
+) -> Option<(q8avx2::Weights<'a>, usize)> {
     let taken = match *w {
         QWeight::Int4 { group, .. } => match isa {
             Isa::Avx2 | Isa::Avx2Vnni => true,
@@ -310,7 +313,7 @@ pub(crate) fn integer_path(isa: Isa, w: &QWeight, ic: usize) -> bool {
         }
         _ => false,
     };
-    taken && q8_weights(w, ic).is_some()
+    q8_weights(w, ic).filter(|_| taken)
 }
 
 /// The weights the AVX2 integer path multiplies, and the group its activations' sums follow:

@@ -50,7 +50,7 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut want = want.clone();
             #[cfg(target_arch = "x86_64")]
-            let integer = integer_path(isa, w, ic);
+            let integer = integer_weights(isa, w, ic).is_some();
             #[cfg(target_arch = "x86_64")]
             if isa == Isa::Avx512Vnni && matches!(w, QWeight::Int4 { .. }) && !integer {
                 // The VNNI path multiplies int8 activations: compare with exactly those.
@@ -174,7 +174,7 @@ fn groups_that_straddle_a_128_weight_chunk_take_a_path_that_handles_them() {
         let inp: Vec<f32> = (0..ic).map(|_| rng.uniform() as f32).collect();
         let mut want = vec![0.0f32; oc];
         #[cfg(target_arch = "x86_64")]
-        if integer_path(best_isa(), &w, ic) {
+        if integer_weights(best_isa(), &w, ic).is_some() {
             // Groups of 96 take the AVX2 integer kernel: compare with its int8 activations.
             reference(&mut want, &avx2_activations(&inp, 1, ic), &w, 1, ic, oc);
         } else {
