@@ -1,4 +1,4 @@
-//! CPU training kernels for frugal: forward/backward pairs on f32 slices, row-major, llm.c style.
+//! CPU kernels for frugal: forward/backward pairs on f32 slices, row-major, llm.c style.
 //!
 //! One module per op family. Each fast kernel (faer GEMM, rayon over rows or heads) keeps a plain
 //! reference beside it in a `reference` module, generic over [`Real`] so the same loops run in f32
@@ -30,24 +30,16 @@
 pub mod adamw;
 pub mod attention;
 pub mod classifier;
-pub mod convert;
-pub mod cpu;
-pub mod dequant;
 pub mod embedding;
 pub mod fastmath;
 pub mod flash;
 pub mod fp8;
 pub mod gelu;
-pub mod gemm_bf16;
 pub mod layernorm;
 pub mod lora;
-pub mod matmul;
 pub mod mla;
 pub mod moe;
 pub mod paged_attention;
-mod par;
-pub mod qmatmul;
-pub mod real;
 pub mod residual;
 pub mod rmsnorm;
 pub mod rope;
@@ -55,9 +47,35 @@ pub mod sgd;
 pub mod stream;
 pub mod swiglu;
 
+// The matrix products and the CPU level live in `linalg`; the same paths name them here.
+pub use linalg::{convert, cpu, dequant, gemm_bf16, matmul, qmatmul, real, Real};
+use linalg::par;
+
 #[cfg(test)]
 mod accumulates;
 #[cfg(test)]
 mod testutil;
 
-pub use real::Real;
+/// Every dispatch and the path it takes at the current level, for reports (`bench --json`):
+/// the f32 GEMM, the bf16 GEMM, the quantized products, the vectorised loops (exp, tanh,
+/// softmax, GELU, conversions) and NF4 dequantization.
+pub fn paths() -> Vec<(&'static str, &'static str)> {
+    use cpu::Level;
+    let simd = match fastmath::simd() {
+        fastmath::Simd::Avx512 => "avx512",
+        fastmath::Simd::Avx2 => "avx2",
+        fastmath::Simd::Base => "portable",
+    };
+    let dequant = match cpu::level() {
+        l if l >= Level::Avx512 => "avx512",
+        Level::Avx2 | Level::Avx2Vnni => "avx2",
+        _ => "portable",
+    };
+    vec![
+        ("gemm_f32", matmul::capped::path().name()),
+        ("gemm_bf16", gemm_bf16::best_isa().name()),
+        ("qmatmul", qmatmul::best_isa().name()),
+        ("vector_loops", simd),
+        ("dequant_nf4", dequant),
+    ]
+}

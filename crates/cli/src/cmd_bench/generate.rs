@@ -115,7 +115,7 @@ pub fn cpu_name() -> String {
 
 /// Every kernel dispatch and the path it took at the instruction-set level in force.
 pub fn kernel_paths() -> serde_json::Value {
-    kernels::cpu::paths()
+    kernels::paths()
         .into_iter()
         .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
         .collect::<serde_json::Map<_, _>>()

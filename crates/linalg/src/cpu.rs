@@ -19,7 +19,7 @@
 //! machine that has a higher one, so every path is exercised on every CPU.
 //!
 //! ```
-//! use kernels::cpu::{self, Level};
+//! use linalg::cpu::{self, Level};
 //! assert!(cpu::detected() >= Level::Portable);
 //! cpu::set_cap(Level::Portable).unwrap();
 //! assert_eq!(cpu::level(), Level::Portable);
@@ -218,29 +218,6 @@ pub fn avx_vnni_on_cpu() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
-}
-
-/// Every dispatch and the path it takes at the current level, for reports (`bench --json`):
-/// the f32 GEMM, the bf16 GEMM, the quantized products, the vectorised loops (exp, tanh,
-/// softmax, GELU, conversions) and NF4 dequantization.
-pub fn paths() -> Vec<(&'static str, &'static str)> {
-    let simd = match crate::fastmath::simd() {
-        crate::fastmath::Simd::Avx512 => "avx512",
-        crate::fastmath::Simd::Avx2 => "avx2",
-        crate::fastmath::Simd::Base => "portable",
-    };
-    let dequant = match level() {
-        l if l >= Level::Avx512 => "avx512",
-        Level::Avx2 | Level::Avx2Vnni => "avx2",
-        _ => "portable",
-    };
-    vec![
-        ("gemm_f32", crate::matmul::capped::path().name()),
-        ("gemm_bf16", crate::gemm_bf16::best_isa().name()),
-        ("qmatmul", crate::qmatmul::best_isa().name()),
-        ("vector_loops", simd),
-        ("dequant_nf4", dequant),
-    ]
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@
 //! axis strided needs a transposed copy first ([`transpose`]).
 //!
 //! ```
-//! use kernels::gemm_bf16::{gemm_nt, bf16};
-//! use kernels::gemm_bf16::Accum;
+//! use linalg::gemm_bf16::{gemm_nt, bf16};
+//! use linalg::gemm_bf16::Accum;
 //! let a: Vec<bf16> = [1.0f32, 2.0].iter().map(|&x| bf16::from_f32(x)).collect(); // (1, 2)
 //! let b: Vec<bf16> = [3.0f32, 4.0, 5.0, 6.0].iter().map(|&x| bf16::from_f32(x)).collect(); // (2, 2)
 //! let mut out = [0.0f32; 2];

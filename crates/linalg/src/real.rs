@@ -5,7 +5,7 @@
 //! num-traits dependency): only what the kernels here call.
 //!
 //! ```
-//! use kernels::Real;
+//! use linalg::Real;
 //! fn half<F: Real>(x: F) -> F { x * F::from_f64(0.5) }
 //! assert_eq!(half(3.0f64), 1.5);
 //! ```

@@ -9,7 +9,7 @@
 //! class of value). What this module does not hold: loss scaling or statistics (engine).
 //!
 //! ```
-//! use kernels::convert::{bf16_to_f32, f32_to_bf16};
+//! use linalg::convert::{bf16_to_f32, f32_to_bf16};
 //! use half::bf16;
 //! let src = [1.0f32, 1.0 + 1.0 / 256.0, -3.5];
 //! let mut half = [bf16::ZERO; 3];

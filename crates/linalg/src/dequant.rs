@@ -16,7 +16,7 @@
 //! when the CPU has it (chosen at run time); [`reference`] decodes value by value.
 //!
 //! ```
-//! use kernels::dequant::{dequantize, Stored};
+//! use linalg::dequant::{dequantize, Stored};
 //! let levels = [0.0f32; 16];
 //! let map = [0.0f32; 256];
 //! let mut out = [0.0f32; 2];

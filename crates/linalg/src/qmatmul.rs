@@ -29,7 +29,7 @@
 //! [`reference`] is the plain loop every path is tested against.
 //!
 //! ```
-//! use kernels::qmatmul::{matmul, QWeight};
+//! use linalg::qmatmul::{matmul, QWeight};
 //! let w = [1.0f32, 2.0, 3.0, 4.0]; // (OC = 2, IC = 2)
 //! let mut out = [0.0f32; 2];
 //! matmul(&mut out, &[1.0, 1.0], &QWeight::F32(&w), 1, 2, 2);

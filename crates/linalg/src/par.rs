@@ -3,7 +3,7 @@
 //! express. Every use states why its writes are disjoint.
 
 #[derive(Clone, Copy)]
-pub(crate) struct SyncPtr<T>(pub *mut T);
+pub struct SyncPtr<T>(pub *mut T);
 
 // SAFETY: the pointer is only dereferenced by tasks that write disjoint elements, as argued at
 // each use site; the buffer outlives the parallel region because it is borrowed by the caller.
@@ -11,7 +11,7 @@ unsafe impl<T: Send> Send for SyncPtr<T> {}
 unsafe impl<T: Send> Sync for SyncPtr<T> {}
 
 impl<T> SyncPtr<T> {
-    pub(crate) fn get(self) -> *mut T {
+    pub fn get(self) -> *mut T {
         self.0
     }
 }

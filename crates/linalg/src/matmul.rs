@@ -8,7 +8,7 @@
 //! // dinp += dout @ weight, dweight += dout^T @ inp, dbias += colsum(dout)
 //! let (inp, weight, dout) = ([1.0f32, 2.0], [3.0f32, 4.0], [1.0f32]); // N = 1, IC = 2, OC = 1
 //! let (mut dinp, mut dweight, mut dbias) = ([0.0f32; 2], [0.0f32; 2], [0.0f32]);
-//! kernels::matmul::backward(&mut dinp, &mut dweight, Some(&mut dbias), &dout, &inp, &weight, 1, 2, 1);
+//! linalg::matmul::backward(&mut dinp, &mut dweight, Some(&mut dbias), &dout, &inp, &weight, 1, 2, 1);
 //! assert_eq!((dinp, dweight, dbias), ([3.0, 4.0], [1.0, 2.0], [1.0]));
 //! ```
 
@@ -23,12 +23,14 @@ use rayon::prelude::*;
 const COLS: usize = 64;
 
 /// Row-major (rows, cols) view of a slice.
-pub(crate) fn view(x: &[f32], rows: usize, cols: usize) -> MatRef<'_, f32> {
+#[inline]
+pub fn view(x: &[f32], rows: usize, cols: usize) -> MatRef<'_, f32> {
     MatRef::from_row_major_slice(x, rows, cols)
 }
 
 /// Mutable row-major (rows, cols) view of a slice.
-pub(crate) fn view_mut(x: &mut [f32], rows: usize, cols: usize) -> MatMut<'_, f32> {
+#[inline]
+pub fn view_mut(x: &mut [f32], rows: usize, cols: usize) -> MatMut<'_, f32> {
     MatMut::from_row_major_slice_mut(x, rows, cols)
 }
 
@@ -40,7 +42,7 @@ const SEQ_MACS: usize = 1 << 18;
 /// follow). Measured faster than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape:
 /// one fork/join per GEMM instead of faer's synchronisation per packed panel
 /// (`cargo bench -p kernels --bench matmul`).
-pub(crate) fn gemm(dst: MatMut<'_, f32>, accum: Accum, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) {
+pub fn gemm(dst: MatMut<'_, f32>, accum: Accum, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) {
     let threads = rayon::current_num_threads();
     let macs = dst.nrows() * dst.ncols() * lhs.ncols();
     if threads == 1 || macs < SEQ_MACS {
