@@ -126,7 +126,7 @@ pub fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
 /// FLOPs of one training token (see the module comment).
 pub fn flops_per_token(model: &ModelConfig, seq: u64) -> f64 {
     let s = &model.shape;
-    let units = plan::frugal::param_units(s, 1).expect("a buildable model");
+    let units = plan_frugal::param_units(s, 1).expect("a buildable model");
     let mut n: u64 = units.iter().map(|u| u.numel).sum();
     if s.family == Family::Gpt2 {
         n -= s.max_positions * s.d_model;

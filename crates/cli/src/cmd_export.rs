@@ -20,7 +20,7 @@
 
 use anyhow::{bail, Context};
 use infer::Runner;
-use plan::frugal::ForwardSetup;
+use plan_frugal::ForwardSetup;
 use std::path::{Path, PathBuf};
 use train::snapshot::Snapshot;
 
@@ -319,10 +319,10 @@ fn merge(
         lora.ggml = Some(crate::model::ggml_base(Some(base))?);
     }
     let lora = &lora;
-    let units = plan::frugal::param_units(shape, 1)?;
+    let units = plan_frugal::param_units(shape, 1)?;
     let base_values = crate::model::saved::read_units(base, &units)
         .with_context(|| format!("--base {}", base.display()))?;
-    let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;
+    let adapter_units = plan_frugal::adapters::adapter_units(shape, lora, 1)?;
     let adapters = snap.weights(&adapter_units)?;
     let tensors = train::peft::merge_host(shape, lora, alpha, base_values, &adapters)?;
     engine::io::save_hf(model, tensors, &args.hf)

@@ -1,15 +1,15 @@
 //! `frugal fit`: which training setups fit a device's memory, ranked by predicted step time.
 //!
-//! Parses flags into a `plan::fit::FitRequest` (reading `--model path/config.json` here), runs the
+//! Parses flags into a `fit::FitRequest` (reading `--model path/config.json` here), runs the
 //! search, and prints the best few setups as a table, the remedies each applies, and why
 //! the rest don't fit; `--json` prints one object. Not here: the search and the cost model
-//! (`plan::fit`). Example: `frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32`.
+//! (`fit`). Example: `frugal fit --model llama3-8b --gpus 8 --device-memory 80GiB --batch 32`.
 
 mod infer;
 mod render;
 
 use anyhow::bail;
-use plan::fit::{self, FitRequest, Hardware, LoraChoice, Runtime};
+use fit::{self, FitRequest, Hardware, LoraChoice, Runtime};
 use plan::setup::{Attention, Optimizer, Precision};
 use plan::{units, ModelShape};
 

@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use infer::sample::Sampling;
 use infer::{spec, Worker};
 use plan::buffer::{Category, Device};
-use plan::frugal::{ServeSetup, WeightFormat};
+use plan_frugal::{ServeSetup, WeightFormat};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;

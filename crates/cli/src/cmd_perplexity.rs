@@ -91,10 +91,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let (weights, kv) = args.storage.formats(&source)?;
     let ctx = args.ctx as u64;
-    let setup = plan::frugal::ServeSetup {
+    let setup = plan_frugal::ServeSetup {
         prefill_chunk: ctx,
         prefill_logit_rows: ctx,
-        ..plan::frugal::ServeSetup::generation(&source.config.shape, 1, ctx, weights, kv, 16, 1)
+        ..plan_frugal::ServeSetup::generation(&source.config.shape, 1, ctx, weights, kv, 16, 1)
     };
     let mut worker = source.worker(setup)?;
     let (width, limit) = (worker.vocab(), tok.vocab_size() as usize);

@@ -12,14 +12,14 @@ mod pytorch;
 mod render;
 
 use anyhow::{anyhow, bail};
+use fit::report::{self, Report};
 use gguf::{ggml_base, gguf_blocks, gguf_file};
-use plan::frugal::WeightFormat;
-use plan::report::{self, Report};
 use plan::setup::{
     Attention, Convention, Dtype, InferSetup, Lora, Offload, Optimizer, Precision, Recompute,
     TrainSetup, ZeroStage,
 };
 use plan::{formula, infer, units, Estimate, ModelShape, PlanError};
+use plan_frugal::WeightFormat;
 use std::path::PathBuf;
 
 const LONG_ABOUT: &str = "\
@@ -279,7 +279,7 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
     let file_format = file.as_ref().and_then(|s| s.own_format().ok().flatten());
     let (file_group, nibbles) = match file_format {
         Some(WeightFormat::Ggml { group, nibbles }) => (Some(group), nibbles),
-        _ => (None, plan::frugal::Roles::NONE),
+        _ => (None, plan::roles::Roles::NONE),
     };
     let weights = match (args.weights, file_group, runtime) {
         (Some(w), _, _) => w,
@@ -294,7 +294,7 @@ fn infer_setup(args: &Args, seq: u64, runtime: &str) -> anyhow::Result<InferSetu
         },
         ggml_nibbles: match weights {
             Dtype::Ggml => nibbles,
-            _ => plan::frugal::Roles::NONE,
+            _ => plan::roles::Roles::NONE,
         },
         // The formula runtime counts a GGUF file's own bytes for its ggml weights.
         ggml_file_bytes: match (weights, runtime, &file) {
@@ -316,11 +316,11 @@ fn train_estimate(runtime: &str, m: &ModelShape, s: &TrainSetup) -> anyhow::Resu
         "formula" => formula::training_estimate(m, s)?,
         "pytorch" => {
             s.validate(m)?;
-            plan::pytorch::training_estimate(m, s)?
+            plan_pytorch::training_estimate(m, s)?
         }
         // The engine's own checks: it runs what `frugal train` runs (optimizer offload at
         // ZeRO 0 included), so DeepSpeed's rules do not apply.
-        "frugal" => plan::frugal::training_estimate(m, s)?,
+        "frugal" => plan_frugal::training_estimate(m, s)?,
         other => bail!(
             "invalid --runtime: '{other}' is not a runtime: use auto, pytorch, formula or frugal"
         ),
@@ -342,7 +342,7 @@ fn model_report(
         let est = match runtime {
             "formula" => infer::inference_estimate(model, &setup)?,
             "pytorch" => pytorch::pytorch_inference(model, &setup)?,
-            "frugal" => plan::frugal::serve::inference_estimate(
+            "frugal" => plan_frugal::serve::inference_estimate(
                 model,
                 &setup,
                 ::infer::default_split_k(),
@@ -352,7 +352,7 @@ fn model_report(
         let mut r = report::inference(runtime, Some(model), 0, &setup, &est);
         if runtime == "frugal" {
             let split_k = ::infer::default_split_k();
-            r.rank_peaks = plan::frugal::serve::rank_peaks(model, &setup, split_k)?;
+            r.rank_peaks = plan_frugal::serve::rank_peaks(model, &setup, split_k)?;
         }
         r
     } else {
@@ -365,23 +365,23 @@ fn model_report(
                      pytorch and formula runtimes plan a GPU already)"
                 );
             }
-            est = plan::frugal::cuda::on_cuda(est);
+            est = plan_frugal::cuda::on_cuda(est);
         }
-        let mut hw = plan::fit::Hardware::of(plan::fit::gpu_by_name(&args.gpu)?);
+        let mut hw = fit::Hardware::of(fit::gpu_by_name(&args.gpu)?);
         hw.tf32 = args.tf32;
         let mut r = report::training(runtime, Some(model), 0, &setup, &est);
         r.config = config;
         if runtime == "frugal" {
             r.rank_peaks = report::rank_peaks(model, &setup)?;
         }
-        r.step_time = Some(plan::fit::step_time(model, &setup, &hw));
+        r.step_time = Some(fit::step_time(model, &setup, &hw));
         r.gpu = Some(hw.gpu.name.to_string());
         // A setup over the device's memory: the nearest one that fits, as the advisor finds it.
         if let Some(size) = &args.device_memory {
             let capacity = units::parse_bytes(size, "--device-memory")?;
             if r.per_device.total_bytes > capacity {
-                let runtime = plan::fit::Runtime::parse(runtime)?;
-                r.fix = plan::fit::cheapest_fix(model, &setup, capacity, runtime);
+                let runtime = fit::Runtime::parse(runtime)?;
+                r.fix = fit::cheapest_fix(model, &setup, capacity, runtime);
             }
         }
         r

@@ -36,7 +36,7 @@ mod mpi_job {
 
 use crate::model::ModelSource;
 use anyhow::{anyhow, bail, Context};
-use plan::frugal::ServeSetup;
+use plan_frugal::ServeSetup;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -327,7 +327,7 @@ fn disaggregate(
         "frugal serve: {} prefill ranks on {prefill} threads (each planned {} bytes), decode on \
          {decode_threads} (planned {} bytes)",
         args.prefill_ranks,
-        plan::frugal::serve_plan(&shape, &prefill_setup)?.peak_bytes(plan::buffer::Device::Gpu),
+        plan_frugal::serve_plan(&shape, &prefill_setup)?.peak_bytes(plan::buffer::Device::Gpu),
         decode.plan.peak_bytes(plan::buffer::Device::Gpu)
     );
     Ok((decode, d, pool(decode_threads, "decode")?))

@@ -170,7 +170,7 @@ fn models() -> Value {
             })
         })
         .collect();
-    let gpus: Vec<Value> = plan::fit::GPUS
+    let gpus: Vec<Value> = fit::GPUS
         .iter()
         .map(|g| json!({ "name": g.name, "memory_bytes": g.memory_bytes }))
         .collect();

@@ -14,8 +14,8 @@
 use anyhow::{bail, Context};
 use engine::ModelConfig;
 use infer::{file, Runner};
-use plan::frugal::{ForwardSetup, WeightFormat};
 use plan::ModelShape;
+use plan_frugal::{ForwardSetup, WeightFormat};
 use std::path::{Path, PathBuf};
 use train::snapshot::Snapshot;
 
@@ -239,7 +239,7 @@ impl ModelSource {
 
     /// A quantized GGUF file's own tensors for the advisors (`None` for other sources and for a
     /// GGUF file of floats).
-    pub fn ggml_file(&self) -> anyhow::Result<Option<plan::fit::infer::GgmlFile>> {
+    pub fn ggml_file(&self) -> anyhow::Result<Option<fit::infer::GgmlFile>> {
         match self {
             ModelSource::Gguf(path) => from_gguf::file_weights(path),
             _ => Ok(None),
@@ -272,7 +272,7 @@ impl ModelSource {
                 let format = header.format()?;
                 if format == WeightFormat::F32 {
                     // fp32 values: read them as units, so any --weights format can be packed.
-                    let units = plan::frugal::param_units(&config.shape, 1)?;
+                    let units = plan_frugal::param_units(&config.shape, 1)?;
                     let weights = Weights::Units(file::read_f32_units(path, &units)?);
                     return Ok(Loaded { config, weights });
                 }
@@ -294,14 +294,14 @@ impl ModelSource {
             }
             ModelSource::Gguf(path) => {
                 let config = self.config()?;
-                let units = plan::frugal::param_units(&config.shape, 1)?;
+                let units = plan_frugal::param_units(&config.shape, 1)?;
                 let weights = Weights::Gguf(path.clone(), saved::read_units(path, &units)?);
                 Ok(Loaded { config, weights })
             }
             ModelSource::Snapshot(dir) => {
                 let snap = open_snapshot(dir)?;
                 let config = snap.model_config()?;
-                let units = plan::frugal::param_units(&config.shape, 1)?;
+                let units = plan_frugal::param_units(&config.shape, 1)?;
                 let weights = Weights::Units(snap.weights(&units)?);
                 Ok(Loaded { config, weights })
             }

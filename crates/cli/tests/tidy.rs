@@ -3,7 +3,7 @@
 //! binary prints (library code of the other crates never calls `println!` and friends outside
 //! its tests); every dependency a crate declares is used by it; no Rust file is over 500 lines;
 //! library code has no blanket `allow(dead_code)`; every code path ARCHITECTURE.md names
-//! (`plan::frugal::training_plan`, `crates/engine/src/arena.rs`) exists, whole path, module by
+//! (`plan_frugal::training_plan`, `crates/engine/src/arena.rs`) exists, whole path, module by
 //! module; and what users read speaks of the product, never of how it is made.
 
 use std::path::{Path, PathBuf};
@@ -212,7 +212,7 @@ fn defined(all_code: &str, name: &str) -> bool {
 }
 
 /// The package name of each library crate directory (`crates/engine` is `engine`; the binary's
-/// crate has no paths to name, and `frugal::tp` is short for `plan::frugal::tp`).
+/// crate has no paths to name, and `frugal::tp` is short for `plan_frugal::tp`).
 fn crate_names() -> Vec<(String, PathBuf)> {
     crates()
         .into_iter()

@@ -11,7 +11,7 @@ use engine::backend::{DType, Tensor};
 use half::{bf16, f16};
 use kernels::paged_attention::{self as pa, KvShape, KvSlice, KvSliceMut, RowCtx};
 use kernels::qmatmul::{self, QWeight};
-use plan::frugal::{KvFormat, Roles, WeightFormat};
+use plan_frugal::{KvFormat, Roles, WeightFormat};
 
 /// The QLoRA NormalFloat4 levels as f32 (the formats crate's table).
 fn nf4_levels() -> [f32; 16] {

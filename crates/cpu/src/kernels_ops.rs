@@ -14,7 +14,7 @@ use kernels::{
     attention, classifier, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual,
     rmsnorm, rope, swiglu,
 };
-use plan::frugal::family::Mlp;
+use plan_frugal::family::Mlp;
 
 type A = Arena<Cpu>;
 

@@ -99,7 +99,7 @@ impl Backend for Cpu {
     }
 
     fn align_bytes(&self) -> u64 {
-        plan::frugal::layout::ALIGN_BYTES
+        plan_frugal::layout::ALIGN_BYTES
     }
 
     fn alloc(&self, bytes: u64) -> Result<CpuSlab, EngineError> {

@@ -8,8 +8,8 @@ use engine::backend::lora_ops::*;
 use engine::backend::Backend;
 use engine::backend::Tensor;
 use kernels::dequant::dequantize_range;
-use plan::frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS};
-use plan::frugal::Role;
+use plan_frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS};
+use plan_frugal::Role;
 
 type A = Arena<Cpu>;
 

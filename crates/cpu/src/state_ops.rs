@@ -125,7 +125,7 @@ pub fn scale(a: &A, t: Tensor, factor: f32) {
 
 pub fn accumulate(a: &A, acc: Tensor, x: Tensor) {
     if x.dtype == DType::Bf16 {
-        // A 2-byte gradient span (`plan::frugal::shards::direct_grads`) into its accumulator.
+        // A 2-byte gradient span (`plan_frugal::shards::direct_grads`) into its accumulator.
         assert_eq!(
             acc.dtype,
             DType::Bf16,

@@ -5,8 +5,8 @@ use engine::arena::Arena;
 use engine::backend::{DType, Tensor};
 use plan::buffer::Buffer;
 use plan::buffer::{Category, Device, Lifetime, MemoryPlan, Phase};
-use plan::frugal::Key;
-use plan::frugal::UnitKind;
+use plan_frugal::Key;
+use plan_frugal::UnitKind;
 
 fn plan() -> MemoryPlan {
     let mut plan = MemoryPlan::new(1);

@@ -26,7 +26,7 @@ impl Backend for Cuda {
     fn align_bytes(&self) -> u64 {
         // The CPU plan's alignment, so `frugal plan --runtime frugal` prints this device's
         // layout too; the slab itself is cudaMalloc's (256-byte aligned).
-        plan::frugal::layout::ALIGN_BYTES
+        plan_frugal::layout::ALIGN_BYTES
     }
 
     fn alloc(&self, bytes: u64) -> Result<CudaSlab, EngineError> {

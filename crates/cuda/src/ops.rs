@@ -13,7 +13,7 @@ use engine::backend::{
     LinearKind, NormBackward, NormGradKind, NormKind, NormOp, RopeShape, Tensor,
 };
 use engine::Arena;
-use plan::frugal::family::Mlp;
+use plan_frugal::family::Mlp;
 
 type A = Arena<Cuda>;
 
@@ -301,7 +301,7 @@ pub fn classifier(gpu: &Cuda, a: &A, op: &Classifier) -> f32 {
     losses.iter().map(|&l| f64::from(l)).sum::<f64>() as f32
 }
 
-/// The bf16 head's scratch (`plan::frugal::classifier_row_bytes`, 4V + 2C bytes a row): per
+/// The bf16 head's scratch (`plan_frugal::classifier_row_bytes`, 4V + 2C bytes a row): per
 /// chunk of `chunk` rows f32 logits at the start, the rounded rows at byte 4·chunk·V and (`dl`)
 /// the bf16 logit gradients after them (one layout: cuBLAS transposes for itself), which fits
 /// from half the scratch's rows on. Returns the three addresses.

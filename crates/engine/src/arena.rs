@@ -1,9 +1,9 @@
 //! The arena: one slab of a backend's memory per device, carved at start-up into the plan's
 //! buffers, with byte-exact accounting of what is live per category and the running peak.
 //!
-//! Offsets come from `plan::frugal::layout` at the backend's alignment (buffers whose lifetimes
+//! Offsets come from `plan_frugal::layout` at the backend's alignment (buffers whose lifetimes
 //! overlap never share bytes), so nothing is allocated inside a step. Buffers are found by their
-//! typed `plan::frugal::Key`. Entering a phase makes the buffers born in it live; leaving it
+//! typed `plan_frugal::Key`. Entering a phase makes the buffers born in it live; leaving it
 //! frees those that die in it. Touching a buffer that is not live is a programmer error and
 //! panics: the plan's lifetimes are enforced, not just reported. Tensors ([`Tensor`]) name a
 //! buffer, an element type and a range; the CPU backend borrows them as slices through guards
@@ -19,7 +19,7 @@
 use crate::backend::{Backend, DType, Tensor};
 use crate::error::EngineError;
 use plan::buffer::{Category, Device, Lifetime, MemoryPlan, Phase};
-use plan::frugal::{assign_offsets_aligned, Key};
+use plan_frugal::{assign_offsets_aligned, Key};
 use std::cell::Cell;
 use std::collections::HashMap;
 

@@ -33,7 +33,7 @@ pub const PRESET_AUX_COEF: f32 = 0.02;
 impl ModelConfig {
     /// A config with HF's defaults for the numerics of `shape`'s family.
     pub fn from_shape(shape: ModelShape) -> Result<ModelConfig, EngineError> {
-        plan::frugal::units::check_buildable(&shape).map_err(|e| EngineError::Config {
+        plan_frugal::units::check_buildable(&shape).map_err(|e| EngineError::Config {
             source_name: shape.name.clone(),
             reason: e.to_string(),
         })?;

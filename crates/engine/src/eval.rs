@@ -105,7 +105,7 @@ pub fn forward_chunks<B: Backend>(
         // The bf16 head's scratch also holds the rounded rows (`classifier_row_bytes`).
         true => {
             let bytes = 2 * arena.tensor(scratch.buf, DType::Bf16).len as u64;
-            (bytes / plan::frugal::classifier_row_bytes(s, model.policy)) as usize
+            (bytes / plan_frugal::classifier_row_bytes(s, model.policy)) as usize
         }
         false => scratch.len / v,
     };
@@ -172,7 +172,7 @@ impl WholeLogits {
         let tp = model.tp.as_ref()?;
         let vocab = model.vocab();
         let slices: Vec<(usize, usize)> = (0..tp.size)
-            .map(|r| plan::frugal::tp::vocab_range(vocab, tp.size, r))
+            .map(|r| plan_frugal::tp::vocab_range(vocab, tp.size, r))
             .map(|(f, n)| (f as usize, n as usize))
             .collect();
         let width = slices[0].1 * max_rows;

@@ -24,9 +24,9 @@ use crate::arena::Arena;
 use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 use crate::model::{BlockActs, Model};
-use plan::frugal::acts::BlockDims;
-use plan::frugal::family::Positions;
-use plan::frugal::units::{Role, UnitKind};
+use plan_frugal::acts::BlockDims;
+use plan_frugal::family::Positions;
+use plan_frugal::units::{Role, UnitKind};
 
 mod rows;
 pub use rows::{attn_shape, norm_kind, rope_shape, widened};

@@ -12,7 +12,7 @@
 
 use crate::model::{view_range, Model};
 use data::SplitMix64;
-use plan::frugal::units::{Role, Unit};
+use plan_frugal::units::{Role, Unit};
 
 /// Standard normal samples from SplitMix64 via Box–Muller.
 pub struct Normal {

@@ -1,7 +1,7 @@
 //! Weights in and out as safetensors with Hugging Face names, so a model trained here loads in
 //! transformers (and HF checkpoints load here). The model's files are read and written here (`capacity` reads /proc and cgroup limits; `testkit` its golden files).
 //!
-//! Tensors map to unit views through `plan::frugal::units` (`HfPart`): GPT-2's `Conv1D` weights are
+//! Tensors map to unit views through `plan_frugal::units` (`HfPart`): GPT-2's `Conv1D` weights are
 //! transposed, Llama's q/k/v and gate/up fill row ranges of the fused views. Loading checks every
 //! tensor (present, shape, dtype) before writing any weight, so a bad file changes nothing.
 //! Saving writes `model.safetensors` and `config.json` under temporary names and renames them
@@ -13,7 +13,7 @@ use crate::arena::{Arena, BufId};
 use crate::backend::{Backend, DType};
 use crate::error::EngineError;
 use crate::model::{view_range, Model};
-use plan::frugal::units::{HfPart, ParamView, Unit};
+use plan_frugal::units::{HfPart, ParamView, Unit};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::HashMap;

@@ -4,7 +4,7 @@
 //! and weights in and out as HF safetensors. Training (`train`) and inference (`infer`) are crates
 //! over it; the CPU backend is `cpu`, the CUDA one `cuda`.
 //!
-//! One source of truth for bytes: the planner (`plan::frugal`) lists every buffer; [`Arena`]
+//! One source of truth for bytes: the planner (`plan_frugal`) lists every buffer; [`Arena`]
 //! allocates exactly those (one slab per device, offsets from the buffers' lifetimes) and measures
 //! what is live per category, so planned == measured to the byte. Nothing is allocated inside a
 //! step. The engine never prints.
@@ -18,7 +18,7 @@
 // How the pieces fit (ARCHITECTURE.md has the map):
 // - `backend`: the device seam. `Backend` runs every op on arena tensors; the CPU backend (crate
 //   `cpu`) is the kernels crate. Nothing above it touches slices.
-// - `arena`: one slab per device from the plan, buffers found by `plan::frugal::Key`.
+// - `arena`: one slab per device from the plan, buffers found by `plan_frugal::Key`.
 // - `model` (weights + forward wiring); the training state and backward are `train`'s.
 // - `forward`, `mla`, `moe`: the forward pass as ops, following the family's block design.
 // - `sp`, `tp`, `pp`, `share`: how a model is split over ranks (sequence, tensor, pipeline).

@@ -17,16 +17,16 @@ use crate::backend::{Backend, MlaDims, MlaOp, Tensor};
 use crate::family::deepseek::LATENT_NORM_EPS;
 use crate::forward::Ctx;
 use crate::model::{BlockActs, MlaWork, Model};
-use plan::frugal::acts::BlockDims;
-use plan::frugal::units::Role;
+use plan_frugal::acts::BlockDims;
+use plan_frugal::units::Role;
 
-pub fn dims(d: &BlockDims) -> (plan::frugal::acts::MlaDims, MlaDims) {
+pub fn dims(d: &BlockDims) -> (plan_frugal::acts::MlaDims, MlaDims) {
     let a = d.mla.expect("a latent-attention block");
     (a, kernel_dims(a))
 }
 
 /// The kernels' view of a layer's latent-attention sizes.
-pub fn kernel_dims(a: plan::frugal::acts::MlaDims) -> MlaDims {
+pub fn kernel_dims(a: plan_frugal::acts::MlaDims) -> MlaDims {
     MlaDims {
         heads: a.heads as usize,
         nope: a.nope as usize,

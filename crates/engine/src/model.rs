@@ -12,11 +12,11 @@
 use crate::arena::{Arena, BufId};
 use crate::backend::{Backend, DType, Tensor};
 use crate::config::ModelConfig;
-use plan::frugal::acts::{ActPolicy, BlockDims, BlockTensor};
-use plan::frugal::family::BlockDesign;
-use plan::frugal::key::Work;
-use plan::frugal::units::{ParamView, Role, Unit, UnitKind};
-use plan::frugal::{ActShape, Key};
+use plan_frugal::acts::{ActPolicy, BlockDims, BlockTensor};
+use plan_frugal::family::BlockDesign;
+use plan_frugal::key::Work;
+use plan_frugal::units::{ParamView, Role, Unit, UnitKind};
+use plan_frugal::{ActShape, Key};
 use std::ops::Range;
 
 /// One block's tensors (saved for the backward, recomputed, or the forward's scratch).
@@ -217,7 +217,7 @@ impl Model {
             ckv: arena.key_tensor(Key::Work(Work::MlaCkv), DType::F32),
         });
         Model {
-            design: plan::frugal::family::design(&config.shape),
+            design: plan_frugal::family::design(&config.shape),
             config,
             units,
             params,
@@ -456,7 +456,7 @@ pub fn block_acts(id: &dyn Fn(BlockTensor) -> Option<Tensor>, out: Tensor) -> Bl
 /// Where block `layer` keeps its adapter outputs: the backward's buffers, or the forward's
 /// copies when the backward recomputes them.
 pub fn lora_u<B: Backend>(arena: &Arena<B>, layer: u32, forward_copy: bool) -> [Option<Tensor>; 4] {
-    plan::frugal::adapters::MATRICES.map(|role| {
+    plan_frugal::adapters::MATRICES.map(|role| {
         let key = match forward_copy {
             true => Key::LoraUFwd(layer, role),
             false => Key::LoraU(layer, role),

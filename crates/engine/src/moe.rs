@@ -21,8 +21,8 @@ use crate::backend::ops::Activation;
 use crate::backend::{Backend, MoeOp, MoeShape, Tensor};
 use crate::forward::{widened, Ctx};
 use crate::model::{BlockActs, Model, MoeWork};
-use plan::frugal::acts::BlockDims;
-use plan::frugal::units::Role;
+use plan_frugal::acts::BlockDims;
+use plan_frugal::units::Role;
 use std::ops::Range;
 
 pub fn shape(d: &BlockDims) -> MoeShape {

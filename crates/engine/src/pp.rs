@@ -1,5 +1,5 @@
 //! Pipeline parallelism: one stage's links to its neighbours and to the other stages of its
-//! pipeline, and the stash of its in-flight micro-batches (`plan::frugal::pp`).
+//! pipeline, and the stash of its in-flight micro-batches (`plan_frugal::pp`).
 //!
 //! A send or receive between neighbouring stages is one exchange over the pair's own
 //! two-rank communicator: an all-gather of the boundary tensor (an activation forward, its
@@ -18,10 +18,10 @@ use crate::error::EngineError;
 use crate::share::Share;
 use comm::{BufMut, Collective, CommError};
 use plan::buffer::MemoryPlan;
-use plan::frugal::key::Work;
-use plan::frugal::pp::Stage;
-use plan::frugal::units::Unit;
-use plan::frugal::Key;
+use plan_frugal::key::Work;
+use plan_frugal::pp::Stage;
+use plan_frugal::units::Unit;
+use plan_frugal::Key;
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
@@ -106,9 +106,9 @@ impl Pipeline {
                 .key
                 .expect("the engine's plan keys every buffer")
         };
-        let kept_at = plan::frugal::pp::kept_across(plan);
+        let kept_at = plan_frugal::pp::kept_across(plan);
         let kept = kept_at.iter().map(|&i| arena.id(key(i))).collect();
-        let stashed = (plan::frugal::pp::stashed(plan).into_iter())
+        let stashed = (plan_frugal::pp::stashed(plan).into_iter())
             .map(|i| arena.id(key(i)))
             .collect();
         let stash = (0..).map_while(|k| arena.try_id(Key::Stash(k))).collect();
@@ -221,9 +221,9 @@ impl Pipeline {
         let mut group = self.group.borrow_mut();
         for (w, unit) in share.whole_units.iter().enumerate() {
             let owner = match unit.kind {
-                plan::frugal::units::UnitKind::Embed => 0,
-                plan::frugal::units::UnitKind::Head => self.stage.count - 1,
-                plan::frugal::units::UnitKind::Block(l) => (0..self.stage.count)
+                plan_frugal::units::UnitKind::Embed => 0,
+                plan_frugal::units::UnitKind::Head => self.stage.count - 1,
+                plan_frugal::units::UnitKind::Block(l) => (0..self.stage.count)
                     .find(|&s| {
                         let st = Stage::of(n, self.stage.count, s);
                         (st.first_layer..st.first_layer + st.layers).contains(&l)

@@ -1,7 +1,7 @@
 //! Where a rank's model sits in the whole model: its tensor-parallel share of every unit
-//! (`plan::frugal::tp`) and its pipeline stage's units (`plan::frugal::pp`). Initialisation,
+//! (`plan_frugal::tp`) and its pipeline stage's units (`plan_frugal::pp`). Initialisation,
 //! saving and the global norm go through this map, so a rank's units are cut from, and put back
-//! into, the units of the whole model (`plan::frugal::param_units` of it) as one rank would hold
+//! into, the units of the whole model (`plan_frugal::param_units` of it) as one rank would hold
 //! them.
 //!
 //! Example: `share.take_unit(&model.units[u], &whole_values, &mut mine)` after filling the whole
@@ -9,9 +9,9 @@
 
 use crate::config::ModelConfig;
 use crate::error::EngineError;
-use plan::frugal::pp::{self, Stage};
-use plan::frugal::tp::{self, Split};
-use plan::frugal::units::{Role, Unit, UnitKind};
+use plan_frugal::pp::{self, Stage};
+use plan_frugal::tp::{self, Split};
+use plan_frugal::units::{Role, Unit, UnitKind};
 
 /// This rank's place in the whole model.
 pub struct Share {
@@ -29,7 +29,7 @@ impl Share {
         (tp_rank, tp_size): (u32, u32),
         stage: Stage,
     ) -> Result<Share, EngineError> {
-        let whole_units = plan::frugal::param_units(&whole.shape, 1)?;
+        let whole_units = plan_frugal::param_units(&whole.shape, 1)?;
         Ok(Share {
             whole,
             whole_units,
@@ -95,7 +95,7 @@ impl Share {
         (0..self.tp_size)
             .map(|r| {
                 let units = match self.tp_size {
-                    1 => plan::frugal::param_units(&staged, 1)?,
+                    1 => plan_frugal::param_units(&staged, 1)?,
                     _ => tp::units(&staged, self.tp_size, r, 1)?,
                 };
                 Ok(units

@@ -1,7 +1,7 @@
 //! Tensor parallelism inside the model (Megatron-LM): one rank's link to the others of its
 //! tensor-parallel group (the whole model its share is cut from is `share::Share`).
 //!
-//! The model a tensor-parallel rank builds is its share (`plan::frugal::tp::rank_shape`: its
+//! The model a tensor-parallel rank builds is its share (`plan_frugal::tp::rank_shape`: its
 //! heads, its slice of the MLP and of the vocabulary), so the forward and backward run the
 //! single-rank ops on it; the few places where the ranks' partial results meet call this
 //! module: the embedding and each row-parallel projection all-reduce their output (forward),
@@ -22,8 +22,8 @@ use crate::backend::{Backend, CommOp, Tensor};
 use crate::error::EngineError;
 use crate::share::Share;
 use comm::{Buf, BufMut, Collective, CommError, ReduceOp};
-use plan::frugal::tp;
-use plan::frugal::units::Unit;
+use plan_frugal::tp;
+use plan_frugal::units::Unit;
 use std::cell::RefCell;
 
 /// One rank of a tensor-parallel group.

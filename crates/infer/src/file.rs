@@ -17,7 +17,7 @@ use engine::backend::InferOps;
 use engine::config::ModelConfig;
 use engine::error::EngineError;
 use plan::buffer::Category;
-use plan::frugal::WeightFormat;
+use plan_frugal::WeightFormat;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -260,7 +260,7 @@ fn read_tensors<B: InferOps>(
 /// what a worker quantizes to another format.
 pub fn read_f32_units(
     path: &Path,
-    units: &[plan::frugal::Unit],
+    units: &[plan_frugal::Unit],
 ) -> Result<Vec<Vec<f32>>, EngineError> {
     let (header, offset) = read_header(path)?;
     if header.format()? != WeightFormat::F32 {
@@ -294,7 +294,7 @@ pub fn read_f32_units(
     let mut out = Vec::with_capacity(units.len());
     for unit in units {
         let mut values = Vec::with_capacity(unit.numel as usize);
-        let vectors_key = plan::frugal::Key::Vectors(unit.kind).to_string();
+        let vectors_key = plan_frugal::Key::Vectors(unit.kind).to_string();
         let vectors = tensors
             .get(&vectors_key)
             .map(|b| floats(b))
@@ -302,8 +302,8 @@ pub fn read_f32_units(
         let mut vec_at = 0;
         for v in &unit.views {
             let n = v.numel() as usize;
-            if plan::frugal::serve::is_matrix(v.role) {
-                let key = plan::frugal::Key::QWeight(unit.kind, v.role).to_string();
+            if plan_frugal::serve::is_matrix(v.role) {
+                let key = plan_frugal::Key::QWeight(unit.kind, v.role).to_string();
                 let b = tensors
                     .get(&key)
                     .filter(|b| b.len() == 4 * n)

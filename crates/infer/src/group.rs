@@ -15,7 +15,7 @@ use super::Worker;
 use engine::arena::Measured;
 use engine::config::ModelConfig;
 use engine::error::EngineError;
-use plan::frugal::ServeSetup;
+use plan_frugal::ServeSetup;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 

@@ -1,5 +1,5 @@
 //! The inference engine: a model's weights in a storage format, a paged KV cache and the scratch
-//! of a prefill and a decode step, all carved from `plan::frugal::serve_plan`, so the measured
+//! of a prefill and a decode step, all carved from `plan_frugal::serve_plan`, so the measured
 //! bytes equal the plan's per category, as in training. Laid out as vLLM lays it out:
 //! - the block manager (`blocks`): the one KV-block rule (tables, reference counts,
 //!   copy-on-write, sliding-window release), used by the worker and by the plan's replay;
@@ -19,7 +19,7 @@
 //! Example:
 //! ```
 //! use infer::Worker;
-//! use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+//! use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 //! let config = engine::ModelConfig::from_shape(engine::testkit::llama_tiny()).unwrap();
 //! let w = WeightFormat::Int4 { group: 32, asym: false };
 //! let setup = ServeSetup::generation(&config.shape, 1, 32, w, KvFormat::Int8, 16, 1);
@@ -58,10 +58,10 @@ use engine::backend::{DType, KvCache, QMatrix, Tensor};
 use engine::config::ModelConfig;
 use engine::error::EngineError;
 use plan::buffer::{Device, MemoryPlan};
-use plan::frugal::family::{design, BlockDesign};
-use plan::frugal::serve::is_matrix;
-use plan::frugal::units::{Role, UnitKind};
-use plan::frugal::{serve_plan, Key, KvFormat, ServeSetup, StepAct, StepKind, Unit, WeightFormat};
+use plan_frugal::family::{design, BlockDesign};
+use plan_frugal::serve::is_matrix;
+use plan_frugal::units::{Role, UnitKind};
+use plan_frugal::{serve_plan, Key, KvFormat, ServeSetup, StepAct, StepKind, Unit, WeightFormat};
 
 /// The sliding window, in tokens, when every layer has one (blocks before it can be released).
 pub fn window_everywhere(config: &ModelConfig) -> Option<usize> {
@@ -184,7 +184,7 @@ impl<B: InferOps> Worker<B> {
     ) -> Result<Worker<B>, EngineError> {
         engine::backend::require::<B>(engine::backend::model_needs(&config.shape))?;
         let plan = serve_plan(&config.shape, &setup)?;
-        let units = plan::frugal::param_units(&config.shape, 1)?;
+        let units = plan_frugal::param_units(&config.shape, 1)?;
         Worker::with_plan(backend, config, setup, capacity, (plan, units))
     }
 

@@ -13,8 +13,8 @@ use engine::backend::ops::{NormKind, NormOp};
 use engine::backend::InferOps;
 use engine::backend::{LatentOp, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
 use engine::family::deepseek::LATENT_NORM_EPS;
-use plan::frugal::units::Role;
-use plan::frugal::{StepAct, StepKind};
+use plan_frugal::units::Role;
+use plan_frugal::{StepAct, StepKind};
 
 impl<B: InferOps> Worker<B> {
     /// proj (n, C) := latent attention's output projection for the step's rows (`ln` is the
@@ -35,8 +35,8 @@ impl<B: InferOps> Worker<B> {
         let m = s.mla.as_ref().expect("latent attention");
         let n = positions.len();
         let c = s.d_model as usize;
-        let shape = plan::frugal::ActShape { batch: 1, seq: 1 };
-        let layer = plan::frugal::acts::BlockDims::layer(s, shape, 0);
+        let shape = plan_frugal::ActShape { batch: 1, seq: 1 };
+        let layer = plan_frugal::acts::BlockDims::layer(s, shape, 0);
         let d = engine::mla::kernel_dims(layer.mla.expect("latent attention"));
         let (hq, width) = (d.heads * d.qk(), d.rank + d.rope);
         let get = |t| step_tensor(a, kind, t).expect("a latent-attention step tensor");

@@ -11,8 +11,8 @@ use super::{step_tensor, UnitWeights, Worker};
 use engine::backend::ops::Activation;
 use engine::backend::InferOps;
 use engine::backend::{MoeOp, MoeShape, QLinear, QMatrix, Tensor};
-use plan::frugal::units::Role;
-use plan::frugal::{StepAct, StepKind};
+use plan_frugal::units::Role;
+use plan_frugal::{StepAct, StepKind};
 use std::ops::Range;
 
 /// Rows `r` of a stored matrix (its codes, scales and zero points per row).
@@ -80,7 +80,7 @@ impl<B: InferOps> Worker<B> {
             be.qlinear(a, &op);
         };
         let router = QMatrix {
-            format: plan::frugal::serve::WeightFormat::F32,
+            format: plan_frugal::serve::WeightFormat::F32,
             codes: w.vector(Role::RouterWeight).expect("the router (fp32)"),
             scales: None,
             zeros: None,

@@ -1,11 +1,11 @@
 //! A model without training state: its weights and one forward pass's activations, planned by
-//! `plan::frugal::forward_plan` (no gradient, optimizer or backward bytes), for exporting a
+//! `plan_frugal::forward_plan` (no gradient, optimizer or backward bytes), for exporting a
 //! snapshot, computing logits and generating text. The inference engine builds on it.
 //!
 //! Example:
 //! ```
 //! use infer::runner::Runner;
-//! use plan::frugal::ForwardSetup;
+//! use plan_frugal::ForwardSetup;
 //! let config = engine::ModelConfig::from_shape(engine::testkit::gpt2_tiny()).unwrap();
 //! let setup = ForwardSetup { batch: 1, seq: 8, attention: plan::setup::Attention::Flash };
 //! let mut runner = Runner::new(config, setup).unwrap();
@@ -23,7 +23,7 @@ use engine::error::EngineError;
 use engine::eval::Forward;
 use engine::model::{Model, WeightSource};
 use plan::buffer::{Device, MemoryPlan, Phase};
-use plan::frugal::{forward_plan, ActShape, ForwardSetup};
+use plan_frugal::{forward_plan, ActShape, ForwardSetup};
 
 /// A forward-only model and its arena.
 pub struct Runner<B: Backend = Cpu> {
@@ -54,7 +54,7 @@ impl<B: Backend> Runner<B> {
         engine::backend::require::<B>(needs)?;
         let plan = forward_plan(&config.shape, &setup)?;
         let arena = Arena::new(backend, &plan, Device::Gpu, None)?;
-        let units = plan::frugal::param_units(&config.shape, 1)?;
+        let units = plan_frugal::param_units(&config.shape, 1)?;
         let shape = ActShape {
             batch: setup.batch,
             seq: setup.seq,

@@ -18,7 +18,7 @@ use super::sample::Sampling;
 use super::Worker;
 use engine::backend::InferOps;
 use engine::error::EngineError;
-use plan::frugal::ServeSetup;
+use plan_frugal::ServeSetup;
 use std::time::Instant;
 
 /// One request: a prompt and how many tokens to generate (end-of-text is not a stop: the

@@ -12,9 +12,9 @@ use engine::backend::InferOps;
 use engine::backend::{EmbedRows, KvWrite, PagedAttention, QLinear, SeqRow, Tensor};
 use engine::error::EngineError;
 use plan::buffer::Phase;
-use plan::frugal::family::{Norm, Positions};
-use plan::frugal::units::{Role, UnitKind};
-use plan::frugal::{StepAct, StepKind};
+use plan_frugal::family::{Norm, Positions};
+use plan_frugal::units::{Role, UnitKind};
+use plan_frugal::{StepAct, StepKind};
 
 /// KV positions from which a decode step whose (row, KV head) tasks do not share out evenly over
 /// the threads splits each task's KV range (SmolLM2's 3 KV heads on 2 threads: 75 → 89 tokens/s

@@ -6,8 +6,8 @@ use super::*;
 use crate::runner::Runner;
 use engine::eval;
 use engine::testkit::{gpt2_tiny, llama_tiny, tokens};
-use plan::frugal::ForwardSetup;
 use plan::ModelShape;
+use plan_frugal::ForwardSetup;
 
 pub(super) fn reference(shape: &ModelShape, seed: u64) -> Runner {
     let config = ModelConfig::from_shape(shape.clone()).unwrap();

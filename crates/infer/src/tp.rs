@@ -1,5 +1,5 @@
 //! Tensor-parallel inference: one rank of a group that splits the model as training does
-//! (Megatron-LM, `plan::frugal::tp`). A rank's worker is the single-rank worker of its share
+//! (Megatron-LM, `plan_frugal::tp`). A rank's worker is the single-rank worker of its share
 //! (`tp::rank_shape`: its query heads, its key/value heads or the one it shares, its slice of the
 //! MLP and of the vocabulary), so its plan is the serving plan of that shape and measures
 //! exactly as one rank does. The ranks meet at four points of a step:
@@ -28,9 +28,9 @@ use engine::config::ModelConfig;
 use engine::error::EngineError;
 use engine::share::Share;
 use engine::tp::TensorParallel;
-use plan::frugal::pp::Stage;
-use plan::frugal::tp::Split;
-use plan::frugal::{serve_plan_rank, tp, ServeSetup, WeightFormat};
+use plan_frugal::pp::Stage;
+use plan_frugal::tp::Split;
+use plan_frugal::{serve_plan_rank, tp, ServeSetup, WeightFormat};
 use std::cell::RefCell;
 
 /// A worker's place in its tensor-parallel group.
@@ -356,7 +356,7 @@ mod tests {
         ] {
             let part = take_grouped(&split, rows, cols, group, &whole).unwrap();
             let mut want = vec![0.0f32; part.codes.len()];
-            plan::frugal::tp::take(&split, &shape, &dense, &mut want);
+            plan_frugal::tp::take(&split, &shape, &dense, &mut want);
             assert_eq!(values(&part, group), want, "{split:?}");
         }
         // Columns that cut a group are refused.

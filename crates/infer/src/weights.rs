@@ -19,9 +19,9 @@ use engine::error::EngineError;
 use formats::quant::{quantize, Granularity, QuantConfig, Scheme, Symmetry};
 use formats::{Format, IntRange};
 use half::{bf16, f16};
-use plan::frugal::serve::is_matrix;
-use plan::frugal::units::{ParamView, Role, Unit};
-use plan::frugal::{Roles, WeightFormat};
+use plan_frugal::serve::is_matrix;
+use plan_frugal::units::{ParamView, Role, Unit};
+use plan_frugal::{Roles, WeightFormat};
 
 /// A matrix already in the worker's format, if its source holds one: `(unit, view)` → bytes.
 pub type StoredMatrix<'a> =

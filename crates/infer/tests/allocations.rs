@@ -4,7 +4,7 @@
 
 use engine::testkit::{count_allocations, llama_tiny, tokens, Capped, Counting};
 use infer::Worker;
-use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -35,8 +35,7 @@ fn a_decode_step_allocates_no_tensor() {
         s.fill_random(1);
         // The decode step's q|k|v rows: a tensor of the step (its norm statistics are smaller
         // than a host metadata vector at this toy size).
-        let key =
-            plan::frugal::Key::Step(plan::frugal::StepKind::Decode, plan::frugal::StepAct::Qkv);
+        let key = plan_frugal::Key::Step(plan_frugal::StepKind::Decode, plan_frugal::StepAct::Qkv);
         let smallest = s
             .plan
             .buffers

@@ -9,7 +9,7 @@ use cpu::Cpu;
 use engine::testkit::{llama_tiny, tokens};
 use engine::ModelConfig;
 use infer::{file, Worker};
-use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use std::path::Path;
 
 /// The file's parts: the header's JSON and the payload after it.
@@ -36,7 +36,7 @@ fn run(path: &Path) -> Result<(), String> {
     let config = header.model_config(path).map_err(e)?;
     let format = header.format().map_err(e)?;
     if format == WeightFormat::F32 {
-        let units = plan::frugal::param_units(&config.shape, 1).map_err(|x| x.to_string())?;
+        let units = plan_frugal::param_units(&config.shape, 1).map_err(|x| x.to_string())?;
         file::read_f32_units(path, &units).map_err(e)?;
         return Ok(());
     }

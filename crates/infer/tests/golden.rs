@@ -7,7 +7,7 @@ use engine::io::load_prefixed;
 use engine::testkit::{assert_max_abs as assert_close, Golden};
 use engine::ModelConfig;
 use infer::Worker;
-use plan::frugal::{ForwardSetup, KvFormat, ServeSetup, WeightFormat};
+use plan_frugal::{ForwardSetup, KvFormat, ServeSetup, WeightFormat};
 
 /// The inference engine against the same HF logits: each row prefilled halfway (every
 /// position's logits kept), then decoded token by token from its KV cache, at f32 weights and KV.

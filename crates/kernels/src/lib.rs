@@ -48,8 +48,8 @@ pub mod stream;
 pub mod swiglu;
 
 // The matrix products and the CPU level live in `linalg`; the same paths name them here.
-pub use linalg::{convert, cpu, dequant, gemm_bf16, matmul, qmatmul, real, Real};
 use linalg::par;
+pub use linalg::{convert, cpu, dequant, gemm_bf16, matmul, qmatmul, real, Real};
 
 #[cfg(test)]
 mod accumulates;

@@ -85,7 +85,7 @@ fn main() {
             plan.buffers.len()
         );
         let inf = InferSetup {
-            ggml_nibbles: plan::frugal::Roles::NONE,
+            ggml_nibbles: plan::roles::Roles::NONE,
             ggml_file_bytes: None,
             weights: Dtype::Int4,
             weight_group: Some(128),

@@ -158,7 +158,7 @@ pub struct Buffer {
     /// The `frugal` runtime's typed key (its name is the key's `Display`): the engine's arena
     /// is indexed by it. `None` in the other runtimes' plans.
     #[serde(skip)]
-    pub key: Option<crate::frugal::Key>,
+    pub key: Option<crate::key::Key>,
 }
 
 impl Buffer {
@@ -182,7 +182,7 @@ impl Buffer {
 
     /// A buffer the engine allocates, found by `key`.
     pub fn keyed(
-        key: crate::frugal::Key,
+        key: crate::key::Key,
         category: Category,
         device: Device,
         bytes: u64,

@@ -11,23 +11,22 @@
 pub mod acts;
 pub mod buffer;
 pub mod error;
-pub mod fit;
 pub mod formula;
 pub mod formula_acts;
-pub mod frugal;
 pub mod hf_config;
 pub mod host;
 pub mod infer;
+pub mod key;
 pub mod lora;
 pub mod model;
 pub mod params;
 pub mod policy;
 pub mod presets;
-pub mod pytorch;
 pub mod recompute;
-pub mod report;
+pub mod roles;
 pub mod runtime;
 pub mod setup;
+pub mod tensors;
 pub mod units;
 pub mod validate;
 

@@ -106,3 +106,12 @@ pub fn base_bytes(numel: u64, d_in: u64, base: Dtype) -> u64 {
         other => numel * other.bits() / 8,
     }
 }
+
+/// The layout of a GGUF file's blocks as a frozen base holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GgmlBase {
+    /// Values per scale: 32, or 16 when a block matrix is Q6_K.
+    pub group: u64,
+    /// The matrices whose codes the file holds in 4-bit types, kept two a byte.
+    pub nibbles: crate::roles::Roles,
+}

@@ -57,3 +57,23 @@ impl Estimate {
         }
     }
 }
+
+/// CUDA context, kernels and library handles outside the allocator's pool (PyTorch's, or the
+/// CUDA backend's slab). Measured on an H200 with PyTorch 2.11 / CUDA 13 (`shared/calibration`):
+/// the process held 738.8 MiB of which 54 MiB was PyTorch's pool (cuBLAS workspace and two test
+/// tensors).
+pub fn cuda_context_bytes() -> u64 {
+    const MIB: u64 = 1 << 20;
+    (738.8125 * MIB as f64) as u64 - 54 * MIB
+}
+
+/// One rank of a tensor/pipeline-parallel plan: its stage, its layers and tensor-parallel rank,
+/// and its peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankPeak {
+    pub stage: u32,
+    pub first_layer: u32,
+    pub layers: u32,
+    pub tp_rank: u32,
+    pub peak_bytes: u64,
+}

@@ -32,7 +32,7 @@ fn at_least_one(field: &str, value: u64) -> Result<(), PlanError> {
 /// every input width (a group as wide as the row or wider is one scale per row), for the
 /// `formula` and `pytorch` runtimes. The frugal runtime's own check (`frugal::serve`) is
 /// stricter: its groups are 32, 64 or 128 and divide every column count.
-pub(crate) fn check_groups(model: &ModelShape, group: u64) -> Result<(), PlanError> {
+pub fn check_groups(model: &ModelShape, group: u64) -> Result<(), PlanError> {
     let layers = (0..model.n_layers).flat_map(|l| model.block_tensors(l));
     let widths = layers.chain(model.head_tensors()).filter_map(|t| {
         (t.kind == crate::params::TensorKind::Linear && group < t.d_in && t.d_in % group != 0)
@@ -227,7 +227,7 @@ impl InferSetup {
                 "--kv-dtype",
                 format!(
                     "{} KV caches are not modelled: use bf16, fp16, fp8 or int8",
-                    crate::fit::dtype_name(self.kv_dtype)
+                    crate::setup::dtype_name(self.kv_dtype)
                 ),
             ));
         }

@@ -5,7 +5,7 @@ use plan::{infer, presets, Category};
 
 fn setup(weights: Dtype, kv_dtype: Dtype, batch: u64, seq: u64) -> InferSetup {
     InferSetup {
-        ggml_nibbles: plan::frugal::Roles::NONE,
+        ggml_nibbles: plan::roles::Roles::NONE,
         ggml_file_bytes: None,
         weights,
         weight_group: None,

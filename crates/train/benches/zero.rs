@@ -88,7 +88,7 @@ fn main() {
         .collect();
     let ranks: u32 = args.first().map_or(4, |a| a.parse().expect("RANKS"));
     let rounds: usize = args.get(1).map_or(5, |a| a.parse().expect("ROUNDS"));
-    let units = plan::frugal::param_units(&shape(), ranks).unwrap();
+    let units = plan_frugal::param_units(&shape(), ranks).unwrap();
     let psi_bytes: u64 = units.iter().map(|u| 4 * u.padded_numel).sum();
     let threads = rayon::current_num_threads();
     println!(

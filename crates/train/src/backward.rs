@@ -17,10 +17,10 @@ use engine::backend::{DType, Tensor};
 use engine::forward::{attn_shape, block_input, final_norm, rope_shape, widened};
 use engine::model::{BlockActs, Model};
 use kernels::classifier::shard::RowReduce;
-use plan::frugal::family::{Norm, Positions};
-use plan::frugal::key::Work;
-use plan::frugal::units::{Role, UnitKind};
-use plan::frugal::Key;
+use plan_frugal::family::{Norm, Positions};
+use plan_frugal::key::Work;
+use plan_frugal::units::{Role, UnitKind};
+use plan_frugal::Key;
 
 /// What one block's backward shares: the model, its gradients and the pass's sizes.
 pub(crate) struct Grad<'a, B: TrainOps> {

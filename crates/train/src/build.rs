@@ -16,9 +16,9 @@ use engine::error::EngineError;
 use engine::model::{Model, WeightSource};
 use engine::share::Share;
 use plan::buffer::Device;
-use plan::frugal::key::Work;
-use plan::frugal::{ActShape, Key, StateRule};
 use plan::setup::{Offload, Precision};
+use plan_frugal::key::Work;
+use plan_frugal::{ActShape, Key, StateRule};
 
 impl<B: TrainOps> Trainer<B> {
     /// A trainer for one rank on `backend`.
@@ -33,7 +33,7 @@ impl<B: TrainOps> Trainer<B> {
         let place = tp::Place::of(world_rank, config.tp.max(1), config.dp(), config.pp.max(1));
         let plan = config::check_capacity_of(&config, place.tp_rank, place.stage)?;
         let replicas = match place.tp > 1 {
-            true => plan::frugal::tp::kv_replicas(&config.model.shape, place.tp),
+            true => plan_frugal::tp::kv_replicas(&config.model.shape, place.tp),
             false => 1,
         };
         let mut comms = tp::Comms::split(comm, place, replicas)?;
@@ -47,8 +47,8 @@ impl<B: TrainOps> Trainer<B> {
             _ => None,
         };
         let arena = Arena::new(backend, &plan, Device::Gpu, config.device_memory_bytes)?;
-        let stage = plan::frugal::place::stage_of(shape, &setup, place.stage);
-        let units = plan::frugal::stage_units(shape, &setup, place.tp_rank, stage)?;
+        let stage = plan_frugal::place::stage_of(shape, &setup, place.stage);
+        let units = plan_frugal::stage_units(shape, &setup, place.tp_rank, stage)?;
         let kv_group = comms.kv.take();
         let tp_group = comms.tp.take().map(|c| {
             let mut tp = engine::tp::TensorParallel::new(shape.vocab, c);
@@ -73,7 +73,7 @@ impl<B: TrainOps> Trainer<B> {
             batch: config.batch,
             seq: config.seq,
         };
-        let policy = plan::frugal::ActPolicy::of(&setup);
+        let policy = plan_frugal::ActPolicy::of(&setup);
         let rule = StateRule::of(&setup);
         // ZeRO-3's prefetch runs beside the computation on the link's own thread.
         let comm = match config.overlap_comm && rule.params_sharded() && comm.world_size() > 1 {

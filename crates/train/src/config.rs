@@ -226,9 +226,9 @@ pub fn check_capacity_of(
         };
         return Err(invalid.into());
     }
-    let plan = plan::frugal::training_plan_of(shape, &setup, tp_rank, stage)?;
+    let plan = plan_frugal::training_plan_of(shape, &setup, tp_rank, stage)?;
     // One rank's slab: at least the peak (the sum of `at_peak`), more where the layout leaves gaps.
-    let slab_bytes = plan::frugal::assign_offsets(&plan, Device::Gpu)
+    let slab_bytes = plan_frugal::assign_offsets(&plan, Device::Gpu)
         .slab_bytes
         .max(plan.peak_bytes(Device::Gpu));
     let host_bytes = match config.mixed.offload_path {
@@ -243,7 +243,7 @@ pub fn check_capacity_of(
         let per_rank = capacity_bytes / u64::from(ranks);
         // No remedy in reach saves a factor of 100; skip the search (seconds on huge models).
         let fix = (needed_bytes / 100 <= capacity_bytes)
-            .then(|| plan::fit::cheapest_fix(shape, &setup, per_rank, plan::fit::Runtime::Frugal))
+            .then(|| fit::cheapest_fix(shape, &setup, per_rank, fit::Runtime::Frugal))
             .flatten();
         EngineError::DoesNotFit(Box::new(NoFit {
             limit,

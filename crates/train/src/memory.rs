@@ -65,7 +65,7 @@ impl<B: TrainOps> Trainer<B> {
         let planned = MemoryBreakdown {
             at_peak_bytes,
             peak_bytes: self.plan.peak_bytes(Device::Gpu),
-            reserved_bytes: plan::frugal::assign_offsets(&self.plan, Device::Gpu).slab_bytes,
+            reserved_bytes: plan_frugal::assign_offsets(&self.plan, Device::Gpu).slab_bytes,
         };
         let m = self.measured();
         let measured = MemoryBreakdown {

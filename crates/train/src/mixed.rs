@@ -16,8 +16,8 @@ use comm::Collective;
 use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::model::Model;
-use plan::frugal::StateRule;
 use plan::setup::{Offload, Precision};
+use plan_frugal::StateRule;
 
 /// Weight precision and offload of a run (`Mixed::fp32()`: everything fp32, nothing offloaded).
 #[derive(Clone, Debug, PartialEq)]
@@ -173,7 +173,7 @@ pub(super) fn offload_store(
         .iter()
         .map(|u| match rule.optimizer_sharded() {
             false => u.padded_numel,
-            true => plan::frugal::shards::shard_numel(u, rule.world),
+            true => plan_frugal::shards::shard_numel(u, rule.world),
         })
         .collect();
     // One file per rank of the world (tensor-parallel ranks share a data-parallel rank).

@@ -8,7 +8,7 @@ use engine::backend::{MlaOp, Tensor};
 use engine::forward::{attn_shape, widened};
 use engine::mla::{dims, must, work};
 use engine::model::BlockActs;
-use plan::frugal::units::Role;
+use plan_frugal::units::Role;
 
 /// The attention half's backward: d(res2) in `dresidual` → d(inp), with every latent-attention
 /// weight's gradient.

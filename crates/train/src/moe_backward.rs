@@ -10,8 +10,8 @@ use engine::backend::TrainOps;
 use engine::forward::{widened, Ctx};
 use engine::model::{BlockActs, Model};
 use engine::moe::{expert, expert_rows, must_t, rows, shape, tables, work};
-use plan::frugal::acts::BlockDims;
-use plan::frugal::units::Role;
+use plan_frugal::acts::BlockDims;
+use plan_frugal::units::Role;
 
 /// In the head: the micro-batch's load-balancing loss from the forward's statistics, and the
 /// gradient every router probability receives from it (weighted by the config's coefficient

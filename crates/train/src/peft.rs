@@ -14,8 +14,8 @@ use crate::Trainer;
 use engine::error::EngineError;
 use engine::io::HfTensor;
 use engine::model::view_range;
-use plan::frugal::adapters::{BaseFormat, Matrix};
-use plan::frugal::units::{Role, Unit, UnitKind};
+use plan_frugal::adapters::{BaseFormat, Matrix};
+use plan_frugal::units::{Role, Unit, UnitKind};
 use std::path::Path;
 
 /// The file names PEFT reads.
@@ -105,7 +105,7 @@ pub fn save_adapter(
 pub fn merged_tensors(trainer: &Trainer, gathered: Option<&[Vec<f32>]>) -> Vec<HfTensor> {
     let model = &trainer.model;
     let lora = model.lora.as_ref().expect("a LoRA model");
-    let units = plan::frugal::param_units(&model.config.shape, 1).expect("the plan built it");
+    let units = plan_frugal::param_units(&model.config.shape, 1).expect("the plan built it");
     let adapters = adapter_values(trainer, gathered);
     let matrices: Vec<Vec<Matrix>> = (lora.matrices.iter())
         .map(|ms| ms.iter().map(|m| m.matrix.clone()).collect())
@@ -136,8 +136,8 @@ pub fn merge_host(
     mut base: Vec<Vec<f32>>,
     adapters: &[Vec<f32>],
 ) -> Result<Vec<HfTensor>, EngineError> {
-    let units = plan::frugal::param_units(shape, 1)?;
-    let adapter_units = plan::frugal::adapters::adapter_units(shape, lora, 1)?;
+    let units = plan_frugal::param_units(shape, 1)?;
+    let adapter_units = plan_frugal::adapters::adapter_units(shape, lora, 1)?;
     let format = BaseFormat::of(lora)?;
     let matrices = engine::lora::all_matrices(shape, lora);
     let rounded = !matches!(format, BaseFormat::Ggml(_));

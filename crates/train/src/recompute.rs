@@ -1,7 +1,7 @@
 //! Recompute ("activation checkpointing"): which buffers each block's forward writes and its
 //! backward reads under a policy, and the recomputation a block's backward runs first.
 //!
-//! The plan (`plan::frugal::acts`) decides what is kept and when recomputed tensors are born;
+//! The plan (`plan_frugal::acts`) decides what is kept and when recomputed tensors are born;
 //! this file follows it. A segment policy (`full`, `every:K`, `sqrt`) runs the forward of a whole
 //! segment again at the start of the backward of its last block, from the segment's kept input,
 //! with the same kernels in the same order, so every recomputed value, and therefore every

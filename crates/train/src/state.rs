@@ -11,11 +11,11 @@ use engine::backend::ops::Bf16Scratch;
 use engine::backend::TrainOps;
 use engine::backend::{DType, Tensor};
 use engine::model::{act_tensor, block_acts, lora_u, residual_type, BlockActs, Model};
-use plan::frugal::key::{DAct, Work};
-use plan::frugal::shards::optimizer_keys;
-use plan::frugal::units::{Role, UnitKind};
-use plan::frugal::Key;
 use plan::setup::Optimizer;
+use plan_frugal::key::{DAct, Work};
+use plan_frugal::shards::optimizer_keys;
+use plan_frugal::units::{Role, UnitKind};
+use plan_frugal::Key;
 
 /// Arena ids of one unit's master weights and Adam moments (2-byte precisions).
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +28,7 @@ pub struct MasterState {
 /// The gradients, the backward's tensors and the optimizer state of one rank.
 pub struct TrainState {
     /// Each unit's full fp32 gradient (live only while the backward writes it when it is a span),
-    /// or for the bf16 tables (`plan::frugal::shards::direct_grads`) the 2-byte tensor the
+    /// or for the bf16 tables (`plan_frugal::shards::direct_grads`) the 2-byte tensor the
     /// backward writes directly: the accumulator at stages 0-1, a 2-byte span at 2-3.
     pub grads: Vec<BufId>,
     /// The element type of each of `grads`.
@@ -115,7 +115,7 @@ impl TrainState {
                 .collect(),
             false => Vec::new(),
         };
-        let grad_type = match plan::frugal::shards::direct_grads(model.policy) {
+        let grad_type = match plan_frugal::shards::direct_grads(model.policy) {
             true => DType::Bf16,
             false => DType::F32,
         };

@@ -19,7 +19,7 @@ use comm::Collective;
 use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::model::view_range;
-use plan::frugal::units::Role;
+use plan_frugal::units::Role;
 
 /// Where a rank sits in the 3D world.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl<B: TrainOps> Trainer<B> {
             share.stage.is_last() && !share.stage.is_first() && share.whole.shape.tied_embeddings;
         let mut kept = Vec::with_capacity(slices.len());
         for (u, s) in slices.iter().enumerate() {
-            if copy && self.model.units[u].kind == plan::frugal::units::UnitKind::Embed {
+            if copy && self.model.units[u].kind == plan_frugal::units::UnitKind::Embed {
                 continue;
             }
             let kv_elsewhere = self

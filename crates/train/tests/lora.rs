@@ -6,9 +6,9 @@ mod common;
 
 use common::{assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, on_ranks, tokens};
 use engine::backend::{Backend, DType};
-use plan::frugal::Key;
 use plan::setup::{Dtype, Lora, Recompute, ZeroStage};
 use plan::ModelShape;
+use plan_frugal::Key;
 use train::{LoraConfig, TrainConfig, Trainer};
 
 fn lora(base: Dtype, double_quant: bool, targets: &str) -> LoraConfig {
@@ -295,7 +295,7 @@ fn lora_dropout_is_redrawn_by_recompute_and_off_in_evaluation() {
         let mut l = lora(Dtype::Nf4, true, "all-linear");
         l.plan.dropout = p;
         let cfg = lora_config(llama_tiny(), l);
-        plan::frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap()
+        plan_frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap()
     };
     let names = |p: &plan::MemoryPlan| -> Vec<String> {
         p.buffers

@@ -64,7 +64,7 @@ fn mixtral_measured_peak_equals_plan_per_category() {
 #[test]
 fn a_run_over_capacity_is_refused_with_the_breakdown() {
     let mut cfg = config(gpt2_tiny(), 2, 16);
-    let plan = plan::frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap();
+    let plan = plan_frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap();
     let peak = plan.peak_bytes(Device::Gpu);
     cfg.device_memory_bytes = Some(peak - 1);
     match Trainer::new(cfg.clone()) {

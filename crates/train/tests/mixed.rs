@@ -303,12 +303,12 @@ fn offloading_the_optimizer_moves_12_bytes_per_element_to_the_host_and_changes_n
         let device = train::check_capacity(&with_mixed(c.clone(), Mixed::bf16())).unwrap();
         let mixed = offloaded(Mixed::bf16(), None);
         let host = train::check_capacity(&with_mixed(c.clone(), mixed)).unwrap();
-        let units = plan::frugal::param_units(&c.model.shape, 2).unwrap();
+        let units = plan_frugal::param_units(&c.model.shape, 2).unwrap();
         let opt_elems: u64 = units
             .iter()
             .map(|u| match zero {
                 ZeroStage::Zero0 => u.padded_numel,
-                _ => plan::frugal::shards::shard_numel(u, 2),
+                _ => plan_frugal::shards::shard_numel(u, 2),
             })
             .sum();
         let drop = device.peak_bytes(Device::Gpu) - host.peak_bytes(Device::Gpu);

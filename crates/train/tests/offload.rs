@@ -7,7 +7,7 @@ use engine::Arena;
 use half::bf16;
 use kernels::adamw::{self, AdamW};
 use plan::buffer::{Buffer, Category, Device, Lifetime, MemoryPlan};
-use plan::frugal::{Key, UnitKind};
+use plan_frugal::{Key, UnitKind};
 use std::path::PathBuf;
 use train::offload::{OffloadError, OffloadStore};
 use train::precision::{Grads, MasterStep, Working};

@@ -9,9 +9,9 @@ mod common;
 
 use comm::Collective;
 use common::{assert_measured_equals_planned, config, gpt2_tiny, llama_tiny, on_ranks, tokens};
-use plan::frugal::tp::{split, Split};
 use plan::setup::{Precision, Recompute, ZeroStage};
 use plan::ModelShape;
+use plan_frugal::tp::{split, Split};
 use train::Trainer;
 
 const SEQ: u64 = 16;
@@ -318,10 +318,10 @@ fn pipeline_stages_follow_the_single_rank_trajectory() {
 #[test]
 fn each_rank_holds_one_tp_th_of_every_block_matrix() {
     for shape in [gpt2_tiny(), llama_tiny()] {
-        let whole = plan::frugal::units::param_units(&shape, 1).unwrap();
+        let whole = plan_frugal::units::param_units(&shape, 1).unwrap();
         let mut cfg = config(shape.clone(), 2, SEQ);
         (cfg.ranks, cfg.tp) = (2, 2);
-        let shares: Vec<Vec<(plan::frugal::units::Role, u64)>> = on_ranks(2, |c| {
+        let shares: Vec<Vec<(plan_frugal::units::Role, u64)>> = on_ranks(2, |c| {
             let t = Trainer::with_comm(cfg.clone(), c).unwrap();
             (t.model.units[1].views.iter())
                 .map(|v| (v.role, v.numel()))

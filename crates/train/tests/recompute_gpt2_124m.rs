@@ -10,8 +10,8 @@
 use engine::ModelConfig;
 
 use plan::buffer::{Category, Device, MemoryPlan};
-use plan::frugal::CLASSIFIER_CHUNK_ROWS;
 use plan::setup::{Attention, Recompute};
+use plan_frugal::CLASSIFIER_CHUNK_ROWS;
 use train::{Schedule, TrainConfig, Trainer};
 
 fn config(batch: u64, seq: u64, recompute: Recompute, attention: Attention) -> TrainConfig {
@@ -59,7 +59,7 @@ fn no_plan_of_gpt2_124m_at_8x1024_holds_full_logits() {
     for recompute in policies {
         for attention in [Attention::Eager, Attention::Flash] {
             let cfg = config(8, 1024, recompute, attention);
-            let plan = plan::frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap();
+            let plan = plan_frugal::training_plan(&cfg.model.shape, &cfg.setup()).unwrap();
             let what = format!("{recompute:?} {attention:?}");
             check_no_full_logits(&plan, 8, 1024, cfg.model.shape.vocab, &what);
             // At this size no buffer at all comes near: the largest, the token table, is under 10%.

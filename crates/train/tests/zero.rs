@@ -179,10 +179,10 @@ fn recompute_and_accumulation_keep_parity_at_every_stage() {
 
 /// The bytes of one step against the stage's formula.
 fn check_comm(shape: &ModelShape, got: &CommStats, ranks: u32, zero: ZeroStage, k: u64) {
-    let units = plan::frugal::param_units(shape, ranks).unwrap();
+    let units = plan_frugal::param_units(shape, ranks).unwrap();
     let ring = |kind, bytes: u64| CommStats::ring_bytes(kind, bytes, ranks as usize);
     let (ag, rs) = (CollectiveKind::AllGather, CollectiveKind::ReduceScatter);
-    let psi_bytes = |it: &mut dyn Iterator<Item = &plan::frugal::Unit>| -> u64 {
+    let psi_bytes = |it: &mut dyn Iterator<Item = &plan_frugal::Unit>| -> u64 {
         it.map(|u| 4 * u.padded_numel).sum()
     };
     let (mut gathered, mut scattered) = (0, 0);
@@ -198,9 +198,9 @@ fn check_comm(shape: &ModelShape, got: &CommStats, ranks: u32, zero: ZeroStage, 
                     (gathered + ring(ag, bytes), scattered + k * ring(rs, bytes))
             }
             ZeroStage::Zero3 => {
-                let backward = matches!(u.kind, plan::frugal::UnitKind::Block(_));
+                let backward = matches!(u.kind, plan_frugal::UnitKind::Block(_));
                 let again =
-                    backward || (u.kind == plan::frugal::UnitKind::Embed && shape.tied_embeddings);
+                    backward || (u.kind == plan_frugal::UnitKind::Embed && shape.tied_embeddings);
                 gathered += k * ring(ag, bytes) * if again { 2 } else { 1 };
                 scattered += k * ring(rs, bytes);
             }

@@ -21,9 +21,9 @@ use infer::blocks::SeqId;
 use infer::group::Group;
 use infer::{SplitK, Worker};
 use plan::buffer::Device;
-use plan::frugal::serve::is_matrix;
-use plan::frugal::units::Role;
-use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use plan_frugal::serve::is_matrix;
+use plan_frugal::units::Role;
+use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -142,7 +142,7 @@ pub fn read_rate(buf: &[f32]) -> f64 {
 /// sequence of `cached` tokens, its KV.
 pub fn step_bytes(s: &plan::ModelShape, setup: &ServeSetup, batch: u64, cached: u64) -> u64 {
     let mut bytes = 0;
-    let units = plan::frugal::param_units(s, 1).expect("a buildable model");
+    let units = plan_frugal::param_units(s, 1).expect("a buildable model");
     for unit in &units {
         for v in &unit.views {
             let (rows, cols) = (v.shape[0], v.shape.get(1).copied().unwrap_or(1));
@@ -294,7 +294,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     );
     let planned_peak = worker.plan.peak_bytes(Device::Gpu);
     let planned: Vec<u64> = (0..a.tp as u32)
-        .map(|r| plan::frugal::serve_plan_rank(&shape, &setup, a.tp as u32, r))
+        .map(|r| plan_frugal::serve_plan_rank(&shape, &setup, a.tp as u32, r))
         .map(|p| p.map(|p| p.peak_bytes(Device::Gpu)))
         .collect::<Result<_, _>>()?;
     let cpu = cpu_name();

@@ -12,7 +12,7 @@ use crate::model::ModelSource;
 use crate::output::Table;
 use anyhow::bail;
 use infer::Worker;
-use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -66,7 +66,7 @@ fn cases() -> Vec<(WeightFormat, KvFormat)> {
         (
             W::Ggml {
                 group: 32,
-                nibbles: plan::frugal::Roles::NONE,
+                nibbles: plan::roles::Roles::NONE,
             },
             K::F32,
         ),
@@ -136,7 +136,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     drop(reference);
     let mut rows = Vec::new();
     // A group size must divide every matrix's columns.
-    let fit = plan::frugal::serve::fitting_groups(&shape)?;
+    let fit = plan_frugal::serve::fitting_groups(&shape)?;
     let (cases, skipped): (Vec<_>, Vec<_>) = cases()
         .into_iter()
         .partition(|(w, _)| w.group().is_none_or(|g| fit.contains(&g)));

@@ -15,7 +15,7 @@ use infer::sample::Sampling;
 use infer::schedule::{self, Request};
 use infer::Worker;
 use plan::buffer::Device;
-use plan::frugal::{KvFormat, ServeSetup, WeightFormat};
+use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 
 const EXAMPLES: &str = "\

@@ -111,7 +111,7 @@ fn start_server(
         .args(["--weights", &a.weights])
         .args(
             // Only a grouped format (int4, nf4) takes a group.
-            plan::frugal::WeightFormat::parse(&a.weights, Some(a.weight_group))
+            plan_frugal::WeightFormat::parse(&a.weights, Some(a.weight_group))
                 .ok()
                 .and_then(|f| f.group())
                 .map(|g| ["--weight-group".to_string(), g.to_string()])

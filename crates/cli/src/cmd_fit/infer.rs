@@ -1,12 +1,12 @@
 //! `frugal fit --infer`'s output: the serving setups that fit, the largest batch and context of
 //! each, decode tokens/s and prefill time, and what more GPUs would buy; `--json` as one object.
 //!
-//! Not here: the search (`plan::fit::infer`). Example: `print!("{}", text(&model, &r, &advice, 5))`.
+//! Not here: the search (`fit::infer`). Example: `print!("{}", text(&model, &r, &advice, 5))`.
 
 use super::render::secs;
 use crate::output::{gigabytes, human_bytes, Table};
-use plan::fit::dtype_name;
-use plan::fit::infer::{InferAdvice, InferChoice, InferRequest, Serving};
+use fit::dtype_name;
+use fit::infer::{InferAdvice, InferChoice, InferRequest, Serving};
 use plan::ModelShape;
 use serde_json::{json, Value};
 
@@ -86,7 +86,7 @@ pub fn text(
         human_bytes(r.capacity_bytes),
         gigabytes(r.capacity_bytes),
         r.headroom * 100.0,
-        plan::fit::infer::DECODE_BANDWIDTH_EFFICIENCY * 100.0,
+        fit::infer::DECODE_BANDWIDTH_EFFICIENCY * 100.0,
         hw.gpu.hbm_bytes_per_s / 1e12,
         hw.gpu.bf16_flops / 1e12,
         hw.mfu,

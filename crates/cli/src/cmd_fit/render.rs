@@ -4,8 +4,8 @@
 //! Not here: flags and the search. Example: `print!("{}", text(&model, &r, &res, &misses, &u, 5))`.
 
 use crate::output::{gigabytes, human_bytes, Table};
-use plan::fit::{self, remedy, FitRequest, FitResult, Weighed};
-use plan::report::{self, PerDevice};
+use fit::report::{self, PerDevice};
+use fit::{self, remedy, FitRequest, FitResult, Weighed};
 use plan::setup::{Attention, TrainSetup};
 use plan::ModelShape;
 use serde_json::{json, Value};

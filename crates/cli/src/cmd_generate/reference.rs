@@ -26,7 +26,7 @@ pub(super) fn run(
     }
     let units = source.units()?;
     let context = (prompt.len() + args.max_new_tokens) as u64;
-    let setup = plan::frugal::ForwardSetup {
+    let setup = plan_frugal::ForwardSetup {
         batch: 1,
         seq: context,
         attention: plan::setup::Attention::Flash,

@@ -3,7 +3,7 @@
 //! they ask of a model.
 
 use anyhow::bail;
-use plan::frugal::{KvFormat, WeightFormat};
+use plan_frugal::{KvFormat, WeightFormat};
 
 /// How the weights and the KV cache are stored (generate, serve, perplexity).
 #[derive(clap::Args, Clone, Debug)]

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use infer::sample::Sampling;
 use infer::Worker;
 use plan::buffer::{Category, Device};
-use plan::frugal::ServeSetup;
+use plan_frugal::ServeSetup;
 use serde_json::json;
 
 /// What one rank ran and measured.
@@ -206,7 +206,7 @@ pub(crate) fn check_fit(
 ) -> anyhow::Result<()> {
     let mut total = 0;
     for r in 0..tp as u32 {
-        let plan = plan::frugal::serve_plan_rank(shape, setup, tp as u32, r)?;
+        let plan = plan_frugal::serve_plan_rank(shape, setup, tp as u32, r)?;
         total += plan.peak_bytes(Device::Gpu);
     }
     if let Some(host) = engine::capacity::host_available() {

@@ -1,17 +1,17 @@
 //! `plan` of a GGUF file: the file `--model` names, and what its blocks mean for the plan.
 
 use super::Args;
-use plan::frugal::WeightFormat;
 use plan::setup::Dtype;
+use plan_frugal::WeightFormat;
 use std::path::Path;
 
 /// `--lora-base ggml` over a quantized GGUF file: the layout of the file's blocks (`None`
 /// otherwise: the plan then says what the base needs).
-pub(super) fn ggml_base(args: &Args) -> Option<plan::frugal::adapters::GgmlBase> {
+pub(super) fn ggml_base(args: &Args) -> Option<plan_frugal::adapters::GgmlBase> {
     let file = gguf_file(args).filter(|_| args.lora_base == Dtype::Ggml)?;
     match file.own_format().ok().flatten()? {
         WeightFormat::Ggml { group, nibbles } => {
-            Some(plan::frugal::adapters::GgmlBase { group, nibbles })
+            Some(plan_frugal::adapters::GgmlBase { group, nibbles })
         }
         _ => None,
     }

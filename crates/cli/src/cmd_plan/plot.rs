@@ -5,7 +5,7 @@
 //! Example: `plot::write_svg(&report, Path::new("memory.svg"))`.
 
 use anyhow::Context;
-use plan::report::Report;
+use fit::report::Report;
 use plotters::prelude::*;
 use std::path::Path;
 

@@ -10,7 +10,7 @@ pub(super) fn pytorch_inference(
     setup: &InferSetup,
 ) -> anyhow::Result<InferEstimate> {
     setup.validate(model)?;
-    let d = plan::pytorch::inference_estimate(model, setup, Some(1))?;
+    let d = plan_pytorch::inference_estimate(model, setup, Some(1))?;
     let phase = |peak: u64| {
         let mut c = [0u64; 6];
         c[0] = d.weights_bytes;

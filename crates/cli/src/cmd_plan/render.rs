@@ -3,7 +3,7 @@
 //! Example: `print!("{}", render(&report))`.
 
 use crate::output::{gigabytes, human_bytes, Table};
-use plan::report::Report;
+use fit::report::Report;
 
 fn size_cells(bytes: u64) -> Vec<String> {
     vec![human_bytes(bytes), gigabytes(bytes), bytes.to_string()]

@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use comm::Collective;
 use infer::group::Group;
 use infer::sample::Sampling;
-use plan::frugal::ServeSetup;
+use plan_frugal::ServeSetup;
 use std::sync::{mpsc, Arc, Mutex};
 
 /// What rank 0 serves with, and what ends the job after the server stops.
@@ -83,7 +83,7 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
             "frugal serve: {} prefill ranks (MPI processes, each planned {} bytes), decode on \
              rank 0 (planned {} bytes)",
             args.prefill_ranks,
-            plan::frugal::serve_plan(&source.config.shape, &prefill_setup)?
+            plan_frugal::serve_plan(&source.config.shape, &prefill_setup)?
                 .peak_bytes(plan::buffer::Device::Gpu),
             worker.plan.peak_bytes(plan::buffer::Device::Gpu)
         );

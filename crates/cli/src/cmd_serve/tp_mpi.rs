@@ -12,7 +12,7 @@ use crate::model::Loaded;
 use anyhow::bail;
 use comm::Collective;
 use infer::group::{Call, Group, Relay};
-use plan::frugal::ServeSetup;
+use plan_frugal::ServeSetup;
 
 /// Rank 0's side: each call sent to every other rank.
 struct MpiRelay {

@@ -138,7 +138,7 @@ mod gpu {
         if args.json {
             let mut out = report::json_value(&summary);
             out["device"] = json!(device);
-            out["backend_scratch_bytes"] = json!(plan::frugal::cuda::SCRATCH_BYTES);
+            out["backend_scratch_bytes"] = json!(plan_frugal::cuda::SCRATCH_BYTES);
             out["driver_bytes"] = json!(driver_bytes);
             out["context_bytes"] = json!(context_bytes);
             println!("{}", serde_json::to_string_pretty(&out)?);

@@ -264,7 +264,7 @@ pub fn human<B: TrainOps>(s: &Summary<'_, B>, args: &Args) -> String {
     let (phase, _) = t.plan.at_peak(Device::Gpu);
     out.push_str(&format!(
         "memory at the step's peak ({}): planned vs measured (MiB = 2^20 bytes)\n",
-        plan::report::phase_name(phase)
+        fit::report::phase_name(phase)
     ));
     out.push_str(&table.render());
     if s.memory.len() > 1 {

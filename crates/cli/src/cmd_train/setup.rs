@@ -92,14 +92,14 @@ pub fn prepare(args: &Args, owner: bool) -> anyhow::Result<Shared> {
 /// weights, and the optimizer state (AdamW's m and v, or SGD's momentum).
 /// Bytes of the final model `--out` gets: every parameter in f32.
 fn model_bytes(config: &TrainConfig) -> u64 {
-    plan::frugal::param_units(&config.model.shape, 1)
+    plan_frugal::param_units(&config.model.shape, 1)
         .map(|units| units.iter().map(|u| u.numel).sum::<u64>())
         .unwrap_or(0)
         .saturating_mul(4)
 }
 
 fn snapshot_bytes(config: &TrainConfig) -> u64 {
-    let numel: u64 = plan::frugal::param_units(&config.model.shape, 1)
+    let numel: u64 = plan_frugal::param_units(&config.model.shape, 1)
         .map(|units| units.iter().map(|u| u.numel).sum())
         .unwrap_or(0);
     let state_per_param = match config.optimizer {

@@ -78,17 +78,17 @@ pub(super) fn gguf_vocab(g: &gguf::Gguf) -> anyhow::Result<data::hf_tokenizer::G
 
 /// What a GGUF file runs in by default: its own blocks (`ggml`) when it holds quantized
 /// tensors, as llama.cpp runs them; f32 for a file of floats.
-pub(super) fn default_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
+pub(super) fn default_format(path: &Path) -> anyhow::Result<plan_frugal::WeightFormat> {
     let g = open_gguf(path)?;
     match g.tensors.iter().any(|t| t.kind.scale_group().is_some()) {
         true => ggml_format(path),
-        false => Ok(plan::frugal::WeightFormat::F32),
+        false => Ok(plan_frugal::WeightFormat::F32),
     }
 }
 
 /// A quantized GGUF file's tensors as it holds them: every tensor's bytes in its own type (what
 /// llama.cpp loads) and its `ggml` group; `None` for a file of floats.
-pub(super) fn file_weights(path: &Path) -> anyhow::Result<Option<plan::fit::infer::GgmlFile>> {
+pub(super) fn file_weights(path: &Path) -> anyhow::Result<Option<fit::infer::GgmlFile>> {
     let g = open_gguf(path)?;
     if !g.tensors.iter().any(|t| t.kind.scale_group().is_some()) {
         return Ok(None);
@@ -99,19 +99,19 @@ pub(super) fn file_weights(path: &Path) -> anyhow::Result<Option<plan::fit::infe
         .iter()
         .try_fold(0u64, |sum, t| sum.checked_add(t.bytes()))
         .ok_or_else(|| anyhow::anyhow!("{}: tensor sizes overflow", path.display()))?;
-    Ok(Some(plan::fit::infer::GgmlFile { bytes, group }))
+    Ok(Some(fit::infer::GgmlFile { bytes, group }))
 }
 
 /// The `ggml` weight format narrowed to what the file at `path` holds: groups of its smallest
 /// scale group (16 when a tensor is Q6_K), and two codes a byte for the matrices it holds in
 /// 4-bit types in every layer (every part of a fused one: q, k and v; gate and up).
-pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFormat> {
-    use plan::frugal::{serve::is_matrix, Roles};
+pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan_frugal::WeightFormat> {
+    use plan_frugal::{serve::is_matrix, Roles};
     let g = open_gguf(path)?;
     let model = gguf::hf::Model::new(&g)?;
     let shape = plan::hf_config::parse(&model.config_json()?, &path.display().to_string())?;
     let (mut seen, mut wider) = (Roles::NONE, Roles::NONE);
-    for unit in plan::frugal::param_units(&shape, 1)? {
+    for unit in plan_frugal::param_units(&shape, 1)? {
         for v in unit.views.iter().filter(|v| is_matrix(v.role)) {
             seen = seen.with(v.role);
             for part in &v.parts {
@@ -121,7 +121,7 @@ pub(super) fn ggml_format(path: &Path) -> anyhow::Result<plan::frugal::WeightFor
             }
         }
     }
-    Ok(plan::frugal::WeightFormat::Ggml {
+    Ok(plan_frugal::WeightFormat::Ggml {
         group: model.group() as u64,
         nibbles: seen.difference(wider),
     })
@@ -145,14 +145,14 @@ pub(super) fn load_exact(
         reason,
     };
     let format = worker.setup.weights;
-    let plan::frugal::WeightFormat::Ggml { group, .. } = format else {
+    let plan_frugal::WeightFormat::Ggml { group, .. } = format else {
         return Err(fail(
             "the exact GGUF load needs the ggml weight format".into(),
         ));
     };
     let g = open_gguf(path).map_err(|e| fail(format!("{e:#}")))?;
     let model = gguf::hf::Model::new(&g).map_err(|e| fail(e.to_string()))?;
-    let mut stored = |_: &plan::frugal::Unit, view: &plan::frugal::units::ParamView| {
+    let mut stored = |_: &plan_frugal::Unit, view: &plan_frugal::units::ParamView| {
         let mut codes = Vec::new();
         let (mut scales, mut minima) = (Vec::new(), Vec::new());
         for part in &view.parts {
@@ -215,7 +215,7 @@ fn blocks(
 }
 
 /// The layout of a `ggml` LoRA base over the GGUF file `weights`: its `ggml` weight format's.
-pub fn ggml_base(weights: Option<&Path>) -> anyhow::Result<plan::frugal::adapters::GgmlBase> {
+pub fn ggml_base(weights: Option<&Path>) -> anyhow::Result<plan_frugal::adapters::GgmlBase> {
     let Some(path) = weights.filter(|p| is_gguf_file(p)) else {
         anyhow::bail!(
             "a ggml base keeps a GGUF file's own quantized blocks: give a .gguf file as --model \
@@ -223,7 +223,7 @@ pub fn ggml_base(weights: Option<&Path>) -> anyhow::Result<plan::frugal::adapter
         );
     };
     let nibbles = match default_format(path)? {
-        plan::frugal::WeightFormat::Ggml { nibbles, .. } => nibbles,
+        plan_frugal::WeightFormat::Ggml { nibbles, .. } => nibbles,
         _ => anyhow::bail!(
             "{} holds floats, not quantized blocks: use --lora-base fp32, bf16, int8 or nf4",
             path.display()
@@ -235,18 +235,18 @@ pub fn ggml_base(weights: Option<&Path>) -> anyhow::Result<plan::frugal::adapter
     let model = gguf::hf::Model::new(&g)?;
     let shape = plan::hf_config::parse(&model.config_json()?, &path.display().to_string())?;
     let mut group = 32;
-    for unit in plan::frugal::param_units(&shape, 1)? {
+    for unit in plan_frugal::param_units(&shape, 1)? {
         let matrices = unit
             .views
             .iter()
-            .filter(|v| plan::frugal::serve::is_matrix(v.role));
+            .filter(|v| plan_frugal::serve::is_matrix(v.role));
         for part in matrices.flat_map(|v| &v.parts) {
             if let Some(g) = model.tensor_kind(&part.name)?.scale_group() {
                 group = group.min(g as u64);
             }
         }
     }
-    Ok(plan::frugal::adapters::GgmlBase { group, nibbles })
+    Ok(plan_frugal::adapters::GgmlBase { group, nibbles })
 }
 
 /// Puts the GGUF file's own blocks into every block matrix of `model`'s `ggml` base.
@@ -254,7 +254,7 @@ pub fn put_file_blocks<B: engine::backend::Backend>(
     model: &engine::model::Model,
     arena: &engine::arena::Arena<B>,
     path: &Path,
-    base: plan::frugal::adapters::GgmlBase,
+    base: plan_frugal::adapters::GgmlBase,
 ) -> anyhow::Result<()> {
     let g = open_gguf(path)?;
     let file = gguf::hf::Model::new(&g)?;

@@ -5,7 +5,7 @@ use super::from_gguf;
 use anyhow::bail;
 use engine::ModelConfig;
 use infer::{file, Worker};
-use plan::frugal::{ServeSetup, WeightFormat};
+use plan_frugal::{ServeSetup, WeightFormat};
 use std::path::PathBuf;
 
 /// A model's config and its weights.

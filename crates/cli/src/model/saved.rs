@@ -6,7 +6,7 @@
 
 use super::from_gguf::{is_gguf_file, open_gguf};
 use engine::error::EngineError;
-use plan::frugal::units::Unit;
+use plan_frugal::units::Unit;
 use std::path::{Path, PathBuf};
 
 /// Every unit's values (`numel` each) from the weights at `path`: a GGUF file, or an HF folder

@@ -7,7 +7,7 @@
 //! false }, codes, scales: Some(s), zeros: None, rows: oc, cols: ic }, bias: None, n }`.
 
 use super::Tensor;
-use plan::frugal::{KvFormat, WeightFormat};
+use plan_frugal::{KvFormat, WeightFormat};
 
 /// A (rows, cols) weight matrix as stored: codes (or values), scales, zero points.
 #[derive(Clone, Copy, Debug)]

@@ -1,4 +1,4 @@
-//! The op descriptors of a LoRA step (see `plan::frugal::adapters` for the layout): a frozen
+//! The op descriptors of a LoRA step (see `plan_frugal::adapters` for the layout): a frozen
 //! block matrix run one HF part at a time (dequantized into the planned scratch first unless the
 //! base is fp32), and the adapter beside it.
 //!
@@ -6,8 +6,8 @@
 //! part's columns of the fused q|k|v output from its own stored bytes.
 
 use super::Tensor;
-use plan::frugal::adapters::BaseFormat;
-use plan::frugal::Role;
+use plan_frugal::adapters::BaseFormat;
+use plan_frugal::Role;
 
 /// Parts per fused view at most (Llama's q|k|v).
 pub const MAX_PARTS: usize = 3;

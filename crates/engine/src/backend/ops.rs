@@ -7,7 +7,7 @@
 
 use super::Tensor;
 use crate::precision::MasterStep;
-use plan::frugal::family::Mlp;
+use plan_frugal::family::Mlp;
 
 /// Token (and learned position) embedding: out (B·T, C).
 #[derive(Clone, Copy, Debug)]

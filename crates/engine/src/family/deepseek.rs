@@ -150,7 +150,7 @@ mod tests {
         let mixtral = plan::presets::by_name("mixtral-tiny").unwrap();
         let config = ModelConfig::from_shape(mixtral).unwrap();
         assert_eq!(config.router_aux_coef, crate::config::PRESET_AUX_COEF);
-        let limit = plan::frugal::serve::MAX_LATENT_RANK;
+        let limit = plan_frugal::serve::MAX_LATENT_RANK;
         assert_eq!(kernels::mla::MAX_RANK as u64, limit);
     }
 

@@ -1,7 +1,7 @@
 //! Model families' numerics, each a module behind [`Family`]: which HF `model_type`s it reads,
 //! the numeric facts the memory model does not need (norm epsilon, RoPE base) and the options
 //! it refuses, and the `config.json` that makes transformers build the same model. The shape,
-//! parameter units and block design are the planner's (`plan::frugal::family`); the forward and
+//! parameter units and block design are the planner's (`plan_frugal::family`); the forward and
 //! backward follow the design, so a family needs no code in them.
 //!
 //! Example: `family::by_model_type("mistral")` is the Llama family (a Mistral block is a Llama

@@ -9,8 +9,8 @@ use crate::arena::Arena;
 use crate::backend::ops::*;
 use crate::backend::{Backend, DType, Tensor};
 use crate::model::Model;
-use plan::frugal::family::Norm;
-use plan::frugal::units::UnitKind;
+use plan_frugal::family::Norm;
+use plan_frugal::units::UnitKind;
 
 /// Where the f32 value of a residual-stream tensor is computed: `t` itself (f32), or (a saved
 /// bf16 tensor) its `scratch`.

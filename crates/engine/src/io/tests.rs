@@ -7,7 +7,7 @@ use super::*;
 #[test]
 fn non_finite_weights_are_refused_naming_the_tensor() {
     let shape = crate::testkit::llama_tiny();
-    let units = plan::frugal::param_units(&shape, 1).unwrap();
+    let units = plan_frugal::param_units(&shape, 1).unwrap();
     let parts: Vec<(String, Vec<u64>)> = units
         .iter()
         .flat_map(|u| u.views.iter().flat_map(|v| v.parts.iter()))
@@ -42,7 +42,7 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
 #[test]
 fn mutated_checkpoints_load_or_fail_clearly() {
     let shape = crate::testkit::llama_tiny();
-    let units = plan::frugal::param_units(&shape, 1).unwrap();
+    let units = plan_frugal::param_units(&shape, 1).unwrap();
     let tensors: Vec<HfTensor> = units
         .iter()
         .flat_map(|u| u.views.iter().flat_map(|v| v.parts.iter()))

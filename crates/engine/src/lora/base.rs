@@ -12,8 +12,8 @@ use crate::arena::Arena;
 use crate::backend::{Backend, DType};
 use crate::error::EngineError;
 use crate::model::{view_range, Model};
-use plan::frugal::adapters::{BaseFormat, MATRICES, NF4_BLOCK};
-use plan::frugal::units::{Role, Unit, UnitKind};
+use plan_frugal::adapters::{BaseFormat, MATRICES, NF4_BLOCK};
+use plan_frugal::units::{Role, Unit, UnitKind};
 use rayon::prelude::*;
 
 /// Values per parallel quantization task (a whole number of NF4 blocks).
@@ -227,7 +227,7 @@ pub fn upload_unit<B: Backend>(
 
 /// The full model's units (the layout HF names and the initialisation follow).
 fn full_units(model: &Model) -> Vec<Unit> {
-    plan::frugal::param_units(&model.config.shape, 1).expect("the plan built this model")
+    plan_frugal::param_units(&model.config.shape, 1).expect("the plan built this model")
 }
 
 /// The base from `seed`: exactly the weights `init::fill_unit` gives a full model, packed.

@@ -1,5 +1,5 @@
 //! LoRA/QLoRA in the engine: the frozen base (`base.<u>` fp32 pieces and each block matrix in
-//! its base format, `plan::frugal::adapters`) and the adapters, which are the model's units (so
+//! its base format, `plan_frugal::adapters`) and the adapters, which are the model's units (so
 //! ZeRO, the optimizer, snapshots and `Model::params` treat them as any trainable unit).
 //!
 //! A block projection under LoRA (`forward::Ctx::linear`, `backward`'s `Grad::linear`, the one
@@ -17,12 +17,12 @@ use crate::arena::{Arena, BufId};
 use crate::backend::lora_ops::*;
 use crate::backend::{Backend, DType, Tensor};
 use crate::model::Model;
-use plan::frugal::adapters::{self, BaseFormat, Matrix, MATRICES};
-use plan::frugal::key::Work;
-use plan::frugal::units::{Role, Unit, UnitKind};
-use plan::frugal::Key;
 use plan::setup::Lora;
 use plan::ModelShape;
+use plan_frugal::adapters::{self, BaseFormat, Matrix, MATRICES};
+use plan_frugal::key::Work;
+use plan_frugal::units::{Role, Unit, UnitKind};
+use plan_frugal::Key;
 
 /// The index of a block matrix `role` in [`MATRICES`].
 pub fn matrix_index(role: Role) -> usize {

@@ -151,7 +151,7 @@ pub struct Lora {
     pub dropout: f32,
     /// `Ggml` base (the `frugal` runtime, over a GGUF file): the layout of the file's blocks.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ggml: Option<crate::frugal::adapters::GgmlBase>,
+    pub ggml: Option<crate::lora::GgmlBase>,
 }
 
 /// A training setup, per data-parallel group.
@@ -250,8 +250,8 @@ pub struct InferSetup {
     pub weight_group: Option<u64>,
     /// ggml only: the matrices a GGUF file holds in 4-bit types in every layer, whose codes the
     /// engine keeps two a byte (`WeightFormat::Ggml`'s `nibbles`).
-    #[serde(skip_serializing_if = "crate::frugal::Roles::is_empty")]
-    pub ggml_nibbles: crate::frugal::Roles,
+    #[serde(skip_serializing_if = "crate::roles::Roles::is_empty")]
+    pub ggml_nibbles: crate::roles::Roles,
     /// ggml only: the bytes of a GGUF file's tensors, each in its own type (what llama.cpp puts
     /// on the device); the `formula` runtime counts these for the weights, split evenly over
     /// `tp` ranks. `None`: its generic ggml estimate (a byte a code and 8 bytes a group).
@@ -268,4 +268,18 @@ pub struct InferSetup {
     pub kv_block: Option<u64>,
     pub tp: u32,
     pub attention: Attention,
+}
+
+/// The CLI's name of a dtype (`bf16`, `int8`, `nf4`).
+pub fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "fp32",
+        Dtype::F16 => "fp16",
+        Dtype::Bf16 => "bf16",
+        Dtype::Fp8 => "fp8",
+        Dtype::Int8 => "int8",
+        Dtype::Int4 => "int4",
+        Dtype::Nf4 => "nf4",
+        Dtype::Ggml => "ggml",
+    }
 }

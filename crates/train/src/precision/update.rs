@@ -18,7 +18,7 @@ use engine::backend::TrainOps;
 use engine::backend::{DType, MasterAdamW, MasterAdamWHost};
 use engine::model::{view_range, Model};
 use kernels::adamw::AdamW;
-use plan::frugal::units::{ParamView, Unit};
+use plan_frugal::units::{ParamView, Unit};
 
 /// Sum of squares (f64, chunk order, so independent of the thread count) and whether any value
 /// is inf or NaN, over the 2-byte gradients `slices` name.

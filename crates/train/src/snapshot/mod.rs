@@ -339,7 +339,7 @@ impl Snapshot {
 
     /// Every unit's whole fp32 weights (unpadded), reassembled from the shard files of any
     /// world and checked against `units`: what a forward-only `Runner` loads (`frugal export`).
-    pub fn weights(&self, units: &[plan::frugal::Unit]) -> Result<Vec<Vec<f32>>, SnapshotError> {
+    pub fn weights(&self, units: &[plan_frugal::Unit]) -> Result<Vec<Vec<f32>>, SnapshotError> {
         shards::weights(&self.dir, &self.shards, units)
     }
 

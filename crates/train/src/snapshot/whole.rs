@@ -20,7 +20,7 @@ use std::path::Path;
 /// as a world of one pads it: `out[k][w]`. A collective every rank calls.
 pub fn tensors<B: TrainOps>(trainer: &mut Trainer<B>) -> Result<Vec<Vec<Vec<f32>>>, SnapshotError> {
     let n_units = trainer.model.units.len();
-    let n_tensors = shards::tensor_names(trainer, plan::frugal::UnitKind::Embed).len();
+    let n_tensors = shards::tensor_names(trainer, plan_frugal::UnitKind::Embed).len();
     let mut out = Vec::with_capacity(n_tensors);
     for k in 0..n_tensors {
         // This rank's units whole: its data-parallel shards gathered.

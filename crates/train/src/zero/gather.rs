@@ -1,4 +1,4 @@
-//! Filling the plan's gathers (`plan::frugal::shards::gathers`) and pointing the model at them:
+//! Filling the plan's gathers (`plan_frugal::shards::gathers`) and pointing the model at them:
 //! a unit widened to fp32, its 2-byte bits all-gathered, or (2-byte units) its vectors widened
 //! from the working copy or from the bits just gathered.
 //!
@@ -18,7 +18,7 @@ use engine::backend::TrainOps;
 use engine::backend::{CommOp, DType, Tensor};
 use engine::error::EngineError;
 use engine::model::Model;
-use plan::frugal::shards::{Gather, Holds};
+use plan_frugal::shards::{Gather, Holds};
 use std::ops::Range;
 
 /// One gather with its buffer and, for vectors widened beside bits, the bits' slot.
@@ -29,7 +29,7 @@ pub(super) struct Slot {
 }
 
 /// Each unit's vectors: (range in the unit, range among the vectors laid out one after another).
-pub(super) fn vector_views(unit: &plan::frugal::Unit) -> Vec<(Range<usize>, Range<usize>)> {
+pub(super) fn vector_views(unit: &plan_frugal::Unit) -> Vec<(Range<usize>, Range<usize>)> {
     let usize_range = |r: Range<u64>| r.start as usize..r.end as usize;
     let layout = unit.vector_layout();
     layout

@@ -1,6 +1,6 @@
 //! ZeRO stages 0-3 for one rank: what happens to the model state at each phase of the step.
 //!
-//! The plan (`plan::frugal::shards`) says which buffers exist and when they live; this module
+//! The plan (`plan_frugal::shards`) says which buffers exist and when they live; this module
 //! moves bytes between them through the rank's `Collective`:
 //! - stage 0: after the micro-steps, every full gradient is all-reduced; every rank updates
 //!   everything.
@@ -46,7 +46,7 @@
 //! vectors' fp32 gradients rounded in at the end of the unit's last phase. fp16 bits travel
 //! through the collectives as bf16-typed words: gathers copy bits, they never add them.
 //!
-//! What each stage keeps where is `plan::frugal::StateRule`, the rule the plan emitted the
+//! What each stage keeps where is `plan_frugal::StateRule`, the rule the plan emitted the
 //! buffers from; this module asks it rather than deciding again. Every byte moves through the
 //! backend's ops (collectives, conversions, accumulation), never through slices here.
 //!
@@ -62,8 +62,8 @@ use engine::error::EngineError;
 use engine::model::Model;
 use gather::Slot;
 use plan::buffer::Phase;
-use plan::frugal::shards::{self, StateRule};
-use plan::frugal::Key;
+use plan_frugal::shards::{self, StateRule};
+use plan_frugal::Key;
 use std::cell::Cell;
 use std::ops::Range;
 
@@ -124,7 +124,7 @@ impl Sharding {
         arena: &Arena<B>,
     ) -> Sharding {
         let shape = &model.config.shape;
-        let ids = |key: fn(plan::frugal::UnitKind) -> Key, on: bool| -> Vec<BufId> {
+        let ids = |key: fn(plan_frugal::UnitKind) -> Key, on: bool| -> Vec<BufId> {
             let units = model.units.iter().filter(|_| on);
             units.map(|u| arena.id(key(u.kind))).collect()
         };

@@ -17,7 +17,7 @@ use engine::backend::DType;
 use engine::backend::TrainOps;
 use engine::error::EngineError;
 use engine::init;
-use plan::frugal::units::Unit;
+use plan_frugal::units::Unit;
 
 impl<B: TrainOps> Trainer<B> {
     /// Initialises every weight from `seed` (identical on every rank and at every stage).
