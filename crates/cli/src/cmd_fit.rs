@@ -188,7 +188,7 @@ pub struct Args {
     /// `frugal fit ... --emit deepspeed > ds_config.json`; the command that plans it back
     /// goes to stderr.
     #[arg(long, value_enum, conflicts_with_all = ["json", "infer"])]
-    emit: Option<crate::configs::emit::Target>,
+    emit: Option<configs::emit::Target>,
     /// A config.json's text given directly (the web page's pasted config).
     #[arg(skip)]
     pub config_text: Option<String>,
@@ -408,12 +408,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// `fit --emit`: the fastest fitting setup `target` expresses, as its config on stdout.
-fn emit(
-    args: &Args,
-    target: crate::configs::emit::Target,
-    result: &fit::FitResult,
-) -> anyhow::Result<()> {
-    use crate::configs::emit;
+fn emit(args: &Args, target: configs::emit::Target, result: &fit::FitResult) -> anyhow::Result<()> {
+    use configs::emit;
     let Some(best) = result
         .fitting
         .iter()

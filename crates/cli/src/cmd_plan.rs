@@ -214,7 +214,7 @@ fn train_setup(
         attention: given.attention,
         ..TrainSetup::new(1, seq)
     };
-    let flags = crate::configs::Flags {
+    let flags = configs::Flags {
         given: &given,
         default: &default,
     };
@@ -222,16 +222,16 @@ fn train_setup(
         std::fs::read_to_string(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))
     };
     let (read, file) = if let Some(text) = &args.deepspeed_text {
-        let r = crate::configs::deepspeed::read(text, "the pasted ds_config", &flags, hidden)?;
+        let r = configs::deepspeed::read(text, "the pasted ds_config", &flags, hidden)?;
         (r, "pasted ds_config".to_string())
     } else if let Some(path) = &args.deepspeed {
         let origin = path.display().to_string();
-        let r = crate::configs::deepspeed::read(&read(path)?, &origin, &flags, hidden)?;
+        let r = configs::deepspeed::read(&read(path)?, &origin, &flags, hidden)?;
         (r, origin)
     } else if let Some(path) = &args.accelerate {
         let origin = path.display().to_string();
         let dir = path.parent().unwrap_or(std::path::Path::new("."));
-        let r = crate::configs::accelerate::read(&read(path)?, &origin, dir, &flags, hidden)?;
+        let r = configs::accelerate::read(&read(path)?, &origin, dir, &flags, hidden)?;
         (r, origin)
     } else {
         return Ok((given, None));

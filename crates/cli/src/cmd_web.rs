@@ -387,7 +387,7 @@ mod tests {
         let config = r#"{"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
             "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
             "vocab_size": 32000, "max_position_embeddings": 2048}"#;
-        let ds = include_str!("../tests/data/configs/hf_zero2_offload.json");
+        let ds = include_str!("../../configs/tests/data/configs/hf_zero2_offload.json");
         let mut m = rng::mutate::Mutator::new(0x7765_6221);
         // Overflow panics are caught and answered 400; keep their messages off the test output.
         crate::silence_overflow_panics();

@@ -18,7 +18,6 @@ mod cmd_serve;
 mod cmd_tokenize;
 mod cmd_train;
 mod cmd_web;
-mod configs;
 mod model;
 mod output;
 mod workers;

@@ -5,18 +5,7 @@
 
 pub use plan::units::human_bytes;
 
-/// `8030261248` as `8,030,261,248`.
-pub fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub use plan::units::group_digits;
 
 /// With stderr not a terminal (CI, nohup, a redirected log) the progress bar draws nothing:
 /// this prints a plain line there every few seconds instead (nothing with `--json` or on a

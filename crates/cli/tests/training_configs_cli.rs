@@ -21,7 +21,7 @@ const LLAMA2_8: [&str; 6] = ["--model", "llama2-7b", "--gpus", "8", "--seq", "20
 
 fn data(name: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/configs")
+        .join("../configs/tests/data/configs")
         .join(name);
     p.display().to_string()
 }

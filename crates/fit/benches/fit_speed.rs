@@ -1,7 +1,7 @@
 //! Fit speed: how many candidate setups `fit::search` weighs per second (memory plan, step time,
 //! ranking), against the baseline of the bare formula estimates of the same candidates in a plain
 //! loop, same run. The target: over 10,000 candidates weighed in under a second.
-//! Run: `cargo bench -p plan --bench fit_speed` (one line per case).
+//! Run: `cargo bench -p fit --bench fit_speed` (one line per case).
 
 use fit::{self, FitRequest, LoraChoice};
 use plan::{formula, presets};

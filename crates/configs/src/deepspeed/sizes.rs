@@ -1,6 +1,6 @@
 //! The sizes a ds_config.json sets: the batch triple and ZeRO's buffers.
 
-use crate::configs::{count, Setting};
+use crate::{count, Setting};
 use anyhow::{bail, Context};
 use plan::setup::ZeroBuffers;
 use serde_json::Value;

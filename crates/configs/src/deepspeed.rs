@@ -262,7 +262,7 @@ pub fn resolve(
     s.zero_buffers = buffers(origin, zero, hidden)?;
     if s.zero_buffers != ZeroBuffers::DEEPSPEED {
         let b = s.zero_buffers;
-        let g = crate::output::group_digits;
+        let g = plan::units::group_digits;
         summary.push(format!(
             "reduce bucket {}, prefetch bucket {}, persistence threshold {}, sub-group {} elements",
             g(b.reduce_bucket),
