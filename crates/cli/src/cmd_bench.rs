@@ -120,7 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// The engine config `--model` names (any kind `model::ModelSource` resolves).
 pub fn model_config(spec: &str) -> anyhow::Result<ModelConfig> {
-    crate::model::ModelSource::resolve(spec)?.config()
+    models::ModelSource::resolve(spec)?.config()
 }
 
 /// FLOPs of one training token (see the module comment).

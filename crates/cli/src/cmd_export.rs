@@ -112,9 +112,7 @@ fn check_finished_model(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if let Ok(source @ crate::model::ModelSource::Gguf(_)) =
-        crate::model::ModelSource::at(&args.snapshot)
-    {
+    if let Ok(source @ models::ModelSource::Gguf(_)) = models::ModelSource::at(&args.snapshot) {
         return export_gguf(&args, &source);
     }
     let snap = Snapshot::open(&args.snapshot)
@@ -188,7 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// A GGUF file as a Hugging Face folder: f32 weights, config.json, its tokenizer files.
-fn export_gguf(args: &Args, source: &crate::model::ModelSource) -> anyhow::Result<()> {
+fn export_gguf(args: &Args, source: &models::ModelSource) -> anyhow::Result<()> {
     if args.merge || args.base.is_some() || args.logits.is_some() {
         bail!("--merge, --base and --logits export snapshots; a GGUF file exports alone");
     }
@@ -260,8 +258,8 @@ fn check_base(snap: &Snapshot, base: &Path) -> anyhow::Result<()> {
     let Some(recorded) = snap.state.run.lora["base_weights"].as_str() else {
         return Ok(());
     };
-    let files = crate::model::saved::weight_files(base)
-        .with_context(|| format!("--base {}", base.display()))?;
+    let files =
+        models::saved::weight_files(base).with_context(|| format!("--base {}", base.display()))?;
     let found = train::base_fingerprint(&files)
         .with_context(|| format!("reading the weights of --base {}", base.display()))?;
     if format!("{found:016x}") != recorded {
@@ -286,7 +284,7 @@ fn merge(
     base: &Path,
 ) -> anyhow::Result<()> {
     let shape = &model.shape;
-    use crate::model::ModelSource;
+    use models::ModelSource;
     let what = "give the Hugging Face folder or GGUF file the run trained its adapters over (its \
                 --model)";
     if base.symlink_metadata().is_err() {
@@ -316,11 +314,11 @@ fn merge(
     // A ggml base: the layout of the GGUF file's own blocks.
     let mut lora = lora.clone();
     if lora.base == plan::setup::Dtype::Ggml {
-        lora.ggml = Some(crate::model::ggml_base(Some(base))?);
+        lora.ggml = Some(models::ggml_base(Some(base))?);
     }
     let lora = &lora;
     let units = plan_frugal::param_units(shape, 1)?;
-    let base_values = crate::model::saved::read_units(base, &units)
+    let base_values = models::saved::read_units(base, &units)
         .with_context(|| format!("--base {}", base.display()))?;
     let adapter_units = plan_frugal::adapters::adapter_units(shape, lora, 1)?;
     let adapters = snap.weights(&adapter_units)?;
@@ -328,7 +326,7 @@ fn merge(
     engine::io::save_hf(model, tensors, &args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;
     // The base's own tokenizer files beside the merged weights (GPT-2's models write none).
-    let tokenizer = crate::model::ModelSource::at(base)?
+    let tokenizer = models::ModelSource::at(base)?
         .tokenizer()?
         .save_hf(&args.hf)
         .with_context(|| format!("--hf {}", args.hf.display()))?;

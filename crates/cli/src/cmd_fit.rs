@@ -265,8 +265,7 @@ fn machine_and_model(args: &Args) -> anyhow::Result<(Hardware, u64, ModelShape)>
         None => hw.gpu.memory_bytes,
     };
     let model =
-        crate::model::ModelSource::resolve_or_text(&args.model, args.config_text.as_deref())?
-            .shape()?;
+        models::ModelSource::resolve_or_text(&args.model, args.config_text.as_deref())?.shape()?;
     Ok((hw, capacity_bytes, model))
 }
 
@@ -347,7 +346,7 @@ fn infer_request(args: &Args) -> anyhow::Result<(ModelShape, fit::infer::InferRe
         // (A file whose tensors cannot be weighed is planned in the other formats.)
         ggml_file: match args.config_text {
             Some(_) => None,
-            None => crate::model::ModelSource::resolve(&args.model)
+            None => models::ModelSource::resolve(&args.model)
                 .and_then(|s| s.ggml_file())
                 .ok()
                 .flatten(),

@@ -6,11 +6,11 @@
 //!
 //! Example: `frugal generate --model run1 --prompt "ROMEO:" --max-new-tokens 64 --weights int4`.
 
-use crate::model::ModelSource;
 use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
 use infer::sample::Sampling;
 use infer::{spec, Worker};
+use models::ModelSource;
 use plan::buffer::{Category, Device};
 use plan_frugal::{ServeSetup, WeightFormat};
 use serde_json::{json, Map, Value};
@@ -22,9 +22,6 @@ mod storage;
 mod tp;
 
 pub use storage::{weight_format, Storage};
-#[cfg(feature = "mpi")]
-pub(crate) use tp::fp32_units;
-pub(crate) use tp::{check_fit, group};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -120,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tok = model.tokenizer()?;
     let source = model.load()?;
     let text = match &args.chat {
-        Some(message) => crate::chat::render(&tok, args.system.as_deref(), message)
+        Some(message) => models::chat::render(&tok, args.system.as_deref(), message)
             .map_err(|e| anyhow::anyhow!("--chat: {e:#}; give the whole prompt with --prompt"))?,
         None => args.prompt.clone(),
     };

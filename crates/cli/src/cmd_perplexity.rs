@@ -8,9 +8,9 @@
 //!
 //! Example: `frugal perplexity --model SmolLM2-135M-Instruct.Q4_1.gguf --ctx 512 --chunks 20`.
 
-use crate::model::ModelSource;
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
+use models::ModelSource;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;

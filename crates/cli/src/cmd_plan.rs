@@ -396,8 +396,7 @@ pub fn build_report(args: &Args) -> anyhow::Result<Report> {
     let report = match (&args.model, &args.params) {
         (Some(spec), _) => {
             let model =
-                crate::model::ModelSource::resolve_or_text(spec, args.config_text.as_deref())?
-                    .shape()?;
+                models::ModelSource::resolve_or_text(spec, args.config_text.as_deref())?.shape()?;
             let seq = args.seq.unwrap_or(2048.min(model.max_positions));
             let paper = args.convention == Convention::Paper && !args.infer;
             if paper && (args.runtime == "pytorch" || args.runtime == "frugal") {

@@ -1,24 +1,12 @@
-//! `frugal serve`: a model behind the OpenAI API, as `vllm serve` and `llama-server` offer it.
-//! `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), `GET
-//! /v1/models`, `GET /health`; `stream: true` answers with server-sent events; `max_tokens`,
-//! `temperature`, `top_k`, `seed` and `stop` are honoured and `usage` counts the tokens.
-//!
-//! HTTP is tokio + axum (bodies bounded before they are read, one task per connection); the
-//! model runs on an engine thread of its own (`engine`), fed through a bounded queue: a full
-//! queue answers 429 with `Retry-After`, a prompt that does not fit the context 400. Requests
-//! share one continuous batch (`--max-seqs`) over a paged KV pool; a client that disconnects has
-//! its generation stopped and its KV blocks freed at the next token. `GET /metrics` is
-//! Prometheus text (`metrics`); SIGTERM stops accepting and answers what was admitted.
+//! `frugal serve`: a model behind the OpenAI API (the `server` crate), on this process's cores,
+//! split over tensor-parallel ranks (`--tp`), with prompts prefilled by ranks of their own
+//! (`--prefill-ranks`), or over MPI processes (`--comm mpi`).
 //!
 //! Example: `frugal serve --model SmolLM2-135M-Instruct.Q4_1.gguf`, then
 //! `curl localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'`.
 
-mod engine;
-mod metrics;
 #[cfg(feature = "mpi")]
 mod mpi_job;
-mod openai;
-mod pd;
 #[cfg(feature = "mpi")]
 mod pd_mpi;
 #[cfg(feature = "mpi")]
@@ -34,9 +22,10 @@ mod mpi_job {
     }
 }
 
-use crate::model::ModelSource;
 use anyhow::{anyhow, bail, Context};
+use models::ModelSource;
 use plan_frugal::ServeSetup;
+use server::{engine, metrics, openai, pd, State};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -100,15 +89,6 @@ pub struct Args {
     pub comm: crate::cmd_train::CommArg,
 }
 
-/// What every handler shares.
-pub struct State {
-    pub name: String,
-    pub tok: data::Tokenizer,
-    pub ctx: usize,
-    pub jobs: std::sync::mpsc::SyncSender<engine::Job>,
-    pub metrics: Arc<metrics::Metrics>,
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.tp == 0 {
         bail!("--tp 0: give at least one tensor-parallel rank (1: the whole model on one)");
@@ -170,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None,
         ),
         (tp, 0) => (
-            crate::cmd_generate::group(&args.model, source, setup, tp)?,
+            models::tp::group(&args.model, source, setup, tp)?,
             None,
             None,
         ),
@@ -244,7 +224,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 #[cfg(feature = "mpi")]
 fn over_mpi(
     args: &Args,
-    source: crate::model::Loaded,
+    source: models::Loaded,
     setup: ServeSetup,
 ) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, mpi_job::End)>> {
     check_mpi(args)?;
@@ -258,7 +238,7 @@ fn over_mpi(
 #[cfg(not(feature = "mpi"))]
 fn over_mpi(
     args: &Args,
-    _: crate::model::Loaded,
+    _: models::Loaded,
     _: ServeSetup,
 ) -> anyhow::Result<Option<(infer::group::Group, Option<pd::Disaggregated>, mpi_job::End)>> {
     check_mpi(args)?;
@@ -291,7 +271,7 @@ fn check_mpi(args: &Args) -> anyhow::Result<()> {
 /// cores.
 fn disaggregate(
     args: &Args,
-    source: crate::model::Loaded,
+    source: models::Loaded,
     setup: ServeSetup,
 ) -> anyhow::Result<(infer::group::Group, pd::Disaggregated, rayon::ThreadPool)> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -4,8 +4,8 @@
 //!
 //! Example: `frugal tokenize --model SmolLM2-135M-Instruct.Q4_1.gguf "Hello world" --json`.
 
-use crate::model::ModelSource;
 use anyhow::Context;
+use models::ModelSource;
 use serde_json::json;
 use std::path::PathBuf;
 

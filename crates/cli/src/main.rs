@@ -6,7 +6,6 @@
 //!
 //! Example: `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --json`.
 
-mod chat;
 mod cmd_bench;
 mod cmd_export;
 mod cmd_fit;
@@ -18,7 +17,6 @@ mod cmd_serve;
 mod cmd_tokenize;
 mod cmd_train;
 mod cmd_web;
-mod model;
 mod output;
 mod workers;
 

@@ -218,7 +218,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             if a.save.is_some() || a.baseline.is_some() {
                 bail!("--tp {tp}: --save and --baseline take the whole model (--tp 1)");
             }
-            crate::cmd_generate::check_fit(&shape, &setup, tp)?;
+            models::tp::check_fit(&shape, &setup, tp)?;
             let load: infer::group::Load = std::sync::Arc::new(move |w: &mut Worker| {
                 w.split_k = sk;
                 w.fill_random(seed);

@@ -8,10 +8,10 @@
 //!
 //! Example: `frugal bench quality --model run1 --windows 8 --seq 128 --json`.
 
-use crate::model::ModelSource;
 use crate::output::Table;
 use anyhow::bail;
 use infer::Worker;
+use models::ModelSource;
 use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;

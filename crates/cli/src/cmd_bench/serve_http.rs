@@ -185,7 +185,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.requests
         );
     }
-    let source = crate::model::ModelSource::at(std::path::Path::new(&a.model)).context(
+    let source = models::ModelSource::at(std::path::Path::new(&a.model)).context(
         "--http serves a model on disk (a GGUF file, an HF folder or a training --out): give --model PATH",
     )?;
     let tok = source.tokenizer()?;

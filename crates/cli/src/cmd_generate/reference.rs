@@ -2,9 +2,9 @@
 //! token with the fp32 model (no KV cache), to check the engine against.
 
 use super::Args;
-use crate::model::Loaded;
 use anyhow::bail;
 use infer::sample::Sampling;
+use models::Loaded;
 use serde_json::json;
 use std::time::Instant;
 

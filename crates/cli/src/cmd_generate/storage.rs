@@ -25,10 +25,7 @@ pub struct Storage {
 
 impl Storage {
     /// The weight and KV formats these flags ask of `source`.
-    pub fn formats(
-        &self,
-        source: &crate::model::Loaded,
-    ) -> anyhow::Result<(WeightFormat, KvFormat)> {
+    pub fn formats(&self, source: &models::Loaded) -> anyhow::Result<(WeightFormat, KvFormat)> {
         let weights = weight_format(self.weights.as_deref(), self.weight_group, source)?;
         match (self.weight_group, weights.group()) {
             (Some(g), None) => bail!(
@@ -54,7 +51,7 @@ impl Storage {
 pub fn weight_format(
     flag: Option<&str>,
     group: Option<u64>,
-    source: &crate::model::Loaded,
+    source: &models::Loaded,
 ) -> anyhow::Result<WeightFormat> {
     let asked = flag
         .map(|f| WeightFormat::parse(f, Some(group.unwrap_or(32))))

@@ -5,12 +5,13 @@
 
 use super::{check_plan, per_device, plain, Args};
 use crate::cmd_train::CommArg;
-use crate::model::Loaded;
 use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
 use infer::sample::Sampling;
 use infer::Worker;
-use plan::buffer::{Category, Device};
+use models::tp::{check_fit, fp32_units};
+use models::Loaded;
+use plan::buffer::Category;
 use plan_frugal::ServeSetup;
 use serde_json::json;
 
@@ -180,67 +181,6 @@ fn over_mpi(_: &Job, _: &data::Tokenizer) -> anyhow::Result<()> {
         "--comm mpi: this frugal was built without MPI; build it with `cargo build --release \
          --features mpi -p frugal` and run it under `mpirun -n N`"
     )
-}
-
-/// The fp32 weights each rank cuts its share from.
-pub(crate) fn fp32_units<'a>(
-    tp: usize,
-    model: &std::path::Path,
-    source: &'a Loaded,
-) -> anyhow::Result<&'a [Vec<f32>]> {
-    source.units().map_err(|_| {
-        anyhow::anyhow!(
-            "--tp {tp}: each rank cuts its share from the model's fp32 weights, and {} is stored \
-             quantized; pass its fp32 folder, its Hugging Face folder or its GGUF file",
-            model.display()
-        )
-    })
-}
-
-/// Refuses a split the model does not allow, or ranks whose plans together exceed the RAM this
-/// process may use (every rank lives in it).
-pub(crate) fn check_fit(
-    shape: &plan::ModelShape,
-    setup: &ServeSetup,
-    tp: usize,
-) -> anyhow::Result<()> {
-    let mut total = 0;
-    for r in 0..tp as u32 {
-        let plan = plan_frugal::serve_plan_rank(shape, setup, tp as u32, r)?;
-        total += plan.peak_bytes(Device::Gpu);
-    }
-    if let Some(host) = engine::capacity::host_available() {
-        if total > host.bytes {
-            bail!(
-                "--tp {tp}: the ranks' plans need {} bytes together and this process may use \
-                 {} ({}); store the weights smaller (--weights int8, int4 or nf4) or plan a \
-                 shorter context",
-                group_digits(total),
-                group_digits(host.bytes),
-                host.source
-            );
-        }
-    }
-    Ok(())
-}
-
-/// `tp` ranks serving `source` (`frugal serve --tp`), rank 0 driven by the caller.
-pub(crate) fn group(
-    model: &std::path::Path,
-    source: Loaded,
-    setup: ServeSetup,
-    tp: usize,
-) -> anyhow::Result<infer::group::Group> {
-    fp32_units(tp, model, &source)?;
-    let setup = ServeSetup {
-        weights: source.narrow(setup.weights)?,
-        ..setup
-    };
-    check_fit(&source.config.shape, &setup, tp)?;
-    let config = source.config.clone();
-    let units = std::sync::Arc::new(source);
-    let load: infer::group::Load = std::sync::Arc::new(move |w: &mut Worker| units.load_whole(w));
-    Ok(infer::group::Group::start(config, setup, tp, load)?)
 }
 
 fn report(

@@ -18,11 +18,11 @@ pub(super) fn ggml_base(args: &Args) -> Option<plan_frugal::adapters::GgmlBase> 
 }
 
 /// The GGUF file `--model` names (`None` for every other model, and for a pasted config).
-pub(super) fn gguf_file(args: &Args) -> Option<crate::model::ModelSource> {
+pub(super) fn gguf_file(args: &Args) -> Option<models::ModelSource> {
     let m = args.model.as_ref().filter(|_| args.config_text.is_none())?;
-    crate::model::ModelSource::at(Path::new(m))
+    models::ModelSource::at(Path::new(m))
         .ok()
-        .filter(|s| matches!(s, crate::model::ModelSource::Gguf(_)))
+        .filter(|s| matches!(s, models::ModelSource::Gguf(_)))
 }
 
 /// Whether `--infer` plans a quantized GGUF file in its own blocks: no `--weights` but ggml.

@@ -11,16 +11,16 @@
 //! (`MPI_Abort`) with its reason, so no rank waits on one that is gone. A rank killed under
 //! `mpiexec` ends the job too: MPICH's launcher stops every process when one dies.
 
-use super::engine::Job;
 use super::mpi_job::{check_threads, ready, settle, signal_ready, End};
-use super::pd::{prefill_export, Disaggregated, PrefillJob, Prefilled, Shipped};
 use super::Args;
-use crate::model::Loaded;
 use anyhow::{bail, Context};
 use comm::Collective;
 use infer::group::Group;
 use infer::sample::Sampling;
+use models::Loaded;
 use plan_frugal::ServeSetup;
+use server::engine::Job;
+use server::pd::{prefill_export, Disaggregated, PrefillJob, Prefilled, Shipped};
 use std::sync::{mpsc, Arc, Mutex};
 
 /// What rank 0 serves with, and what ends the job after the server stops.

@@ -8,10 +8,10 @@
 
 use super::mpi_job::{check_threads, ready, settle, signal_ready, End};
 use super::Args;
-use crate::model::Loaded;
 use anyhow::bail;
 use comm::Collective;
 use infer::group::{Call, Group, Relay};
+use models::Loaded;
 use plan_frugal::ServeSetup;
 
 /// Rank 0's side: each call sent to every other rank.
@@ -76,7 +76,7 @@ pub fn start(
                 args.tp
             );
         }
-        crate::cmd_generate::fp32_units(size, &args.model, &source)?;
+        models::tp::fp32_units(size, &args.model, &source)?;
         // The worker's collectives and the calls on communicators of their own.
         let tp = world.split(0, rank as u32)?;
         let link = world.split_mpi(0, rank as u32)?;

@@ -259,7 +259,7 @@ fn lora(args: &Args) -> anyhow::Result<Option<train::LoraConfig>> {
 /// The one validated run of `args`; refuses it before any data is read if it does not fit.
 pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     check_flags(args)?;
-    let source = crate::model::ModelSource::resolve(&args.model)?;
+    let source = models::ModelSource::resolve(&args.model)?;
     let (model, weights) = (source.config()?, source.training_weights()?);
     // The model's own tokenizer (an HF folder's tokenizer.json), else GPT-2's.
     let tokenizer = source.tokenizer()?;
@@ -303,13 +303,13 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
         .filter(|l| l.plan.base == plan::setup::Dtype::Ggml)
     {
         l.plan.ggml = Some(
-            crate::model::ggml_base(weights.as_deref())
+            models::ggml_base(weights.as_deref())
                 .with_context(|| format!("--lora-base ggml with --model {}", args.model))?,
         );
     }
     // A LoRA base from a saved model: its weights' fingerprint goes into every snapshot.
     if let (Some(l), Some(dir)) = (lora.as_mut(), &weights) {
-        let files = crate::model::saved::weight_files(dir)
+        let files = models::saved::weight_files(dir)
             .with_context(|| format!("--model {}", dir.display()))?;
         let fingerprint = train::base_fingerprint(&files)
             .with_context(|| format!("reading the weights of --model {}", dir.display()))?;

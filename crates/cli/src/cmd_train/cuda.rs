@@ -115,7 +115,7 @@ mod gpu {
         trainer.init_weights(args.seed);
         if let Some(path) = &shared.weights {
             trainer
-                .load_whole(|units| crate::model::saved::read_units(path, units))
+                .load_whole(|units| models::saved::read_units(path, units))
                 .with_context(|| format!("--model {}", path.display()))?;
         }
         // The same loop as on the CPU; progress as plain lines (one per step).

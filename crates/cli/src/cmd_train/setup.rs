@@ -131,7 +131,7 @@ pub fn build_rank(
     let mut trainer = Trainer::with_comm(config, comm)?;
     trainer.init_weights(args.seed);
     if let Some(path) = &shared.weights {
-        let read = |units: &[_]| crate::model::saved::read_units(path, units);
+        let read = |units: &[_]| models::saved::read_units(path, units);
         match trainer.model.lora.is_some() {
             // The weights are the frozen base; the adapters start as PEFT's.
             true => engine::lora::base::load_with(&trainer.model, &trainer.arena, read),
@@ -141,7 +141,7 @@ pub fn build_rank(
         // A ggml base: each block matrix as the file's own blocks.
         if let Some(g) = trainer.model.lora.as_ref().and_then(|l| l.setup.ggml) {
             let (model, arena) = (&trainer.model, &trainer.arena);
-            crate::model::put_file_blocks(model, arena, path, g)
+            models::put_file_blocks(model, arena, path, g)
                 .with_context(|| format!("--model {}", path.display()))?;
         }
     }

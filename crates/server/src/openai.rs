@@ -226,7 +226,7 @@ async fn chat(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     if turns.is_empty() {
         return bad("messages is empty");
     }
-    let prompt = match crate::chat::render_messages(&state.tok, &turns) {
+    let prompt = match models::chat::render_messages(&state.tok, &turns) {
         Ok(p) => p,
         Err(e) => return bad(format!("{e:#}")),
     };

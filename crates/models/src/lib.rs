@@ -7,7 +7,8 @@
 //!
 //! [`ModelSource::resolve`] says which, from what is on disk; [`ModelSource::shape`] is all the
 //! planner needs; [`ModelSource::config`] what the engine builds; [`ModelSource::load`] the
-//! weights an inference run starts from.
+//! weights an inference run starts from ([`Loaded`]; split over tensor-parallel ranks by [`tp`]).
+//! [`chat`] renders a model's chat template.
 //!
 //! Example: `let src = ModelSource::resolve("run1")?; let shape = src.shape()?;`
 
@@ -19,10 +20,12 @@ use plan_frugal::{ForwardSetup, WeightFormat};
 use std::path::{Path, PathBuf};
 use train::snapshot::Snapshot;
 
+pub mod chat;
 mod from_gguf;
 mod loaded;
 pub use loaded::{Loaded, Weights};
 pub mod saved;
+pub mod tp;
 pub use from_gguf::{ggml_base, put_file_blocks};
 use from_gguf::{gguf_config, gguf_vocab, is_gguf_file, open_gguf};
 

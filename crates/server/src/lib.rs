@@ -1,0 +1,35 @@
+//! A model behind the OpenAI API, as `vllm serve` and `llama-server` offer it (`frugal serve`).
+//! `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), `GET
+//! /v1/models`, `GET /health`; `stream: true` answers with server-sent events; `max_tokens`,
+//! `temperature`, `top_k`, `seed` and `stop` are honoured and `usage` counts the tokens.
+//!
+//! HTTP is tokio + axum ([`openai::router`]: bodies bounded before they are read, one task per
+//! connection); the model runs on an engine thread of its own ([`engine::run`]), fed through a
+//! bounded queue: a full queue answers 429 with `Retry-After`, a prompt that does not fit the
+//! context 400. Requests share one continuous batch over a paged KV pool; a client that
+//! disconnects has its generation stopped and its KV blocks freed at the next token. `GET
+//! /metrics` is Prometheus text ([`metrics`]). Prompts may be prefilled by workers of their own
+//! that ship the KV to the decoding one ([`pd`]). This crate prints nothing: the binary binds,
+//! reports and stops it.
+//!
+//! Example: `axum::serve(listener, server::openai::router(state))`, with `state` holding the
+//! sending end of the queue that `server::engine::run` reads on its own thread.
+
+pub mod engine;
+pub mod metrics;
+pub mod openai;
+pub mod pd;
+
+use std::sync::Arc;
+
+/// What every handler shares.
+pub struct State {
+    /// The model's name in `/v1/models` and in answers.
+    pub name: String,
+    pub tok: data::Tokenizer,
+    /// The context in tokens: a prompt and its `max_tokens` must fit it.
+    pub ctx: usize,
+    /// The engine's queue: full, a request is answered 429.
+    pub jobs: std::sync::mpsc::SyncSender<engine::Job>,
+    pub metrics: Arc<metrics::Metrics>,
+}
