@@ -108,6 +108,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     silence_overflow_panics();
+    models::on_warning(|w| eprintln!("warning: {w}"));
     // The servers run their own threads (serve's engine on a pool of its own); every other
     // command computes on a pool it drives from one of its workers.
     let result = std::panic::catch_unwind(|| match cli.command {

@@ -29,6 +29,21 @@ pub mod tp;
 pub use from_gguf::{ggml_base, put_file_blocks};
 use from_gguf::{gguf_config, gguf_vocab, is_gguf_file, open_gguf};
 
+/// Where warnings go (a damaged snapshot passed over): the handler the binary installs with
+/// [`on_warning`]; none installed, they are dropped. This crate prints nothing itself.
+static WARNINGS: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// Sends this crate's warnings to `handler` (the first call wins).
+pub fn on_warning(handler: fn(&str)) {
+    let _ = WARNINGS.set(handler);
+}
+
+fn warn(message: &str) {
+    if let Some(handler) = WARNINGS.get() {
+        handler(message);
+    }
+}
+
 /// What `--model` names.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelSource {
@@ -379,11 +394,11 @@ fn read(path: &Path) -> anyhow::Result<String> {
 fn open_snapshot(dir: &Path) -> anyhow::Result<Snapshot> {
     let snap = Snapshot::open(dir).with_context(|| format!("--model {}", dir.display()))?;
     for (skipped, why) in &snap.skipped {
-        eprintln!(
-            "warning: {} is damaged ({why}); using the newest intact snapshot, {}",
+        warn(&format!(
+            "{} is damaged ({why}); using the newest intact snapshot, {}",
             skipped.display(),
             snap.dir.display()
-        );
+        ));
     }
     Ok(snap)
 }
