@@ -1,6 +1,7 @@
 //! Tensor-parallel inference from the CLI on a real model (SmolLM2-135M: 9 heads over 3
-//! key/value heads, split over 3 ranks): the same tokens as one rank, every rank's bytes equal to
-//! its plan and to `plan --infer --tp`, the server on a group, and the refusals.
+//! key/value heads, split over 3 ranks) and trained test models (GQA, experts, latent attention):
+//! the same tokens as one rank, every rank's bytes equal to its plan and to `plan --infer --tp`,
+//! the server on a group, and the refusals.
 
 mod common;
 
@@ -176,47 +177,49 @@ fn bench_generate_measures_every_ranks_plan() {
 }
 
 #[test]
-fn two_and_four_ranks_of_a_trained_gqa_model_generate_one_ranks_tokens() {
+fn two_and_four_ranks_of_trained_gqa_moe_and_latent_models_generate_one_ranks_tokens() {
     // llama-tiny: 4 query heads over 2 key/value heads, so at 4 ranks each KV head is
-    // replicated on two; trained 20 steps so its greedy choices are not near ties.
+    // replicated on two; mixtral-tiny: each rank holds half of every expert; deepseek-tiny:
+    // latent attention (one head a rank at 4) and routed and shared experts. Each trained 20
+    // steps so its greedy choices are not near ties.
     let data = small_text("tp-infer", "gqa", 40_000);
-    let out = temp_dir("tp-infer", "gqa-model").join("llama");
-    let out_s = out.to_str().unwrap();
-    let mut train = short_train("20", &data);
-    train.extend([
-        "--model",
-        "llama-tiny",
-        "--batch",
-        "2",
-        "--seq",
-        "32",
-        "--out",
-        out_s,
-    ]);
-    common::assert_ok(&frugal(&train));
-    let tokens = |tp: &str| {
-        let v = json(&frugal(&[
-            "generate",
-            "--model",
-            out_s,
-            "--prompt",
-            "ROMEO:",
-            "--max-new-tokens",
-            "24",
-            "--tp",
-            tp,
-            "--json",
-        ]));
-        if tp != "1" {
-            for rank in v["ranks"].as_array().unwrap() {
-                assert_eq!(rank["planned"], rank["measured"], "--tp {tp}");
+    for (preset, ranks) in [
+        ("llama-tiny", ["2", "4"].as_slice()),
+        ("mixtral-tiny", &["2"]),
+        ("deepseek-tiny", &["2", "4"]),
+    ] {
+        let out = temp_dir("tp-infer", &format!("{preset}-model")).join("model");
+        let out_s = out.to_str().unwrap();
+        let mut train = short_train("20", &data);
+        train.extend([
+            "--model", preset, "--batch", "2", "--seq", "32", "--out", out_s,
+        ]);
+        common::assert_ok(&frugal(&train));
+        let tokens = |tp: &str| {
+            let v = json(&frugal(&[
+                "generate",
+                "--model",
+                out_s,
+                "--prompt",
+                "ROMEO:",
+                "--max-new-tokens",
+                "24",
+                "--tp",
+                tp,
+                "--json",
+            ]));
+            if tp != "1" {
+                for rank in v["ranks"].as_array().unwrap() {
+                    assert_eq!(rank["planned"], rank["measured"], "{preset} --tp {tp}");
+                }
             }
+            v["tokens"].clone()
+        };
+        let one = tokens("1");
+        for tp in ranks {
+            assert_eq!(tokens(tp), one, "{preset} --tp {tp}");
         }
-        v["tokens"].clone()
-    };
-    let one = tokens("1");
-    assert_eq!(tokens("2"), one);
-    assert_eq!(tokens("4"), one);
+    }
 }
 
 #[test]

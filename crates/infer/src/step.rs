@@ -228,6 +228,7 @@ impl<B: InferOps> Worker<B> {
             if self.design.mla {
                 let io = (ln, atty, proj);
                 self.mla_attention(kind, w, cache.k, io, positions, slots, &seq_rows);
+                sum(proj.prefix(n * c));
             } else {
                 linear(
                     qkv,
@@ -277,6 +278,7 @@ impl<B: InferOps> Worker<B> {
             );
             if self.is_moe(l) {
                 self.moe_mlp(kind, w, n, ln, proj);
+                sum(proj.prefix(n * c));
                 be.residual_add(a, residual.prefix(n * c), proj.prefix(n * c));
                 continue;
             }

@@ -6,7 +6,9 @@
 //! - the embedding: each rank looks up the tokens of its vocabulary slice (zero rows for the
 //!   others), rank 0 adds learned positions, and the group sums the rows;
 //! - after the attention output projection and after the MLP down projection (row-parallel):
-//!   the group sums the partial outputs, rank 0 alone having added the bias;
+//!   the group sums the partial outputs, rank 0 alone having added the bias. Latent attention
+//!   splits its heads (each rank caches the whole latent) and a mixture of experts every
+//!   expert's MLP (the router is whole, so every rank routes alike): both end in the same sum;
 //! - the head (vocabulary-parallel): each rank computes its slice's logits, gathered whole on
 //!   the host, so every rank samples the same token from the same numbers.
 //!

@@ -3,7 +3,7 @@
 
 use super::tests::{max_abs, reference};
 use super::*;
-use engine::testkit::{gpt2_tiny, llama_tiny, tokens};
+use engine::testkit::{deepseek_tiny, gpt2_tiny, llama_tiny, mixtral_tiny, tokens};
 use engine::world::{comm_failure, launch, DEFAULT_TIMEOUT};
 use plan::ModelShape;
 
@@ -46,8 +46,9 @@ fn run(
 
 #[test]
 fn tensor_parallel_ranks_give_one_ranks_logits_and_measure_their_plans() {
-    // GPT-2 (learned positions, biases, tied head), Llama (GQA), and Llama with fewer
-    // key/value heads than ranks (each replicated on two ranks).
+    // GPT-2 (learned positions, biases, tied head), Llama (GQA), Llama with fewer key/value
+    // heads than ranks (each replicated on two ranks), Mixtral's experts and DeepSeek's latent
+    // attention with routed and shared experts (one head a rank at 4).
     let mqa = ModelShape {
         n_kv_heads: 1,
         ..llama_tiny()
@@ -57,6 +58,9 @@ fn tensor_parallel_ranks_give_one_ranks_logits_and_measure_their_plans() {
         (gpt2_tiny(), 4),
         (llama_tiny(), 2),
         (mqa, 2),
+        (mixtral_tiny(), 2),
+        (deepseek_tiny(), 2),
+        (deepseek_tiny(), 4),
     ] {
         let r = reference(&shape, 3);
         let units = r.unit_values();

@@ -95,6 +95,12 @@ pub fn check_setup(model: &ModelShape, setup: &TrainSetup) -> Result<(), PlanErr
         return Err(invalid("--sp", reason));
     }
     tp::check(model, setup.tp)?;
+    if setup.tp > 1 && (model.moe.is_some() || model.mla.is_some()) {
+        return Err(unsupported(
+            "training with tensor parallelism over mixture-of-experts or latent-attention layers \
+             (use --tp 1; inference splits them)",
+        ));
+    }
     if setup.tp > 1 && setup.lora.is_some() {
         return Err(unsupported("LoRA with tensor parallelism (use --tp 1)"));
     }

@@ -20,6 +20,7 @@
 
 use super::family::{arch, Mlp};
 use super::units::{build_units, check_buildable, Role, Unit};
+use plan::model::Moe;
 use plan::{ModelShape, PlanError};
 
 /// Where one rank's view sits in the whole model's view of the same role.
@@ -41,8 +42,8 @@ fn invalid(field: &str, reason: String) -> PlanError {
     }
 }
 
-/// Refuses a model `tp` ranks cannot split, naming the numbers: heads, key/value heads and the
-/// MLP width must divide by `tp`, the vocabulary hold at least one row per rank.
+/// Refuses a model `tp` ranks cannot split, naming the numbers: heads, key/value heads, the MLP
+/// width and an expert's must divide by `tp`, the vocabulary hold at least one row per rank.
 pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
     if tp == 0 {
         return Err(invalid("--tp", "at least one tensor-parallel rank".into()));
@@ -50,23 +51,27 @@ pub fn check(model: &ModelShape, tp: u32) -> Result<(), PlanError> {
     if tp == 1 {
         return Ok(());
     }
-    if model.moe.is_some() || model.mla.is_some() {
-        return Err(PlanError::Unsupported {
-            runtime: "frugal",
-            what: "tensor parallelism over mixture-of-experts or latent-attention layers \
-                   (use --tp 1)"
-                .into(),
-        });
-    }
     let heads = model.n_heads;
     if heads % tp != 0 {
         let reason = format!("{heads} attention heads do not split over --tp {tp}");
         return Err(invalid("--tp", reason));
     }
+    if let Some(e) = model
+        .moe
+        .as_ref()
+        .filter(|e| e.d_ff_expert % u64::from(tp) != 0)
+    {
+        let reason = format!(
+            "each expert's MLP width {} does not split over --tp {tp}",
+            e.d_ff_expert
+        );
+        return Err(invalid("--tp", reason));
+    }
     // Fewer key/value heads than ranks: each is replicated on the tp / n_kv ranks whose query
-    // heads read it (Megatron's GQA with TP > groups).
+    // heads read it (Megatron's GQA with TP > groups). Latent attention caches one latent per
+    // token for all heads, which every rank holds whole.
     let kv = model.n_kv_heads;
-    if (kv >= tp && kv % tp != 0) || (kv < tp && tp % kv != 0) {
+    if model.mla.is_none() && ((kv >= tp && kv % tp != 0) || (kv < tp && tp % kv != 0)) {
         let reason = format!(
             "{kv} key/value heads neither split over --tp {tp} nor replicate evenly on it (use a \
              --tp that divides {kv} or that {kv} divides)"
@@ -92,11 +97,15 @@ pub fn check_groups(model: &ModelShape, tp: u32, group: Option<u64>) -> Result<(
         return Ok(());
     };
     let t = u64::from(tp);
-    let attn = u64::from(model.n_heads) * model.d_head / t;
+    let attn = u64::from(model.n_heads) * attention_width(model) / t;
+    let experts = (model.moe.as_ref()).map(|e| ("experts' down projections", e.d_ff_expert / t));
     for (what, cols) in [
         ("attention output", attn),
         ("MLP down projection", model.d_ff / t),
-    ] {
+    ]
+    .into_iter()
+    .chain(experts)
+    {
         if cols % group != 0 {
             let reason = format!(
                 "each rank holds {cols} input columns of the {what}, not a whole number of \
@@ -129,8 +138,18 @@ pub fn rank_shape(model: &ModelShape, tp: u32, rank: u32) -> ModelShape {
         n_kv_heads: (model.n_kv_heads / tp).max(1),
         d_ff: model.d_ff / u64::from(tp),
         vocab: vocab_range(model.vocab, tp, rank).1,
+        moe: model.moe.clone().map(|e| Moe {
+            d_ff_expert: e.d_ff_expert / u64::from(tp),
+            ..e
+        }),
         ..model.clone()
     }
+}
+
+/// Values per head the attention output projection reads: `d_head`, or latent attention's value
+/// width.
+fn attention_width(model: &ModelShape) -> u64 {
+    model.mla.as_ref().map_or(model.d_head, |a| a.v_head_dim)
 }
 
 /// The parameter units of rank `rank` of `tp` (padded for `world` data-parallel ranks).
@@ -140,7 +159,13 @@ pub fn units(model: &ModelShape, tp: u32, rank: u32, world: u32) -> Result<Vec<U
     build_units(&rank_shape(model, tp, rank), world)
 }
 
-/// Where rank `rank`'s view of `role` sits in the whole model's (dense families only).
+/// Where rank `rank`'s view of `role` sits in the whole model's.
+///
+/// Latent attention splits by heads what is per head (the query expansion, the key/value
+/// expansion, the output projection's columns) and replicates the latent's own projections and
+/// norms. A mixture of experts splits every expert's MLP as a dense one (its gate and up rows,
+/// its down projection's columns) and replicates the router, so every rank routes each token
+/// alike; the shared experts are one dense MLP.
 pub fn split(model: &ModelShape, role: Role, tp: u32, rank: u32) -> Split {
     if tp == 1 {
         return Split::Whole;
@@ -152,7 +177,47 @@ pub fn split(model: &ModelShape, role: Role, tp: u32, rank: u32) -> Split {
     );
     let f = model.d_ff;
     let swiglu = arch(model).is_ok_and(|a| a.design().mlp == Mlp::SwiGlu);
+    // `per_head` rows apiece for this rank's heads.
+    let heads = |per_head: u64| {
+        let h = u64::from(model.n_heads) / t * per_head;
+        Split::Rows(vec![(r * h, h)])
+    };
+    // Each of `n` stacked gate|up blocks of width `w`: this rank's gate rows, then its up rows.
+    let gate_up = |n: u64, w: u64| {
+        let share = w / t;
+        let rows = (0..n).flat_map(|e| {
+            [
+                (e * 2 * w + r * share, share),
+                (e * 2 * w + w + r * share, share),
+            ]
+        });
+        Split::Rows(rows.collect())
+    };
+    let (experts, expert, shared) = model.moe.as_ref().map_or((0, 0, 0), |e| {
+        let n_shared = u64::from(e.n_shared) * e.d_ff_expert;
+        (u64::from(e.n_experts), e.d_ff_expert, n_shared)
+    });
+    let mla = model.mla.as_ref();
     match role {
+        Role::MlaQ | Role::MlaQb => {
+            let a = mla.expect("a latent-attention view");
+            heads(a.qk_nope_head_dim + a.qk_rope_head_dim)
+        }
+        Role::MlaKvb => {
+            let a = mla.expect("a latent-attention view");
+            heads(a.qk_nope_head_dim + a.v_head_dim)
+        }
+        Role::MlaQa | Role::MlaQaNorm | Role::MlaKva | Role::MlaKvNorm | Role::RouterWeight => {
+            Split::Whole
+        }
+        Role::AttnProjWeight if mla.is_some() => {
+            let v = u64::from(model.n_heads) * attention_width(model);
+            Split::Cols(r * v / t, v / t)
+        }
+        Role::ExpertsFcWeight => gate_up(experts, expert),
+        Role::ExpertsProjWeight => Split::Cols(r * expert / t, expert / t),
+        Role::SharedFcWeight => gate_up(1, shared),
+        Role::SharedProjWeight => Split::Cols(r * shared / t, shared / t),
         Role::TokenEmbedding | Role::LmHead => {
             Split::Rows(vec![vocab_range(model.vocab, tp, rank)])
         }
@@ -266,6 +331,9 @@ mod tests {
             ("llama-tiny", 2),
             ("gpt2-tiny", 4),
             ("llama-tiny", 4),
+            ("mixtral-tiny", 2),
+            ("deepseek-tiny", 2),
+            ("deepseek-tiny", 4),
         ];
         for (name, tp) in cases {
             let model = presets::by_name(name).unwrap();
@@ -341,7 +409,16 @@ mod tests {
             .to_string()
             .contains("MLP width"));
         let moe = presets::by_name("mixtral-tiny").unwrap();
-        assert!(check(&moe, 2).is_err());
+        check(&moe, 2).unwrap();
+        let wide = ModelShape {
+            moe: moe.moe.clone().map(|e| plan::model::Moe {
+                d_ff_expert: 97,
+                ..e
+            }),
+            ..moe
+        };
+        let err = check(&wide, 2).unwrap_err().to_string();
+        assert!(err.contains("expert's MLP width 97"), "{err}");
     }
 }
 
