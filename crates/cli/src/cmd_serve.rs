@@ -78,9 +78,15 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub prefill_ranks: usize,
     /// With --prefill-ranks: the cores the prefill workers share (default half the machine's);
-    /// the decode worker gets the rest.
+    /// the decode workers get the rest.
     #[arg(long)]
     pub prefill_threads: Option<usize>,
+    /// Decode workers (engines), each with its own copy of the weights and its own KV pool and
+    /// batch, sharing the request queue (an engine takes a request when it has room, as vLLM's
+    /// data-parallel engines): with --prefill-ranks, the prefill workers ship each prompt's KV
+    /// to the engine that admitted it. Threads of this process; the cores are shared out.
+    #[arg(long, default_value_t = 1)]
+    pub decode_ranks: usize,
     /// threads (ranks in this process) or mpi (one rank per process; a frugal built with
     /// `--features mpi`): `mpirun -n N` splits the model over N tensor-parallel processes;
     /// with --prefill-ranks P, `mpirun -n P+1` has rank 0 answer and decode and the others
@@ -134,47 +140,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.prefill_threads.is_some() && args.prefill_ranks == 0 {
         bail!("--prefill-threads sizes the prefill workers of --prefill-ranks: give both");
     }
+    let decode = args.decode_ranks;
+    if !(1..=64).contains(&decode) {
+        bail!("--decode-ranks {decode}: give 1 to 64 decode workers");
+    }
     let mut end = None;
-    let (worker, pd, pool) = match (args.tp, args.prefill_ranks) {
+    let engines: Vec<Engine> = match (args.tp, args.prefill_ranks) {
         _ if args.comm == crate::cmd_train::CommArg::Mpi => {
             let Some((worker, pd, e)) = over_mpi(&args, source, setup)? else {
                 // A rank other than 0: rank 0 has stopped it.
                 return Ok(());
             };
             end = Some(e);
-            (worker, pd, None)
+            vec![(worker, pd, crate::workers::machine("engine")?)]
         }
-        (1, 0) => (
-            infer::group::Group::single(source.worker(setup)?),
-            None,
-            None,
-        ),
-        (tp, 0) => (
+        (1, 0) => replicas(&args, &source, setup)?,
+        (tp, 0) if decode == 1 => vec![(
             models::tp::group(&args.model, source, setup, tp)?,
             None,
-            None,
-        ),
-        (1, _) => {
-            let (w, d, pool) = disaggregate(&args, source, setup)?;
-            (w, Some(d), Some(pool))
-        }
+            crate::workers::machine("engine")?,
+        )],
+        (1, _) => disaggregate(&args, source, setup)?,
         _ => bail!(
-            "--prefill-ranks with --tp: shipped KV goes to one decode worker; use one of the two"
+            "--tp with --prefill-ranks or --decode-ranks: a tensor-parallel group is one decode \
+             worker fed by no prefill ranks; use one of the two"
         ),
     };
     let (jobs, queue) = std::sync::mpsc::sync_channel(args.queue);
-    let engine_tok = tok.clone();
+    let queue = engine::Queue::new(queue);
     let metrics = Arc::new(metrics::Metrics::default());
-    let engine_metrics = metrics.clone();
-    // The engine drives its pool from one of the pool's workers (see `workers`).
-    let pool = match pool {
-        Some(p) => p,
-        None => crate::workers::machine("engine")?,
-    };
-    let engine = std::thread::Builder::new()
-        .name("engine".into())
-        .spawn(move || pool.install(|| engine::run(worker, engine_tok, queue, engine_metrics, pd)))
-        .context("starting the engine thread")?;
+    // Each engine drives its pool from one of the pool's workers (see `workers`).
+    let mut threads = Vec::new();
+    for (i, (worker, pd, pool)) in engines.into_iter().enumerate() {
+        let (tok, queue, metrics) = (tok.clone(), queue.clone(), metrics.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("engine {i}"))
+            .spawn(move || pool.install(|| engine::run(worker, tok, queue, (metrics, i), pd)))
+            .context("starting an engine thread")?;
+        threads.push(thread);
+    }
+    drop(queue);
     let state = Arc::new(State {
         name: args.model.display().to_string(),
         tok,
@@ -214,10 +219,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     if let Some(end) = end {
         // The engine stops once the server's handlers are gone; then the other ranks, and MPI.
-        let _ = engine.join();
+        for thread in threads {
+            let _ = thread.join();
+        }
         end.finish();
     }
     served
+}
+
+/// A decode worker, its prefill workers' side (with --prefill-ranks), and its cores.
+type Engine = (
+    infer::group::Group,
+    Option<pd::Disaggregated>,
+    rayon::ThreadPool,
+);
+
+/// `--decode-ranks D` without prefill ranks: D workers of the whole model, each on its share of
+/// the cores (one worker: all of them).
+fn replicas(
+    args: &Args,
+    source: &models::Loaded,
+    setup: ServeSetup,
+) -> anyhow::Result<Vec<Engine>> {
+    if args.decode_ranks == 1 {
+        let worker = infer::group::Group::single(source.worker(setup)?);
+        return Ok(vec![(worker, None, crate::workers::machine("engine")?)]);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / args.decode_ranks).max(1);
+    let engines = (0..args.decode_ranks).map(|_| {
+        let worker = infer::group::Group::single(source.worker(setup)?);
+        Ok((worker, None, crate::workers::pool(threads, "engine")?))
+    });
+    let engines = engines.collect::<anyhow::Result<Vec<Engine>>>()?;
+    eprintln!(
+        "frugal serve: {} decode workers on {threads} threads each (each planned {} bytes)",
+        args.decode_ranks,
+        engines[0].0.plan.peak_bytes(plan::buffer::Device::Gpu)
+    );
+    Ok(engines)
 }
 
 /// `--comm mpi`: this process's part of an MPI job (see `pd_mpi`); `None` on a prefill rank.
@@ -263,17 +303,23 @@ fn check_mpi(args: &Args) -> anyhow::Result<()> {
              process has the cores its launcher gives it"
         );
     }
+    if args.decode_ranks != 1 {
+        bail!(
+            "--decode-ranks {} with --comm mpi: rank 0 is the one decode worker there; run \
+             several decode workers as threads (--comm threads)",
+            args.decode_ranks
+        );
+    }
     Ok(())
 }
 
-/// `--prefill-ranks`: the decode worker (a pool for every request, prompt chunks of one token:
-/// it never prefills), the prefill workers started on their cores, and the decode worker's
-/// cores.
+/// `--prefill-ranks`: the decode workers (each a pool for every request, prompt chunks of one
+/// token: they never prefill) on their cores, and the prefill workers started on theirs.
 fn disaggregate(
     args: &Args,
     source: models::Loaded,
     setup: ServeSetup,
-) -> anyhow::Result<(infer::group::Group, pd::Disaggregated, rayon::ThreadPool)> {
+) -> anyhow::Result<Vec<Engine>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let prefill = args.prefill_threads.unwrap_or((cores / 2).max(1));
     if args.prefill_ranks > 64 || prefill == 0 || prefill > cores {
@@ -288,7 +334,10 @@ fn disaggregate(
         prefill_chunk: 1,
         ..setup
     };
-    let decode = infer::group::Group::single(source.worker(decode_setup)?);
+    let decode = args.decode_ranks;
+    let workers =
+        (0..decode).map(|_| Ok(infer::group::Group::single(source.worker(decode_setup)?)));
+    let workers = workers.collect::<anyhow::Result<Vec<_>>>()?;
     let shape = source.config.shape.clone();
     let prefill_setup = ServeSetup {
         max_seqs: 1,
@@ -299,18 +348,22 @@ fn disaggregate(
     let build: Arc<dyn Fn() -> anyhow::Result<infer::Worker> + Send + Sync> =
         Arc::new(move || source.worker(prefill_setup));
     let timeout = ::engine::world::DEFAULT_TIMEOUT;
-    let comms = ::engine::world::communicators(args.prefill_ranks + 1, timeout)?;
+    let comms = ::engine::world::communicators(decode + args.prefill_ranks, timeout)?;
     let prefill_pool = Arc::new(pool(prefill, "prefill")?);
-    let d = pd::Disaggregated::start(comms, build, prefill_pool)?;
-    let decode_threads = cores.saturating_sub(prefill).max(1);
+    let sides = pd::Disaggregated::start(comms, decode, build, prefill_pool)?;
+    let decode_threads = (cores.saturating_sub(prefill) / decode).max(1);
     eprintln!(
-        "frugal serve: {} prefill ranks on {prefill} threads (each planned {} bytes), decode on \
-         {decode_threads} (planned {} bytes)",
+        "frugal serve: {} prefill ranks on {prefill} threads (each planned {} bytes), {decode} \
+         decode workers on {decode_threads} threads each (each planned {} bytes)",
         args.prefill_ranks,
         plan_frugal::serve_plan(&shape, &prefill_setup)?.peak_bytes(plan::buffer::Device::Gpu),
-        decode.plan.peak_bytes(plan::buffer::Device::Gpu)
+        workers[0].plan.peak_bytes(plan::buffer::Device::Gpu)
     );
-    Ok((decode, d, pool(decode_threads, "decode")?))
+    let engines = workers
+        .into_iter()
+        .zip(sides)
+        .map(|(w, side)| Ok((w, Some(side), pool(decode_threads, "decode")?)));
+    engines.collect()
 }
 
 /// SIGTERM or Ctrl-C: stop accepting connections; those open finish their requests first.

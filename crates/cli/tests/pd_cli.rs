@@ -65,6 +65,64 @@ fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
 }
 
 #[test]
+fn two_decode_workers_share_the_requests_and_answer_as_one_worker() {
+    let model = smollm2();
+    let m = model.to_str().unwrap();
+    let prompts = [
+        "The history of Rome",
+        "Water boils at",
+        "My favourite book is",
+        "ROMEO:",
+    ];
+    let alone: Vec<String> = (prompts.iter())
+        .map(|p| {
+            let v = json(&frugal(&[
+                "generate",
+                "--model",
+                m,
+                "--prompt",
+                p,
+                "--max-new-tokens",
+                "12",
+                "--json",
+            ]));
+            v["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // Two engines on their own (each its own weights and KV pool), then fed by one prefill rank.
+    for extra in [
+        &["--decode-ranks", "2"][..],
+        &[
+            "--decode-ranks",
+            "2",
+            "--prefill-ranks",
+            "1",
+            "--prefill-threads",
+            "1",
+        ],
+    ] {
+        let server = Served::start_with(&model, extra);
+        let answers = server.complete_all(&prompts, 12);
+        for ((p, got), want) in prompts.iter().zip(&answers).zip(&alone) {
+            let text = got["choices"][0]["text"].as_str().unwrap();
+            assert_eq!(text, want, "{p} with {extra:?}");
+        }
+        let admitted = |e: &str| {
+            let name = format!("frugal_engine_requests_admitted_total{{engine=\"{e}\"}}");
+            server.metric(&name)
+        };
+        let (first, second) = (admitted("0"), admitted("1"));
+        assert_eq!(first + second, 4.0, "{extra:?}");
+        assert!(
+            first > 0.0 && second > 0.0,
+            "both engines admit: {first} {second}"
+        );
+        assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
+        assert_eq!(server.metric("frugal_requests_running"), 0.0);
+    }
+}
+
+#[test]
 fn bench_serve_compares_disaggregated_serving_over_http() {
     let model = smollm2();
     let out = json(&frugal(&[
@@ -110,6 +168,15 @@ fn disaggregation_is_refused_where_it_does_not_apply() {
         "--prefill-threads 0",
     );
     fails_with(&serve(&["--prefill-ranks", "100"]), "1 to 64 prefill ranks");
+    fails_with(&serve(&["--decode-ranks", "0"]), "1 to 64 decode workers");
+    fails_with(
+        &serve(&["--decode-ranks", "2", "--tp", "3"]),
+        "use one of the two",
+    );
+    fails_with(
+        &serve(&["--comm", "mpi", "--decode-ranks", "2"]),
+        "--decode-ranks 2 with --comm mpi",
+    );
     fails_with(&serve(&["--prefill-threads", "1"]), "give both");
     // MPI processes run one kind of rank, each on its launcher's cores.
     fails_with(

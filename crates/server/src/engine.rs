@@ -5,15 +5,19 @@
 //! `max_tokens` (admission reserves the worst case, so a running job is never preempted), each
 //! admitted job is prefilled, and one decode step then advances every running job by a token.
 //! A job whose client has gone is dropped at its next token and its KV blocks freed.
+//!
+//! Several engines (`--decode-ranks D`, each its own worker and KV pool, as vLLM's data-parallel
+//! engines) share one queue: an engine takes a job only when it can admit one, and an idle engine
+//! waits for the next, so the least busy one gets it.
 
 use super::metrics::{Finish, Metrics};
-use super::pd::{Disaggregated, PrefillJob, Prefilled};
+use super::pd::{Disaggregated, Prefilled};
 use infer::blocks::SeqId;
 use infer::group::Group;
 use infer::sample::Sampling;
 use infer::Worker;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// What a request asks for, tokenized.
@@ -83,12 +87,37 @@ enum Step {
     Finished(Option<&'static str>),
 }
 
-/// Runs jobs from `jobs` on `worker` until the queue closes and every admitted job is done.
+/// The queue the engines share: the receiving end of the server's bounded queue.
+#[derive(Clone)]
+pub struct Queue(Arc<Mutex<mpsc::Receiver<Job>>>);
+
+impl Queue {
+    pub fn new(jobs: mpsc::Receiver<Job>) -> Queue {
+        Queue(Arc::new(Mutex::new(jobs)))
+    }
+
+    /// The next job, waiting for it; `None` once the queue has closed.
+    fn wait(&self) -> Option<Job> {
+        self.0.lock().ok()?.recv().ok()
+    }
+
+    /// A job if one is queued and no other engine is taking one (`Empty` then); `Disconnected`
+    /// once the queue has closed.
+    fn poll(&self) -> Result<Job, mpsc::TryRecvError> {
+        match self.0.try_lock() {
+            Ok(jobs) => jobs.try_recv(),
+            Err(_) => Err(mpsc::TryRecvError::Empty),
+        }
+    }
+}
+
+/// Runs jobs from `jobs` on `worker` (decode worker `engine` for the metrics) until the queue
+/// closes and every admitted job is done.
 pub fn run(
     mut worker: Group,
     tok: data::Tokenizer,
-    jobs: mpsc::Receiver<Job>,
-    metrics: Arc<Metrics>,
+    jobs: Queue,
+    (metrics, engine): (Arc<Metrics>, usize),
     mut pd: Option<Disaggregated>,
 ) {
     let max_seqs = worker.setup.max_seqs as usize;
@@ -110,11 +139,11 @@ pub fn run(
                 Some(j) => j,
                 None if closed => break,
                 // Idle: block until a job comes (or the queue closes).
-                None if idle => match jobs.recv() {
-                    Ok(j) => j,
-                    Err(_) => return,
+                None if idle => match jobs.wait() {
+                    Some(j) => j,
+                    None => return,
                 },
-                None => match jobs.try_recv() {
+                None => match jobs.poll() {
                     Ok(j) => j,
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
@@ -140,17 +169,13 @@ pub fn run(
                 break;
             }
             metrics.dequeued();
+            metrics.admitted(engine);
             if let Some(d) = &mut pd {
                 // The prompt runs on a prefill worker; its KV arrives later.
-                (d.in_flight, d.in_flight_blocks) = (d.in_flight + 1, d.in_flight_blocks + need);
-                if let Err(e) = d.jobs.send(PrefillJob { job, blocks: need }) {
-                    (d.in_flight, d.in_flight_blocks) =
-                        (d.in_flight - 1, d.in_flight_blocks - need);
+                if let Err(job) = d.send(job, need) {
                     metrics.finished(Finish::Error);
-                    let _ =
-                        e.0.job
-                            .events
-                            .send(Event::Failed("the prefill workers have stopped".into()));
+                    let failed = Event::Failed("the prefill workers have stopped".into());
+                    let _ = job.events.send(failed);
                 }
                 continue;
             }
@@ -160,14 +185,15 @@ pub fn run(
                 job,
                 need,
                 &mut logits,
-                (&metrics, running.len()),
+                (&metrics, engine, running.len()),
             ) {
                 Some(r) => running.push(r),
                 None => continue,
             }
         }
         if let Some(d) = &mut pd {
-            arrivals(d, &mut worker, &tok, &mut running, &metrics, &mut shipped);
+            let at = (&*metrics, engine);
+            arrivals(d, &mut worker, &tok, &mut running, at, &mut shipped);
         }
         if running.is_empty() {
             if closed && waiting.is_none() && pd.as_ref().is_none_or(|d| d.in_flight == 0) {
@@ -175,7 +201,7 @@ pub fn run(
             }
             continue;
         }
-        metrics.set_load(running.len(), kv_load(&worker, pool), pool);
+        metrics.set_load(engine, running.len(), kv_load(&worker, pool), pool);
         let seqs: Vec<SeqId> = running.iter().map(|r| r.seq).collect();
         let last: Vec<u32> = running
             .iter()
@@ -200,11 +226,17 @@ pub fn run(
                 Step::Next => i += 1,
                 Step::Finished(reason) => {
                     let r = running.remove(i);
-                    finish(&mut worker, r, &tok, reason, (&metrics, running.len()));
+                    finish(
+                        &mut worker,
+                        r,
+                        &tok,
+                        reason,
+                        (&metrics, engine, running.len()),
+                    );
                 }
             }
         }
-        metrics.set_load(running.len(), kv_load(&worker, pool), pool);
+        metrics.set_load(engine, running.len(), kv_load(&worker, pool), pool);
     }
 }
 
@@ -223,7 +255,7 @@ fn arrivals(
     worker: &mut Group,
     tok: &data::Tokenizer,
     running: &mut Vec<Running>,
-    metrics: &Metrics,
+    (metrics, engine): (&Metrics, usize),
     buf: &mut Vec<u8>,
 ) {
     loop {
@@ -268,7 +300,7 @@ fn arrivals(
             Step::Next => running.push(r),
             Step::Finished(reason) => {
                 let still = running.len();
-                finish(worker, r, tok, reason, (metrics, still));
+                finish(worker, r, tok, reason, (metrics, engine, still));
             }
         }
     }
@@ -281,7 +313,7 @@ fn admit(
     job: Job,
     blocks: usize,
     logits: &mut Vec<f32>,
-    (metrics, running): (&Metrics, usize),
+    (metrics, engine, running): (&Metrics, usize, usize),
 ) -> Option<Running> {
     let seq = worker.new_sequence();
     let rng = data::SplitMix64::new(job.seed);
@@ -297,7 +329,7 @@ fn admit(
     match advance(&mut r, tok, logits, metrics) {
         Step::Next => Some(r),
         Step::Finished(reason) => {
-            finish(worker, r, tok, reason, (metrics, running));
+            finish(worker, r, tok, reason, (metrics, engine, running));
             None
         }
     }
@@ -360,12 +392,12 @@ fn finish(
     r: Running,
     tok: &data::Tokenizer,
     reason: Option<&'static str>,
-    (metrics, still_running): (&Metrics, usize),
+    (metrics, engine, still_running): (&Metrics, usize, usize),
 ) {
     worker.free(r.seq);
     // Counted before the client hears the end, so it never reads the request as still running.
     let pool = worker.setup.kv_blocks as usize;
-    metrics.set_load(still_running, kv_load(worker, pool), pool);
+    metrics.set_load(engine, still_running, kv_load(worker, pool), pool);
     metrics.finished(match reason {
         Some("length") => Finish::Length,
         Some(_) => Finish::Stop,

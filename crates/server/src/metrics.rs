@@ -1,7 +1,8 @@
 //! `GET /metrics` of `frugal serve`, in Prometheus' text format (as vLLM and llama-server expose
-//! theirs): running and waiting requests, KV blocks used and free, time-to-first-token and
-//! inter-token latency histograms, generated tokens and the recent tokens/s. The engine thread
-//! writes, the HTTP tasks read. Example: `curl localhost:8000/metrics`.
+//! theirs): running and waiting requests, KV blocks used and free (summed over the decode
+//! workers), time-to-first-token and inter-token latency histograms, generated tokens and the
+//! recent tokens/s, and each decode worker's admitted requests. The engine threads write, the
+//! HTTP tasks read. Example: `curl localhost:8000/metrics`.
 
 use std::collections::VecDeque;
 use std::fmt::Write;
@@ -46,13 +47,23 @@ impl Histogram {
     }
 }
 
-#[derive(Default)]
-struct Inner {
+/// One decode worker's load.
+#[derive(Clone, Copy, Default)]
+struct Load {
     running: usize,
     kv_used: usize,
     kv_total: usize,
-    /// Tokens the used blocks hold, and a block's tokens.
+    /// Tokens the used blocks hold.
     kv_tokens: usize,
+    /// Requests this worker admitted.
+    admitted: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Each decode worker's (engine's) load; the gauges are their sums.
+    loads: Vec<Load>,
+    /// A block's tokens.
     kv_block: usize,
     ttft: Histogram,
     itl: Histogram,
@@ -83,6 +94,15 @@ pub struct Metrics {
     inner: Mutex<Inner>,
 }
 
+impl Inner {
+    fn load(&mut self, engine: usize) -> &mut Load {
+        if self.loads.len() <= engine {
+            self.loads.resize(engine + 1, Load::default());
+        }
+        &mut self.loads[engine]
+    }
+}
+
 impl Metrics {
     fn with(&self, f: impl FnOnce(&mut Inner)) {
         if let Ok(mut g) = self.inner.lock() {
@@ -107,12 +127,25 @@ impl Metrics {
         self.with(|m| m.kv_block = tokens);
     }
 
-    /// Running requests, KV blocks (used, and the tokens they hold) of a pool of `kv_total`.
-    pub fn set_load(&self, running: usize, (kv_used, kv_tokens): (usize, usize), kv_total: usize) {
+    /// Decode worker `engine`'s running requests and KV blocks (used, and the tokens they hold)
+    /// of its pool of `kv_total`.
+    pub fn set_load(
+        &self,
+        engine: usize,
+        running: usize,
+        (kv_used, kv_tokens): (usize, usize),
+        kv_total: usize,
+    ) {
         self.with(|m| {
-            (m.running, m.kv_used, m.kv_tokens, m.kv_total) =
+            let l = m.load(engine);
+            (l.running, l.kv_used, l.kv_tokens, l.kv_total) =
                 (running, kv_used, kv_tokens, kv_total)
         });
+    }
+
+    /// Decode worker `engine` admitted a request.
+    pub fn admitted(&self, engine: usize) {
+        self.with(|m| m.load(engine).admitted += 1);
     }
 
     pub fn first_token(&self, seconds: f64) {
@@ -161,11 +194,12 @@ impl Metrics {
         let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
+        let sum = |f: fn(&Load) -> usize| m.loads.iter().map(f).sum::<usize>() as f64;
         gauge(
             &mut out,
             "frugal_requests_running",
             "Requests in the running batch.",
-            m.running as f64,
+            sum(|l| l.running),
         );
         gauge(
             &mut out,
@@ -177,13 +211,13 @@ impl Metrics {
             &mut out,
             "frugal_kv_blocks_used",
             "KV-cache blocks held by running requests.",
-            m.kv_used as f64,
+            sum(|l| l.kv_used),
         );
         gauge(
             &mut out,
             "frugal_kv_blocks_free",
             "KV-cache blocks free in the pool.",
-            m.kv_total.saturating_sub(m.kv_used) as f64,
+            sum(|l| l.kv_total.saturating_sub(l.kv_used)),
         );
         gauge(
             &mut out,
@@ -195,7 +229,7 @@ impl Metrics {
             &mut out,
             "frugal_kv_tokens_cached",
             "Tokens the used KV blocks hold (the rest of their slots is paged waste).",
-            m.kv_tokens as f64,
+            sum(|l| l.kv_tokens),
         );
         let rate = match (m.recent.front(), m.recent.back()) {
             (Some(a), Some(b))
@@ -234,6 +268,18 @@ impl Metrics {
         );
         for (name, n) in FINISH_NAMES.iter().zip(m.finished) {
             let _ = writeln!(out, "frugal_requests_total{{finish=\"{name}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP frugal_engine_requests_admitted_total Requests each decode worker admitted.\n\
+             # TYPE frugal_engine_requests_admitted_total counter"
+        );
+        for (i, l) in m.loads.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "frugal_engine_requests_admitted_total{{engine=\"{i}\"}} {}",
+                l.admitted
+            );
         }
         m.ttft.render(
             &mut out,

@@ -1,8 +1,8 @@
-//! Prefill/decode disaggregation for `frugal serve --prefill-ranks P`: P prefill workers, each a
-//! rank with a worker of its own (a long prompt chunk's activations, a KV pool for one prompt),
-//! run admitted prompts, sample the first token and ship the prompt's KV to the decode rank
-//! (rank 0, the engine thread) with `comm`'s point-to-point send; the decode worker imports it
-//! and only ever decodes, so a long prompt no longer stalls the tokens of running requests
+//! Prefill/decode disaggregation for `frugal serve --prefill-ranks P [--decode-ranks D]`: P
+//! prefill workers, each a rank with a worker of its own (a long prompt chunk's activations, a KV
+//! pool for one prompt), run admitted prompts, sample the first token and ship the prompt's KV to
+//! the decode rank that admitted it (ranks 0..D, each an engine thread) with `comm`'s
+//! point-to-point send; the decode worker imports it and only ever decodes, so a long prompt no longer stalls the tokens of running requests
 //! (DistServe; vLLM's disaggregated prefill). Each role has its own plan, measured exactly (the
 //! KV in transit, a prompt's per worker and per arrival, is host memory outside both), and runs
 //! on its own cores (`--prefill-threads`), so both modes use the machine's cores.
@@ -15,10 +15,13 @@ use infer::sample::pick;
 use infer::Worker;
 use std::sync::{mpsc, Arc, Mutex};
 
-/// A job sent to the prefill workers, with the KV blocks the engine reserved for it.
+/// A job sent to the prefill workers, with the KV blocks the engine reserved for it, the decode
+/// rank its KV goes to and where its answer goes.
 pub struct PrefillJob {
     pub job: Job,
     pub blocks: usize,
+    pub to: usize,
+    pub reply: mpsc::Sender<Prefilled>,
 }
 
 /// A prefill worker's answer: the job, its first token and the sampler's state after it, and
@@ -47,6 +50,9 @@ pub struct Shipped {
 pub struct Disaggregated {
     pub jobs: mpsc::Sender<PrefillJob>,
     pub done: mpsc::Receiver<Prefilled>,
+    /// Where the prefill workers answer this engine (`done`'s sending end), and its rank.
+    pub reply: mpsc::Sender<Prefilled>,
+    pub rank: usize,
     /// The decode rank's endpoint, where the KV arrives (threads); `None` when it comes with
     /// the answer.
     pub comm: Option<Box<dyn Collective>>,
@@ -56,27 +62,23 @@ pub struct Disaggregated {
 }
 
 impl Disaggregated {
-    /// Starts one prefill worker per endpoint of `comms` (ranks 1..), each built by `build` on
-    /// its own thread inside `pool`; rank 0's endpoint is the engine's. The first error if any
-    /// worker fails to start.
+    /// Starts one prefill worker per endpoint of `comms` past the first `decode` (the decode
+    /// engines' endpoints, ranks 0..decode), each built by `build` on its own thread inside
+    /// `pool`; every decode engine's side, in rank order. The first error if any worker fails
+    /// to start.
     pub fn start(
         mut comms: Vec<Box<dyn Collective>>,
+        decode: usize,
         build: Arc<dyn Fn() -> anyhow::Result<Worker> + Send + Sync>,
         pool: Arc<rayon::ThreadPool>,
-    ) -> anyhow::Result<Disaggregated> {
+    ) -> anyhow::Result<Vec<Disaggregated>> {
         let (jobs_tx, jobs_rx) = mpsc::channel::<PrefillJob>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
-        let (done_tx, done_rx) = mpsc::channel();
-        let rest = comms.split_off(1);
+        let rest = comms.split_off(decode);
         let mut ready = Vec::new();
         for comm in rest {
             let (ok_tx, ok_rx) = mpsc::channel();
-            let (build, pool, jobs, done) = (
-                build.clone(),
-                pool.clone(),
-                jobs_rx.clone(),
-                done_tx.clone(),
-            );
+            let (build, pool, jobs) = (build.clone(), pool.clone(), jobs_rx.clone());
             // The loop runs on a thread of its own and enters the pool for each prompt only, so
             // a worker waiting for work holds none of the pool's threads.
             std::thread::Builder::new()
@@ -84,7 +86,7 @@ impl Disaggregated {
                 .spawn(move || match pool.install(|| build()) {
                     Ok(w) => {
                         let _ = ok_tx.send(Ok(()));
-                        serve_prefills(w, comm, &jobs, &done, &pool);
+                        serve_prefills(w, comm, &jobs, &pool);
                     }
                     Err(e) => {
                         let _ = ok_tx.send(Err(e));
@@ -96,13 +98,38 @@ impl Disaggregated {
             r.recv()
                 .map_err(|_| anyhow::anyhow!("a prefill worker stopped while starting"))??;
         }
-        Ok(Disaggregated {
-            jobs: jobs_tx,
-            done: done_rx,
-            comm: Some(comms.pop().expect("rank 0")),
-            in_flight: 0,
-            in_flight_blocks: 0,
-        })
+        let engines = comms.into_iter().enumerate().map(|(rank, comm)| {
+            let (reply, done) = mpsc::channel();
+            Disaggregated {
+                jobs: jobs_tx.clone(),
+                done,
+                reply,
+                rank,
+                comm: Some(comm),
+                in_flight: 0,
+                in_flight_blocks: 0,
+            }
+        });
+        Ok(engines.collect())
+    }
+
+    /// `job`, its `blocks` reserved, for the prefill workers; back when they have stopped.
+    pub fn send(&mut self, job: Job, blocks: usize) -> Result<(), Box<Job>> {
+        let to = self.rank;
+        let reply = self.reply.clone();
+        match self.jobs.send(PrefillJob {
+            job,
+            blocks,
+            to,
+            reply,
+        }) {
+            Ok(()) => {
+                (self.in_flight, self.in_flight_blocks) =
+                    (self.in_flight + 1, self.in_flight_blocks + blocks);
+                Ok(())
+            }
+            Err(e) => Err(Box::new(e.0.job)),
+        }
     }
 
     /// The KV of `s` from its prefill worker, imported into `worker` as a new sequence.
@@ -130,51 +157,53 @@ impl Disaggregated {
     }
 }
 
-/// A prefill worker's loop: prefill, sample the first token, ship the KV, free the sequence.
-/// Every job gets an answer, a panic inside one included (its error), so the engine's count of
-/// jobs in flight stays true.
+/// A prefill worker's loop: prefill, sample the first token, ship the KV to the job's decode
+/// rank, free the sequence. Every job gets an answer, a panic inside one included (its error),
+/// so the engine's count of jobs in flight stays true.
 fn serve_prefills(
     mut worker: Worker,
     mut comm: Box<dyn Collective>,
     jobs: &Mutex<mpsc::Receiver<PrefillJob>>,
-    done: &mpsc::Sender<Prefilled>,
     pool: &rayon::ThreadPool,
 ) {
     let (mut logits, mut bytes) = (Vec::new(), Vec::new());
     loop {
         let next = jobs.lock().ok().and_then(|j| j.recv().ok());
-        let Some(PrefillJob { job, blocks }) = next else {
+        let Some(PrefillJob {
+            job,
+            blocks,
+            to,
+            reply,
+        }) = next
+        else {
             return;
         };
         let run = std::panic::AssertUnwindSafe(|| {
-            pool.install(|| prefill_one(&mut worker, &mut *comm, &job, &mut logits, &mut bytes))
+            let io = (&mut logits, &mut bytes);
+            pool.install(|| prefill_one(&mut worker, &mut *comm, &job, to, io))
         });
         let outcome = std::panic::catch_unwind(run)
             .unwrap_or_else(|_| Err("the prefill worker failed on this prompt".into()));
-        if done
-            .send(Prefilled {
-                job,
-                blocks,
-                outcome,
-            })
-            .is_err()
-        {
-            return;
-        }
+        // An engine that has stopped takes no answer; the others still do.
+        let _ = reply.send(Prefilled {
+            job,
+            blocks,
+            outcome,
+        });
     }
 }
 
-/// One prompt: its prefill, first token and KV shipped to rank 0; the sequence freed.
+/// One prompt: its prefill, first token and KV shipped to decode rank `to`; the sequence freed.
 fn prefill_one(
     worker: &mut Worker,
     comm: &mut dyn Collective,
     job: &Job,
-    logits: &mut Vec<f32>,
-    bytes: &mut Vec<u8>,
+    to: usize,
+    (logits, bytes): (&mut Vec<f32>, &mut Vec<u8>),
 ) -> Result<Shipped, String> {
     let (first, rng) = prefill_export(worker, &job.prompt, &job.sampling, job.seed, logits, bytes)?;
     let prefilled_at = std::time::Instant::now();
-    match comm.send_bytes(bytes, 0) {
+    match comm.send_bytes(bytes, to) {
         Ok(()) => Ok(Shipped {
             first,
             rng,

@@ -85,6 +85,10 @@ pub struct Args {
     /// With --http: serve on this many tensor-parallel ranks (`frugal serve --tp`).
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// With --http: this many decode workers sharing the requests (`frugal serve
+    /// --decode-ranks`).
+    #[arg(long, default_value_t = 1)]
+    pub decode_ranks: usize,
 }
 
 /// A log-normal draw with this mean (σ in log space), clamped to [1, max].
@@ -128,8 +132,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bail!("--requests and --max-seqs must be at least 1");
     }
     plan::validate::check_kv_block(a.kv_block)?;
-    if !a.http && (a.prefill_ranks > 0 || a.prefill_threads.is_some() || a.tp != 1) {
-        bail!("--tp, --prefill-ranks and --prefill-threads serve over HTTP: add --http");
+    let ranks = a.prefill_ranks > 0 || a.prefill_threads.is_some() || a.tp != 1;
+    if !a.http && (ranks || a.decode_ranks != 1) {
+        bail!(
+            "--tp, --prefill-ranks, --prefill-threads and --decode-ranks serve over HTTP: add --http"
+        );
     }
     if a.http {
         return super::serve_http::run(a);

@@ -120,6 +120,7 @@ fn start_server(
         )
         .args(["--prefill-ranks", &a.prefill_ranks.to_string()])
         .args(["--tp", &a.tp.to_string()])
+        .args(["--decode-ranks", &a.decode_ranks.to_string()])
         .args(
             a.prefill_threads
                 .iter()
@@ -298,7 +299,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "tpot_p50_s": q(&tpot, 0.5), "tpot_p99_s": q(&tpot, 0.99),
                 "kv_waste_fraction": kv_waste, "contiguous_waste_fraction": contiguous_waste,
                 "kv_waste_samples": waste.len(),
-                "tp": a.tp, "prefill_ranks": a.prefill_ranks, "kv_shipped_bytes": shipped,
+                "tp": a.tp, "prefill_ranks": a.prefill_ranks, "decode_ranks": a.decode_ranks,
+                "kv_shipped_bytes": shipped,
                 "kv_shipping_mean_s": ship_s,
                 "cpu": cpu_name(),
             })
@@ -327,9 +329,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
         if a.prefill_ranks > 0 {
             println!(
-                "disaggregated: {} prefill ranks shipped {shipped} bytes of KV to the decode worker, \
-                 {:.1} ms a prompt from its prefill's end to its import",
+                "disaggregated: {} prefill ranks shipped {shipped} bytes of KV to {} decode \
+                 workers, {:.1} ms a prompt from its prefill's end to its import",
                 a.prefill_ranks,
+                a.decode_ranks,
                 1e3 * ship_s
             );
         }

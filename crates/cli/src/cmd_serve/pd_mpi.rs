@@ -92,16 +92,18 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
         let (done_tx, done_rx) = mpsc::channel();
         let mut proxies = Vec::new();
         for (r, link) in links {
-            let (jobs, done) = (jobs_rx.clone(), done_tx.clone());
+            let jobs = jobs_rx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("prefill rank {r} proxy"))
-                .spawn(move || proxy(link, r, &jobs, &done))
+                .spawn(move || proxy(link, r, &jobs))
                 .context("starting a proxy thread")?;
             proxies.push(thread);
         }
         let pd = Disaggregated {
             jobs: jobs_tx,
             done: done_rx,
+            reply: done_tx,
+            rank: 0,
             comm: None,
             in_flight: 0,
             in_flight_blocks: 0,
@@ -163,22 +165,20 @@ fn parse_job(msg: &[u8]) -> Option<(Vec<u32>, Sampling, u64)> {
 /// Rank 0's side of one prefill rank: sends it each prompt the engine admits and hands back
 /// the first token, the sampler's state and the KV; an empty message stops the rank when the
 /// engine has gone.
-fn proxy(
-    mut link: comm::Mpi,
-    rank: usize,
-    jobs: &Mutex<mpsc::Receiver<PrefillJob>>,
-    done: &mpsc::Sender<Prefilled>,
-) {
+fn proxy(mut link: comm::Mpi, rank: usize, jobs: &Mutex<mpsc::Receiver<PrefillJob>>) {
     loop {
         let next = jobs.lock().ok().and_then(|j| j.recv().ok());
-        let Some(PrefillJob { job, blocks }) = next else {
+        let Some(PrefillJob {
+            job, blocks, reply, ..
+        }) = next
+        else {
             let _ = link.send_bytes(&[], 1);
             return;
         };
         let outcome = exchange(&mut link, rank, &job)
             .map_err(|e| format!("prefill rank {rank}: {e}"))
             .and_then(|r| r);
-        if done
+        if reply
             .send(Prefilled {
                 job,
                 blocks,
