@@ -5,9 +5,9 @@
 //! (`--baseline`, run after frugal's own measurement with the memory freed).
 //!
 //! Decode at small batch reads every weight once per step, so the step's bytes (every matrix but
-//! the token embedding, of which only the batch's rows are read, unless it is also the tied head;
-//! the fp32 vectors; and the KV cache the step attends over) divided by its time, over the
-//! measured bandwidth, is how close the engine runs to the machine's limit (`bandwidth_fraction`).
+//! the token embedding, of which only the batch's rows are read, unless it is also the tied head,
+//! and the routed experts, of which only those the batch's tokens reach; the fp32 vectors; and
+//! the KV cache the step attends over) divided by its time, over the measured bandwidth, is how close the engine runs to the machine's limit (`bandwidth_fraction`).
 //! The speed is the median of back-to-back steps; the fraction is the median over steps that
 //! each follow a streaming read, each against that read's rate (the machine is shared and its
 //! bandwidth drifts). The prompt's prefill is reported apart.
@@ -152,14 +152,26 @@ pub fn step_bytes(s: &plan::ModelShape, setup: &ServeSetup, batch: u64, cached: 
             }
             let (c, sc, z) = setup.weights.matrix_bytes(v.role, rows, cols);
             let whole = c + sc + z;
-            bytes += if v.role == Role::TokenEmbedding && !s.tied_embeddings {
-                whole / rows * batch
-            } else {
-                whole
+            bytes += match v.role {
+                Role::TokenEmbedding if !s.tied_embeddings => whole / rows * batch,
+                Role::ExpertsFcWeight | Role::ExpertsProjWeight => reached(s, batch, whole),
+                _ => whole,
             };
         }
     }
     bytes + batch * cached * setup.block_bytes(s) / setup.kv_block
+}
+
+/// Of `bytes` of routed experts, what a step of `batch` tokens reads: the experts its tokens
+/// reach, `k` each (exactly `k` at batch 1; at larger batches the number expected when each
+/// token draws its `k` of `E` experts uniformly, `E·(1 − (1 − k/E)^batch)`).
+fn reached(s: &plan::ModelShape, batch: u64, bytes: u64) -> u64 {
+    let Some(e) = &s.moe else {
+        return bytes;
+    };
+    let (n, k) = (f64::from(e.n_experts), f64::from(e.n_active));
+    let experts = n * (1.0 - (1.0 - k / n).powf(batch as f64));
+    (bytes as f64 * experts / n).round() as u64
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -459,4 +471,18 @@ fn run_baseline(
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
         .with_context(|| format!("the {name} baseline printed no JSON"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_step_reads_the_experts_its_tokens_reach() {
+        let s = plan::presets::by_name("deepseek-v2-lite").unwrap();
+        // 6 of 64 routed experts a token: one token reads 6/64 of them, many tokens nearly all.
+        assert_eq!(super::reached(&s, 1, 64_000), 6_000);
+        let many = super::reached(&s, 256, 64_000);
+        assert!(many > 63_900 && many <= 64_000, "{many}");
+        let dense = plan::presets::by_name("llama2-7b").unwrap();
+        assert_eq!(super::reached(&dense, 1, 64_000), 64_000);
+    }
 }
