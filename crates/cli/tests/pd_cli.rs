@@ -7,6 +7,22 @@ mod common;
 use common::served::Served;
 use common::{fails_with, frugal, json, smollm2};
 
+/// `frugal generate`'s greedy text for `prompt`: what a server must answer.
+fn alone(model: &str, prompt: &str, tokens: usize) -> String {
+    let tokens = tokens.to_string();
+    let v = json(&frugal(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        &tokens,
+        "--json",
+    ]));
+    v["text"].as_str().unwrap().to_string()
+}
+
 #[test]
 fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
     let model = smollm2();
@@ -40,18 +56,8 @@ fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
     let per_token = plan["inference"]["kv_bytes_per_token"].as_u64().unwrap();
     let mut planned = 0;
     for (p, got) in prompts.iter().zip(&answers) {
-        let alone = json(&frugal(&[
-            "generate",
-            "--model",
-            m,
-            "--prompt",
-            p,
-            "--max-new-tokens",
-            "16",
-            "--json",
-        ]));
         let text = got["choices"][0]["text"].as_str().unwrap();
-        assert_eq!(text, alone["text"].as_str().unwrap(), "{p}");
+        assert_eq!(text, alone(m, p, 16), "{p}");
         // Whole blocks of 16 tokens hold the prompt.
         let prompt = got["usage"]["prompt_tokens"].as_u64().unwrap();
         planned += prompt.div_ceil(16) * 16 * per_token;
@@ -74,21 +80,7 @@ fn two_decode_workers_share_the_requests_and_answer_as_one_worker() {
         "My favourite book is",
         "ROMEO:",
     ];
-    let alone: Vec<String> = (prompts.iter())
-        .map(|p| {
-            let v = json(&frugal(&[
-                "generate",
-                "--model",
-                m,
-                "--prompt",
-                p,
-                "--max-new-tokens",
-                "12",
-                "--json",
-            ]));
-            v["text"].as_str().unwrap().to_string()
-        })
-        .collect();
+    let alone: Vec<String> = prompts.iter().map(|p| alone(m, p, 12)).collect();
     // Two engines on their own (each its own weights and KV pool), then fed by one prefill rank.
     for extra in [
         &["--decode-ranks", "2"][..],
