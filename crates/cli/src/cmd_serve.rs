@@ -102,6 +102,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.queue == 0 {
         bail!("--queue 0: at least one request must be able to wait");
     }
+    if !(1..=64).contains(&args.decode_ranks) {
+        bail!(
+            "--decode-ranks {}: give 1 to 64 decode workers",
+            args.decode_ranks
+        );
+    }
     let model = ModelSource::at(&args.model)?;
     let tok = model.tokenizer()?;
     let source = model.load()?;
@@ -141,9 +147,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--prefill-threads sizes the prefill workers of --prefill-ranks: give both");
     }
     let decode = args.decode_ranks;
-    if !(1..=64).contains(&decode) {
-        bail!("--decode-ranks {decode}: give 1 to 64 decode workers");
-    }
     let mut end = None;
     let engines: Vec<Engine> = match (args.tp, args.prefill_ranks) {
         _ if args.comm == crate::cmd_train::CommArg::Mpi => {
@@ -167,7 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
     };
     let (jobs, queue) = std::sync::mpsc::sync_channel(args.queue);
-    let queue = engine::Queue::new(queue);
+    let queue = server::queue::Queue::new(queue);
     let metrics = Arc::new(metrics::Metrics::default());
     // Each engine drives its pool from one of the pool's workers (see `workers`).
     let mut threads = Vec::new();
@@ -245,6 +248,7 @@ fn replicas(
         let worker = infer::group::Group::single(source.worker(setup)?);
         return Ok(vec![(worker, None, crate::workers::machine("engine")?)]);
     }
+    fits_together(&[(args.decode_ranks, &source.config.shape, &setup)])?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / args.decode_ranks).max(1);
     let engines = (0..args.decode_ranks).map(|_| {
@@ -335,15 +339,19 @@ fn disaggregate(
         ..setup
     };
     let decode = args.decode_ranks;
-    let workers =
-        (0..decode).map(|_| Ok(infer::group::Group::single(source.worker(decode_setup)?)));
-    let workers = workers.collect::<anyhow::Result<Vec<_>>>()?;
     let shape = source.config.shape.clone();
     let prefill_setup = ServeSetup {
         max_seqs: 1,
         kv_blocks: setup.context.div_ceil(setup.kv_block),
         ..setup
     };
+    fits_together(&[
+        (decode, &shape, &decode_setup),
+        (args.prefill_ranks, &shape, &prefill_setup),
+    ])?;
+    let workers =
+        (0..decode).map(|_| Ok(infer::group::Group::single(source.worker(decode_setup)?)));
+    let workers = workers.collect::<anyhow::Result<Vec<_>>>()?;
     let source = Arc::new(source);
     let build: Arc<dyn Fn() -> anyhow::Result<infer::Worker> + Send + Sync> =
         Arc::new(move || source.worker(prefill_setup));
@@ -364,6 +372,27 @@ fn disaggregate(
         .zip(sides)
         .map(|(w, side)| Ok((w, Some(side), pool(decode_threads, "decode")?)));
     engines.collect()
+}
+
+/// Refuses workers (`count` of each shape and setup) whose plans together exceed the RAM this
+/// process may use: every worker lives in it.
+fn fits_together(workers: &[(usize, &plan::ModelShape, &ServeSetup)]) -> anyhow::Result<()> {
+    let mut total = 0u64;
+    for &(count, shape, setup) in workers {
+        let peak = plan_frugal::serve_plan(shape, setup)?.peak_bytes(plan::buffer::Device::Gpu);
+        total = total.saturating_add(peak.saturating_mul(count as u64));
+    }
+    match ::engine::capacity::host_available() {
+        Some(host) if total > host.bytes => bail!(
+            "--decode-ranks/--prefill-ranks: the workers' plans need {} bytes together and this \
+             process may use {} ({}); run fewer workers, store the weights smaller (--weights \
+             int8, int4 or nf4) or plan a shorter context",
+            plan::units::group_digits(total),
+            plan::units::group_digits(host.bytes),
+            host.source
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// SIGTERM or Ctrl-C: stop accepting connections; those open finish their requests first.

@@ -355,7 +355,8 @@ const BANNED: [&str; 6] = [
     "the issue's",
 ];
 
-/// What users read: README.md, docs/, and the binary's own strings (help, output, the page).
+/// What users read: README.md, docs/, the binary's own strings (help, output, the page) and
+/// the messages of the crates it passes on.
 #[test]
 fn what_users_read_speaks_of_the_product() {
     let mut texts: Vec<PathBuf> = vec![root().join("README.md")];
@@ -365,6 +366,11 @@ fn what_users_read_speaks_of_the_product() {
     let cli = root().join("crates/cli/src");
     texts.extend(rust_files(&cli));
     texts.push(cli.join("cmd_web/page.html"));
+    // The crates whose messages the binary passes on: the server's answers, the resolver's and
+    // the config readers' errors, the planner's reports.
+    for krate in ["server", "models", "configs", "fit"] {
+        texts.extend(rust_files(&root().join("crates").join(krate).join("src")));
+    }
     let mut found = Vec::new();
     for file in texts {
         let text = std::fs::read_to_string(&file).unwrap_or_default();

@@ -7,17 +7,18 @@
 //! A job whose client has gone is dropped at its next token and its KV blocks freed.
 //!
 //! Several engines (`--decode-ranks D`, each its own worker and KV pool, as vLLM's data-parallel
-//! engines) share one queue: an engine takes a job only when it can admit one, and an idle engine
-//! waits for the next, so the least busy one gets it.
+//! engines) share one queue ([`Queue`]): an idle engine takes the next job, a busy one takes
+//! work only while no engine is idle, and a job one engine cannot hold waits for any with room.
 
 use super::metrics::{Finish, Metrics};
 use super::pd::{Disaggregated, Prefilled};
+use super::queue::Queue;
 use infer::blocks::SeqId;
 use infer::group::Group;
 use infer::sample::Sampling;
 use infer::Worker;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a request asks for, tokenized.
@@ -87,30 +88,6 @@ enum Step {
     Finished(Option<&'static str>),
 }
 
-/// The queue the engines share: the receiving end of the server's bounded queue.
-#[derive(Clone)]
-pub struct Queue(Arc<Mutex<mpsc::Receiver<Job>>>);
-
-impl Queue {
-    pub fn new(jobs: mpsc::Receiver<Job>) -> Queue {
-        Queue(Arc::new(Mutex::new(jobs)))
-    }
-
-    /// The next job, waiting for it; `None` once the queue has closed.
-    fn wait(&self) -> Option<Job> {
-        self.0.lock().ok()?.recv().ok()
-    }
-
-    /// A job if one is queued and no other engine is taking one (`Empty` then); `Disconnected`
-    /// once the queue has closed.
-    fn poll(&self) -> Result<Job, mpsc::TryRecvError> {
-        match self.0.try_lock() {
-            Ok(jobs) => jobs.try_recv(),
-            Err(_) => Err(mpsc::TryRecvError::Empty),
-        }
-    }
-}
-
 /// Runs jobs from `jobs` on `worker` (decode worker `engine` for the metrics) until the queue
 /// closes and every admitted job is done.
 pub fn run(
@@ -126,8 +103,8 @@ pub fn run(
         worker.setup.kv_blocks as usize,
     );
     metrics.set_block(block);
+    metrics.set_load(engine, 0, (0, 0), pool);
     let mut running: Vec<Running> = Vec::new();
-    let mut waiting: Option<Job> = None;
     let mut closed = false;
     let mut logits = Vec::new();
     let mut shipped = Vec::new();
@@ -135,15 +112,16 @@ pub fn run(
         // Admit while a slot and the blocks for the job's worst case are free.
         while running.len() + pd.as_ref().map_or(0, |d| d.in_flight) < max_seqs {
             let idle = running.is_empty() && pd.as_ref().is_none_or(|d| d.in_flight == 0);
-            let job = match waiting.take() {
-                Some(j) => j,
-                None if closed => break,
-                // Idle: block until a job comes (or the queue closes).
-                None if idle => match jobs.wait() {
+            let need = |job: &Job| (job.prompt.len() + job.max_tokens).div_ceil(block);
+            let reserved: usize = running.iter().map(|r| r.blocks).sum::<usize>()
+                + pd.as_ref().map_or(0, |d| d.in_flight_blocks);
+            let job = match idle {
+                // Idle: wait until a job comes (or the queue closes with nothing parked).
+                true => match jobs.wait() {
                     Some(j) => j,
                     None => return,
                 },
-                None => match jobs.poll() {
+                false => match jobs.poll(|j| reserved + need(j) <= pool) {
                     Ok(j) => j,
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
@@ -152,9 +130,7 @@ pub fn run(
                     }
                 },
             };
-            let need = (job.prompt.len() + job.max_tokens).div_ceil(block);
-            let reserved: usize = running.iter().map(|r| r.blocks).sum::<usize>()
-                + pd.as_ref().map_or(0, |d| d.in_flight_blocks);
+            let need = need(&job);
             if need > pool {
                 metrics.dequeued();
                 metrics.finished(Finish::Error);
@@ -165,7 +141,8 @@ pub fn run(
                 continue;
             }
             if reserved + need > pool {
-                waiting = Some(job);
+                // Any engine with room takes it; this one waits for its running jobs.
+                jobs.park(job);
                 break;
             }
             metrics.dequeued();
@@ -196,7 +173,7 @@ pub fn run(
             arrivals(d, &mut worker, &tok, &mut running, at, &mut shipped);
         }
         if running.is_empty() {
-            if closed && waiting.is_none() && pd.as_ref().is_none_or(|d| d.in_flight == 0) {
+            if closed && jobs.nothing_parked() && pd.as_ref().is_none_or(|d| d.in_flight == 0) {
                 return;
             }
             continue;

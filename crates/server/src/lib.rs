@@ -4,21 +4,23 @@
 //! `temperature`, `top_k`, `seed` and `stop` are honoured and `usage` counts the tokens.
 //!
 //! HTTP is tokio + axum ([`openai::router`]: bodies bounded before they are read, one task per
-//! connection); the model runs on an engine thread of its own ([`engine::run`]), fed through a
-//! bounded queue: a full queue answers 429 with `Retry-After`, a prompt that does not fit the
-//! context 400. Requests share one continuous batch over a paged KV pool; a client that
-//! disconnects has its generation stopped and its KV blocks freed at the next token. `GET
-//! /metrics` is Prometheus text ([`metrics`]). Prompts may be prefilled by workers of their own
-//! that ship the KV to the decoding one ([`pd`]). This crate prints nothing: the binary binds,
-//! reports and stops it.
+//! connection); the model runs on engine threads of their own ([`engine::run`], one per decode
+//! worker), fed through a bounded queue ([`queue`]): a full queue answers 429 with `Retry-After`, a
+//! prompt that does not fit the context 400. Requests share an engine's continuous batch over its paged
+//! KV pool; a client that disconnects has its generation stopped and its KV blocks freed at the next
+//! token. `GET /metrics` is Prometheus text ([`metrics`]). Prompts may be prefilled by workers of
+//! their own that ship the KV to the decoding one ([`pd`]). This crate prints nothing: the binary
+//! binds, reports and stops it.
 //!
 //! Example: `axum::serve(listener, server::openai::router(state))`, with `state` holding the
-//! sending end of the queue that `server::engine::run` reads on its own thread.
+//! sending end of the queue that `server::engine::run` reads on its own thread
+//! (`server::queue::Queue::new` over the receiving end).
 
 pub mod engine;
 pub mod metrics;
 pub mod openai;
 pub mod pd;
+pub mod queue;
 
 use std::sync::Arc;
 

@@ -2,10 +2,11 @@
 //! prefill workers, each a rank with a worker of its own (a long prompt chunk's activations, a KV
 //! pool for one prompt), run admitted prompts, sample the first token and ship the prompt's KV to
 //! the decode rank that admitted it (ranks 0..D, each an engine thread) with `comm`'s
-//! point-to-point send; the decode worker imports it and only ever decodes, so a long prompt no longer stalls the tokens of running requests
-//! (DistServe; vLLM's disaggregated prefill). Each role has its own plan, measured exactly (the
-//! KV in transit, a prompt's per worker and per arrival, is host memory outside both), and runs
-//! on its own cores (`--prefill-threads`), so both modes use the machine's cores.
+//! point-to-point send; the decode worker imports it and only ever decodes, so a long prompt does
+//! not stall the tokens of running requests (DistServe; vLLM's disaggregated prefill). Each role
+//! has its own plan, measured exactly (the KV in transit, a prompt's per worker and per arrival,
+//! is host memory outside both), and runs on its own cores (`--prefill-threads`), so both modes
+//! use the machine's cores.
 //!
 //! Example: `frugal serve --model M --prefill-ranks 1 --prefill-threads 1` on a 2-core machine.
 
@@ -15,14 +16,17 @@ use infer::sample::pick;
 use infer::Worker;
 use std::sync::{mpsc, Arc, Mutex};
 
-/// A job sent to the prefill workers, with the KV blocks the engine reserved for it, the decode
-/// rank its KV goes to and where its answer goes.
+/// A job sent to the prefill workers, with the KV blocks the engine reserved for it and the
+/// decode rank (engine) its KV and its answer go to.
 pub struct PrefillJob {
     pub job: Job,
     pub blocks: usize,
     pub to: usize,
-    pub reply: mpsc::Sender<Prefilled>,
 }
+
+/// Where the prefill workers answer each engine, by rank. Only the workers hold these, so an
+/// engine's `done` reports it when every worker has gone.
+pub type Replies = Arc<Vec<mpsc::Sender<Prefilled>>>;
 
 /// A prefill worker's answer: the job, its first token and the sampler's state after it, and
 /// where its KV waits (`from`'s next message), or why the prefill failed.
@@ -50,8 +54,7 @@ pub struct Shipped {
 pub struct Disaggregated {
     pub jobs: mpsc::Sender<PrefillJob>,
     pub done: mpsc::Receiver<Prefilled>,
-    /// Where the prefill workers answer this engine (`done`'s sending end), and its rank.
-    pub reply: mpsc::Sender<Prefilled>,
+    /// This engine's rank: where its jobs' KV goes.
     pub rank: usize,
     /// The decode rank's endpoint, where the KV arrives (threads); `None` when it comes with
     /// the answer.
@@ -74,11 +77,14 @@ impl Disaggregated {
     ) -> anyhow::Result<Vec<Disaggregated>> {
         let (jobs_tx, jobs_rx) = mpsc::channel::<PrefillJob>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let (replies, mut done): (Vec<_>, Vec<_>) = (0..decode).map(|_| mpsc::channel()).unzip();
+        let replies: Replies = Arc::new(replies);
         let rest = comms.split_off(decode);
         let mut ready = Vec::new();
         for comm in rest {
             let (ok_tx, ok_rx) = mpsc::channel();
             let (build, pool, jobs) = (build.clone(), pool.clone(), jobs_rx.clone());
+            let replies = replies.clone();
             // The loop runs on a thread of its own and enters the pool for each prompt only, so
             // a worker waiting for work holds none of the pool's threads.
             std::thread::Builder::new()
@@ -86,7 +92,7 @@ impl Disaggregated {
                 .spawn(move || match pool.install(|| build()) {
                     Ok(w) => {
                         let _ = ok_tx.send(Ok(()));
-                        serve_prefills(w, comm, &jobs, &pool);
+                        serve_prefills(w, comm, &jobs, &replies, &pool);
                     }
                     Err(e) => {
                         let _ = ok_tx.send(Err(e));
@@ -98,31 +104,25 @@ impl Disaggregated {
             r.recv()
                 .map_err(|_| anyhow::anyhow!("a prefill worker stopped while starting"))??;
         }
-        let engines = comms.into_iter().enumerate().map(|(rank, comm)| {
-            let (reply, done) = mpsc::channel();
-            Disaggregated {
+        drop(replies);
+        let engines = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| Disaggregated {
                 jobs: jobs_tx.clone(),
-                done,
-                reply,
+                done: done.remove(0),
                 rank,
                 comm: Some(comm),
                 in_flight: 0,
                 in_flight_blocks: 0,
-            }
-        });
+            });
         Ok(engines.collect())
     }
 
     /// `job`, its `blocks` reserved, for the prefill workers; back when they have stopped.
     pub fn send(&mut self, job: Job, blocks: usize) -> Result<(), Box<Job>> {
         let to = self.rank;
-        let reply = self.reply.clone();
-        match self.jobs.send(PrefillJob {
-            job,
-            blocks,
-            to,
-            reply,
-        }) {
+        match self.jobs.send(PrefillJob { job, blocks, to }) {
             Ok(()) => {
                 (self.in_flight, self.in_flight_blocks) =
                     (self.in_flight + 1, self.in_flight_blocks + blocks);
@@ -164,18 +164,13 @@ fn serve_prefills(
     mut worker: Worker,
     mut comm: Box<dyn Collective>,
     jobs: &Mutex<mpsc::Receiver<PrefillJob>>,
+    replies: &Replies,
     pool: &rayon::ThreadPool,
 ) {
     let (mut logits, mut bytes) = (Vec::new(), Vec::new());
     loop {
         let next = jobs.lock().ok().and_then(|j| j.recv().ok());
-        let Some(PrefillJob {
-            job,
-            blocks,
-            to,
-            reply,
-        }) = next
-        else {
+        let Some(PrefillJob { job, blocks, to }) = next else {
             return;
         };
         let run = std::panic::AssertUnwindSafe(|| {
@@ -185,7 +180,7 @@ fn serve_prefills(
         let outcome = std::panic::catch_unwind(run)
             .unwrap_or_else(|_| Err("the prefill worker failed on this prompt".into()));
         // An engine that has stopped takes no answer; the others still do.
-        let _ = reply.send(Prefilled {
+        let _ = replies[to].send(Prefilled {
             job,
             blocks,
             outcome,

@@ -6,8 +6,9 @@
 //!
 //! Decode at small batch reads every weight once per step, so the step's bytes (every matrix but
 //! the token embedding, of which only the batch's rows are read, unless it is also the tied head,
-//! and the routed experts, of which only those the batch's tokens reach; the fp32 vectors; and
-//! the KV cache the step attends over) divided by its time, over the measured bandwidth, is how close the engine runs to the machine's limit (`bandwidth_fraction`).
+//! and the routed experts, of which only those the batch's tokens reach; the fp32 vectors; and the
+//! KV cache the step attends over) divided by its time, over the measured bandwidth, is how close
+//! the engine runs to the machine's limit (`bandwidth_fraction`).
 //! The speed is the median of back-to-back steps; the fraction is the median over steps that
 //! each follow a streaming read, each against that read's rate (the machine is shared and its
 //! bandwidth drifts). The prompt's prefill is reported apart.

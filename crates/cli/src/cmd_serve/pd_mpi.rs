@@ -20,7 +20,7 @@ use infer::sample::Sampling;
 use models::Loaded;
 use plan_frugal::ServeSetup;
 use server::engine::Job;
-use server::pd::{prefill_export, Disaggregated, PrefillJob, Prefilled, Shipped};
+use server::pd::{prefill_export, Disaggregated, PrefillJob, Prefilled, Replies, Shipped};
 use std::sync::{mpsc, Arc, Mutex};
 
 /// What rank 0 serves with, and what ends the job after the server stops.
@@ -90,19 +90,21 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
         let (jobs_tx, jobs_rx) = mpsc::channel::<PrefillJob>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let (done_tx, done_rx) = mpsc::channel();
+        // Only the proxies answer: when every one has gone, the engine hears it.
+        let replies: Replies = Arc::new(vec![done_tx]);
         let mut proxies = Vec::new();
         for (r, link) in links {
-            let jobs = jobs_rx.clone();
+            let (jobs, replies) = (jobs_rx.clone(), replies.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("prefill rank {r} proxy"))
-                .spawn(move || proxy(link, r, &jobs))
+                .spawn(move || proxy(link, r, &jobs, &replies))
                 .context("starting a proxy thread")?;
             proxies.push(thread);
         }
+        drop(replies);
         let pd = Disaggregated {
             jobs: jobs_tx,
             done: done_rx,
-            reply: done_tx,
             rank: 0,
             comm: None,
             in_flight: 0,
@@ -165,20 +167,22 @@ fn parse_job(msg: &[u8]) -> Option<(Vec<u32>, Sampling, u64)> {
 /// Rank 0's side of one prefill rank: sends it each prompt the engine admits and hands back
 /// the first token, the sampler's state and the KV; an empty message stops the rank when the
 /// engine has gone.
-fn proxy(mut link: comm::Mpi, rank: usize, jobs: &Mutex<mpsc::Receiver<PrefillJob>>) {
+fn proxy(
+    mut link: comm::Mpi,
+    rank: usize,
+    jobs: &Mutex<mpsc::Receiver<PrefillJob>>,
+    replies: &Replies,
+) {
     loop {
         let next = jobs.lock().ok().and_then(|j| j.recv().ok());
-        let Some(PrefillJob {
-            job, blocks, reply, ..
-        }) = next
-        else {
+        let Some(PrefillJob { job, blocks, to }) = next else {
             let _ = link.send_bytes(&[], 1);
             return;
         };
         let outcome = exchange(&mut link, rank, &job)
             .map_err(|e| format!("prefill rank {rank}: {e}"))
             .and_then(|r| r);
-        if reply
+        if replies[to]
             .send(Prefilled {
                 job,
                 blocks,
