@@ -125,15 +125,23 @@ mod with_mpi {
     #[test]
     fn two_and_four_mpi_processes_generate_as_two_and_four_thread_ranks() {
         // A Llama with 4 query heads over 2 key/value heads: at 4 ranks each KV head is
-        // replicated on two. Trained a few steps here, saved, then split.
+        // replicated on two; DeepSeek's latent attention and experts at 2. Trained a few steps
+        // here, saved, then split.
         let data = data("tp-generate");
-        let out = common::temp_dir("mpi-cli", "tp-generate").join("llama");
-        let out_s = out.to_str().unwrap();
-        let train = run_args(&data, &["--model", "llama-tiny", "--out", out_s]);
+        for (preset, ranks) in [("llama-tiny", &[2usize, 4][..]), ("deepseek-tiny", &[2])] {
+            let out = common::temp_dir("mpi-cli", "tp-generate").join(preset);
+            generate_as_thread_ranks(&data, preset, out.to_str().unwrap(), ranks);
+        }
+    }
+
+    /// Trains `preset` into `out`, then generates from it on `ranks` MPI processes and as many
+    /// thread ranks: the same tokens, every rank's plan measured, the same bytes.
+    fn generate_as_thread_ranks(data: &str, preset: &str, out_s: &str, ranks: &[usize]) {
+        let train = run_args(data, &["--model", preset, "--out", out_s]);
         json(&frugal(
             &train.iter().map(String::as_str).collect::<Vec<_>>(),
         ));
-        for n in [2usize, 4] {
+        for &n in ranks {
             let args: Vec<String> = [
                 "generate",
                 "--model",
@@ -152,7 +160,10 @@ mod with_mpi {
             let tp = n.to_string();
             threads.extend(["--tp", &tp]);
             let over_threads = json(&frugal(&threads));
-            assert_eq!(over_mpi["tokens"], over_threads["tokens"], "{n} ranks");
+            assert_eq!(
+                over_mpi["tokens"], over_threads["tokens"],
+                "{preset} {n} ranks"
+            );
             assert_eq!(over_mpi["tp"], n);
             let ranks = over_mpi["ranks"].as_array().unwrap();
             for (r, rank) in ranks.iter().enumerate() {
