@@ -77,6 +77,10 @@ pub struct Args {
     pub top_k: Option<usize>,
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f32,
+    /// Nucleus sampling: sample only among the fewest most likely tokens whose probability
+    /// reaches P (with --top-k, among its k; default 1: all of them).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Also write the quantized weights here (config.json + weights.frugal), to load later.
@@ -105,6 +109,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.top_k == Some(0) {
         bail!("--top-k must be at least 1");
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!(
+            "--top-p {}: give a probability above 0 and at most 1",
+            args.top_p
+        );
     }
     plan::validate::check_kv_block(args.kv_block)?;
     if args.draft.is_some() && !(1..=32).contains(&args.draft_tokens) {
@@ -145,12 +155,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             shape.max_positions
         );
     }
+    let vocab = tok.vocab_size() as usize;
     let sampling = Sampling {
-        top_k: args.top_k,
+        // --top-p alone samples over the whole vocabulary's nucleus.
+        top_k: args.top_k.or((args.top_p < 1.0).then_some(vocab)),
         temperature: args.temperature,
-        vocab_limit: Some(tok.vocab_size() as usize),
+        top_p: args.top_p,
+        vocab_limit: Some(vocab),
     };
     if args.kv_cache == "off" {
+        if args.top_p < 1.0 {
+            bail!("--top-p samples on the cached path: drop --kv-cache off or --top-p");
+        }
         if args.storage.kv_dtype.is_some() {
             bail!(
                 "--kv-dtype stores the KV cache, and --kv-cache off keeps none: give one of them"

@@ -34,6 +34,35 @@ fn the_openai_api_answers_as_generate_does_whole_and_streamed() {
     ]));
     assert_eq!(text, generated["text"].as_str().unwrap());
     assert_eq!(whole["usage"]["completion_tokens"], 12);
+    // Sampled with a seed, in the nucleus: the same draws as generate's.
+    let sampled = r#"{"prompt": "The three primary colors are", "max_tokens": 12,
+        "temperature": 0.8, "top_p": 0.9, "seed": 7}"#;
+    let (status, answer) = server.post("/v1/completions", sampled);
+    assert_eq!(status, 200, "{answer}");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    let drawn = json(&frugal(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "The three primary colors are",
+        "--max-new-tokens",
+        "12",
+        "--weights",
+        "f32",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--json",
+    ]));
+    assert_eq!(answer["choices"][0]["text"], drawn["text"]);
+    assert_ne!(
+        drawn["text"], generated["text"],
+        "a draw, not the greedy text"
+    );
     // Streamed: the same text in pieces, then [DONE].
     let (status, sse) = server.post("/v1/completions", &format!("{greedy}, \"stream\": true}}"));
     assert_eq!(status, 200);
@@ -82,7 +111,7 @@ fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt": "a", "top_p": 0.5}"#,
+            r#"{"prompt": "a", "top_p": 1.5}"#,
             400,
             "top_p",
         ),

@@ -393,8 +393,7 @@ fn sampled_speculative_decoding_draws_from_the_target_distribution() {
     let (rt, rd) = (reference(&shape, 11), reference(&shape, 12));
     let sampling = sample::Sampling {
         top_k: Some(8),
-        temperature: 1.0,
-        vocab_limit: None,
+        ..sample::Sampling::greedy()
     };
     let config = ModelConfig::from_shape(shape.clone()).unwrap();
     let setup = ServeSetup {

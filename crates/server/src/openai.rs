@@ -90,11 +90,7 @@ struct Params {
 
 fn params(v: &Value, tok: &data::Tokenizer) -> Result<Params, String> {
     let vocab = tok.vocab_size() as usize;
-    for (key, neutral) in [
-        ("top_p", json!(1.0)),
-        ("n", json!(1)),
-        ("best_of", json!(1)),
-    ] {
+    for (key, neutral) in [("n", json!(1)), ("best_of", json!(1))] {
         if v.get(key)
             .is_some_and(|x| !x.is_null() && x.as_f64() != neutral.as_f64())
         {
@@ -134,16 +130,23 @@ fn params(v: &Value, tok: &data::Tokenizer) -> Result<Params, String> {
             }
         },
     };
+    let top_p = match v.get("top_p") {
+        None | Some(Value::Null) => 1.0,
+        Some(x) => match x.as_f64() {
+            Some(p) if p > 0.0 && p <= 1.0 => p as f32,
+            _ => return Err(format!("top_p must be above 0 and at most 1, not {x}")),
+        },
+    };
     // Temperature 0 is greedy, as the API defines it.
     let sampling = match temperature == 0.0 || top_k == 1 {
         true => Sampling {
-            top_k: None,
-            temperature: 1.0,
             vocab_limit: Some(vocab),
+            ..Sampling::greedy()
         },
         false => Sampling {
             top_k: Some(top_k),
             temperature,
+            top_p,
             vocab_limit: Some(vocab),
         },
     };

@@ -125,7 +125,7 @@ pub fn start(args: &Args, source: Loaded, setup: ServeSetup) -> anyhow::Result<O
 }
 
 /// A prompt's message: its length, the sampler (top-k + 1 or 0, the temperature's bits, the
-/// vocabulary limit + 1 or 0), the sampler's seed, then the tokens.
+/// vocabulary limit + 1 or 0), the sampler's seed, top-p's bits, then the tokens.
 fn job_message(job: &Job) -> Vec<u8> {
     let s = &job.sampling;
     let head = [
@@ -134,6 +134,7 @@ fn job_message(job: &Job) -> Vec<u8> {
         u64::from(s.temperature.to_bits()),
         s.vocab_limit.map_or(0, |v| v as u64 + 1),
         job.seed,
+        u64::from(s.top_p.to_bits()),
     ];
     let mut msg: Vec<u8> = head.iter().flat_map(|w| w.to_le_bytes()).collect();
     msg.extend(job.prompt.iter().flat_map(|t| t.to_le_bytes()));
@@ -146,15 +147,19 @@ fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
         .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
 }
 
+/// A job message's head: six words before the tokens.
+const HEAD: usize = 48;
+
 /// The prompt, sampler and seed of a job message; `None` for a malformed one.
 fn parse_job(msg: &[u8]) -> Option<(Vec<u32>, Sampling, u64)> {
-    let head: Vec<u64> = words(msg.get(..40)?).collect();
+    let head: Vec<u64> = words(msg.get(..HEAD)?).collect();
     let len = usize::try_from(head[0]).ok()?;
-    let tokens = msg.get(40..len.checked_mul(4)?.checked_add(40)?)?;
+    let tokens = msg.get(HEAD..len.checked_mul(4)?.checked_add(HEAD)?)?;
     let opt = |w: u64| w.checked_sub(1).map(|v| v as usize);
     let sampling = Sampling {
         top_k: opt(head[1]),
         temperature: f32::from_bits(head[2] as u32),
+        top_p: f32::from_bits(head[5] as u32),
         vocab_limit: opt(head[3]),
     };
     let prompt = tokens
