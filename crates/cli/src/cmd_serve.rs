@@ -189,6 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx: ctx as usize,
         jobs,
         metrics,
+        logprobs: args.prefill_ranks == 0,
     });
     let addr = format!("{}:{}", args.host, args.port);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -10,6 +10,7 @@
 //! engines) share one queue ([`Queue`]): an idle engine takes the next job, a busy one takes
 //! work only while no engine is idle, and a job one engine cannot hold waits for any with room.
 
+use super::logprobs::{self, TokenLogprob};
 use super::metrics::{Finish, Metrics};
 use super::pd::{Disaggregated, Prefilled};
 use super::queue::Queue;
@@ -31,6 +32,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Generate past the end-of-sequence token (exactly `max_tokens`).
     pub ignore_eos: bool,
+    /// Each token's log-probability and this many likeliest alternatives (`None`: not asked).
+    pub logprobs: Option<usize>,
     pub events: tokio::sync::mpsc::UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
     pub queued_at: Instant,
@@ -41,6 +44,8 @@ pub struct Job {
 pub enum Event {
     /// New text (may be empty while a multi-byte character is incomplete).
     Text(String),
+    /// A kept token's log-probability (with `Job::logprobs`), before its text.
+    Token(TokenLogprob),
     Done {
         finish_reason: &'static str,
         completion_tokens: usize,
@@ -273,7 +278,9 @@ fn arrivals(
         metrics.shipped(s.bytes as u64, s.prefilled_at.elapsed().as_secs_f64());
         metrics.first_token(job.queued_at.elapsed().as_secs_f64());
         let mut r = Running::new(job, seq, s.rng, blocks);
-        match accept(&mut r, tok, s.first, metrics) {
+        // A prefill worker's first token comes without its logits (the server refuses logprobs
+        // when disaggregated).
+        match accept(&mut r, tok, s.first, None, metrics) {
             Step::Next => running.push(r),
             Step::Finished(reason) => {
                 let still = running.len();
@@ -318,16 +325,32 @@ fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Met
         metrics.inter_token(r.last_token_at.elapsed().as_secs_f64());
     }
     let t = infer::sample::pick(logits, &r.job.sampling, &mut r.rng);
-    accept(r, tok, t, metrics)
+    let lp = (r.job.logprobs).map(|top| {
+        let limit = r.job.sampling.vocab_limit.unwrap_or(logits.len());
+        logprobs::of(logits, limit, t, top)
+    });
+    accept(r, tok, t, lp, metrics)
 }
 
-/// Takes `t` as the next token of `r` and streams its text.
-fn accept(r: &mut Running, tok: &data::Tokenizer, t: u32, metrics: &Metrics) -> Step {
+/// Takes `t` as the next token of `r` and streams its log-probability (`lp`, when asked) and
+/// its text.
+fn accept(
+    r: &mut Running,
+    tok: &data::Tokenizer,
+    t: u32,
+    lp: Option<TokenLogprob>,
+    metrics: &Metrics,
+) -> Step {
     r.last_token_at = Instant::now();
     if Some(t) == tok.eos() && !r.job.ignore_eos {
         return Step::Finished(Some("stop"));
     }
     r.ids.push(t);
+    if let Some(lp) = lp {
+        if r.job.events.send(Event::Token(lp)).is_err() {
+            return Step::Finished(None);
+        }
+    }
     metrics.token();
     let Ok(text) = tok.decode(&r.ids) else {
         return Step::Finished(Some("stop"));

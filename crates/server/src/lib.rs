@@ -17,10 +17,12 @@
 //! (`server::queue::Queue::new` over the receiving end).
 
 pub mod engine;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod pd;
 pub mod queue;
+mod request;
 
 use std::sync::Arc;
 
@@ -34,4 +36,6 @@ pub struct State {
     /// The engine's queue: full, a request is answered 429.
     pub jobs: std::sync::mpsc::SyncSender<engine::Job>,
     pub metrics: Arc<metrics::Metrics>,
+    /// Whether the engines see each token's logits (not when prefill workers sample the first).
+    pub logprobs: bool,
 }

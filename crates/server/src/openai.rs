@@ -3,6 +3,8 @@
 //! with the status the API uses (400 bad request, 404, 413, 429 with `Retry-After`, 503).
 
 use super::engine::{Event, Job};
+use super::logprobs;
+use super::request::{check_fields, params, parse};
 use super::State;
 use axum::body::Bytes;
 use axum::extract::State as Shared;
@@ -11,7 +13,6 @@ use axum::response::sse::{Event as Sse, Sse as SseBody};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use infer::sample::Sampling;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -59,7 +60,7 @@ async fn declared_size(req: axum::extract::Request, next: axum::middleware::Next
     }
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     let kind = match status {
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
         s if s.is_server_error() => "server_error",
@@ -69,124 +70,13 @@ fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-fn bad(message: impl Into<String>) -> Response {
+pub(crate) fn bad(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, &message.into())
 }
 
 async fn models(Shared(state): Shared<Arc<State>>) -> Response {
     let model = json!({"id": state.name, "object": "model", "owned_by": "frugal"});
     axum::Json(json!({"object": "list", "data": [model]})).into_response()
-}
-
-/// The request's sampling fields; an unsupported one is refused by name, never ignored.
-struct Params {
-    max_tokens: Option<usize>,
-    sampling: Sampling,
-    seed: u64,
-    stop: Vec<String>,
-    stream: bool,
-    ignore_eos: bool,
-}
-
-fn params(v: &Value, tok: &data::Tokenizer) -> Result<Params, String> {
-    let vocab = tok.vocab_size() as usize;
-    for (key, neutral) in [("n", json!(1)), ("best_of", json!(1))] {
-        if v.get(key)
-            .is_some_and(|x| !x.is_null() && x.as_f64() != neutral.as_f64())
-        {
-            return Err(format!("{key} other than {neutral} is not supported"));
-        }
-    }
-    if v.get("logprobs")
-        .is_some_and(|x| !x.is_null() && x != &json!(false))
-    {
-        return Err("logprobs is not supported".into());
-    }
-    let uint = |key: &str| -> Result<Option<u64>, String> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => x
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| format!("{key} must be a non-negative integer, not {x}")),
-        }
-    };
-    let temperature = match v.get("temperature") {
-        None | Some(Value::Null) => 1.0,
-        Some(x) => match x.as_f64() {
-            Some(t) if (0.0..=2.0).contains(&t) => t as f32,
-            _ => return Err(format!("temperature must be between 0 and 2, not {x}")),
-        },
-    };
-    let top_k = match v.get("top_k") {
-        None | Some(Value::Null) => vocab,
-        Some(x) => match x.as_i64() {
-            Some(-1) | Some(0) => vocab,
-            Some(k) if k > 0 => (k as usize).min(vocab),
-            _ => {
-                return Err(format!(
-                    "top_k must be a positive integer (or -1 for all), not {x}"
-                ))
-            }
-        },
-    };
-    let top_p = match v.get("top_p") {
-        None | Some(Value::Null) => 1.0,
-        Some(x) => match x.as_f64() {
-            Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-            _ => return Err(format!("top_p must be above 0 and at most 1, not {x}")),
-        },
-    };
-    // Temperature 0 is greedy, as the API defines it.
-    let sampling = match temperature == 0.0 || top_k == 1 {
-        true => Sampling {
-            vocab_limit: Some(vocab),
-            ..Sampling::greedy()
-        },
-        false => Sampling {
-            top_k: Some(top_k),
-            temperature,
-            top_p,
-            vocab_limit: Some(vocab),
-        },
-    };
-    let stop = match v.get("stop") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) if a.len() <= 4 && a.iter().all(Value::is_string) => a
-            .iter()
-            .filter_map(|s| s.as_str().map(String::from))
-            .collect(),
-        Some(x) => return Err(format!("stop must be a string or up to 4 strings, not {x}")),
-    };
-    let seed = uint("seed")?.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    });
-    Ok(Params {
-        max_tokens: uint("max_tokens")?
-            .or(uint("max_completion_tokens")?)
-            .map(|m| m as usize),
-        sampling,
-        seed,
-        stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        ignore_eos: v
-            .get("ignore_eos")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-    })
-}
-
-/// The body as a JSON object, or what is wrong with it.
-fn parse(body: &Bytes) -> Result<Value, String> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
-    match v.is_object() {
-        true => Ok(v),
-        false => Err("the body must be a JSON object".into()),
-    }
 }
 
 async fn completions(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
@@ -236,74 +126,21 @@ async fn chat(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     submit(&state, &v, &prompt, true, usize::MAX).await
 }
 
-/// The request fields each endpoint reads or refuses by name when not neutral; any other field
-/// is an error, not silently ignored.
-/// `ignore_eos` is vLLM's and llama-server's extension (benchmarks use it for exact lengths).
-const COMPLETION_FIELDS: &str = "model prompt max_tokens max_completion_tokens temperature top_p \
-     top_k n best_of stream stream_options stop seed logprobs user frequency_penalty \
-     presence_penalty ignore_eos";
-const CHAT_FIELDS: &str = "model messages max_tokens max_completion_tokens temperature top_p \
-     top_k n stream stream_options stop seed logprobs top_logprobs user frequency_penalty \
-     presence_penalty ignore_eos";
-
-/// Refuses fields the endpoint does not know, penalties it does not apply, and a model other
-/// than the one served (404, as OpenAI answers an unknown model): the answer, if refused.
-fn check_fields(state: &State, v: &Value, chat: bool) -> Option<Response> {
-    let known = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
-    let known: Vec<&str> = known.split_whitespace().collect();
-    if let Some(map) = v.as_object() {
-        let unknown: Vec<&str> = map
-            .keys()
-            .map(String::as_str)
-            .filter(|k| !known.contains(k))
-            .collect();
-        if !unknown.is_empty() {
-            return Some(bad(format!(
-                "unknown field{} {}: this endpoint takes {}",
-                if unknown.len() == 1 { "" } else { "s" },
-                unknown.join(", "),
-                known.join(", ")
-            )));
-        }
-    }
-    for key in ["frequency_penalty", "presence_penalty"] {
-        if v.get(key)
-            .is_some_and(|x| !x.is_null() && x.as_f64() != Some(0.0))
-        {
-            return Some(bad(format!("{key} other than 0 is not supported")));
-        }
-    }
-    match v.get("model") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(m)) if served_as(state, m) => None,
-        Some(m) => Some(error(
-            StatusCode::NOT_FOUND,
-            &format!(
-                "model {m} is not served here: use \"{}\" (GET /v1/models)",
-                state.name
-            ),
-        )),
-    }
-}
-
-/// Whether `name` names the served model: its path as given, or the file or folder name with
-/// or without its extension.
-fn served_as(state: &State, name: &str) -> bool {
-    let path = std::path::Path::new(&state.name);
-    name == state.name
-        || path.file_name().is_some_and(|f| f == name)
-        || path.file_stem().is_some_and(|f| f == name)
-}
-
 /// Tokenizes, checks the context, queues the job and answers whole or streamed.
 async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: usize) -> Response {
     if let Some(refused) = check_fields(state, v, chat) {
         return refused;
     }
-    let p = match params(v, &state.tok) {
+    let p = match params(v, &state.tok, chat) {
         Ok(p) => p,
         Err(e) => return bad(e),
     };
+    if p.logprobs.is_some() && !state.logprobs {
+        return bad(
+            "logprobs: this server's prompts run on prefill workers, which do not return their \
+             first token's logits; serve without --prefill-ranks to have them",
+        );
+    }
     let mut prompt: Vec<u32> = state.tok.bos().into_iter().collect();
     prompt.extend(state.tok.encode(text));
     let room = state.ctx.saturating_sub(prompt.len());
@@ -325,6 +162,7 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
         seed: p.seed,
         stop: p.stop,
         ignore_eos: p.ignore_eos,
+        logprobs: p.logprobs,
         events,
         queued_at: std::time::Instant::now(),
     };
@@ -356,36 +194,45 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
         created,
         model: state.name.clone(),
         chat,
+        tok: p.logprobs.map(|_| state.tok.clone()),
     };
     if p.stream {
-        let stream =
-            futures_util::stream::unfold((rx, shape, false), |(mut rx, shape, done)| async move {
-                if done {
-                    return None;
-                }
-                let (data, last) = match rx.recv().await {
-                    Some(Event::Text(t)) => (shape.chunk(Some(&t), None), false),
+        // Each chunk carries the log-probabilities of the tokens since the last one.
+        let start = (rx, shape, Stream::default());
+        let stream = futures_util::stream::unfold(start, |(mut rx, shape, mut s)| async move {
+            if s.done {
+                return None;
+            }
+            let (data, last) = loop {
+                match rx.recv().await {
+                    Some(Event::Token(lp)) => s.tokens.push(lp),
+                    Some(Event::Text(t)) => break (shape.chunk(Some(&t), None, &mut s), false),
                     Some(Event::Done { finish_reason, .. }) => {
-                        (shape.chunk(None, Some(finish_reason)), false)
+                        break (shape.chunk(None, Some(finish_reason), &mut s), false)
                     }
-                    Some(Event::Failed(e)) => (
-                        json!({"error": {"message": e, "type": "server_error"}}),
-                        true,
-                    ),
+                    Some(Event::Failed(e)) => {
+                        break (
+                            json!({"error": {"message": e, "type": "server_error"}}),
+                            true,
+                        )
+                    }
                     None => {
-                        return Some((
-                            Ok::<_, std::convert::Infallible>(Sse::default().data("[DONE]")),
-                            (rx, shape, true),
-                        ))
+                        s.done = true;
+                        let done = Sse::default().data("[DONE]");
+                        return Some((Ok::<_, std::convert::Infallible>(done), (rx, shape, s)));
                     }
-                };
-                Some((Ok(Sse::default().data(data.to_string())), (rx, shape, last)))
-            });
+                }
+            };
+            s.done = last;
+            Some((Ok(Sse::default().data(data.to_string())), (rx, shape, s)))
+        });
         return SseBody::new(stream).into_response();
     }
     let mut text = String::new();
+    let mut tokens = Vec::new();
     while let Some(event) = rx.recv().await {
         match event {
+            Event::Token(lp) => tokens.push(lp),
             Event::Text(t) => text.push_str(&t),
             Event::Failed(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e),
             Event::Done {
@@ -394,7 +241,9 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
             } => {
                 let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                    "total_tokens": prompt_tokens + completion_tokens});
-                return axum::Json(shape.whole(&text, finish_reason, usage)).into_response();
+                let lps = p.logprobs.map(|_| shape.logprobs(&state.tok, &tokens, 0));
+                let answer = shape.whole(&text, finish_reason, usage, lps);
+                return axum::Json(answer).into_response();
             }
         }
     }
@@ -410,14 +259,39 @@ struct Shape {
     created: u64,
     model: String,
     chat: bool,
+    /// The tokenizer, for the log-probabilities' token texts (when asked).
+    tok: Option<data::Tokenizer>,
+}
+
+/// A stream's state between chunks: tokens whose log-probabilities await the next chunk, the
+/// characters sent (the next offset), and whether it has ended.
+#[derive(Default)]
+struct Stream {
+    tokens: Vec<logprobs::TokenLogprob>,
+    sent: usize,
+    done: bool,
 }
 
 impl Shape {
-    fn whole(&self, text: &str, finish: &str, usage: Value) -> Value {
+    /// The choice's `logprobs` in this endpoint's layout.
+    fn logprobs(
+        &self,
+        tok: &data::Tokenizer,
+        tokens: &[logprobs::TokenLogprob],
+        at: usize,
+    ) -> Value {
+        match self.chat {
+            true => logprobs::chat(tok, tokens),
+            false => logprobs::completion(tok, tokens, at),
+        }
+    }
+
+    fn whole(&self, text: &str, finish: &str, usage: Value, lps: Option<Value>) -> Value {
+        let lps = lps.unwrap_or(Value::Null);
         let choice = match self.chat {
             true => json!({"index": 0, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish}),
-            false => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+                           "logprobs": lps, "finish_reason": finish}),
+            false => json!({"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}),
         };
         let object = if self.chat {
             "chat.completion"
@@ -428,11 +302,16 @@ impl Shape {
                "choices": [choice], "usage": usage})
     }
 
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>) -> Value {
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, s: &mut Stream) -> Value {
+        let lps = match &self.tok {
+            Some(tok) => self.logprobs(tok, &std::mem::take(&mut s.tokens), s.sent),
+            None => Value::Null,
+        };
+        s.sent += text.map_or(0, |t| t.chars().count());
         let choice = match self.chat {
             true => json!({"index": 0, "delta": text.map_or(json!({}), |t| json!({"content": t})),
-                           "finish_reason": finish}),
-            false => json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null,
+                           "logprobs": lps, "finish_reason": finish}),
+            false => json!({"index": 0, "text": text.unwrap_or(""), "logprobs": lps,
                             "finish_reason": finish}),
         };
         let object = if self.chat {

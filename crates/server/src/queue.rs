@@ -110,6 +110,7 @@ mod tests {
             seed: 0,
             stop: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
             events,
             queued_at: Instant::now(),
         }
