@@ -75,3 +75,5 @@ print(json.dumps({
 assert streamed == text and text == generated, "the server's greedy answer differs from frugal generate's"
 assert drawn == drawn_generate, "the seeded top_p draw differs from frugal generate's"
 assert "".join(lp.tokens) == text and greedy_is_top, "the completion's log-probabilities do not fit its text"
+assert chat_greedy_is_top and "".join(t.token for t in chat_lp.logprobs.content) == chat_lp.message.content, \
+    "the chat answer's log-probabilities do not fit its text"

@@ -63,6 +63,10 @@ fn a_disaggregated_server_answers_as_one_worker_and_ships_the_plans_kv() {
         planned += prompt.div_ceil(16) * 16 * per_token;
     }
     assert_eq!(server.metric("frugal_kv_shipments_total"), 3.0);
+    // The first token is sampled where the prompt ran, without its logits here.
+    let (status, refused) = server.post("/v1/completions", r#"{"prompt": "a", "logprobs": 1}"#);
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.contains("prefill workers"), "{refused}");
     assert_eq!(
         server.metric("frugal_kv_shipped_bytes_total"),
         planned as f64

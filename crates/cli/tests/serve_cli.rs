@@ -63,6 +63,52 @@ fn the_openai_api_answers_as_generate_does_whole_and_streamed() {
         drawn["text"], generated["text"],
         "a draw, not the greedy text"
     );
+    // Log-probabilities: each greedy token is its step's likeliest (the entries hold the chosen
+    // token and the two likeliest), and the tokens spell the text.
+    let (status, lp) = server.post("/v1/completions", &format!("{greedy}, \"logprobs\": 2}}"));
+    assert_eq!(status, 200, "{lp}");
+    let lp: Value = serde_json::from_str(&lp).unwrap();
+    let l = &lp["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = (l["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), text);
+    let mut at = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(l["text_offset"][i], at, "{l}");
+        at += t.chars().count();
+        let chosen = l["token_logprobs"][i].as_f64().unwrap();
+        let top = l["top_logprobs"][i].as_object().unwrap();
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(chosen <= 0.0 && chosen == best, "{chosen} {top:?}");
+        assert_eq!(top.len(), 2, "greedy: the chosen token is one of the two");
+    }
+    // The chat layout, streamed: each chunk's entries are that chunk's tokens; the usage last.
+    let chat = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+        "temperature": 0, "logprobs": true, "top_logprobs": 1, "stream": true,
+        "stream_options": {"include_usage": true}}"#;
+    let (status, sse) = server.post("/v1/chat/completions", chat);
+    assert_eq!(status, 200, "{sse}");
+    let chunks: Vec<Value> = (sse.lines())
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let (mut said, mut entries) = (String::new(), String::new());
+    for c in &chunks[..chunks.len() - 1] {
+        said.push_str(c["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        for t in c["choices"][0]["logprobs"]["content"].as_array().unwrap() {
+            entries.push_str(t["token"].as_str().unwrap());
+            assert_eq!(t["top_logprobs"][0]["logprob"], t["logprob"], "greedy: {t}");
+        }
+    }
+    assert_eq!(entries, said);
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], serde_json::json!([]), "{usage}");
+    assert_eq!(usage["usage"]["completion_tokens"], 6, "{usage}");
     // Streamed: the same text in pieces, then [DONE].
     let (status, sse) = server.post("/v1/completions", &format!("{greedy}, \"stream\": true}}"));
     assert_eq!(status, 200);
@@ -114,6 +160,30 @@ fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
             r#"{"prompt": "a", "top_p": 1.5}"#,
             400,
             "top_p",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "logprobs": 21}"#,
+            400,
+            "logprobs must be an integer from 0 to 20",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2}"#,
+            400,
+            "top_logprobs needs logprobs: true",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "stream": "yes"}"#,
+            400,
+            "stream must be true or false",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "stream": true, "stream_options": {"continuous": true}}"#,
+            400,
+            "stream_options.continuous is not supported",
         ),
         (
             "/v1/completions",

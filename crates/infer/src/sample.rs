@@ -80,7 +80,7 @@ pub fn distribution(logits: &[f32], s: &Sampling) -> Vec<f64> {
 /// Keeps the fewest most likely of `idx` whose probability reaches `top_p` (at least one; ties
 /// in id order), renormalised.
 fn nucleus(p: &mut [f64], idx: &mut [usize], top_p: f64) {
-    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    idx.sort_unstable_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
     let mut sum = 0.0;
     let mut keep = idx.len();
     for (n, &i) in idx.iter().enumerate() {

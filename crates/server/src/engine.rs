@@ -327,7 +327,9 @@ fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Met
     let t = infer::sample::pick(logits, &r.job.sampling, &mut r.rng);
     let lp = (r.job.logprobs).map(|top| {
         let limit = r.job.sampling.vocab_limit.unwrap_or(logits.len());
-        logprobs::of(logits, limit, t, top)
+        // Where the token's text starts: the answer's characters before it.
+        let at = tok.decode(&r.ids).map_or(0, |t| t.chars().count());
+        logprobs::of(logits, limit, t, top, at)
     });
     accept(r, tok, t, lp, metrics)
 }

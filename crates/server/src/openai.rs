@@ -198,7 +198,11 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
     };
     if p.stream {
         // Each chunk carries the log-probabilities of the tokens since the last one.
-        let start = (rx, shape, Stream::default());
+        let start = Stream {
+            usage: p.include_usage.then_some(prompt_tokens),
+            ..Stream::default()
+        };
+        let start = (rx, shape, start);
         let stream = futures_util::stream::unfold(start, |(mut rx, shape, mut s)| async move {
             if s.done {
                 return None;
@@ -207,14 +211,26 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
                 match rx.recv().await {
                     Some(Event::Token(lp)) => s.tokens.push(lp),
                     Some(Event::Text(t)) => break (shape.chunk(Some(&t), None, &mut s), false),
-                    Some(Event::Done { finish_reason, .. }) => {
-                        break (shape.chunk(None, Some(finish_reason), &mut s), false)
+                    Some(Event::Done {
+                        finish_reason,
+                        completion_tokens,
+                    }) => {
+                        let chunk = shape.chunk(None, Some(finish_reason), &mut s);
+                        s.ending = s
+                            .usage
+                            .map(|prompt| shape.usage_chunk(prompt, completion_tokens));
+                        break (chunk, false);
                     }
                     Some(Event::Failed(e)) => {
                         break (
                             json!({"error": {"message": e, "type": "server_error"}}),
                             true,
                         )
+                    }
+                    // With stream_options.include_usage: the usage chunk, then [DONE].
+                    None if s.ending.is_some() => {
+                        let usage = s.ending.take().unwrap_or_default().to_string();
+                        return Some((Ok(Sse::default().data(usage)), (rx, shape, s)));
                     }
                     None => {
                         s.done = true;
@@ -241,7 +257,7 @@ async fn submit(state: &State, v: &Value, text: &str, chat: bool, default_max: u
             } => {
                 let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                    "total_tokens": prompt_tokens + completion_tokens});
-                let lps = p.logprobs.map(|_| shape.logprobs(&state.tok, &tokens, 0));
+                let lps = p.logprobs.map(|_| shape.logprobs(&state.tok, &tokens));
                 let answer = shape.whole(&text, finish_reason, usage, lps);
                 return axum::Json(answer).into_response();
             }
@@ -264,25 +280,22 @@ struct Shape {
 }
 
 /// A stream's state between chunks: tokens whose log-probabilities await the next chunk, the
-/// characters sent (the next offset), and whether it has ended.
+/// prompt's tokens when the usage is asked for (`stream_options.include_usage`), the usage chunk
+/// once the answer is done, and whether the stream has ended.
 #[derive(Default)]
 struct Stream {
     tokens: Vec<logprobs::TokenLogprob>,
-    sent: usize,
+    usage: Option<usize>,
+    ending: Option<Value>,
     done: bool,
 }
 
 impl Shape {
     /// The choice's `logprobs` in this endpoint's layout.
-    fn logprobs(
-        &self,
-        tok: &data::Tokenizer,
-        tokens: &[logprobs::TokenLogprob],
-        at: usize,
-    ) -> Value {
+    fn logprobs(&self, tok: &data::Tokenizer, tokens: &[logprobs::TokenLogprob]) -> Value {
         match self.chat {
             true => logprobs::chat(tok, tokens),
-            false => logprobs::completion(tok, tokens, at),
+            false => logprobs::completion(tok, tokens),
         }
     }
 
@@ -302,12 +315,22 @@ impl Shape {
                "choices": [choice], "usage": usage})
     }
 
+    /// The last chunk of a stream that asked for its usage: no choices, the counts.
+    fn usage_chunk(&self, prompt: usize, completion: usize) -> Value {
+        let object = match self.chat {
+            true => "chat.completion.chunk",
+            false => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                        "total_tokens": prompt + completion}})
+    }
+
     fn chunk(&self, text: Option<&str>, finish: Option<&str>, s: &mut Stream) -> Value {
         let lps = match &self.tok {
-            Some(tok) => self.logprobs(tok, &std::mem::take(&mut s.tokens), s.sent),
+            Some(tok) => self.logprobs(tok, &std::mem::take(&mut s.tokens)),
             None => Value::Null,
         };
-        s.sent += text.map_or(0, |t| t.chars().count());
         let choice = match self.chat {
             true => json!({"index": 0, "delta": text.map_or(json!({}), |t| json!({"content": t})),
                            "logprobs": lps, "finish_reason": finish}),

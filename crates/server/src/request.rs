@@ -20,6 +20,8 @@ pub(crate) struct Params {
     pub(crate) seed: u64,
     pub(crate) stop: Vec<String>,
     pub(crate) stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the counts.
+    pub(crate) include_usage: bool,
     pub(crate) ignore_eos: bool,
     /// The alternatives each token's log-probability comes with (`None`: none asked).
     pub(crate) logprobs: Option<usize>,
@@ -104,13 +106,37 @@ pub(crate) fn params(v: &Value, tok: &data::Tokenizer, chat: bool) -> Result<Par
         sampling,
         seed,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        ignore_eos: v
-            .get("ignore_eos")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        stream: flag(v, "stream")?,
+        include_usage: stream_options(v)?,
+        ignore_eos: flag(v, "ignore_eos")?,
         logprobs,
     })
+}
+
+/// `stream_options`: `include_usage` is read; any other option is refused by name.
+fn stream_options(v: &Value) -> Result<bool, String> {
+    match v.get("stream_options") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| *k != "include_usage") {
+                return Err(format!(
+                    "stream_options.{k} is not supported (include_usage is)"
+                ));
+            }
+            flag(&Value::Object(o.clone()), "include_usage")
+                .map_err(|e| format!("stream_options.{e}"))
+        }
+        Some(x) => Err(format!("stream_options must be an object, not {x}")),
+    }
+}
+
+/// A true/false field (absent or null: false); anything else is refused by name.
+fn flag(v: &Value, key: &str) -> Result<bool, String> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(x) => Err(format!("{key} must be true or false, not {x}")),
+    }
 }
 
 /// The alternatives a request's `logprobs` asks for: the completions API's `logprobs: N`, or the
@@ -134,7 +160,7 @@ fn logprobs_asked(v: &Value, chat: bool) -> Result<Option<usize>, String> {
         },
         (true, Some(Value::Bool(true))) => Ok(Some(top.unwrap_or(0))),
         (true, Some(x)) => Err(format!("logprobs must be true or false, not {x}")),
-        (false, None | Some(Value::Null)) => Ok(None),
+        (false, None | Some(Value::Null) | Some(Value::Bool(false))) => Ok(None),
         (false, Some(x)) => Ok(Some(count("logprobs", x)?)),
     }
 }

@@ -154,7 +154,11 @@ const HEAD: usize = 48;
 fn parse_job(msg: &[u8]) -> Option<(Vec<u32>, Sampling, u64)> {
     let head: Vec<u64> = words(msg.get(..HEAD)?).collect();
     let len = usize::try_from(head[0]).ok()?;
-    let tokens = msg.get(HEAD..len.checked_mul(4)?.checked_add(HEAD)?)?;
+    let end = len.checked_mul(4)?.checked_add(HEAD)?;
+    if msg.len() != end {
+        return None;
+    }
+    let tokens = &msg[HEAD..end];
     let opt = |w: u64| w.checked_sub(1).map(|v| v as usize);
     let sampling = Sampling {
         top_k: opt(head[1]),
