@@ -383,17 +383,12 @@ fn fits_together(workers: &[(usize, &plan::ModelShape, &ServeSetup)]) -> anyhow:
         let peak = plan_frugal::serve_plan(shape, setup)?.peak_bytes(plan::buffer::Device::Gpu);
         total = total.saturating_add(peak.saturating_mul(count as u64));
     }
-    match ::engine::capacity::host_available() {
-        Some(host) if total > host.bytes => bail!(
-            "--decode-ranks/--prefill-ranks: the workers' plans need {} bytes together and this \
-             process may use {} ({}); run fewer workers, store the weights smaller (--weights \
-             int8, int4 or nf4) or plan a shorter context",
-            plan::units::group_digits(total),
-            plan::units::group_digits(host.bytes),
-            host.source
-        ),
-        _ => Ok(()),
-    }
+    models::tp::fits_in_host(
+        total,
+        "--decode-ranks/--prefill-ranks: the workers'",
+        "run fewer workers, store the weights smaller (--weights int8, int4 or nf4) or plan a \
+         shorter context",
+    )
 }
 
 /// SIGTERM or Ctrl-C: stop accepting connections; those open finish their requests first.

@@ -20,18 +20,24 @@ fn the_openai_api_answers_as_generate_does_whole_and_streamed() {
     assert_eq!(status, 200, "{whole}");
     let whole: Value = serde_json::from_str(&whole).unwrap();
     let text = whole["choices"][0]["text"].as_str().unwrap();
-    let generated = json(&frugal(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "The three primary colors are",
-        "--max-new-tokens",
-        "12",
-        "--weights",
-        "f32",
-        "--json",
-    ]));
+    // `frugal generate`'s answer to the same prompt, 12 tokens on the f32 values.
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "The three primary colors are",
+            "--max-new-tokens",
+            "12",
+            "--weights",
+            "f32",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&frugal(&args))
+    };
+    let generated = generate(&[]);
     assert_eq!(text, generated["text"].as_str().unwrap());
     assert_eq!(whole["usage"]["completion_tokens"], 12);
     // Sampled with a seed, in the nucleus: the same draws as generate's.
@@ -40,24 +46,7 @@ fn the_openai_api_answers_as_generate_does_whole_and_streamed() {
     let (status, answer) = server.post("/v1/completions", sampled);
     assert_eq!(status, 200, "{answer}");
     let answer: Value = serde_json::from_str(&answer).unwrap();
-    let drawn = json(&frugal(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--prompt",
-        "The three primary colors are",
-        "--max-new-tokens",
-        "12",
-        "--weights",
-        "f32",
-        "--temperature",
-        "0.8",
-        "--top-p",
-        "0.9",
-        "--seed",
-        "7",
-        "--json",
-    ]));
+    let drawn = generate(&["--temperature", "0.8", "--top-p", "0.9", "--seed", "7"]);
     assert_eq!(answer["choices"][0]["text"], drawn["text"]);
     assert_ne!(
         drawn["text"], generated["text"],
@@ -178,6 +167,12 @@ fn misbehaving_clients_get_the_apis_errors_and_the_server_goes_on() {
             r#"{"prompt": "a", "stream": "yes"}"#,
             400,
             "stream must be true or false",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "a", "stream_options": {"include_usage": true}}"#,
+            400,
+            "stream_options needs stream: true",
         ),
         (
             "/v1/completions",

@@ -31,19 +31,25 @@ pub fn check_fit(shape: &plan::ModelShape, setup: &ServeSetup, tp: usize) -> any
         let plan = plan_frugal::serve_plan_rank(shape, setup, tp as u32, r)?;
         total += plan.peak_bytes(Device::Gpu);
     }
-    if let Some(host) = engine::capacity::host_available() {
-        if total > host.bytes {
-            bail!(
-                "--tp {tp}: the ranks' plans need {} bytes together and this process may use \
-                 {} ({}); store the weights smaller (--weights int8, int4 or nf4) or plan a \
-                 shorter context",
-                plan::units::group_digits(total),
-                plan::units::group_digits(host.bytes),
-                host.source
-            );
-        }
+    fits_in_host(
+        total,
+        &format!("--tp {tp}: the ranks'"),
+        "store the weights smaller (--weights int8, int4 or nf4) or plan a shorter context",
+    )
+}
+
+/// Refuses workers of this process whose plans need `total` bytes together when the process may
+/// use less: `whose` names them (`"--tp 4: the ranks'"`), `fix` says what to change.
+pub fn fits_in_host(total: u64, whose: &str, fix: &str) -> anyhow::Result<()> {
+    match engine::capacity::host_available() {
+        Some(host) if total > host.bytes => bail!(
+            "{whose} plans need {} bytes together and this process may use {} ({}); {fix}",
+            plan::units::group_digits(total),
+            plan::units::group_digits(host.bytes),
+            host.source
+        ),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// `tp` ranks serving `source` (`frugal serve --tp`), rank 0 driven by the caller.

@@ -99,6 +99,10 @@ pub(crate) fn params(v: &Value, tok: &data::Tokenizer, chat: bool) -> Result<Par
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
+    let (stream, include_usage) = (flag(v, "stream")?, stream_options(v)?);
+    if !stream && v.get("stream_options").is_some_and(|o| !o.is_null()) {
+        return Err("stream_options needs stream: true".into());
+    }
     Ok(Params {
         max_tokens: uint("max_tokens")?
             .or(uint("max_completion_tokens")?)
@@ -106,8 +110,8 @@ pub(crate) fn params(v: &Value, tok: &data::Tokenizer, chat: bool) -> Result<Par
         sampling,
         seed,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
-        stream: flag(v, "stream")?,
-        include_usage: stream_options(v)?,
+        stream,
+        include_usage,
         ignore_eos: flag(v, "ignore_eos")?,
         logprobs,
     })
