@@ -178,7 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "exported {} (step {}, {}) to {}",
             snap.dir.display(),
             snap.state.step,
-            crate::output::plural(snap.shard_count() as u64, "rank"),
+            term::plural(snap.shard_count() as u64, "rank"),
             args.hf.display()
         );
     }

@@ -216,7 +216,7 @@ fn gpu_note(args: &Args, hw: &Hardware, capacity_bytes: u64) -> Option<String> {
     match same_size {
         Some(o) if capacity_bytes.abs_diff(g.memory_bytes) >= (1 << 30) => note.push_str(&format!(
             "; a {} device is more likely an {}: pass --gpu {}",
-            crate::output::human_bytes(capacity_bytes),
+            term::human_bytes(capacity_bytes),
             o.name,
             o.name
         )),
@@ -438,7 +438,7 @@ fn emit(args: &Args, target: configs::emit::Target, result: &fit::FitResult) -> 
          its \"auto\" values (learning rate, weight decay, clipping) are filled by HF's Trainer \
          or accelerate",
         render::short_setup(s),
-        crate::output::human_bytes(total),
+        term::human_bytes(total),
         back.join(" ")
     );
     if emit::checkpointing_in_script(target, s) {

@@ -5,7 +5,6 @@
 //! The numerics live in the `formats` crate; this module parses flags, reads files and prints.
 //! Example: `frugal formats --random 1048576 --scheme nf4 --group 64 --double-quant --json`.
 
-use crate::output::{human_bytes, Align, Table};
 use anyhow::{bail, Context};
 use formats::quant::{
     bits_per_weight, quantize, ErrorStats, Granularity, QuantConfig, Scheme, StorageSpec, Symmetry,
@@ -13,6 +12,7 @@ use formats::quant::{
 use formats::{explain, BitFields, Format, Properties, QuantError};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use term::{human_bytes, Align, Table};
 
 const EXAMPLES: &str = "\
 Examples:

@@ -6,7 +6,6 @@
 //!
 //! Example: `frugal generate --model run1 --prompt "ROMEO:" --max-new-tokens 64 --weights int4`.
 
-use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
 use infer::sample::Sampling;
 use infer::{spec, Worker};
@@ -16,6 +15,7 @@ use plan_frugal::{ServeSetup, WeightFormat};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Instant;
+use term::{group_digits, Table};
 
 mod reference;
 mod storage;
@@ -94,7 +94,7 @@ pub struct Args {
     /// With --tp: threads (ranks in this process) or mpi (one rank per process under
     /// `mpirun -n N`; a frugal built with `--features mpi`).
     #[arg(long, default_value = "threads")]
-    pub comm: crate::cmd_train::CommArg,
+    pub comm: comm::Transport,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -189,7 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         setup.prefill_logit_rows = rows;
         setup.prefill_chunk = setup.prefill_chunk.max(rows);
     }
-    if args.tp != 1 || args.comm == crate::cmd_train::CommArg::Mpi {
+    if args.tp != 1 || args.comm == comm::Transport::Mpi {
         return tp::run(&args, &source, &tok, &prompt, setup, sampling);
     }
     let mut worker = source.worker(setup)?;

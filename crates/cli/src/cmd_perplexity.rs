@@ -114,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:30} chunk {pos}/{len} | {msg} | {elapsed}<{eta}")
             .expect("a valid template"),
     );
-    let mut plain = crate::output::PlainProgress::new("perplexity", n_chunks as u64, args.json);
+    let mut plain = term::PlainProgress::new("perplexity", n_chunks as u64, args.json);
     let (first, t0) = (args.ctx / 2, Instant::now());
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     for i in 0..n_chunks {

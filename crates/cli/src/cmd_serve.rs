@@ -92,7 +92,7 @@ pub struct Args {
     /// with --prefill-ranks P, `mpirun -n P+1` has rank 0 answer and decode and the others
     /// prefill.
     #[arg(long, default_value = "threads")]
-    pub comm: crate::cmd_train::CommArg,
+    pub comm: comm::Transport,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -149,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let decode = args.decode_ranks;
     let mut end = None;
     let engines: Vec<Engine> = match (args.tp, args.prefill_ranks) {
-        _ if args.comm == crate::cmd_train::CommArg::Mpi => {
+        _ if args.comm == comm::Transport::Mpi => {
             let Some((worker, pd, e)) = over_mpi(&args, source, setup)? else {
                 // A rank other than 0: rank 0 has stopped it.
                 return Ok(());

@@ -34,7 +34,6 @@ mod cuda;
 mod guard;
 mod mpi;
 mod precision;
-pub use mpi::CommArg;
 mod report;
 pub(crate) mod setup;
 mod snapshot;
@@ -154,7 +153,7 @@ pub struct Args {
     pub recompute: Recompute,
     /// fp32, bf16 (2-byte weights and gradients, fp32 master weights and Adam state) or fp16
     /// (the same with dynamic loss scaling).
-    #[arg(long, default_value_t = Precision::Fp32, value_parser = config::engine_precision)]
+    #[arg(long, default_value_t = Precision::Fp32, value_parser = train::precision::engine_precision)]
     pub precision: Precision,
     /// fp16's dynamic loss scaler: torch (GradScaler's defaults) or deepspeed (its fp16
     /// block's defaults). Default torch; only with --precision fp16.
@@ -212,7 +211,7 @@ pub struct Args {
     /// How ranks talk: threads (--ranks N in this process) or mpi (one process per rank under
     /// `mpirun -n N`; a frugal built with --features mpi).
     #[arg(long, default_value = "threads")]
-    pub comm: mpi::CommArg,
+    pub comm: comm::Transport,
     /// Seconds a rank waits in a collective for the others before the run fails naming the
     /// call (a stalled or dead rank never hangs the others).
     #[arg(long, default_value_t = 60)]
@@ -234,8 +233,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return cuda::run(&args);
     }
     match args.comm {
-        mpi::CommArg::Mpi => mpi::run(args),
-        mpi::CommArg::Threads => run_on(args, None),
+        comm::Transport::Mpi => mpi::run(args),
+        comm::Transport::Threads => run_on(args, None),
     }
 }
 
@@ -360,7 +359,7 @@ struct CliHooks<'a> {
     args: &'a Args,
     data_id: u64,
     bar: ProgressBar,
-    plain: crate::output::PlainProgress,
+    plain: term::PlainProgress,
 }
 
 impl train::run::Hooks<cpu::Cpu> for CliHooks<'_> {
@@ -398,7 +397,7 @@ impl train::run::Hooks<cpu::Cpu> for CliHooks<'_> {
             "loss {:.3} | {:.0} tok/s | peak {}{}",
             stats.loss,
             ran.tokens as f64 / ran.seconds,
-            crate::output::human_bytes(trainer.measured().peak_bytes),
+            term::human_bytes(trainer.measured().peak_bytes),
             precision::bar(stats, trainer)
         );
         self.plain.tick(trainer.step, &format!("| {message} "));
@@ -427,7 +426,7 @@ fn train_loop(rank: setup::Rank, args: &Args, bar: ProgressBar) -> anyhow::Resul
     let mut hooks = CliHooks {
         args,
         data_id,
-        plain: crate::output::PlainProgress::new("train", args.steps, quiet),
+        plain: term::PlainProgress::new("train", args.steps, quiet),
         bar,
     };
     let ran = train::run::run(&mut trainer, &mut loader, &val, &schedule, &mut hooks)?;

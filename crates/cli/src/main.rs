@@ -6,7 +6,6 @@
 //!
 //! Example: `frugal plan --model llama3-8b --train --zero 3 --gpus 8 --json`.
 
-mod cmd_bench;
 mod cmd_export;
 mod cmd_fit;
 mod cmd_formats;
@@ -17,7 +16,6 @@ mod cmd_serve;
 mod cmd_tokenize;
 mod cmd_train;
 mod cmd_web;
-mod output;
 mod workers;
 
 use clap::{Parser, Subcommand};
@@ -61,7 +59,7 @@ enum Command {
     )]
     Train(cmd_train::Args),
     #[command(about = "Benchmarks: speed and memory against a baseline measured in the same run.")]
-    Bench(cmd_bench::Args),
+    Bench(bench::Args),
     #[command(
         about = "Export a training snapshot as a Hugging Face model folder (config.json + model.safetensors)."
     )]
@@ -119,7 +117,7 @@ fn main() -> ExitCode {
             Command::Plan(args) => cmd_plan::run(args),
             Command::Fit(args) => cmd_fit::run(args),
             Command::Train(args) => cmd_train::run(args),
-            Command::Bench(args) => cmd_bench::run(args),
+            Command::Bench(args) => bench::run(args),
             Command::Export(args) => cmd_export::run(args),
             Command::Generate(args) => cmd_generate::run(args),
             Command::Tokenize(args) => cmd_tokenize::run(args),

@@ -68,6 +68,7 @@ mod overlapped;
 mod reduce;
 mod solo;
 mod stats;
+mod transport;
 
 pub use collective::{Buf, BufMut, Collective, CollectiveKind, DType, ReduceOp, Ticket};
 pub use counted::Counted;
@@ -79,3 +80,4 @@ pub use overlapped::Overlapped;
 pub use reduce::reference;
 pub use solo::Solo;
 pub use stats::{CommStats, KindStats};
+pub use transport::Transport;

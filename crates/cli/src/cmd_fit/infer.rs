@@ -4,11 +4,11 @@
 //! Not here: the search (`fit::infer`). Example: `print!("{}", text(&model, &r, &advice, 5))`.
 
 use super::render::secs;
-use crate::output::{gigabytes, human_bytes, Table};
 use fit::dtype_name;
 use fit::infer::{InferAdvice, InferChoice, InferRequest, Serving};
 use plan::ModelShape;
 use serde_json::{json, Value};
+use term::{gigabytes, human_bytes, Table};
 
 /// The `frugal plan --infer` flags of `s` at `batch` × `seq`.
 pub fn plan_command(model: &str, s: &Serving, batch: u64, seq: u64) -> String {
@@ -78,7 +78,7 @@ pub fn text(
          decode: weights + KV reads at {:.0}% of {:.2} TB/s, or 2 FLOPs per active parameter at {:.0} TFLOP/s x MFU {:.2}\n\
          {}weighed {} candidates: {} fit\n\n",
         model.name,
-        crate::output::group_digits(model.param_count()),
+        term::group_digits(model.param_count()),
         r.batch,
         r.seq,
         r.gpus,

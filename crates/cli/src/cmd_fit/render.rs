@@ -3,12 +3,12 @@
 //!
 //! Not here: flags and the search. Example: `print!("{}", text(&model, &r, &res, &misses, &u, 5))`.
 
-use crate::output::{gigabytes, human_bytes, Table};
 use fit::report::{self, PerDevice};
 use fit::{self, remedy, FitRequest, FitResult, Weighed};
 use plan::setup::{Attention, TrainSetup};
 use plan::ModelShape;
 use serde_json::{json, Value};
+use term::{gigabytes, human_bytes, Table};
 
 /// `per_device` (its fields: docs/cli.md) and `host` of a candidate, re-estimated for the report.
 fn per_device(
@@ -205,7 +205,7 @@ pub fn text(
          global batch {} x {} tokens; {:.0} TFLOP/s peak x MFU {:.2}\n\
          weighed {} candidates: {} fit, {} too big, {} unsupported by the runtime\n\n",
         model.name,
-        crate::output::group_digits(model.param_count()),
+        term::group_digits(model.param_count()),
         r.gpus,
         hw.gpu.name,
         human_bytes(r.capacity_bytes),

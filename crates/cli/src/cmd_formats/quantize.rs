@@ -170,8 +170,8 @@ fn check_ram(n: usize) -> anyhow::Result<()> {
         bail!(
             "--random {n} needs about {} of RAM (the values, their round trip and codes) but this \
              machine has {} available ({}): use --random {} or less",
-            crate::output::human_bytes(needed),
-            crate::output::human_bytes(host.bytes),
+            term::human_bytes(needed),
+            term::human_bytes(host.bytes),
             host.source,
             host.bytes / RANDOM_BYTES_PER_VALUE
         );

@@ -16,7 +16,7 @@ pub(super) fn run(
     prompt: &[u32],
     sampling: Sampling,
 ) -> anyhow::Result<()> {
-    let ranks = args.tp != 1 || args.comm == crate::cmd_train::CommArg::Mpi;
+    let ranks = args.tp != 1 || args.comm == comm::Transport::Mpi;
     let quantized = args.storage.weights.as_deref().is_some_and(|w| w != "f32");
     if args.draft.is_some() || ranks || quantized || args.storage.weight_group.is_some() {
         bail!(

@@ -4,8 +4,6 @@
 //! measured ones.
 
 use super::{check_plan, per_device, plain, Args};
-use crate::cmd_train::CommArg;
-use crate::output::{group_digits, Table};
 use anyhow::{bail, Context};
 use infer::sample::Sampling;
 use infer::Worker;
@@ -14,6 +12,7 @@ use models::Loaded;
 use plan::buffer::Category;
 use plan_frugal::ServeSetup;
 use serde_json::json;
+use term::{group_digits, Table};
 
 /// What one rank ran and measured.
 struct Rank {
@@ -100,7 +99,7 @@ pub(super) fn run(
         sampling,
         eos: tok.eos(),
     };
-    if args.comm == CommArg::Mpi {
+    if args.comm == comm::Transport::Mpi {
         return over_mpi(&job, tok);
     }
     check_fit(&source.config.shape, &setup, tp)?;

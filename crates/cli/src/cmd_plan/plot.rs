@@ -67,7 +67,7 @@ pub fn write_svg(report: &Report, path: &Path) -> anyhow::Result<()> {
         ),
         None => format!(
             "{} parameters: memory per device (GiB)",
-            crate::output::group_digits(report.param_count)
+            term::group_digits(report.param_count)
         ),
     };
     let draw = || -> Result<(), Box<dyn std::error::Error>> {

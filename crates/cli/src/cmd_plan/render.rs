@@ -2,8 +2,8 @@
 //! the process totals, host memory, the predicted step time and the fit verdict.
 //! Example: `print!("{}", render(&report))`.
 
-use crate::output::{gigabytes, human_bytes, Table};
 use fit::report::Report;
+use term::{gigabytes, human_bytes, Table};
 
 fn size_cells(bytes: u64) -> Vec<String> {
     vec![human_bytes(bytes), gigabytes(bytes), bytes.to_string()]
@@ -14,20 +14,20 @@ fn describe(report: &Report) -> String {
         Some(m) => format!(
             "{} ({} parameters)",
             m.name,
-            crate::output::group_digits(report.param_count)
+            term::group_digits(report.param_count)
         ),
         None => format!(
             "{} parameters (model states only)",
-            crate::output::group_digits(report.param_count)
+            term::group_digits(report.param_count)
         ),
     };
     let what = match &report.largest {
         Some(l) => format!(
             "{what}; largest module {} ({} parameters), largest unit {} ({})",
             l.module,
-            crate::output::group_digits(l.module_params),
+            term::group_digits(l.module_params),
             l.unit,
-            crate::output::group_digits(l.unit_params)
+            term::group_digits(l.unit_params)
         ),
         None => what,
     };
@@ -57,7 +57,7 @@ fn describe(report: &Report) -> String {
             note.push_str(&format!(
                 "  {stage}tp rank {}: peak {} = {} bytes\n",
                 r.tp_rank,
-                crate::output::human_bytes(r.peak_bytes),
+                term::human_bytes(r.peak_bytes),
                 r.peak_bytes
             ));
         }

@@ -363,19 +363,6 @@ pub fn validate(args: &Args) -> anyhow::Result<Validated> {
     })
 }
 
-/// `--precision` as this engine trains: fp32, bf16 or fp16. The planner's autocast policies
-/// (autocast's amp-bf16 and amp-fp16, and pure-bf16) are PyTorch's, which `frugal plan` models.
-pub fn engine_precision(s: &str) -> Result<Precision, String> {
-    match s.parse::<Precision>() {
-        Ok(p @ (Precision::Fp32 | Precision::Bf16 | Precision::Fp16)) => Ok(p),
-        Ok(_) => Err(format!(
-            "{s} is one of PyTorch's precision policies (`frugal plan --precision {s}` plans \
-             it); this engine trains in fp32, bf16 or fp16"
-        )),
-        Err(_) => Err("use fp32, bf16 or fp16".into()),
-    }
-}
-
 /// `--warmup`, at most `--steps` (the default, 20, shortens to a shorter run).
 fn warmup(args: &Args) -> anyhow::Result<u64> {
     match args.warmup {

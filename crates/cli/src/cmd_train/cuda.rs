@@ -34,7 +34,7 @@ impl FromStr for DeviceArg {
 
 /// What the CUDA command itself cannot do yet, whatever the backend runs: keep a run.
 fn refuse(args: &Args) -> anyhow::Result<()> {
-    if args.comm == super::CommArg::Mpi {
+    if args.comm == comm::Transport::Mpi {
         bail!(
             "--device cuda with --comm mpi: a CUDA run is one process on one GPU for now (NCCL \
              is not built); drop --comm"

@@ -73,8 +73,8 @@ pub fn check_outputs(
                 "{}: the trained model needs {} but the disk has {} free; free space, or write \
                  it elsewhere",
                 flag(),
-                crate::output::human_bytes(model_bytes),
-                crate::output::human_bytes(free)
+                term::human_bytes(model_bytes),
+                term::human_bytes(free)
             );
         }
     }
@@ -85,8 +85,8 @@ pub fn check_outputs(
                     "{}: a snapshot needs {} but the disk has {} free; free space, or write \
                      snapshots elsewhere",
                     flag(),
-                    crate::output::human_bytes(snapshot_bytes),
-                    crate::output::human_bytes(free)
+                    term::human_bytes(snapshot_bytes),
+                    term::human_bytes(free)
                 );
             }
         }

@@ -15,26 +15,6 @@
 use super::Args;
 use std::str::FromStr;
 
-/// How ranks talk to each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommArg {
-    /// Threads of this process over shared memory (`--ranks N`).
-    Threads,
-    /// One process per rank under an MPI launcher.
-    Mpi,
-}
-
-impl FromStr for CommArg {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "threads" => Ok(CommArg::Threads),
-            "mpi" => Ok(CommArg::Mpi),
-            _ => Err("use threads (ranks as threads, --ranks N) or mpi (mpirun -n N)".into()),
-        }
-    }
-}
-
 /// `--overlap-comm`: whether ZeRO-3's data-parallel collectives run on a thread of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Overlap {

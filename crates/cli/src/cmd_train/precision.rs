@@ -39,8 +39,8 @@ pub fn offload_line<B: TrainOps>(t: &Trainer<B>) -> String {
     format!(
         "optimizer offloaded {place}: master weights, m and v {} planned, {} held (each unit \
          rounded up to 64 bytes)\n",
-        crate::output::human_bytes(planned),
-        crate::output::human_bytes(store.bytes())
+        term::human_bytes(planned),
+        term::human_bytes(store.bytes())
     )
 }
 

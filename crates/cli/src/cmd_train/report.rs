@@ -5,12 +5,12 @@
 //! Example: `report::json(&summary)` is `{"steps":300,"tokens":...,"ranks":[{"rank":0,...}]}`.
 
 use super::Args;
-use crate::output::{human_bytes, Table};
 use anyhow::{bail, Context};
 use engine::backend::TrainOps;
 use plan::buffer::{Category, Device};
 use serde_json::{json, Map, Value};
 use std::path::Path;
+use term::{human_bytes, Table};
 use train::run::{Curves, Ran};
 use train::Trainer;
 use train::{MemoryBreakdown, RankMemory};
@@ -183,7 +183,7 @@ fn zero_lines(m: &ModelState) -> String {
         "ZeRO stage {} on {}: model state per rank{share} {} (params + grads + optimizer) \
          vs 16Ψ/N = {} (Ψ = {} parameters, padded)\n",
         m.stage,
-        crate::output::plural(m.ranks, "data-parallel rank"),
+        term::plural(m.ranks, "data-parallel rank"),
         human_bytes(m.state_bytes),
         human_bytes(m.sixteen_psi_over_n_bytes),
         m.psi
@@ -243,12 +243,12 @@ pub fn human<B: TrainOps>(s: &Summary<'_, B>, args: &Args) -> String {
         shape.n_layers,
         shape.d_model,
         shape.vocab,
-        crate::output::plural(s.ran.curves.train.len() as u64, "step"),
+        term::plural(s.ran.curves.train.len() as u64, "step"),
         args.batch,
         args.seq,
         args.grad_accum,
         match (args.tp, args.pp) {
-            (1, 1) => crate::output::plural(s.memory.len() as u64, "rank"),
+            (1, 1) => term::plural(s.memory.len() as u64, "rank"),
             (tp, pp) => format!(
                 "{} ranks: tp {tp} x pp {pp} x dp {}",
                 s.memory.len(),
@@ -295,8 +295,8 @@ pub fn human<B: TrainOps>(s: &Summary<'_, B>, args: &Args) -> String {
         .map(|r| human_bytes(r.process_peak_rss_bytes))
         .collect();
     let processes = match args.comm {
-        super::mpi::CommArg::Mpi => format!("per process (rank order): {}", rss.join(", ")),
-        super::mpi::CommArg::Threads => format!("of this process: {}", rss[0]),
+        comm::Transport::Mpi => format!("per process (rank order): {}", rss.join(", ")),
+        comm::Transport::Threads => format!("of this process: {}", rss[0]),
     };
     out.push_str(&format!("peak resident memory (VmHWM) {processes}\n"));
     out.push_str(&zero_lines(&model_state(t)));

@@ -31,3 +31,17 @@ pub use grads::{any_non_finite, any_non_finite_bf16, any_non_finite_f16, unscale
 pub use scaler::{
     DeepSpeedScaling, LossScaler, ScalerConfig, ScalerState, StepDecision, TorchScaling,
 };
+
+/// `--precision` as this engine trains: fp32, bf16 or fp16. The planner's autocast policies
+/// (autocast's amp-bf16 and amp-fp16, and pure-bf16) are PyTorch's, which `frugal plan` models.
+pub fn engine_precision(s: &str) -> Result<plan::setup::Precision, String> {
+    use plan::setup::Precision::{Bf16, Fp16, Fp32};
+    match s.parse::<plan::setup::Precision>() {
+        Ok(p @ (Fp32 | Bf16 | Fp16)) => Ok(p),
+        Ok(_) => Err(format!(
+            "{s} is one of PyTorch's precision policies (`frugal plan --precision {s}` plans \
+             it); this engine trains in fp32, bf16 or fp16"
+        )),
+        Err(_) => Err("use fp32, bf16 or fp16".into()),
+    }
+}

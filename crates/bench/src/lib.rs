@@ -1,3 +1,5 @@
+//! `frugal bench`: the engine's speed beside a baseline measured in the same run.
+//!
 //! `frugal bench train`: training throughput of the engine for a given shape, in tokens/s and
 //! achieved GFLOP/s, with where the time goes, and optionally PyTorch's throughput on the same
 //! model measured in the same run (`--baseline pytorch` runs dev/bench_pytorch.py), as a ratio.
@@ -82,7 +84,7 @@ pub struct TrainArgs {
     /// runs the fastest bf16 GEMM this CPU has (AMX tiles, AVX-512 BF16, AVX2 + FMA, or portable;
     /// named in the report); FRUGAL_ISA=avx512bf16, =avx2 or =portable caps every kernel, to
     /// compare paths on one machine (`paths` in --json lists what each kernel ran).
-    #[arg(long, default_value_t = Precision::Fp32, value_parser = crate::cmd_train::config::engine_precision)]
+    #[arg(long, default_value_t = Precision::Fp32, value_parser = train::precision::engine_precision)]
     pub precision: Precision,
     /// Attention kernel: flash or eager (also spelled naive), as `frugal train`.
     #[arg(long, default_value_t = Attention::DEFAULT)]
@@ -267,7 +269,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     trainer.step(&mut feed)?;
     trainer.timings = train::Timings::default();
     let started = Instant::now();
-    let mut progress = crate::output::PlainProgress::new("bench train", a.steps, a.json);
+    let mut progress = term::PlainProgress::new("bench train", a.steps, a.json);
     for step in 0..a.steps {
         trainer.step(&mut feed)?;
         progress.tick(step + 1, "");
@@ -341,7 +343,7 @@ fn lora_bench(a: &TrainArgs, mut trainer: Trainer) -> anyhow::Result<()> {
     };
     trainer.step(&mut feed)?;
     let started = Instant::now();
-    let mut progress = crate::output::PlainProgress::new("bench train", a.steps, a.json);
+    let mut progress = term::PlainProgress::new("bench train", a.steps, a.json);
     for step in 0..a.steps {
         trainer.step(&mut feed)?;
         progress.tick(step + 1, "");
@@ -399,7 +401,7 @@ fn print_human(
         flops_per_token(model, a.seq)
     );
     let total: f64 = parts.iter().map(|(_, d)| d.as_secs_f64()).sum();
-    let mut table = crate::output::Table::new(&["where the time goes", "ms/step", "share"]);
+    let mut table = term::Table::new(&["where the time goes", "ms/step", "share"]);
     for (name, d) in parts {
         let s = d.as_secs_f64();
         table.row(vec![

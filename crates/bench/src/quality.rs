@@ -8,13 +8,13 @@
 //!
 //! Example: `frugal bench quality --model run1 --windows 8 --seq 128 --json`.
 
-use crate::output::Table;
 use anyhow::bail;
 use infer::Worker;
 use models::ModelSource;
 use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
+use term::Table;
 
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Example: frugal bench quality --model run1 --windows 8 --seq 128")]

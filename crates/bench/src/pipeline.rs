@@ -110,7 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.micro.contains(&0) {
         anyhow::bail!("--micro 0: every step runs at least one micro-batch");
     }
-    let cpu = super::generate::cpu_name();
+    let cpu = crate::generate::cpu_name();
     let p = f64::from(a.stages);
     let mut rows = Vec::new();
     for &m in &a.micro {
@@ -138,8 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.seq,
         cpu
     );
-    let mut table =
-        crate::output::Table::new(&["micro-batches", "(p-1)/(m+p-1)", "idle per stage"]);
+    let mut table = term::Table::new(&["micro-batches", "(p-1)/(m+p-1)", "idle per stage"]);
     for (m, bubble, idle) in &rows {
         let idle: Vec<String> = idle.iter().map(|f| format!("{:.1}%", 100.0 * f)).collect();
         table.row(vec![

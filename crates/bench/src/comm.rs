@@ -9,7 +9,6 @@
 //!
 //! Example: `mpirun -n 2 frugal bench comm --comm mpi --mib 64 --json`.
 
-use crate::cmd_train::CommArg;
 use comm::{Collective, ReduceOp};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -21,7 +20,7 @@ pub struct Args {
     pub mib: usize,
     /// threads (--ranks in this process) or mpi (under mpirun -n N).
     #[arg(long, default_value = "threads")]
-    pub comm: CommArg,
+    pub comm: comm::Transport,
     /// Thread ranks (with --comm threads).
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
@@ -118,21 +117,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let n = (a.mib << 20) / 4;
     anyhow::ensure!(
-        a.comm == CommArg::Mpi || a.ranks >= 2,
+        a.comm == comm::Transport::Mpi || a.ranks >= 2,
         "--ranks {}: the transfers need at least two ranks",
         a.ranks
     );
     let (world, (seconds, p2p), triad) = match a.comm {
-        CommArg::Threads => {
+        comm::Transport::Threads => {
             let triad = triad_bandwidth(n);
             let timeout = engine::world::DEFAULT_TIMEOUT;
             let run = |mut c: Box<dyn Collective>| time_both(&mut c, n, a.reps);
             let mut all = engine::world::launch(a.ranks, timeout, run, |_| false)?;
             (a.ranks, all.swap_remove(0), triad)
         }
-        CommArg::Mpi => mpi_seconds(n, a.reps)?,
+        comm::Transport::Mpi => mpi_seconds(n, a.reps)?,
     };
-    if let (CommArg::Mpi, Some(false)) = (a.comm, rank0()) {
+    if let (comm::Transport::Mpi, Some(false)) = (a.comm, rank0()) {
         return Ok(());
     }
     let size = (4 * n) as f64;
@@ -143,7 +142,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "all_reduce_s": seconds, "algo_bytes_per_s": size / seconds, "bus_bytes_per_s": bus,
             "triad_bytes_per_s": triad, "bus_over_triad": bus / triad,
             "send_recv_s": p2p, "send_recv_bytes_per_s": size / p2p,
-            "cpu": super::generate::cpu_name(),
+            "cpu": crate::generate::cpu_name(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -157,7 +156,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             bus / 1e9,
             bus / triad,
             triad / 1e9,
-            super::generate::cpu_name()
+            crate::generate::cpu_name()
         );
         println!(
             "send/receive of {} MiB between ranks 0 and 1: {:.1} ms, {:.2} GB/s (each message \

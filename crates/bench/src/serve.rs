@@ -7,9 +7,8 @@
 //!
 //! Example: `frugal bench serve --model gpt2-124m --requests 64 --kv-block 16 --json`.
 
-use super::generate::cpu_name;
-use super::model_config;
-use crate::output::group_digits;
+use crate::generate::cpu_name;
+use crate::model_config;
 use anyhow::bail;
 use infer::sample::Sampling;
 use infer::schedule::{self, Request};
@@ -17,6 +16,7 @@ use infer::Worker;
 use plan::buffer::Device;
 use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
+use term::group_digits;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -139,7 +139,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     if a.http {
-        return super::serve_http::run(a);
+        return crate::serve_http::run(a);
     }
     let config = model_config(&a.model)?;
     let weights = WeightFormat::parse(&a.weights, Some(a.weight_group))?;

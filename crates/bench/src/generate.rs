@@ -15,8 +15,7 @@
 //!
 //! Example: `frugal bench generate --model llama2-7b --weights int4 --batch 1 --json`.
 
-use super::model_config;
-use crate::output::group_digits;
+use crate::model_config;
 use anyhow::{bail, Context};
 use infer::blocks::SeqId;
 use infer::group::Group;
@@ -28,6 +27,7 @@ use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
+use term::group_digits;
 
 const EXAMPLES: &str = "\
 Examples:

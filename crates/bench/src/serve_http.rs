@@ -8,8 +8,8 @@
 //!
 //! Example: `frugal bench serve --http --model SmolLM2-135M-Instruct.Q4_1.gguf --requests 16`.
 
-use super::generate::cpu_name;
-use super::serve::{percentile, trace, Args};
+use crate::generate::cpu_name;
+use crate::serve::{percentile, trace, Args};
 use anyhow::{bail, Context};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
