@@ -278,7 +278,7 @@ pub fn matmul_on(
             &mut out[r0 * oc..(r0 + rows) * oc],
             oc,
             chunk,
-            |out, range| run_rows(isa, out, a, w, rows, ic, oc, range),
+            |out, range| run_rows(isa, out, Rows { a, w, rows, ic, oc }, range),
         );
     }
 }
@@ -389,29 +389,30 @@ fn by_columns(
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_rows(
-    isa: Isa,
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    rows: usize,
-    ic: usize,
-    oc: usize,
-    range: std::ops::Range<usize>,
-) {
-    if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } = w {
+/// What a float path multiplies: `rows` activation rows of `ic` (`a`) against the weight
+/// rows of `w`, (OC, IC); a task writes columns `range` of each row of its `out` (rows, OC).
+#[derive(Clone, Copy)]
+pub(super) struct Rows<'a> {
+    pub a: &'a [f32],
+    pub w: &'a QWeight<'a>,
+    pub rows: usize,
+    pub ic: usize,
+    pub oc: usize,
+}
+
+fn run_rows(isa: Isa, out: &mut [f32], p: Rows, range: std::ops::Range<usize>) {
+    if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } = p.w {
         // Grouped weights run on the integer path from AVX2 up; below it, here.
-        return portable::rows(out, a, w, rows, ic, oc, range);
+        return portable::rows(out, p, range);
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: matmul_on checked that this CPU has AVX-512 F and BW.
-        Isa::Avx512 => unsafe { avx512::rows(out, a, w, rows, ic, oc, range) },
+        Isa::Avx512 => unsafe { avx512::rows(out, p, range) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: matmul_on checked that this CPU has AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { avx2::rows(out, a, w, rows, ic, oc, range) },
-        _ => portable::rows(out, a, w, rows, ic, oc, range),
+        Isa::Avx2 => unsafe { avx2::rows(out, p, range) },
+        _ => portable::rows(out, p, range),
     }
 }
 

@@ -2,34 +2,20 @@
 //! sub-block is two 8-byte halves, each giving 8 low and 8 high nibbles; nf4's 16-entry table is
 //! two 8-entry `vpermps` lookups blended on the code's top bit.
 
-use super::QWeight;
+use super::{QWeight, Rows};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows(
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    rows: usize,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
-    by_rows!(rows, rows_n(out, a, w, ic, oc, range))
+pub(super) unsafe fn rows(out: &mut [f32], p: Rows, range: Range<usize>) {
+    by_rows!(p.rows, rows_n(out, p, range))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_n<const R: usize>(
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
+unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) {
+    let Rows { a, w, ic, oc, .. } = p;
     let ap = a.as_ptr();
     for o in range {
         let mut acc = [_mm256_setzero_ps(); R];

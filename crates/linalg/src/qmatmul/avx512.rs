@@ -3,7 +3,7 @@
 //! and nf4 expand 16 bytes (one 32-weight sub-block) to 16 lanes of codes, split into low and high
 //! nibbles; int4 subtracts the zero point in integers, nf4 looks its level up with one `vpermps`.
 
-use super::QWeight;
+use super::{QWeight, Rows};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -16,27 +16,13 @@ const CH: usize = 2;
 /// # Safety
 /// The CPU must have AVX-512 F and BW; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
 #[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
-pub(super) unsafe fn rows(
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    rows: usize,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
-    by_rows!(rows, rows_n(out, a, w, ic, oc, range))
+pub(super) unsafe fn rows(out: &mut [f32], p: Rows, range: Range<usize>) {
+    by_rows!(p.rows, rows_n(out, p, range))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
-unsafe fn rows_n<const R: usize>(
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    ic: usize,
-    oc: usize,
-    range: Range<usize>,
-) {
+unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) {
+    let Rows { a, w, ic, oc, .. } = p;
     let ap = a.as_ptr();
     for o in range {
         let mut acc = [[_mm512_setzero_ps(); CH]; R];

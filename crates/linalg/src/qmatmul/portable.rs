@@ -4,17 +4,10 @@
 //! what [`QWeight::at`] gives per weight (tested below), at a fraction of its cost: one group
 //! lookup and one f16 conversion per 32 weights, not per weight.
 
-use super::{QWeight, ROWS, SUB};
+use super::{QWeight, Rows, ROWS, SUB};
 
-pub(super) fn rows(
-    out: &mut [f32],
-    a: &[f32],
-    w: &QWeight,
-    rows: usize,
-    ic: usize,
-    oc: usize,
-    range: std::ops::Range<usize>,
-) {
+pub(super) fn rows(out: &mut [f32], p: Rows, range: std::ops::Range<usize>) {
+    let Rows { a, w, rows, ic, oc } = p;
     let mut wrow = [0.0f32; 256];
     for o in range {
         let mut acc = [[0.0f32; 16]; ROWS];
