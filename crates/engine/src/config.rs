@@ -1,15 +1,16 @@
 //! The model the engine builds: the planner's [`ModelShape`] plus the numeric facts the memory
 //! model does not need (norm epsilon, RoPE base), read from and written to HF `config.json`.
 //!
-//! Only the families in `family` are built (GPT-2, Llama-style, Qwen2 and Mixtral today); anything else (an
-//! unknown `model_type`, RoPE scaling, a different activation, biases on Llama projections) is
-//! refused with [`EngineError::Config`] naming the field, never approximated.
+//! Only the families in `plan_frugal::family` are built (GPT-2, Llama and Mistral, Qwen2,
+//! Mixtral, DeepSeek-V2); anything else (an unknown `model_type`, RoPE scaling, a different
+//! activation, biases on Llama projections) is refused with [`EngineError::Config`] naming the
+//! field, never approximated.
 //!
 //! Example: `ModelConfig::from_hf_json(text, "config.json")?.shape.n_layers`.
 
 use crate::error::EngineError;
-use crate::family;
 use plan::ModelShape;
+use plan_frugal::family::{self, Numerics};
 use serde_json::Value;
 
 /// A buildable model: shape plus numerics.
@@ -23,12 +24,10 @@ pub struct ModelConfig {
     /// Mixture of experts: the load-balancing loss's weight in the objective (0: none).
     pub router_aux_coef: f32,
     /// Mixture of experts: how the router picks and weighs experts.
-    pub routing: kernels::moe::Routing,
+    pub routing: plan::model::Routing,
 }
 
-/// The balance loss's weight for a Mixtral preset (Mixtral-8x7B's `router_aux_loss_coef`): a
-/// model trained from scratch needs it, or its router collapses.
-pub const PRESET_AUX_COEF: f32 = 0.02;
+pub use plan_frugal::family::PRESET_AUX_COEF;
 
 impl ModelConfig {
     /// A config with HF's defaults for the numerics of `shape`'s family.
@@ -59,10 +58,10 @@ impl ModelConfig {
             router_aux_coef,
             routing,
         } = self;
-        let kernels::moe::Routing { gating, groups } = routing;
+        let plan::model::Routing { gating, groups } = routing;
         let gating = match gating {
-            kernels::moe::Gating::Renormalise => Value::from("renormalise"),
-            kernels::moe::Gating::Scaled(s) => serde_json::json!({ "scaled": as_written(*s) }),
+            plan::model::Gating::Renormalise => Value::from("renormalise"),
+            plan::model::Gating::Scaled(s) => serde_json::json!({ "scaled": as_written(*s) }),
         };
         let mut v = serde_json::to_value(shape).expect("a shape serialises");
         let m = v.as_object_mut().expect("a shape is an object");
@@ -109,7 +108,13 @@ impl ModelConfig {
 
     /// The HF `config.json` that makes transformers build this same model.
     pub fn to_hf_json(&self) -> String {
-        let v = family::of(self.shape.family).to_hf(self);
+        let numerics = Numerics {
+            norm_eps: self.norm_eps,
+            rope_theta: self.rope_theta,
+            router_aux_coef: self.router_aux_coef,
+            routing: self.routing,
+        };
+        let v = family::of(self.shape.family).to_hf(&self.shape, &numerics);
         serde_json::to_string_pretty(&v).expect("a JSON value serialises")
     }
 }
@@ -118,4 +123,24 @@ impl ModelConfig {
 fn as_written(x: f32) -> Value {
     let text = serde_json::to_string(&x).expect("a float serialises");
     serde_json::from_str(&text).expect("JSON text parses")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_train_without_a_balance_loss_and_the_kernel_limit_matches_the_plan() {
+        let shape = plan::presets::by_name("deepseek-tiny").unwrap();
+        let config = ModelConfig::from_shape(shape).unwrap();
+        assert_eq!(
+            config.router_aux_coef, 0.0,
+            "HF 5 adds no auxiliary loss to DeepSeek"
+        );
+        let mixtral = plan::presets::by_name("mixtral-tiny").unwrap();
+        let config = ModelConfig::from_shape(mixtral).unwrap();
+        assert_eq!(config.router_aux_coef, PRESET_AUX_COEF);
+        let limit = plan_frugal::serve::MAX_LATENT_RANK;
+        assert_eq!(kernels::mla::MAX_RANK as u64, limit);
+    }
 }

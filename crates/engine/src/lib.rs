@@ -1,6 +1,7 @@
 //! The core every other engine crate stands on: arenas carved from the memory plan on a device
-//! backend, the backend traits, the model families (GPT-2, Llama, Qwen2, Mistral, Mixtral,
-//! DeepSeek-V2) and their forward pass as ops, model configs, capacity checks, the rank launcher,
+//! backend, the backend traits, the models of the families `plan_frugal::family` describes
+//! (GPT-2, Llama, Qwen2, Mistral, Mixtral, DeepSeek-V2) and their forward pass as ops, model
+//! configs, capacity checks, the rank launcher,
 //! and weights in and out as HF safetensors. Training (`train`) and inference (`infer`) are crates
 //! over it; the CPU backend is `cpu`, the CUDA one `cuda`.
 //!
@@ -30,7 +31,6 @@ pub mod capacity;
 pub mod config;
 pub mod error;
 pub mod eval;
-pub mod family;
 pub mod forward;
 pub mod init;
 pub mod io;

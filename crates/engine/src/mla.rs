@@ -14,10 +14,10 @@
 
 use crate::backend::ops::*;
 use crate::backend::{Backend, MlaDims, MlaOp, Tensor};
-use crate::family::deepseek::LATENT_NORM_EPS;
 use crate::forward::Ctx;
 use crate::model::{BlockActs, MlaWork, Model};
 use plan_frugal::acts::BlockDims;
+use plan_frugal::family::LATENT_NORM_EPS;
 use plan_frugal::units::Role;
 
 pub fn dims(d: &BlockDims) -> (plan_frugal::acts::MlaDims, MlaDims) {

@@ -12,7 +12,7 @@ use super::{step_tensor, UnitWeights, Worker};
 use engine::backend::ops::{NormKind, NormOp};
 use engine::backend::InferOps;
 use engine::backend::{LatentOp, MlaOp, QLinear, QMatrix, SeqRow, Tensor};
-use engine::family::deepseek::LATENT_NORM_EPS;
+use plan_frugal::family::LATENT_NORM_EPS;
 use plan_frugal::units::Role;
 use plan_frugal::{StepAct, StepKind};
 

@@ -24,32 +24,7 @@
 
 use crate::Real;
 
-/// How the chosen probabilities become gates.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Gating {
-    /// Divided by their sum (Mixtral; DeepSeek with `norm_topk_prob`).
-    Renormalise,
-    /// Multiplied by a constant (DeepSeek-V2's `routed_scaling_factor`).
-    Scaled(f32),
-}
-
-/// How a router picks and weighs its experts.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Routing {
-    pub gating: Gating,
-    /// Group-limited greedy (DeepSeek-V2): (groups, groups kept): each token first keeps the
-    /// groups of E / groups experts with the highest best probability, then picks its top k
-    /// among their experts.
-    pub groups: Option<(usize, usize)>,
-}
-
-impl Routing {
-    /// Mixtral's: top-k over all experts, renormalised.
-    pub const RENORMALISED: Routing = Routing {
-        gating: Gating::Renormalise,
-        groups: None,
-    };
-}
+pub use plan::model::{Gating, Routing};
 
 /// u32 elements of a route tensor for `n` tokens, `k` choices and `e` experts.
 pub fn route_len(n: usize, k: usize, e: usize) -> usize {

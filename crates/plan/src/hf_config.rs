@@ -1,9 +1,10 @@
 //! Parse an HF `config.json` (given as a string) into a [`ModelShape`].
 //!
-//! Knows `model_type` gpt2, llama, mistral, qwen2, mixtral, deepseek_v2 and deepseek_v3, with
-//! field names exactly as HF writes them (`n_embd` for GPT-2, `hidden_size` elsewhere). A missing
-//! required field is an error naming it; optional fields take HF's defaults. Reading the file is
-//! the caller's job. Example: `hf_config::parse(text, "llama/config.json")?.param_count()`.
+//! Knows each family's `model_type`s (`Family::model_types`: gpt2, llama, mistral, qwen2, mixtral,
+//! deepseek_v2 and deepseek_v3), with field names exactly as HF writes them (`n_embd` for GPT-2,
+//! `hidden_size` elsewhere). A missing required field is an error naming it; optional fields take
+//! HF's defaults. Reading the file is the caller's job. Example: `hf_config::parse(text,
+//! "llama/config.json")?.param_count()`.
 
 use crate::model::{Family, Mla, ModelShape, Moe, SlidingWindow};
 use crate::PlanError;
@@ -85,31 +86,36 @@ pub fn parse(json: &str, name: &str) -> Result<ModelShape, PlanError> {
         .as_object()
         .ok_or_else(|| invalid("config.json", "expected a JSON object at the top level"))?;
     let f = Fields(obj);
+    let known = || {
+        let types: Vec<&str> = Family::ALL
+            .iter()
+            .flat_map(|f| f.model_types())
+            .copied()
+            .collect();
+        let (last, rest) = types.split_last().expect("families read some model_type");
+        format!("{} or {last}", rest.join(", "))
+    };
     let model_type = obj
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or_else(|| {
             invalid(
                 "model_type",
-                "missing from config.json: add \"model_type\" (gpt2, llama, mistral, qwen2, \
-                 mixtral, deepseek_v2 or deepseek_v3)",
+                format!("missing from config.json: add \"model_type\" ({})", known()),
             )
         })?;
-    let mut shape = match model_type {
-        "gpt2" => gpt2(&f)?,
-        "llama" | "mistral" => llama_like(&f, Family::Llama)?,
-        "qwen2" => llama_like(&f, Family::Qwen2)?,
-        "mixtral" => mixtral(&f)?,
-        "deepseek_v2" | "deepseek_v3" => deepseek(&f)?,
-        other => {
-            return Err(invalid(
-                "model_type",
-                format!(
-                    "'{other}' is not supported: use a gpt2, llama, mistral, qwen2, mixtral, \
-                     deepseek_v2 or deepseek_v3 config"
-                ),
-            ))
-        }
+    let family = Family::of_model_type(model_type).ok_or_else(|| {
+        invalid(
+            "model_type",
+            format!("'{model_type}' is not supported: use a {} config", known()),
+        )
+    })?;
+    let mut shape = match family {
+        Family::Gpt2 => gpt2(&f)?,
+        Family::Mixtral => mixtral(&f)?,
+        Family::Deepseek => deepseek(&f)?,
+        // Llama's blocks under the family's own name (Qwen2's q/k/v biases are its params').
+        llama_blocks => llama_like(&f, llama_blocks)?,
     };
     shape.name = name.to_string();
     shape.validate()?;

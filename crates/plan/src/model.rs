@@ -24,6 +24,62 @@ pub enum Family {
     Deepseek,
 }
 
+impl Family {
+    /// Every family, in the order messages list them.
+    pub const ALL: [Family; 5] = [
+        Family::Gpt2,
+        Family::Llama,
+        Family::Qwen2,
+        Family::Mixtral,
+        Family::Deepseek,
+    ];
+
+    /// The HF `model_type`s read as this family (`plan::hf_config`).
+    pub fn model_types(self) -> &'static [&'static str] {
+        match self {
+            Family::Gpt2 => &["gpt2"],
+            Family::Llama => &["llama", "mistral"],
+            Family::Qwen2 => &["qwen2"],
+            Family::Mixtral => &["mixtral"],
+            Family::Deepseek => &["deepseek_v2", "deepseek_v3"],
+        }
+    }
+
+    /// The family an HF `model_type` names.
+    pub fn of_model_type(model_type: &str) -> Option<Family> {
+        Family::ALL
+            .into_iter()
+            .find(|f| f.model_types().contains(&model_type))
+    }
+}
+
+/// How the chosen probabilities become gates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Gating {
+    /// Divided by their sum (Mixtral; DeepSeek with `norm_topk_prob`).
+    Renormalise,
+    /// Multiplied by a constant (DeepSeek-V2's `routed_scaling_factor`).
+    Scaled(f32),
+}
+
+/// How a router picks and weighs its experts (the kernels' `kernels::moe::route` follows it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    pub gating: Gating,
+    /// Group-limited greedy (DeepSeek-V2): (groups, groups kept): each token first keeps the
+    /// groups of E / groups experts with the highest best probability, then picks its top k
+    /// among their experts.
+    pub groups: Option<(usize, usize)>,
+}
+
+impl Routing {
+    /// Mixtral's: top-k over all experts, renormalised.
+    pub const RENORMALISED: Routing = Routing {
+        gating: Gating::Renormalise,
+        groups: None,
+    };
+}
+
 /// Mixture-of-experts MLP shape.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Moe {

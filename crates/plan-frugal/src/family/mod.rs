@@ -1,9 +1,12 @@
 //! Model families the engine builds, each a module behind [`Arch`]: the block design (norm,
 //! positions, MLP) the engine's forward and backward follow, the parameter units with their
-//! Hugging Face names, and the family's own shape checks. Adding a family is one module here,
-//! its numerics module in `engine::family`, and a line in [`arch`] and in the engine's registry.
+//! Hugging Face names, the family's own shape checks, and (through [`HfConfig`]) its config.json
+//! in and out: which HF `model_type`s it reads, the numeric facts the memory model does not need
+//! (norm epsilon, RoPE base, routing) and the options it refuses. Adding a family is one module
+//! here and its line in [`FAMILIES`].
 //!
-//! Example: `arch(&gpt2_124m)?.design().mlp` is `Mlp::Gelu`.
+//! Example: `arch(&gpt2_124m)?.design().mlp` is `Mlp::Gelu`; `by_model_type("mistral")` is the
+//! Llama family (a Mistral block is a Llama block; its sliding window is the shape's).
 
 mod deepseek;
 mod gpt2;
@@ -12,8 +15,15 @@ mod mixtral;
 mod qwen2;
 
 use super::units::UnitBuilder;
-use plan::model::Family;
+use plan::model::{Family, Routing};
 use plan::{ModelShape, PlanError};
+use serde_json::{Map, Value};
+
+pub use deepseek::LATENT_NORM_EPS;
+
+/// The balance loss's weight for a Mixtral preset (Mixtral-8x7B's `router_aux_loss_coef`): a
+/// model trained from scratch needs it, or its router collapses.
+pub const PRESET_AUX_COEF: f32 = 0.02;
 
 /// The block's normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,8 +65,46 @@ pub struct BlockDesign {
     pub mla: bool,
 }
 
+/// A config's numerics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Numerics {
+    pub norm_eps: f32,
+    pub rope_theta: f32,
+    /// The load-balancing loss's weight in the training objective (0: none, or a dense model).
+    pub router_aux_coef: f32,
+    /// How a mixture of experts routes (Mixtral's for a dense model: unused).
+    pub routing: Routing,
+}
+
+/// One family's config.json in and out.
+pub trait HfConfig {
+    /// The HF `model_type`s it builds.
+    fn model_types(&self) -> &'static [&'static str];
+    /// The numerics of an HF config, or why the engine cannot build it (naming the field).
+    fn numerics(&self, config: &Map<String, Value>) -> Result<Numerics, String>;
+    /// The `config.json` of a model of this shape and numerics.
+    fn to_hf(&self, shape: &ModelShape, numerics: &Numerics) -> Value;
+    /// The routing of a preset (no config.json) of this family.
+    fn default_routing(&self) -> Routing {
+        Routing::RENORMALISED
+    }
+    /// The load-balancing loss's weight for a preset (0: none).
+    fn preset_aux_coef(&self) -> f32 {
+        0.0
+    }
+}
+
+/// Every family, by the planner's name for it.
+pub const FAMILIES: [(Family, &dyn Arch); 5] = [
+    (Family::Gpt2, &gpt2::Gpt2),
+    (Family::Llama, &llama::Llama),
+    (Family::Qwen2, &qwen2::Qwen2),
+    (Family::Mixtral, &mixtral::Mixtral),
+    (Family::Deepseek, &deepseek::Deepseek),
+];
+
 /// One family: its block design, shape checks and parameter units.
-pub trait Arch: Sync {
+pub trait Arch: HfConfig + Sync {
     fn design(&self) -> BlockDesign;
     /// Checks beyond the common ones (every family's `check_buildable`).
     fn check(&self, model: &ModelShape) -> Result<(), PlanError>;
@@ -70,13 +118,32 @@ pub trait Arch: Sync {
 
 /// The family module of `model`, or why the engine does not build it.
 pub fn arch(model: &ModelShape) -> Result<&'static dyn Arch, PlanError> {
-    match model.family {
-        Family::Gpt2 => Ok(&gpt2::Gpt2),
-        Family::Llama => Ok(&llama::Llama),
-        Family::Qwen2 => Ok(&qwen2::Qwen2),
-        Family::Mixtral => Ok(&mixtral::Mixtral),
-        Family::Deepseek => Ok(&deepseek::Deepseek),
-    }
+    Ok(of(model.family))
+}
+
+/// The module of a planner family.
+pub fn of(family: Family) -> &'static dyn Arch {
+    FAMILIES
+        .into_iter()
+        .find_map(|(f, arch)| (f == family).then_some(arch))
+        .expect("every planner family has a module")
+}
+
+/// The family that reads `model_type`.
+pub fn by_model_type(model_type: &str) -> Option<&'static dyn Arch> {
+    FAMILIES
+        .into_iter()
+        .map(|(_, arch)| arch)
+        .find(|a| a.model_types().contains(&model_type))
+}
+
+/// Every `model_type` the engine builds, for messages.
+pub fn model_types() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|(_, a)| a.model_types())
+        .copied()
+        .collect()
 }
 
 /// The block design of a model the engine builds (checked before: a programmer error else).
