@@ -8,8 +8,7 @@ use engine::backend::lora_ops::*;
 use engine::backend::Backend;
 use engine::backend::Tensor;
 use kernels::dequant::dequantize_range;
-use plan_frugal::adapters::{BaseFormat, DEQUANT_TILE_ROWS};
-use plan_frugal::Role;
+use plan_frugal::adapters::DEQUANT_TILE_ROWS;
 
 type A = Arena<Cpu>;
 
@@ -22,86 +21,53 @@ fn tables() -> &'static ([f32; 16], [f32; 256]) {
     })
 }
 
-/// Runs `gemm(weight tile, first row, rows)` over `part` (rows, ic): the stored f32 weight whole
-/// for an fp32 base, else tiles of `DEQUANT_TILE_ROWS` rows dequantized into `scratch`.
-fn for_tiles(
-    a: &A,
-    part: &FrozenPart,
-    (format, role): (BaseFormat, Role),
-    scratch: Option<Tensor>,
-    ic: usize,
-    mut gemm: impl FnMut(Tensor, usize, usize),
-) {
-    let Some(stored) = engine::lora::base::stored(format, role, part.rows) else {
-        return gemm(part.src, 0, part.rows);
-    };
-    let scratch = scratch.expect("a quantized base has a dequant scratch");
-    let (levels, map) = tables();
-    let tile = DEQUANT_TILE_ROWS as usize;
-    for r0 in (0..part.rows).step_by(tile) {
-        let rows = tile.min(part.rows - r0);
-        let dst = scratch.prefix(rows * ic);
-        {
-            let src = a.view::<u8>(part.src);
-            let mut out = a.view_mut::<f32>(dst);
-            dequantize_range(&mut out, &src, stored, part.rows * ic, r0 * ic, levels, map);
+/// Runs `gemm(weight tile, first row, rows)` over each part (rows, IC) of `w`, with the part:
+/// the stored f32 weight whole for an fp32 base, else tiles of `DEQUANT_TILE_ROWS` rows
+/// dequantized into the scratch.
+fn for_tiles(a: &A, w: &FrozenWeight, mut gemm: impl FnMut(&FrozenPart, Tensor, usize, usize)) {
+    for part in w.parts.iter().flatten() {
+        let Some(stored) = engine::lora::base::stored(w.format, w.role, part.rows) else {
+            gemm(part, part.src, 0, part.rows);
+            continue;
+        };
+        let scratch = w.scratch.expect("a quantized base has a dequant scratch");
+        let (levels, map) = tables();
+        let tile = DEQUANT_TILE_ROWS as usize;
+        for r0 in (0..part.rows).step_by(tile) {
+            let rows = tile.min(part.rows - r0);
+            let dst = scratch.prefix(rows * w.ic);
+            {
+                let src = a.view::<u8>(part.src);
+                let mut out = a.view_mut::<f32>(dst);
+                let (n, at) = (part.rows * w.ic, r0 * w.ic);
+                dequantize_range(&mut out, &src, stored, n, at, levels, map);
+            }
+            gemm(part, dst, r0, rows);
         }
-        gemm(dst, r0, rows);
     }
 }
 
 pub fn frozen_linear(a: &A, op: &FrozenLinear) {
-    for part in op.parts.iter().flatten() {
-        for_tiles(
-            a,
-            part,
-            (op.format, op.role),
-            op.scratch,
-            op.ic,
-            |w, r0, rows| {
-                let col0 = part.col0 + r0;
-                let bias = op.bias.map(|b| b.slice(col0..col0 + rows));
-                let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
-                let bias = bias.map(|b| a.view::<f32>(b));
-                let mut out = a.view_mut::<f32>(op.out);
-                let cols = (col0, rows);
-                kernels::lora::forward_cols(
-                    &mut out,
-                    &x,
-                    &w,
-                    bias.as_deref(),
-                    op.n,
-                    op.ic,
-                    op.oc,
-                    cols,
-                );
-            },
-        );
-    }
+    let FrozenWeight { n, ic, oc, .. } = op.w;
+    for_tiles(a, &op.w, |part, w, r0, rows| {
+        let col0 = part.col0 + r0;
+        let bias = op.bias.map(|b| b.slice(col0..col0 + rows));
+        let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(w));
+        let bias = bias.map(|b| a.view::<f32>(b));
+        let mut out = a.view_mut::<f32>(op.out);
+        let cols = (col0, rows);
+        kernels::lora::forward_cols(&mut out, &x, &w, bias.as_deref(), n, ic, oc, cols);
+    });
 }
 
 pub fn frozen_linear_backward(a: &A, op: &FrozenLinearBackward) {
-    for part in op.parts.iter().flatten() {
-        for_tiles(
-            a,
-            part,
-            (op.format, op.role),
-            op.scratch,
-            op.ic,
-            |w, r0, rows| {
-                let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
-                let mut dinp = a.view_mut::<f32>(op.dinp);
-                let shape = (op.n, op.ic, op.oc);
-                kernels::lora::backward_input_cols(
-                    &mut dinp,
-                    &dout,
-                    &w,
-                    shape,
-                    (part.col0 + r0, rows),
-                );
-            },
-        );
-    }
+    let FrozenWeight { n, ic, oc, .. } = op.w;
+    for_tiles(a, &op.w, |part, w, r0, rows| {
+        let (dout, w) = (a.view::<f32>(op.dout), a.view::<f32>(w));
+        let mut dinp = a.view_mut::<f32>(op.dinp);
+        let cols = (part.col0 + r0, rows);
+        kernels::lora::backward_input_cols(&mut dinp, &dout, &w, (n, ic, oc), cols);
+    });
 }
 
 /// The adapter parts' B views (borrowed) in order.

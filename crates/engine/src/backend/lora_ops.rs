@@ -2,8 +2,8 @@
 //! block matrix run one HF part at a time (dequantized into the planned scratch first unless the
 //! base is fp32), and the adapter beside it.
 //!
-//! Example: `FrozenLinear { out, inp, parts: [Some(q), Some(k), Some(v)], .. }` writes each
-//! part's columns of the fused q|k|v output from its own stored bytes.
+//! Example: `FrozenLinear { out, inp, w: FrozenWeight { parts: [Some(q), Some(k), Some(v)], .. },
+//! .. }` writes each part's columns of the fused q|k|v output from its own stored bytes.
 
 use super::Tensor;
 use plan_frugal::adapters::BaseFormat;
@@ -21,12 +21,10 @@ pub struct FrozenPart {
     pub rows: usize,
 }
 
-/// out (N, OC) = inp (N, IC) · Wᵀ (+ bias), W frozen, part by part.
+/// A frozen block matrix as a backend reads it: its HF parts' stored bytes, the base's format,
+/// the dequant scratch, and the product's shape (N rows of IC in, OC out).
 #[derive(Clone, Copy, Debug)]
-pub struct FrozenLinear {
-    pub out: Tensor,
-    pub inp: Tensor,
-    pub bias: Option<Tensor>,
+pub struct FrozenWeight {
     pub parts: [Option<FrozenPart>; MAX_PARTS],
     pub format: BaseFormat,
     /// The block matrix (a `ggml` base keeps some matrices' codes two a byte).
@@ -38,19 +36,21 @@ pub struct FrozenLinear {
     pub oc: usize,
 }
 
+/// out (N, OC) = inp (N, IC) · Wᵀ (+ bias), W frozen, part by part.
+#[derive(Clone, Copy, Debug)]
+pub struct FrozenLinear {
+    pub out: Tensor,
+    pub inp: Tensor,
+    pub bias: Option<Tensor>,
+    pub w: FrozenWeight,
+}
+
 /// dinp (N, IC) += dout (N, OC) · W, W frozen (no weight gradient), part by part.
 #[derive(Clone, Copy, Debug)]
 pub struct FrozenLinearBackward {
     pub dinp: Tensor,
     pub dout: Tensor,
-    pub parts: [Option<FrozenPart>; MAX_PARTS],
-    pub format: BaseFormat,
-    /// The block matrix (a `ggml` base keeps some matrices' codes two a byte).
-    pub role: Role,
-    pub scratch: Option<Tensor>,
-    pub n: usize,
-    pub ic: usize,
-    pub oc: usize,
+    pub w: FrozenWeight,
 }
 
 /// One adapted part: its B (rows, r) and output columns.

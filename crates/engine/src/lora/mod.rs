@@ -138,21 +138,23 @@ impl LoraModel {
         })
     }
 
-    /// The stored parts of block `layer`'s matrix `role`, as the frozen ops read them.
-    pub fn frozen_parts<B: Backend>(
+    /// Block `layer`'s matrix `role` as the frozen ops read it, for `n` rows: its stored parts,
+    /// the base's format, the dequant scratch and the shape.
+    fn frozen_weight<B: Backend>(
         &self,
         arena: &Arena<B>,
         layer: usize,
         role: Role,
-    ) -> [Option<FrozenPart>; MAX_PARTS] {
+        n: usize,
+    ) -> FrozenWeight {
         let fm = &self.matrices[layer][matrix_index(role)];
         let m = &fm.matrix;
-        let mut out = [None; MAX_PARTS];
+        let mut parts = [None; MAX_PARTS];
         assert!(
             m.parts.len() <= MAX_PARTS,
             "at most {MAX_PARTS} HF linears per view"
         );
-        for (slot, p) in out.iter_mut().zip(&m.parts) {
+        for (slot, p) in parts.iter_mut().zip(&m.parts) {
             let bytes = self.format.part_bytes(m.role, p.rows, m.cols) as usize;
             let off = p.byte_offset as usize;
             let src = match self.format {
@@ -168,7 +170,15 @@ impl LoraModel {
                 rows: p.rows as usize,
             });
         }
-        out
+        FrozenWeight {
+            parts,
+            format: self.format,
+            role,
+            scratch: self.dequant,
+            n,
+            ic: m.cols as usize,
+            oc: m.rows as usize,
+        }
     }
 
     /// The adapter op of block `layer`'s matrix `role` (`None` when no part of it is targeted).
@@ -241,19 +251,12 @@ impl LoraModel {
         u: Option<Tensor>,
         n: usize,
     ) {
-        let m = &self.matrices[layer][matrix_index(role)].matrix;
-        let (ic, oc) = (m.cols as usize, m.rows as usize);
+        let w = self.frozen_weight(arena, layer, role, n);
         let op = FrozenLinear {
             out,
-            inp: inp.prefix(n * ic),
+            inp: inp.prefix(n * w.ic),
             bias,
-            parts: self.frozen_parts(arena, layer, role),
-            format: self.format,
-            role,
-            scratch: self.dequant,
-            n,
-            ic,
-            oc,
+            w,
         };
         crate::backend::lora_ops(arena.backend()).frozen_linear(arena, &op);
         if let Some(op) = self.adapter_op(model, arena, layer, role, (Some(out), op.inp, u), n) {
@@ -296,18 +299,9 @@ impl LoraModel {
         n: usize,
     ) {
         let m = &self.matrices[layer][matrix_index(role)].matrix;
-        let (ic, oc) = (m.cols as usize, m.rows as usize);
-        let op = FrozenLinearBackward {
-            dinp,
-            dout,
-            parts: self.frozen_parts(arena, layer, role),
-            format: self.format,
-            role,
-            scratch: self.dequant,
-            n,
-            ic,
-            oc,
-        };
+        let w = self.frozen_weight(arena, layer, role, n);
+        let ic = w.ic;
+        let op = FrozenLinearBackward { dinp, dout, w };
         crate::backend::lora_ops(arena.backend()).frozen_linear_backward(arena, &op);
         let inp = inp.prefix(n * ic);
         let Some(fwd) = self.adapter_op(model, arena, layer, role, (None, inp, u), n) else {
