@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{fails_with, frugal, json, small_text, temp_dir};
+use common::{fails_with, frugal, generate_args, json, small_text, temp_dir};
 use std::path::Path;
 
 fn train_tiny(dir: &Path, group: &str) -> String {
@@ -18,28 +18,21 @@ fn train(dir: &Path, group: &str, model: &str) -> String {
     let data = small_text(group, "data", 30_000);
     let out = dir.join("run");
     let out_s = out.display().to_string();
-    let args = [
-        "train",
-        "--model",
-        model,
-        "--batch",
-        "2",
-        "--seq",
-        "32",
-        "--steps",
-        "3",
-        "--val-batches",
-        "1",
-        "--sample-tokens",
-        "0",
-        "--data",
-        &data,
-        "--out",
-        &out_s,
-    ];
+    let mut args = common::short_train("3", &data);
+    args.extend([
+        "--model", model, "--batch", "2", "--seq", "32", "--out", &out_s,
+    ]);
     let r = frugal(&args);
     common::assert_ok(&r);
     out_s
+}
+
+/// `bench generate` of one token after two on `model` in `weights`, saving the quantized model
+/// into `save`.
+fn bench_generate_saving<'a>(model: &'a str, weights: &'a str, save: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["bench", "generate", "--model", model, "--weights", weights];
+    args.extend(["--prompt-len", "2", "--new-tokens", "1", "--save", save]);
+    args
 }
 
 /// `frugal plan --infer --runtime frugal --json` for the f32 server `generate` ran on `model`
@@ -82,16 +75,7 @@ fn a_trained_model_generates_with_its_cache_what_the_reference_recomputes() {
     let dir = temp_dir("generate", "trained");
     let model = train_tiny(&dir, "generate");
     let gen = |extra: &[&str]| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            &model,
-            "--prompt",
-            "ROMEO:",
-            "--max-new-tokens",
-            "12",
-            "--json",
-        ];
+        let mut a = generate_args(&model, "ROMEO:", "12", &["--json"]);
         a.extend_from_slice(extra);
         json(&frugal(&a))
     };
@@ -112,16 +96,7 @@ fn a_trained_model_generates_with_its_cache_what_the_reference_recomputes() {
     let q = dir.join("q");
     let q_s = q.display().to_string();
     let int4 = gen(&["--weights", "int4", "--save-quantized", &q_s]);
-    let reloaded = json(&frugal(&[
-        "generate",
-        "--model",
-        &q_s,
-        "--prompt",
-        "ROMEO:",
-        "--max-new-tokens",
-        "12",
-        "--json",
-    ]));
+    let reloaded = json(&frugal(&generate_args(&q_s, "ROMEO:", "12", &["--json"])));
     assert_eq!(tokens(&int4), tokens(&reloaded));
     assert_eq!(reloaded["weights"], "int4");
     assert!(
@@ -145,21 +120,9 @@ fn a_trained_model_generates_with_its_cache_what_the_reference_recomputes() {
 fn bad_inference_input_is_refused_naming_what_is_wrong() {
     let dir = temp_dir("generate", "bad");
     let target = dir.join("target").display().to_string();
-    let saved = json(&frugal(&[
-        "bench",
-        "generate",
-        "--model",
-        "gpt2-tiny",
-        "--weights",
-        "int8",
-        "--prompt-len",
-        "2",
-        "--new-tokens",
-        "1",
-        "--save",
-        &target,
-        "--json",
-    ]));
+    let mut save_int8 = bench_generate_saving("gpt2-tiny", "int8", &target);
+    save_int8.push("--json");
+    let saved = json(&frugal(&save_int8));
     assert_eq!(saved["planned_peak_bytes"], saved["measured_peak_bytes"]);
     let gen = |extra: &[&str]| {
         let mut a = vec!["generate", "--model", &target, "--max-new-tokens", "4"];
@@ -170,20 +133,7 @@ fn bad_inference_input_is_refused_naming_what_is_wrong() {
     // fp32 weights saved in the quantized file are values: any format packs from them, and a
     // quantized copy may draft for its own model.
     let f32_dir = dir.join("f32").display().to_string();
-    let r = frugal(&[
-        "bench",
-        "generate",
-        "--model",
-        "gpt2-tiny",
-        "--weights",
-        "f32",
-        "--prompt-len",
-        "2",
-        "--new-tokens",
-        "1",
-        "--save",
-        &f32_dir,
-    ]);
+    let r = frugal(&bench_generate_saving("gpt2-tiny", "f32", &f32_dir));
     common::assert_ok(&r);
     let plain = json(&frugal(&[
         "generate",
@@ -224,20 +174,8 @@ fn bad_inference_input_is_refused_naming_what_is_wrong() {
     let small = dir.join("small.json");
     std::fs::write(&small, v.to_string()).unwrap();
     let draft = dir.join("draft").display().to_string();
-    let r = frugal(&[
-        "bench",
-        "generate",
-        "--model",
-        &small.display().to_string(),
-        "--weights",
-        "int8",
-        "--prompt-len",
-        "2",
-        "--new-tokens",
-        "1",
-        "--save",
-        &draft,
-    ]);
+    let small = small.display().to_string();
+    let r = frugal(&bench_generate_saving(&small, "int8", &draft));
     common::assert_ok(&r);
     fails_with(&gen(&["--draft", &draft]), "vocabulary");
     // A damaged quantized file: a flipped byte, then a wrong magic.
@@ -357,24 +295,9 @@ fn a_sharded_checkpoint_loads_as_its_single_file_does() {
     // And training starts from either with the same first loss.
     let data = small_text("generate-sharded", "data2", 30_000);
     let first = |m: &str| {
-        let v = json(&frugal(&[
-            "train",
-            "--model",
-            m,
-            "--batch",
-            "2",
-            "--seq",
-            "32",
-            "--steps",
-            "1",
-            "--val-batches",
-            "1",
-            "--sample-tokens",
-            "0",
-            "--data",
-            &data,
-            "--json",
-        ]));
+        let mut args = common::short_train("1", &data);
+        args.extend(["--model", m, "--batch", "2", "--seq", "32", "--json"]);
+        let v = json(&frugal(&args));
         v["loss_first"].as_f64().unwrap()
     };
     assert_eq!(first(&model), first(&sharded));

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{frugal, json, smollm2};
+use common::{chat_args, frugal, generate_args, json, short_run, smollm2};
 use serde_json::Value;
 use std::path::Path;
 
@@ -64,17 +64,8 @@ fn greedy_generation_parts_from_llama_cpps_only_at_near_ties_and_measures_its_pl
         .clone();
     for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
-        let out = frugal(&[
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            prompt,
-            "--max-new-tokens",
-            "48",
-            "--json",
-        ]);
-        let v = json(&out);
+        let args = generate_args(model.to_str().unwrap(), prompt, "48", &["--json"]);
+        let v = json(&frugal(&args));
         assert_eq!(v["prompt_token_ids"], case["prompt_ids"], "{prompt}");
         // Both multiply the file's Q4_1 values by activations rounded to 8 bits in ggml's
         // blocks (the ggml default here; the products are ggml's bit for bit), and part only
@@ -98,21 +89,12 @@ fn greedy_generation_parts_from_llama_cpps_only_at_near_ties_and_measures_its_pl
 #[test]
 fn a_chat_message_gets_the_models_template_and_an_answer() {
     let model = smollm2();
-    let out = frugal(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--chat",
-        "What is the capital of France?",
-        "--max-new-tokens",
-        "24",
-        // The f32 values answer "Paris"; on the file's blocks with 8-bit activations (ggml, the
-        // default), llama.cpp and frugal both begin "L'Étoile, la".
-        "--weights",
-        "f32",
-        "--json",
-    ]);
-    let v = json(&out);
+    let message = "What is the capital of France?";
+    // The f32 values answer "Paris"; on the file's blocks with 8-bit activations (ggml, the
+    // default), llama.cpp and frugal both begin "L'Étoile, la".
+    let mut args = chat_args(model.to_str().unwrap(), message, "24");
+    args.extend(["--weights", "f32", "--json"]);
+    let v = json(&frugal(&args));
     // ChatML: the template's default system turn, the user turn, then the assistant's start.
     let ids: Vec<u64> = v["prompt_token_ids"]
         .as_array()
@@ -150,16 +132,8 @@ fn plan_reads_the_shape_from_the_file() {
     // What generate holds for a 5-token prompt and 24 new tokens, byte for byte, before it runs:
     // on the file's own blocks (the default of both) and on its f32 values.
     for weights in [None, Some("f32")] {
-        let mut gen = vec![
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            "The capital of France is",
-            "--max-new-tokens",
-            "24",
-            "--json",
-        ];
+        let prompt = "The capital of France is";
+        let mut gen = generate_args(model.to_str().unwrap(), prompt, "24", &["--json"]);
         let mut plan = vec![
             "plan",
             "--model",
@@ -218,16 +192,14 @@ fn bad_gguf_files_are_clear_errors() {
 fn perplexity_is_llama_cpps_within_half_a_percent() {
     let model = smollm2();
     let want = &common::smollm2_llamacpp()["perplexity"];
-    let v = json(&frugal(&[
-        "perplexity",
-        "--model",
-        model.to_str().unwrap(),
-        "--ctx",
-        "256",
-        "--chunks",
-        "4",
-        "--json",
-    ]));
+    // Four chunks of 256 tokens, as llama.cpp scored them, then `extra`.
+    let perplexity = |extra: &[&str]| {
+        let mut args = vec!["perplexity", "--model", model.to_str().unwrap()];
+        args.extend(["--ctx", "256", "--chunks", "4", "--json"]);
+        args.extend(extra);
+        json(&frugal(&args))
+    };
+    let v = perplexity(&[]);
     assert_eq!(v["scored_tokens"], want["scored"], "{v}");
     assert_eq!(v["weights"], "ggml", "the file's own blocks by default");
     let (ours, theirs) = (v["ppl"].as_f64().unwrap(), want["ppl"].as_f64().unwrap());
@@ -236,25 +208,11 @@ fn perplexity_is_llama_cpps_within_half_a_percent() {
         "frugal {ours} against llama.cpp {theirs} on the same chunks"
     );
     // The file's values in f32, and int4 weights with an int8 KV cache: what they cost.
-    let other = |extra: &[&str]| {
-        let mut args = vec![
-            "perplexity",
-            "--model",
-            model.to_str().unwrap(),
-            "--ctx",
-            "256",
-            "--chunks",
-            "4",
-            "--json",
-        ];
-        args.extend(extra);
-        json(&frugal(&args))
-    };
-    let f32s = other(&["--weights", "f32"]);
+    let f32s = perplexity(&["--weights", "f32"]);
     assert_eq!(f32s["weights"], "f32");
     let f32_ppl = f32s["ppl"].as_f64().unwrap();
     assert!((f32_ppl / theirs - 1.0).abs() < 0.01, "f32 {f32_ppl}");
-    let int4 = other(&["--weights", "int4", "--kv-dtype", "int8"]);
+    let int4 = perplexity(&["--weights", "int4", "--kv-dtype", "int8"]);
     assert_eq!(
         (&int4["weights"], &int4["kv_dtype"]),
         (&"int4".into(), &"int8".into())
@@ -295,16 +253,9 @@ fn an_exported_hf_folder_runs_as_the_gguf_does() {
     // The folder's tokenizer.json and chat template give the same prompt, its f32 weights the
     // same tokens.
     let run = |m: &std::path::Path| {
-        json(&frugal(&[
-            "generate",
-            "--model",
-            m.to_str().unwrap(),
-            "--chat",
-            "Name a color.",
-            "--max-new-tokens",
-            "8",
-            "--json",
-        ]))
+        let mut args = chat_args(m.to_str().unwrap(), "Name a color.", "8");
+        args.push("--json");
+        json(&frugal(&args))
     };
     let (a, b) = (run(&model), run(&hf));
     assert_eq!(a["prompt_token_ids"], b["prompt_token_ids"]);
@@ -314,15 +265,7 @@ fn an_exported_hf_folder_runs_as_the_gguf_does() {
     let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
     c["chat_template"] = Value::from("{% for message in %}");
     std::fs::write(&config, c.to_string()).unwrap();
-    let chat = [
-        "generate",
-        "--model",
-        hf.to_str().unwrap(),
-        "--chat",
-        "Hi",
-        "--max-new-tokens",
-        "2",
-    ];
+    let chat = chat_args(hf.to_str().unwrap(), "Hi", "2");
     common::fails_with(&frugal(&chat), "chat template does not parse");
     std::fs::write(&config, "{").unwrap();
     let out = frugal(&chat);
@@ -342,31 +285,19 @@ fn qlora_over_the_gguf_trains_on_its_tokens_and_merges_over_it() {
     let hf = dir.join("hf");
     common::assert_ok(&frugal(&["export", gguf, "--hf", hf.to_str().unwrap()]));
     let train = |from: &str, out: &Path| {
-        json(&frugal(&[
-            "train",
-            "--model",
-            from,
-            "--lora-rank",
-            "4",
-            "--lora-base",
-            "nf4",
+        let mut args = short_run("2");
+        args.extend(["--model", from, "--lora-rank", "4", "--lora-base", "nf4"]);
+        args.extend([
             "--batch",
             "1",
             "--seq",
             "64",
-            "--steps",
-            "2",
-            "--val-batches",
-            "1",
-            "--sample-tokens",
-            "0",
             "--save-every",
             "2",
             "--merge",
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ]))
+        ]);
+        args.extend(["--out", out.to_str().unwrap(), "--json"]);
+        json(&frugal(&args))
     };
     let (on_gguf, on_hf) = (dir.join("on-gguf"), dir.join("on-hf"));
     let v = train(gguf, &on_gguf);
@@ -413,25 +344,19 @@ fn qlora_over_the_gguf_trains_on_its_tokens_and_merges_over_it() {
     // A full run over the GGUF: --logits encodes its prompt with the run's own tokenizer
     // (SmolLM2's, not GPT-2's).
     let full = dir.join("full");
-    common::assert_ok(&frugal(&[
-        "train",
+    let mut args = short_run("1");
+    args.extend([
         "--model",
         gguf,
         "--batch",
         "1",
         "--seq",
         "32",
-        "--steps",
-        "1",
-        "--val-batches",
-        "1",
-        "--sample-tokens",
-        "0",
         "--save-every",
         "1",
-        "--out",
-        full.to_str().unwrap(),
-    ]));
+    ]);
+    args.extend(["--out", full.to_str().unwrap()]);
+    common::assert_ok(&frugal(&args));
     let logits = dir.join("logits.safetensors");
     let hf2 = dir.join("hf2");
     common::assert_ok(&frugal(&[

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{frugal, json, smollm2};
+use common::{frugal, generate_args, json, smollm2};
 
 #[test]
 fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
@@ -16,18 +16,13 @@ fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
         .take(2)
     {
         let prompt = case["prompt"].as_str().unwrap();
-        let v = json(&frugal(&[
-            "generate",
-            "--model",
+        let extra = ["--weights", "ggml", "--json"];
+        let v = json(&frugal(&generate_args(
             model.to_str().unwrap(),
-            "--prompt",
             prompt,
-            "--max-new-tokens",
             "8",
-            "--weights",
-            "ggml",
-            "--json",
-        ]));
+            &extra,
+        )));
         common::parts_only_at_a_near_tie(case, v["tokens"].as_array().unwrap());
         assert_eq!(v["planned"], v["measured"], "planned == measured");
         // An fp32 scale and minimum per 32 weights; the codes of the 30 layers' Q4_1 matrices
@@ -41,20 +36,14 @@ fn ggml_weights_run_the_files_own_blocks_in_their_bytes() {
     }
     // Three tensor-parallel ranks, each holding its rows or whole groups of columns of the
     // file's blocks: the same first tokens, each rank's plan measured to the byte.
-    let v = json(&frugal(&[
-        "generate",
-        "--model",
+    let prompt = "The capital of France is";
+    let extra = ["--weights", "ggml", "--tp", "3", "--json"];
+    let v = json(&frugal(&generate_args(
         model.to_str().unwrap(),
-        "--prompt",
-        "The capital of France is",
-        "--max-new-tokens",
+        prompt,
         "8",
-        "--weights",
-        "ggml",
-        "--tp",
-        "3",
-        "--json",
-    ]));
+        &extra,
+    )));
     let case = &common::smollm2_llamacpp()["greedy"][0];
     common::parts_only_at_a_near_tie(case, v["tokens"].as_array().unwrap());
     for rank in v["ranks"].as_array().unwrap() {

@@ -12,29 +12,11 @@ use std::path::Path;
 const MATRIX_WEIGHTS: u64 = 106_168_320;
 
 fn train(gguf: &str, base: &str, out: &Path) -> serde_json::Value {
-    json(&frugal(&[
-        "train",
-        "--model",
-        gguf,
-        "--lora-rank",
-        "4",
-        "--lora-base",
-        base,
-        "--batch",
-        "1",
-        "--seq",
-        "32",
-        "--steps",
-        "2",
-        "--val-batches",
-        "1",
-        "--sample-tokens",
-        "0",
-        "--merge",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]))
+    let mut args = common::short_run("2");
+    args.extend(["--model", gguf, "--lora-rank", "4", "--lora-base", base]);
+    args.extend(["--batch", "1", "--seq", "32", "--merge"]);
+    args.extend(["--out", out.to_str().unwrap(), "--json"]);
+    json(&frugal(&args))
 }
 
 #[test]

@@ -28,22 +28,8 @@ fn ok_json(level: &str, args: &[&str]) -> Value {
 }
 
 fn train_args<'a>(data: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "train",
-        "--batch",
-        "2",
-        "--seq",
-        "32",
-        "--steps",
-        "3",
-        "--val-batches",
-        "1",
-        "--sample-tokens",
-        "0",
-        "--data",
-        data,
-        "--json",
-    ];
+    let mut args = common::short_train("3", data);
+    args.extend(["--batch", "2", "--seq", "32", "--json"]);
     args.extend_from_slice(extra);
     args
 }
@@ -91,23 +77,8 @@ fn every_level_trains_shards_fine_tunes_and_generates() {
             );
         }
         for weights in ["int4", "int8", "nf4"] {
-            let v = ok_json(
-                level,
-                &[
-                    "generate",
-                    "--model",
-                    &base,
-                    "--prompt",
-                    "ROMEO:",
-                    "--max-new-tokens",
-                    "6",
-                    "--weights",
-                    weights,
-                    "--kv-dtype",
-                    "int8",
-                    "--json",
-                ],
-            );
+            let extra = ["--weights", weights, "--kv-dtype", "int8", "--json"];
+            let v = ok_json(level, &common::generate_args(&base, "ROMEO:", "6", &extra));
             let tokens = v["tokens"].as_array().expect("tokens");
             assert_eq!(tokens.len(), 6, "{weights} at {level}: {v}");
         }
@@ -171,19 +142,9 @@ fn a_bad_or_too_high_level_is_refused_before_any_work() {
 fn every_level_runs_a_gguf_files_own_blocks() {
     let model = common::smollm2();
     for level in kernels::cpu::supported().iter().map(|l| l.name()) {
-        let v = ok_json(
-            level,
-            &[
-                "generate",
-                "--model",
-                model.to_str().unwrap(),
-                "--prompt",
-                "The capital of France is",
-                "--max-new-tokens",
-                "6",
-                "--json",
-            ],
-        );
+        let prompt = "The capital of France is";
+        let args = common::generate_args(model.to_str().unwrap(), prompt, "6", &["--json"]);
+        let v = ok_json(level, &args);
         assert_eq!(v["weights"], "ggml", "{level}: {v}");
         assert_eq!(v["planned"], v["measured"], "{level}");
         assert!(!v["tokens"].as_array().unwrap().is_empty(), "{level}: {v}");

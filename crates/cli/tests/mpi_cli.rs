@@ -91,19 +91,12 @@ mod with_mpi {
     fn three_mpi_processes_generate_the_tokens_of_three_thread_ranks() {
         // SmolLM2's 9 heads and 3 key/value heads over 3 processes.
         let model = common::smollm2();
-        let args: Vec<String> = [
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            "The history of Rome",
-            "--max-new-tokens",
-            "16",
-            "--json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let prompt = "The history of Rome";
+        let args: Vec<String> =
+            common::generate_args(model.to_str().unwrap(), prompt, "16", &["--json"])
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         let over_mpi = json(&mpiexec(3, &args));
         let mut threads: Vec<&str> = args.iter().map(String::as_str).collect();
         threads.extend(["--tp", "3"]);
@@ -142,19 +135,10 @@ mod with_mpi {
             &train.iter().map(String::as_str).collect::<Vec<_>>(),
         ));
         for &n in ranks {
-            let args: Vec<String> = [
-                "generate",
-                "--model",
-                out_s,
-                "--prompt",
-                "ROMEO:",
-                "--max-new-tokens",
-                "12",
-                "--json",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let args: Vec<String> = common::generate_args(out_s, "ROMEO:", "12", &["--json"])
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
             let over_mpi = json(&mpiexec(n, &args));
             let mut threads: Vec<&str> = args.iter().map(String::as_str).collect();
             let tp = n.to_string();

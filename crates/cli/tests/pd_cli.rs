@@ -10,16 +10,12 @@ use common::{fails_with, frugal, json, smollm2};
 /// `frugal generate`'s greedy text for `prompt`: what a server must answer.
 fn alone(model: &str, prompt: &str, tokens: usize) -> String {
     let tokens = tokens.to_string();
-    let v = json(&frugal(&[
-        "generate",
-        "--model",
+    let v = json(&frugal(&common::generate_args(
         model,
-        "--prompt",
         prompt,
-        "--max-new-tokens",
         &tokens,
-        "--json",
-    ]));
+        &["--json"],
+    )));
     v["text"].as_str().unwrap().to_string()
 }
 
@@ -121,18 +117,12 @@ fn two_decode_workers_share_the_requests_and_answer_as_one_worker() {
 #[test]
 fn bench_serve_compares_disaggregated_serving_over_http() {
     let model = smollm2();
-    let out = json(&frugal(&[
-        "bench",
-        "serve",
-        "--http",
-        "--model",
-        model.to_str().unwrap(),
-        "--requests",
-        "4",
-        "--prompt-mean",
-        "64",
-        "--output-mean",
-        "8",
+    let trace = common::Trace {
+        requests: "4",
+        prompt_mean: "64",
+        output_mean: "8",
+    };
+    let extra = [
         "--context",
         "256",
         "--max-seqs",
@@ -140,7 +130,9 @@ fn bench_serve_compares_disaggregated_serving_over_http() {
         "--prefill-ranks",
         "1",
         "--json",
-    ]));
+    ];
+    let args = common::bench_serve_http(model.to_str().unwrap(), trace, &extra);
+    let out = json(&frugal(&args));
     assert_eq!(out["prefill_ranks"], 1);
     assert!(out["kv_shipped_bytes"].as_u64().unwrap() > 0, "{out}");
     assert!(out["tpot_p99_s"].as_f64().unwrap() > 0.0);

@@ -22,18 +22,9 @@ fn the_openai_api_answers_as_generate_does_whole_and_streamed() {
     let text = whole["choices"][0]["text"].as_str().unwrap();
     // `frugal generate`'s answer to the same prompt, 12 tokens on the f32 values.
     let generate = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            "The three primary colors are",
-            "--max-new-tokens",
-            "12",
-            "--weights",
-            "f32",
-            "--json",
-        ];
+        let prompt = "The three primary colors are";
+        let mut args = common::generate_args(model.to_str().unwrap(), prompt, "12", &[]);
+        args.extend(["--weights", "f32", "--json"]);
         args.extend_from_slice(extra);
         json(&frugal(&args))
     };
@@ -455,22 +446,17 @@ fn two_hundred_requests_from_32_clients_none_lost() {
 #[test]
 fn bench_serve_over_http_reports_latencies() {
     let model = smollm2();
-    let out = frugal(&[
-        "bench",
-        "serve",
-        "--http",
-        "--model",
+    let trace = common::Trace {
+        requests: "6",
+        prompt_mean: "8",
+        output_mean: "6",
+    };
+    let extra = ["--max-seqs", "3", "--json"];
+    let out = frugal(&common::bench_serve_http(
         model.to_str().unwrap(),
-        "--requests",
-        "6",
-        "--prompt-mean",
-        "8",
-        "--output-mean",
-        "6",
-        "--max-seqs",
-        "3",
-        "--json",
-    ]);
+        trace,
+        &extra,
+    ));
     let v = json(&out);
     assert_eq!(v["requests"], 6);
     assert!(v["generated_tokens"].as_u64().unwrap() >= 6);

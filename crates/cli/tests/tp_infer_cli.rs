@@ -6,24 +6,18 @@
 mod common;
 
 use common::served::Served;
-use common::{fails_with, frugal, json, short_train, small_text, smollm2, temp_dir};
+use common::{fails_with, frugal, generate_args, json, plan_infer_args};
+use common::{short_train, small_text, smollm2, temp_dir};
 use serde_json::Value;
 
 fn generate(model: &str, tp: &str, weights: &str) -> Value {
-    json(&frugal(&[
-        "generate",
-        "--model",
+    let extra = ["--weights", weights, "--tp", tp, "--json"];
+    json(&frugal(&generate_args(
         model,
-        "--prompt",
         "The history of Rome",
-        "--max-new-tokens",
         "24",
-        "--weights",
-        weights,
-        "--tp",
-        tp,
-        "--json",
-    ]))
+        &extra,
+    )))
 }
 
 #[test]
@@ -48,13 +42,7 @@ fn three_ranks_generate_one_ranks_tokens_and_measure_their_plans() {
         assert_eq!(ranks.len(), 3);
         // The plan of every rank, from the planner, for the same context.
         let context = (one["prompt_tokens"].as_u64().unwrap() + 24).to_string();
-        let planned = json(&frugal(&[
-            "plan",
-            "--model",
-            model,
-            "--infer",
-            "--runtime",
-            "frugal",
+        let extra = [
             "--tp",
             "3",
             "--batch",
@@ -63,10 +51,10 @@ fn three_ranks_generate_one_ranks_tokens_and_measure_their_plans() {
             &context,
             "--weights",
             weights,
-            "--kv-dtype",
-            "f32",
-            "--json",
-        ]));
+        ];
+        let mut args = plan_infer_args(model, &extra);
+        args.extend(["--kv-dtype", "f32", "--json"]);
+        let planned = json(&frugal(&args));
         let peaks = planned["rank_peaks"].as_array().unwrap();
         assert_eq!(peaks.len(), 3);
         let mut params = 0;
@@ -101,16 +89,7 @@ fn splits_the_model_does_not_allow_are_refused_naming_the_numbers() {
     fails_with(&run(&["--tp", "3", "--kv-cache", "off"]), "--tp");
     fails_with(&run(&["--tp", "0"]), "at least one tensor-parallel rank");
     fails_with(&run(&["--comm", "mpi"]), "built without MPI");
-    let plan = frugal(&[
-        "plan",
-        "--model",
-        model,
-        "--infer",
-        "--runtime",
-        "frugal",
-        "--tp",
-        "2",
-    ]);
+    let plan = frugal(&plan_infer_args(model, &["--tp", "2"]));
     fails_with(&plan, "9 attention heads");
 }
 
@@ -132,18 +111,13 @@ fn three_tensor_parallel_ranks_serve_concurrent_clients_as_one_worker() {
         .map(|v| v["choices"][0]["text"].as_str().unwrap().to_string())
         .collect();
     for (p, got) in prompts.iter().zip(&answers) {
-        let alone = json(&frugal(&[
-            "generate",
-            "--model",
+        let extra = ["--weights", "f32", "--json"];
+        let alone = json(&frugal(&generate_args(
             model.to_str().unwrap(),
-            "--prompt",
             p,
-            "--max-new-tokens",
             "16",
-            "--weights",
-            "f32",
-            "--json",
-        ]));
+            &extra,
+        )));
         assert_eq!(got, alone["text"].as_str().unwrap(), "{p}");
     }
     assert_eq!(server.metric("frugal_kv_blocks_used"), 0.0);
@@ -196,18 +170,8 @@ fn two_and_four_ranks_of_trained_gqa_moe_and_latent_models_generate_one_ranks_to
         ]);
         common::assert_ok(&frugal(&train));
         let tokens = |tp: &str| {
-            let v = json(&frugal(&[
-                "generate",
-                "--model",
-                out_s,
-                "--prompt",
-                "ROMEO:",
-                "--max-new-tokens",
-                "24",
-                "--tp",
-                tp,
-                "--json",
-            ]));
+            let extra = ["--tp", tp, "--json"];
+            let v = json(&frugal(&generate_args(out_s, "ROMEO:", "24", &extra)));
             if tp != "1" {
                 for rank in v["ranks"].as_array().unwrap() {
                     assert_eq!(rank["planned"], rank["measured"], "{preset} --tp {tp}");
@@ -225,26 +189,17 @@ fn two_and_four_ranks_of_trained_gqa_moe_and_latent_models_generate_one_ranks_to
 #[test]
 fn bench_serve_over_http_runs_a_tensor_parallel_server() {
     let model = smollm2();
-    let out = json(&frugal(&[
-        "bench",
-        "serve",
-        "--http",
-        "--model",
+    let trace = common::Trace {
+        requests: "4",
+        prompt_mean: "16",
+        output_mean: "8",
+    };
+    let extra = ["--context", "128", "--max-seqs", "2", "--tp", "3", "--json"];
+    let out = json(&frugal(&common::bench_serve_http(
         model.to_str().unwrap(),
-        "--requests",
-        "4",
-        "--prompt-mean",
-        "16",
-        "--output-mean",
-        "8",
-        "--context",
-        "128",
-        "--max-seqs",
-        "2",
-        "--tp",
-        "3",
-        "--json",
-    ]));
+        trace,
+        &extra,
+    )));
     assert_eq!(out["tp"], 3);
     assert_eq!(out["requests"], 4);
     assert!(

@@ -86,9 +86,10 @@ pub fn fails_with(out: &Output, needle: &str) {
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
 }
 
-/// `train` for `steps` steps on `data` with one validation batch and no sample at the end: the
-/// start of the short runs these tests make (the caller adds the model, its shape and the rest).
-pub fn short_train<'a>(steps: &'a str, data: &'a str) -> Vec<&'a str> {
+/// `train` for `steps` steps with one validation batch and no sample at the end, on the model's
+/// own or the shipped corpus: the start of the short runs these tests make (the caller adds the
+/// model, its shape and the rest).
+pub fn short_run(steps: &str) -> Vec<&str> {
     vec![
         "train",
         "--steps",
@@ -97,9 +98,58 @@ pub fn short_train<'a>(steps: &'a str, data: &'a str) -> Vec<&'a str> {
         "0",
         "--val-batches",
         "1",
-        "--data",
-        data,
     ]
+}
+
+/// [`short_run`] on `data`.
+pub fn short_train<'a>(steps: &'a str, data: &'a str) -> Vec<&'a str> {
+    let mut args = short_run(steps);
+    args.extend(["--data", data]);
+    args
+}
+
+/// `generate` of `new_tokens` tokens after `prompt` on `model`, then `extra`.
+pub fn generate_args<'a>(
+    model: &'a str,
+    prompt: &'a str,
+    new_tokens: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["generate", "--model", model, "--prompt", prompt];
+    args.extend(["--max-new-tokens", new_tokens]);
+    args.extend_from_slice(extra);
+    args
+}
+
+/// `generate` of `new_tokens` tokens answering the chat message `message` on `model`.
+pub fn chat_args<'a>(model: &'a str, message: &'a str, new_tokens: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["generate", "--model", model, "--chat", message];
+    args.extend(["--max-new-tokens", new_tokens]);
+    args
+}
+
+/// `plan --infer` of `model` in the engine's own runtime, then `extra`.
+pub fn plan_infer_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["plan", "--model", model, "--infer", "--runtime", "frugal"];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The seeded trace of `bench serve`: how many requests, their mean prompt and output lengths.
+pub struct Trace<'a> {
+    pub requests: &'a str,
+    pub prompt_mean: &'a str,
+    pub output_mean: &'a str,
+}
+
+/// `bench serve --http` of `trace` against a `frugal serve` on `model`, then `extra`.
+pub fn bench_serve_http<'a>(model: &'a str, trace: Trace<'a>, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["bench", "serve", "--http", "--model", model];
+    args.extend(["--requests", trace.requests]);
+    args.extend(["--prompt-mean", trace.prompt_mean]);
+    args.extend(["--output-mean", trace.output_mean]);
+    args.extend_from_slice(extra);
+    args
 }
 
 /// gpt2-tiny in batches of 2 × 32 tokens per rank.
