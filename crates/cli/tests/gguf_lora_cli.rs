@@ -11,6 +11,16 @@ use std::path::Path;
 /// two a byte, an fp32 scale and minimum per 32) in the file's blocks.
 const MATRIX_WEIGHTS: u64 = 106_168_320;
 
+/// Rank-4 adapters on every linear layer over the file's own blocks.
+const LORA_OVER_GGML: [&str; 6] = [
+    "--lora-rank",
+    "4",
+    "--lora-targets",
+    "all-linear",
+    "--lora-base",
+    "ggml",
+];
+
 fn train(gguf: &str, base: &str, out: &Path) -> serde_json::Value {
     let mut args = common::short_run("2");
     args.extend(["--model", gguf, "--lora-rank", "4", "--lora-base", base]);
@@ -45,27 +55,11 @@ fn the_files_blocks_train_as_their_fp32_values_in_a_fifth_of_the_bytes() {
         "merged models differ"
     );
     // `plan` counts the run's bytes before it starts.
-    let plan = json(&frugal(&[
-        "plan",
-        "--model",
-        gguf,
-        "--train",
-        "--runtime",
-        "frugal",
-        "--precision",
-        "fp32",
-        "--lora-rank",
-        "4",
-        "--lora-targets",
-        "all-linear",
-        "--lora-base",
-        "ggml",
-        "--batch",
-        "1",
-        "--seq",
-        "32",
-        "--json",
-    ]));
+    let mut args = common::PLAN_FRUGAL_FP32.to_vec();
+    args.extend(["--model", gguf]);
+    args.extend(LORA_OVER_GGML);
+    args.extend(["--batch", "1", "--seq", "32", "--json"]);
+    let plan = json(&frugal(&args));
     for key in ["params_bytes", "peak_bytes"] {
         assert_eq!(plan["per_device"][key], gr["planned"][key], "{key}");
     }
@@ -88,20 +82,20 @@ fn a_ggml_base_needs_a_quantized_gguf_file() {
         "a ggml base keeps a GGUF file's own quantized blocks: give a .gguf file as --model",
     );
     fails_with(
-        &frugal(&[
-            "plan",
-            "--model",
-            "llama-tiny",
-            "--train",
-            "--runtime",
-            "frugal",
-            "--lora-rank",
-            "4",
-            "--lora-targets",
-            "all-linear",
-            "--lora-base",
-            "ggml",
-        ]),
+        &frugal(
+            &[
+                &[
+                    "plan",
+                    "--model",
+                    "llama-tiny",
+                    "--train",
+                    "--runtime",
+                    "frugal",
+                ][..],
+                &LORA_OVER_GGML,
+            ]
+            .concat(),
+        ),
         "ggml keeps a GGUF file's own blocks: give a quantized .gguf file as the model",
     );
     fails_with(

@@ -92,20 +92,11 @@ fn bench_reports_the_path_each_kernel_took() {
     let v = ok_json(
         level,
         &[
-            "bench",
-            "train",
-            "--model",
-            "gpt2-tiny",
-            "--batch",
-            "1",
-            "--seq",
-            "16",
-            "--steps",
-            "1",
-            "--precision",
-            "bf16",
-            "--json",
-        ],
+            &["bench", "train"][..],
+            &common::TINY_1X16,
+            &["--steps", "1", "--precision", "bf16", "--json"],
+        ]
+        .concat(),
     );
     assert_eq!(v["isa"], level);
     assert_eq!(v["gemm_path"], level);

@@ -125,18 +125,7 @@ fn qlora_over_a_saved_base_writes_peft_files_and_measures_the_plan() {
 #[test]
 fn bad_lora_flags_say_what_to_fix() {
     let data = small_text("lora-cli", "bad", 20_000);
-    let run = [
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--batch",
-        "1",
-        "--seq",
-        "16",
-        "--data",
-        &data,
-    ];
+    let run = [&common::TINY_1X16[..], &["--steps", "1", "--data", &data]].concat();
     let with = |extra: &[&str]| train(&[&run[..], extra].concat());
     fails_with(&with(&["--double-quant"]), "needs --lora-rank");
     fails_with(&with(&["--lora-rank", "0"]), "--lora-rank 0");

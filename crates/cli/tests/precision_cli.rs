@@ -114,15 +114,7 @@ fn fails_with(args: &[&str], needle: &str) {
 
 #[test]
 fn bad_precisions_and_scalers_exit_2() {
-    let base = [
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--seq",
-        "8",
-    ];
+    let base = common::tiny_step(&["--seq", "8"]);
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     fails_with(
         &with(&["--precision", "fp8"]),

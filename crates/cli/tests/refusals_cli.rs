@@ -6,25 +6,10 @@ use common::frugal;
 
 /// One step of gpt2-tiny in batches of 1 x 16 tokens, no sample, plus `extra`.
 fn tiny_train(extra: &[&str]) -> std::process::Output {
-    let base = [
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--batch",
-        "1",
-        "--seq",
-        "16",
-    ];
-    frugal(
-        &[
-            &base[..],
-            &["--sample-tokens", "0", "--val-batches", "1"],
-            extra,
-        ]
-        .concat(),
-    )
+    let mut args = common::short_run("1");
+    args.extend(common::TINY_1X16);
+    args.extend_from_slice(extra);
+    frugal(&args)
 }
 
 /// Values that used to be clamped or read without end are refused before any work, naming the
@@ -52,15 +37,7 @@ fn out_of_range_values_and_devices_are_refused_naming_the_flag() {
         &tiny_train(&["--lora-rank", "100000"]),
         "--lora-rank: 100000 exceeds",
     );
-    let args = [
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--sample-tokens",
-        "99999999",
-    ];
+    let args = common::tiny_step(&["--sample-tokens", "99999999"]);
     common::fails_with(&frugal(&args), "--sample-tokens 99999999");
 }
 
@@ -111,15 +88,7 @@ fn a_corpus_larger_than_memory_is_refused_before_reading() {
         .unwrap()
         .set_len(1 << 40)
         .unwrap();
-    let out = common::frugal(&[
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--data",
-        path.to_str().unwrap(),
-    ]);
+    let out = common::frugal(&common::tiny_step(&["--data", path.to_str().unwrap()]));
     common::fails_with(&out, "1099511627776 bytes of text");
     let _ = std::fs::remove_file(&path);
 }

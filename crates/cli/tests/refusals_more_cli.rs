@@ -47,37 +47,17 @@ fn sizes_past_the_model_or_the_cache_are_refused_naming_the_flag() {
         "NaN",
     ];
     fails_with(&frugal(&dropout), "--lora-dropout");
-    let amp = [
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--precision",
-        "amp-bf16",
-    ];
+    let amp = common::tiny_step(&["--precision", "amp-bf16"]);
     fails_with(&frugal(&amp), "precision policies");
 }
 
 /// One step of gpt2-tiny saved at every step into `out`, plus `extra`.
 fn saved_run(out: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let base = [
-        "train",
-        "--steps",
-        "1",
-        "--batch",
-        "1",
-        "--seq",
-        "16",
-        "--sample-tokens",
-        "0",
-        "--val-batches",
-        "1",
-        "--save-every",
-        "1",
-        "--out",
-    ];
-    frugal(&[&base[..], &[out.to_str().unwrap()], extra].concat())
+    let mut args = common::short_run("1");
+    args.extend(["--batch", "1", "--seq", "16", "--save-every", "1"]);
+    args.extend(["--out", out.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    frugal(&args)
 }
 
 /// Paths of the wrong kind, and snapshots that disagree with themselves or with the run.
@@ -143,15 +123,7 @@ fn wrong_paths_and_disagreeing_snapshots_are_refused_naming_the_fix() {
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["step"] = 0.into();
     std::fs::write(&manifest, v.to_string()).unwrap();
-    let resume = [
-        "train",
-        "--model",
-        "gpt2-tiny",
-        "--steps",
-        "1",
-        "--resume",
-        step.to_str().unwrap(),
-    ];
+    let resume = common::tiny_step(&["--resume", step.to_str().unwrap()]);
     fails_with(
         &frugal(&resume),
         "it lists step 0 and the train state is step 1",
@@ -388,19 +360,7 @@ fn the_engines_plan_refuses_what_train_refuses() {
         ]
         .concat();
         fails_with(&frugal(&plan), plan_why);
-        let train = [
-            &[
-                "train",
-                "--model",
-                "gpt2-tiny",
-                "--steps",
-                "1",
-                "--sample-tokens",
-                "0",
-            ],
-            flags,
-        ]
-        .concat();
+        let train = [&common::tiny_step(&["--sample-tokens", "0"])[..], flags].concat();
         fails_with(&frugal(&train), train_why);
     }
 }

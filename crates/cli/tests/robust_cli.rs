@@ -26,6 +26,17 @@ fn a_model_larger_than_host_ram_is_refused_at_once_with_the_breakdown() {
     }
 }
 
+/// [`tiny`] for `steps` steps saving every `every` steps into `out`, then `extra`.
+fn saving(
+    dir: &std::path::Path,
+    [steps, every]: [&str; 2],
+    out: &str,
+    extra: &[&str],
+) -> Vec<String> {
+    let flags = ["--steps", steps, "--save-every", every, "--out", out];
+    tiny(dir, &[&flags[..], extra].concat())
+}
+
 /// gpt2-tiny on 40 KB of Shakespeare, 2 x 32 tokens a step, no sample, plus `extra`.
 fn tiny(dir: &std::path::Path, extra: &[&str]) -> Vec<String> {
     let data = dir.join("small.txt");
@@ -92,15 +103,9 @@ fn an_unwritable_out_or_plot_is_refused_before_step_one() {
 fn an_out_with_another_runs_snapshots_is_refused_unless_resumed_or_overwritten() {
     let dir = common::temp_dir("robust", "foreign");
     let out_dir = dir.join("run").display().to_string();
-    let first = tiny(
-        &dir,
-        &["--steps", "4", "--save-every", "2", "--out", &out_dir],
-    );
+    let first = saving(&dir, ["4", "2"], &out_dir, &[]);
     assert!(run(&first).status.success());
-    let again = tiny(
-        &dir,
-        &["--steps", "2", "--save-every", "1", "--out", &out_dir],
-    );
+    let again = saving(&dir, ["2", "1"], &out_dir, &[]);
     fails_with(
         &run(&again),
         "holds another run's snapshots (newest at step 4)",
@@ -238,10 +243,7 @@ fn the_help_example_of_a_negative_value_works() {
 fn resuming_on_other_data_is_refused() {
     let dir = common::temp_dir("robust", "data");
     let out_dir = dir.join("run").display().to_string();
-    let first = tiny(
-        &dir,
-        &["--steps", "6", "--save-every", "2", "--out", &out_dir],
-    );
+    let first = saving(&dir, ["6", "2"], &out_dir, &[]);
     assert!(run(&first).status.success());
     let step4 = dir.join("run/step-000004").display().to_string();
     let other = dir.join("other.txt");
@@ -339,17 +341,7 @@ fn a_snapshot_write_that_fails_leaves_no_temporary_file() {
     use std::os::unix::process::CommandExt;
     let dir = common::temp_dir("robust", "diskfull");
     let out_dir = dir.join("run");
-    let args = tiny(
-        &dir,
-        &[
-            "--steps",
-            "2",
-            "--save-every",
-            "1",
-            "--out",
-            out_dir.to_str().unwrap(),
-        ],
-    );
+    let args = saving(&dir, ["2", "1"], out_dir.to_str().unwrap(), &[]);
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"));
     cmd.args(&args);
     // SAFETY: only async-signal-safe calls between fork and exec. Files may grow to 1 MiB (as on
@@ -402,17 +394,7 @@ fn an_os_error_is_printed_once() {
 fn a_second_sigterm_exits_at_once_leaving_the_last_snapshot_whole() {
     let dir = common::temp_dir("robust", "second-signal");
     let out_dir = dir.join("run");
-    let args = tiny(
-        &dir,
-        &[
-            "--steps",
-            "100",
-            "--save-every",
-            "1",
-            "--out",
-            out_dir.to_str().unwrap(),
-        ],
-    );
+    let args = saving(&dir, ["100", "1"], out_dir.to_str().unwrap(), &[]);
     // The save after step 2 pauses for a minute before its manifest: the first SIGTERM finds the
     // run busy saving, the second must not wait for it.
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
@@ -458,37 +440,13 @@ fn resuming_another_folder_into_an_out_with_snapshots_is_refused() {
         dir.join("b").display().to_string(),
     );
     for out in [&a, &b] {
-        let first = tiny(&dir, &["--steps", "4", "--save-every", "2", "--out", out]);
+        let first = saving(&dir, ["4", "2"], out, &[]);
         assert!(run(&first).status.success());
     }
     let a2 = format!("{a}/step-000002");
-    let into_b = tiny(
-        &dir,
-        &[
-            "--steps",
-            "4",
-            "--save-every",
-            "1",
-            "--out",
-            &b,
-            "--resume",
-            &a2,
-        ],
-    );
+    let into_b = saving(&dir, ["4", "1"], &b, &["--resume", &a2]);
     fails_with(&run(&into_b), "holds another run's snapshots");
-    let into_a = tiny(
-        &dir,
-        &[
-            "--steps",
-            "4",
-            "--save-every",
-            "1",
-            "--out",
-            &a,
-            "--resume",
-            &a2,
-        ],
-    );
+    let into_a = saving(&dir, ["4", "1"], &a, &["--resume", &a2]);
     let out = run(&into_a);
     common::assert_ok(&out);
 }

@@ -11,20 +11,14 @@ fn small_text(test: &str) -> String {
     common::small_text("zero-cli", test, 20_000)
 }
 
-const SHAPE: [&str; 8] = [
-    "--model",
-    "gpt2-tiny",
-    "--batch",
-    "1",
-    "--seq",
-    "16",
-    "--recompute",
-    "full",
-];
+/// gpt2-tiny in batches of 1 × 16 tokens, recomputing every activation.
+fn shape() -> Vec<&'static str> {
+    [&common::TINY_1X16[..], &["--recompute", "full"]].concat()
+}
 
 fn train(data: &str, zero: &str, ranks: &str) -> Value {
     let mut args = common::short_train("1", data);
-    args.extend(SHAPE);
+    args.extend(shape());
     args.extend(["--attention", "naive", "--json"]);
     args.extend(["--zero", zero, "--ranks", ranks]);
     json(&frugal(&args))
@@ -32,7 +26,7 @@ fn train(data: &str, zero: &str, ranks: &str) -> Value {
 
 fn plan(zero: &str, gpus: &str) -> Value {
     let mut args = common::PLAN_FRUGAL_FP32.to_vec();
-    args.extend(SHAPE);
+    args.extend(shape());
     args.extend([
         "--attention",
         "eager",
@@ -96,7 +90,7 @@ fn the_report_shows_16_psi_over_n_and_the_papers_volume() {
         "--val-batches",
         "1",
     ];
-    args.extend(SHAPE);
+    args.extend(shape());
     args.extend(["--data", &data, "--zero", "3", "--ranks", "2"]);
     let out = frugal(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -112,8 +106,7 @@ fn fails_with(args: &[&str], needle: &str) {
 
 #[test]
 fn bad_stages_and_rank_counts_exit_2_without_a_downgrade() {
-    #[rustfmt::skip]
-    let base = ["train", "--model", "gpt2-tiny", "--steps", "1", "--batch", "1", "--seq", "8"];
+    let base = common::tiny_step(&["--batch", "1", "--seq", "8"]);
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     fails_with(&with(&["--ranks", "0"]), "--ranks 0");
     fails_with(&with(&["--zero", "4"]), "invalid value '4' for '--zero");

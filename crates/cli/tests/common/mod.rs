@@ -155,6 +155,18 @@ pub fn bench_serve_http<'a>(model: &'a str, trace: Trace<'a>, extra: &[&'a str])
 /// gpt2-tiny in batches of 2 × 32 tokens per rank.
 pub const TINY_2X32: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "2", "--seq", "32"];
 
+/// gpt2-tiny in batches of 1 × 16 tokens.
+pub const TINY_1X16: [&str; 6] = ["--model", "gpt2-tiny", "--batch", "1", "--seq", "16"];
+
+/// `train` of one step of gpt2-tiny, then `extra`: the start of the runs refused before any work.
+pub fn tiny_step<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [
+        &["train", "--model", "gpt2-tiny", "--steps", "1"][..],
+        extra,
+    ]
+    .concat()
+}
+
 /// `frugal plan` of a training step in the engine's own runtime, in fp32 as `train` runs.
 pub const PLAN_FRUGAL_FP32: [&str; 6] = [
     "plan",
