@@ -72,6 +72,64 @@ pub fn resume_from(
     loader.seek(run.loader).unwrap();
 }
 
+/// Saves `trainer` into `out` the way a run does: at `loader`'s position, from `seed`, with no
+/// data identity and the default options (what [`resume_from`] reads back).
+pub fn save_snapshot(
+    out: &std::path::Path,
+    trainer: &mut Trainer,
+    loader: &data::Loader,
+    seed: u64,
+) {
+    let run = crate::snapshot::RunState {
+        loader: loader.position(),
+        seed,
+        data: None,
+    };
+    let options = crate::snapshot::SaveOptions::default();
+    crate::snapshot::save(trainer, out, &run, &options).unwrap();
+}
+
+/// The losses of `steps` steps of `trainer`, every one on the same batch: `inputs` to predict
+/// `targets`.
+pub fn losses_on(trainer: &mut Trainer, inputs: &[u32], targets: &[u32], steps: usize) -> Vec<f32> {
+    let mut step = || {
+        let batch = &mut |i: &mut [u32], o: &mut [u32]| {
+            i.copy_from_slice(inputs);
+            o.copy_from_slice(targets);
+        };
+        trainer.step(batch).unwrap().loss
+    };
+    (0..steps).map(|_| step()).collect()
+}
+
+/// One step of `cfg` on the rank `comm` names, weights from seed 1, where rank 1's inputs are
+/// all 96 (an id beyond gpt2-tiny's vocabulary) and every other rank's all 3; `target` gives the
+/// targets' id from the inputs' one. Rank 1 must fail with a data error, the others must not hang.
+pub fn step_with_rank_1_bad(
+    cfg: TrainConfig,
+    comm: Box<dyn Collective>,
+    target: impl Fn(u32) -> u32,
+) -> Result<(), engine::EngineError> {
+    let rank = comm.rank();
+    let mut t = Trainer::with_comm(cfg, comm)?;
+    t.init_weights(1);
+    let bad = if rank == 1 { 96 } else { 3 };
+    t.step(&mut |i, o| {
+        i.fill(bad);
+        o.fill(target(bad));
+    })
+    .map(|_| ())
+}
+
+/// The snapshot tests' schedule: 3e-3 reached after 2 warm-up steps, decayed to a tenth of it by
+/// step 6.
+pub const SIX_STEP_SCHEDULE: crate::Schedule = crate::Schedule {
+    lr: 3e-3,
+    warmup_steps: 2,
+    total_steps: 6,
+    min_lr_ratio: 0.1,
+};
+
 /// Runs `f` on every rank of a world of `ranks` (threads, through `world::launch`) and returns
 /// the results in rank order; a rank's panic fails the test with its message.
 pub fn on_ranks<T: Send>(ranks: usize, f: impl Fn(Box<dyn Collective>) -> T + Sync) -> Vec<T> {

@@ -80,17 +80,7 @@ fn two_and_four_ranks_follow_the_single_rank_trajectory() {
 fn a_rank_that_fails_stops_the_others_with_an_error_not_a_hang() {
     let mut cfg = config(gpt2_tiny(), 1, SEQ);
     cfg.ranks = 2;
-    let results: Vec<Result<(), engine::EngineError>> = on_ranks(2, |c| {
-        let rank = c.rank();
-        let mut t = Trainer::with_comm(cfg.clone(), c)?;
-        t.init_weights(1);
-        // Rank 1's batch holds an id beyond the vocabulary.
-        let bad = if rank == 1 { 96 } else { 3 };
-        t.step(&mut |i, o| {
-            i.fill(bad);
-            o.fill(1);
-        })
-        .map(|_| ())
-    });
+    // Rank 1's batch holds an id beyond the vocabulary.
+    let results = on_ranks(2, |c| common::step_with_rank_1_bad(cfg.clone(), c, |_| 1));
     common::assert_rank_failure_named(&results, 1);
 }

@@ -53,16 +53,7 @@ fn losses(t: &mut Trainer, steps: usize) -> Vec<f32> {
     let vocab = t.config.model.shape.vocab;
     let n = t.micro_tokens();
     let (x, y) = (tokens(n, vocab, 1), tokens(n, vocab, 2));
-    (0..steps)
-        .map(|_| {
-            t.step(&mut |i, o| {
-                i.copy_from_slice(&x);
-                o.copy_from_slice(&y);
-            })
-            .unwrap()
-            .loss
-        })
-        .collect()
+    common::losses_on(t, &x, &y, steps)
 }
 
 #[test]

@@ -77,16 +77,7 @@ fn run(file: &str) {
         let what = format!("{file}: grad {}", grad.name);
         assert_close(&what, &grad.data, &want, 1e-5 + 1e-3 * scale);
     }
-    let trajectory: Vec<f32> = (0..10)
-        .map(|_| {
-            t.step(&mut |i, o| {
-                i.copy_from_slice(&x);
-                o.copy_from_slice(&y);
-            })
-            .unwrap()
-            .loss
-        })
-        .collect();
+    let trajectory = train::testkit::losses_on(&mut t, &x, &y, 10);
     assert_close(
         &format!("{file}: trajectory"),
         &trajectory,

@@ -408,16 +408,8 @@ fn a_rank_that_fails_stops_its_tensor_and_pipeline_peers_with_an_error_not_a_han
         let mut cfg = config(gpt2_tiny(), 1, SEQ);
         (cfg.ranks, cfg.tp, cfg.pp, cfg.grad_accum) = (ranks, tp, pp, 2);
         let started = std::time::Instant::now();
-        let results: Vec<Result<(), engine::EngineError>> = on_ranks(ranks as usize, |c| {
-            let rank = c.rank();
-            let mut t = Trainer::with_comm(cfg.clone(), c)?;
-            t.init_weights(1);
-            let bad = if rank == 1 { 96 } else { 3 };
-            t.step(&mut |i, o| {
-                i.fill(bad);
-                o.fill(bad);
-            })
-            .map(|_| ())
+        let results = on_ranks(ranks as usize, |c| {
+            common::step_with_rank_1_bad(cfg.clone(), c, |bad| bad)
         });
         match ranks {
             2 => common::assert_rank_failure_named(&results, 1),

@@ -10,7 +10,7 @@ use plan::setup::ZeroStage;
 use plan::ModelShape;
 use std::path::{Path, PathBuf};
 use train::snapshot::{self, RunState, SaveOptions, Snapshot};
-use train::{OptimizerKind, Schedule, TrainConfig, Trainer};
+use train::{OptimizerKind, TrainConfig, Trainer};
 
 const SEQ: usize = 16;
 /// Rows of one global micro-batch (split over the ranks).
@@ -39,12 +39,7 @@ fn run_config(shape: &ModelShape, ranks: u32, optimizer: OptimizerKind) -> Train
     // A rank's load-balancing loss is over its own rows: runs on other rank counts agree
     // only without it (Mixtral).
     cfg.model.router_aux_coef = 0.0;
-    cfg.schedule = Schedule {
-        lr: 3e-3,
-        warmup_steps: 2,
-        total_steps: 6,
-        min_lr_ratio: 0.1,
-    };
+    cfg.schedule = common::SIX_STEP_SCHEDULE;
     cfg
 }
 
@@ -82,12 +77,7 @@ fn rank_run(
         losses.push(stats.unwrap().loss);
         if let Some((out, every)) = plan.save_to {
             if trainer.step % every == 0 {
-                let run = RunState {
-                    loader: loader.position(),
-                    seed: SEED,
-                    data: None,
-                };
-                snapshot::save(&mut trainer, out, &run, &SaveOptions::default()).unwrap();
+                common::save_snapshot(out, &mut trainer, &loader, SEED);
             }
         }
     }

@@ -10,9 +10,9 @@ use plan::setup::{Offload, ZeroStage};
 use plan::ModelShape;
 use std::path::{Path, PathBuf};
 use train::precision::{ScalerConfig, TorchScaling};
-use train::snapshot::{self, RunState, SaveOptions, Snapshot, SnapshotError};
+use train::snapshot::{Snapshot, SnapshotError};
 use train::Mixed;
-use train::{Schedule, TrainConfig, Trainer};
+use train::{TrainConfig, Trainer};
 
 const SEQ: usize = 16;
 const GLOBAL_ROWS: usize = 4;
@@ -28,12 +28,7 @@ fn run_config(shape: &ModelShape, ranks: u32) -> TrainConfig {
     let rows = (GLOBAL_ROWS as u32 / ranks) as u64;
     let mut cfg = config(shape.clone(), rows, SEQ as u64);
     cfg.ranks = ranks;
-    cfg.schedule = Schedule {
-        lr: 3e-3,
-        warmup_steps: 2,
-        total_steps: 6,
-        min_lr_ratio: 0.1,
-    };
+    cfg.schedule = common::SIX_STEP_SCHEDULE;
     cfg
 }
 
@@ -85,12 +80,7 @@ fn rank_run(mut cfg: TrainConfig, comm: Box<dyn comm::Collective>, plan: &Plan<'
         losses.push(stats.loss.to_bits());
     }
     if let Some(out) = plan.save_to {
-        let run = RunState {
-            loader: loader.position(),
-            seed: SEED,
-            data: None,
-        };
-        snapshot::save(&mut trainer, out, &run, &SaveOptions::default()).unwrap();
+        common::save_snapshot(out, &mut trainer, &loader, SEED);
     }
     let masters = trainer.full_params().unwrap();
     Outcome {
