@@ -369,8 +369,17 @@ fn what_users_read_speaks_of_the_product() {
     texts.extend(rust_files(&cli));
     texts.push(cli.join("cmd_web/page.html"));
     // The crates whose messages the binary passes on: the server's answers, the resolver's and
-    // the config readers' errors, the planner's reports, the benchmarks' output.
-    for krate in ["server", "models", "configs", "fit", "bench", "term"] {
+    // the config readers' errors, the planner's reports and refusals, the benchmarks' output.
+    for krate in [
+        "server",
+        "models",
+        "configs",
+        "fit",
+        "bench",
+        "term",
+        "plan",
+        "plan-frugal",
+    ] {
         texts.extend(rust_files(&root().join("crates").join(krate).join("src")));
     }
     let mut found = Vec::new();

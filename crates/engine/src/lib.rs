@@ -1,9 +1,8 @@
 //! The core every other engine crate stands on: arenas carved from the memory plan on a device
-//! backend, the backend traits, the models of the families `plan_frugal::family` describes
-//! (GPT-2, Llama, Qwen2, Mistral, Mixtral, DeepSeek-V2) and their forward pass as ops, model
-//! configs, capacity checks, the rank launcher,
-//! and weights in and out as HF safetensors. Training (`train`) and inference (`infer`) are crates
-//! over it; the CPU backend is `cpu`, the CUDA one `cuda`.
+//! backend, the backend traits, the models of the families `plan_frugal::family` describes (GPT-2,
+//! Llama, Qwen2, Mistral, Mixtral, DeepSeek-V2) and their forward pass as ops, model configs,
+//! capacity checks, the rank launcher, and weights in and out as HF safetensors. Training (`train`)
+//! and inference (`infer`) are crates over it; the CPU backend is `cpu`, the CUDA one `cuda`.
 //!
 //! One source of truth for bytes: the planner (`plan_frugal`) lists every buffer; [`Arena`]
 //! allocates exactly those (one slab per device, offsets from the buffers' lifetimes) and measures

@@ -7,7 +7,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
+/// The CPU must have AVX2, FMA and F16C; `out` holds (rows, OC), `p.a` (rows, IC), `p.w`
+/// (OC, IC).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows(out: &mut [f32], p: Rows, range: Range<usize>) {
     by_rows!(p.rows, rows_n(out, p, range))

@@ -14,7 +14,8 @@ use std::ops::Range;
 const CH: usize = 2;
 
 /// # Safety
-/// The CPU must have AVX-512 F and BW; `out`, `a` and `w` hold (rows, OC), (rows, IC), (OC, IC).
+/// The CPU must have AVX-512 F and BW; `out` holds (rows, OC), `p.a` (rows, IC), `p.w`
+/// (OC, IC).
 #[target_feature(enable = "avx512f,avx512bw,f16c,fma")]
 pub(super) unsafe fn rows(out: &mut [f32], p: Rows, range: Range<usize>) {
     by_rows!(p.rows, rows_n(out, p, range))

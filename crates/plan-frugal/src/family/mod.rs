@@ -2,8 +2,9 @@
 //! positions, MLP) the engine's forward and backward follow, the parameter units with their
 //! Hugging Face names, the family's own shape checks, and (through [`HfConfig`]) its config.json
 //! in and out: which HF `model_type`s it reads, the numeric facts the memory model does not need
-//! (norm epsilon, RoPE base, routing) and the options it refuses. Adding a family is one module
-//! here and its line in [`FAMILIES`].
+//! (norm epsilon, RoPE base, routing) and the options it refuses. Adding a family is a variant
+//! of `plan::model::Family` with its `model_type`s, one module here, and its line in
+//! [`FAMILIES`].
 //!
 //! Example: `arch(&gpt2_124m)?.design().mlp` is `Mlp::Gelu`; `by_model_type("mistral")` is the
 //! Llama family (a Mistral block is a Llama block; its sliding window is the shape's).
@@ -151,4 +152,43 @@ pub fn design(model: &ModelShape) -> BlockDesign {
     arch(model)
         .unwrap_or_else(|e| panic!("{e}: check_buildable first"))
         .design()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each planner family has one module, and a module builds only `model_type`s the planner
+    /// reads as its family (DeepSeek-V3 is planned but not built).
+    #[test]
+    fn every_family_has_one_module_that_builds_what_the_planner_reads_as_it() {
+        assert_eq!(FAMILIES.len(), Family::ALL.len());
+        for f in Family::ALL {
+            let modules = FAMILIES.iter().filter(|(g, _)| *g == f).count();
+            assert_eq!(modules, 1, "{f:?}");
+            for t in of(f).model_types() {
+                assert_eq!(Family::of_model_type(t), Some(f), "{t}");
+            }
+        }
+        assert!(by_model_type("deepseek_v3").is_none());
+    }
+
+    /// `Family::ALL` holds every variant: a new one fails to compile in this match until it is
+    /// given a place, and then fails here until it is in `ALL`.
+    #[test]
+    fn the_family_list_is_complete() {
+        let place = |f: Family| match f {
+            Family::Gpt2 => 0,
+            Family::Llama => 1,
+            Family::Qwen2 => 2,
+            Family::Mixtral => 3,
+            Family::Deepseek => 4,
+        };
+        let places: Vec<usize> = Family::ALL.into_iter().map(place).collect();
+        assert_eq!(
+            places,
+            (0..5).collect::<Vec<_>>(),
+            "one place per match arm, in order"
+        );
+    }
 }
