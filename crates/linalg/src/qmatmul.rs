@@ -19,11 +19,12 @@
 //!   its minimum, Q4_1, Q4_K), packed two per byte in int4's sub-block order.
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
-//! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps`; int4 on 512-bit VNNI where
-//! present and rows are whole 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel
-//! `q8avx2` (int8 activations; int4 at the AVX2 levels and for rows the 512-bit kernel does not
-//! tile, int8 and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI
-//! or AVX-512 VNNI as the level has them; `integer_weights` decides), and portable loops. Up to
+//! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps` where the integer kernel does
+//! not take it; int4 on 512-bit VNNI where present and rows are whole 128-weight chunks), AVX2 +
+//! FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 at the AVX2 levels and for
+//! rows the 512-bit kernel does not tile, int8, nf4 in groups of 32 or more and ggml's blocks at
+//! every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has
+//! them; `integer_weights` decides), and portable loops. Up to
 //! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
 //! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
 //! [`reference`] is the plain loop every path is tested against.
@@ -250,7 +251,14 @@ pub fn matmul_on(
                 // SAFETY: the CPU runs `isa` (asserted above), so AVX2 and what `dot` names;
                 // IC is whole blocks of 32.
                 let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
-                let ggml = matches!(weights, q8avx2::Weights::Grouped { group: 32, .. });
+                let ggml = matches!(
+                    weights,
+                    q8avx2::Weights::Grouped {
+                        group: 32,
+                        codes: q8avx2::Codes::I8(_) | q8avx2::Codes::U4(_),
+                        ..
+                    }
+                );
                 unsafe { q8avx2::quantize(q, a, rows, ic, group, int4, ggml) };
                 let q = &*q;
                 by_columns(
@@ -293,9 +301,10 @@ fn vnni_chunks(group: usize, ic: usize) -> bool {
 
 /// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs
 /// there at `isa`: int4 at the AVX2 levels, and at the VNNI level where [`vnni_chunks`] does not
-/// hold (SmolLM2's 576-wide rows); int8 and ggml's blocks at every level from AVX2 up (the
+/// hold (SmolLM2's 576-wide rows); int8, nf4 and ggml's blocks at every level from AVX2 up (the
 /// AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this one's 0.82:
-/// TinyLlama int8 decode, 2 Zen 4 cores). `None`: a float path.
+/// TinyLlama int8 decode, 2 Zen 4 cores; nf4's f32 table path ran TinyLlama at 0.14 of it capped
+/// to AVX2, this one 0.55, on 2 Sapphire Rapids cores). `None`: a float path.
 #[cfg(target_arch = "x86_64")]
 fn integer_weights<'a>(
     isa: Isa,
@@ -311,13 +320,15 @@ fn integer_weights<'a>(
         QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. } => {
             isa != Isa::Portable
         }
+        QWeight::Nf4 { .. } => isa != Isa::Portable,
         _ => false,
     };
     q8_weights(w, ic).filter(|_| taken)
 }
 
 /// The weights the AVX2 integer path multiplies, and the group its activations' sums follow:
-/// int4, and int8 whose rows are whole blocks of 32.
+/// int4, int8 whose rows are whole blocks of 32, ggml's blocks, and nf4 in groups of 32 or more
+/// (its levels as signed bytes, `q8avx2::lut4`).
 #[cfg(target_arch = "x86_64")]
 fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, usize)> {
     match *w {
@@ -366,6 +377,22 @@ fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, us
             },
             group,
         )),
+        QWeight::Nf4 {
+            codes,
+            scales,
+            levels,
+            group,
+        } if ic.is_multiple_of(32) && group.is_multiple_of(32) => {
+            let (table, unit) = q8avx2::lut4(levels);
+            let codes = q8avx2::Codes::Lut4 { codes, table, unit };
+            let w = q8avx2::Weights::Grouped {
+                codes,
+                scales,
+                mins: None,
+                group,
+            };
+            Some((w, group))
+        }
         _ => None,
     }
 }

@@ -1,4 +1,4 @@
-//! The AVX2 integer path for int4 and int8 weights (llama.cpp's AVX2 approach): each activation
+//! The AVX2 integer path for int4, int8 and nf4 weights (llama.cpp's AVX2 approach): each activation
 //! row is quantized once per call to int8 in blocks of 32 (scale absmax/127, round to nearest
 //! even — the VNNI path's rule, so both see the same activations), then `vpmaddubsw` multiplies
 //! 32 unsigned weight bytes by 32 signed activation bytes into 16 pair sums, `vpmaddwd` by ones
@@ -13,6 +13,9 @@
 //!   subtracted once per output (as `vnni`).
 //! - int8: signed codes, so `vpsignb` moves each weight's sign onto its activation (|w| stays
 //!   unsigned); one scale per output row.
+//! - nf4: the codes unpack as int4's, then `vpshufb` looks each up in the 16 levels held as
+//!   signed bytes ([`lut4`]), and the block multiplies as int8's; the table's unit joins each
+//!   group's scale.
 //! - grouped int8 (ggml's blocks repacked): as int8, with a scale per group of 32 (or 16: the
 //!   block's low and high 4 lanes take their own) applied to each block's sum, and each group's
 //!   minimum times the activations' sum over the group added once per output. Codes 0..15
@@ -198,11 +201,31 @@ pub(super) enum Weights<'a> {
     },
 }
 
-/// A grouped weight's codes: one signed byte each, or 0..15 two per byte (int4's order).
+/// A grouped weight's codes: one signed byte each, or 0..15 two per byte (int4's order), or
+/// 0..15 two per byte indexing a table of 16 signed bytes (nf4's levels, [`lut4`]) whose unit
+/// multiplies each group's scale.
 #[derive(Clone, Copy)]
 pub(super) enum Codes<'a> {
     I8(&'a [i8]),
     U4(&'a [u8]),
+    Lut4 {
+        codes: &'a [u8],
+        table: [i8; 16],
+        unit: f32,
+    },
+}
+
+/// A 4-bit code table as signed bytes: `levels` over their largest magnitude m, times 127,
+/// rounded to nearest even, and the unit m / 127 one step of the table is worth (as
+/// llama.cpp's IQ4_NL holds its non-linear levels). A weight s · levels[c] becomes
+/// (s · unit) · table[c], within half a unit of s.
+pub(super) fn lut4(levels: &[f32; 16]) -> ([i8; 16], f32) {
+    let m = levels.iter().fold(0.0f32, |m, l| m.max(l.abs()));
+    if m == 0.0 {
+        return ([0; 16], 0.0);
+    }
+    let table = std::array::from_fn(|i| (levels[i] / m * 127.0).round_ties_even() as i8);
+    (table, m / 127.0)
 }
 
 /// How a block's four-product sums are formed: `vpmaddubsw` then `vpmaddwd` (AVX2), or one

@@ -69,8 +69,26 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                 }
                 if integer {
                     // So does the AVX2 integer path (int4, grouped, and int8 in whole blocks of
-                    // 32).
-                    reference(&mut want, &avx2_activations(&inp, n, ic), w, n, ic, oc);
+                    // 32), and nf4's levels as its table of signed bytes holds them.
+                    let table_levels = nf4_as_multiplied(w);
+                    let w = match (*w, &table_levels) {
+                        (
+                            QWeight::Nf4 {
+                                codes,
+                                scales,
+                                group,
+                                ..
+                            },
+                            Some(levels),
+                        ) => QWeight::Nf4 {
+                            codes,
+                            scales,
+                            levels,
+                            group,
+                        },
+                        _ => *w,
+                    };
+                    reference(&mut want, &avx2_activations(&inp, n, ic), &w, n, ic, oc);
                 }
             }
             let mut got = vec![f32::NAN; n * oc];
@@ -85,6 +103,32 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             }
         }
     }
+}
+
+/// An nf4 weight's levels as the integer path multiplies them: its table's bytes times the
+/// table's unit.
+#[cfg(target_arch = "x86_64")]
+fn nf4_as_multiplied(w: &QWeight) -> Option<[f32; 16]> {
+    let QWeight::Nf4 { levels, .. } = w else {
+        return None;
+    };
+    let (table, unit) = q8avx2::lut4(levels);
+    Some(std::array::from_fn(|i| f32::from(table[i]) * unit))
+}
+
+#[test]
+fn nf4_levels_become_signed_bytes_within_half_a_step() {
+    let (table, unit) = q8avx2::lut4(&NF4);
+    assert_eq!((table[0], table[7], table[15]), (-127, 0, 127));
+    assert_eq!(unit, 1.0 / 127.0);
+    for (l, t) in NF4.iter().zip(table) {
+        assert!((l - f32::from(t) * unit).abs() <= 0.5 * unit, "{l} as {t}");
+    }
+    // A table of one sign and a zero table.
+    let half: [f32; 16] = std::array::from_fn(|i| i as f32 / 30.0);
+    let (table, unit) = q8avx2::lut4(&half);
+    assert_eq!((table[15], unit), (127, 0.5 / 127.0));
+    assert_eq!(q8avx2::lut4(&[0.0; 16]), ([0; 16], 0.0));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Grouped weights on the AVX2 integer path: ggml's blocks repacked (int8 codes, or 4-bit ones
 //! two per byte), a scale per group of 32 (or 16) and each group's minimum times the
-//! activations' sum over the group.
+//! activations' sum over the group; and nf4, 4-bit codes looked up in a table of signed bytes,
+//! a scale per group of 32 or more and no minima.
 
 use super::{dot32, hsum, prefetch_next, Codes, QActs, FAR};
 use std::arch::x86_64::*;
@@ -21,9 +22,18 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     oc: usize,
     o0: usize,
 ) {
+    let (plain, unit) = ([0; 16], 1.0);
     let acc = match codes {
-        Codes::I8(c) => sums::<R, O, false, V>(q, c.as_ptr() as *const u8, scales, group, ic, o0),
-        Codes::U4(c) => sums::<R, O, true, V>(q, c.as_ptr(), scales, group, ic, o0),
+        Codes::I8(c) => {
+            let base = c.as_ptr() as *const u8;
+            sums::<R, O, BYTES, V>(q, base, (plain, unit), scales, group, ic, o0)
+        }
+        Codes::U4(c) => {
+            sums::<R, O, NIBBLES, V>(q, c.as_ptr(), (plain, unit), scales, group, ic, o0)
+        }
+        Codes::Lut4 { codes, table, unit } => {
+            sums::<R, O, TABLE, V>(q, codes.as_ptr(), (table, unit), scales, group, ic, o0)
+        }
     };
     let groups = ic / group;
     for j in 0..O {
@@ -39,24 +49,37 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     }
 }
 
+/// Codes one signed byte each.
+const BYTES: u8 = 0;
+/// Codes 0..15 two a byte, multiplied as unsigned values.
+const NIBBLES: u8 = 1;
+/// Codes 0..15 two a byte, each a table's signed byte.
+const TABLE: u8 = 2;
+
 /// The scaled block sums of outputs `o0 .. o0 + O` for the `R` activation rows, over codes at
-/// `base` (one byte each, or two a byte when `NIBBLES`).
+/// `base` laid out as `CODES` says; with `TABLE`, each code looked up in `table` and each
+/// group's scale times `unit`.
 #[allow(clippy::needless_range_loop)]
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool, const V: u8>(
+unsafe fn sums<const R: usize, const O: usize, const CODES: u8, const V: u8>(
     q: &QActs,
     base: *const u8,
+    (table, unit): ([i8; 16], f32),
     scales: &[f32],
     group: usize,
     ic: usize,
     o0: usize,
 ) -> [[__m256; R]; O] {
-    let nibbles = NIBBLES;
+    let (nibbles, signed) = (CODES != BYTES, CODES != NIBBLES);
     let blocks = ic / 32;
     let groups = ic / group;
+    // Blocks of 32 a group (groups of 32 or more; 16 is two groups a block).
+    let per_group = (group / 32).max(1);
     let (acodes, ascales) = (q.codes.as_ptr(), q.scales.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); R]; O];
-    let row_bytes = if NIBBLES { ic / 2 } else { ic };
+    let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    let row_bytes = if nibbles { ic / 2 } else { ic };
     let wrow: [*const u8; O] = std::array::from_fn(|j| base.add((o0 + j) * row_bytes));
     let srow: [*const f32; O] = std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups));
     let low = _mm_set1_epi8(0x0F);
@@ -79,25 +102,31 @@ unsafe fn sums<const R: usize, const O: usize, const NIBBLES: bool, const V: u8>
                 _mm256_loadu_si256(wrow[j].add(s * 32) as *const __m256i)
             }
         });
-        let wabs: [__m256i; O] = std::array::from_fn(|j| match nibbles {
-            true => wv[j],
-            false => _mm256_sign_epi8(wv[j], wv[j]),
+        let wv: [__m256i; O] = match CODES {
+            TABLE => std::array::from_fn(|j| _mm256_shuffle_epi8(lut, wv[j])),
+            _ => wv,
+        };
+        let wabs: [__m256i; O] = std::array::from_fn(|j| match signed {
+            false => wv[j],
+            true => _mm256_sign_epi8(wv[j], wv[j]),
         });
         let dw: [__m256; O] = std::array::from_fn(|j| {
             if group == 16 {
                 let (lo, hi) = (*srow[j].add(2 * s), *srow[j].add(2 * s + 1));
                 _mm256_setr_ps(lo, lo, lo, lo, hi, hi, hi, hi)
+            } else if CODES == TABLE {
+                _mm256_set1_ps(*srow[j].add(s / per_group) * unit)
             } else {
-                _mm256_set1_ps(*srow[j].add(s))
+                _mm256_set1_ps(*srow[j].add(s / per_group))
             }
         });
         for r in 0..R {
             let a = _mm256_loadu_si256(acodes.add(r * ic + s * 32) as *const __m256i);
             let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
             for j in 0..O {
-                let a = match nibbles {
-                    true => a,
-                    false => _mm256_sign_epi8(a, wv[j]),
+                let a = match signed {
+                    false => a,
+                    true => _mm256_sign_epi8(a, wv[j]),
                 };
                 let p = dot32::<V>(wabs[j], a);
                 acc[j][r] = _mm256_fmadd_ps(p, _mm256_mul_ps(da, dw[j]), acc[j][r]);
