@@ -250,7 +250,15 @@ pub fn matmul_on(
                 let a = &inp[r0 * ic..(r0 + rows) * ic];
                 // SAFETY: the CPU runs `isa` (asserted above), so AVX2 and what `dot` names;
                 // IC is whole blocks of 32.
-                let int4 = matches!(weights, q8avx2::Weights::Int4 { .. });
+                // int4 and nf4 multiply pairs of blocks where `q8avx2::paired` holds.
+                let pairs = matches!(
+                    weights,
+                    q8avx2::Weights::Int4 { .. }
+                        | q8avx2::Weights::Grouped {
+                            codes: q8avx2::Codes::Lut4 { .. },
+                            ..
+                        }
+                );
                 let ggml = matches!(
                     weights,
                     q8avx2::Weights::Grouped {
@@ -259,7 +267,7 @@ pub fn matmul_on(
                         ..
                     }
                 );
-                unsafe { q8avx2::quantize(q, a, rows, ic, group, int4, ggml) };
+                unsafe { q8avx2::quantize(q, a, rows, ic, group, pairs, ggml) };
                 let q = &*q;
                 by_columns(
                     &mut out[r0 * oc..(r0 + rows) * oc],
@@ -303,8 +311,8 @@ fn vnni_chunks(group: usize, ic: usize) -> bool {
 /// there at `isa`: int4 at the AVX2 levels, and at the VNNI level where [`vnni_chunks`] does not
 /// hold (SmolLM2's 576-wide rows); int8, nf4 and ggml's blocks at every level from AVX2 up (the
 /// AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this one's 0.82:
-/// TinyLlama int8 decode, 2 Zen 4 cores; nf4's f32 table path ran TinyLlama at 0.14 of it capped
-/// to AVX2, this one 0.55, on 2 Sapphire Rapids cores). `None`: a float path.
+/// TinyLlama int8 decode, 2 Zen 4 cores; nf4's f32 table path ran TinyLlama at 0.16-0.20 of it
+/// capped to AVX2, this one 0.60-0.62, on 2 Sapphire Rapids cores). `None`: a float path.
 #[cfg(target_arch = "x86_64")]
 fn integer_weights<'a>(
     isa: Isa,

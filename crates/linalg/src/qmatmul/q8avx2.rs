@@ -15,7 +15,7 @@
 //!   unsigned); one scale per output row.
 //! - nf4: the codes unpack as int4's, then `vpshufb` looks each up in the 16 levels held as
 //!   signed bytes ([`lut4`]), and the block multiplies as int8's; the table's unit joins each
-//!   group's scale.
+//!   group's scale. Pairs of blocks share one load where [`paired`] holds, as int4's.
 //! - grouped int8 (ggml's blocks repacked): as int8, with a scale per group of 32 (or 16: the
 //!   block's low and high 4 lanes take their own) applied to each block's sum, and each group's
 //!   minimum times the activations' sum over the group added once per output. Codes 0..15
@@ -30,6 +30,7 @@
 
 mod grouped;
 mod int4;
+mod nf4;
 
 use super::ROWS;
 use half::f16;
@@ -44,8 +45,8 @@ pub(super) struct QActs {
     codes: Vec<i8>,
     scales: Vec<f32>,
     group_sums: Vec<f32>,
-    /// Codes laid out for int4 in pairs of blocks: per 64 values, the two blocks' first halves
-    /// (32 bytes, as the weight vector's low nibbles hold them), then their second halves.
+    /// Codes laid out for int4 and nf4 in pairs of blocks: per 64 values, the two blocks' first
+    /// halves (32 bytes, as the weight vector's low nibbles hold them), then their second halves.
     paired: bool,
     /// Per row and pair of blocks: 8 scales, the first block's four times, then the second's.
     pair_scales: Vec<f32>,
@@ -67,7 +68,7 @@ pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
 
 /// Quantizes `rows` rows of `a` (IC each, a multiple of 32) for weight groups of `group` (a
 /// multiple of 32 dividing IC; IC itself for one scale per row), in pairs of blocks when `pair`
-/// (int4 weights, where [`paired`] holds). With `ggml` the blocks are ggml's `block_q8_1`, as
+/// (int4 and nf4 weights, where [`paired`] holds). With `ggml` the blocks are ggml's `block_q8_1`, as
 /// its `quantize_row_q8_1` writes them for the dot products of its Q4_0 … Q8_0 blocks: the
 /// multiplier 127 / absmax, codes rounded to nearest even, and the scale and the scaled code
 /// sum rounded to fp16 — so a product over weights in ggml's blocks of 32 sees the activations
@@ -163,8 +164,8 @@ pub(super) unsafe fn quantize(
     }
 }
 
-/// Whether int4 products run on pairs of blocks: IC whole pairs, and each pair within one group
-/// or (groups of 32) one group a block.
+/// Whether int4 and nf4 products run on pairs of blocks: IC whole pairs, and each pair within
+/// one group or (groups of 32) one group a block.
 pub(super) fn paired(ic: usize, group: usize) -> bool {
     ic.is_multiple_of(64) && (group == 32 || group.is_multiple_of(64))
 }

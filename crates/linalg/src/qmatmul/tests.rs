@@ -153,9 +153,9 @@ fn dense_layouts_match_the_reference_with_a_column_tail() {
 }
 
 #[test]
-fn int4_rows_of_odd_blocks_or_groups_of_96_match_the_reference() {
+fn four_bit_rows_of_odd_blocks_or_groups_of_96_match_the_reference() {
     // 5 blocks a row, and groups that are not pairs of blocks: the integer kernel's one-block
-    // loop (every other int4 case runs it on pairs).
+    // loops (every other int4 and nf4 case runs them on pairs).
     for (oc, ic, group) in [(19, 160, 32), (7, 384, 96)] {
         let groups = oc * ic / group;
         let s = stored(&mut Rng::new(ic as u64), oc, ic, groups);
@@ -168,6 +168,13 @@ fn int4_rows_of_odd_blocks_or_groups_of_96_match_the_reference() {
             };
             check_all(&format!("int4 ic={ic} g{group}"), &w, ic, oc);
         }
+        let nf4 = QWeight::Nf4 {
+            codes: &s.u8s,
+            scales: &s.f_scales,
+            levels: &NF4,
+            group,
+        };
+        check_all(&format!("nf4 ic={ic} g{group}"), &nf4, ic, oc);
     }
 }
 

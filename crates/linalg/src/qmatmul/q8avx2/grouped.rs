@@ -31,6 +31,9 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
         Codes::U4(c) => {
             sums::<R, O, NIBBLES, V>(q, c.as_ptr(), (plain, unit), scales, group, ic, o0)
         }
+        Codes::Lut4 { codes, table, unit } if q.paired => {
+            super::nf4::pairs::<R, O, V>(q, codes.as_ptr(), (table, unit), scales, group, ic, o0)
+        }
         Codes::Lut4 { codes, table, unit } => {
             sums::<R, O, TABLE, V>(q, codes.as_ptr(), (table, unit), scales, group, ic, o0)
         }
