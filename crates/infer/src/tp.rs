@@ -16,7 +16,9 @@
 //! row-parallel slices must hold whole groups (`tp::check_groups`), and int8's one scale per row
 //! is the whole row's, so every rank's codes and scales are the whole model's. (The int8 kernel
 //! quantizes its activations per row, which a rank sees only its slice of: int8 runs may part
-//! from one rank's within int8's error; fp32, bf16, int4 and nf4 agree up to the order of sums.)
+//! from one rank's within int8's error; fp32 and bf16 agree up to the order of sums, and int4
+//! and nf4 too but for the integer kernels' int8-rounded activations, where a last-bit
+//! difference can flip one rounding.)
 //!
 //! Example: `engine::world::launch(2, timeout, |comm| { let mut w = Worker::tensor_parallel(
 //! cpu::Cpu::new(), config.clone(), setup, comm, None)?; w.load_whole_units(&units)?; ... })`.

@@ -19,15 +19,14 @@
 //!   its minimum, Q4_1, Q4_K), packed two per byte in int4's sub-block order.
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
-//! `target-cpu`): AVX-512 (16 lanes, the nf4 table in one `vpermps` where the integer kernel does
-//! not take it; int4 on 512-bit VNNI where present and rows are whole 128-weight chunks), AVX2 +
-//! FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 at the AVX2 levels and for
-//! rows the 512-bit kernel does not tile, int8, nf4 in groups of 32 or more and ggml's blocks at
-//! every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has
-//! them; `integer_weights` decides), and portable loops. Up to
-//! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
-//! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
-//! [`reference`] is the plain loop every path is tested against.
+//! `target-cpu`): AVX-512 (16 lanes; int4 on 512-bit VNNI where present and rows are whole
+//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 at
+//! the AVX2 levels and for rows the 512-bit kernel does not tile, int8, nf4 in groups of 32 or more
+//! and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512
+//! VNNI as the level has them; `integer_weights` decides), and portable loops. Up to [`ROWS`]
+//! activation rows share one pass over the weights (a decode batch reads each weight once); larger
+//! inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows. [`reference`] is
+//! the plain loop every path is tested against.
 //!
 //! ```
 //! use linalg::qmatmul::{matmul, QWeight};

@@ -1,6 +1,6 @@
-//! The AVX2 + FMA path of [`super::matmul`]: as the AVX-512 one with 8 lanes. A 32-weight
-//! sub-block is two 8-byte halves, each giving 8 low and 8 high nibbles; nf4's 16-entry table is
-//! two 8-entry `vpermps` lookups blended on the code's top bit.
+//! The AVX2 + FMA path of [`super::matmul`]: as the AVX-512 one with 8 lanes. A 32-weight int4
+//! sub-block is two 8-byte halves, each giving 8 low and 8 high nibbles. nf4 and ggml's blocks
+//! run on the integer kernel (`q8avx2`) from this level up.
 
 use super::{QWeight, Rows};
 use std::arch::x86_64::*;
@@ -75,43 +75,10 @@ unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) 
                     }
                 }
             }
-            // Grouped weights run on the integer path (`matmul_on` routes them); a direct call
-            // still gets the right sum.
-            QWeight::Grouped { .. } | QWeight::Grouped4 { .. } => {
+            // Grouped and nf4 weights run on the integer path (`matmul_on` routes them); a
+            // direct call still gets the right sum.
+            QWeight::Grouped { .. } | QWeight::Grouped4 { .. } | QWeight::Nf4 { .. } => {
                 scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
-            }
-            QWeight::Nf4 {
-                codes,
-                scales,
-                levels,
-                group,
-            } => {
-                let groups = ic / group;
-                let (lut_lo, lut_hi) = (
-                    _mm256_loadu_ps(levels.as_ptr()),
-                    _mm256_loadu_ps(levels.as_ptr().add(8)),
-                );
-                let mask = _mm256_set1_epi32(0xF);
-                let look = |idx: __m256i| {
-                    let top = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
-                    let a = _mm256_permutevar8x32_ps(lut_lo, idx);
-                    let b = _mm256_permutevar8x32_ps(lut_hi, idx);
-                    _mm256_blendv_ps(a, b, top)
-                };
-                for g in 0..groups {
-                    let d = _mm256_set1_ps(scales[o * groups + g]);
-                    for s in (0..group).step_by(32) {
-                        let col = g * group + s;
-                        let p = codes.as_ptr().add((o * ic + col) / 2);
-                        for half in 0..2 {
-                            let b = _mm_loadl_epi64(p.add(8 * half) as *const __m128i);
-                            let q = _mm256_cvtepu8_epi32(b);
-                            let lo = look(_mm256_and_si256(q, mask));
-                            let hi = look(_mm256_srli_epi32(q, 4));
-                            half_block::<R>(&mut acc, lo, hi, d, ap, ic, col + 8 * half);
-                        }
-                    }
-                }
             }
         }
         for r in 0..R {

@@ -1,7 +1,8 @@
 //! The AVX-512 path of [`super::matmul`]: 16 f32 lanes, up to [`super::ROWS`] accumulators (one
 //! per activation row) fed by each dequantized weight vector, a horizontal sum per output. Int4
-//! and nf4 expand 16 bytes (one 32-weight sub-block) to 16 lanes of codes, split into low and high
-//! nibbles; int4 subtracts the zero point in integers, nf4 looks its level up with one `vpermps`.
+//! expands 16 bytes (one 32-weight sub-block) to 16 lanes of codes, split into low and high
+//! nibbles, and subtracts the zero point in integers (or, symmetric, looks its value up with one
+//! `vpermps`). nf4 and ggml's blocks run on the integer kernel (`q8avx2`) from AVX2 up.
 
 use super::{QWeight, Rows};
 use std::arch::x86_64::*;
@@ -122,23 +123,10 @@ unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) 
                     table_group::<R>(&mut acc, codes, lut, ap, o, ic, g * group, group);
                 }
             }
-            // Grouped weights run on the integer path (`matmul_on` routes them); a direct call
-            // still gets the right sum.
-            QWeight::Grouped { .. } | QWeight::Grouped4 { .. } => {
+            // Grouped and nf4 weights run on the integer path (`matmul_on` routes them); a
+            // direct call still gets the right sum.
+            QWeight::Grouped { .. } | QWeight::Grouped4 { .. } | QWeight::Nf4 { .. } => {
                 scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
-            }
-            QWeight::Nf4 {
-                codes,
-                scales,
-                levels,
-                group,
-            } => {
-                let groups = ic / group;
-                let table = _mm512_loadu_ps(levels.as_ptr());
-                for g in 0..groups {
-                    let lut = _mm512_mul_ps(table, _mm512_set1_ps(scales[o * groups + g]));
-                    table_group::<R>(&mut acc, codes, lut, ap, o, ic, g * group, group);
-                }
             }
         }
         for r in 0..R {

@@ -1,8 +1,8 @@
-//! The AVX2 integer path for int4, int8 and nf4 weights (llama.cpp's AVX2 approach): each activation
-//! row is quantized once per call to int8 in blocks of 32 (scale absmax/127, round to nearest
-//! even — the VNNI path's rule, so both see the same activations), then `vpmaddubsw` multiplies
-//! 32 unsigned weight bytes by 32 signed activation bytes into 16 pair sums, `vpmaddwd` by ones
-//! adds those into 8 int32 lanes, and one FMA scales the block by weight scale × activation
+//! The AVX2 integer path for int4, int8 and nf4 weights (llama.cpp's AVX2 approach): each
+//! activation row is quantized once per call to int8 in blocks of 32 (scale absmax/127, round to
+//! nearest even — the VNNI path's rule, so both see the same activations), then `vpmaddubsw`
+//! multiplies 32 unsigned weight bytes by 32 signed activation bytes into 16 pair sums, `vpmaddwd`
+//! by ones adds those into 8 int32 lanes, and one FMA scales the block by weight scale × activation
 //! scale: 32 weights in 4 instructions per activation row, against 8 FMAs and the widening on the
 //! f32 path. With AVX-VNNI (VEX) or AVX-512 VNNI (EVEX) one `vpdpbusd` forms the same int32 sums
 //! ([`Dot`]).
@@ -68,10 +68,10 @@ pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
 
 /// Quantizes `rows` rows of `a` (IC each, a multiple of 32) for weight groups of `group` (a
 /// multiple of 32 dividing IC; IC itself for one scale per row), in pairs of blocks when `pair`
-/// (int4 and nf4 weights, where [`paired`] holds). With `ggml` the blocks are ggml's `block_q8_1`, as
-/// its `quantize_row_q8_1` writes them for the dot products of its Q4_0 … Q8_0 blocks: the
-/// multiplier 127 / absmax, codes rounded to nearest even, and the scale and the scaled code
-/// sum rounded to fp16 — so a product over weights in ggml's blocks of 32 sees the activations
+/// (int4 and nf4 weights, where [`paired`] holds). With `ggml` the blocks are ggml's `block_q8_1`,
+/// as its `quantize_row_q8_1` writes them for the dot products of its Q4_0 … Q8_0 blocks: the
+/// multiplier 127 / absmax, codes rounded to nearest even, and the scale and the scaled code sum
+/// rounded to fp16 — so a product over weights in ggml's blocks of 32 sees the activations
 /// llama.cpp's sees. Otherwise the scale stays f32.
 ///
 /// # Safety

@@ -6,8 +6,9 @@
 use super::{dot32, hsum, prefetch_next, Codes, QActs, FAR};
 use std::arch::x86_64::*;
 
-/// Grouped int8: each block's sum scaled by its activation scale and its group's weight scale
-/// (per half block for groups of 16); the minima's share added at the end.
+/// Grouped int8 and nf4: each block's sum scaled by its activation scale and its group's weight
+/// scale (per half block for groups of 16); the minima's share added at the end. nf4 runs two
+/// blocks a load where the activations are paired (`super::nf4`), else one block at a time.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
