@@ -411,6 +411,29 @@ pub(super) unsafe fn prefetch_next(row: *const u8, at: usize, ahead: usize) {
 /// The row length from which the weight loops prefetch the next pass's rows.
 pub(super) const FAR: usize = 1024;
 
+/// Pair `p` of 4-bit blocks in each of the `O` weight rows (IC codes two a byte): one 32-byte
+/// load, split into both blocks' low nibbles (weights 0..16 of each) and their high ones. Rows
+/// of [`FAR`] bytes or more first ask, every other pair, for the line two passes ahead (a little
+/// faster than one for int4: TinyLlama, AVX2, 2 cores).
+#[inline(always)]
+pub(super) unsafe fn pair_nibbles<const O: usize>(
+    wrow: [*const u8; O],
+    p: usize,
+    ic: usize,
+) -> ([__m256i; O], [__m256i; O]) {
+    if ic / 2 >= FAR && p.is_multiple_of(2) {
+        for row in wrow {
+            prefetch_next(row, p * 32, 2 * O * ic / 2);
+        }
+    }
+    let low = _mm256_set1_epi8(0x0F);
+    let v: [__m256i; O] =
+        std::array::from_fn(|j| _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i));
+    let lo = std::array::from_fn(|j| _mm256_and_si256(v[j], low));
+    let hi = std::array::from_fn(|j| _mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), low));
+    (lo, hi)
+}
+
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));

@@ -3,7 +3,7 @@
 //! subtracted once per output. Pairs of blocks share one 32-byte load where [`super::paired`]
 //! holds; otherwise one block at a time.
 
-use super::{dot32, dot_add, hsum, prefetch_next, QActs, FAR, PAIRS};
+use super::{dot32, dot_add, hsum, pair_nibbles, QActs, PAIRS};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -52,26 +52,13 @@ unsafe fn pairs<const R: usize, const O: usize, const V: u8>(
     let blocks = ic / 32;
     let acodes = q.codes.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); R]; O];
-    let low = _mm256_set1_epi8(0x0F);
     // Group 32: the pair's two scales, each over its four lanes.
     let spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     let pscales = q.pair_scales.as_ptr();
-    // Two passes ahead: a little faster than one here (TinyLlama, AVX2, 2 cores).
-    let far = ic / 2 >= FAR;
     for p in 0..blocks / 2 {
-        if far && p % 2 == 0 {
-            for row in wrow {
-                prefetch_next(row, p * 32, 2 * O * ic / 2);
-            }
-        }
-        let mut lo = [_mm256_setzero_si256(); O];
-        let mut hi = [_mm256_setzero_si256(); O];
+        let (lo, hi) = pair_nibbles(wrow, p, ic);
         let mut dw = [_mm256_setzero_ps(); O];
         for j in 0..O {
-            // 32 bytes: both blocks' low nibbles (weights 0..16 of each) and high ones.
-            let v = _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i);
-            lo[j] = _mm256_and_si256(v, low);
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
             dw[j] = if group == 32 {
                 let two = (srow[j].add(2 * p) as *const i32).read_unaligned();
                 let d = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(two)));

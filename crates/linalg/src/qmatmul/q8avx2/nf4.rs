@@ -6,7 +6,7 @@
 //! 2p + 1, scaled by their own activation scales; rows of one block at a time take
 //! `grouped::sums`.
 
-use super::{dot_add, prefetch_next, QActs, FAR};
+use super::{dot_add, pair_nibbles, QActs};
 use std::arch::x86_64::*;
 
 /// The scaled sums of outputs `o0 .. o0 + O` for the `R` activation rows (quantized in pairs),
@@ -28,24 +28,15 @@ pub(super) unsafe fn pairs<const R: usize, const O: usize, const V: u8>(
     let acodes = q.codes.as_ptr();
     let pscales = q.pair_scales.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); R]; O];
-    let low = _mm256_set1_epi8(0x0F);
     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
     let wrow: [*const u8; O] = std::array::from_fn(|j| base.add((o0 + j) * ic / 2));
     let srow: [*const f32; O] = std::array::from_fn(|j| scales.as_ptr().add((o0 + j) * groups));
-    let far = ic / 2 >= FAR;
     for p in 0..blocks / 2 {
-        if far && p % 2 == 0 {
-            for row in wrow {
-                prefetch_next(row, p * 32, 2 * O * ic / 2);
-            }
-        }
-        let mut lo = [_mm256_setzero_si256(); O];
-        let mut hi = [_mm256_setzero_si256(); O];
+        let (codes_lo, codes_hi) = pair_nibbles(wrow, p, ic);
+        let lo: [__m256i; O] = std::array::from_fn(|j| _mm256_shuffle_epi8(lut, codes_lo[j]));
+        let hi: [__m256i; O] = std::array::from_fn(|j| _mm256_shuffle_epi8(lut, codes_hi[j]));
         let mut dw = [_mm256_setzero_ps(); O];
         for j in 0..O {
-            let v = _mm256_loadu_si256(wrow[j].add(p * 32) as *const __m256i);
-            lo[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, low));
-            hi[j] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
             dw[j] = if group == 32 {
                 let (a, b) = (*srow[j].add(2 * p) * unit, *srow[j].add(2 * p + 1) * unit);
                 _mm256_setr_ps(a, a, a, a, b, b, b, b)
