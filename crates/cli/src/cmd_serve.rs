@@ -57,7 +57,8 @@ pub struct Args {
     /// at most 4096).
     #[arg(long)]
     pub ctx: Option<u64>,
-    /// Requests that may wait for the engine; one more is answered 429.
+    /// Requests that may wait for the engine; one more is answered 429 (besides these, each
+    /// decode worker may hold one it took but has no room for yet).
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
     /// Requests decoded together in one batch (continuous batching: one joins as another ends).

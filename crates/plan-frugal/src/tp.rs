@@ -248,7 +248,9 @@ pub fn split(model: &ModelShape, role: Role, tp: u32, rank: u32) -> Split {
         | Role::FcProjBias
         | Role::FinalNormWeight
         | Role::FinalNormBias => Split::Whole,
-        other => panic!("{other:?} has no tensor-parallel split (refused by tp::check)"),
+        other => {
+            panic!("{other:?} has no tensor-parallel split (LoRA under TP is refused at set-up)")
+        }
     }
 }
 

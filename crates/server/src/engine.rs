@@ -135,6 +135,12 @@ pub fn run(
                     }
                 },
             };
+            if job.events.is_closed() {
+                // The client left while its request waited: nothing to run.
+                metrics.dequeued();
+                metrics.finished(Finish::Cancelled);
+                continue;
+            }
             let need = need(&job);
             if need > pool {
                 metrics.dequeued();

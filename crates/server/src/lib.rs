@@ -1,7 +1,8 @@
 //! A model behind the OpenAI API, as `vllm serve` and `llama-server` offer it (`frugal serve`).
 //! `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), `GET
-//! /v1/models`, `GET /health`; `stream: true` answers with server-sent events; `max_tokens`,
-//! `temperature`, `top_k`, `seed` and `stop` are honoured and `usage` counts the tokens.
+//! /v1/models`, `GET /health`; `stream: true` answers with server-sent events (and a usage chunk
+//! with `stream_options.include_usage`); `max_tokens`, `temperature`, `top_k`, `top_p`, `seed`,
+//! `stop` and `logprobs` are honoured and `usage` counts the tokens.
 //!
 //! HTTP is tokio + axum ([`openai::router`]: bodies bounded before they are read, one task per
 //! connection); the model runs on engine threads of their own ([`engine::run`], one per decode

@@ -63,12 +63,13 @@ impl Queue {
     }
 
     /// A busy engine's next job: the oldest parked one if `fits` it (`Empty` while it does not:
-    /// it waits for an engine with room), else a new one unless an engine is idle (`Empty`);
-    /// `Disconnected` once the channel has closed.
+    /// it waits for an engine with room) or if its client has gone (the engine drops it, so it
+    /// holds up no one), else a new one unless an engine is idle (`Empty`); `Disconnected` once
+    /// the channel has closed.
     pub(crate) fn poll(&self, fits: impl Fn(&Job) -> bool) -> Result<Job, TryRecvError> {
         if let Ok(mut parked) = self.0.parked.lock() {
             if let Some(oldest) = parked.front() {
-                return match fits(oldest) {
+                return match fits(oldest) || oldest.events.is_closed() {
                     true => parked.pop_front().ok_or(TryRecvError::Empty),
                     false => Err(TryRecvError::Empty),
                 };
@@ -98,11 +99,18 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Event;
     use std::time::Instant;
 
-    /// A job of `len` prompt tokens.
+    /// A job of `len` prompt tokens whose client waits for it (its receiver is kept alive).
     fn job(len: usize) -> Job {
-        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::mem::forget(rx);
+        abandoned_job(len, events)
+    }
+
+    /// A job of `len` prompt tokens sending to `events`.
+    fn abandoned_job(len: usize, events: tokio::sync::mpsc::UnboundedSender<Event>) -> Job {
         Job {
             prompt: vec![1; len],
             max_tokens: 1,
@@ -151,5 +159,20 @@ mod tests {
         assert!(matches!(q.poll(|_| true), Err(TryRecvError::Empty)));
         q.0.idle.fetch_sub(1, Ordering::SeqCst);
         assert_eq!(q.poll(|_| true).unwrap().prompt.len(), 5);
+    }
+
+    #[test]
+    fn a_parked_job_whose_client_left_goes_to_any_engine_to_be_dropped() {
+        let (tx, rx) = mpsc::sync_channel(4);
+        let q = Queue::new(rx);
+        let (events, client) = tokio::sync::mpsc::unbounded_channel();
+        q.park(abandoned_job(6, events));
+        tx.send(job(7)).unwrap();
+        // While its client waits, an engine without room gets nothing.
+        assert!(matches!(q.poll(|_| false), Err(TryRecvError::Empty)));
+        drop(client);
+        // Gone: even an engine without room takes it (to drop it), then the job behind it.
+        assert_eq!(q.poll(|_| false).unwrap().prompt.len(), 6);
+        assert_eq!(q.poll(|_| true).unwrap().prompt.len(), 7);
     }
 }
