@@ -84,17 +84,16 @@ pub fn rope_rows(a: &A, qkv: Tensor, s: RopeShape, backward: bool) {
 
 pub fn attention_forward(a: &A, op: &Attention) {
     let s = op.shape;
-    let (b, t, nh, nkv, hd) = (s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
     let qkv = a.view::<f32>(op.qkv);
     let mut out = a.view_mut::<f32>(op.out);
     match op.kernel {
         AttnKernel::Materialised { att } => {
             let mut att = a.view_mut::<f32>(att);
-            attention::forward_window(&mut out, &mut att, &qkv, b, t, nh, nkv, hd, s.window);
+            attention::forward(&mut out, &mut att, &qkv, s);
         }
         AttnKernel::Flash { lse } => {
             let mut lse = a.view_mut::<f32>(lse);
-            flash::forward_window(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd, s.window);
+            flash::forward(&mut out, &mut lse, &qkv, s);
         }
     }
 }
@@ -343,19 +342,16 @@ fn bf16_linear_backward(
 
 pub fn attention_backward(a: &A, op: &AttentionBackward) {
     let s = op.shape;
-    let (b, t, nh, nkv, hd) = (s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim);
     let (dout, qkv) = (a.view::<f32>(op.dout), a.view::<f32>(op.qkv));
     let mut dqkv = a.view_mut::<f32>(op.dqkv);
     match op.kernel {
         AttnGradKernel::Materialised { att, datt } => {
             let (att, mut datt) = (a.view::<f32>(att), a.view_mut::<f32>(datt));
-            attention::backward(&mut dqkv, &mut datt, &dout, &qkv, &att, b, t, nh, nkv, hd);
+            attention::backward(&mut dqkv, &mut datt, &dout, &qkv, &att, s);
         }
         AttnGradKernel::Flash { out, lse } => {
             let (out, lse) = (a.view::<f32>(out), a.view::<f32>(lse));
-            flash::backward_window(
-                &mut dqkv, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd, s.window,
-            );
+            flash::backward(&mut dqkv, &dout, &out, &lse, &qkv, s);
         }
     }
 }

@@ -8,22 +8,28 @@
 
 struct Shape { u64 b, t, nh, nkv, hd, window; };
 
-__device__ __forceinline__ bool row_of(Shape s, u64* bb, u64* h, u64* t) {
+// The query row a warp handles: its batch, head and position, its kv head, the packed row
+// width, its batch's first qkv row and its q head. False for a warp past the last row.
+struct QueryRow { u64 bb, h, i, g, width; const float* base; const float* q; };
+
+__device__ __forceinline__ bool query_row(Shape s, const float* qkv, QueryRow* r) {
     u64 w = blockIdx.x * (u64)(blockDim.x >> 5) + (threadIdx.x >> 5);
     if (w >= s.b * s.nh * s.t) return false;
-    *t = w % s.t; *h = (w / s.t) % s.nh; *bb = w / (s.t * s.nh);
+    r->i = w % s.t; r->h = (w / s.t) % s.nh; r->bb = w / (s.t * s.nh);
+    r->width = (s.nh + 2 * s.nkv) * s.hd;
+    r->g = r->h / (s.nh / s.nkv);
+    r->base = qkv + r->bb * s.t * r->width;
+    r->q = r->base + r->i * r->width + r->h * s.hd;
     return true;
 }
 
 extern "C" __global__ void flash_forward(float* out, float* lse, const float* qkv, u64 b, u64 t, u64 nh,
                                          u64 nkv, u64 hd, u64 window) {
-    Shape s = {b, t, nh, nkv, hd, window};
-    u64 bb, h, i;
-    if (!row_of(s, &bb, &h, &i)) return;
+    QueryRow r;
+    if (!query_row(Shape{b, t, nh, nkv, hd, window}, qkv, &r)) return;
+    u64 bb = r.bb, h = r.h, i = r.i, g = r.g, width = r.width;
+    const float *base = r.base, *q = r.q;
     int lane = threadIdx.x & 31;
-    u64 width = (nh + 2 * nkv) * hd, g = h / (nh / nkv);
-    const float* base = qkv + bb * t * width;
-    const float* q = base + i * width + h * hd;
     float scale = 1.0f / sqrtf((float)hd);
     float qr[MAXD], o[MAXD];
     for (int k = 0; k < MAXD; k++) {
@@ -57,13 +63,11 @@ extern "C" __global__ void flash_forward(float* out, float* lse, const float* qk
 // D = rowsum(dO ∘ O).
 extern "C" __global__ void flash_backward_dq(float* dqkv, const float* dout, const float* out, const float* lse,
                                              const float* qkv, u64 b, u64 t, u64 nh, u64 nkv, u64 hd, u64 window) {
-    Shape s = {b, t, nh, nkv, hd, window};
-    u64 bb, h, i;
-    if (!row_of(s, &bb, &h, &i)) return;
+    QueryRow r;
+    if (!query_row(Shape{b, t, nh, nkv, hd, window}, qkv, &r)) return;
+    u64 bb = r.bb, h = r.h, i = r.i, g = r.g, width = r.width;
+    const float *base = r.base, *q = r.q;
     int lane = threadIdx.x & 31;
-    u64 width = (nh + 2 * nkv) * hd, g = h / (nh / nkv);
-    const float* base = qkv + bb * t * width;
-    const float* q = base + i * width + h * hd;
     const float* go = dout + (bb * t + i) * nh * hd + h * hd;
     const float* orow = out + (bb * t + i) * nh * hd + h * hd;
     float scale = 1.0f / sqrtf((float)hd);

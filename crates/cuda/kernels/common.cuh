@@ -54,39 +54,27 @@ __device__ __forceinline__ double warp_sum_f64(double x) {
     return x;
 }
 
-// A block's sum (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float x) {
+// A block's sum (MAX false) or max (MAX true); blockDim.x a multiple of 32, at most 1024; every
+// thread gets it.
+template <bool MAX>
+__device__ float block_reduce(float x) {
     __shared__ float part[32];
     __shared__ float total;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    x = warp_sum(x);
+    x = MAX ? warp_max(x) : warp_sum(x);
     __syncthreads();
     if (lane == 0) part[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        float y = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-        y = warp_sum(y);
+        float y = lane < (int)(blockDim.x >> 5) ? part[lane] : (MAX ? NEG_INF : 0.0f);
+        y = MAX ? warp_max(y) : warp_sum(y);
         if (lane == 0) total = y;
     }
     __syncthreads();
     return total;
 }
 
-__device__ float block_max(float x) {
-    __shared__ float part[32];
-    __shared__ float total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        float y = lane < (int)(blockDim.x >> 5) ? part[lane] : NEG_INF;
-        y = warp_max(y);
-        if (lane == 0) total = y;
-    }
-    __syncthreads();
-    return total;
-}
+__device__ float block_sum(float x) { return block_reduce<false>(x); }
+__device__ float block_max(float x) { return block_reduce<true>(x); }
 
 #define GRID_STRIDE(i, n) for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n); i += (u64)blockDim.x * gridDim.x)

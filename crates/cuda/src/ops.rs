@@ -9,8 +9,8 @@ use crate::device::{blocks, Arg, Cuda};
 use crate::gemm::{self, Operand};
 use engine::backend::{
     Activation, ActivationBackward, Attention, AttentionBackward, AttnGradKernel, AttnKernel,
-    Classifier, ClassifierLogits, DType, Embedding, EmbeddingBackward, Linear, LinearBackward,
-    LinearKind, NormBackward, NormGradKind, NormKind, NormOp, RopeShape, Tensor,
+    AttnShape, Classifier, ClassifierLogits, DType, Embedding, EmbeddingBackward, Linear,
+    LinearBackward, LinearKind, NormBackward, NormGradKind, NormKind, NormOp, RopeShape, Tensor,
 };
 use engine::Arena;
 use plan_frugal::family::Mlp;
@@ -153,26 +153,23 @@ fn window(w: usize) -> Arg {
     Arg::U64(w.min(u64::MAX as usize) as u64)
 }
 
+/// The flash kernels' arguments: `ptrs`, then the shape and window.
+fn flash_args(s: AttnShape, ptrs: &[Arg]) -> Vec<Arg> {
+    assert!(
+        s.head_dim <= 256,
+        "CUDA flash attention holds at most 256 head elements"
+    );
+    let (b, t, nh, nkv, hd) = s.dims();
+    let shape = [u(b), u(t), u(nh), u(nkv), u(hd), window(s.window)];
+    ptrs.iter().copied().chain(shape).collect()
+}
+
 pub fn attention(gpu: &Cuda, a: &A, op: &Attention) {
     let s = op.shape;
     let AttnKernel::Flash { lse } = op.kernel else {
         panic!("the materialised attention is refused on CUDA (flash only)");
     };
-    assert!(
-        s.head_dim <= 256,
-        "CUDA flash attention holds at most 256 head elements"
-    );
-    let args = [
-        ptr(a, op.out),
-        ptr(a, lse),
-        ptr(a, op.qkv),
-        u(s.batch),
-        u(s.seq),
-        u(s.n_heads),
-        u(s.n_kv_heads),
-        u(s.head_dim),
-        window(s.window),
-    ];
+    let args = flash_args(s, &[ptr(a, op.out), ptr(a, lse), ptr(a, op.qkv)]);
     let rows = s.batch * s.n_heads * s.seq;
     gpu.launch("flash_forward", row_blocks(rows), THREADS, &args);
 }
@@ -182,23 +179,8 @@ pub fn attention_backward(gpu: &Cuda, a: &A, op: &AttentionBackward) {
     let AttnGradKernel::Flash { out, lse } = op.kernel else {
         panic!("the materialised attention is refused on CUDA (flash only)");
     };
-    assert!(
-        s.head_dim <= 256,
-        "CUDA flash attention holds at most 256 head elements"
-    );
-    let args = [
-        ptr(a, op.dqkv),
-        ptr(a, op.dout),
-        ptr(a, out),
-        ptr(a, lse),
-        ptr(a, op.qkv),
-        u(s.batch),
-        u(s.seq),
-        u(s.n_heads),
-        u(s.n_kv_heads),
-        u(s.head_dim),
-        window(s.window),
-    ];
+    let ptrs = [op.dqkv, op.dout, out, lse, op.qkv].map(|t| ptr(a, t));
+    let args = flash_args(s, &ptrs);
     let queries = s.batch * s.n_heads * s.seq;
     gpu.launch("flash_backward_dq", row_blocks(queries), THREADS, &args);
     let keys = s.batch * s.n_kv_heads * s.seq;

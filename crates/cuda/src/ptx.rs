@@ -18,28 +18,23 @@ pub struct Source {
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
+/// `kernels/<name>.cu` as a [`Source`].
+macro_rules! source {
+    ($name:literal) => {
+        Source {
+            name: $name,
+            code: include_str!(concat!("../kernels/", $name, ".cu")),
+        }
+    };
+}
+
 /// Every kernel file, in load order.
 pub const SOURCES: &[Source] = &[
-    Source {
-        name: "elementwise",
-        code: include_str!("../kernels/elementwise.cu"),
-    },
-    Source {
-        name: "norm",
-        code: include_str!("../kernels/norm.cu"),
-    },
-    Source {
-        name: "embed_rope",
-        code: include_str!("../kernels/embed_rope.cu"),
-    },
-    Source {
-        name: "attention",
-        code: include_str!("../kernels/attention.cu"),
-    },
-    Source {
-        name: "train",
-        code: include_str!("../kernels/train.cu"),
-    },
+    source!("elementwise"),
+    source!("norm"),
+    source!("embed_rope"),
+    source!("attention"),
+    source!("train"),
 ];
 
 /// The virtual architecture every kernel is compiled for.

@@ -8,6 +8,7 @@
 
 mod common;
 
+use kernels::attention::Shape;
 use kernels::{attention, flash};
 
 const B: usize = 1;
@@ -44,15 +45,29 @@ fn main() {
         let (mut out, mut dqkv) = (vec![0.0f32; B * t * NH * HD], vec![0.0f32; qkv.len()]);
         let (mut att, mut datt) = (vec![0.0f32; B * NH * t * t], vec![0.0f32; B * NH * t * t]);
         let naive = common::median_secs(3, || {
-            attention::forward(&mut out, &mut att, &qkv, B, t, NH, NH, HD);
-            attention::backward(&mut dqkv, &mut datt, &dout, &qkv, &att, B, t, NH, NH, HD);
+            attention::forward(&mut out, &mut att, &qkv, Shape::causal(B, t, NH, NH, HD));
+            attention::backward(
+                &mut dqkv,
+                &mut datt,
+                &dout,
+                &qkv,
+                &att,
+                Shape::causal(B, t, NH, NH, HD),
+            );
         });
         let naive_bytes = (att.len() + datt.len()) * 4;
         drop((att, datt));
         let mut lse = vec![0.0f32; B * NH * t];
         let fl = common::median_secs(3, || {
-            flash::forward(&mut out, &mut lse, &qkv, B, t, NH, NH, HD);
-            flash::backward(&mut dqkv, &dout, &out, &lse, &qkv, B, t, NH, NH, HD);
+            flash::forward(&mut out, &mut lse, &qkv, Shape::causal(B, t, NH, NH, HD));
+            flash::backward(
+                &mut dqkv,
+                &dout,
+                &out,
+                &lse,
+                &qkv,
+                Shape::causal(B, t, NH, NH, HD),
+            );
         });
         let flash_bytes = lse.len() * 4 + threads * flash::STACK_BYTES_PER_THREAD;
         println!(

@@ -5,6 +5,7 @@
 //! the classifier's logits) are not gradients and may be overwritten. RoPE's backward is a
 //! rotation of the gradient in place, not an accumulation, and is left out.
 
+use crate::attention::Shape;
 use crate::testutil::Rng;
 use crate::{
     attention, classifier, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual, rmsnorm,
@@ -99,15 +100,29 @@ fn every_backward_kernel_accumulates() {
     let qkv = values(&mut rng, n * (nh + 2 * nkv) * hd);
     let datty = values(&mut rng, n * nh * hd);
     let (mut atty, mut att) = (vec![0.0; n * nh * hd], vec![0.0; b * nh * t * t]);
-    attention::forward(&mut atty, &mut att, &qkv, b, t, nh, nkv, hd);
+    attention::forward(&mut atty, &mut att, &qkv, Shape::causal(b, t, nh, nkv, hd));
     let mut datt = vec![0.0; att.len()];
     check("attention", &[qkv.len()], &mut |g| {
-        attention::backward(&mut g[0], &mut datt, &datty, &qkv, &att, b, t, nh, nkv, hd);
+        attention::backward(
+            &mut g[0],
+            &mut datt,
+            &datty,
+            &qkv,
+            &att,
+            Shape::causal(b, t, nh, nkv, hd),
+        );
     });
     let mut lse = vec![0.0; b * nh * t];
-    flash::forward(&mut atty, &mut lse, &qkv, b, t, nh, nkv, hd);
+    flash::forward(&mut atty, &mut lse, &qkv, Shape::causal(b, t, nh, nkv, hd));
     check("flash", &[qkv.len()], &mut |g| {
-        flash::backward(&mut g[0], &datty, &atty, &lse, &qkv, b, t, nh, nkv, hd);
+        flash::backward(
+            &mut g[0],
+            &datty,
+            &atty,
+            &lse,
+            &qkv,
+            Shape::causal(b, t, nh, nkv, hd),
+        );
     });
     let wte = values(&mut rng, v * c);
     let (mut losses, mut scratch) = (vec![0.0; n], vec![0.0; 3 * v]);

@@ -13,7 +13,8 @@
 //! // B = T = NH = NKV = 1, HD = 1: a single position attends only to itself.
 //! let qkv = [0.3f32, -1.0, 2.5];
 //! let (mut out, mut att) = ([0.0f32], [0.0f32]);
-//! kernels::attention::forward(&mut out, &mut att, &qkv, 1, 1, 1, 1, 1);
+//! let shape = kernels::attention::Shape::causal(1, 1, 1, 1, 1);
+//! kernels::attention::forward(&mut out, &mut att, &qkv, shape);
 //! assert_eq!((out[0], att[0]), (2.5, 1.0));
 //! ```
 
@@ -28,16 +29,54 @@ pub mod reference;
 #[cfg(test)]
 mod tests;
 
+/// One attention call's sizes: fused q|k|v rows (B, T, (NH + 2 NKV) HD).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub batch: usize,
+    pub seq: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions a query sees, itself included (a sliding window); `usize::MAX`: all earlier.
+    pub window: usize,
+}
+
+impl Shape {
+    /// Plain causal attention (no window).
+    pub fn causal(
+        batch: usize,
+        seq: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        let window = usize::MAX;
+        Shape {
+            batch,
+            seq,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            window,
+        }
+    }
+
+    /// (B, T, NH, NKV, HD).
+    pub fn dims(&self) -> (usize, usize, usize, usize, usize) {
+        (
+            self.batch,
+            self.seq,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+        )
+    }
+}
+
 /// Checks the shapes shared by every attention kernel; returns the packed row length R.
-pub(crate) fn check_shapes(
-    qkv: usize,
-    out: usize,
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-) -> usize {
+pub(crate) fn check_shapes(qkv: usize, out: usize, s: Shape) -> usize {
+    let (b, t, nh, nkv, hd) = s.dims();
+    assert!(s.window >= 1, "a window holds at least one position");
     assert!(
         nkv >= 1 && nh.is_multiple_of(nkv),
         "NH ({nh}) must be a multiple of NKV ({nkv})"
@@ -67,38 +106,13 @@ pub(crate) unsafe fn head_mut<'a>(
     MatMut::from_raw_parts_mut(base, t, hd, row_len as isize, 1)
 }
 
-/// out (B,T,NH*HD), att (B,NH,T,T), qkv (B,T,(NH+2*NKV)*HD).
-#[allow(clippy::too_many_arguments)]
-pub fn forward(
-    out: &mut [f32],
-    att: &mut [f32],
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-) {
-    forward_window(out, att, qkv, b, t, nh, nkv, hd, usize::MAX);
-}
-
-/// [`forward`] with sliding-window attention: query `t` sees keys `t + 1 - window ..= t`
-/// (Mistral's `sliding_window`; `usize::MAX` is plain causal attention). The backward needs no
-/// window of its own: the probabilities it reads are zero outside it.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_window(
-    out: &mut [f32],
-    att: &mut [f32],
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    window: usize,
-) {
-    assert!(window >= 1, "a window holds at least one position");
-    let r = check_shapes(qkv.len(), out.len(), b, t, nh, nkv, hd);
+/// out (B,T,NH*HD), att (B,NH,T,T), qkv (B,T,(NH+2*NKV)*HD). Query `t` sees keys
+/// `t + 1 - window ..= t` (Mistral's `sliding_window`; `usize::MAX` is plain causal attention).
+/// The backward needs no window of its own: the probabilities it reads are zero outside it.
+pub fn forward(out: &mut [f32], att: &mut [f32], qkv: &[f32], s: Shape) {
+    let (b, t, nh, nkv, hd) = s.dims();
+    let window = s.window;
+    let r = check_shapes(qkv.len(), out.len(), s);
     assert_eq!(att.len(), b * nh * t * t, "att must be (B, NH, T, T)");
     let (c, group) = (nh * hd, nh / nkv);
     let scale = 1.0 / (hd as f32).sqrt();
@@ -148,20 +162,16 @@ fn window_softmax_row(row: &mut [f32], lo: usize, ti: usize) {
 }
 
 /// Accumulates dqkv (B,T,R) from dout (B,T,NH*HD); datt (B,NH,T,T) is scratch (overwritten).
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
     dqkv: &mut [f32],
     datt: &mut [f32],
     dout: &[f32],
     qkv: &[f32],
     att: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
+    s: Shape,
 ) {
-    let r = check_shapes(qkv.len(), dout.len(), b, t, nh, nkv, hd);
+    let (b, t, nh, nkv, hd) = s.dims();
+    let r = check_shapes(qkv.len(), dout.len(), s);
     assert!(dqkv.len() == qkv.len() && att.len() == b * nh * t * t && datt.len() == att.len());
     let (c, group) = (nh * hd, nh / nkv);
     let scale = 1.0 / (hd as f32).sqrt();

@@ -10,18 +10,19 @@
 //! query head of the group and query tile i, `D = rowsum(dO ∘ O)`, then for each key tile j ≤ i:
 //! `P = exp(S - lse)`, `dV_j += Pᵀ dO_i`, `dP = dO_i V_jᵀ`, `dS = scale P ∘ (dP - D)`,
 //! `dQ_i += dS K_j`, `dK_j += dSᵀ Q_i`. Tiles are faer GEMMs on stack buffers. A sliding window
-//! (`forward_window`, `backward_window`) masks keys before `t + 1 - window` and skips the key
+//! (`Shape::window`) masks keys before `t + 1 - window` and skips the key
 //! tiles wholly before a query tile's window.
 //!
 //! ```
 //! // The single-position case of `attention`: out = v, lse = q·k / sqrt(HD).
 //! let qkv = [0.5f32, 2.0, 7.0]; // B = T = NH = NKV = HD = 1
 //! let (mut out, mut lse) = ([0.0f32], [0.0f32]);
-//! kernels::flash::forward(&mut out, &mut lse, &qkv, 1, 1, 1, 1, 1);
+//! let shape = kernels::attention::Shape::causal(1, 1, 1, 1, 1);
+//! kernels::flash::forward(&mut out, &mut lse, &qkv, shape);
 //! assert_eq!((out[0], lse[0]), (7.0, 1.0));
 //! ```
 
-use crate::attention::{check_shapes, head, head_mut};
+use crate::attention::{check_shapes, head, head_mut, Shape};
 use crate::fastmath::exp_shifted_sum;
 use crate::matmul::capped::matmul;
 use crate::par::SyncPtr;
@@ -35,42 +36,18 @@ pub const TILE: usize = 64;
 /// Extra bytes the backward keeps per thread on its stack (the S/P and dP/dS tiles plus D).
 pub const STACK_BYTES_PER_THREAD: usize = (2 * TILE * TILE + TILE) * 4;
 
-/// out (B,T,NH*HD), lse (B,NH,T), qkv (B,T,(NH+2*NKV)*HD).
-#[allow(clippy::too_many_arguments)]
-pub fn forward(
-    out: &mut [f32],
-    lse: &mut [f32],
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-) {
-    forward_window(out, lse, qkv, b, t, nh, nkv, hd, usize::MAX);
-}
-
 /// The first key a query at `tq` sees under a window of `window` positions.
 fn first_key(tq: usize, window: usize) -> usize {
     (tq + 1).saturating_sub(window)
 }
 
-/// [`forward`] with sliding-window attention: query `t` sees keys `t + 1 - window ..= t`, and key
-/// tiles wholly before a query tile's window are skipped (`usize::MAX`: plain causal).
-#[allow(clippy::too_many_arguments)]
-pub fn forward_window(
-    out: &mut [f32],
-    lse: &mut [f32],
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    window: usize,
-) {
-    assert!(window >= 1, "a window holds at least one position");
-    let r = check_shapes(qkv.len(), out.len(), b, t, nh, nkv, hd);
+/// out (B,T,NH*HD), lse (B,NH,T), qkv (B,T,(NH+2*NKV)*HD). Query `t` sees keys
+/// `t + 1 - window ..= t`, and key tiles wholly before a query tile's window are skipped
+/// (`usize::MAX`: plain causal).
+pub fn forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: Shape) {
+    let (b, t, nh, nkv, hd) = s.dims();
+    let window = s.window;
+    let r = check_shapes(qkv.len(), out.len(), s);
     assert_eq!(lse.len(), b * nh * t, "lse must be (B, NH, T)");
     let (c, group) = (nh * hd, nh / nkv);
     let scale = 1.0 / (hd as f32).sqrt();
@@ -162,40 +139,12 @@ fn online_softmax_row(
     corr
 }
 
-/// Accumulates dqkv (B,T,R) from dout (B,T,NH*HD), given the forward's out and lse.
-#[allow(clippy::too_many_arguments)]
-pub fn backward(
-    dqkv: &mut [f32],
-    dout: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-) {
-    backward_window(dqkv, dout, out, lse, qkv, b, t, nh, nkv, hd, usize::MAX);
-}
-
-/// [`backward`] of [`forward_window`] with the same `window`.
-#[allow(clippy::too_many_arguments)]
-pub fn backward_window(
-    dqkv: &mut [f32],
-    dout: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    qkv: &[f32],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    window: usize,
-) {
-    assert!(window >= 1, "a window holds at least one position");
-    let r = check_shapes(qkv.len(), out.len(), b, t, nh, nkv, hd);
+/// Accumulates dqkv (B,T,R) from dout (B,T,NH*HD), given the forward's out and lse (the same
+/// shape and window as the forward).
+pub fn backward(dqkv: &mut [f32], dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], s: Shape) {
+    let (b, t, nh, nkv, hd) = s.dims();
+    let window = s.window;
+    let r = check_shapes(qkv.len(), out.len(), s);
     assert!(dqkv.len() == qkv.len() && dout.len() == out.len() && lse.len() == b * nh * t);
     let dptr = SyncPtr(dqkv.as_mut_ptr());
     let dims = Dims {

@@ -11,6 +11,7 @@
 //! block's absmax, as the VNNI path); conversions and dequantization are exact.
 
 use half::bf16;
+use kernels::attention::Shape;
 use kernels::cpu::{self, Level};
 
 struct Rng(u64);
@@ -45,10 +46,17 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
     let (b, t, nh, nkv, hd) = (2, 45, 4, 2, 16);
     let qkv = rng.vec(b * t * (nh + 2 * nkv) * hd);
     let (mut o, mut lse) = (vec![0.0; b * t * nh * hd], vec![0.0; b * nh * t]);
-    kernels::flash::forward(&mut o, &mut lse, &qkv, b, t, nh, nkv, hd);
+    kernels::flash::forward(&mut o, &mut lse, &qkv, Shape::causal(b, t, nh, nkv, hd));
     let mut dqkv = vec![0.0; qkv.len()];
     let d_o = rng.vec(o.len());
-    kernels::flash::backward(&mut dqkv, &d_o, &o, &lse, &qkv, b, t, nh, nkv, hd);
+    kernels::flash::backward(
+        &mut dqkv,
+        &d_o,
+        &o,
+        &lse,
+        &qkv,
+        Shape::causal(b, t, nh, nkv, hd),
+    );
     out.push(("flash", [o, lse, dqkv].concat()));
     // GELU, layer norm.
     let x = rng.vec(1000);

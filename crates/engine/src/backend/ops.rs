@@ -83,17 +83,8 @@ pub struct RopeShape {
     pub theta: f32,
 }
 
-/// Causal attention over fused q|k|v rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnShape {
-    pub batch: usize,
-    pub seq: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    /// Positions a query sees, itself included (a sliding window); `usize::MAX`: all earlier.
-    pub window: usize,
-}
+/// Causal attention over fused q|k|v rows (its sizes and window).
+pub use kernels::attention::Shape as AttnShape;
 
 /// The attention kernel and what it keeps for the backward.
 #[derive(Clone, Copy, Debug)]

@@ -1,38 +1,15 @@
 //! llm.c-style loops for causal GQA attention, generic over [`Real`]: the oracle for the fast
 //! kernels (in f32) and for finite differences (in f64). Same packing and layout as the parent.
 
-use super::inv_sqrt;
+use super::{inv_sqrt, Shape};
 use crate::Real;
 
-/// out (B,T,NH*HD), att (B,NH,T,T), qkv (B,T,(NH+2*NKV)*HD).
-#[allow(clippy::too_many_arguments)]
-pub fn forward<F: Real>(
-    out: &mut [F],
-    att: &mut [F],
-    qkv: &[F],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-) {
-    forward_window(out, att, qkv, b, t, nh, nkv, hd, usize::MAX);
-}
-
-/// [`forward`] where query `t` sees keys `t + 1 - window ..= t` only (the backward is the same:
-/// the probabilities are zero outside the window).
-#[allow(clippy::too_many_arguments)]
-pub fn forward_window<F: Real>(
-    out: &mut [F],
-    att: &mut [F],
-    qkv: &[F],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    window: usize,
-) {
+/// out (B,T,NH*HD), att (B,NH,T,T), qkv (B,T,(NH+2*NKV)*HD); query `t` sees keys
+/// `t + 1 - window ..= t` only (the backward is the same: the probabilities are zero outside the
+/// window).
+pub fn forward<F: Real>(out: &mut [F], att: &mut [F], qkv: &[F], shape: Shape) {
+    let (b, t, nh, nkv, hd) = shape.dims();
+    let window = shape.window;
     let (r, c, group) = ((nh + 2 * nkv) * hd, nh * hd, nh / nkv);
     let scale = inv_sqrt::<F>(hd);
     for bi in 0..b {
@@ -76,19 +53,15 @@ pub fn forward_window<F: Real>(
 }
 
 /// Accumulates dqkv (B,T,R); datt (B,NH,T,T) is scratch.
-#[allow(clippy::too_many_arguments)]
 pub fn backward<F: Real>(
     dqkv: &mut [F],
     datt: &mut [F],
     dout: &[F],
     qkv: &[F],
     att: &[F],
-    b: usize,
-    t: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
+    shape: Shape,
 ) {
+    let (b, t, nh, nkv, hd) = shape.dims();
     let (r, c, group) = ((nh + 2 * nkv) * hd, nh * hd, nh / nkv);
     let scale = inv_sqrt::<F>(hd);
     for bi in 0..b {

@@ -18,19 +18,31 @@ fn backward_matches_finite_differences() {
     let dout = rng.vec(B * T * NH * HD);
     let loss = |x: &[f64]| {
         let (mut out, mut att) = (vec![0.0; B * T * NH * HD], vec![0.0; B * NH * T * T]);
-        reference::forward(&mut out, &mut att, x, B, T, NH, NKV, HD);
+        reference::forward(&mut out, &mut att, x, Shape::causal(B, T, NH, NKV, HD));
         dot(&out, &dout)
     };
     let fd = fd_grad(&qkv, loss);
     let (mut out, mut att) = (vec![0.0; B * T * NH * HD], vec![0.0; B * NH * T * T]);
-    reference::forward(&mut out, &mut att, &qkv, B, T, NH, NKV, HD);
+    reference::forward(&mut out, &mut att, &qkv, Shape::causal(B, T, NH, NKV, HD));
     let (mut dqkv, mut datt) = (vec![0.0; qkv.len()], vec![0.0; att.len()]);
-    reference::backward(&mut dqkv, &mut datt, &dout, &qkv, &att, B, T, NH, NKV, HD);
+    reference::backward(
+        &mut dqkv,
+        &mut datt,
+        &dout,
+        &qkv,
+        &att,
+        Shape::causal(B, T, NH, NKV, HD),
+    );
     assert_close("dqkv f64", &dqkv, &fd, FD_TOL_F64);
 
     let (q32, d32) = (to_f32(&qkv), to_f32(&dout));
     let (mut out32, mut att32) = (vec![0.0f32; out.len()], vec![7.0f32; att.len()]);
-    forward(&mut out32, &mut att32, &q32, B, T, NH, NKV, HD);
+    forward(
+        &mut out32,
+        &mut att32,
+        &q32,
+        Shape::causal(B, T, NH, NKV, HD),
+    );
     assert_close_f32("out", &out32, &out, F32_TOL);
     assert_close_f32("att", &att32, &att, F32_TOL);
     let (mut dqkv32, mut datt32) = (vec![0.0f32; qkv.len()], vec![7.0f32; att.len()]);
@@ -40,11 +52,7 @@ fn backward_matches_finite_differences() {
         &d32,
         &q32,
         &att32,
-        B,
-        T,
-        NH,
-        NKV,
-        HD,
+        Shape::causal(B, T, NH, NKV, HD),
     );
     assert_close_f32("dqkv f32", &dqkv32, &fd, F32_TOL);
 }
@@ -58,7 +66,7 @@ fn fast_matches_reference_at_larger_shape() {
     let qkv = to_f32(&rng.vec(b * t * r));
     let dout = to_f32(&rng.vec(b * t * nh * hd));
     let (mut out, mut att) = (vec![0.0f32; b * t * nh * hd], vec![0.0f32; b * nh * t * t]);
-    reference::forward(&mut out, &mut att, &qkv, b, t, nh, nkv, hd);
+    reference::forward(&mut out, &mut att, &qkv, Shape::causal(b, t, nh, nkv, hd));
     let (mut dq_ref, mut scratch) = (vec![1.0f32; qkv.len()], vec![0.0f32; att.len()]);
     reference::backward(
         &mut dq_ref,
@@ -66,17 +74,20 @@ fn fast_matches_reference_at_larger_shape() {
         &dout,
         &qkv,
         &att,
-        b,
-        t,
-        nh,
-        nkv,
-        hd,
+        Shape::causal(b, t, nh, nkv, hd),
     );
 
     let (mut out2, mut att2) = (vec![0.0f32; out.len()], vec![0.0f32; att.len()]);
-    forward(&mut out2, &mut att2, &qkv, b, t, nh, nkv, hd);
+    forward(&mut out2, &mut att2, &qkv, Shape::causal(b, t, nh, nkv, hd));
     let mut dq = vec![1.0f32; qkv.len()];
-    backward(&mut dq, &mut scratch, &dout, &qkv, &att2, b, t, nh, nkv, hd);
+    backward(
+        &mut dq,
+        &mut scratch,
+        &dout,
+        &qkv,
+        &att2,
+        Shape::causal(b, t, nh, nkv, hd),
+    );
     assert_close_f32("out", &out2, &to_f64(&out), F32_TOL);
     assert_close_f32("dqkv", &dq, &to_f64(&dq_ref), F32_TOL);
 }

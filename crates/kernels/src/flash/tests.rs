@@ -31,15 +31,34 @@ fn matches_materialised_attention() {
     let (b, t, nh, nkv, hd) = (2, 150, 6, 2, 8);
     let (qkv, dout) = random_case(b, t, nh, nkv, hd, 15);
     let (mut out_ref, mut att) = (vec![0.0f32; b * t * nh * hd], vec![0.0f32; b * nh * t * t]);
-    attention::forward(&mut out_ref, &mut att, &qkv, b, t, nh, nkv, hd);
+    attention::forward(
+        &mut out_ref,
+        &mut att,
+        &qkv,
+        Shape::causal(b, t, nh, nkv, hd),
+    );
     let (mut d_ref, mut datt) = (vec![0.5f32; qkv.len()], vec![0.0f32; att.len()]);
-    attention::backward(&mut d_ref, &mut datt, &dout, &qkv, &att, b, t, nh, nkv, hd);
+    attention::backward(
+        &mut d_ref,
+        &mut datt,
+        &dout,
+        &qkv,
+        &att,
+        Shape::causal(b, t, nh, nkv, hd),
+    );
 
     let (mut out, mut lse) = (vec![9.0f32; out_ref.len()], vec![0.0f32; b * nh * t]);
-    forward(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd);
+    forward(&mut out, &mut lse, &qkv, Shape::causal(b, t, nh, nkv, hd));
     assert_close_f32("out", &out, &to_f64(&out_ref), FLASH_TOL);
     let mut d = vec![0.5f32; qkv.len()];
-    backward(&mut d, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd);
+    backward(
+        &mut d,
+        &dout,
+        &out,
+        &lse,
+        &qkv,
+        Shape::causal(b, t, nh, nkv, hd),
+    );
     assert_close_f32("dqkv", &d, &to_f64(&d_ref), FLASH_TOL);
 
     // lse against the materialised scores: P[t, s] = exp(S[t, s] - lse[t]) for every visible s.
@@ -65,15 +84,22 @@ fn backward_matches_finite_differences() {
     let (qkv, dout) = (rng.vec(b * t * r), rng.vec(b * t * nh * hd));
     let loss = |x: &[f64]| {
         let (mut o, mut a) = (vec![0.0; b * t * nh * hd], vec![0.0; b * nh * t * t]);
-        attention::reference::forward(&mut o, &mut a, x, b, t, nh, nkv, hd);
+        attention::reference::forward(&mut o, &mut a, x, Shape::causal(b, t, nh, nkv, hd));
         dot(&o, &dout)
     };
     let fd = fd_grad(&qkv, loss);
     let (q32, d32) = (to_f32(&qkv), to_f32(&dout));
     let (mut out, mut lse) = (vec![0.0f32; b * t * nh * hd], vec![0.0f32; b * nh * t]);
-    forward(&mut out, &mut lse, &q32, b, t, nh, nkv, hd);
+    forward(&mut out, &mut lse, &q32, Shape::causal(b, t, nh, nkv, hd));
     let mut d = vec![0.0f32; qkv.len()];
-    backward(&mut d, &d32, &out, &lse, &q32, b, t, nh, nkv, hd);
+    backward(
+        &mut d,
+        &d32,
+        &out,
+        &lse,
+        &q32,
+        Shape::causal(b, t, nh, nkv, hd),
+    );
     assert_close_f32("dqkv", &d, &fd, F32_TOL);
 }
 
@@ -86,31 +112,62 @@ fn sliding_windows_match_the_reference_and_finite_differences() {
         let (mut out_ref, mut att_ref) =
             (vec![0.0f64; b * t * nh * hd], vec![0.0f64; b * nh * t * t]);
         let q64 = to_f64(&qkv);
-        attention::reference::forward_window(
+        attention::reference::forward(
             &mut out_ref,
             &mut att_ref,
             &q64,
-            b,
-            t,
-            nh,
-            nkv,
-            hd,
-            window,
+            Shape {
+                window,
+                ..Shape::causal(b, t, nh, nkv, hd)
+            },
         );
         let (mut out_m, mut att) = (vec![0.0f32; out_ref.len()], vec![0.0f32; att_ref.len()]);
-        attention::forward_window(&mut out_m, &mut att, &qkv, b, t, nh, nkv, hd, window);
+        attention::forward(
+            &mut out_m,
+            &mut att,
+            &qkv,
+            Shape {
+                window,
+                ..Shape::causal(b, t, nh, nkv, hd)
+            },
+        );
         assert_close_f32("materialised out", &out_m, &out_ref, FLASH_TOL);
         let (mut out, mut lse) = (vec![9.0f32; out_ref.len()], vec![0.0f32; b * nh * t]);
-        forward_window(&mut out, &mut lse, &qkv, b, t, nh, nkv, hd, window);
+        forward(
+            &mut out,
+            &mut lse,
+            &qkv,
+            Shape {
+                window,
+                ..Shape::causal(b, t, nh, nkv, hd)
+            },
+        );
         assert_close_f32("flash out", &out, &out_ref, FLASH_TOL);
         // Nothing outside the window: query 149 never sees key 149 - window.
         if window < t {
             assert_eq!(att[149 * t + 149 - window], 0.0, "window {window}");
         }
         let (mut d_m, mut datt) = (vec![0.0f32; qkv.len()], vec![0.0f32; att.len()]);
-        attention::backward(&mut d_m, &mut datt, &dout, &qkv, &att, b, t, nh, nkv, hd);
+        attention::backward(
+            &mut d_m,
+            &mut datt,
+            &dout,
+            &qkv,
+            &att,
+            Shape::causal(b, t, nh, nkv, hd),
+        );
         let mut d = vec![0.0f32; qkv.len()];
-        backward_window(&mut d, &dout, &out, &lse, &qkv, b, t, nh, nkv, hd, window);
+        backward(
+            &mut d,
+            &dout,
+            &out,
+            &lse,
+            &qkv,
+            Shape {
+                window,
+                ..Shape::causal(b, t, nh, nkv, hd)
+            },
+        );
         assert_close_f32("flash dqkv", &d, &to_f64(&d_m), FLASH_TOL);
     }
     // The windowed backward against f64 finite differences of the windowed reference.
@@ -120,14 +177,40 @@ fn sliding_windows_match_the_reference_and_finite_differences() {
     let (x, dy) = (rng.vec(t * r), rng.vec(t * nh * hd));
     let loss = |x: &[f64]| {
         let (mut o, mut a) = (vec![0.0; t * nh * hd], vec![0.0; nh * t * t]);
-        attention::reference::forward_window(&mut o, &mut a, x, 1, t, nh, nkv, hd, window);
+        attention::reference::forward(
+            &mut o,
+            &mut a,
+            x,
+            Shape {
+                window,
+                ..Shape::causal(1, t, nh, nkv, hd)
+            },
+        );
         dot(&o, &dy)
     };
     let fd = fd_grad(&x, loss);
     let (x32, dy32) = (to_f32(&x), to_f32(&dy));
     let (mut out, mut lse) = (vec![0.0f32; t * nh * hd], vec![0.0f32; nh * t]);
-    forward_window(&mut out, &mut lse, &x32, 1, t, nh, nkv, hd, window);
+    forward(
+        &mut out,
+        &mut lse,
+        &x32,
+        Shape {
+            window,
+            ..Shape::causal(1, t, nh, nkv, hd)
+        },
+    );
     let mut d = vec![0.0f32; x.len()];
-    backward_window(&mut d, &dy32, &out, &lse, &x32, 1, t, nh, nkv, hd, window);
+    backward(
+        &mut d,
+        &dy32,
+        &out,
+        &lse,
+        &x32,
+        Shape {
+            window,
+            ..Shape::causal(1, t, nh, nkv, hd)
+        },
+    );
     assert_close_f32("dqkv", &d, &fd, F32_TOL);
 }
