@@ -5,11 +5,12 @@
 //! on a bf16 one.
 
 use super::Cpu;
-use crate::Views;
+use crate::{Elem, Views};
 use engine::arena::Arena;
 use engine::backend::ops::*;
 use engine::backend::{DType, Tensor};
 use half::{bf16, f16};
+use kernels::classifier::{Io, VocabShard};
 use kernels::{
     attention, classifier, convert, embedding, flash, gelu, gemm_bf16, layernorm, matmul, residual,
     rmsnorm, rope, swiglu,
@@ -149,36 +150,6 @@ fn raw_scratch(a: &A, scratch: Tensor) -> Tensor {
     a.tensor(scratch.buf, DType::Bf16)
 }
 
-/// The fused classifier on bf16 operands (the weight is the bf16 working copy), or (`shard`)
-/// its vocab-parallel form.
-fn classifier_bf16(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -> f32 {
-    let (lnf, weight, targets) = (
-        a.view::<f32>(op.lnf),
-        a.view::<bf16>(op.weight),
-        a.view::<u32>(op.targets),
-    );
-    let mut losses = a.view_mut::<f32>(op.losses);
-    let mut dlnf = a.view_mut::<f32>(op.dlnf);
-    let mut raw = a.view_mut::<bf16>(raw_scratch(a, op.scratch));
-    let mut dweight = op.dweight.map(|d| a.view_mut::<bf16>(d));
-    let shape = (op.n, op.c, op.v);
-    let (losses, dlnf, dw) = (&mut *losses, &mut *dlnf, dweight.as_deref_mut());
-    let Some(shard) = shard else {
-        return classifier::bf16::forward_backward(
-            losses, dlnf, dw, &lnf, &weight, &targets, &mut raw, shape, op.dloss,
-        );
-    };
-    let mut stats = a.view_mut::<f32>(shard.stats);
-    let vocab = classifier::bf16::VocabShard {
-        first: shard.first,
-        stats: &mut stats,
-        reduce: shard.reduce,
-    };
-    classifier::bf16::forward_backward_shard(
-        losses, dlnf, dw, &lnf, &weight, &targets, &mut raw, shape, op.dloss, vocab,
-    )
-}
-
 pub fn classifier_logits(a: &A, op: &ClassifierLogits) {
     let (lnf, weight) = (a.view::<f32>(op.lnf), a.view::<bf16>(op.weight));
     let mut raw = a.view_mut::<bf16>(raw_scratch(a, op.scratch));
@@ -186,49 +157,53 @@ pub fn classifier_logits(a: &A, op: &ClassifierLogits) {
     classifier::bf16::logits(&mut raw, &lnf[..rows * c], &weight, rows, c, v);
 }
 
-/// The fused classifier over the whole vocabulary, or (`shard`) over this rank's rows of it.
-pub fn classifier(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -> f32 {
-    if op.weight.dtype == DType::Bf16 {
-        return classifier_bf16(a, op, shard);
-    }
+/// The classifier's views, the table in `W`, handed to `run` as one [`Io`].
+fn with_io<W: Elem>(
+    a: &A,
+    op: &Classifier,
+    scratch: Tensor,
+    run: impl FnOnce(Io<'_, W>) -> f32,
+) -> f32 {
     let (lnf, weight, targets) = (
         a.view::<f32>(op.lnf),
-        a.view::<f32>(op.weight),
+        a.view::<W>(op.weight),
         a.view::<u32>(op.targets),
     );
-    let mut losses = a.view_mut::<f32>(op.losses);
-    let mut dlnf = a.view_mut::<f32>(op.dlnf);
-    let mut scratch = a.view_mut::<f32>(op.scratch);
-    let mut dweight = op.dweight.map(|d| a.view_mut::<f32>(d));
-    let Some(shard) = shard else {
-        let (n, c, v) = (op.n, op.c, op.v);
-        return classifier::forward_backward(
-            &mut losses,
-            &mut dlnf,
-            dweight.as_deref_mut(),
-            &lnf,
-            &weight,
-            &targets,
-            &mut scratch,
-            n,
-            c,
-            v,
-            op.dloss,
-        );
-    };
-    let mut stats = a.view_mut::<f32>(shard.stats);
-    let s = classifier::shard::Shard {
-        losses: &mut losses,
-        dinp: &mut dlnf,
-        dwte: dweight.as_deref_mut(),
-        inp: &lnf,
-        wte: &weight,
-        targets: &targets,
-        scratch: &mut scratch,
-        stats: &mut stats,
-    };
-    let shape = (op.n, op.c, op.v);
-    classifier::shard::forward_backward(s, shape, shard.first, op.dloss, shard.reduce)
+    let (mut losses, mut dlnf) = (a.view_mut::<f32>(op.losses), a.view_mut::<f32>(op.dlnf));
+    let mut scratch = a.view_mut::<W>(scratch);
+    let mut dweight = op.dweight.map(|d| a.view_mut::<W>(d));
+    let dw = dweight.as_deref_mut();
+    run(Io::new(
+        &mut losses,
+        &mut dlnf,
+        dw,
+        &lnf,
+        &weight,
+        &targets,
+        &mut scratch,
+    ))
+}
+
+/// The fused classifier over the whole vocabulary, or (`shard`) over this rank's rows of it; on
+/// bf16 operands when the weight is the bf16 working copy.
+pub fn classifier(a: &A, op: &Classifier, shard: Option<ClassifierShard<'_>>) -> f32 {
+    let mut stats = shard.as_ref().map(|s| a.view_mut::<f32>(s.stats));
+    let vocab = (shard.zip(stats.as_deref_mut())).map(|(s, stats)| VocabShard {
+        first: s.first,
+        stats,
+        reduce: s.reduce,
+    });
+    let (shape, dloss) = ((op.n, op.c, op.v), op.dloss);
+    if op.weight.dtype == DType::Bf16 {
+        let raw = raw_scratch(a, op.scratch);
+        return with_io::<bf16>(a, op, raw, |io| {
+            classifier::bf16::forward_backward(io, shape, dloss, vocab)
+        });
+    }
+    with_io::<f32>(a, op, op.scratch, |io| match vocab {
+        None => classifier::forward_backward(io, shape, dloss),
+        Some(vocab) => classifier::shard::forward_backward(io, shape, dloss, vocab),
+    })
 }
 
 pub fn embedding_backward(a: &A, op: &EmbeddingBackward) {

@@ -10,6 +10,7 @@
 
 mod common;
 
+use kernels::classifier::Io;
 use kernels::{classifier, gelu, matmul};
 
 const N: usize = 1024;
@@ -61,22 +62,20 @@ fn bench_classifier() {
     for rows in [64, 256, 1024] {
         let mut scratch = vec![0.0f32; rows * V];
         let fwd = common::median_secs(3, || {
-            classifier::loss(&mut losses, &inp, &wte, &targets, &mut scratch, N, C, V);
+            classifier::loss(&mut losses, &inp, &wte, &targets, &mut scratch, (N, C, V));
         });
         let fb = common::median_secs(3, || {
-            classifier::forward_backward(
+            let dw = Some(&mut dwte[..]);
+            let io = Io::new(
                 &mut losses,
                 &mut dinp,
-                Some(&mut dwte),
+                dw,
                 &inp,
                 &wte,
                 &targets,
                 &mut scratch,
-                N,
-                C,
-                V,
-                1.0 / N as f32,
             );
+            classifier::forward_backward(io, (N, C, V), 1.0 / N as f32);
         });
         println!(
             "chunk {rows:>4} rows: loss {fwd:.3} s (softmax ~{:.3} s), fwd+bwd {fb:.3} s ({:.1} GFLOP/s over 3 GEMMs)",

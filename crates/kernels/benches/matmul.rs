@@ -24,6 +24,7 @@
 
 mod common;
 
+use kernels::classifier::Io;
 use kernels::gemm_bf16::{self, bf16, Accum, Isa};
 use kernels::matmul;
 
@@ -150,33 +151,23 @@ fn bench_classifier() {
     for rows in [64, 256] {
         let mut scratch = vec![0.0f32; rows * v];
         let f32_s = common::median_secs(3, || {
-            classifier::forward_backward(
+            let dw = Some(&mut dwte[..]);
+            let io = Io::new(
                 &mut losses,
                 &mut dinp,
-                Some(&mut dwte),
+                dw,
                 &inp,
                 &wte,
                 &targets,
                 &mut scratch,
-                N,
-                c,
-                v,
-                1.0 / N as f32,
             );
+            classifier::forward_backward(io, (N, c, v), 1.0 / N as f32);
         });
         let mut raw = vec![bf16::ZERO; rows * classifier::bf16::scratch_bytes_per_row(c, v) / 2];
         let bf16_s = common::median_secs(3, || {
-            classifier::bf16::forward_backward(
-                &mut losses,
-                &mut dinp,
-                Some(&mut dwte_h),
-                &inp,
-                &wte_h,
-                &targets,
-                &mut raw,
-                (N, c, v),
-                1.0 / N as f32,
-            );
+            let dw = Some(&mut dwte_h[..]);
+            let io = Io::new(&mut losses, &mut dinp, dw, &inp, &wte_h, &targets, &mut raw);
+            classifier::bf16::forward_backward(io, (N, c, v), 1.0 / N as f32, None);
         });
         let (f, b) = (flops / f32_s / 1e9, flops / bf16_s / 1e9);
         println!("{rows:<8} {f:>10.1} {b:>10.1} {:>9.2}x", b / f);

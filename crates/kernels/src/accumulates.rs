@@ -129,19 +129,8 @@ fn every_backward_kernel_accumulates() {
     check("classifier", &[n * c, v * c], &mut |g| {
         let [dinp, dwte] = g else { unreachable!() };
         let (x, w, y) = (&inp, &wte, &tokens);
-        classifier::forward_backward(
-            &mut losses,
-            dinp,
-            Some(dwte),
-            x,
-            w,
-            y,
-            &mut scratch,
-            n,
-            c,
-            v,
-            0.5,
-        );
+        let io = classifier::Io::new(&mut losses, dinp, Some(dwte), x, w, y, &mut scratch);
+        classifier::forward_backward(io, (n, c, v), 0.5);
     });
     let (m, k) = (5, 16);
     let a: Vec<bf16> = values(&mut rng, m * k)

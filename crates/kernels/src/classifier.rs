@@ -9,9 +9,10 @@
 //!
 //! ```
 //! // N = 1, C = 1, V = 2, all logits zero: loss = ln 2.
+//! use kernels::classifier::{forward_backward, Io};
 //! let (mut losses, mut dinp, mut dwte, mut scratch) = ([0.0f32], [0.0f32], [0.0f32; 2], [0.0f32; 2]);
-//! let sum = kernels::classifier::forward_backward(
-//!     &mut losses, &mut dinp, Some(&mut dwte), &[0.0], &[1.0, 1.0], &[1], &mut scratch, 1, 1, 2, 1.0);
+//! let io = Io::new(&mut losses, &mut dinp, Some(&mut dwte), &[0.0], &[1.0, 1.0], &[1], &mut scratch);
+//! let sum = forward_backward(io, (1, 1, 2), 1.0);
 //! assert!((sum - 2f32.ln()).abs() < 1e-6);
 //! ```
 
@@ -21,33 +22,72 @@ use crate::Real;
 use faer::Accum;
 use rayon::prelude::*;
 
-/// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) and dwte (V,C)
-/// (`None`: a frozen head, LoRA);
-/// inp (N,C), wte (V,C), targets (N), scratch (chunk_rows, V) with chunk_rows >= 1.
-/// Returns the sum of the losses.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_backward(
-    losses: &mut [f32],
-    dinp: &mut [f32],
-    mut dwte: Option<&mut [f32]>,
-    inp: &[f32],
-    wte: &[f32],
-    targets: &[u32],
-    scratch: &mut [f32],
-    n: usize,
-    c: usize,
-    v: usize,
-    dloss: f32,
-) -> f32 {
+/// One classifier call's slices, the table and its gradient in `W` (f32, or bf16 in
+/// [`bf16`]): per-row losses (N), the input gradient dinp (N, C), the table's gradient dwte
+/// (V, C) (`None`: a frozen head, LoRA), inp (N, C), the table wte (V, C), targets (N), and the
+/// scratch of a chunk of rows ((chunk_rows, V) f32 here; [`bf16::scratch_bytes_per_row`] there).
+pub struct Io<'a, W> {
+    pub losses: &'a mut [f32],
+    pub dinp: &'a mut [f32],
+    pub dwte: Option<&'a mut [W]>,
+    pub inp: &'a [f32],
+    pub wte: &'a [W],
+    pub targets: &'a [u32],
+    pub scratch: &'a mut [W],
+}
+
+impl<'a, W> Io<'a, W> {
+    /// The slices, in the order of the fields.
+    pub fn new(
+        losses: &'a mut [f32],
+        dinp: &'a mut [f32],
+        dwte: Option<&'a mut [W]>,
+        inp: &'a [f32],
+        wte: &'a [W],
+        targets: &'a [u32],
+        scratch: &'a mut [W],
+    ) -> Self {
+        Io {
+            losses,
+            dinp,
+            dwte,
+            inp,
+            wte,
+            targets,
+            scratch,
+        }
+    }
+}
+
+/// A vocabulary shard's part of the softmax (tensor parallelism, [`shard`]): this rank's table
+/// rows start at id `first`; `stats` (3 × chunk rows f32) carries the per-row max, sum of
+/// exponentials and target logit through `reduce` over the ranks.
+pub struct VocabShard<'a> {
+    pub first: usize,
+    pub stats: &'a mut [f32],
+    pub reduce: &'a mut dyn FnMut(&mut [f32], shard::RowReduce),
+}
+
+/// Per-row losses and `dloss * d(sum of losses)` accumulated into `dinp` and `dwte` for
+/// (N, C, V) = `shape`, the scratch holding at least one row. Returns the sum of the losses.
+pub fn forward_backward(io: Io<'_, f32>, shape: (usize, usize, usize), dloss: f32) -> f32 {
+    let Io {
+        losses,
+        dinp,
+        mut dwte,
+        inp,
+        wte,
+        targets,
+        scratch,
+    } = io;
+    let (n, c, v) = shape;
     let rows = check(
         losses.len(),
         inp.len(),
         wte.len(),
         targets,
         scratch.len(),
-        n,
-        c,
-        v,
+        shape,
     );
     assert!(dinp.len() == n * c && dwte.as_ref().is_none_or(|d| d.len() == v * c));
     let mut sum = 0.0f64;
@@ -90,27 +130,23 @@ fn chunk_backward(
     }
 }
 
-/// The forward alone: per-row losses (N); returns their sum. Same shapes as [`forward_backward`].
-#[allow(clippy::too_many_arguments)]
+/// The forward alone: per-row losses (N); returns their sum. Same shapes as [`Io`].
 pub fn loss(
     losses: &mut [f32],
     inp: &[f32],
     wte: &[f32],
     targets: &[u32],
     scratch: &mut [f32],
-    n: usize,
-    c: usize,
-    v: usize,
+    shape: (usize, usize, usize),
 ) -> f32 {
+    let (n, c, v) = shape;
     let rows = check(
         losses.len(),
         inp.len(),
         wte.len(),
         targets,
         scratch.len(),
-        n,
-        c,
-        v,
+        shape,
     );
     let mut sum = 0.0f64;
     for i0 in (0..n).step_by(rows) {
@@ -128,16 +164,13 @@ pub fn logits(out: &mut [f32], inp: &[f32], wte: &[f32], c: usize, v: usize) {
     chunk_logits(out, inp, wte, 1, c, v);
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check(
     losses: usize,
     inp: usize,
     wte: usize,
     targets: &[u32],
     scratch: usize,
-    n: usize,
-    c: usize,
-    v: usize,
+    (n, c, v): (usize, usize, usize),
 ) -> usize {
     assert!(losses == n && inp == n * c && wte == v * c && targets.len() == n);
     let rows = scratch / v;

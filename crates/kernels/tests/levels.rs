@@ -76,20 +76,10 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37) % v as u32).collect();
     let (mut losses, mut dx, mut dwte) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
     let mut scratch = vec![0.0; 4 * v];
-    let args = (n, c, v, 1.0 / n as f32);
-    kernels::classifier::forward_backward(
-        &mut losses,
-        &mut dx,
-        Some(&mut dwte),
-        &x,
-        &wte,
-        &targets,
-        &mut scratch,
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-    );
+    let dw = Some(&mut dwte[..]);
+    let io =
+        kernels::classifier::Io::new(&mut losses, &mut dx, dw, &x, &wte, &targets, &mut scratch);
+    kernels::classifier::forward_backward(io, (n, c, v), 1.0 / n as f32);
     out.push(("classifier", [losses, dx, dwte].concat()));
     // Conversions (exact).
     let mut h = vec![bf16::ZERO; 1003];

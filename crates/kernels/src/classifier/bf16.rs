@@ -19,8 +19,8 @@
 //! region of [`scratch_bytes_per_row`] a row: V f32 logits (later `dlᵀ` and `dl`, 2 bytes each)
 //! and C bf16 inputs, carved here: what the f32 classifier's logits take, plus 2C.
 
-use super::check;
 use super::shard::RowReduce;
+use super::{check, Io, VocabShard};
 use crate::convert::{bf16_bits, f32_to_bf16};
 use crate::fastmath::{exp_with, simd_fn};
 use crate::gemm_bf16::{gemm_nn, gemm_nn_bf16, gemm_nt, transpose, Accum};
@@ -86,67 +86,24 @@ pub fn logits(scratch: &mut [bf16], inp: &[f32], wte: &[bf16], rows: usize, c: u
 
 /// Per-row losses (N) and `dloss * d(sum of losses)` accumulated into dinp (N,C) f32 and the
 /// 2-byte dwte (V,C) (`None`: frozen; each chunk's part added and rounded once); inp (N,C) f32,
-/// wte (V,C) bf16, targets (N). Returns the sum of the losses.
-#[allow(clippy::too_many_arguments)]
+/// wte (V,C) bf16, targets (N), (N, C, V) = `shape`. Returns the sum of the losses. With
+/// `shard`, over this rank's `v` rows of the vocabulary: the losses are the whole vocabulary's,
+/// `dinp` this rank's partial input gradient (the caller sums it over the ranks).
 pub fn forward_backward(
-    losses: &mut [f32],
-    dinp: &mut [f32],
-    dwte: Option<&mut [bf16]>,
-    inp: &[f32],
-    wte: &[bf16],
-    targets: &[u32],
-    scratch: &mut [bf16],
-    shape: (usize, usize, usize),
-    dloss: f32,
-) -> f32 {
-    let io = (losses, dinp, dwte, inp, wte, targets);
-    run(io, scratch, shape, dloss, None)
-}
-
-/// A vocabulary shard's part of the softmax (tensor parallelism, as `super::shard`): this
-/// rank's table rows start at id `first`; `stats` (3 × chunk rows f32) carries the per-row max,
-/// sum of exponentials and target logit through `reduce` over the ranks.
-pub struct VocabShard<'a> {
-    pub first: usize,
-    pub stats: &'a mut [f32],
-    pub reduce: &'a mut dyn FnMut(&mut [f32], RowReduce),
-}
-
-/// [`forward_backward`] over this rank's `v` rows of the vocabulary: the losses are the whole
-/// vocabulary's, `dinp` this rank's partial input gradient (the caller sums it over the ranks).
-#[allow(clippy::too_many_arguments)]
-pub fn forward_backward_shard(
-    losses: &mut [f32],
-    dinp: &mut [f32],
-    dwte: Option<&mut [bf16]>,
-    inp: &[f32],
-    wte: &[bf16],
-    targets: &[u32],
-    scratch: &mut [bf16],
-    shape: (usize, usize, usize),
-    dloss: f32,
-    shard: VocabShard<'_>,
-) -> f32 {
-    let io = (losses, dinp, dwte, inp, wte, targets);
-    run(io, scratch, shape, dloss, Some(shard))
-}
-
-type Io<'a> = (
-    &'a mut [f32],
-    &'a mut [f32],
-    Option<&'a mut [bf16]>,
-    &'a [f32],
-    &'a [bf16],
-    &'a [u32],
-);
-
-fn run(
-    (losses, dinp, mut dwte, inp, wte, targets): Io<'_>,
-    scratch: &mut [bf16],
+    io: Io<'_, bf16>,
     (n, c, v): (usize, usize, usize),
     dloss: f32,
     mut shard: Option<VocabShard<'_>>,
 ) -> f32 {
+    let Io {
+        losses,
+        dinp,
+        mut dwte,
+        inp,
+        wte,
+        targets,
+        scratch,
+    } = io;
     let rows = scratch_rows(scratch, c, v);
     let rows = match &shard {
         Some(sh) => rows.min(sh.stats.len() / 3),
@@ -164,9 +121,7 @@ fn run(
                 wte.len(),
                 targets,
                 rows * v,
-                n,
-                c,
-                v,
+                (n, c, v),
             )
         }
     }

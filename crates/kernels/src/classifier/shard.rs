@@ -10,7 +10,7 @@
 //! The reductions are the caller's (`reduce`), so the kernel knows no communicator; one rank with
 //! an identity `reduce` is the unsharded classifier up to rounding.
 
-use super::{chunk_backward, chunk_logits, scale_row};
+use super::{chunk_backward, chunk_logits, scale_row, Io, VocabShard};
 use crate::fastmath::{exp_shifted_sum, row_max};
 use rayon::prelude::*;
 
@@ -21,31 +21,17 @@ pub enum RowReduce {
     Sum,
 }
 
-/// The slices a rank's classifier reads and writes: per-row losses (N, the same on every rank
-/// once reduced), the partial input gradient dinp (N, C), its weight gradient (V, C) (`None`:
-/// frozen), inp (N, C), its weight rows wte (V, C), the global targets (N), scratch
-/// (chunk_rows, V) and `stats` (3 × chunk_rows).
-pub struct Shard<'a> {
-    pub losses: &'a mut [f32],
-    pub dinp: &'a mut [f32],
-    pub dwte: Option<&'a mut [f32]>,
-    pub inp: &'a [f32],
-    pub wte: &'a [f32],
-    pub targets: &'a [u32],
-    pub scratch: &'a mut [f32],
-    pub stats: &'a mut [f32],
-}
-
 /// Runs the vocab-parallel classifier over `n` rows of width `c` against this rank's `v` rows
-/// starting at id `first`; returns the sum of the losses (every rank the same).
+/// (`io.wte`, its gradient `io.dwte`) starting at id `shard.first`; `io.dinp` is this rank's
+/// partial input gradient, `io.targets` the global ids. Returns the sum of the losses (every
+/// rank the same).
 pub fn forward_backward(
-    s: Shard<'_>,
+    io: Io<'_, f32>,
     (n, c, v): (usize, usize, usize),
-    first: usize,
     dloss: f32,
-    reduce: &mut dyn FnMut(&mut [f32], RowReduce),
+    shard: VocabShard<'_>,
 ) -> f32 {
-    let Shard {
+    let Io {
         losses,
         dinp,
         mut dwte,
@@ -53,8 +39,12 @@ pub fn forward_backward(
         wte,
         targets,
         scratch,
+    } = io;
+    let VocabShard {
+        first,
         stats,
-    } = s;
+        reduce,
+    } = shard;
     assert!(losses.len() == n && inp.len() == n * c && wte.len() == v * c && targets.len() == n);
     assert!(dinp.len() == n * c && dwte.as_ref().is_none_or(|d| d.len() == v * c));
     let rows = (scratch.len() / v).min(stats.len() / 3);
@@ -99,76 +89,4 @@ pub fn forward_backward(
         chunk_backward(logits, x, wte, (dx, dwte.as_deref_mut()), (cr, c, v));
     }
     total as f32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::*;
-
-    #[test]
-    fn two_vocabulary_shards_give_the_whole_classifiers_loss_and_gradients() {
-        let (n, c, v, chunk) = (37, 8, 29, 16);
-        let mut rng = Rng::new(3);
-        let inp = to_f32(&rng.vec(n * c));
-        let wte = to_f32(&rng.vec(v * c));
-        let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
-        let dloss = 1.0 / n as f32;
-        let (mut losses, mut dinp, mut dwte) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
-        let mut scratch = vec![0.0; chunk * v];
-        let whole = super::super::forward_backward(
-            &mut losses,
-            &mut dinp,
-            Some(&mut dwte),
-            &inp,
-            &wte,
-            &targets,
-            &mut scratch,
-            n,
-            c,
-            v,
-            dloss,
-        );
-        let shards = [(0usize, 15usize), (15, 14)];
-        let ranks = TwoRanks::new();
-        let results: Vec<_> = std::thread::scope(|s| {
-            let joins: Vec<_> = (shards.iter().enumerate())
-                .map(|(r, &(first, rows))| {
-                    let (inp, wte, targets) = (&inp, &wte, &targets);
-                    let ranks = &ranks;
-                    s.spawn(move || {
-                        let mut reduce = |buf: &mut [f32], op| ranks.reduce(r, buf, op);
-                        let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
-                        let mut dwte = vec![0.0; rows * c];
-                        let (mut scratch, mut stats) =
-                            (vec![0.0; chunk * rows], vec![0.0; 3 * chunk]);
-                        let shard = Shard {
-                            losses: &mut losses,
-                            dinp: &mut dinp,
-                            dwte: Some(&mut dwte),
-                            inp,
-                            wte: &wte[first * c..(first + rows) * c],
-                            targets,
-                            scratch: &mut scratch,
-                            stats: &mut stats,
-                        };
-                        let sum = forward_backward(shard, (n, c, rows), first, dloss, &mut reduce);
-                        (sum, losses, dinp, dwte)
-                    })
-                })
-                .collect();
-            joins.into_iter().map(|j| j.join().unwrap()).collect()
-        });
-        let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-3);
-        for (sum, l, _, _) in &results {
-            assert!(rel(*sum, whole) < 1e-5, "{sum} vs {whole}");
-            (l.iter().zip(&losses)).for_each(|(a, b)| assert!(rel(*a, *b) < 1e-5));
-        }
-        let dinp_sum: Vec<f32> = (results[0].2.iter().zip(&results[1].2))
-            .map(|(a, b)| a + b)
-            .collect();
-        let dwte_cat: Vec<f32> = [results[0].3.clone(), results[1].3.clone()].concat();
-        assert_close("dinp", &to_f64(&dinp_sum), &to_f64(&dinp), 1e-5);
-        assert_close("dwte", &to_f64(&dwte_cat), &to_f64(&dwte), 1e-5);
-    }
 }

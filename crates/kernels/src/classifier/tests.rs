@@ -30,7 +30,7 @@ fn backward_matches_finite_differences() {
     let (mut losses, mut di32, mut dw32) =
         (vec![0.0f32; N], vec![0.0f32; N * C], vec![0.0f32; V * C]);
     let mut scratch = vec![0.0f32; 3 * V];
-    let sum = forward_backward(
+    let io = Io::new(
         &mut losses,
         &mut di32,
         Some(&mut dw32),
@@ -38,17 +38,14 @@ fn backward_matches_finite_differences() {
         &w32,
         &targets,
         &mut scratch,
-        N,
-        C,
-        V,
-        dloss as f32,
     );
+    let sum = forward_backward(io, (N, C, V), dloss as f32);
     assert_close("sum of losses", &[sum as f64], &[total], F32_TOL);
     assert_close_f32("dinp f32", &di32, &fd_inp, F32_TOL);
     assert_close_f32("dwte f32", &dw32, &fd_wte, F32_TOL);
 
     let mut losses2 = vec![0.0f32; N];
-    let sum2 = super::loss(&mut losses2, &i32_, &w32, &targets, &mut scratch, N, C, V);
+    let sum2 = super::loss(&mut losses2, &i32_, &w32, &targets, &mut scratch, (N, C, V));
     assert_eq!(
         (sum2, &losses2),
         (sum, &losses),
@@ -75,9 +72,7 @@ fn target_beyond_vocabulary_panics() {
         &[0.0; V * C],
         &[V as u32],
         &mut scratch,
-        1,
-        C,
-        V,
+        (1, C, V),
     );
 }
 
@@ -130,17 +125,17 @@ fn bf16_matches_reference_on_bf16_values() {
         vec![0.0f32; n * c],
         vec![bf16::ZERO; v * c],
     );
-    let sum = cls::forward_backward(
+    let inp32 = to_f32(&inp);
+    let io = Io::new(
         &mut losses,
         &mut di32,
         Some(&mut dw16),
-        &to_f32(&inp),
+        &inp32,
         &wte_h,
         &targets,
         scratch,
-        (n, c, v),
-        dloss as f32,
     );
+    let sum = cls::forward_backward(io, (n, c, v), dloss as f32, None);
     assert_close("sum of losses", &[sum as f64], &[total], F32_TOL);
     assert_close_rel("dinp bf16", &di32, &di, 1e-2);
     let dw32: Vec<f32> = dw16.iter().map(|x| x.to_f32()).collect();
@@ -168,14 +163,103 @@ fn as_bf16(words: &mut [u32]) -> &mut [half::bf16] {
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) }
 }
 
-/// Two vocabulary shards of the bf16 classifier (ranks as threads, the reductions through
-/// shared slots) give the whole bf16 classifier's losses, input gradient (summed) and table
-/// gradient (concatenated): the shards see the same bf16 logits, and their lse differs only in
-/// summation order (so a 2-byte table gradient may round one bf16 step apart: 2^-8 of the
-/// largest).
+/// Runs `rank(r, first, rows, reduce)` for each of two vocabulary shards, ranks as threads and
+/// the reductions through shared slots; returns each rank's result.
+fn on_two_shards<T: Send>(
+    shards: [(usize, usize); 2],
+    rank: impl Fn(usize, usize, usize, &mut dyn FnMut(&mut [f32], shard::RowReduce)) -> T + Sync,
+) -> Vec<T> {
+    let ranks = TwoRanks::new();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = (shards.iter().enumerate())
+            .map(|(r, &(first, rows))| {
+                let (ranks, rank) = (&ranks, &rank);
+                s.spawn(move || rank(r, first, rows, &mut |buf, op| ranks.reduce(r, buf, op)))
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+/// One shard's result: the sum of the losses, the losses, its partial dinp and its dwte rows.
+type ShardResult<W> = (f32, Vec<f32>, Vec<f32>, Vec<W>);
+
+/// Checks each shard's sum and losses against the whole classifier's; returns dinp summed over
+/// the shards and dwte concatenated (widened to f32).
+fn combine<W: Copy + Into<f32>>(
+    results: &[ShardResult<W>],
+    whole: f32,
+    losses: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-3);
+    for (sum, l, _, _) in results {
+        assert!(rel(*sum, whole) < 1e-5, "{sum} vs {whole}");
+        (l.iter().zip(losses)).for_each(|(a, b)| assert!(rel(*a, *b) < 1e-5));
+    }
+    let dinp_sum = (results[0].2.iter().zip(&results[1].2))
+        .map(|(a, b)| a + b)
+        .collect();
+    let dwte_cat = (results.iter().flat_map(|r| &r.3))
+        .map(|&x| x.into())
+        .collect();
+    (dinp_sum, dwte_cat)
+}
+
+/// Two vocabulary shards of the f32 classifier give the whole classifier's losses, input
+/// gradient (summed) and table gradient (concatenated).
+#[test]
+fn two_vocabulary_shards_give_the_whole_classifiers_loss_and_gradients() {
+    let (n, c, v, chunk) = (37, 8, 29, 16);
+    let mut rng = Rng::new(3);
+    let inp = to_f32(&rng.vec(n * c));
+    let wte = to_f32(&rng.vec(v * c));
+    let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
+    let dloss = 1.0 / n as f32;
+    let (mut losses, mut dinp, mut dwte) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
+    let mut scratch = vec![0.0; chunk * v];
+    let io = Io::new(
+        &mut losses,
+        &mut dinp,
+        Some(&mut dwte),
+        &inp,
+        &wte,
+        &targets,
+        &mut scratch,
+    );
+    let whole = forward_backward(io, (n, c, v), dloss);
+    let results = on_two_shards([(0, 15), (15, 14)], |_, first, rows, reduce| {
+        let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
+        let (mut dwte, mut scratch) = (vec![0.0; rows * c], vec![0.0; chunk * rows]);
+        let mut stats = vec![0.0; 3 * chunk];
+        let wte = &wte[first * c..(first + rows) * c];
+        let io = Io::new(
+            &mut losses,
+            &mut dinp,
+            Some(&mut dwte),
+            &inp,
+            wte,
+            &targets,
+            &mut scratch,
+        );
+        let shard = VocabShard {
+            first,
+            stats: &mut stats,
+            reduce,
+        };
+        let sum = shard::forward_backward(io, (n, c, rows), dloss, shard);
+        (sum, losses, dinp, dwte)
+    });
+    let (dinp_sum, dwte_cat) = combine(&results, whole, &losses);
+    assert_close("dinp", &to_f64(&dinp_sum), &to_f64(&dinp), 1e-5);
+    assert_close("dwte", &to_f64(&dwte_cat), &to_f64(&dwte), 1e-5);
+}
+
+/// Two vocabulary shards of the bf16 classifier give the whole bf16 classifier's losses, input
+/// gradient (summed) and table gradient (concatenated): the shards see the same bf16 logits, and
+/// their lse differs only in summation order (so a 2-byte table gradient may round one bf16 step
+/// apart: 2^-8 of the largest).
 #[test]
 fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
-    use super::bf16::{forward_backward, forward_backward_shard, VocabShard};
     use half::bf16;
     let (n, c, v, chunk) = (37, 24, 1100, 16);
     let mut rng = Rng::new(16);
@@ -186,62 +270,42 @@ fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
     let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
     let mut dwte = vec![bf16::ZERO; v * c];
     let mut words = bf16_scratch(chunk, c, v);
-    let whole = forward_backward(
+    let scratch = as_bf16(&mut words);
+    let io = Io::new(
         &mut losses,
         &mut dinp,
         Some(&mut dwte),
         &inp,
         &wte,
         &targets,
-        as_bf16(&mut words),
-        (n, c, v),
-        dloss,
+        scratch,
     );
-    let shards = [(0usize, 600usize), (600, 500)];
-    let ranks = TwoRanks::new();
-    let results: Vec<_> = std::thread::scope(|s| {
-        let joins: Vec<_> = (shards.iter().enumerate())
-            .map(|(r, &(first, rows))| {
-                let (inp, wte, targets, ranks) = (&inp, &wte, &targets, &ranks);
-                s.spawn(move || {
-                    let mut reduce = |buf: &mut [f32], op| ranks.reduce(r, buf, op);
-                    let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
-                    let mut dwte = vec![bf16::ZERO; rows * c];
-                    let (mut words, mut stats) =
-                        (bf16_scratch(chunk, c, rows), vec![0.0; 3 * chunk]);
-                    let shard = VocabShard {
-                        first,
-                        stats: &mut stats,
-                        reduce: &mut reduce,
-                    };
-                    let sum = forward_backward_shard(
-                        &mut losses,
-                        &mut dinp,
-                        Some(&mut dwte),
-                        inp,
-                        &wte[first * c..(first + rows) * c],
-                        targets,
-                        as_bf16(&mut words),
-                        (n, c, rows),
-                        dloss,
-                        shard,
-                    );
-                    (sum, losses, dinp, dwte)
-                })
-            })
-            .collect();
-        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    let whole = super::bf16::forward_backward(io, (n, c, v), dloss, None);
+    let results = on_two_shards([(0, 600), (600, 500)], |_, first, rows, reduce| {
+        let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
+        let mut dwte = vec![bf16::ZERO; rows * c];
+        let (mut words, mut stats) = (bf16_scratch(chunk, c, rows), vec![0.0; 3 * chunk]);
+        let wte = &wte[first * c..(first + rows) * c];
+        let scratch = as_bf16(&mut words);
+        let io = Io::new(
+            &mut losses,
+            &mut dinp,
+            Some(&mut dwte),
+            &inp,
+            wte,
+            &targets,
+            scratch,
+        );
+        let shard = VocabShard {
+            first,
+            stats: &mut stats,
+            reduce,
+        };
+        let sum = super::bf16::forward_backward(io, (n, c, rows), dloss, Some(shard));
+        (sum, losses, dinp, dwte)
     });
-    let rel = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-3);
-    for (sum, l, _, _) in &results {
-        assert!(rel(*sum, whole) < 1e-5, "{sum} vs {whole}");
-        (l.iter().zip(&losses)).for_each(|(a, b)| assert!(rel(*a, *b) < 1e-5));
-    }
-    let dinp_sum: Vec<f32> = (results[0].2.iter().zip(&results[1].2))
-        .map(|(a, b)| a + b)
-        .collect();
+    let (dinp_sum, dwte_cat) = combine(&results, whole, &losses);
     let wide = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
-    let dwte_cat: Vec<f32> = [wide(&results[0].3), wide(&results[1].3)].concat();
     assert_close_rel("dinp", &dinp_sum, &to_f64(&dinp), 1e-3);
     assert_close_rel("dwte", &dwte_cat, &to_f64(&wide(&dwte)), 4e-3);
 }
