@@ -166,7 +166,8 @@ fn bench_classifier() {
         let mut raw = vec![bf16::ZERO; rows * classifier::bf16::scratch_bytes_per_row(c, v) / 2];
         let bf16_s = common::median_secs(3, || {
             let dw = Some(&mut dwte_h[..]);
-            let io = Io::new(&mut losses, &mut dinp, dw, &inp, &wte_h, &targets, &mut raw);
+            let (x, w, y) = (&inp, &wte_h, &targets);
+            let io = Io::new(&mut losses, &mut dinp, dw, x, w, y, &mut raw);
             classifier::bf16::forward_backward(io, (N, c, v), 1.0 / N as f32, None);
         });
         let (f, b) = (flops / f32_s / 1e9, flops / bf16_s / 1e9);

@@ -57,6 +57,23 @@ impl<'a, W> Io<'a, W> {
             scratch,
         }
     }
+
+    /// The slices, in the order of the fields.
+    #[allow(clippy::type_complexity)]
+    pub fn parts(
+        self,
+    ) -> (
+        &'a mut [f32],
+        &'a mut [f32],
+        Option<&'a mut [W]>,
+        &'a [f32],
+        &'a [W],
+        &'a [u32],
+        &'a mut [W],
+    ) {
+        let s = self;
+        (s.losses, s.dinp, s.dwte, s.inp, s.wte, s.targets, s.scratch)
+    }
 }
 
 /// A vocabulary shard's part of the softmax (tensor parallelism, [`shard`]): this rank's table
@@ -71,24 +88,10 @@ pub struct VocabShard<'a> {
 /// Per-row losses and `dloss * d(sum of losses)` accumulated into `dinp` and `dwte` for
 /// (N, C, V) = `shape`, the scratch holding at least one row. Returns the sum of the losses.
 pub fn forward_backward(io: Io<'_, f32>, shape: (usize, usize, usize), dloss: f32) -> f32 {
-    let Io {
-        losses,
-        dinp,
-        mut dwte,
-        inp,
-        wte,
-        targets,
-        scratch,
-    } = io;
+    let (losses, dinp, mut dwte, inp, wte, targets, scratch) = io.parts();
     let (n, c, v) = shape;
-    let rows = check(
-        losses.len(),
-        inp.len(),
-        wte.len(),
-        targets,
-        scratch.len(),
-        shape,
-    );
+    let lens = (losses.len(), inp.len(), wte.len(), scratch.len());
+    let rows = check(lens, targets, shape);
     assert!(dinp.len() == n * c && dwte.as_ref().is_none_or(|d| d.len() == v * c));
     let mut sum = 0.0f64;
     for i0 in (0..n).step_by(rows) {
@@ -140,14 +143,8 @@ pub fn loss(
     shape: (usize, usize, usize),
 ) -> f32 {
     let (n, c, v) = shape;
-    let rows = check(
-        losses.len(),
-        inp.len(),
-        wte.len(),
-        targets,
-        scratch.len(),
-        shape,
-    );
+    let lens = (losses.len(), inp.len(), wte.len(), scratch.len());
+    let rows = check(lens, targets, shape);
     let mut sum = 0.0f64;
     for i0 in (0..n).step_by(rows) {
         let cr = rows.min(n - i0);
@@ -164,12 +161,11 @@ pub fn logits(out: &mut [f32], inp: &[f32], wte: &[f32], c: usize, v: usize) {
     chunk_logits(out, inp, wte, 1, c, v);
 }
 
+/// Checks the lengths of the losses, inputs, table and scratch and the targets; returns the
+/// rows of a chunk.
 fn check(
-    losses: usize,
-    inp: usize,
-    wte: usize,
+    (losses, inp, wte, scratch): (usize, usize, usize, usize),
     targets: &[u32],
-    scratch: usize,
     (n, c, v): (usize, usize, usize),
 ) -> usize {
     assert!(losses == n && inp == n * c && wte == v * c && targets.len() == n);

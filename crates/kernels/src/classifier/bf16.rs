@@ -95,15 +95,7 @@ pub fn forward_backward(
     dloss: f32,
     mut shard: Option<VocabShard<'_>>,
 ) -> f32 {
-    let Io {
-        losses,
-        dinp,
-        mut dwte,
-        inp,
-        wte,
-        targets,
-        scratch,
-    } = io;
+    let (losses, dinp, mut dwte, inp, wte, targets, scratch) = io.parts();
     let rows = scratch_rows(scratch, c, v);
     let rows = match &shard {
         Some(sh) => rows.min(sh.stats.len() / 3),
@@ -116,11 +108,8 @@ pub fn forward_backward(
         ),
         None => {
             _ = check(
-                losses.len(),
-                inp.len(),
-                wte.len(),
+                (losses.len(), inp.len(), wte.len(), rows * v),
                 targets,
-                rows * v,
                 (n, c, v),
             )
         }

@@ -31,15 +31,7 @@ pub fn forward_backward(
     dloss: f32,
     shard: VocabShard<'_>,
 ) -> f32 {
-    let Io {
-        losses,
-        dinp,
-        mut dwte,
-        inp,
-        wte,
-        targets,
-        scratch,
-    } = io;
+    let (losses, dinp, mut dwte, inp, wte, targets, scratch) = io.parts();
     let VocabShard {
         first,
         stats,

@@ -181,6 +181,32 @@ fn on_two_shards<T: Send>(
     })
 }
 
+/// A classifier's outputs for `n` rows of width `c` against `v` table rows, zeroed.
+struct Outs<W> {
+    losses: Vec<f32>,
+    dinp: Vec<f32>,
+    dwte: Vec<W>,
+}
+
+impl<W: Default + Clone> Outs<W> {
+    fn new(n: usize, c: usize, v: usize) -> Self {
+        let (losses, dinp) = (vec![0.0; n], vec![0.0; n * c]);
+        let dwte = vec![W::default(); v * c];
+        Outs { losses, dinp, dwte }
+    }
+
+    fn io<'a>(
+        &'a mut self,
+        inp: &'a [f32],
+        wte: &'a [W],
+        y: &'a [u32],
+        s: &'a mut [W],
+    ) -> Io<'a, W> {
+        let dw = Some(&mut self.dwte[..]);
+        Io::new(&mut self.losses, &mut self.dinp, dw, inp, wte, y, s)
+    }
+}
+
 /// One shard's result: the sum of the losses, the losses, its partial dinp and its dwte rows.
 type ShardResult<W> = (f32, Vec<f32>, Vec<f32>, Vec<W>);
 
@@ -215,40 +241,23 @@ fn two_vocabulary_shards_give_the_whole_classifiers_loss_and_gradients() {
     let wte = to_f32(&rng.vec(v * c));
     let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
     let dloss = 1.0 / n as f32;
-    let (mut losses, mut dinp, mut dwte) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
+    let mut all = Outs::new(n, c, v);
     let mut scratch = vec![0.0; chunk * v];
-    let io = Io::new(
-        &mut losses,
-        &mut dinp,
-        Some(&mut dwte),
-        &inp,
-        &wte,
-        &targets,
-        &mut scratch,
-    );
-    let whole = forward_backward(io, (n, c, v), dloss);
+    let whole = forward_backward(all.io(&inp, &wte, &targets, &mut scratch), (n, c, v), dloss);
     let results = on_two_shards([(0, 15), (15, 14)], |_, first, rows, reduce| {
-        let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
-        let (mut dwte, mut scratch) = (vec![0.0; rows * c], vec![0.0; chunk * rows]);
+        let (mut mine, mut scratch) = (Outs::new(n, c, rows), vec![0.0; chunk * rows]);
         let mut stats = vec![0.0; 3 * chunk];
         let wte = &wte[first * c..(first + rows) * c];
-        let io = Io::new(
-            &mut losses,
-            &mut dinp,
-            Some(&mut dwte),
-            &inp,
-            wte,
-            &targets,
-            &mut scratch,
-        );
+        let io = mine.io(&inp, wte, &targets, &mut scratch);
         let shard = VocabShard {
             first,
             stats: &mut stats,
             reduce,
         };
         let sum = shard::forward_backward(io, (n, c, rows), dloss, shard);
-        (sum, losses, dinp, dwte)
+        (sum, mine.losses, mine.dinp, mine.dwte)
     });
+    let (losses, dinp, dwte) = (all.losses, all.dinp, all.dwte);
     let (dinp_sum, dwte_cat) = combine(&results, whole, &losses);
     assert_close("dinp", &to_f64(&dinp_sum), &to_f64(&dinp), 1e-5);
     assert_close("dwte", &to_f64(&dwte_cat), &to_f64(&dwte), 1e-5);
@@ -267,43 +276,24 @@ fn two_bf16_vocabulary_shards_give_the_whole_bf16_classifier() {
     let wte: Vec<bf16> = rng.vec(v * c).iter().map(|&x| bf16::from_f64(x)).collect();
     let targets: Vec<u32> = (0..n).map(|_| rng.below(v as u32)).collect();
     let dloss = 1.0 / n as f32;
-    let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
-    let mut dwte = vec![bf16::ZERO; v * c];
+    let mut all = Outs::new(n, c, v);
     let mut words = bf16_scratch(chunk, c, v);
-    let scratch = as_bf16(&mut words);
-    let io = Io::new(
-        &mut losses,
-        &mut dinp,
-        Some(&mut dwte),
-        &inp,
-        &wte,
-        &targets,
-        scratch,
-    );
+    let io = all.io(&inp, &wte, &targets, as_bf16(&mut words));
     let whole = super::bf16::forward_backward(io, (n, c, v), dloss, None);
     let results = on_two_shards([(0, 600), (600, 500)], |_, first, rows, reduce| {
-        let (mut losses, mut dinp) = (vec![0.0; n], vec![0.0; n * c]);
-        let mut dwte = vec![bf16::ZERO; rows * c];
+        let mut mine = Outs::new(n, c, rows);
         let (mut words, mut stats) = (bf16_scratch(chunk, c, rows), vec![0.0; 3 * chunk]);
         let wte = &wte[first * c..(first + rows) * c];
-        let scratch = as_bf16(&mut words);
-        let io = Io::new(
-            &mut losses,
-            &mut dinp,
-            Some(&mut dwte),
-            &inp,
-            wte,
-            &targets,
-            scratch,
-        );
+        let io = mine.io(&inp, wte, &targets, as_bf16(&mut words));
         let shard = VocabShard {
             first,
             stats: &mut stats,
             reduce,
         };
         let sum = super::bf16::forward_backward(io, (n, c, rows), dloss, Some(shard));
-        (sum, losses, dinp, dwte)
+        (sum, mine.losses, mine.dinp, mine.dwte)
     });
+    let (losses, dinp, dwte) = (all.losses, all.dinp, all.dwte);
     let (dinp_sum, dwte_cat) = combine(&results, whole, &losses);
     let wide = |x: &[bf16]| -> Vec<f32> { x.iter().map(|y| y.to_f32()).collect() };
     assert_close_rel("dinp", &dinp_sum, &to_f64(&dinp), 1e-3);

@@ -109,39 +109,19 @@ fn sliding_windows_match_the_reference_and_finite_differences() {
     let (b, t, nh, nkv, hd) = (1, 150, 4, 2, 4);
     let (qkv, dout) = random_case(b, t, nh, nkv, hd, 17);
     for window in [1usize, 5, 64, 100, 150, 1000] {
+        let ws = Shape {
+            window,
+            ..Shape::causal(b, t, nh, nkv, hd)
+        };
         let (mut out_ref, mut att_ref) =
             (vec![0.0f64; b * t * nh * hd], vec![0.0f64; b * nh * t * t]);
         let q64 = to_f64(&qkv);
-        attention::reference::forward(
-            &mut out_ref,
-            &mut att_ref,
-            &q64,
-            Shape {
-                window,
-                ..Shape::causal(b, t, nh, nkv, hd)
-            },
-        );
+        attention::reference::forward(&mut out_ref, &mut att_ref, &q64, ws);
         let (mut out_m, mut att) = (vec![0.0f32; out_ref.len()], vec![0.0f32; att_ref.len()]);
-        attention::forward(
-            &mut out_m,
-            &mut att,
-            &qkv,
-            Shape {
-                window,
-                ..Shape::causal(b, t, nh, nkv, hd)
-            },
-        );
+        attention::forward(&mut out_m, &mut att, &qkv, ws);
         assert_close_f32("materialised out", &out_m, &out_ref, FLASH_TOL);
         let (mut out, mut lse) = (vec![9.0f32; out_ref.len()], vec![0.0f32; b * nh * t]);
-        forward(
-            &mut out,
-            &mut lse,
-            &qkv,
-            Shape {
-                window,
-                ..Shape::causal(b, t, nh, nkv, hd)
-            },
-        );
+        forward(&mut out, &mut lse, &qkv, ws);
         assert_close_f32("flash out", &out, &out_ref, FLASH_TOL);
         // Nothing outside the window: query 149 never sees key 149 - window.
         if window < t {
@@ -157,60 +137,28 @@ fn sliding_windows_match_the_reference_and_finite_differences() {
             Shape::causal(b, t, nh, nkv, hd),
         );
         let mut d = vec![0.0f32; qkv.len()];
-        backward(
-            &mut d,
-            &dout,
-            &out,
-            &lse,
-            &qkv,
-            Shape {
-                window,
-                ..Shape::causal(b, t, nh, nkv, hd)
-            },
-        );
+        backward(&mut d, &dout, &out, &lse, &qkv, ws);
         assert_close_f32("flash dqkv", &d, &to_f64(&d_m), FLASH_TOL);
     }
     // The windowed backward against f64 finite differences of the windowed reference.
     let (t, window) = (70, 9);
     let mut rng = Rng::new(18);
     let r = (nh + 2 * nkv) * hd;
+    let ws1 = Shape {
+        window,
+        ..Shape::causal(1, t, nh, nkv, hd)
+    };
     let (x, dy) = (rng.vec(t * r), rng.vec(t * nh * hd));
     let loss = |x: &[f64]| {
         let (mut o, mut a) = (vec![0.0; t * nh * hd], vec![0.0; nh * t * t]);
-        attention::reference::forward(
-            &mut o,
-            &mut a,
-            x,
-            Shape {
-                window,
-                ..Shape::causal(1, t, nh, nkv, hd)
-            },
-        );
+        attention::reference::forward(&mut o, &mut a, x, ws1);
         dot(&o, &dy)
     };
     let fd = fd_grad(&x, loss);
     let (x32, dy32) = (to_f32(&x), to_f32(&dy));
     let (mut out, mut lse) = (vec![0.0f32; t * nh * hd], vec![0.0f32; nh * t]);
-    forward(
-        &mut out,
-        &mut lse,
-        &x32,
-        Shape {
-            window,
-            ..Shape::causal(1, t, nh, nkv, hd)
-        },
-    );
+    forward(&mut out, &mut lse, &x32, ws1);
     let mut d = vec![0.0f32; x.len()];
-    backward(
-        &mut d,
-        &dy32,
-        &out,
-        &lse,
-        &x32,
-        Shape {
-            window,
-            ..Shape::causal(1, t, nh, nkv, hd)
-        },
-    );
+    backward(&mut d, &dy32, &out, &lse, &x32, ws1);
     assert_close_f32("dqkv", &d, &fd, F32_TOL);
 }
