@@ -48,26 +48,10 @@ fn main() {
             v["triad_bytes_per_s"].as_f64().unwrap() / 1e9,
         );
     }
-    let train = [
-        "train",
-        "--zero",
-        "2",
-        "--model",
-        "gpt2-mini",
-        "--steps",
-        "20",
-        "--batch",
-        "2",
-        "--seq",
-        "128",
-        "--sample-tokens",
-        "0",
-        "--val-batches",
-        "1",
-        "--val-every",
-        "100",
-        "--json",
-    ];
+    let train: Vec<&str> = "train --zero 2 --model gpt2-mini --steps 20 --batch 2 --seq 128 \
+        --sample-tokens 0 --val-batches 1 --val-every 100 --json"
+        .split_whitespace()
+        .collect();
     let median = |mut xs: Vec<f64>| {
         xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
         xs[xs.len() / 2]
@@ -76,7 +60,7 @@ fn main() {
     let (mut t, mut m) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         t.push(tps(json(
-            Command::new(FRUGAL).args(train).args(["--ranks", "2"]),
+            Command::new(FRUGAL).args(&train).args(["--ranks", "2"]),
         )));
         m.push(tps(json(
             mpi(2).args(["train", "--comm", "mpi"]).args(&train[1..]),
@@ -95,31 +79,11 @@ fn main() {
 /// Stage 0, stage 3 blocking and stage 3 overlapped over MPI, on 2 and 4 ranks.
 fn zero3_overlap() {
     let train = |zero: &str, overlap: &str| -> Vec<String> {
-        let args = [
-            "train",
-            "--comm",
-            "mpi",
-            "--model",
-            "gpt2-124m",
-            "--zero",
-            zero,
-            "--overlap-comm",
-            overlap,
-            "--steps",
-            "4",
-            "--batch",
-            "1",
-            "--seq",
-            "128",
-            "--sample-tokens",
-            "0",
-            "--val-batches",
-            "1",
-            "--val-every",
-            "100",
-            "--json",
-        ];
-        args.iter().map(|a| a.to_string()).collect()
+        let args = format!(
+            "train --comm mpi --model gpt2-124m --zero {zero} --overlap-comm {overlap} --steps 4 \
+             --batch 1 --seq 128 --sample-tokens 0 --val-batches 1 --val-every 100 --json"
+        );
+        args.split_whitespace().map(str::to_string).collect()
     };
     let setups = [("0", "false"), ("3", "false"), ("3", "true")];
     for n in [2, 4] {

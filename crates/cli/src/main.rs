@@ -42,45 +42,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    #[command(
-        about = "Number formats (fp32, fp16, bf16, fp8, int8, int4, nf4): bit layouts, ranges, quantization."
-    )]
+    /// Number formats (fp32, fp16, bf16, fp8, int8, int4, nf4): bit layouts, ranges, quantization.
     Formats(cmd_formats::Args),
-    #[command(
-        about = "Memory plan of a training or inference setup, per device, before anything runs."
-    )]
+    /// Memory plan of a training or inference setup, per device, before anything runs.
     Plan(cmd_plan::Args),
-    #[command(
-        about = "Search the setups that fit a device's memory and rank them by predicted step time."
-    )]
+    /// Search the setups that fit a device's memory and rank them by predicted step time.
     Fit(cmd_fit::Args),
-    #[command(
-        about = "Train a GPT-2, Llama, Qwen2, Mistral, Mixtral or DeepSeek-V2 model on CPU ranks, with memory measured against the plan."
-    )]
+    /// Train a GPT-2, Llama, Qwen2, Mistral, Mixtral or DeepSeek-V2 model on CPU ranks, with memory
+    /// measured against the plan.
     Train(cmd_train::Args),
-    #[command(about = "Benchmarks: speed and memory against a baseline measured in the same run.")]
+    /// Benchmarks: speed and memory against a baseline measured in the same run.
     Bench(bench::Args),
-    #[command(
-        about = "Export a training snapshot as a Hugging Face model folder (config.json + model.safetensors)."
-    )]
+    /// Export a training snapshot as a Hugging Face model folder (config.json + model.safetensors).
     Export(cmd_export::Args),
-    #[command(
-        about = "Generate text with the inference engine: KV cache, quantized weights and KV, speculative decoding."
-    )]
+    /// Generate text with the inference engine: KV cache, quantized weights and KV, speculative
+    /// decoding.
     Generate(cmd_generate::Args),
-    #[command(
-        about = "The planner in a browser: a page and a JSON API (the CLI's JSON) on this machine."
-    )]
+    /// The planner in a browser: a page and a JSON API (the CLI's JSON) on this machine.
     Web(cmd_web::Args),
-    #[command(
-        about = "Serve a model behind the OpenAI API (completions, chat, streaming) on this machine."
-    )]
+    /// Serve a model behind the OpenAI API (completions, chat, streaming) on this machine.
     Serve(cmd_serve::Args),
-    #[command(
-        about = "Perplexity of a model on a text, computed as llama.cpp's llama-perplexity computes it."
-    )]
+    /// Perplexity of a model on a text, computed as llama.cpp's llama-perplexity computes it.
     Perplexity(cmd_perplexity::Args),
-    #[command(about = "Token ids of texts under a model's own tokenizer (or the text of ids).")]
+    /// Token ids of texts under a model's own tokenizer (or the text of ids).
     Tokenize(cmd_tokenize::Args),
 }
 

@@ -60,25 +60,9 @@ fn seed_zero_table_through_the_cli() {
 
 #[test]
 fn json_contract_holds() {
-    let v = json(&[
-        "--model",
-        "llama3-8b",
-        "--train",
-        "--precision",
-        "amp-bf16",
-        "--zero",
-        "3",
-        "--gpus",
-        "8",
-        "--batch",
-        "4",
-        "--seq",
-        "2048",
-        "--recompute",
-        "full",
-        "--device-memory",
-        "80GiB",
-    ]);
+    let flags = "--model llama3-8b --train --precision amp-bf16 --zero 3 --gpus 8 --batch 4 \
+                 --seq 2048 --recompute full --device-memory 80GiB";
+    let v = json(&flags.split_whitespace().collect::<Vec<_>>());
     let d = &v["per_device"];
     let field = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("per_device.{k}"));
     let sum: u64 = common::CATEGORY_FIELDS.iter().map(|k| field(k)).sum();

@@ -39,100 +39,38 @@ fn both(server: &Server, command: &str, flags: &[&str]) -> (Value, Value) {
 #[test]
 fn the_api_answers_the_clis_json() {
     let server = Server::start();
-    let plans: [&[&str]; 5] = [
-        &[
-            "--model",
-            "llama3-8b",
-            "--train",
-            "--zero",
-            "3",
-            "--gpus",
-            "8",
-            "--batch",
-            "4",
-            "--seq",
-            "2048",
-        ],
-        &[
-            "--model",
-            "gpt2-124m",
-            "--train",
-            "--batch",
-            "8",
-            "--seq",
-            "1024",
-            "--precision",
-            "amp-bf16",
-            "--recompute",
-            "full",
-        ],
-        &[
-            "--model",
-            "llama2-7b",
-            "--infer",
-            "--weights",
-            "int4",
-            "--kv-dtype",
-            "fp8",
-            "--batch",
-            "8",
-            "--seq",
-            "4096",
-        ],
-        &[
-            "--model",
-            "mistral-7b",
-            "--infer",
-            "--seq",
-            "32768",
-            "--runtime",
-            "frugal",
-        ],
-        &[
-            "--params",
-            "7B",
-            "--train",
-            "--zero",
-            "2",
-            "--gpus",
-            "8",
-            "--convention",
-            "paper",
-        ],
+    let setups = [
+        (
+            "plan",
+            "--model llama3-8b --train --zero 3 --gpus 8 --batch 4 --seq 2048",
+        ),
+        (
+            "plan",
+            "--model gpt2-124m --train --batch 8 --seq 1024 --precision amp-bf16 --recompute full",
+        ),
+        (
+            "plan",
+            "--model llama2-7b --infer --weights int4 --kv-dtype fp8 --batch 8 --seq 4096",
+        ),
+        (
+            "plan",
+            "--model mistral-7b --infer --seq 32768 --runtime frugal",
+        ),
+        (
+            "plan",
+            "--params 7B --train --zero 2 --gpus 8 --convention paper",
+        ),
+        (
+            "fit",
+            "--model llama2-7b --gpus 8 --device-memory 80GB --batch 32 --tp 1",
+        ),
+        ("fit", "--infer --model llama2-70b --device-memory 24GiB"),
     ];
-    for flags in plans {
-        let (cli, api) = both(&server, "plan", flags);
-        assert_eq!(cli, api, "{flags:?}");
+    for (command, flags) in setups {
+        let flags: Vec<&str> = flags.split_whitespace().collect();
+        let (cli, api) = both(&server, command, &flags);
+        assert_eq!(cli, api, "{command} {flags:?}");
     }
-    let (cli, api) = both(
-        &server,
-        "fit",
-        &[
-            "--model",
-            "llama2-7b",
-            "--gpus",
-            "8",
-            "--device-memory",
-            "80GB",
-            "--batch",
-            "32",
-            "--tp",
-            "1",
-        ],
-    );
-    assert_eq!(cli, api);
-    let (cli, api) = both(
-        &server,
-        "fit",
-        &[
-            "--infer",
-            "--model",
-            "llama2-70b",
-            "--device-memory",
-            "24GiB",
-        ],
-    );
-    assert_eq!(cli, api);
     // A pasted config.json plans like the file.
     let dir = common::temp_dir("serve-cli", "config");
     let config = r#"{"model_type": "llama", "hidden_size": 256, "intermediate_size": 688,

@@ -66,15 +66,8 @@ fn bench_classifier() {
         });
         let fb = common::median_secs(3, || {
             let dw = Some(&mut dwte[..]);
-            let io = Io::new(
-                &mut losses,
-                &mut dinp,
-                dw,
-                &inp,
-                &wte,
-                &targets,
-                &mut scratch,
-            );
+            let (x, w, y) = (&inp, &wte, &targets);
+            let io = Io::new(&mut losses, &mut dinp, dw, x, w, y, &mut scratch);
             classifier::forward_backward(io, (N, C, V), 1.0 / N as f32);
         });
         println!(

@@ -152,15 +152,8 @@ fn bench_classifier() {
         let mut scratch = vec![0.0f32; rows * v];
         let f32_s = common::median_secs(3, || {
             let dw = Some(&mut dwte[..]);
-            let io = Io::new(
-                &mut losses,
-                &mut dinp,
-                dw,
-                &inp,
-                &wte,
-                &targets,
-                &mut scratch,
-            );
+            let (x, w, y) = (&inp, &wte, &targets);
+            let io = Io::new(&mut losses, &mut dinp, dw, x, w, y, &mut scratch);
             classifier::forward_backward(io, (N, c, v), 1.0 / N as f32);
         });
         let mut raw = vec![bf16::ZERO; rows * classifier::bf16::scratch_bytes_per_row(c, v) / 2];

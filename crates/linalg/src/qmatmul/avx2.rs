@@ -2,6 +2,7 @@
 //! sub-block is two 8-byte halves, each giving 8 low and 8 high nibbles. nf4 and ggml's blocks
 //! run on the integer kernel (`q8avx2`) from this level up.
 
+use super::stored::scalar_tail;
 use super::{QWeight, Rows};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -124,21 +125,5 @@ unsafe fn half_block<const R: usize>(
         let t = _mm256_mul_ps(lo, _mm256_loadu_ps(p));
         let t = _mm256_fmadd_ps(hi, _mm256_loadu_ps(p.add(16)), t);
         *acc = _mm256_fmadd_ps(t, d, *acc);
-    }
-}
-
-#[inline(always)]
-fn scalar_tail<const R: usize>(
-    tail: &mut [f32; R],
-    a: &[f32],
-    ic: usize,
-    body: usize,
-    w: impl Fn(usize) -> f32,
-) {
-    for i in body..ic {
-        let x = w(i);
-        for (r, t) in tail.iter_mut().enumerate() {
-            *t += x * a[r * ic + i];
-        }
     }
 }

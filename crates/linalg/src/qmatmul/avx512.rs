@@ -4,6 +4,7 @@
 //! nibbles, and subtracts the zero point in integers (or, symmetric, looks its value up with one
 //! `vpermps`). nf4 and ggml's blocks run on the integer kernel (`q8avx2`) from AVX2 up.
 
+use super::stored::scalar_tail;
 use super::{QWeight, Rows};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -214,23 +215,6 @@ unsafe fn load_scales_f16(sc: &mut [f32; 16], src: &[half::f16]) {
     } else {
         for (d, s) in sc.iter_mut().zip(src) {
             *d = s.to_f32();
-        }
-    }
-}
-
-/// The last IC mod 16 products, in scalar code.
-#[inline(always)]
-fn scalar_tail<const R: usize>(
-    tail: &mut [f32; R],
-    a: &[f32],
-    ic: usize,
-    body: usize,
-    w: impl Fn(usize) -> f32,
-) {
-    for i in body..ic {
-        let x = w(i);
-        for (r, t) in tail.iter_mut().enumerate() {
-            *t += x * a[r * ic + i];
         }
     }
 }

@@ -182,3 +182,22 @@ pub fn pack_nibbles(codes: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// `tail[r] += w(i) · a[r, i]` for the columns `body..ic` (the vector kernels' last IC mod 8 or
+/// mod 16 products, in scalar code).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn scalar_tail<const R: usize>(
+    tail: &mut [f32; R],
+    a: &[f32],
+    ic: usize,
+    body: usize,
+    w: impl Fn(usize) -> f32,
+) {
+    for i in body..ic {
+        let x = w(i);
+        for (r, t) in tail.iter_mut().enumerate() {
+            *t += x * a[r * ic + i];
+        }
+    }
+}
