@@ -189,9 +189,9 @@ fn gemm_gflops(model: &ModelConfig, rows: usize, bf16: bool) -> f64 {
             let started = Instant::now();
             if bf16 {
                 kernels::gemm_bf16::forward(&mut out, &inp_h, &w_h, None, rows, ic, oc);
-                kernels::gemm_bf16::gemm_nn(&mut dinp, &g, &w_h, rows, ic, oc, add);
+                kernels::gemm_bf16::gemm_nn(&mut dinp, &g, &w_h, (rows, ic, oc), add);
                 kernels::gemm_bf16::transpose(&mut gt, &g, rows, oc);
-                kernels::gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, oc, ic, rows, add);
+                kernels::gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, (oc, ic, rows), add);
             } else {
                 kernels::matmul::forward(&mut out, &inp, &w, None, rows, ic, oc);
                 kernels::matmul::backward(&mut dinp, &mut dw, None, &out, &inp, &w, rows, ic, oc);

@@ -308,11 +308,17 @@ fn bf16_linear_backward(
     let (g, gt) = (&mut g[..n * oc], &mut gt[..oc * n]);
     convert::f32_to_bf16(g, dout);
     let w = a.view::<bf16>(weight);
-    gemm_bf16::gemm_nn(&mut dinp[..n * ic], g, &w, n, ic, oc, gemm_bf16::Accum::Add);
+    gemm_bf16::gemm_nn(
+        &mut dinp[..n * ic],
+        g,
+        &w,
+        (n, ic, oc),
+        gemm_bf16::Accum::Add,
+    );
     gemm_bf16::transpose(gt, g, n, oc);
     let x = a.view::<bf16>(inp);
     let mut dw = a.view_mut::<bf16>(dweight);
-    gemm_bf16::gemm_nn_bf16(&mut dw, gt, &x, oc, ic, n, gemm_bf16::Accum::Add);
+    gemm_bf16::gemm_nn_bf16(&mut dw, gt, &x, (oc, ic, n), gemm_bf16::Accum::Add);
 }
 
 pub fn attention_backward(a: &A, op: &AttentionBackward) {

@@ -198,7 +198,7 @@ fn bench_bf16() {
             let reps = if isa == Isa::Portable { 1 } else { reps };
             flops
                 / common::median_secs(reps, || {
-                    gemm_bf16::gemm_nt_on(isa, &mut out, &inp_h, &w_h, N, oc, ic, Accum::Replace)
+                    gemm_bf16::gemm_nt_on(isa, &mut out, &inp_h, &w_h, (N, oc, ic), Accum::Replace)
                 })
                 / 1e9
         };
@@ -210,9 +210,9 @@ fn bench_bf16() {
         let (mut gt, mut dinp, mut dw) = (g.clone(), vec![0.0f32; N * ic], vec![0.0f32; oc * ic]);
         let bwd = 2.0 * flops
             / common::median_secs(reps, || {
-                gemm_bf16::gemm_nn(&mut dinp, &g, &w_h, N, ic, oc, Accum::Replace);
+                gemm_bf16::gemm_nn(&mut dinp, &g, &w_h, (N, ic, oc), Accum::Replace);
                 gemm_bf16::transpose(&mut gt, &g, N, oc);
-                gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, oc, ic, N, Accum::Replace);
+                gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, (oc, ic, N), Accum::Replace);
             })
             / 1e9;
         let mut row = format!("{name:<10} {f32_gf:>10.1}");

@@ -142,6 +142,6 @@ fn every_backward_kernel_accumulates() {
         .map(bf16::from_f32)
         .collect();
     check("gemm_bf16 (Accum::Add)", &[m * oc], &mut |g| {
-        gemm_bf16::gemm_nt(&mut g[0], &a, &bb, m, oc, k, gemm_bf16::Accum::Add);
+        gemm_bf16::gemm_nt(&mut g[0], &a, &bb, (m, oc, k), gemm_bf16::Accum::Add);
     });
 }

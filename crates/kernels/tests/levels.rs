@@ -100,9 +100,7 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
         &mut y1,
         &a,
         &bt,
-        m,
-        nn,
-        k,
+        (m, nn, k),
         kernels::gemm_bf16::Accum::Replace,
     );
     let mut y2 = vec![0.0; m * nn];
@@ -110,9 +108,7 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
         &mut y2,
         &a,
         &bk,
-        m,
-        nn,
-        k,
+        (m, nn, k),
         kernels::gemm_bf16::Accum::Replace,
     );
     let mut y3 = vec![bf16::ZERO; m * nn];
@@ -120,9 +116,7 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
         &mut y3,
         &a,
         &bk,
-        m,
-        nn,
-        k,
+        (m, nn, k),
         kernels::gemm_bf16::Accum::Replace,
     );
     let y3: Vec<f32> = y3.iter().map(|x| x.to_f32()).collect();

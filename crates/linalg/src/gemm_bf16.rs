@@ -19,13 +19,16 @@
 //! let a: Vec<bf16> = [1.0f32, 2.0].iter().map(|&x| bf16::from_f32(x)).collect(); // (1, 2)
 //! let b: Vec<bf16> = [3.0f32, 4.0, 5.0, 6.0].iter().map(|&x| bf16::from_f32(x)).collect(); // (2, 2)
 //! let mut out = [0.0f32; 2];
-//! gemm_nt(&mut out, &a, &b, 1, 2, 2, Accum::Replace);
+//! gemm_nt(&mut out, &a, &b, (1, 2, 2), Accum::Replace);
 //! assert_eq!(out, [11.0, 17.0]);
 //! ```
 
 use crate::cpu::{self, Level};
 pub use faer::Accum;
 pub use half::bf16;
+
+/// A GEMM's sizes (M, N, K): out (M, N), a (M, K), b (K, N) or (N, K).
+pub type Dims = (usize, usize, usize);
 use rayon::prelude::*;
 
 /// Rows of `a` per rayon task, and rows of `b` per cache block (64 × K bf16 = 96 KiB at K = 768).
@@ -89,30 +92,13 @@ pub(crate) fn amx_available() -> bool {
 }
 
 /// out (M,N) f32, a (M,K) bf16, b (N,K) bf16, on the best path for this CPU.
-pub fn gemm_nt(
-    out: &mut [f32],
-    a: &[bf16],
-    b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
-    accum: Accum,
-) {
-    gemm_nt_on(best_isa(), out, a, b, m, n, k, accum);
+pub fn gemm_nt(out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims, accum: Accum) {
+    gemm_nt_on(best_isa(), out, a, b, dims, accum);
 }
 
 /// As [`gemm_nt`] on a chosen path (benchmarks and tests compare the two).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_nt_on(
-    isa: Isa,
-    out: &mut [f32],
-    a: &[bf16],
-    b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
-    accum: Accum,
-) {
+pub fn gemm_nt_on(isa: Isa, out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims, accum: Accum) {
+    let (m, n, k) = dims;
     let sizes = (out.len(), a.len(), b.len());
     if !work_to_do(isa, sizes, (m, n, k), "b (N,K)") {
         return;
@@ -170,61 +156,32 @@ pub fn gemm_nt_on(
 
 /// out (M,N) f32 (+)= a (M,K) bf16 · b (K,N) bf16, `b` row-major over N and read in place
 /// (no packed or transposed copy: see `nn`), on the best path for this CPU.
-pub fn gemm_nn(
-    out: &mut [f32],
-    a: &[bf16],
-    b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
-    accum: Accum,
-) {
-    gemm_nn_on(best_isa(), out, a, b, m, n, k, accum);
+pub fn gemm_nn(out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims, accum: Accum) {
+    gemm_nn_on(best_isa(), out, a, b, dims, accum);
 }
 
 /// As [`gemm_nn`] on a chosen path.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_nn_on(
-    isa: Isa,
-    out: &mut [f32],
-    a: &[bf16],
-    b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
-    accum: Accum,
-) {
-    run_nn(isa, nn::Out::F32(out), a, b, (m, n, k), accum);
+pub fn gemm_nn_on(isa: Isa, out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims, accum: Accum) {
+    run_nn(isa, nn::Out::F32(out), a, b, dims, accum);
 }
 
 /// out (M,N) bf16 (+)= a (M,K) bf16 · b (K,N) bf16, as [`gemm_nn`] but into 2 bytes: each
 /// element widened, its whole K sum added in f32 and rounded once (a 2-byte gradient written
 /// directly, no f32 copy of it), on the best path for this CPU.
-pub fn gemm_nn_bf16(
-    out: &mut [bf16],
-    a: &[bf16],
-    b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
-    accum: Accum,
-) {
-    gemm_nn_bf16_on(best_isa(), out, a, b, m, n, k, accum);
+pub fn gemm_nn_bf16(out: &mut [bf16], a: &[bf16], b: &[bf16], dims: Dims, accum: Accum) {
+    gemm_nn_bf16_on(best_isa(), out, a, b, dims, accum);
 }
 
 /// As [`gemm_nn_bf16`] on a chosen path.
-#[allow(clippy::too_many_arguments)]
 pub fn gemm_nn_bf16_on(
     isa: Isa,
     out: &mut [bf16],
     a: &[bf16],
     b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
+    dims: Dims,
     accum: Accum,
 ) {
-    run_nn(isa, nn::Out::Bf16(out), a, b, (m, n, k), accum);
+    run_nn(isa, nn::Out::Bf16(out), a, b, dims, accum);
 }
 
 /// Both `nn` GEMMs: the shape checks, an empty K (out replaced by zeros or left), the kernel.
@@ -304,7 +261,7 @@ pub fn forward(
         }
         None => Accum::Replace,
     };
-    gemm_nt(out, inp, weight, n, oc, ic, accum);
+    gemm_nt(out, inp, weight, (n, oc, ic), accum);
 }
 
 /// A block of up to 4×4 outputs at (i0, jj) within a task's rows.

@@ -123,7 +123,7 @@ pub fn forward_backward(
         let x = &mut s.x[..cr * c];
         f32_to_bf16(x, &inp[i0 * c..(i0 + cr) * c]);
         let lt = &mut s.logits[..v * cr];
-        gemm_nt(lt, wte, x, v, cr, c, Accum::Replace);
+        gemm_nt(lt, wte, x, (v, cr, c), Accum::Replace);
         let (ls, ts) = (&mut losses[i0..i0 + cr], &targets[i0..i0 + cr]);
         sum += softmax_xent_cols(lt, ls, ts, dloss, shard.as_mut());
         let (dl_t, dl) = as_bf16(lt).split_at_mut(v * cr);
@@ -132,13 +132,11 @@ pub fn forward_backward(
             &mut dinp[i0 * c..(i0 + cr) * c],
             dl,
             wte,
-            cr,
-            c,
-            v,
+            (cr, c, v),
             Accum::Add,
         );
         if let Some(dwte) = dwte.as_deref_mut() {
-            gemm_nn_bf16(dwte, dl_t, x, v, c, cr, Accum::Add);
+            gemm_nn_bf16(dwte, dl_t, x, (v, c, cr), Accum::Add);
         }
     }
     sum as f32

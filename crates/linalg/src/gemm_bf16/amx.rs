@@ -21,8 +21,8 @@
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`available`] asks once. Rust's AMX
 //! intrinsics are not stable, so the tile instructions are `asm!`.
 
-use super::bf16;
 use super::nn::{store_bf16, store_f32, Out, OutPtr};
+use super::{bf16, Dims};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -124,10 +124,11 @@ pub(super) unsafe fn gemm(
     out: Out<'_>,
     a: &[bf16],
     b: &[bf16],
-    (m, n, k): (usize, usize, usize),
+    dims: Dims,
     add: bool,
     layout: Layout,
 ) {
+    let (m, n, k) = dims;
     let out = OutPtr::of(out, m * n);
     let nb = NB.min(n.div_ceil(2 * PANEL) * 2 * PANEL);
     let (blocks_m, blocks_n) = (m.div_ceil(MB), n.div_ceil(nb));

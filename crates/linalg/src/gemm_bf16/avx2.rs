@@ -14,7 +14,7 @@
 //! Rows past M read zeros and columns past N are zero in the panel; neither is written out.
 
 use super::nn::{Out, OutPtr};
-use super::{bf16, widen};
+use super::{bf16, widen, Dims};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -62,10 +62,11 @@ pub(super) unsafe fn gemm(
     out: Out<'_>,
     a: &[bf16],
     b: &[bf16],
-    (m, n, k): (usize, usize, usize),
+    dims: Dims,
     add: bool,
     layout: Layout,
 ) {
+    let (m, n, k) = dims;
     let out = OutPtr::of(out, m * n);
     let call = Call {
         a,

@@ -15,7 +15,7 @@
 //! element is widened, its whole K sum added in f32 and the result rounded once (round to
 //! nearest even, as `convert::bf16_bits`), so a bf16 output sweeps all of K in one block.
 
-use super::{bf16, widen};
+use super::{bf16, widen, Dims};
 use rayon::prelude::*;
 
 /// Rows of `a` and columns of `b` per rayon task, and K per cache block.
@@ -55,14 +55,8 @@ impl OutPtr {
 
 /// out (M,N) (+)= a (M,K) · b (K,N) on `avx512` (AVX-512 BF16, checked by the caller) or the
 /// portable widening loop.
-pub(super) fn gemm(
-    out: Out<'_>,
-    a: &[bf16],
-    b: &[bf16],
-    (m, n, k): (usize, usize, usize),
-    add: bool,
-    avx512: bool,
-) {
+pub(super) fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, add: bool, avx512: bool) {
+    let (m, n, k) = dims;
     let out = OutPtr::of(out, m * n);
     let blocks_n = n.div_ceil(NB);
     // One task per (64-row, 128-column) block; a task owns its rows' columns j0..j1 of out.

@@ -46,9 +46,9 @@ fn nt_paths_match_reference(m: usize, n: usize, k: usize) {
     reference::gemm_nt(&mut out, &a, &b, m, n, k);
     assert_close_f32("reference", &out, &want, BF16_GEMM_TOL);
     for &isa in supported() {
-        gemm_nt_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
+        gemm_nt_on(isa, &mut out, &a, &b, (m, n, k), Accum::Replace);
         assert_close_f32(&format!("{isa:?} replace"), &out, &want, BF16_GEMM_TOL);
-        gemm_nt_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
+        gemm_nt_on(isa, &mut out, &a, &b, (m, n, k), Accum::Add);
         let twice: Vec<f64> = want.iter().map(|x| 2.0 * x).collect();
         assert_close_f32(&format!("{isa:?} add"), &out, &twice, BF16_GEMM_TOL);
     }
@@ -60,14 +60,14 @@ fn empty_k_replaces_with_zeros_or_adds_nothing() {
     let (m, n) = (70, 40);
     for &isa in supported() {
         let mut out = vec![1.5f32; m * n];
-        gemm_nt_on(isa, &mut out, &[], &[], m, n, 0, Accum::Add);
+        gemm_nt_on(isa, &mut out, &[], &[], (m, n, 0), Accum::Add);
         assert!(out.iter().all(|&x| x == 1.5), "{isa:?} nt add");
-        gemm_nt_on(isa, &mut out, &[], &[], m, n, 0, Accum::Replace);
+        gemm_nt_on(isa, &mut out, &[], &[], (m, n, 0), Accum::Replace);
         assert!(out.iter().all(|&x| x == 0.0), "{isa:?} nt replace");
         let mut out = vec![bf16::ONE; m * n];
-        gemm_nn_bf16_on(isa, &mut out, &[], &[], m, n, 0, Accum::Add);
+        gemm_nn_bf16_on(isa, &mut out, &[], &[], (m, n, 0), Accum::Add);
         assert!(out.iter().all(|&x| x == bf16::ONE), "{isa:?} nn bf16 add");
-        gemm_nn_bf16_on(isa, &mut out, &[], &[], m, n, 0, Accum::Replace);
+        gemm_nn_bf16_on(isa, &mut out, &[], &[], (m, n, 0), Accum::Replace);
         assert!(
             out.iter().all(|&x| x == bf16::ZERO),
             "{isa:?} nn bf16 replace"
@@ -142,10 +142,10 @@ fn nn_paths_match_reference() {
         assert_close_f32("nn reference", &out, &want, BF16_GEMM_TOL);
         for &isa in isas {
             out.fill(f32::NAN);
-            gemm_nn_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
+            gemm_nn_on(isa, &mut out, &a, &b, (m, n, k), Accum::Replace);
             let at = format!("{isa:?} nn {m}x{n}x{k}");
             assert_close_f32(&format!("{at} replace"), &out, &want, BF16_GEMM_TOL);
-            gemm_nn_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
+            gemm_nn_on(isa, &mut out, &a, &b, (m, n, k), Accum::Add);
             let twice: Vec<f64> = want.iter().map(|x| 2.0 * x).collect();
             assert_close_f32(&format!("{at} add"), &out, &twice, BF16_GEMM_TOL);
         }
@@ -176,7 +176,7 @@ fn nn_into_bf16_rounds_once() {
             .collect();
         for &isa in isas {
             let mut out = old.clone();
-            gemm_nn_bf16_on(isa, &mut out, &a, &b, m, n, k, Accum::Add);
+            gemm_nn_bf16_on(isa, &mut out, &a, &b, (m, n, k), Accum::Add);
             let at = format!("{isa:?} nn into bf16 {m}x{n}x{k}");
             if isa == Isa::Portable {
                 let got: Vec<u16> = out.iter().map(|x| x.to_bits()).collect();
@@ -187,7 +187,7 @@ fn nn_into_bf16_rounds_once() {
                 let err = (g.to_f64() - want).abs();
                 assert!(err <= want.abs() / 256.0 + 1e-4, "{at}: {g} vs {want}");
             }
-            gemm_nn_bf16_on(isa, &mut out, &a, &b, m, n, k, Accum::Replace);
+            gemm_nn_bf16_on(isa, &mut out, &a, &b, (m, n, k), Accum::Replace);
             for (&g, &s) in out.iter().zip(&sum) {
                 let err = (g.to_f64() - f64::from(s)).abs();
                 assert!(err <= f64::from(s.abs()) / 256.0 + 1e-4, "{at} replace");
