@@ -193,8 +193,8 @@ fn gemm_gflops(model: &ModelConfig, rows: usize, bf16: bool) -> f64 {
                 kernels::gemm_bf16::transpose(&mut gt, &g, rows, oc);
                 kernels::gemm_bf16::gemm_nn(&mut dw, &gt, &inp_h, (oc, ic, rows), add);
             } else {
-                kernels::matmul::forward(&mut out, &inp, &w, None, rows, ic, oc);
-                kernels::matmul::backward(&mut dinp, &mut dw, None, &out, &inp, &w, rows, ic, oc);
+                kernels::matmul::forward(&mut out, &inp, &w, None, (rows, ic, oc));
+                kernels::matmul::backward(&mut dinp, &mut dw, None, &out, &inp, &w, (rows, ic, oc));
             }
             if round > 0 {
                 best = best.min(started.elapsed().as_secs_f64());

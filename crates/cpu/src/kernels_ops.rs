@@ -68,7 +68,7 @@ pub fn linear(a: &A, op: &Linear) {
         }
         _ => {
             let (x, w) = (a.view::<f32>(op.inp), a.view::<f32>(op.weight));
-            matmul::forward(&mut out, &x, &w, bias.as_deref(), s.n, s.ic, s.oc);
+            matmul::forward(&mut out, &x, &w, bias.as_deref(), (s.n, s.ic, s.oc));
         }
     }
 }
@@ -268,7 +268,7 @@ pub fn linear_backward(a: &A, op: &LinearBackward) {
         let dw = dw.as_deref_mut().expect("a weight gradient");
         let (inp, weight) = (a.view::<f32>(op.inp), a.view::<f32>(op.weight));
         let db = db.as_deref_mut();
-        return matmul::backward(&mut dinp, dw, db, &dout, &inp, &weight, s.n, s.ic, s.oc);
+        return matmul::backward(&mut dinp, dw, db, &dout, &inp, &weight, (s.n, s.ic, s.oc));
     };
     bf16_linear_backward(
         a,

@@ -56,7 +56,7 @@ pub fn frozen_linear(a: &A, op: &FrozenLinear) {
         let bias = bias.map(|b| a.view::<f32>(b));
         let mut out = a.view_mut::<f32>(op.out);
         let cols = (col0, rows);
-        kernels::lora::forward_cols(&mut out, &x, &w, bias.as_deref(), n, ic, oc, cols);
+        kernels::lora::forward_cols(&mut out, &x, &w, bias.as_deref(), (n, ic, oc), cols);
     });
 }
 

@@ -32,7 +32,7 @@ fn main() {
     let w = common::fill(n, 4, 0.02);
     let mut out = vec![0.0f32; N_TOKENS * ROWS];
     let gemm = common::median_secs(3, || {
-        kernels::matmul::forward(&mut out, &x, &w, None, N_TOKENS, COLS, ROWS)
+        kernels::matmul::forward(&mut out, &x, &w, None, (N_TOKENS, COLS, ROWS))
     });
     println!(
         "GEMM {N_TOKENS} x {COLS} -> {ROWS}: {:.1} ms ({:.0} GFLOP/s)",
@@ -81,7 +81,7 @@ fn main() {
             // from cache (the engine's `DEQUANT_TILE_ROWS`).
             let whole_t = common::median_secs(3, || {
                 dequantize(&mut a, &src, stored, &levels, &map);
-                kernels::matmul::forward(&mut out, &x, &a, None, N_TOKENS, COLS, ROWS);
+                kernels::matmul::forward(&mut out, &x, &a, None, (N_TOKENS, COLS, ROWS));
             });
             for tile in [256, 1024, 2048] {
                 let tiled = common::median_secs(3, || {
@@ -91,7 +91,12 @@ fn main() {
                         dequantize_range(w, &src, stored, n, r0 * COLS, &levels, &map);
                         let cols = (r0, rows);
                         kernels::lora::forward_cols(
-                            &mut out, &x, w, None, N_TOKENS, COLS, ROWS, cols,
+                            &mut out,
+                            &x,
+                            w,
+                            None,
+                            (N_TOKENS, COLS, ROWS),
+                            cols,
                         );
                     }
                 });

@@ -47,7 +47,7 @@ fn bench_classifier() {
     let targets: Vec<u32> = (0..N).map(|i| (i * 7919 % V) as u32).collect();
     let mut logits = vec![0.0f32; N * V];
     let gemm = common::median_secs(3, || {
-        matmul::forward(&mut logits, &inp, &wte, None, N, C, V)
+        matmul::forward(&mut logits, &inp, &wte, None, (N, C, V))
     });
     drop(logits);
     let flops = 2.0 * (N * C * V) as f64;

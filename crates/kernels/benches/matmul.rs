@@ -83,7 +83,7 @@ fn main() {
         let flops = 2.0 * (N * ic * oc) as f64;
         let reps = if oc > 10_000 { 3 } else { 5 };
         let fwd = common::median_secs(reps, || {
-            matmul::forward(&mut out, &inp, &w, Some(&bias), N, ic, oc)
+            matmul::forward(&mut out, &inp, &w, Some(&bias), (N, ic, oc))
         });
         // faer's own rayon split (what the kernel called before it cut slabs itself), no bias.
         let faer_par = common::median_secs(reps, || {
@@ -102,7 +102,15 @@ fn main() {
             vec![0.0f32; oc],
         );
         let bwd = common::median_secs(reps, || {
-            matmul::backward(&mut dinp, &mut dw, Some(&mut db), &out, &inp, &w, N, ic, oc)
+            matmul::backward(
+                &mut dinp,
+                &mut dw,
+                Some(&mut db),
+                &out,
+                &inp,
+                &w,
+                (N, ic, oc),
+            )
         });
         let mut out_ref = vec![0.0f32; REF_ROWS * oc];
         let refs = common::median_secs(1, || {
@@ -111,9 +119,7 @@ fn main() {
                 &inp[..REF_ROWS * ic],
                 &w,
                 Some(&bias),
-                REF_ROWS,
-                ic,
-                oc,
+                (REF_ROWS, ic, oc),
             )
         });
         let ref_gf = 2.0 * (REF_ROWS * ic * oc) as f64 / refs / 1e9;
@@ -191,7 +197,7 @@ fn bench_bf16() {
         let reps = if oc > 10_000 { 3 } else { 5 };
         let f32_gf = flops
             / common::median_secs(reps, || {
-                matmul::forward(&mut out, &inp, &w, None, N, ic, oc)
+                matmul::forward(&mut out, &inp, &w, None, (N, ic, oc))
             })
             / 1e9;
         let mut run = |isa: Isa| {

@@ -83,7 +83,7 @@ fn every_backward_kernel_accumulates() {
     let (w, dmm) = (values(&mut rng, oc * c), values(&mut rng, n * oc));
     check("matmul", &[n * c, oc * c, oc], &mut |g| {
         let [dinp, dw, db] = g else { unreachable!() };
-        matmul::backward(dinp, dw, Some(db), &dmm, &inp, &w, n, c, oc);
+        matmul::backward(dinp, dw, Some(db), &dmm, &inp, &w, (n, c, oc));
     });
     check("gelu", &[n * c], &mut |g| {
         gelu::backward(&mut g[0], &inp, &dout)

@@ -22,7 +22,7 @@
 //! let weight = [1.0f32; 12];
 //! let bias = [0.5f32; 4];
 //! let mut out = [0.0f32; 8];
-//! kernels::matmul::forward(&mut out, &inp, &weight, Some(&bias), 2, 3, 4);
+//! kernels::matmul::forward(&mut out, &inp, &weight, Some(&bias), (2, 3, 4));
 //! assert_eq!(out[0], 6.5);
 //! assert_eq!(out[7], 15.5);
 //! ```

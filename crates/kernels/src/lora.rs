@@ -351,7 +351,7 @@ mod tests {
         // The frozen column products against the plain matmul on the whole matrix.
         let w = rand(oc * ic, &mut rng);
         let mut whole = vec![0.0; n * oc];
-        crate::matmul::reference::forward(&mut whole, &x, &w, None, n, ic, oc);
+        crate::matmul::reference::forward(&mut whole, &x, &w, None, (n, ic, oc));
         let mut cols = vec![0.0; n * oc];
         for (c0, k) in [(0, 4), (4, 5)] {
             forward_cols(
@@ -359,9 +359,7 @@ mod tests {
                 &x,
                 &w[c0 * ic..(c0 + k) * ic],
                 None,
-                n,
-                ic,
-                oc,
+                (n, ic, oc),
                 (c0, k),
             );
         }
@@ -379,7 +377,7 @@ mod tests {
             );
         }
         let (mut dx_whole, mut dw) = (vec![0.0; n * ic], vec![0.0; oc * ic]);
-        crate::matmul::reference::backward(&mut dx_whole, &mut dw, None, &g, &x, &w, n, ic, oc);
+        crate::matmul::reference::backward(&mut dx_whole, &mut dw, None, &g, &x, &w, (n, ic, oc));
         for (a, b) in dx_cols.iter().zip(&dx_whole) {
             assert!((a - b).abs() < 1e-5);
         }

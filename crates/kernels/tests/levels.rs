@@ -38,9 +38,9 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
     let (n, ic, oc) = (37, 70, 53);
     let (inp, w, dout) = (rng.vec(n * ic), rng.vec(oc * ic), rng.vec(n * oc));
     let mut y = vec![0.0; n * oc];
-    kernels::matmul::forward(&mut y, &inp, &w, None, n, ic, oc);
+    kernels::matmul::forward(&mut y, &inp, &w, None, (n, ic, oc));
     let (mut dinp, mut dw) = (vec![0.0; n * ic], vec![0.0; oc * ic]);
-    kernels::matmul::backward(&mut dinp, &mut dw, None, &dout, &inp, &w, n, ic, oc);
+    kernels::matmul::backward(&mut dinp, &mut dw, None, &dout, &inp, &w, (n, ic, oc));
     out.push(("gemm_f32", [y, dinp, dw].concat()));
     // Flash attention, GQA (4 query heads over 2 KV heads), forward and backward.
     let (b, t, nh, nkv, hd) = (2, 45, 4, 2, 16);

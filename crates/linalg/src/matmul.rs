@@ -8,7 +8,7 @@
 //! // dinp += dout @ weight, dweight += dout^T @ inp, dbias += colsum(dout)
 //! let (inp, weight, dout) = ([1.0f32, 2.0], [3.0f32, 4.0], [1.0f32]); // N = 1, IC = 2, OC = 1
 //! let (mut dinp, mut dweight, mut dbias) = ([0.0f32; 2], [0.0f32; 2], [0.0f32]);
-//! linalg::matmul::backward(&mut dinp, &mut dweight, Some(&mut dbias), &dout, &inp, &weight, 1, 2, 1);
+//! linalg::matmul::backward(&mut dinp, &mut dweight, Some(&mut dbias), &dout, &inp, &weight, (1, 2, 1));
 //! assert_eq!((dinp, dweight, dbias), ([3.0, 4.0], [1.0, 2.0], [1.0]));
 //! ```
 
@@ -87,30 +87,21 @@ fn gemm_split(
     }
 }
 
+/// A linear layer's sizes (N, IC, OC): inp (N, IC), weight (OC, IC), out (N, OC).
+pub type Dims = (usize, usize, usize);
+
 /// out (N,OC), inp (N,IC), weight (OC,IC), bias (OC).
-#[allow(clippy::too_many_arguments)]
-pub fn forward(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    n: usize,
-    ic: usize,
-    oc: usize,
-) {
-    forward_cols(out, inp, weight, bias, n, ic, oc, (0, oc));
+pub fn forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: Option<&[f32]>, dims: Dims) {
+    forward_cols(out, inp, weight, bias, dims, (0, dims.2));
 }
 
 /// out[:, col0 .. col0 + rows] = inp (N, IC) · weightᵀ (rows, IC) (+ bias (rows)); out (N, OC).
-#[allow(clippy::too_many_arguments)]
 pub fn forward_cols(
     out: &mut [f32],
     inp: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
-    n: usize,
-    ic: usize,
-    oc: usize,
+    (n, ic, oc): Dims,
     (col0, rows): (usize, usize),
 ) {
     assert!(out.len() == n * oc && inp.len() == n * ic && weight.len() == rows * ic);
@@ -147,7 +138,6 @@ pub fn backward_input_cols(
 }
 
 /// Accumulates dinp (N,IC), dweight (OC,IC), dbias (OC) from dout (N,OC).
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
     dinp: &mut [f32],
     dweight: &mut [f32],
@@ -155,9 +145,7 @@ pub fn backward(
     dout: &[f32],
     inp: &[f32],
     weight: &[f32],
-    n: usize,
-    ic: usize,
-    oc: usize,
+    (n, ic, oc): Dims,
 ) {
     assert!(dinp.len() == n * ic && inp.len() == n * ic && dout.len() == n * oc);
     assert!(dweight.len() == oc * ic && weight.len() == oc * ic);
@@ -186,18 +174,16 @@ pub fn backward(
 
 /// Plain loops, generic over the float type.
 pub mod reference {
-    use super::Real;
+    use super::{Dims, Real};
 
-    #[allow(clippy::too_many_arguments)]
     pub fn forward<F: Real>(
         out: &mut [F],
         inp: &[F],
         weight: &[F],
         bias: Option<&[F]>,
-        n: usize,
-        ic: usize,
-        oc: usize,
+        dims: Dims,
     ) {
+        let (n, ic, oc) = dims;
         for i in 0..n {
             let x = &inp[i * ic..][..ic];
             for o in 0..oc {
@@ -210,7 +196,6 @@ pub mod reference {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn backward<F: Real>(
         dinp: &mut [F],
         dweight: &mut [F],
@@ -218,9 +203,7 @@ pub mod reference {
         dout: &[F],
         inp: &[F],
         weight: &[F],
-        n: usize,
-        ic: usize,
-        oc: usize,
+        (n, ic, oc): Dims,
     ) {
         for i in 0..n {
             for o in 0..oc {
