@@ -114,13 +114,13 @@ pub fn gemm_nt_on(isa: Isa, out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims,
     if isa == Isa::Amx {
         let out = nn::Out::F32(out);
         // SAFETY: AMX was checked against the running CPU and OS above.
-        return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nt) };
+        return unsafe { amx::gemm(out, a, b, (m, n, k), add, nn::Layout::Nt) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         let out = nn::Out::F32(out);
         // SAFETY: AVX2 and FMA were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, avx2::Layout::Nt) };
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, nn::Layout::Nt) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
@@ -212,12 +212,12 @@ fn run_nn(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx {
         // SAFETY: AMX was checked against the running CPU and OS above.
-        return unsafe { amx::gemm(out, a, b, (m, n, k), add, amx::Layout::Nn) };
+        return unsafe { amx::gemm(out, a, b, (m, n, k), add, nn::Layout::Nn) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: AVX2 and FMA were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, avx2::Layout::Nn) };
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, nn::Layout::Nn) };
     }
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }
@@ -371,24 +371,26 @@ pub mod reference {
 
     /// out (M,N) = a (M,K) · b (N,K)ᵀ.
     pub fn gemm_nt(out: &mut [f32], a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) {
-        for i in 0..m {
-            for j in 0..n {
-                let mut acc = 0.0f32;
-                for p in 0..k {
-                    acc += a[i * k + p].to_f32() * b[j * k + p].to_f32();
-                }
-                out[i * n + j] = acc;
-            }
-        }
+        gemm(out, a, (m, n, k), |j, p| b[j * k + p]);
     }
 
     /// out (M,N) = a (M,K) · b (K,N).
     pub fn gemm_nn(out: &mut [f32], a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize) {
+        gemm(out, a, (m, n, k), |j, p| b[p * n + j]);
+    }
+
+    /// out (M,N) = a (M,K) · b, `b_at(j, p)` the element of column j, depth p.
+    fn gemm(
+        out: &mut [f32],
+        a: &[bf16],
+        (m, n, k): super::Dims,
+        b_at: impl Fn(usize, usize) -> bf16,
+    ) {
         for i in 0..m {
             for j in 0..n {
                 let mut acc = 0.0f32;
                 for p in 0..k {
-                    acc += a[i * k + p].to_f32() * b[p * n + j].to_f32();
+                    acc += a[i * k + p].to_f32() * b_at(j, p).to_f32();
                 }
                 out[i * n + j] = acc;
             }

@@ -21,7 +21,7 @@
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`available`] asks once. Rust's AMX
 //! intrinsics are not stable, so the tile instructions are `asm!`.
 
-use super::nn::{store_bf16, store_f32, Out, OutPtr};
+use super::nn::{store_bf16, store_f32, Block, Layout, Out, OutPtr};
 use super::{bf16, Dims};
 use rayon::prelude::*;
 use std::arch::asm;
@@ -77,13 +77,6 @@ fn request_tile_data() -> bool {
     rc == 0
 }
 
-/// How `b` lies: (N, K) with K contiguous (`gemm_nt`), or (K, N) with N contiguous (`gemm_nn`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Layout {
-    Nt,
-    Nn,
-}
-
 /// The 64-byte tile configuration: palette 1, every tile 16 rows of 64 bytes.
 #[repr(C, align(64))]
 struct TileConfig {
@@ -133,20 +126,8 @@ pub(super) unsafe fn gemm(
     let nb = NB.min(n.div_ceil(2 * PANEL) * 2 * PANEL);
     let (blocks_m, blocks_n) = (m.div_ceil(MB), n.div_ceil(nb));
     (0..blocks_m * blocks_n).into_par_iter().for_each(|task| {
-        let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * nb);
-        let t = Task {
-            i0,
-            rows: MB.min(m - i0),
-            j0,
-            cols: nb.min(n - j0),
-            nb,
-            m,
-            n,
-            k,
-            add,
-            layout,
-            out,
-        };
+        let blk = Block::of(task, (MB, nb), (0, n), (m, n, k), (add, layout), out);
+        let t = Task { blk, nb };
         SCRATCH.with(|cell| {
             let s = &mut *cell.borrow_mut();
             grow(&mut s.b, NB * KB);
@@ -165,26 +146,24 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
     }
 }
 
-/// Rows `i0..i0 + rows` and columns `j0..j0 + cols` of out, in a block `nb` wide (a multiple of
-/// 32: the f32 block's row stride and the packed panels).
+/// A block of out ([`Block`]) in a grid `nb` wide (a multiple of 32: the f32 block's row stride
+/// and the packed panels).
 #[derive(Clone, Copy)]
 struct Task {
-    i0: usize,
-    rows: usize,
-    j0: usize,
-    cols: usize,
+    blk: Block,
     nb: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    add: bool,
-    layout: Layout,
-    out: OutPtr,
+}
+
+impl std::ops::Deref for Task {
+    type Target = Block;
+
+    fn deref(&self) -> &Block {
+        &self.blk
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn task_run(a: &[bf16], b: &[bf16], t: Task, s: &mut Scratch) {
-    debug_assert!(t.i0 + t.rows <= t.m);
     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
     // Column groups of 32 the task computes (the second is skipped when cols <= 32).
     let groups = t.cols.div_ceil(2 * PANEL);

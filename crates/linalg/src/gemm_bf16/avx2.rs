@@ -13,7 +13,7 @@
 //!
 //! Rows past M read zeros and columns past N are zero in the panel; neither is written out.
 
-use super::nn::{Out, OutPtr};
+use super::nn::{Block, Layout, Out, OutPtr};
 use super::{bf16, widen, Dims};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -25,13 +25,6 @@ const NR: usize = 16;
 const MB: usize = 120;
 const NB: usize = 128;
 const KC: usize = 256;
-
-/// How `b` lies: (N, K) for `gemm_nt`, (K, N) for `gemm_nn`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Layout {
-    Nt,
-    Nn,
-}
 
 /// A task's widened rows of `a` (MB × KC), packed panels of `b` (NB × KC) and output tile
 /// (MB × NB), all f32.
@@ -125,20 +118,10 @@ fn run_tasks(c: Call<'_>, packed: Option<&[f32]>, c0: usize, cols: usize) {
     (0..c.m.div_ceil(MB) * blocks_n)
         .into_par_iter()
         .for_each(|task| {
-            let (i0, j0) = ((task / blocks_n) * MB, c0 + (task % blocks_n) * NB);
-            let t = Task {
-                i0,
-                rows: MB.min(c.m - i0),
-                j0,
-                cols: NB.min(c0 + cols - j0),
-                n: c.n,
-                k: c.k,
-                add: c.add,
-                out: c.out,
-                layout: c.layout,
-            };
+            let dims = (c.m, c.n, c.k);
+            let t = Block::of(task, (MB, NB), (c0, cols), dims, (c.add, c.layout), c.out);
             // This task's panels within the shared block.
-            let shared = packed.map(|p| &p[(j0 - c0) * c.k..]);
+            let shared = packed.map(|p| &p[(t.j0 - c0) * c.k..]);
             SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let s = cell.get_or_insert_with(|| Scratch {
@@ -153,19 +136,8 @@ fn run_tasks(c: Call<'_>, packed: Option<&[f32]>, c0: usize, cols: usize) {
         });
 }
 
-/// Rows `i0..i0 + rows`, columns `j0..j0 + cols` of out.
-#[derive(Clone, Copy)]
-struct Task {
-    i0: usize,
-    rows: usize,
-    j0: usize,
-    cols: usize,
-    n: usize,
-    k: usize,
-    add: bool,
-    out: OutPtr,
-    layout: Layout,
-}
+/// One task: rows and columns of out.
+type Task = Block;
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn task_run(s: &mut Scratch, a: &[bf16], b: &[bf16], shared: Option<&[f32]>, t: Task) {

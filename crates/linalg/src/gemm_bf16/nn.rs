@@ -24,6 +24,14 @@ const NB: usize = 128;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const KB: usize = 256;
 
+/// How `b` lies: (N, K) with K contiguous (`gemm_nt`), or (K, N) with N contiguous (`gemm_nn`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) enum Layout {
+    Nt,
+    Nn,
+}
+
 /// Where the product goes: M·N f32, or M·N bf16 rounded once per call.
 pub(super) enum Out<'a> {
     F32(&'a mut [f32]),
@@ -63,17 +71,8 @@ pub(super) fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, add: bool, 
     (0..m.div_ceil(MB) * blocks_n)
         .into_par_iter()
         .for_each(|task| {
-            let (i0, j0) = ((task / blocks_n) * MB, (task % blocks_n) * NB);
-            let blk = Block {
-                i0,
-                rows: MB.min(m - i0),
-                j0,
-                cols: NB.min(n - j0),
-                n,
-                k,
-                add,
-                out,
-            };
+            let mode = (add, Layout::Nn);
+            let blk = Block::of(task, (MB, NB), (0, n), (m, n, k), mode, out);
             // SAFETY (both calls): the tasks' (rows, columns) blocks are disjoint, so no two write
             // one element, and every block lies inside out (M·N elements, checked above).
             #[cfg(target_arch = "x86_64")]
@@ -86,17 +85,47 @@ pub(super) fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, add: bool, 
         });
 }
 
-/// Rows `i0..i0 + rows`, columns `j0..j0 + cols` of out.
+/// Rows `i0..i0 + rows`, columns `j0..j0 + cols` of out (M, N), K deep: one task of a GEMM
+/// (this module's, and the AVX2 and AMX kernels').
 #[derive(Clone, Copy)]
-struct Block {
-    i0: usize,
-    rows: usize,
-    j0: usize,
-    cols: usize,
-    n: usize,
-    k: usize,
-    add: bool,
-    out: OutPtr,
+pub(super) struct Block {
+    pub i0: usize,
+    pub rows: usize,
+    pub j0: usize,
+    pub cols: usize,
+    pub n: usize,
+    pub k: usize,
+    pub add: bool,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub layout: Layout,
+    pub out: OutPtr,
+}
+
+impl Block {
+    /// Task `task` of the grid of `mb` × `nb` blocks over columns `c0..c0 + cols` of out.
+    pub(super) fn of(
+        task: usize,
+        (mb, nb): (usize, usize),
+        (c0, cols): (usize, usize),
+        (m, n, k): Dims,
+        (add, layout): (bool, Layout),
+        out: OutPtr,
+    ) -> Block {
+        let blocks_n = cols.div_ceil(nb);
+        let (i0, j0) = ((task / blocks_n) * mb, c0 + (task % blocks_n) * nb);
+        let (rows, cols) = (mb.min(m - i0), nb.min(c0 + cols - j0));
+        Block {
+            i0,
+            rows,
+            j0,
+            cols,
+            n,
+            k,
+            add,
+            layout,
+            out,
+        }
+    }
 }
 
 /// # Safety
