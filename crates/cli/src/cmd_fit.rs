@@ -367,16 +367,8 @@ pub fn json(args: &Args) -> anyhow::Result<serde_json::Value> {
     }
     let (model, request) = build_request(args)?;
     let result = fit::search(&model, &request)?;
-    let misses = fit::why_not(&model, &request, &result);
-    let unsupported = fit::why::unsupported_groups(&result);
-    Ok(render::to_json(
-        &model,
-        &request,
-        &result,
-        &misses,
-        &unsupported,
-        top,
-    ))
+    let found = render::Found::of(&model, &request, &result);
+    Ok(render::to_json(&found, top))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -397,12 +389,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(target) = args.emit {
         return emit(&args, target, &result);
     }
-    let misses = fit::why_not(&model, &request, &result);
-    let unsupported = fit::why::unsupported_groups(&result);
-    print!(
-        "{}",
-        render::text(&model, &request, &result, &misses, &unsupported, top)
-    );
+    let found = render::Found::of(&model, &request, &result);
+    print!("{}", render::text(&found, top));
     Ok(())
 }
 

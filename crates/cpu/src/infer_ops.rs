@@ -126,7 +126,8 @@ pub(super) fn embed_rows(a: &Arena<Cpu>, op: &EmbedRows) {
 
 pub(super) fn rope_at(a: &Arena<Cpu>, qkv: Tensor, positions: &[u32], s: RopeShape) {
     let mut x = a.view_mut::<f32>(qkv.prefix(positions.len() * s.row_width));
-    kernels::rope::forward_at(&mut x, positions, s.heads, s.head_dim, s.row_width, s.theta);
+    let heads = (s.heads, s.head_dim, s.row_width);
+    kernels::rope::forward_at(&mut x, positions, heads, s.theta);
 }
 
 fn shape(c: &KvCache) -> KvShape {

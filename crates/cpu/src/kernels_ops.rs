@@ -77,9 +77,9 @@ pub fn rope_rows(a: &A, qkv: Tensor, s: RopeShape, backward: bool) {
     let mut x = a.view_mut::<f32>(qkv);
     let (b, t, h, hd, w) = (s.batch, s.seq, s.heads, s.head_dim, s.row_width);
     if backward {
-        rope::backward_rows(&mut x, b, t, h, hd, w, s.theta);
+        rope::backward_rows(&mut x, (b, t), (h, hd, w), s.theta);
     } else {
-        rope::forward_rows(&mut x, b, t, h, hd, w, s.theta);
+        rope::forward_rows(&mut x, (b, t), (h, hd, w), s.theta);
     }
 }
 

@@ -58,7 +58,7 @@ pub struct PerDevice {
 impl PerDevice {
     /// The breakdown `at_peak` with the process totals: `total` is the reserve plus the context
     /// (what `nvidia-smi` shows).
-    fn of(at_peak: [u64; 6], peak: u64, reserved: u64, context: u64) -> PerDevice {
+    fn of(at_peak: [u64; 6], (peak, reserved, context): (u64, u64, u64)) -> PerDevice {
         PerDevice {
             categories: Breakdown::from_categories(at_peak),
             peak_bytes: peak,
@@ -259,12 +259,8 @@ pub fn training(
         .into_iter()
         .map(|(p, c)| point(phase_name(p), c))
         .collect();
-    let per_device = PerDevice::of(
-        at_peak,
-        est.peak_bytes,
-        est.reserved_bytes,
-        est.context_bytes,
-    );
+    let totals = (est.peak_bytes, est.reserved_bytes, est.context_bytes);
+    let per_device = PerDevice::of(at_peak, totals);
     Report {
         host,
         host_node: model.map(|m| plan::host::host_per_node(m, setup, est, 8)),
@@ -285,12 +281,8 @@ pub fn inference(
     let prefill_peak: u64 = est.prefill.iter().sum();
     let decode_peak: u64 = est.decode.iter().sum();
     let at_peak = reconcile(est.at_peak(), est.peak_bytes);
-    let per_device = PerDevice::of(
-        at_peak,
-        est.peak_bytes,
-        est.reserved_bytes,
-        est.context_bytes,
-    );
+    let totals = (est.peak_bytes, est.reserved_bytes, est.context_bytes);
+    let per_device = PerDevice::of(at_peak, totals);
     Report {
         peak_phase: if prefill_peak >= decode_peak {
             "prefill"

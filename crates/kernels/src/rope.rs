@@ -3,7 +3,7 @@
 //! positions 0..T. Applied in place; the backward is the rotation by the opposite angle, applied
 //! in place to the gradient (a rotation's adjoint is its inverse).
 //!
-//! [`forward_rows`] rotates the first `n_heads` heads of rows that hold more (a packed qkv row
+//! [`forward_rows`] rotates the first heads of rows that hold more (a packed qkv row
 //! `[q heads | k heads | v heads]` rotates its NH + NKV leading heads in one call). Angles are
 //! computed in the kernel's float type, as HF does in f32. Plain loops, generic over [`Real`]:
 //! one `sin`/`cos` per (position, frequency), shared by all heads.
@@ -16,79 +16,43 @@
 
 use crate::Real;
 
+/// Which heads of a row turn: (heads, HD, row length); the first `heads` heads of HD elements
+/// of every row of `row length`.
+pub type Heads = (usize, usize, usize);
+
 /// x (B,T,NH,HD), rotated in place.
 pub fn forward<F: Real>(x: &mut [F], b: usize, t: usize, nh: usize, hd: usize, theta: F) {
-    forward_rows(x, b, t, nh, hd, nh * hd, theta);
+    forward_rows(x, (b, t), (nh, hd, nh * hd), theta);
 }
 
 /// dx (B,T,NH,HD): the gradient w.r.t. the rotated x, turned in place into the gradient w.r.t.
 /// the input of [`forward`].
 pub fn backward<F: Real>(dx: &mut [F], b: usize, t: usize, nh: usize, hd: usize, theta: F) {
-    backward_rows(dx, b, t, nh, hd, nh * hd, theta);
+    backward_rows(dx, (b, t), (nh, hd, nh * hd), theta);
 }
 
-/// x (B,T,row_len): rotates the first `n_heads` heads (HD each) of every row in place.
-pub fn forward_rows<F: Real>(
-    x: &mut [F],
-    b: usize,
-    t: usize,
-    n_heads: usize,
-    hd: usize,
-    row_len: usize,
-    theta: F,
-) {
-    rotate(x, b, t, n_heads, hd, row_len, theta, F::one());
+/// x (B,T,row length): rotates the leading heads of every row in place.
+pub fn forward_rows<F: Real>(x: &mut [F], (b, t): (usize, usize), heads: Heads, theta: F) {
+    assert!(x.len() == b * t * heads.2);
+    rotate_rows(x, heads, theta, F::one(), |r| r % t);
 }
 
 /// The backward of [`forward_rows`], in place on the gradient.
-pub fn backward_rows<F: Real>(
-    dx: &mut [F],
-    b: usize,
-    t: usize,
-    n_heads: usize,
-    hd: usize,
-    row_len: usize,
-    theta: F,
-) {
-    rotate(dx, b, t, n_heads, hd, row_len, theta, -F::one());
+pub fn backward_rows<F: Real>(dx: &mut [F], (b, t): (usize, usize), heads: Heads, theta: F) {
+    assert!(dx.len() == b * t * heads.2);
+    rotate_rows(dx, heads, theta, -F::one(), |r| r % t);
 }
 
-/// Rotates the first `n_heads` heads of each row of `x` (rows of `row_len`) for the position
-/// `positions[row]` (inference: a row's place in its own sequence).
-pub fn forward_at<F: Real>(
-    x: &mut [F],
-    positions: &[u32],
-    n_heads: usize,
-    hd: usize,
-    row_len: usize,
-    theta: F,
-) {
-    assert_eq!(x.len(), positions.len() * row_len, "one position per row");
-    rotate_rows(x, n_heads, hd, row_len, theta, F::one(), |r| {
-        positions[r] as usize
-    });
-}
-
-#[allow(clippy::too_many_arguments)]
-fn rotate<F: Real>(
-    x: &mut [F],
-    b: usize,
-    t: usize,
-    n_heads: usize,
-    hd: usize,
-    row_len: usize,
-    theta: F,
-    sign: F,
-) {
-    assert!(x.len() == b * t * row_len);
-    rotate_rows(x, n_heads, hd, row_len, theta, sign, |r| r % t);
+/// Rotates the leading heads of each row of `x` for the position `positions[row]` (inference: a
+/// row's place in its own sequence).
+pub fn forward_at<F: Real>(x: &mut [F], positions: &[u32], heads: Heads, theta: F) {
+    assert_eq!(x.len(), positions.len() * heads.2, "one position per row");
+    rotate_rows(x, heads, theta, F::one(), |r| positions[r] as usize);
 }
 
 fn rotate_rows<F: Real>(
     x: &mut [F],
-    n_heads: usize,
-    hd: usize,
-    row_len: usize,
+    (n_heads, hd, row_len): Heads,
     theta: F,
     sign: F,
     position: impl Fn(usize) -> usize,
@@ -127,15 +91,15 @@ mod tests {
         let (x, r) = (rng.vec(b * t * row_len), rng.vec(b * t * row_len));
         let loss = |x: &[f64]| {
             let mut y = x.to_vec();
-            forward_rows(&mut y, b, t, nh, hd, row_len, 10000.0);
+            forward_rows(&mut y, (b, t), (nh, hd, row_len), 10000.0);
             dot(&y, &r)
         };
         let fd = fd_grad(&x, loss);
         let mut d64 = r.clone();
-        backward_rows(&mut d64, b, t, nh, hd, row_len, 10000.0);
+        backward_rows(&mut d64, (b, t), (nh, hd, row_len), 10000.0);
         assert_close("dx f64", &d64, &fd, FD_TOL_F64);
         let mut d32 = to_f32(&r);
-        backward_rows(&mut d32, b, t, nh, hd, row_len, 10000.0f32);
+        backward_rows(&mut d32, (b, t), (nh, hd, row_len), 10000.0f32);
         assert_close_f32("dx f32", &d32, &fd, F32_TOL);
     }
 
@@ -161,10 +125,10 @@ mod tests {
         let mut rng = Rng::new(4);
         let x = to_f32(&rng.vec(t * row_len));
         let mut whole = x.clone();
-        forward_rows(&mut whole, 1, t, nh, hd, row_len, 10000.0f32);
+        forward_rows(&mut whole, (1, t), (nh, hd, row_len), 10000.0f32);
         // Rows 3 and 5 alone, at their positions.
         let mut two: Vec<f32> = [&x[3 * row_len..4 * row_len], &x[5 * row_len..]].concat();
-        forward_at(&mut two, &[3, 5], nh, hd, row_len, 10000.0f32);
+        forward_at(&mut two, &[3, 5], (nh, hd, row_len), 10000.0f32);
         assert_eq!(&two[..row_len], &whole[3 * row_len..4 * row_len]);
         assert_eq!(&two[row_len..], &whole[5 * row_len..]);
     }

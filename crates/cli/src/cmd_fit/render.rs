@@ -30,14 +30,49 @@ fn setup_json(w: &Weighed) -> Value {
     v
 }
 
-pub fn to_json(
-    model: &ModelShape,
-    r: &FitRequest,
-    result: &FitResult,
-    misses: &[fit::MissGroup],
-    unsupported: &[fit::why::UnsupportedGroup],
-    top: usize,
-) -> Value {
+/// A training search, what it found and why the rest missed: what both renderings read.
+pub struct Found<'a> {
+    model: &'a ModelShape,
+    r: &'a FitRequest,
+    result: &'a FitResult,
+    misses: Vec<fit::MissGroup>,
+    unsupported: Vec<fit::why::UnsupportedGroup>,
+}
+
+type Parts<'a> = (
+    &'a ModelShape,
+    &'a FitRequest,
+    &'a FitResult,
+    &'a [fit::MissGroup],
+    &'a [fit::why::UnsupportedGroup],
+);
+
+impl<'a> Found<'a> {
+    pub fn of(model: &'a ModelShape, r: &'a FitRequest, result: &'a FitResult) -> Found<'a> {
+        let misses = fit::why_not(model, r, result);
+        let unsupported = fit::why::unsupported_groups(result);
+        Found {
+            model,
+            r,
+            result,
+            misses,
+            unsupported,
+        }
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        (
+            self.model,
+            self.r,
+            self.result,
+            &self.misses,
+            &self.unsupported,
+        )
+    }
+}
+
+pub fn to_json(found: &Found<'_>, top: usize) -> Value {
+    let (model, r, result, misses, unsupported) = found.parts();
     let best: Vec<Value> = result
         .fitting
         .iter()
@@ -191,14 +226,8 @@ fn best_table(result: &FitResult, r: &FitRequest, top: usize) -> String {
     t.render()
 }
 
-pub fn text(
-    model: &ModelShape,
-    r: &FitRequest,
-    result: &FitResult,
-    misses: &[fit::MissGroup],
-    unsupported: &[fit::why::UnsupportedGroup],
-    top: usize,
-) -> String {
+pub fn text(found: &Found<'_>, top: usize) -> String {
+    let (model, r, result, misses, unsupported) = found.parts();
     let hw = &r.hardware;
     let mut out = format!(
         "{} ({} parameters) on {} x {} with {} each ({}, {:.0}% kept free), runtime {}\n\
