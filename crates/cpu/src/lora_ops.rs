@@ -8,6 +8,7 @@ use engine::backend::lora_ops::*;
 use engine::backend::Backend;
 use engine::backend::Tensor;
 use kernels::dequant::dequantize_range;
+use kernels::lora::Weights;
 use plan_frugal::adapters::DEQUANT_TILE_ROWS;
 
 type A = Arena<Cpu>;
@@ -109,9 +110,13 @@ pub fn adapter(a: &A, op: &Adapter) {
     match op.out {
         Some(out) => {
             let mut out = a.view_mut::<f32>(out);
-            kernels::lora::adapter_forward(
-                &mut out, &mut u, &x, &a_cat, &parts, n, ic, oc, r, op.scale,
-            );
+            let lora = Weights {
+                a_cat: &a_cat,
+                parts: &parts,
+                rank: r,
+                scale: op.scale,
+            };
+            kernels::lora::adapter_forward(&mut out, &mut u, &x, &lora, (n, ic, oc));
         }
         None => kernels::lora::adapter_u(&mut u, &x, &a_cat, n, ic, r * parts.len()),
     }
@@ -158,7 +163,11 @@ fn adapter_products(a: &A, op: &AdapterBackward, inp: Tensor, dinp: Tensor) {
     let da = da.as_deref_mut().expect("dA");
     let mut db: Vec<&mut [f32]> = rest.iter_mut().filter_map(|d| d.as_deref_mut()).collect();
     let shape = (f.n, f.ic, f.oc);
-    kernels::lora::adapter_backward(
-        &mut dinp, da, &mut db, &mut du, &dout, &x, &u, &a_cat, &parts, shape, f.rank, f.scale,
-    );
+    let lora = Weights {
+        a_cat: &a_cat,
+        parts: &parts,
+        rank: f.rank,
+        scale: f.scale,
+    };
+    kernels::lora::adapter_backward(&mut dinp, da, &mut db, &mut du, &dout, &x, &u, &lora, shape);
 }

@@ -13,16 +13,18 @@
 //!
 //! ```
 //! // One part of 1 row: out[:, 0] += 2 * (x · a) * b.
-//! use kernels::lora::{adapter_forward, Part};
+//! use kernels::lora::{adapter_forward, Part, Weights};
 //! let (x, a, b) = ([1.0f32, 2.0], [3.0f32, 4.0], [0.5f32]);
 //! let (mut out, mut u) = ([1.0f32], [0.0f32]);
-//! adapter_forward(&mut out, &mut u, &x, &a, &[Part { b: &b, col0: 0, rows: 1 }], 1, 2, 1, 1, 2.0);
+//! let parts = [Part { b: &b, col0: 0, rows: 1 }];
+//! let lora = Weights { a_cat: &a, parts: &parts, rank: 1, scale: 2.0 };
+//! adapter_forward(&mut out, &mut u, &x, &lora, (1, 2, 1));
 //! assert_eq!((u, out), ([11.0], [12.0]));
 //! ```
 
 use crate::matmul::capped::matmul;
 pub use crate::matmul::{backward_input_cols, forward_cols};
-use crate::matmul::{view, view_mut};
+use crate::matmul::{view, view_mut, Dims};
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
@@ -63,20 +65,25 @@ pub fn adapter_u(u: &mut [f32], inp: &[f32], a_cat: &[f32], n: usize, ic: usize,
     );
 }
 
+/// One view's adapters: the A's side by side (r·parts, IC), each part's B and place, the rank r
+/// and the scale s = α / r.
+#[derive(Clone, Copy, Debug)]
+pub struct Weights<'a> {
+    pub a_cat: &'a [f32],
+    pub parts: &'a [Part<'a>],
+    pub rank: usize,
+    pub scale: f32,
+}
+
 /// u (N, r·parts) = inp · a_catᵀ, then out[:, p] += scale · uₚ · Bₚᵀ for every part.
-#[allow(clippy::too_many_arguments)]
-pub fn adapter_forward(
-    out: &mut [f32],
-    u: &mut [f32],
-    inp: &[f32],
-    a_cat: &[f32],
-    parts: &[Part],
-    n: usize,
-    ic: usize,
-    oc: usize,
-    r: usize,
-    scale: f32,
-) {
+pub fn adapter_forward(out: &mut [f32], u: &mut [f32], inp: &[f32], lora: &Weights, dims: Dims) {
+    let (n, ic, oc) = dims;
+    let Weights {
+        a_cat,
+        parts,
+        rank: r,
+        scale,
+    } = *lora;
     let w = r * parts.len();
     assert!(out.len() == n * oc);
     adapter_u(u, inp, a_cat, n, ic, w);
@@ -106,12 +113,15 @@ pub fn adapter_backward(
     dout: &[f32],
     inp: &[f32],
     u: &[f32],
-    a_cat: &[f32],
-    parts: &[Part],
-    (n, ic, oc): (usize, usize, usize),
-    r: usize,
-    scale: f32,
+    lora: &Weights,
+    (n, ic, oc): Dims,
 ) {
+    let Weights {
+        a_cat,
+        parts,
+        rank: r,
+        scale,
+    } = *lora;
     let w = r * parts.len();
     assert!(du.len() == n * w && u.len() == n * w && da_cat.len() == w * ic);
     assert!(db.len() == parts.len() && dinp.len() == n * ic && dout.len() == n * oc);
@@ -198,22 +208,23 @@ pub fn dropout_backward(dinp: &mut [f32], dx: &[f32], p: f32, seed: u64) {
 
 /// Plain loops.
 pub mod reference {
-    use super::Part;
+    use super::{Dims, Weights};
 
     /// [`super::adapter_forward`] as loops.
-    #[allow(clippy::too_many_arguments)]
     pub fn adapter_forward(
         out: &mut [f32],
         u: &mut [f32],
         inp: &[f32],
-        a_cat: &[f32],
-        parts: &[Part],
-        n: usize,
-        ic: usize,
-        oc: usize,
-        r: usize,
-        scale: f32,
+        lora: &Weights,
+        dims: Dims,
     ) {
+        let (n, ic, oc) = dims;
+        let Weights {
+            a_cat,
+            parts,
+            rank: r,
+            scale,
+        } = *lora;
         let w = r * parts.len();
         for i in 0..n {
             for k in 0..w {
@@ -290,7 +301,13 @@ mod tests {
                 })
                 .collect();
             let (mut out, mut u) = (vec![0.0; n * oc], vec![0.0; n * 2 * r]);
-            reference::adapter_forward(&mut out, &mut u, x, a, &parts, n, ic, oc, r, scale);
+            let lora = Weights {
+                a_cat: a,
+                parts: &parts,
+                rank: r,
+                scale,
+            };
+            reference::adapter_forward(&mut out, &mut u, x, &lora, (n, ic, oc));
             out.iter()
                 .zip(&g)
                 .map(|(&o, &g)| f64::from(o) * f64::from(g))
@@ -304,7 +321,13 @@ mod tests {
             })
             .collect();
         let (mut out, mut u) = (vec![0.0; n * oc], vec![0.0; n * 2 * r]);
-        adapter_forward(&mut out, &mut u, &x, &a, &parts, n, ic, oc, r, scale);
+        let lora = Weights {
+            a_cat: &a,
+            parts: &parts,
+            rank: r,
+            scale,
+        };
+        adapter_forward(&mut out, &mut u, &x, &lora, (n, ic, oc));
         let (mut dx, mut da) = (vec![0.0; n * ic], vec![0.0; a.len()]);
         let (mut db0, mut db1) = (vec![0.0; bs[0].len()], vec![0.0; bs[1].len()]);
         let mut du = vec![0.0; n * 2 * r];
@@ -317,11 +340,8 @@ mod tests {
             &g,
             &x,
             &u,
-            &a,
-            &parts,
+            &lora,
             (n, ic, oc),
-            r,
-            scale,
         );
         let h = 1e-2f32;
         let check = |analytic: &[f32], bump: &dyn Fn(usize, f32) -> f64| {
