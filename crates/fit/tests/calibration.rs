@@ -6,7 +6,7 @@
 //! which already held the cuBLAS workspaces, so those are taken off the prediction here.
 
 use plan::presets::by_name;
-use plan::setup::{Attention, Dtype, InferSetup, Optimizer, Precision, Recompute, TrainSetup};
+use plan::setup::{Dtype, InferSetup, Optimizer, Precision, Recompute, TrainSetup};
 use plan_pytorch::{inference_estimate, training_detail, OptimizerImpl};
 use serde_json::Value;
 
@@ -95,19 +95,8 @@ fn rows() -> Vec<Row> {
                 } else {
                     Dtype::Bf16
                 };
-                let setup = InferSetup {
-                    ggml_nibbles: plan::roles::Roles::NONE,
-                    ggml_file_bytes: None,
-                    weights,
-                    weight_group: None,
-                    double_quant: false,
-                    kv_dtype: weights,
-                    batch: rec["batch"].as_u64().unwrap(),
-                    seq: rec["seq"].as_u64().unwrap(),
-                    kv_block: None,
-                    tp: 1,
-                    attention: Attention::Flash,
-                };
+                let (batch, seq) = (rec["batch"].as_u64().unwrap(), rec["seq"].as_u64().unwrap());
+                let setup = InferSetup::new(weights, weights, batch, seq);
                 let keep = (rec["logits_to_keep"].as_u64() == Some(1)).then_some(1);
                 let d = inference_estimate(&shape, &setup, keep).expect("supported setup");
                 let ws = d.workspace_bytes;

@@ -279,6 +279,13 @@ mod tests {
         assert_ne!(other, out, "another seed, another mask");
     }
 
+    /// The parts with B's `bs`, placed at `col0` with `rows` rows each.
+    fn parts_of<'a>(bs: &'a [Vec<f32>], col0: &[usize], rows: &[usize]) -> Vec<Part<'a>> {
+        (bs.iter().zip(col0).zip(rows))
+            .map(|((b, &col0), &rows)| Part { b, col0, rows })
+            .collect()
+    }
+
     /// A loss L = Σ out ⊙ g through the frozen parts and the adapters, and its gradients by
     /// finite differences in f64-summed f32.
     #[test]
@@ -293,13 +300,7 @@ mod tests {
         let bs: Vec<Vec<f32>> = rows.iter().map(|&k| rand(k * r, &mut rng)).collect();
         let g = rand(n * oc, &mut rng);
         let loss = |x: &[f32], a: &[f32], bs: &[Vec<f32>]| -> f64 {
-            let parts: Vec<Part> = (0..2)
-                .map(|p| Part {
-                    b: &bs[p],
-                    col0: col0[p],
-                    rows: rows[p],
-                })
-                .collect();
+            let parts = parts_of(bs, &col0, &rows);
             let (mut out, mut u) = (vec![0.0; n * oc], vec![0.0; n * 2 * r]);
             let lora = Weights {
                 a_cat: a,
@@ -313,13 +314,7 @@ mod tests {
                 .map(|(&o, &g)| f64::from(o) * f64::from(g))
                 .sum()
         };
-        let parts: Vec<Part> = (0..2)
-            .map(|p| Part {
-                b: &bs[p],
-                col0: col0[p],
-                rows: rows[p],
-            })
-            .collect();
+        let parts = parts_of(&bs, &col0, &rows);
         let (mut out, mut u) = (vec![0.0; n * oc], vec![0.0; n * 2 * r]);
         let lora = Weights {
             a_cat: &a,

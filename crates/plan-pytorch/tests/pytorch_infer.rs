@@ -9,19 +9,7 @@ use plan::setup::{Attention, Dtype, InferSetup};
 use plan_pytorch::{inference_estimate, InferDetail};
 
 fn setup(weights: Dtype) -> InferSetup {
-    InferSetup {
-        ggml_nibbles: plan::roles::Roles::NONE,
-        ggml_file_bytes: None,
-        weights,
-        weight_group: None,
-        double_quant: false,
-        kv_dtype: Dtype::Bf16,
-        batch: 2,
-        seq: 1000,
-        kv_block: None,
-        tp: 1,
-        attention: Attention::Flash,
-    }
+    InferSetup::new(weights, Dtype::Bf16, 2, 1000)
 }
 
 fn run(model: &str, s: &InferSetup) -> InferDetail {
@@ -131,13 +119,8 @@ fn kv_formats_hf_does_not_cache_are_typed_errors() {
 fn eager_prefill_peak_is_ten_bytes_per_score_over_weights_and_cache() {
     let (b, t, heads) = (1u64, 4096u64, 32u64);
     let eager = |weights: Dtype| InferSetup {
-        ggml_nibbles: plan::roles::Roles::NONE,
-        ggml_file_bytes: None,
-        batch: b,
-        seq: t,
-        kv_dtype: weights,
         attention: Attention::Eager,
-        ..setup(weights)
+        ..InferSetup::new(weights, weights, b, t)
     };
     let d = run("llama2-7b", &eager(Dtype::Bf16));
     let scores = b * heads * t * t;

@@ -5,7 +5,7 @@ mod common;
 
 use common::L2_LINEARS;
 use plan::presets::by_name;
-use plan::setup::{Attention, Dtype, InferSetup, Lora, Precision, Recompute, TrainSetup};
+use plan::setup::{Dtype, InferSetup, Lora, Precision, Recompute, TrainSetup};
 use plan_pytorch::{inference_estimate, training_detail, OptimizerImpl};
 
 fn setup(precision: Precision, lora: Option<Lora>) -> TrainSetup {
@@ -166,19 +166,7 @@ fn moe_activations_grow_with_top_k_not_with_experts() {
 fn mla_caches_the_latent_and_rope_key() {
     let m = by_name("deepseek-v2-lite").unwrap();
     let mla = m.mla.clone().unwrap();
-    let s = InferSetup {
-        ggml_nibbles: plan::roles::Roles::NONE,
-        ggml_file_bytes: None,
-        weights: Dtype::Bf16,
-        weight_group: None,
-        double_quant: false,
-        kv_dtype: Dtype::Bf16,
-        batch: 2,
-        seq: 1024,
-        kv_block: None,
-        tp: 1,
-        attention: Attention::Flash,
-    };
+    let s = InferSetup::new(Dtype::Bf16, Dtype::Bf16, 2, 1024);
     let d = inference_estimate(&m, &s, Some(1)).unwrap();
     let per_token = (mla.kv_lora_rank + mla.qk_rope_head_dim) * 2;
     assert_eq!(d.kv_cache_bytes, m.n_layers as u64 * 2 * 1024 * per_token);

@@ -249,17 +249,8 @@ fn vllm_kv_formula_and_sliding_windows() {
     let kv = |model: &str, seq: u64, block: Option<u64>| {
         let m = presets::by_name(model).unwrap();
         let s = InferSetup {
-            ggml_nibbles: plan::roles::Roles::NONE,
-            ggml_file_bytes: None,
-            weights: Dtype::Bf16,
-            weight_group: None,
-            double_quant: false,
-            kv_dtype: Dtype::Bf16,
-            batch: 1,
-            seq,
             kv_block: block,
-            tp: 1,
-            attention: Attention::Flash,
+            ..InferSetup::new(Dtype::Bf16, Dtype::Bf16, 1, seq)
         };
         plan::infer::inference_estimate(&m, &s)
             .unwrap()

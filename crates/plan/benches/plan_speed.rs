@@ -85,17 +85,9 @@ fn main() {
             plan.buffers.len()
         );
         let inf = InferSetup {
-            ggml_nibbles: plan::roles::Roles::NONE,
-            ggml_file_bytes: None,
-            weights: Dtype::Int4,
             weight_group: Some(128),
-            double_quant: false,
-            kv_dtype: Dtype::Fp8,
-            batch: 8,
-            seq: 4096.min(model.max_positions),
             kv_block: Some(16),
-            tp: 1,
-            attention: Attention::Flash,
+            ..InferSetup::new(Dtype::Int4, Dtype::Fp8, 8, 4096.min(model.max_positions))
         };
         let inf_s = time(2000, || {
             black_box(infer::inference_estimate(black_box(&model), black_box(&inf)).unwrap());

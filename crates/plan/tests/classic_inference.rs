@@ -1,22 +1,10 @@
 //! The classic worked inference numbers and the KV-cache facts of REFERENCES.md, exactly.
 
-use plan::setup::{Attention, Dtype, InferSetup};
+use plan::setup::{Dtype, InferSetup};
 use plan::{infer, presets, Category};
 
 fn setup(weights: Dtype, kv_dtype: Dtype, batch: u64, seq: u64) -> InferSetup {
-    InferSetup {
-        ggml_nibbles: plan::roles::Roles::NONE,
-        ggml_file_bytes: None,
-        weights,
-        weight_group: None,
-        double_quant: false,
-        kv_dtype,
-        batch,
-        seq,
-        kv_block: None,
-        tp: 1,
-        attention: Attention::Flash,
-    }
+    InferSetup::new(weights, kv_dtype, batch, seq)
 }
 
 #[test]

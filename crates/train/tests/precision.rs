@@ -191,14 +191,26 @@ fn state_survives_json_and_resumes_identically() {
 }
 
 /// One rank's fp16-style step: unscale, agree on overflow over all ranks, update or skip.
+/// A rank's optimizer state: fp32 master weights, AdamW's moments, the fp16 working copy.
+struct RankState {
+    master: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    working: Vec<f16>,
+}
+
 fn rank_step(
     comm: &mut dyn Collective,
     scaler: &mut LossScaler,
     grads: &mut [f32],
-    master: &mut [f32],
-    moments: (&mut [f32], &mut [f32]),
-    working: &mut [f16],
+    st: &mut RankState,
 ) -> StepDecision {
+    let RankState {
+        master,
+        m,
+        v,
+        working,
+    } = st;
     let local = unscale_and_check(grads, scaler.inv_scale());
     let global = comm.any(local).unwrap();
     let decision = scaler.update(global).unwrap();
@@ -208,7 +220,6 @@ fn rank_step(
             step: 1,
             grad_multiplier: 1.0,
         };
-        let (m, v) = moments;
         adamw_master_step(
             master,
             m,
@@ -231,40 +242,29 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
                 scope.spawn(move || {
                     let n = 5000;
                     let mut scaler = LossScaler::torch();
-                    let mut master: Vec<f32> = (0..n).map(|i| (i as f32).sin()).collect();
-                    let before = master.clone();
-                    let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
-                    let mut working: Vec<f16> = master.iter().map(|&x| f16::from_f32(x)).collect();
-                    let working_before = working.clone();
+                    let master: Vec<f32> = (0..n).map(|i| (i as f32).sin()).collect();
+                    let (m, v) = (vec![0.0f32; n], vec![0.0f32; n]);
+                    let working: Vec<f16> = master.iter().map(|&x| f16::from_f32(x)).collect();
+                    let mut st = RankState {
+                        master,
+                        m,
+                        v,
+                        working,
+                    };
+                    let (before, working_before) = (st.master.clone(), st.working.clone());
                     // Scaled gradients: rank 0 overflowed in one element.
                     let mut grads = vec![1000.0f32; n];
                     if comm.rank() == 0 {
                         grads[4321] = f32::INFINITY;
                     }
-                    let moments = (m.as_mut_slice(), v.as_mut_slice());
-                    let d = rank_step(
-                        &mut comm,
-                        &mut scaler,
-                        &mut grads,
-                        &mut master,
-                        moments,
-                        &mut working,
-                    );
-                    let untouched = master == before
-                        && working == working_before
-                        && m.iter().chain(&v).all(|&x| x == 0.0);
+                    let d = rank_step(&mut comm, &mut scaler, &mut grads, &mut st);
+                    let untouched = st.master == before
+                        && st.working == working_before
+                        && st.m.iter().chain(&st.v).all(|&x| x == 0.0);
                     // The next step is clean everywhere: both ranks apply it.
                     let mut grads = vec![1000.0f32; n];
-                    let moments = (m.as_mut_slice(), v.as_mut_slice());
-                    let d2 = rank_step(
-                        &mut comm,
-                        &mut scaler,
-                        &mut grads,
-                        &mut master,
-                        moments,
-                        &mut working,
-                    );
-                    (d, untouched, d2, master != before, *scaler.state())
+                    let d2 = rank_step(&mut comm, &mut scaler, &mut grads, &mut st);
+                    (d, untouched, d2, st.master != before, *scaler.state())
                 })
             })
             .collect();

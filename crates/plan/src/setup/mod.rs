@@ -270,6 +270,26 @@ pub struct InferSetup {
     pub attention: Attention,
 }
 
+impl InferSetup {
+    /// `batch` sequences of `seq` tokens with `weights` and a `kv_dtype` cache; otherwise the
+    /// defaults: no group or double quantization, a contiguous cache, one device, flash attention.
+    pub fn new(weights: Dtype, kv_dtype: Dtype, batch: u64, seq: u64) -> InferSetup {
+        InferSetup {
+            weights,
+            weight_group: None,
+            ggml_nibbles: crate::roles::Roles::NONE,
+            ggml_file_bytes: None,
+            double_quant: false,
+            kv_dtype,
+            batch,
+            seq,
+            kv_block: None,
+            tp: 1,
+            attention: Attention::Flash,
+        }
+    }
+}
+
 /// The CLI's name of a dtype (`bf16`, `int8`, `nf4`).
 pub fn dtype_name(d: Dtype) -> &'static str {
     match d {
