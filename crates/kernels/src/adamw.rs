@@ -26,16 +26,23 @@ pub struct AdamW {
     pub weight_decay: f32,
 }
 
+impl AdamW {
+    /// `torch.optim.AdamW(lr, betas, eps, weight_decay)`.
+    pub const fn new(lr: f32, (beta1, beta2): (f32, f32), eps: f32, weight_decay: f32) -> AdamW {
+        AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        }
+    }
+}
+
 impl Default for AdamW {
     /// torch.optim.AdamW's defaults.
     fn default() -> Self {
-        AdamW {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 1e-2,
-        }
+        AdamW::new(1e-3, (0.9, 0.999), 1e-8, 1e-2)
     }
 }
 
@@ -130,13 +137,7 @@ mod tests {
     fn matches_torch_algorithm_over_ten_steps() {
         let mut rng = Rng::new(10);
         let n = 40_000; // spans several rayon chunks
-        let opt = AdamW {
-            lr: 3e-3,
-            beta1: 0.8,
-            beta2: 0.95,
-            eps: 1e-6,
-            weight_decay: 0.1,
-        };
+        let opt = AdamW::new(3e-3, (0.8, 0.95), 1e-6, 0.1);
         let mut p64 = rng.vec(n);
         let (mut m64, mut v64) = (vec![0.0; n], vec![0.0; n]);
         let mut p32 = to_f32(&p64);

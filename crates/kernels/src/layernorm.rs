@@ -95,23 +95,33 @@ pub fn backward(
         return;
     };
     assert!(dweight.len() == c && dbias.len() == c);
-    dweight
-        .par_chunks_mut(COLS)
-        .zip(dbias.par_chunks_mut(COLS))
-        .enumerate()
-        .for_each(|(blk, (dw, db))| {
-            let j0 = blk * COLS;
-            for i in 0..n {
-                let (x, g) = (
-                    &inp[i * c + j0..][..dw.len()],
-                    &dout[i * c + j0..][..dw.len()],
-                );
-                for j in 0..dw.len() {
-                    dw[j] += (x[j] - mean[i]) * rstd[i] * g[j];
-                    db[j] += g[j];
-                }
+    column_sums(dweight, inp, dout, n, |i, x, g| (x - mean[i]) * rstd[i] * g);
+    column_sums(dbias, inp, dout, n, |_, _, g| g);
+}
+
+/// `dw[j] += term(i, x[i, j], g[i, j])` summed over the rows i in order, for the C = `dw.len()`
+/// columns of inp (N, C) and dout (N, C) in parallel blocks of `COLS`: a norm's weight (or
+/// bias) gradient, one writer per column.
+pub(crate) fn column_sums(
+    dw: &mut [f32],
+    inp: &[f32],
+    dout: &[f32],
+    n: usize,
+    term: impl Fn(usize, f32, f32) -> f32 + Sync,
+) {
+    let c = dw.len();
+    dw.par_chunks_mut(COLS).enumerate().for_each(|(blk, dw)| {
+        let j0 = blk * COLS;
+        for i in 0..n {
+            let (x, g) = (
+                &inp[i * c + j0..][..dw.len()],
+                &dout[i * c + j0..][..dw.len()],
+            );
+            for j in 0..dw.len() {
+                dw[j] += term(i, x[j], g[j]);
             }
-        });
+        }
+    });
 }
 
 fn check(out: usize, mean: usize, rstd: usize, inp: usize, weight: usize, n: usize, c: usize) {

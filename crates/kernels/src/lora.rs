@@ -78,12 +78,7 @@ pub struct Weights<'a> {
 /// u (N, r·parts) = inp · a_catᵀ, then out[:, p] += scale · uₚ · Bₚᵀ for every part.
 pub fn adapter_forward(out: &mut [f32], u: &mut [f32], inp: &[f32], lora: &Weights, dims: Dims) {
     let (n, ic, oc) = dims;
-    let Weights {
-        a_cat,
-        parts,
-        rank: r,
-        scale,
-    } = *lora;
+    let (a_cat, parts, r, scale) = (lora.a_cat, lora.parts, lora.rank, lora.scale);
     let w = r * parts.len();
     assert!(out.len() == n * oc);
     adapter_u(u, inp, a_cat, n, ic, w);
@@ -116,12 +111,7 @@ pub fn adapter_backward(
     lora: &Weights,
     (n, ic, oc): Dims,
 ) {
-    let Weights {
-        a_cat,
-        parts,
-        rank: r,
-        scale,
-    } = *lora;
+    let (a_cat, parts, r, scale) = (lora.a_cat, lora.parts, lora.rank, lora.scale);
     let w = r * parts.len();
     assert!(du.len() == n * w && u.len() == n * w && da_cat.len() == w * ic);
     assert!(db.len() == parts.len() && dinp.len() == n * ic && dout.len() == n * oc);
@@ -219,12 +209,7 @@ pub mod reference {
         dims: Dims,
     ) {
         let (n, ic, oc) = dims;
-        let Weights {
-            a_cat,
-            parts,
-            rank: r,
-            scale,
-        } = *lora;
+        let (a_cat, parts, r, scale) = (lora.a_cat, lora.parts, lora.rank, lora.scale);
         let w = r * parts.len();
         for i in 0..n {
             for k in 0..w {

@@ -15,7 +15,6 @@ use crate::Real;
 use rayon::prelude::*;
 
 const ROWS: usize = 16;
-const COLS: usize = 64;
 
 /// out (N,C), rstd (N), inp (N,C), weight (C).
 pub fn forward(
@@ -63,21 +62,7 @@ pub fn backward(
         return;
     };
     assert_eq!(dweight.len(), c);
-    dweight
-        .par_chunks_mut(COLS)
-        .enumerate()
-        .for_each(|(blk, dw)| {
-            let j0 = blk * COLS;
-            for i in 0..n {
-                let (x, g) = (
-                    &inp[i * c + j0..][..dw.len()],
-                    &dout[i * c + j0..][..dw.len()],
-                );
-                for j in 0..dw.len() {
-                    dw[j] += x[j] * rstd[i] * g[j];
-                }
-            }
-        });
+    crate::layernorm::column_sums(dweight, inp, dout, n, |i, x, g| x * rstd[i] * g);
 }
 
 /// Plain loops, generic over the float type.

@@ -130,13 +130,7 @@ impl<B: TrainOps> Trainer<B> {
         else {
             unreachable!("the plan refuses bf16/fp16 without AdamW");
         };
-        let opt = kernels::adamw::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        };
+        let opt = kernels::adamw::AdamW::new(lr, (beta1, beta2), eps, weight_decay);
         self.update_slices(slices);
         let (model, arena) = (&self.model, &self.arena);
         let k = MasterStep {

@@ -173,13 +173,7 @@ pub fn update_slices<B: TrainOps>(
                         grads,
                         m: opt(0).slice(local.clone()),
                         v: opt(1).slice(local),
-                        opt: kernels::adamw::AdamW {
-                            lr,
-                            beta1,
-                            beta2,
-                            eps,
-                            weight_decay,
-                        },
+                        opt: kernels::adamw::AdamW::new(lr, (beta1, beta2), eps, weight_decay),
                         step,
                     };
                     be.adamw(arena, &op);

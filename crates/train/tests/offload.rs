@@ -12,13 +12,7 @@ use std::path::PathBuf;
 use train::offload::{OffloadError, OffloadStore};
 use train::precision::{Grads, MasterStep, Working};
 
-const OPT: AdamW = AdamW {
-    lr: 1e-3,
-    beta1: 0.9,
-    beta2: 0.999,
-    eps: 1e-8,
-    weight_decay: 0.1,
-};
+const OPT: AdamW = AdamW::new(1e-3, (0.9, 0.999), 1e-8, 0.1);
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     train::testkit::values(n, u64::from(seed), 1.0)

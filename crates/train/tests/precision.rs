@@ -299,13 +299,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn master_step_equals_kernels_adamw_bit_for_bit() {
     // Spans several rayon chunks and ends mid-block.
     let n = 3 * (1 << 14) + 1000 + 7;
-    let opt = AdamW {
-        lr: 3e-3,
-        beta1: 0.8,
-        beta2: 0.95,
-        eps: 1e-6,
-        weight_decay: 0.1,
-    };
+    let opt = AdamW::new(3e-3, (0.8, 0.95), 1e-6, 0.1);
     let init = vec_of(n, 1);
     let (mut p_ref, mut m_ref, mut v_ref) = (init.clone(), vec![0.0f32; n], vec![0.0f32; n]);
     let (mut p, mut m, mut v) = (init.clone(), vec![0.0f32; n], vec![0.0f32; n]);
