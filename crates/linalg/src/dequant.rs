@@ -76,6 +76,9 @@ fn f32_at(src: &[u8], i: usize) -> f32 {
     f32::from_le_bytes(src[4 * i..4 * i + 4].try_into().expect("four bytes"))
 }
 
+/// The 16 NF4 levels and bitsandbytes' signed dynamic map.
+pub type Tables<'a> = (&'a [f32; 16], &'a [f32; 256]);
+
 /// `out` (all of the part's values) from `src` stored as `stored`; `levels` are the 16 NF4
 /// levels and `map` bitsandbytes' signed dynamic map (read only by the formats that use them).
 pub fn dequantize(
@@ -140,7 +143,7 @@ pub fn dequantize_range(
         Stored::Grouped { .. } => unreachable!("decoded above"),
         Stored::Nf4 { .. } => {
             let mut all = vec![0.0f32; n];
-            reference::dequantize(&mut all, src, stored, levels, map);
+            reference::dequantize(&mut all, src, stored, (levels, map));
             out.copy_from_slice(&all[first..first + out.len()]);
         }
     }
@@ -296,15 +299,11 @@ fn nf4_scalar(out: &mut [f32], bytes: &[u8], lut: &[f32; 16]) {
 
 /// Value by value, straight from the layout.
 pub mod reference {
-    use super::{f32_at, Stored, NESTED_BLOCK};
+    use super::{f32_at, Stored, Tables, NESTED_BLOCK};
 
-    pub fn dequantize(
-        out: &mut [f32],
-        src: &[u8],
-        stored: Stored,
-        levels: &[f32; 16],
-        map: &[f32; 256],
-    ) {
+    /// [`super::dequantize`] element by element; `tables`: the NF4 levels and the dynamic map.
+    pub fn dequantize(out: &mut [f32], src: &[u8], stored: Stored, tables: Tables<'_>) {
+        let (levels, map) = tables;
         let n = out.len();
         for (i, x) in out.iter_mut().enumerate() {
             *x = match stored {
@@ -385,7 +384,7 @@ mod tests {
             }
             let (mut fast, mut slow) = (vec![0.0; n], vec![1.0; n]);
             dequantize(&mut fast, &src, stored, &levels, &map);
-            reference::dequantize(&mut slow, &src, stored, &levels, &map);
+            reference::dequantize(&mut slow, &src, stored, (&levels, &map));
             assert_eq!(fast, slow, "{stored:?}");
             // Tiles of rows, block-aligned or not (rows of 64; a range from inside a block).
             for (first, len) in [
