@@ -114,13 +114,13 @@ pub fn gemm_nt_on(isa: Isa, out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims,
     if isa == Isa::Amx {
         let out = nn::Out::F32(out);
         // SAFETY: AMX was checked against the running CPU and OS above.
-        return unsafe { amx::gemm(out, a, b, (m, n, k), add, nn::Layout::Nt) };
+        return unsafe { amx::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nt)) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         let out = nn::Out::F32(out);
         // SAFETY: AVX2 and FMA were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, nn::Layout::Nt) };
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nt)) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
@@ -212,12 +212,12 @@ fn run_nn(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx {
         // SAFETY: AMX was checked against the running CPU and OS above.
-        return unsafe { amx::gemm(out, a, b, (m, n, k), add, nn::Layout::Nn) };
+        return unsafe { amx::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nn)) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: AVX2 and FMA were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), add, nn::Layout::Nn) };
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nn)) };
     }
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }

@@ -113,14 +113,8 @@ thread_local! {
 ///
 /// # Safety
 /// [`available`] must have returned true.
-pub(super) unsafe fn gemm(
-    out: Out<'_>,
-    a: &[bf16],
-    b: &[bf16],
-    dims: Dims,
-    add: bool,
-    layout: Layout,
-) {
+pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode: (bool, Layout)) {
+    let (add, layout) = mode;
     let (m, n, k) = dims;
     let out = OutPtr::of(out, m * n);
     let nb = NB.min(n.div_ceil(2 * PANEL) * 2 * PANEL);

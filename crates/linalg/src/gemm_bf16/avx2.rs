@@ -51,14 +51,8 @@ thread_local! {
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
-pub(super) unsafe fn gemm(
-    out: Out<'_>,
-    a: &[bf16],
-    b: &[bf16],
-    dims: Dims,
-    add: bool,
-    layout: Layout,
-) {
+pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode: (bool, Layout)) {
+    let (add, layout) = mode;
     let (m, n, k) = dims;
     let out = OutPtr::of(out, m * n);
     let call = Call {
