@@ -84,9 +84,7 @@ fn cases() -> Vec<(WeightFormat, KvFormat)> {
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = row.iter().map(|&x| f64::from(x - m).exp()).sum();
-    let ls = s.ln();
+    let (m, ls) = infer::sample::log_sum_exp(row);
     row.iter().map(|&x| f64::from(x - m) - ls).collect()
 }
 

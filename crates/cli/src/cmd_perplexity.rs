@@ -176,7 +176,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// log softmax(row)[target], in f64.
 fn log_prob(row: &[f32], target: usize) -> f64 {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = row.iter().map(|&x| f64::from(x - m).exp()).sum();
-    f64::from(row[target] - m) - s.ln()
+    let (m, ln_sum) = infer::sample::log_sum_exp(row);
+    f64::from(row[target] - m) - ln_sum
 }

@@ -47,6 +47,15 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// A row's largest logit `m` and ln Σ exp(x − m) (summed in f64): its log-sum-exp is their sum,
+/// and `x − m − ln Σ` the log-probability of a logit `x` (what perplexity, log-probabilities and
+/// the quality bench read).
+pub fn log_sum_exp(row: &[f32]) -> (f32, f64) {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = row.iter().map(|&x| f64::from(x - m).exp()).sum();
+    (m, s.ln())
+}
+
 /// The sampling distribution over the whole vocabulary (zero outside the top k and the nucleus),
 /// in f64.
 pub fn distribution(logits: &[f32], s: &Sampling) -> Vec<f64> {

@@ -62,6 +62,8 @@ struct Running {
     ids: Vec<u32>,
     /// Text sent so far.
     sent: String,
+    /// Characters in the decoded text of `ids` (where the next token's text starts).
+    chars: usize,
     /// KV blocks reserved for the prompt and `max_tokens`.
     blocks: usize,
     /// A stop text ended it: what follows it is never sent.
@@ -78,6 +80,7 @@ impl Running {
             rng,
             ids: Vec::new(),
             sent: String::new(),
+            chars: 0,
             blocks,
             stopped_at_text: false,
             last_token_at: Instant::now(),
@@ -334,8 +337,7 @@ fn advance(r: &mut Running, tok: &data::Tokenizer, logits: &[f32], metrics: &Met
     let lp = (r.job.logprobs).map(|top| {
         let limit = r.job.sampling.vocab_limit.unwrap_or(logits.len());
         // Where the token's text starts: the answer's characters before it.
-        let at = tok.decode(&r.ids).map_or(0, |t| t.chars().count());
-        logprobs::of(logits, limit, t, top, at)
+        logprobs::of(logits, limit, t, top, r.chars)
     });
     accept(r, tok, t, lp, metrics)
 }
@@ -363,6 +365,7 @@ fn accept(
     let Ok(text) = tok.decode(&r.ids) else {
         return Step::Finished(Some("stop"));
     };
+    r.chars = text.chars().count();
     // Hold back an incomplete character (U+FFFD at the end) until it completes.
     let settled = text.trim_end_matches('\u{FFFD}');
     let (piece, stopped) = match r

@@ -34,9 +34,8 @@ pub struct TokenLogprob {
 /// `offset` is where its text starts in the answer.
 pub fn of(logits: &[f32], limit: usize, id: u32, top: usize, offset: usize) -> TokenLogprob {
     let row = &logits[..limit.clamp(1, logits.len())];
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&x| f64::from(x - max).exp()).sum();
-    let lse = f64::from(max) + sum.ln();
+    let (max, ln_sum) = infer::sample::log_sum_exp(row);
+    let lse = f64::from(max) + ln_sum;
     let lp = |i: usize| match (f64::from(row[i]) - lse) as f32 {
         x if x.is_finite() => x,
         _ => FLOOR,
