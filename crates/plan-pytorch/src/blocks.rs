@@ -204,8 +204,7 @@ fn dense_linear(
         });
     }
     tape.grads(op, &g);
-    tape.drop(xin.t);
-    tape.drop(wv.t);
+    tape.drop_all(&[xin.t, wv.t]);
     y
 }
 
@@ -258,8 +257,7 @@ pub fn layer_norm(tape: &mut Tape, f: &Fwd, x: V, d: u64, w: T, b: T) -> V {
         bytes: d * f.param_es,
     };
     tape.grads(op, &[Grad::New(x.t), pg(w), pg(b)]);
-    tape.drop(mean.t);
-    tape.drop(rstd.t);
+    tape.drop_all(&[mean.t, rstd.t]);
     y
 }
 
@@ -276,8 +274,7 @@ pub fn rms_norm(tape: &mut Tape, f: &Fwd, x: V, d: u64, w: T) -> V {
     let rs = ew_saving_output(tape, rows, 4, ve); // rsqrt saves its result
     tape.drop(ve.t);
     let n = ew(tape, x.numel, 4, &[x32, rs], &[x32, rs]);
-    tape.drop(x32.t);
-    tape.drop(rs.t);
+    tape.drop_all(&[x32.t, rs.t]);
     let nb = cast(tape, n, x.es);
     tape.drop(n.t);
     // `self.weight * hidden`: weight (param dtype) times the cast-back value; saves both.

@@ -177,11 +177,9 @@ fn forward(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, p: &Params, keep: Optio
         x = y;
     }
     let (normed, logits) = head(tape, f, m, p, x, keep);
-    tape.drop(x.t);
-    tape.drop(normed.t);
+    tape.drop_all(&[x.t, normed.t]);
     if let Some((cos, sin)) = rope {
-        tape.drop(cos.t);
-        tape.drop(sin.t);
+        tape.drop_all(&[cos.t, sin.t]);
     }
     super::model::drop_mask(tape, f);
     logits.t

@@ -135,9 +135,7 @@ fn eager_attention(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, qkv: &Qkv, mask
         tape.drop(p.t);
     }
     let o = ew(tape, out_numel(qkv), es, &[pd, v], &[pd, v]); // probs @ v, [B, H, T, D]
-    tape.drop(pd.t);
-    tape.drop(k.t);
-    tape.drop(v.t);
+    tape.drop_all(&[pd.t, k.t, v.t]);
     let out = ew(tape, o.numel, es, &[], &[o]); // transpose(1, 2).contiguous()
     tape.drop(o.t);
     out
@@ -227,22 +225,17 @@ pub fn gpt2_block(
     };
     let a = attention(tape, f, m, &parts, f.mask);
     let _ = kv_numel;
-    tape.drop(k.t);
-    tape.drop(v.t);
-    tape.drop(qkv.t);
+    tape.drop_all(&[k.t, v.t, qkv.t]);
     let od = c_proj_dropout(tape, f, p, "attn", a, h, h);
     let r2 = add(tape, od, x);
-    tape.drop(od.t);
-    tape.drop(y1.t);
+    tape.drop_all(&[od.t, y1.t]);
     let y2 = layer_norm(tape, f, r2, h, p.get("ln_2.weight"), p.get("ln_2.bias"));
     let fc = linear(tape, f, y2, p.get("c_fc"), h, m.d_ff, p.opt("c_fc.bias"));
     let g = new_gelu(tape, f, fc);
     tape.drop(fc.t);
     let md = c_proj_dropout(tape, f, p, "mlp", g, m.d_ff, h);
     let out = add(tape, r2, md);
-    tape.drop(md.t);
-    tape.drop(y2.t);
-    tape.drop(r2.t);
+    tape.drop_all(&[md.t, y2.t, r2.t]);
     out
 }
 
@@ -289,8 +282,7 @@ fn new_gelu(tape: &mut Tape, f: &Fwd, x: V) -> V {
     let d = ew(tape, n, c.es, &[], &[c]); // 1 + c
     tape.drop(c.t);
     let out = ew(tape, n, e.es.max(d.es), &[e, d], &[e, d]); // e * d saves both
-    tape.drop(e.t);
-    tape.drop(d.t);
+    tape.drop_all(&[e.t, d.t]);
     out
 }
 
@@ -331,8 +323,7 @@ pub fn llama_block(
     };
     tape.drop(y2.t);
     let out = add(tape, r2, down);
-    tape.drop(down.t);
-    tape.drop(r2.t);
+    tape.drop_all(&[down.t, r2.t]);
     out
 }
 
@@ -357,8 +348,7 @@ fn gqa_attention(
     let ke = apply_rope(tape, k, rope);
     tape.drop(k.t);
     let (kc, vc) = cache_update(tape, f, layer, ke, v);
-    tape.drop(ke.t);
-    tape.drop(v.t);
+    tape.drop_all(&[ke.t, v.t]);
     let qkv = [qe, kc, vc];
     sdpa_o_proj(tape, f, m, qkv, qkv.map(|x| x.t), p.get("o_proj"), dq)
 }
@@ -410,8 +400,7 @@ pub fn swiglu_mlp(
     tape.drop(gate.t);
     let up = linear(tape, f, x, p.get(names[1]), h, d_ff, None);
     let prod = ew(tape, s.numel, s.es, &[s, up], &[s, up]);
-    tape.drop(s.t);
-    tape.drop(up.t);
+    tape.drop_all(&[s.t, up.t]);
     let down = linear(tape, f, prod, p.get(names[2]), d_ff, h, None);
     tape.drop(prod.t);
     down
@@ -428,7 +417,6 @@ pub fn apply_rope(tape: &mut Tape, x: V, rope: V) -> V {
     let b = ew(tape, x.numel, es, &[], &[rot]); // rot * sin
     tape.drop(rot.t);
     let out = add(tape, a, b);
-    tape.drop(a.t);
-    tape.drop(b.t);
+    tape.drop_all(&[a.t, b.t]);
     out
 }

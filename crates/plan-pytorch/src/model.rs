@@ -245,8 +245,7 @@ fn embed_tokens(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, p: &Params) -> (V,
                 }],
             );
             let sum = ew(tape, n * h, p.es, &[], &[tok, pe]);
-            tape.drop(tok.t);
-            tape.drop(pe.t);
+            tape.drop_all(&[tok.t, pe.t]);
             let x = dropout(tape, f, sum);
             tape.drop(sum.t);
             (x, None)
@@ -317,7 +316,6 @@ pub fn loss(tape: &mut Tape, f: &Fwd, logits: V) -> V {
     let lsm = ew_saving_output(tape, l32.numel, 4, l32);
     tape.drop(l32.t);
     let loss = ew(tape, 1, 4, &[lsm], &[lsm]);
-    tape.drop(lsm.t);
-    tape.drop(shifted.t);
+    tape.drop_all(&[lsm.t, shifted.t]);
     loss
 }

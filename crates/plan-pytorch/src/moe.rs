@@ -31,8 +31,7 @@ fn router(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, x: V, w: T, e: u64, k: u
     tape.drop(l32.t);
     let idx = alloc(tape, n * k, 8);
     let top = ew(tape, n * k, 4, &[idx], &[scores]); // topk: saves its int64 indices
-    tape.drop(idx.t);
-    tape.drop(scores.t);
+    tape.drop_all(&[idx.t, scores.t]);
     let norm = ew(tape, n * k, 4, &[top], &[top]); // / sum(-1): saves both operands
     tape.drop(top.t);
     norm
@@ -107,16 +106,13 @@ pub fn moe_mlp(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, x: V, p: &LayerPara
     // act_fn(gate) * up on the two halves (views of `gu`, which both ops keep).
     let act = ew(tape, s * ff, gu.es, &[gu], &[gu]);
     let prod = ew(tape, s * ff, gu.es, &[act, gu], &[act, gu]);
-    tape.drop(act.t);
-    tape.drop(gu.t);
+    tape.drop_all(&[act.t, gu.t]);
     let dn = grouped_mm(tape, f, prod, &[down], ff, h);
     tape.drop(prod.t);
     let weighted = ew(tape, s * h, dn.es.max(4), &[dn, sw], &[dn, sw]); // * fp32 scores
-    tape.drop(dn.t);
-    tape.drop(sw.t);
+    tape.drop_all(&[dn.t, sw.t]);
     let unperm = ew(tape, s * h, weighted.es, &[], &[weighted]); // [inv_perm]
-    tape.drop(weighted.t);
-    tape.drop(perm);
+    tape.drop_all(&[weighted.t, perm]);
     let summed = ew(tape, n * h, unperm.es, &[], &[unperm]); // view(N, k, C).sum(1)
     tape.drop(unperm.t);
     let routed = cast(tape, summed, x.es);
@@ -131,8 +127,7 @@ pub fn moe_mlp(tape: &mut Tape, f: &mut Fwd, m: &ModelShape, x: V, p: &LayerPara
     ];
     let shared = swiglu_mlp(tape, f, x, h, ff * moe.n_shared as u64, p, names);
     let out = add(tape, routed, shared);
-    tape.drop(routed.t);
-    tape.drop(shared.t);
+    tape.drop_all(&[routed.t, shared.t]);
     out
 }
 
@@ -186,11 +181,9 @@ pub fn mla_attention(
     let k_rot = apply_rope(tape, k_rot, rope);
     tape.drop(ckv.t);
     let (lat, kr) = cache_update(tape, f, layer, kv_nope, k_rot);
-    tape.drop(kv_nope.t);
-    tape.drop(k_rot.t);
+    tape.drop_all(&[kv_nope.t, k_rot.t]);
     let query = ew(tape, n * heads * qk, q.es.max(q_rot.es), &[], &[q, q_rot]); // cat
-    tape.drop(q.t);
-    tape.drop(q_rot.t);
+    tape.drop_all(&[q.t, q_rot.t]);
     // expand_kv over the whole cache: kv_b_proj, a new key tensor, values as a view.
     let t_kv = lat.numel / kv_r;
     let kvb = linear(
@@ -203,8 +196,7 @@ pub fn mla_attention(
         None,
     );
     let key = ew(tape, t_kv * heads * qk, kvb.es, &[], &[kvb, kr]);
-    tape.drop(lat.t);
-    tape.drop(kr.t);
+    tape.drop_all(&[lat.t, kr.t]);
     let value = V {
         numel: t_kv * heads * mla.v_head_dim,
         ..kvb

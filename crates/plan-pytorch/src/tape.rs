@@ -219,6 +219,13 @@ impl Tape {
         self.maybe_free(t);
     }
 
+    /// Python references to each of `ts` go away, in order.
+    pub fn drop_all(&mut self, ts: &[T]) {
+        for &t in ts {
+            self.drop(t);
+        }
+    }
+
     fn maybe_free(&mut self, t: T) {
         let x = &mut self.tensors[t];
         if x.live && x.refs == 0 && x.saved == 0 {

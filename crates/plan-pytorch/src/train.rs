@@ -342,12 +342,10 @@ impl Run<'_> {
         let forward_peak_bytes = tape.peak_bytes;
         // The model output (logits, last hidden state) is dropped once `.loss` is taken, and
         // leaving `torch.autocast` clears its weight-cast cache.
-        tape.drop(logits.t);
-        tape.drop(normed.t);
+        tape.drop_all(&[logits.t, normed.t]);
         clear_cast_cache(tape, f);
         if let Some((cos, sin)) = rope {
-            tape.drop(cos.t);
-            tape.drop(sin.t);
+            tape.drop_all(&[cos.t, sin.t]);
         }
         // Checkpointed segments hold the mask as an input until their backward reruns them.
         if self.seg.is_none() {
