@@ -22,7 +22,9 @@ use plan::{formula, infer, units, Estimate, ModelShape, PlanError};
 use plan_frugal::WeightFormat;
 use std::path::PathBuf;
 
-const LONG_ABOUT: &str = "\
+/// `frugal plan --help`'s text (set on the subcommand in `main.rs`: its summary there would
+/// replace a `long_about` given here).
+pub const LONG_ABOUT: &str = "\
 Memory per device of a training or inference setup, before anything runs.
 
 The plan is a list of buffers (parameters, gradients, optimizer state, activations, KV cache,
@@ -61,7 +63,6 @@ Examples:
 
 /// Memory plan of a training or inference setup, per device.
 #[derive(clap::Args)]
-#[command(long_about = LONG_ABOUT)]
 #[command(group(clap::ArgGroup::new("what").required(true).args(["model", "params"])))]
 #[command(group(clap::ArgGroup::new("mode").args(["train", "infer"])))]
 pub struct Args {

@@ -45,6 +45,7 @@ enum Command {
     /// Number formats (fp32, fp16, bf16, fp8, int8, int4, nf4): bit layouts, ranges, quantization.
     Formats(cmd_formats::Args),
     /// Memory plan of a training or inference setup, per device, before anything runs.
+    #[command(long_about = cmd_plan::LONG_ABOUT)]
     Plan(cmd_plan::Args),
     /// Search the setups that fit a device's memory and rank them by predicted step time.
     Fit(cmd_fit::Args),

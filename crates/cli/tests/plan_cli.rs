@@ -317,3 +317,15 @@ fn plan_reports_step_time_host_memory_and_the_largest_pieces() {
         .unwrap();
     assert_eq!(top, v["per_device"]["peak_bytes"].as_u64().unwrap());
 }
+
+/// The subcommand's summary in `frugal --help` must not replace its own long help.
+#[test]
+fn help_explains_the_plan_and_shows_examples() {
+    let out = common::frugal(&["plan", "--help"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("The plan is a list of buffers"), "{text}");
+    assert!(
+        text.contains("Examples:") && text.contains("--plot memory.svg"),
+        "{text}"
+    );
+}

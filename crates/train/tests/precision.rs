@@ -190,7 +190,6 @@ fn state_survives_json_and_resumes_identically() {
     }
 }
 
-/// One rank's fp16-style step: unscale, agree on overflow over all ranks, update or skip.
 /// A rank's optimizer state: fp32 master weights, AdamW's moments, the fp16 working copy.
 struct RankState {
     master: Vec<f32>,
@@ -199,6 +198,7 @@ struct RankState {
     working: Vec<f16>,
 }
 
+/// One rank's fp16-style step: unscale, agree on overflow over all ranks, update or skip.
 fn rank_step(
     comm: &mut dyn Collective,
     scaler: &mut LossScaler,
