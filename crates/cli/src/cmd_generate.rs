@@ -164,9 +164,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         vocab_limit: Some(vocab),
     };
     if args.kv_cache == "off" {
-        if args.top_p < 1.0 {
-            bail!("--top-p samples on the cached path: drop --kv-cache off or --top-p");
-        }
         if args.storage.kv_dtype.is_some() {
             bail!(
                 "--kv-dtype stores the KV cache, and --kv-cache off keeps none: give one of them"

@@ -87,6 +87,26 @@ fn a_trained_model_generates_with_its_cache_what_the_reference_recomputes() {
         "greedy with and without the KV cache"
     );
     assert_eq!(tokens(&cached).len(), 12);
+    // Sampled (top-k, then the nucleus), one sampler and one seed on both paths: the same draws
+    // (the cached path stops at an end-of-text token, the reference does not).
+    let drawn = [
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.9",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+    ];
+    let sampled = tokens(&gen(&drawn));
+    let recomputed = tokens(&gen(&[&drawn[..], &["--kv-cache", "off"]].concat()));
+    assert_eq!(
+        sampled[..],
+        recomputed[..sampled.len()],
+        "sampled with and without the cache"
+    );
+    assert_ne!(sampled, tokens(&cached), "a draw, not the greedy tokens");
     assert_eq!(
         cached["planned"], cached["measured"],
         "measured == planned per category"

@@ -1,5 +1,5 @@
 //! Forward-only passes: validation loss, full logits (for tests and the HF comparison) and text
-//! generation, greedy or top-k with a seed, on any model that can run its phases ([`Forward`]:
+//! generation, greedy or sampled ([`crate::sample`]: top-k, top-p) with a seed, on any model that can run its phases ([`Forward`]:
 //! a `Trainer`, whose ZeRO-3 units are gathered as phases begin, or a `Runner`, a model with no
 //! training state).
 //!
@@ -9,8 +9,8 @@
 //! is copied to the host for the caller (`logits` returns them in a Vec because its callers,
 //! tests and dev scripts, want them).
 //!
-//! Example: `trainer.generate(&prompt, 100, Sampling { top_k: Some(40), temperature: 1.0, seed: 7,
-//! vocab_limit: None })`.
+//! Example: `trainer.generate(&prompt, 100, Sampling { top_k: Some(40), temperature: 1.0,
+//! top_p: 1.0, seed: 7, vocab_limit: None })`.
 
 use crate::arena::Arena;
 use crate::backend::{Backend, ClassifierLogits, DType, Linear, LinearKind, LinearShape};
@@ -20,15 +20,29 @@ use crate::model::Model;
 use data::SplitMix64;
 use plan::buffer::Phase;
 
-/// How to pick the next token.
+/// How to pick the next token: [`crate::sample::Sampling`] and the seed of its draws.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
     /// `None`: greedy (argmax); `Some(k)`: sample among the k most likely.
     pub top_k: Option<usize>,
     pub temperature: f32,
+    /// Nucleus sampling: the fewest most likely tokens whose probability reaches this (1: all).
+    pub top_p: f32,
     pub seed: u64,
     /// Only ids below this are picked (the tokenizer's vocabulary, when the model's is padded).
     pub vocab_limit: Option<usize>,
+}
+
+impl Sampling {
+    /// The sampler's settings, without the seed.
+    pub fn picker(&self) -> crate::sample::Sampling {
+        crate::sample::Sampling {
+            top_k: self.top_k,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            vocab_limit: self.vocab_limit,
+        }
+    }
 }
 
 /// A model that runs forward-only passes: its parts, and what happens at each phase boundary.
@@ -313,6 +327,7 @@ pub fn generate_until<B: Backend>(
     }
     let v = f.parts().0.vocab() as usize;
     let mut rng = SplitMix64::new(sampling.seed);
+    let picker = sampling.picker();
     let mut tokens = prompt.to_vec();
     let mut last = vec![0.0f32; v];
     for _ in 0..n_new {
@@ -329,8 +344,7 @@ pub fn generate_until<B: Backend>(
                 last.copy_from_slice(&logits[(rows - 1) * v..]);
             }
         })?;
-        let limit = sampling.vocab_limit.unwrap_or(v).clamp(1, v);
-        let mut next = pick(&last[..limit], sampling, &mut rng);
+        let mut next = crate::sample::pick(&last, &picker, &mut rng);
         if let Some(pp) = &f.parts().0.pp {
             next = pp.token_from_last(next)?;
         }
@@ -344,34 +358,4 @@ fn cross_entropy(row: &[f32], target: usize) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
     max + sum.ln() - row[target]
-}
-
-/// Greedy or top-k choice from one row of logits.
-fn pick(logits: &[f32], sampling: Sampling, rng: &mut SplitMix64) -> u32 {
-    let argmax = || {
-        (0..logits.len())
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
-            .unwrap_or(0) as u32
-    };
-    let Some(k) = sampling.top_k else {
-        return argmax();
-    };
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    idx.truncate(k.max(1));
-    let temp = sampling.temperature.max(1e-6);
-    let top = logits[idx[0]];
-    let weights: Vec<f64> = idx
-        .iter()
-        .map(|&i| f64::from((logits[i] - top) / temp).exp())
-        .collect();
-    let total: f64 = weights.iter().sum();
-    let mut r = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-    for (&i, w) in idx.iter().zip(&weights) {
-        if r < *w {
-            return i as u32;
-        }
-        r -= w;
-    }
-    idx[idx.len() - 1] as u32
 }

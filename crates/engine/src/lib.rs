@@ -39,6 +39,7 @@ pub mod model;
 pub mod moe;
 pub mod pp;
 pub mod precision;
+pub mod sample;
 pub mod share;
 pub mod sp;
 pub mod testkit;

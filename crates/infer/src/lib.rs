@@ -40,7 +40,7 @@ pub mod group;
 mod mla_step;
 mod moe_step;
 pub mod runner;
-pub mod sample;
+pub use engine::sample;
 pub mod schedule;
 mod ship;
 pub mod spec;

@@ -191,6 +191,7 @@ fn generation_is_seeded_and_stays_below_the_vocab_limit() {
     let greedy = engine::Sampling {
         top_k: None,
         temperature: 1.0,
+        top_p: 1.0,
         seed: 1,
         vocab_limit: None,
     };

@@ -39,6 +39,7 @@ pub(super) fn run(
     let s = engine::eval::Sampling {
         top_k: sampling.top_k,
         temperature: sampling.temperature,
+        top_p: sampling.top_p,
         seed: args.seed,
         vocab_limit: sampling.vocab_limit,
     };

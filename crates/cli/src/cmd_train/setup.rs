@@ -195,6 +195,7 @@ pub fn sample(
     let sampling = engine::Sampling {
         top_k: (args.top_k > 0).then_some(args.top_k),
         temperature: 1.0,
+        top_p: 1.0,
         seed: args.seed,
         vocab_limit: Some(tok.vocab_size() as usize),
     };
