@@ -19,6 +19,7 @@ use plan::setup::{
     TrainSetup, ZeroStage,
 };
 use plan::{formula, infer, units, Estimate, ModelShape, PlanError};
+use plan_frugal::device::Device;
 use plan_frugal::WeightFormat;
 use std::path::PathBuf;
 
@@ -165,8 +166,8 @@ pub struct Args {
     /// The frugal runtime's backend: cpu (the arena's slab, no context) or cuda (the slab and
     /// the CUDA backend's 32 MiB cuBLAS workspace in 2 MiB driver pages, and a CUDA context;
     /// `frugal train --device cuda` measures both).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    device: String,
+    #[arg(long, default_value = "cpu")]
+    device: plan_frugal::device::Device,
     /// Print one JSON object (its fields: docs/cli.md) instead of tables.
     #[arg(long)]
     json: bool,
@@ -335,8 +336,12 @@ fn model_report(
     seq: u64,
     runtime: &str,
 ) -> anyhow::Result<Report> {
-    if args.infer && args.device == "cuda" {
-        bail!("--device cuda plans training on the CUDA backend; inference runs on the CPU backend only");
+    let device = args.device;
+    if args.infer && device != Device::Cpu {
+        bail!(
+            "--device {} plans training on its backend; inference runs on the CPU backend only",
+            device.name()
+        );
     }
     Ok(if args.infer {
         let setup = infer_setup(args, seq, runtime)?;
@@ -359,14 +364,15 @@ fn model_report(
     } else {
         let (setup, config) = train_setup(args, seq, Some(model.d_model))?;
         let mut est = train_estimate(runtime, model, &setup)?;
-        if args.device == "cuda" {
+        if device != Device::Cpu {
             if runtime != "frugal" {
                 bail!(
-                    "--device cuda is the frugal runtime's backend: add --runtime frugal (the \
-                     pytorch and formula runtimes plan a GPU already)"
+                    "--device {} is the frugal runtime's backend: add --runtime frugal (the \
+                     pytorch and formula runtimes plan a GPU already)",
+                    device.name()
                 );
             }
-            est = plan_frugal::cuda::on_cuda(est);
+            est = device.estimate(est);
         }
         let mut hw = fit::Hardware::of(fit::gpu_by_name(&args.gpu)?);
         hw.tf32 = args.tf32;

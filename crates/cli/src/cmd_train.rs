@@ -121,7 +121,7 @@ pub struct Args {
     /// Where the step runs: cpu, or cuda (GPU 0, in a `--features cuda` build; one device,
     /// dense GPT-2/Llama models, flash attention).
     #[arg(long, default_value = "cpu")]
-    pub device: cuda::DeviceArg,
+    pub device: plan_frugal::device::Device,
     /// Data-parallel ranks, as threads in this process: each takes its share of every global
     /// batch (--batch rows each); how gradients and state are shared is --zero's choice.
     #[arg(long, default_value_t = 1)]
@@ -229,8 +229,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.device == cuda::DeviceArg::Cuda {
-        return cuda::run(&args);
+    match args.device {
+        plan_frugal::device::Device::Cpu => {}
+        plan_frugal::device::Device::Cuda => return cuda::run(&args),
     }
     match args.comm {
         comm::Transport::Mpi => mpi::run(args),

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
-pub use plan_frugal::cuda::{BLAS_WORKSPACE_BYTES, REDUCE_BLOCKS, SCRATCH_BYTES};
+pub use plan_frugal::device::{BLAS_WORKSPACE_BYTES, REDUCE_BLOCKS, SCRATCH_BYTES};
 
 /// What went wrong before or while talking to the GPU.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +170,7 @@ impl Cuda {
     /// Device bytes an arena may take: free once the context was up, less the backend's own
     /// scratch (in driver pages). A run config's device capacity on this GPU.
     pub fn capacity_bytes(&self) -> u64 {
-        let scratch = plan_frugal::cuda::driver_bytes(&[SCRATCH_BYTES]);
+        let scratch = plan_frugal::device::driver_bytes(&[SCRATCH_BYTES]);
         self.free_after_context.saturating_sub(scratch)
     }
 

@@ -17,7 +17,7 @@
 
 pub mod acts;
 pub mod adapters;
-pub mod cuda;
+pub mod device;
 pub mod family;
 pub mod forward;
 pub mod key;

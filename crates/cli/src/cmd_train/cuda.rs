@@ -12,25 +12,6 @@
 
 use super::Args;
 use anyhow::bail;
-use std::str::FromStr;
-
-/// `--device`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceArg {
-    Cpu,
-    Cuda,
-}
-
-impl FromStr for DeviceArg {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "cpu" => Ok(DeviceArg::Cpu),
-            "cuda" | "gpu" => Ok(DeviceArg::Cuda),
-            _ => Err("use cpu or cuda".into()),
-        }
-    }
-}
 
 /// What the CUDA command itself cannot do yet, whatever the backend runs: keep a run.
 fn refuse(args: &Args) -> anyhow::Result<()> {
@@ -138,7 +119,7 @@ mod gpu {
         if args.json {
             let mut out = report::json_value(&summary);
             out["device"] = json!(device);
-            out["backend_scratch_bytes"] = json!(plan_frugal::cuda::SCRATCH_BYTES);
+            out["backend_scratch_bytes"] = json!(plan_frugal::device::SCRATCH_BYTES);
             out["driver_bytes"] = json!(driver_bytes);
             out["context_bytes"] = json!(context_bytes);
             println!("{}", serde_json::to_string_pretty(&out)?);

@@ -1,12 +1,53 @@
-//! What the CUDA backend (`crates/cuda`) holds on the device besides the arena's slab, so the
-//! plan can count it: the cuBLAS workspace (32 MiB, as cuBLAS asks for on Hopper, handed to
+//! The devices the frugal runtime's step runs on (`--device` of `frugal plan` and `frugal train`)
+//! and what each holds besides the arena's slab: the CPU nothing; the CUDA backend
+//! (`crates/cuda`) the cuBLAS workspace (32 MiB, as cuBLAS asks for on Hopper, handed to
 //! cuBLAS with `cublasSetWorkspace` so it never allocates its own) and the f64 partials of its
 //! reductions, in one allocation; and the driver's 2 MiB granularity.
 //!
 //! The CUDA context (driver, modules, cuBLAS handle) is not planned from first principles: the
 //! backend measures it (`cuMemGetInfo` once the context exists) and reports it apart.
 //!
-//! Example: `SCRATCH_BYTES` is 33,562,624 bytes.
+//! Example: `"cuda".parse::<Device>()?.estimate(cpu_estimate)`; `SCRATCH_BYTES` is 33,562,624
+//! bytes.
+
+/// Where the frugal runtime's step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU backend: the slab is host memory, with no context.
+    Cpu,
+    /// The CUDA backend on GPU 0.
+    Cuda,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+
+    /// A `frugal` training estimate on this device: on the CPU as planned, elsewhere with what
+    /// the backend holds beside the slab.
+    pub fn estimate(self, e: plan::runtime::Estimate) -> plan::runtime::Estimate {
+        match self {
+            Device::Cpu => e,
+            Device::Cuda => on_cuda(e),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            _ => Err("use cpu or cuda".into()),
+        }
+    }
+}
 
 /// The cuBLAS workspace.
 pub const BLAS_WORKSPACE_BYTES: u64 = 32 << 20;
@@ -52,7 +93,13 @@ mod tests {
         let model = plan::presets::by_name("gpt2-124m").unwrap();
         let setup = plan::setup::TrainSetup::new(4, 256);
         let cpu = crate::training_estimate(&model, &setup).unwrap();
-        let gpu = on_cuda(cpu.clone());
+        let gpu = Device::Cuda.estimate(cpu.clone());
+        let same = Device::Cpu.estimate(cpu.clone());
+        assert_eq!(
+            (same.reserved_bytes, same.context_bytes),
+            (cpu.reserved_bytes, 0)
+        );
+        assert_eq!("gpu".parse(), Ok(Device::Cuda));
         assert_eq!(gpu.peak_bytes, cpu.peak_bytes);
         let slab_pages = cpu.reserved_bytes.next_multiple_of(DRIVER_PAGE_BYTES);
         assert_eq!(gpu.reserved_bytes, slab_pages + (34 << 20));
