@@ -6,6 +6,17 @@
 use super::{dot32, hsum, prefetch_next, Codes, QActs, FAR};
 use std::arch::x86_64::*;
 
+/// One call's stored weights: the codes at `base`, their table of signed bytes and its unit
+/// (nf4; unused otherwise), and a scale per group of `group`.
+#[derive(Clone, Copy)]
+pub(super) struct Stored<'a> {
+    pub base: *const u8,
+    pub table: [i8; 16],
+    pub unit: f32,
+    pub scales: &'a [f32],
+    pub group: usize,
+}
+
 /// Grouped int8 and nf4: each block's sum scaled by its activation scale and its group's weight
 /// scale (per half block for groups of 16); the minima's share added at the end. nf4 runs two
 /// blocks a load where the activations are paired (`super::nf4`), else one block at a time.
@@ -24,19 +35,23 @@ pub(super) unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
     o0: usize,
 ) {
     let (plain, unit) = ([0; 16], 1.0);
+    let at = |base, (table, unit)| Stored {
+        base,
+        table,
+        unit,
+        scales,
+        group,
+    };
     let acc = match codes {
         Codes::I8(c) => {
-            let base = c.as_ptr() as *const u8;
-            sums::<R, O, BYTES, V>(q, base, (plain, unit), scales, group, ic, o0)
+            sums::<R, O, BYTES, V>(q, at(c.as_ptr() as *const u8, (plain, unit)), ic, o0)
         }
-        Codes::U4(c) => {
-            sums::<R, O, NIBBLES, V>(q, c.as_ptr(), (plain, unit), scales, group, ic, o0)
-        }
+        Codes::U4(c) => sums::<R, O, NIBBLES, V>(q, at(c.as_ptr(), (plain, unit)), ic, o0),
         Codes::Lut4 { codes, table, unit } if q.paired => {
-            super::nf4::pairs::<R, O, V>(q, codes.as_ptr(), (table, unit), scales, group, ic, o0)
+            super::nf4::pairs::<R, O, V>(q, at(codes.as_ptr(), (table, unit)), ic, o0)
         }
         Codes::Lut4 { codes, table, unit } => {
-            sums::<R, O, TABLE, V>(q, codes.as_ptr(), (table, unit), scales, group, ic, o0)
+            sums::<R, O, TABLE, V>(q, at(codes.as_ptr(), (table, unit)), ic, o0)
         }
     };
     let groups = ic / group;
@@ -64,17 +79,14 @@ const TABLE: u8 = 2;
 /// `base` laid out as `CODES` says; with `TABLE`, each code looked up in `table` and each
 /// group's scale times `unit`.
 #[allow(clippy::needless_range_loop)]
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn sums<const R: usize, const O: usize, const CODES: u8, const V: u8>(
     q: &QActs,
-    base: *const u8,
-    (table, unit): ([i8; 16], f32),
-    scales: &[f32],
-    group: usize,
+    w: Stored,
     ic: usize,
     o0: usize,
 ) -> [[__m256; R]; O] {
+    let (base, table, unit, scales, group) = (w.base, w.table, w.unit, w.scales, w.group);
     let (nibbles, signed) = (CODES != BYTES, CODES != NIBBLES);
     let blocks = ic / 32;
     let groups = ic / group;

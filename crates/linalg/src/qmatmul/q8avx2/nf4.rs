@@ -6,23 +6,21 @@
 //! 2p + 1, scaled by their own activation scales; rows of one block at a time take
 //! `grouped::sums`.
 
+use super::grouped::Stored;
 use super::{dot_add, pair_nibbles, QActs};
 use std::arch::x86_64::*;
 
 /// The scaled sums of outputs `o0 .. o0 + O` for the `R` activation rows (quantized in pairs),
 /// over 4-bit codes at `base`, each group's scale times `unit`.
 #[allow(clippy::needless_range_loop)]
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn pairs<const R: usize, const O: usize, const V: u8>(
     q: &QActs,
-    base: *const u8,
-    (table, unit): ([i8; 16], f32),
-    scales: &[f32],
-    group: usize,
+    w: Stored,
     ic: usize,
     o0: usize,
 ) -> [[__m256; R]; O] {
+    let (base, table, unit, scales, group) = (w.base, w.table, w.unit, w.scales, w.group);
     debug_assert!(q.paired);
     let (blocks, groups) = (ic / 32, ic / group);
     let acodes = q.codes.as_ptr();
