@@ -163,10 +163,7 @@ pub struct Args {
     /// quantized GGUF file's --infer plan is formula's, in the file's own tensor types.
     #[arg(long, default_value = "auto")]
     runtime: String,
-    /// The frugal runtime's backend: cpu (the arena's slab, no context) or cuda (the slab and
-    /// the CUDA backend's 32 MiB cuBLAS workspace in 2 MiB driver pages, and a CUDA context;
-    /// `frugal train --device cuda` measures both).
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, default_value = "cpu", help = plan_frugal::device::Device::help())]
     device: plan_frugal::device::Device,
     /// Print one JSON object (its fields: docs/cli.md) instead of tables.
     #[arg(long)]

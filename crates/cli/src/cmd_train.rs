@@ -30,7 +30,7 @@ Examples:
   mpirun -n 2 frugal train --comm mpi --zero 3    ranks as MPI processes (a --features mpi build)";
 
 pub(crate) mod config;
-mod cuda;
+mod device;
 mod guard;
 mod mpi;
 mod precision;
@@ -118,9 +118,7 @@ pub struct Args {
     /// safetensors file (dev/check_hf_logits.py compares them with HF transformers).
     #[arg(long, hide = true)]
     pub save_val_logits: Option<PathBuf>,
-    /// Where the step runs: cpu, or cuda (GPU 0, in a `--features cuda` build; one device,
-    /// dense GPT-2/Llama models, flash attention).
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, default_value = "cpu", help = plan_frugal::device::Device::help())]
     pub device: plan_frugal::device::Device,
     /// Data-parallel ranks, as threads in this process: each takes its share of every global
     /// batch (--batch rows each); how gradients and state are shared is --zero's choice.
@@ -231,7 +229,10 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.device {
         plan_frugal::device::Device::Cpu => {}
-        plan_frugal::device::Device::Cuda => return cuda::run(&args),
+        #[cfg(feature = "cuda")]
+        plan_frugal::device::Device::Cuda => return device::run::<cuda::Cuda>(&args),
+        #[cfg(not(feature = "cuda"))]
+        plan_frugal::device::Device::Cuda => return device::not_built(&args),
     }
     match args.comm {
         comm::Transport::Mpi => mpi::run(args),

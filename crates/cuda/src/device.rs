@@ -101,6 +101,42 @@ impl Drop for CudaSlab {
     }
 }
 
+impl engine::backend::Accelerator for Cuda {
+    type Error = CudaError;
+    const SCRATCH_BYTES: u64 = SCRATCH_BYTES;
+
+    fn open(ordinal: usize) -> Result<Cuda, CudaError> {
+        Cuda::new(ordinal)
+    }
+
+    fn context_bytes(&self) -> u64 {
+        self.context_bytes
+    }
+
+    /// Device bytes taken since the context was made (the backend's scratch, the slabs).
+    fn bytes_in_use(&self) -> Result<u64, CudaError> {
+        self.ctx.bind_to_thread()?;
+        let (free, _) = result::mem_get_info()?;
+        Ok(self.free_after_context.saturating_sub(free as u64))
+    }
+
+    /// Device bytes an arena may take: free once the context was up, less the backend's own
+    /// scratch (in driver pages). A run config's device capacity on this GPU.
+    fn capacity_bytes(&self) -> u64 {
+        let scratch = plan_frugal::device::driver_bytes(&[SCRATCH_BYTES]);
+        self.free_after_context.saturating_sub(scratch)
+    }
+
+    /// The GPU's name and compute capability, for reports.
+    fn describe(&self) -> String {
+        let name = self.ctx.name().unwrap_or_else(|_| "an NVIDIA GPU".into());
+        match self.ctx.compute_capability() {
+            Ok((major, minor)) => format!("{name} (sm_{major}{minor})"),
+            Err(_) => name,
+        }
+    }
+}
+
 impl Cuda {
     /// Opens GPU `ordinal`: context, stream, every kernel (compiled or from the PTX cache),
     /// cuBLAS on the backend's workspace.
@@ -158,29 +194,6 @@ impl Cuda {
             context_bytes: (total - free) as u64,
             free_after_context: free as u64,
         })
-    }
-
-    /// Device bytes taken since the context was made (the backend's scratch, the slabs).
-    pub fn device_bytes_in_use(&self) -> Result<u64, CudaError> {
-        self.ctx.bind_to_thread()?;
-        let (free, _) = result::mem_get_info()?;
-        Ok(self.free_after_context.saturating_sub(free as u64))
-    }
-
-    /// Device bytes an arena may take: free once the context was up, less the backend's own
-    /// scratch (in driver pages). A run config's device capacity on this GPU.
-    pub fn capacity_bytes(&self) -> u64 {
-        let scratch = plan_frugal::device::driver_bytes(&[SCRATCH_BYTES]);
-        self.free_after_context.saturating_sub(scratch)
-    }
-
-    /// The GPU's name and compute capability, for reports.
-    pub fn describe(&self) -> String {
-        let name = self.ctx.name().unwrap_or_else(|_| "an NVIDIA GPU".into());
-        match self.ctx.compute_capability() {
-            Ok((major, minor)) => format!("{name} (sm_{major}{minor})"),
-            Err(_) => name,
-        }
     }
 
     pub(crate) fn cu_stream(&self) -> sys::CUstream {

@@ -20,11 +20,47 @@ pub enum Device {
 }
 
 impl Device {
+    /// Every device, in the order `--help` lists them.
+    pub const ALL: [Device; 2] = [Device::Cpu, Device::Cuda];
+
     pub fn name(self) -> &'static str {
         match self {
             Device::Cpu => "cpu",
             Device::Cuda => "cuda",
         }
+    }
+
+    /// Other names `--device` takes for it.
+    fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Device::Cpu => &[],
+            Device::Cuda => &["gpu"],
+        }
+    }
+
+    /// What runs there and what its plan holds beside the arena's slab, for `--help`.
+    pub fn about(self) -> &'static str {
+        match self {
+            Device::Cpu => "the CPU; the slab is host memory, with no context",
+            Device::Cuda => {
+                "GPU 0 through the CUDA backend, in a `--features cuda` build: one device, dense \
+                 GPT-2/Llama models, flash attention; its plan adds the 32 MiB cuBLAS workspace \
+                 in 2 MiB driver pages and a CUDA context, which `frugal train --device cuda` \
+                 measures"
+            }
+        }
+    }
+
+    /// `--device`'s help: each device's name and what it is.
+    pub fn help() -> String {
+        let each: Vec<String> = Device::ALL
+            .iter()
+            .map(|d| format!("{} ({})", d.name(), d.about()))
+            .collect();
+        format!(
+            "Where the frugal runtime's step runs: {}",
+            each.join("; or ")
+        )
     }
 
     /// A `frugal` training estimate on this device: on the CPU as planned, elsewhere with what
@@ -41,11 +77,11 @@ impl std::str::FromStr for Device {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" | "gpu" => Ok(Device::Cuda),
-            _ => Err("use cpu or cuda".into()),
-        }
+        let names = || Device::ALL.into_iter().map(Device::name);
+        Device::ALL
+            .into_iter()
+            .find(|d| d.name() == s || d.aliases().contains(&s))
+            .ok_or_else(|| format!("use {}", names().collect::<Vec<_>>().join(" or ")))
     }
 }
 

@@ -156,6 +156,29 @@ fn checked_at_setup(feature: Feature) -> String {
     format!("{feature}: a backend without it is refused at set-up (backend::require)")
 }
 
+/// A backend on a device with memory of its own (a GPU): what `frugal train --device NAME` opens.
+/// The arena's slab is checked against [`Accelerator::capacity_bytes`], and the report adds what
+/// the device's driver says was taken next to the planned and measured peak.
+pub trait Accelerator: TrainOps {
+    /// Why the device could not be opened or asked (missing driver or library, no such device).
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// The backend's own allocation beside the slabs (library workspaces, reduction partials).
+    const SCRATCH_BYTES: u64;
+
+    /// Opens device `ordinal` with everything the ops need (context, kernels, library handles);
+    /// the error names what is missing and where it comes from.
+    fn open(ordinal: usize) -> Result<Self, Self::Error>;
+    /// The device's name and model, for reports.
+    fn describe(&self) -> String;
+    /// Bytes an arena may take: free once the context was up, less the backend's scratch.
+    fn capacity_bytes(&self) -> u64;
+    /// Bytes the context took before any allocation (driver, modules, library handles).
+    fn context_bytes(&self) -> u64;
+    /// Device bytes taken since the context was made (the backend's scratch and the slabs),
+    /// as the driver counts them.
+    fn bytes_in_use(&self) -> Result<u64, Self::Error>;
+}
+
 /// `be`'s LoRA ops; the set-up refused a backend without them ([`require`]).
 pub fn lora_ops<B: Backend>(be: &B) -> &dyn LoraOps<B> {
     be.lora_ops()
