@@ -40,7 +40,7 @@ pub fn not_built(args: &Args) -> anyhow::Result<()> {
     let device = args.device.name();
     bail!(
         "--device {device} needs its backend in this binary: cargo build --release -p frugal \
-         --features {device} (it builds without the device's SDK installed)"
+         --features {device}"
     )
 }
 
