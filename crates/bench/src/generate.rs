@@ -466,7 +466,7 @@ fn run_baseline(
     if !out.status.success() {
         bail!(
             "the {name} baseline failed:\n{}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            crate::python::failure(&out)
         );
     }
     let stdout = String::from_utf8_lossy(&out.stdout);

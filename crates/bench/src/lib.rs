@@ -19,6 +19,7 @@
 mod comm;
 mod generate;
 mod pipeline;
+mod python;
 mod quality;
 mod serve;
 mod serve_http;
@@ -432,7 +433,7 @@ fn check_pytorch() -> anyhow::Result<()> {
         bail!(
             "--baseline pytorch: python3 cannot import torch and transformers (pip install torch \
              transformers), checked before the benchmark:\n{}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            python::failure(&out)
         );
     }
     Ok(())
@@ -465,7 +466,7 @@ fn pytorch(model: &ModelConfig, a: &TrainArgs) -> anyhow::Result<f64> {
     if !out.status.success() {
         bail!(
             "dev/bench_pytorch.py failed (does python3 have torch and transformers?):\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            python::failure(&out)
         );
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
