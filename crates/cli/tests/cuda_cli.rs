@@ -65,8 +65,11 @@ fn what_the_cuda_backend_does_not_run_is_refused_by_name() {
         "--out",
         "/tmp/frugal-cuda-never",
     ]);
-    assert!(stderr.contains("--out"), "{stderr}");
+    assert!(stderr.contains("keeps no weights"), "{stderr}");
     assert!(!std::path::Path::new("/tmp/frugal-cuda-never").exists());
+    // One process on one device, whatever the build: MPI ranks are refused first.
+    let stderr = stderr_of(&["train", "--device", "cuda", "--comm", "mpi"]);
+    assert!(stderr.contains("one process on one device"), "{stderr}");
 }
 
 #[test]

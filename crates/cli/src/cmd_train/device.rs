@@ -15,19 +15,19 @@ use anyhow::{bail, Context};
 use engine::backend::Accelerator;
 use serde_json::json;
 
-/// What a run on a device cannot do yet, whatever its backend runs: keep a run, MPI ranks.
+/// What a run on a device does not do, whatever its backend runs: keep a run, MPI ranks.
 fn refuse(args: &Args) -> anyhow::Result<()> {
     let device = args.device.name();
     if args.comm == comm::Transport::Mpi {
         bail!(
-            "--device {device} with --comm mpi: a {device} run is one process on one device for \
-             now; drop --comm"
+            "--device {device} with --comm mpi: a {device} run is one process on one device; \
+             drop --comm"
         );
     }
     if args.save_every.is_some() || args.resume.is_some() || args.out.is_some() {
         bail!(
-            "--device {device} with --out/--save-every/--resume: saving a {device} run is not \
-             built yet; train on the CPU to keep weights"
+            "--device {device} with --out/--save-every/--resume: a {device} run keeps no \
+             weights or snapshots; train on the CPU to keep them"
         );
     }
     Ok(())
