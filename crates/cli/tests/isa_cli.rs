@@ -104,6 +104,16 @@ fn bench_reports_the_path_each_kernel_took() {
     assert_eq!(v["paths"]["qmatmul"], level);
     let f32_path = if avx2 { "faer-avx2" } else { "portable" };
     assert_eq!(v["paths"]["gemm_f32"], f32_path);
+    if kernels::cpu::detected() >= kernels::cpu::Level::Avx512 {
+        let args = [
+            &["bench", "train"][..],
+            &common::TINY_1X16,
+            &["--steps", "1", "--json"],
+        ];
+        let v = ok_json("avx512", &args.concat());
+        assert_eq!(v["gemm_path"], "avx512");
+        assert_eq!(v["paths"]["gemm_f32"], "avx512");
+    }
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Linear layer: `out = inp @ weight^T + bias`, weight in `nn.Linear` layout (OC, IC).
 //!
-//! The fast kernels call faer's GEMM, one sequential GEMM per rayon thread on a slab of the
-//! output ([`gemm`]); the bias gradient (a column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
+//! The fast kernels call the crate's AVX-512 GEMM from the `avx512` level up, else faer's, one
+//! sequential GEMM per rayon thread on a slab of the output ([`gemm`]); the bias gradient (a
+//! column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
 //! [`Real`], against which the GEMM path is tested and benchmarked (`cargo bench --bench matmul`).
 //!
 //! ```
@@ -12,6 +13,8 @@
 //! assert_eq!((dinp, dweight, dbias), ([3.0, 4.0], [1.0, 2.0], [1.0]));
 //! ```
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod capped;
 
 use crate::matmul::capped::matmul;
@@ -37,15 +40,19 @@ pub fn view_mut(x: &mut [f32], rows: usize, cols: usize) -> MatMut<'_, f32> {
 /// Below this many multiply-adds a GEMM runs on one thread: forking costs more than it saves.
 const SEQ_MACS: usize = 1 << 18;
 
-/// dst = lhs @ rhs (`Accum::Replace`) or dst += lhs @ rhs (`Accum::Add`), as one sequential faer
-/// GEMM per rayon thread on a slab of dst cut along its longer side (lhs rows or rhs columns
-/// follow). Measured faster than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape:
+/// dst = lhs @ rhs (`Accum::Replace`) or dst += lhs @ rhs (`Accum::Add`). From the `avx512`
+/// level up, a large product runs the crate's own kernel over all threads ([`capped`]); the
+/// rest run as one sequential faer GEMM per rayon thread on a slab of dst cut along its longer
+/// side (lhs rows or rhs columns follow). Measured faster than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape:
 /// one fork/join per GEMM instead of faer's synchronisation per packed panel
 /// (`cargo bench -p kernels --bench matmul`).
 pub fn gemm(dst: MatMut<'_, f32>, accum: Accum, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) {
     let threads = rayon::current_num_threads();
     let macs = dst.nrows() * dst.ncols() * lhs.ncols();
-    if threads == 1 || macs < SEQ_MACS {
+    if capped::own_kernel(&dst, &lhs) {
+        // The crate's own kernel splits the rows itself, over packed operands all threads share.
+        matmul(dst, accum, lhs, rhs, 1.0, Par::rayon(threads));
+    } else if threads == 1 || macs < SEQ_MACS {
         matmul(dst, accum, lhs, rhs, 1.0, Par::Seq);
     } else {
         gemm_split(dst, accum, lhs, rhs, threads);

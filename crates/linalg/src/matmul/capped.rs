@@ -1,8 +1,9 @@
-//! faer's f32 GEMM under the capability cap: every f32 product in this crate (linear layers,
-//! attention, flash tiles, LoRA) calls [`matmul`], with faer's signature. faer picks its own
-//! kernel from the CPU (AVX-512 where present), so a cap below what faer would pick runs the
-//! level's kernel instead: faer's own AVX2 kernel (`private-gemm-x86`, the crate faer calls) at
-//! `avx2`, a plain loop at `portable`.
+//! The f32 GEMM under the capability cap: every f32 product in this crate (linear layers,
+//! attention, flash tiles, LoRA) calls [`matmul`], with faer's signature. From `avx512` up, a
+//! product of at least [`OWN_MACS`] multiply-adds into a row-major `dst` runs this crate's
+//! AVX-512 kernel ([`super::avx512`]); the rest run faer, which picks its own kernel from the
+//! CPU, so a cap below what faer would pick runs the level's kernel instead: faer's own AVX2
+//! kernel (`private-gemm-x86`, the crate faer calls) at `avx2`, a plain loop at `portable`.
 //!
 //! Not here: the bf16 GEMM (`gemm_bf16`), which has kernels of its own per level.
 
@@ -12,6 +13,8 @@ use faer::{Accum, MatMut, MatRef, Par};
 /// Which kernel runs f32 GEMMs at the current level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
+    /// This crate's AVX-512 kernel for large products, faer's for the rest.
+    Avx512,
     /// faer's choice (AVX-512 on a CPU that has it, else AVX2 + FMA).
     Faer,
     /// faer's AVX2 + FMA kernel, asked for by name on a CPU that has AVX-512.
@@ -21,9 +24,10 @@ pub enum Path {
 }
 
 impl Path {
-    /// The path's name in reports: `faer-avx512`, `faer-avx2` or `portable`.
+    /// The path's name in reports: `avx512`, `faer-avx512`, `faer-avx2` or `portable`.
     pub fn name(self) -> &'static str {
         match self {
+            Path::Avx512 => "avx512",
             Path::Faer if cpu::detected() >= Level::Avx512 => "faer-avx512",
             Path::Faer if cpu::detected() >= Level::Avx2 => "faer-avx2",
             Path::Faer => "faer",
@@ -39,6 +43,8 @@ pub fn path() -> Path {
     match cpu::level() {
         Level::Portable if cpu::detected() > Level::Portable => Path::Portable,
         Level::Avx2 | Level::Avx2Vnni if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 | Level::Avx512Bf16 | Level::Amx => Path::Avx512,
         _ => Path::Faer,
     }
 }
@@ -54,12 +60,32 @@ pub fn matmul(
     par: Par,
 ) {
     match path() {
-        Path::Faer => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par),
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 if alpha == 1.0 && large(&dst, &lhs) => {
+            // SAFETY: the level (avx512 or above) guarantees AVX-512 F; `own` checked the stride.
+            unsafe { super::avx512::gemm(dst, accum, lhs, rhs, par.degree() > 1) }
+        }
+        Path::Faer | Path::Avx512 => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par),
         #[cfg(target_arch = "x86_64")]
         Path::FaerAvx2 => avx2(dst, accum, lhs, rhs, alpha, par),
         _ => return portable(dst, accum, lhs, rhs, alpha),
     }
     clean_upper();
+}
+
+/// Products from this many multiply-adds on run the crate's AVX-512 kernel; below, packing
+/// costs more than it saves and faer's small-matrix kernels run them.
+pub const OWN_MACS: usize = 1 << 21;
+
+/// Whether a product is one for the crate's own kernel: large enough, into a row-major `dst`.
+fn large(dst: &MatMut<'_, f32>, lhs: &MatRef<'_, f32>) -> bool {
+    dst.col_stride() == 1 && dst.nrows() * dst.ncols() * lhs.ncols() >= OWN_MACS
+}
+
+/// Whether [`matmul`] runs this product on the crate's own kernel (which then splits the work
+/// over rayon's threads itself when asked for more than one).
+pub(crate) fn own_kernel(dst: &MatMut<'_, f32>, lhs: &MatRef<'_, f32>) -> bool {
+    path() == Path::Avx512 && large(dst, lhs)
 }
 
 /// Clears the upper halves of the vector registers (`vzeroupper`) on a CPU with AVX. faer

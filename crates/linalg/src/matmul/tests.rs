@@ -92,3 +92,112 @@ fn gemm_matches_reference() {
     assert_close_f32("dweight", &dw32, &plus_one(&dw), F32_TOL);
     assert_close_f32("dbias", &db32, &plus_one(&db), F32_TOL);
 }
+
+/// The AVX-512 kernel against an f64 loop: every operand layout, ragged edges, K and N across
+/// block boundaries, a strided dst, both accumulations, one thread and all; and the same bits
+/// whatever the thread count.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_kernel_matches_reference() {
+    use crate::cpu::{self, Level};
+    use faer::Mat;
+    if cpu::detected() < Level::Avx512 {
+        return;
+    }
+    let mut rng = Rng::new(9);
+    for (m, n, k) in [
+        (1, 1, 1),
+        (13, 33, 257),
+        (25, 1030, 300),
+        (100, 64, 600),
+        (12, 32, 0),
+    ] {
+        let (a, b) = (to_f32(&rng.vec(m * k)), to_f32(&rng.vec(k * n)));
+        let start = to_f32(&rng.vec(m * (n + 3)));
+        let mut want = vec![0.0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k)
+                    .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                    .sum();
+            }
+        }
+        // Each operand row-major, and as the transpose of a row-major copy of its transpose.
+        let at = Mat::from_fn(k, m, |p, i| a[i * k + p]);
+        let bt = Mat::from_fn(n, k, |j, p| b[p * n + j]);
+        let lhs = [view(&a, m, k), at.as_ref().transpose()];
+        let rhs = [view(&b, k, n), bt.as_ref().transpose()];
+        let mut first: Option<Vec<f32>> = None;
+        for (l, r, accum, parallel) in (0..8).map(|x| (x & 1, (x >> 1) & 1, x >> 2, x < 4)) {
+            let accum = [Accum::Replace, Accum::Add][accum];
+            // dst: columns 1..=n of a (m, n + 3) matrix, so its row stride is not n.
+            let mut buf = start.clone();
+            let dst = view_mut(&mut buf, m, n + 3).submatrix_mut(0, 1, m, n);
+            // SAFETY: the CPU has AVX-512 F (checked above); dst's column stride is 1.
+            unsafe { super::avx512::gemm(dst, accum, lhs[l], rhs[r], parallel) };
+            let mut got = Vec::with_capacity(m * n);
+            for i in 0..m {
+                for j in 0..n {
+                    let before = if accum == Accum::Add {
+                        start[i * (n + 3) + 1 + j]
+                    } else {
+                        0.0
+                    };
+                    got.push(buf[i * (n + 3) + 1 + j] - before);
+                }
+                // Columns outside dst are untouched.
+                assert_eq!(buf[i * (n + 3)], start[i * (n + 3)]);
+                assert_eq!(
+                    buf[i * (n + 3) + n + 1..][..2],
+                    start[i * (n + 3) + n + 1..][..2]
+                );
+            }
+            let what = format!("{m}x{n}x{k} lhs {l} rhs {r} {accum:?} parallel {parallel}");
+            assert_close_f32(&what, &got, &want, F32_TOL * (k as f64).sqrt().max(1.0));
+            if accum == Accum::Replace {
+                match &first {
+                    None => first = Some(got),
+                    Some(f) => assert_eq!(f, &got, "{what}: the same bits on any split"),
+                }
+            }
+        }
+    }
+}
+
+/// Products nested in rayon tasks (each thread's packing buffer is then in use by the product
+/// that waits on it) still come out right.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_kernel_nests_in_rayon_tasks() {
+    use crate::cpu::{self, Level};
+    if cpu::detected() < Level::Avx512 {
+        return;
+    }
+    let (m, n, k) = (200, 300, 100);
+    let mut rng = Rng::new(10);
+    let (a, b) = (to_f32(&rng.vec(m * k)), to_f32(&rng.vec(k * n)));
+    let mut want = vec![0.0f32; m * n];
+    // SAFETY (both calls): the CPU has AVX-512 F; each dst is row-major.
+    unsafe {
+        super::avx512::gemm(
+            view_mut(&mut want, m, n),
+            Accum::Replace,
+            view(&a, m, k),
+            view(&b, k, n),
+            false,
+        )
+    };
+    let mut outs = vec![vec![0.0f32; m * n]; 6];
+    outs.par_iter_mut().for_each(|out| unsafe {
+        super::avx512::gemm(
+            view_mut(out, m, n),
+            Accum::Replace,
+            view(&a, m, k),
+            view(&b, k, n),
+            true,
+        )
+    });
+    for out in &outs {
+        assert_eq!(out, &want);
+    }
+}
