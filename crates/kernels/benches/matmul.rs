@@ -1,9 +1,10 @@
-//! GEMM throughput for the GPT-2 124M linear layers at B*T = 1024 rows: faer (the kernel the
-//! engine calls) against the plain reference loop, in one run, as GFLOP/s and ratios, plus the
+//! GEMM throughput for the GPT-2 124M linear layers at B*T = 1024 rows: the engine's f32 path
+//! (`matmul::capped::path`: the crate's AVX-512 kernel from the `avx512` level up, else faer's)
+//! against faer's GEMM and the plain reference loop, in one run, as GFLOP/s and ratios, plus the
 //! fraction of the machine's fp32 peak. Prints a table; no assertions (speed is not a test).
 //!
-//! The `faer-par` column is faer's GEMM with its own `Par::rayon` split (no bias), the way the
-//! kernel called it before [`matmul`] cut one sequential GEMM per thread; `fwd/faer` is the ratio.
+//! The `faer-par` column is faer's GEMM with its own `Par::rayon` split (no bias); `fwd/faer` is
+//! the engine's forward against it.
 //!
 //! Run: `cargo bench -p kernels --bench matmul` (set PEAK_GFLOPS to override the peak used for
 //! the last column; default 460 = ~230 GFLOP/s per core × 2 cores, AVX-512 FMA).
@@ -50,8 +51,9 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(460.0);
     println!(
-        "threads: {}, peak used: {peak} GFLOP/s",
-        rayon::current_num_threads()
+        "threads: {}, peak used: {peak} GFLOP/s, engine's f32 path: {}",
+        rayon::current_num_threads(),
+        matmul::capped::path().name()
     );
     println!(
         "{:<10} {:>5} {:>6} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>9}",
