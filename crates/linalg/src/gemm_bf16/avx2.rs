@@ -4,12 +4,13 @@
 //! FMAs) does the arithmetic, as a BLIS-style sgemm does. Both layouts of `b` pack into the same
 //! panels: (N, K) by 8 × 8 transposes in registers, (K, N) by plain widening.
 //!
-//! Work is a grid of (120 rows × 128 columns) tasks over rayon. Each task sweeps K in 256-deep
-//! blocks: it widens its rows of `a` (row-major, read by broadcasts) and packs its columns of
-//! `b` (16-column panels, K-major), then accumulates into an f32 tile of its outputs, which is
-//! added or written to `out` once at the end — rounded once to bf16 for a bf16 output, as the
-//! other paths do. Each element's K sum runs in one order (K blocks in turn, each in K order)
-//! whatever the split. The three buffers (315 KiB) are a per-thread scratch allocated once.
+//! `b` is packed 256 columns at a time (16-column panels, K-major, over all of K), in parallel,
+//! and shared by a grid of (120 rows × 128 columns) tasks over rayon. Each task sweeps K in
+//! 256-deep blocks: it widens its rows of `a` (row-major, read by broadcasts), then accumulates
+//! into an f32 tile of its outputs, which is added or written to `out` once at the end — rounded
+//! once to bf16 for a bf16 output, as the other paths do. Each element's K sum runs in one order
+//! (K blocks in turn, each in K order) whatever the split. A task's two buffers (183 KiB) are a
+//! per-thread scratch allocated once.
 //!
 //! Rows past M read zeros and columns past N are zero in the panel; neither is written out.
 
@@ -26,11 +27,9 @@ const MB: usize = 120;
 const NB: usize = 128;
 const KC: usize = 256;
 
-/// A task's widened rows of `a` (MB × KC), packed panels of `b` (NB × KC) and output tile
-/// (MB × NB), all f32.
+/// A task's widened rows of `a` (MB × KC) and output tile (MB × NB), both f32.
 struct Scratch {
     a: Vec<f32>,
-    b: Vec<f32>,
     c: Vec<f32>,
 }
 
@@ -38,12 +37,12 @@ thread_local! {
     static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
 }
 
-/// Columns of `b` (N, K) packed at a time, once per call, and shared by every task over them:
-/// the packed copy is at most 256 × K f32 (768 KiB at K = 768).
+/// Columns of `b` packed at a time, once per call, and shared by every task over them: the
+/// packed copy is at most 256 × K f32 (768 KiB at K = 768).
 const NC: usize = 256;
 
 thread_local! {
-    /// The calling thread's packed panels of `b` (N, K), grown once to the largest 256 × K.
+    /// The calling thread's packed panels of `b`, grown once to the largest 256 × K.
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -57,7 +56,6 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
     let out = OutPtr::of(out, m * n);
     let call = Call {
         a,
-        b,
         m,
         n,
         k,
@@ -65,11 +63,8 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
         out,
         layout,
     };
-    if layout == Layout::Nn {
-        // (K, N) packs by plain widening, cheap enough to do per task.
-        return run_tasks(call, None, 0, n);
-    }
-    // (N, K) packs by transposes: once per block of 256 columns, shared by the row tasks.
+    // Both layouts pack once per block of 256 columns, shared by the row tasks: (N, K) by
+    // transposes, (K, N) by plain widening.
     PACKED.with(|cell| {
         let mut buf = cell.borrow_mut();
         let most = NC.min(n).div_ceil(NR) * NR * k;
@@ -84,10 +79,16 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
                 .enumerate()
                 .for_each(|(q, panel)| {
                     let first = c0 + q * NR;
+                    let width = NR.min(n - first);
                     // SAFETY: the caller checked the CPU; the panel holds K × 16 f32.
-                    unsafe { pack_b_nt(panel, b, first, NR.min(n - first), k, 0, k) };
+                    unsafe {
+                        match layout {
+                            Layout::Nt => pack_b_nt(panel, b, first, width, k, 0, k),
+                            Layout::Nn => pack_b_nn(panel, b, (n, k), first, width),
+                        }
+                    }
                 });
-            run_tasks(call, Some(&*packed), c0, cols);
+            run_tasks(call, packed, c0, cols);
         }
     });
 }
@@ -96,7 +97,6 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
 #[derive(Clone, Copy)]
 struct Call<'a> {
     a: &'a [bf16],
-    b: &'a [bf16],
     m: usize,
     n: usize,
     k: usize,
@@ -106,8 +106,8 @@ struct Call<'a> {
 }
 
 /// The (120 rows × 128 columns) tasks over columns `c0..c0 + cols` of out; `packed`: those
-/// columns' panels of `b` over all of K (else each task packs its own).
-fn run_tasks(c: Call<'_>, packed: Option<&[f32]>, c0: usize, cols: usize) {
+/// columns' panels of `b` over all of K.
+fn run_tasks(c: Call<'_>, packed: &[f32], c0: usize, cols: usize) {
     let blocks_n = cols.div_ceil(NB);
     (0..c.m.div_ceil(MB) * blocks_n)
         .into_par_iter()
@@ -115,17 +115,16 @@ fn run_tasks(c: Call<'_>, packed: Option<&[f32]>, c0: usize, cols: usize) {
             let dims = (c.m, c.n, c.k);
             let t = Block::of(task, (MB, NB), (c0, cols), dims, (c.add, c.layout), c.out);
             // This task's panels within the shared block.
-            let shared = packed.map(|p| &p[(t.j0 - c0) * c.k..]);
+            let packed = &packed[(t.j0 - c0) * c.k..];
             SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let s = cell.get_or_insert_with(|| Scratch {
                     a: vec![0.0; MB * KC],
-                    b: vec![0.0; NB * KC],
                     c: vec![0.0; MB * NB],
                 });
                 // SAFETY: the caller checked the CPU; the tasks' blocks of out are disjoint and
                 // inside its M·N elements.
-                unsafe { task_run(s, c.a, c.b, shared, t) };
+                unsafe { task_run(s, c.a, packed, t) };
             });
         });
 }
@@ -134,23 +133,14 @@ fn run_tasks(c: Call<'_>, packed: Option<&[f32]>, c0: usize, cols: usize) {
 type Task = Block;
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_run(s: &mut Scratch, a: &[bf16], b: &[bf16], shared: Option<&[f32]>, t: Task) {
+unsafe fn task_run(s: &mut Scratch, a: &[bf16], packed: &[f32], t: Task) {
     let (row_panels, col_panels) = (t.rows.div_ceil(MR), t.cols.div_ceil(NR));
     for k0 in (0..t.k).step_by(KC) {
         let kc = KC.min(t.k - k0);
         pack_a(&mut s.a, a, t, k0, kc);
-        if shared.is_none() {
-            match t.layout {
-                Layout::Nt => pack_b_nt(&mut s.b, b, t.j0, t.cols, t.k, k0, kc),
-                Layout::Nn => pack_b_nn(&mut s.b, b, t, k0, kc),
-            }
-        }
         for q in 0..col_panels {
-            // A shared panel spans all of K (row stride 16 f32), a task's own only kc.
-            let bp = match shared {
-                Some(p) => p.as_ptr().add(q * t.k * NR + k0 * NR),
-                None => s.b.as_ptr().add(q * kc * NR),
-            };
+            // The panel spans all of K (16 f32 a step).
+            let bp = packed.as_ptr().add(q * t.k * NR + k0 * NR);
             for p in 0..row_panels {
                 let ap = s.a.as_ptr().add(p * MR * kc);
                 let cp = s.c.as_mut_ptr().add(p * MR * NB + q * NR);
@@ -215,23 +205,26 @@ unsafe fn pack_a(dst: &mut [f32], a: &[bf16], t: Task, k0: usize, kc: usize) {
     }
 }
 
-/// `b` (K, N): panel q holds columns `j0 + 16q ..`, K-major (16 f32 per K), zeros past N.
+/// `b` (K, N): the panel of columns `first..first + width` (≤ 16), K-major (16 f32 per K),
+/// zeros past N.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_nn(dst: &mut [f32], b: &[bf16], t: Task, k0: usize, kc: usize) {
-    for q in 0..t.cols.div_ceil(NR) {
-        let (c0, width) = (q * NR, NR.min(t.cols - q * NR));
-        let panel = &mut dst[q * kc * NR..(q + 1) * kc * NR];
-        for kk in 0..kc {
-            let src = &b[(k0 + kk) * t.n + t.j0 + c0..][..width];
-            let d = &mut panel[kk * NR..(kk + 1) * NR];
-            if width == NR {
-                _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr()));
-                _mm256_storeu_ps(d.as_mut_ptr().add(8), widen8(src.as_ptr().add(8)));
-            } else {
-                for (l, x) in d.iter_mut().enumerate() {
-                    *x = if l < width { widen(src[l]) } else { 0.0 };
-                }
+unsafe fn pack_b_nn(
+    dst: &mut [f32],
+    b: &[bf16],
+    (n, k): (usize, usize),
+    first: usize,
+    width: usize,
+) {
+    for kk in 0..k {
+        let src = &b[kk * n + first..][..width];
+        let d = &mut dst[kk * NR..(kk + 1) * NR];
+        if width == NR {
+            _mm256_storeu_ps(d.as_mut_ptr(), widen8(src.as_ptr()));
+            _mm256_storeu_ps(d.as_mut_ptr().add(8), widen8(src.as_ptr().add(8)));
+        } else {
+            for (l, x) in d.iter_mut().enumerate() {
+                *x = if l < width { widen(src[l]) } else { 0.0 };
             }
         }
     }
