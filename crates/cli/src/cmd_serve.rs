@@ -183,6 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("starting an engine thread")?;
         threads.push(thread);
     }
+    queue.until_idle(threads.len(), || threads.iter().any(|t| t.is_finished()));
     drop(queue);
     let state = Arc::new(State {
         name: args.model.display().to_string(),

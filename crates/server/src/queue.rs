@@ -91,6 +91,15 @@ impl Queue {
         }
     }
 
+    /// Blocks until `engines` engines wait for work, or `gave_up()` says one never will (its
+    /// thread ended). A server listens only then: requests that came sooner would all go to the
+    /// engines already up, as a busy engine takes new work while no other is idle.
+    pub fn until_idle(&self, engines: usize, gave_up: impl Fn() -> bool) {
+        while self.0.idle.load(Ordering::SeqCst) < engines && !gave_up() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     pub(crate) fn nothing_parked(&self) -> bool {
         self.0.parked.lock().map_or(true, |p| p.is_empty())
     }

@@ -70,6 +70,8 @@ pub(crate) unsafe fn gemm(
         lhs.nrows() == m && rhs.nrows() == k && rhs.ncols() == n && dst.col_stride() == 1,
         "matmul shapes"
     );
+    // Row runs write disjoint rows only if rows do not overlap (faer's views guarantee it).
+    debug_assert!(m <= 1 || dst.row_stride().unsigned_abs() >= n);
     let c = Dst {
         ptr: dst.as_ptr_mut(),
         rs: dst.row_stride(),
@@ -238,13 +240,14 @@ unsafe fn kernel(
     for r in 0..MR {
         let row = c.offset(r as isize * ldc) as *const i8;
         _mm_prefetch::<_MM_HINT_ET0>(row);
-        _mm_prefetch::<_MM_HINT_ET0>(row.add(64));
+        _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(64));
     }
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for kk in 0..kc {
         let b0 = _mm512_loadu_ps(bp.add(kk * NR));
         let b1 = _mm512_loadu_ps(bp.add(kk * NR + 16));
-        let ahead = bp.add((kk + PF) * NR) as *const i8;
+        // Past the panel's end on its last steps: an address only, never read.
+        let ahead = bp.wrapping_add((kk + PF) * NR) as *const i8;
         _mm_prefetch::<_MM_HINT_T0>(ahead);
         _mm_prefetch::<_MM_HINT_T0>(ahead.add(64));
         let x = ap.add(kk * MR);
@@ -259,10 +262,10 @@ unsafe fn kernel(
         let (mut v0, mut v1) = (acc_r[0], acc_r[1]);
         if load {
             v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), v0);
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.add(16)), v1);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row.wrapping_add(16)), v1);
         }
         _mm512_mask_storeu_ps(row, m0, v0);
-        _mm512_mask_storeu_ps(row.add(16), m1, v1);
+        _mm512_mask_storeu_ps(row.wrapping_add(16), m1, v1);
     }
 }
 
@@ -334,7 +337,7 @@ unsafe fn pack_b(dst: &mut [f32], b: View, (k0, kc): (usize, usize), (j0, width)
             let src = base.offset(kk as isize * b.rs);
             let d = dst.as_mut_ptr().add(kk * NR);
             _mm512_storeu_ps(d, _mm512_maskz_loadu_ps(m0, src));
-            _mm512_storeu_ps(d.add(16), _mm512_maskz_loadu_ps(m1, src.add(16)));
+            _mm512_storeu_ps(d.add(16), _mm512_maskz_loadu_ps(m1, src.wrapping_add(16)));
         }
         return;
     }
