@@ -83,7 +83,7 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
                     // SAFETY: the caller checked the CPU; the panel holds K × 16 f32.
                     unsafe {
                         match layout {
-                            Layout::Nt => pack_b_nt(panel, b, first, width, k, 0, k),
+                            Layout::Nt => pack_b_nt(panel, b, k, first, width),
                             Layout::Nn => pack_b_nn(panel, b, (n, k), first, width),
                         }
                     }
@@ -230,42 +230,32 @@ unsafe fn pack_b_nn(
     }
 }
 
-/// `b` (N, K), columns `j0..j0 + cols`, K `k0..k0 + kc`: the same panels, each 8 columns × 8 K
-/// transposed in registers; ragged edges element by element.
+/// `b` (N, K): the panel of columns `first..first + width` (≤ 16), as `pack_b_nn`'s, each 8
+/// columns × 8 K transposed in registers; ragged edges element by element.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_nt(
-    dst: &mut [f32],
-    b: &[bf16],
-    j0: usize,
-    cols: usize,
-    k: usize,
-    k0: usize,
-    kc: usize,
-) {
-    let body = kc / 8 * 8;
-    for q in 0..cols.div_ceil(NR) {
-        let panel = dst.as_mut_ptr().add(q * kc * NR);
-        for half in 0..2 {
-            let c0 = q * NR + half * 8;
-            let width = cols.saturating_sub(c0).min(8);
-            let col = |l: usize| &b[(j0 + c0 + l) * k + k0..][..kc];
-            if width == 8 {
-                let rows: [&[bf16]; 8] = std::array::from_fn(col);
-                for kk in (0..body).step_by(8) {
-                    let v: [__m256; 8] = std::array::from_fn(|l| widen8(rows[l].as_ptr().add(kk)));
-                    let tr = transpose8(v);
-                    for (x, &vec) in tr.iter().enumerate() {
-                        _mm256_storeu_ps(panel.add((kk + x) * NR + half * 8), vec);
-                    }
+unsafe fn pack_b_nt(dst: &mut [f32], b: &[bf16], k: usize, first: usize, width: usize) {
+    let body = k / 8 * 8;
+    let panel = dst.as_mut_ptr();
+    for half in 0..2 {
+        let c0 = half * 8;
+        let live = width.saturating_sub(c0).min(8);
+        let col = |l: usize| &b[(first + c0 + l) * k..][..k];
+        if live == 8 {
+            let rows: [&[bf16]; 8] = std::array::from_fn(col);
+            for kk in (0..body).step_by(8) {
+                let v: [__m256; 8] = std::array::from_fn(|l| widen8(rows[l].as_ptr().add(kk)));
+                let tr = transpose8(v);
+                for (x, &vec) in tr.iter().enumerate() {
+                    _mm256_storeu_ps(panel.add((kk + x) * NR + half * 8), vec);
                 }
             }
-            let from = if width == 8 { body } else { 0 };
-            for kk in from..kc {
-                for l in 0..8 {
-                    let x = if l < width { widen(col(l)[kk]) } else { 0.0 };
-                    *panel.add(kk * NR + half * 8 + l) = x;
-                }
+        }
+        let from = if live == 8 { body } else { 0 };
+        for kk in from..k {
+            for l in 0..8 {
+                let x = if l < live { widen(col(l)[kk]) } else { 0.0 };
+                *panel.add(kk * NR + half * 8 + l) = x;
             }
         }
     }
