@@ -296,6 +296,59 @@ fn rows_that_end_in_half_a_128_weight_chunk_match_the_reference() {
     }
 }
 
+/// An int4 output's value is the same bits whatever rows share its pass (one, a decode batch,
+/// a prompt's rows) and whatever the thread count, on every path: each output's sum runs in one
+/// order, whatever the row count or the outputs a task takes. So a server's batch answers as
+/// each request alone.
+#[test]
+fn int4_outputs_do_not_depend_on_the_rows_beside_them_or_the_threads() {
+    // Pairs of blocks (groups of 32 and 128; 320: not whole 128-weight chunks), groups of 96
+    // (one block at a time).
+    for (ic, group, asym) in [
+        (512, 32, false),
+        (512, 128, true),
+        (320, 64, false),
+        (288, 96, true),
+    ] {
+        // Tasks of 18 outputs on two threads, 12 on three, and a last one of 13 or 1.
+        let oc = 301;
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64 + group as u64), oc, ic, groups);
+        let w = QWeight::Int4 {
+            codes: &s.u8s,
+            scales: &s.h_scales[..groups],
+            zeros: asym.then_some(&s.zeros[..]),
+            group,
+        };
+        check_all("int4", &w, ic, oc);
+        let n = 11;
+        let mut rng = Rng::new(5);
+        let inp: Vec<f32> = (0..n * ic).map(|_| rng.uniform() as f32 - 0.5).collect();
+        for isa in isas() {
+            let mut all = vec![0.0f32; n * oc];
+            matmul_on(isa, &mut all, &inp, &w, n, ic, oc);
+            for r in 0..n {
+                let mut one = vec![0.0f32; oc];
+                matmul_on(isa, &mut one, &inp[r * ic..(r + 1) * ic], &w, 1, ic, oc);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let name = isa.name();
+                assert_eq!(
+                    bits(&one),
+                    bits(&all[r * oc..(r + 1) * oc]),
+                    "{name} ic={ic} row {r}"
+                );
+            }
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .unwrap();
+            let mut three = vec![0.0f32; n * oc];
+            pool.install(|| matmul_on(isa, &mut three, &inp, &w, n, ic, oc));
+            assert_eq!(three, all, "{} ic={ic}: 3 threads", isa.name());
+        }
+    }
+}
+
 /// Weights in ggml's blocks of 32, which the integer paths multiply in ggml's arithmetic.
 #[cfg(target_arch = "x86_64")]
 fn ggml_blocks(w: &QWeight) -> bool {
