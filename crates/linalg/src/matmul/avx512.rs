@@ -26,8 +26,10 @@ const NC: usize = 1024;
 const RUNS_PER_THREAD: usize = 16;
 
 thread_local! {
-    /// The calling thread's packed block of `rhs`, grown once to the largest.
-    static PACKED_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's packed blocks of `rhs`, each grown once to the largest: one per
+    /// product running on the thread at once (rayon may run a product nested in another's
+    /// wait), taken for the call and put back.
+    static PACKED_B: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
     /// A worker's packed panel of `lhs` (MR × KC).
     static PANEL_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -54,7 +56,8 @@ unsafe impl Sync for View {}
 unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
 
-/// dst = lhs · rhs (`Replace`) or dst += lhs · rhs (`Add`), on rayon's threads when `parallel`.
+/// dst = lhs · rhs (`Replace`) or dst += lhs · rhs (`Add`), split for `threads` of rayon's
+/// threads (faer's `Par::rayon(threads)`; 1: on this thread alone).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F; `dst` must have column stride 1.
@@ -63,7 +66,7 @@ pub(crate) unsafe fn gemm(
     accum: Accum,
     lhs: MatRef<'_, f32>,
     rhs: MatRef<'_, f32>,
-    parallel: bool,
+    threads: usize,
 ) {
     let (m, n, k) = (dst.nrows(), dst.ncols(), lhs.ncols());
     assert!(
@@ -96,18 +99,14 @@ pub(crate) unsafe fn gemm(
         cs: rhs.col_stride(),
     };
     let need = KC.min(k) * NC.min(n).next_multiple_of(NR);
-    let run = |buf: &mut Vec<f32>| {
-        if buf.len() < need {
-            buf.resize(need, 0.0);
-        }
-        blocks(&mut buf[..need], (a, b, c), (m, n, k), accum, parallel);
-    };
-    // A GEMM nested in another on this thread (rayon ran it while this one waited) packs into
-    // a buffer of its own.
-    PACKED_B.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buf) => run(&mut buf),
-        Err(_) => run(&mut Vec::new()),
-    });
+    // Taken, not borrowed: a GEMM nested in this one on this thread (rayon ran it while this
+    // one waited) takes another, which stays for the next.
+    let mut buf = PACKED_B.with(|pool| pool.borrow_mut().pop()).unwrap_or_default();
+    if buf.len() < need {
+        buf.resize(need, 0.0);
+    }
+    blocks(&mut buf[..need], (a, b, c), (m, n, k), accum, threads);
+    PACKED_B.with(|pool| pool.borrow_mut().push(buf));
 }
 
 /// Every (NC columns × KC) block in turn: pack it, then run the row panels over it.
@@ -116,13 +115,13 @@ fn blocks(
     (a, b, c): (View, View, Dst),
     (m, n, k): (usize, usize, usize),
     accum: Accum,
-    parallel: bool,
+    threads: usize,
 ) {
     let row_panels = m.div_ceil(MR);
-    let runs = if parallel {
-        (rayon::current_num_threads() * RUNS_PER_THREAD).min(row_panels)
-    } else {
-        1
+    let parallel = threads > 1;
+    let runs = match parallel {
+        true => (threads * RUNS_PER_THREAD).min(row_panels),
+        false => 1,
     };
     for j0 in (0..n).step_by(NC) {
         let cols = NC.min(n - j0);

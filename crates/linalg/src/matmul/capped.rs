@@ -63,7 +63,7 @@ pub fn matmul(
         #[cfg(target_arch = "x86_64")]
         Path::Avx512 if alpha == 1.0 && large(&dst, &lhs) => {
             // SAFETY: the level (avx512 or above) guarantees AVX-512 F; `own` checked the stride.
-            unsafe { super::avx512::gemm(dst, accum, lhs, rhs, par.degree() > 1) }
+            unsafe { super::avx512::gemm(dst, accum, lhs, rhs, par.degree()) }
         }
         Path::Faer | Path::Avx512 => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par),
         #[cfg(target_arch = "x86_64")]
