@@ -23,9 +23,10 @@
 //! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 at
 //! the AVX2 levels and for rows the 512-bit kernel does not tile, int8, nf4 in groups of 32 or more
 //! and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512
-//! VNNI as the level has them; `integer_weights` decides), and portable loops. Up to [`ROWS`]
-//! activation rows share one pass over the weights (a decode batch reads each weight once); larger
-//! inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows. [`reference`] is
+//! VNNI as the level has them; `integer_weights` decides), and portable loops (ggml's blocks of
+//! 32 in ggml's arithmetic there too, [`ggml`]: a GGUF multiplies alike at every level). Up to
+//! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
+//! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows. [`reference`] is
 //! the plain loop every path is tested against.
 //!
 //! ```
@@ -279,6 +280,18 @@ pub fn matmul_on(
                 );
             }
         });
+    }
+    // ggml's blocks at the portable level: ggml's arithmetic as plain loops, the products the
+    // integer paths give (and llama.cpp's).
+    if isa == Isa::Portable && ggml::takes(w) {
+        for r in 0..n {
+            ggml::with_quantized(&inp[r * ic..(r + 1) * ic], |a| {
+                by_columns(&mut out[r * oc..(r + 1) * oc], oc, chunk, |out, range| {
+                    ggml::rows(out, a, w, ic, range)
+                });
+            });
+        }
+        return;
     }
     // The float paths: VNNI changes only the integer ones.
     let isa = match isa {

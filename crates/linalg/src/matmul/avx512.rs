@@ -101,7 +101,9 @@ pub(crate) unsafe fn gemm(
     let need = KC.min(k) * NC.min(n).next_multiple_of(NR);
     // Taken, not borrowed: a GEMM nested in this one on this thread (rayon ran it while this
     // one waited) takes another, which stays for the next.
-    let mut buf = PACKED_B.with(|pool| pool.borrow_mut().pop()).unwrap_or_default();
+    let mut buf = PACKED_B
+        .with(|pool| pool.borrow_mut().pop())
+        .unwrap_or_default();
     if buf.len() < need {
         buf.resize(need, 0.0);
     }

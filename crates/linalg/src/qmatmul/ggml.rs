@@ -4,13 +4,17 @@
 //! scales and accumulated into eight f32 lanes of four products each as
 //! `ggml_vec_dot_q4_1_q8_1` (and `…_q8_0_q8_0`) do on AVX2, the lanes summed in their order,
 //! and the minima's share accumulated block by block with one fused multiply-add each. The
-//! integer paths compute exactly this, bit for bit (tests).
+//! integer paths compute exactly this, bit for bit (tests), and the portable level runs it as
+//! written ([`rows`]), so a GGUF's products are ggml's on every CPU and at every level.
 
 use super::{nibble, QWeight};
 use half::f16;
+use std::cell::RefCell;
+use std::ops::Range;
 
 /// One row's activations as ggml's `block_q8_1`s: codes, and per block of 32 the scale and
 /// the scaled code sum, both as fp16 values.
+#[derive(Default)]
 pub struct Q8Blocks {
     pub codes: Vec<i8>,
     pub scales: Vec<f32>,
@@ -19,13 +23,18 @@ pub struct Q8Blocks {
 
 /// `quantize_row_q8_1` on one row (IC a multiple of 32).
 pub fn quantize(x: &[f32]) -> Q8Blocks {
+    let mut q = Q8Blocks::default();
+    quantize_into(&mut q, x);
+    q
+}
+
+/// [`quantize`] into `q`, reusing its buffers.
+fn quantize_into(q: &mut Q8Blocks, x: &[f32]) {
     assert!(x.len().is_multiple_of(32), "a row of whole blocks of 32");
     let fp16 = |v: f32| f16::from_f32(v).to_f32();
-    let mut q = Q8Blocks {
-        codes: Vec::with_capacity(x.len()),
-        scales: Vec::new(),
-        sums: Vec::new(),
-    };
+    q.codes.clear();
+    q.scales.clear();
+    q.sums.clear();
     for block in x.chunks(32) {
         let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -39,7 +48,37 @@ pub fn quantize(x: &[f32]) -> Q8Blocks {
         q.scales.push(fp16(d));
         q.sums.push(fp16(d * sum as f32));
     }
-    q
+}
+
+/// Whether `w` is in ggml's blocks of 32, which multiply in ggml's arithmetic.
+pub fn takes(w: &QWeight) -> bool {
+    matches!(
+        w,
+        QWeight::Grouped { group: 32, .. } | QWeight::Grouped4 { group: 32, .. }
+    )
+}
+
+thread_local! {
+    /// This thread's quantized activation rows, grown once to the largest (one per product
+    /// running on the thread at once), taken for the call and put back.
+    static SCRATCH: RefCell<Vec<Q8Blocks>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with one of this thread's activation scratches, `x` quantized into it.
+pub(super) fn with_quantized<R>(x: &[f32], f: impl FnOnce(&Q8Blocks) -> R) -> R {
+    let mut q = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    quantize_into(&mut q, x);
+    let out = f(&q);
+    SCRATCH.with(|s| s.borrow_mut().push(q));
+    out
+}
+
+/// The portable level's product for [`takes`] weights: outputs `range` of one activation row
+/// (`a`, quantized) into `out`, in ggml's arithmetic.
+pub(super) fn rows(out: &mut [f32], a: &Q8Blocks, w: &QWeight, ic: usize, range: Range<usize>) {
+    for o in range {
+        out[o] = dot(w, o, a, ic);
+    }
 }
 
 /// ggml's dot product of weight row `o` with one quantized activation row.
@@ -59,10 +98,17 @@ fn dot(w: &QWeight, o: usize, a: &Q8Blocks, ic: usize) -> f32 {
         } => (scales, mins),
         _ => panic!("ggml's arithmetic is for weights in blocks of 32"),
     };
-    let code = |i: usize| -> i32 {
+    // Block b's 32 codes: one signed byte each, or (nibble order) 16 bytes whose low nibbles
+    // are the first 16 and high nibbles the rest.
+    let block_codes = |b: usize| -> [i16; 32] {
+        let at = o * ic + b * 32;
         match *w {
-            QWeight::Grouped { codes, .. } => i32::from(codes[o * ic + i]),
-            QWeight::Grouped4 { codes, .. } => i32::from(nibble(codes, o * ic + i)),
+            QWeight::Grouped { codes, .. } => std::array::from_fn(|i| i16::from(codes[at + i])),
+            QWeight::Grouped4 { codes, .. } => {
+                let bytes = &codes[at / 2..][..16];
+                debug_assert_eq!(nibble(codes, at + 17), bytes[1] >> 4);
+                std::array::from_fn(|i| i16::from((bytes[i % 16] >> (4 * (i / 16))) & 0xF))
+            }
             _ => unreachable!(),
         }
     };
@@ -72,9 +118,11 @@ fn dot(w: &QWeight, o: usize, a: &Q8Blocks, ic: usize) -> f32 {
     for b in 0..blocks {
         let g = o * blocks + b;
         let d = scales[g] * a.scales[b];
+        let codes = block_codes(b);
+        let acts = &a.codes[b * 32..][..32];
         for (k, lane) in lanes.iter_mut().enumerate() {
             let s: i32 = (0..4)
-                .map(|j| code(b * 32 + 4 * k + j) * i32::from(a.codes[b * 32 + 4 * k + j]))
+                .map(|j| i32::from(codes[4 * k + j]) * i32::from(acts[4 * k + j]))
                 .sum();
             *lane = d.mul_add(s as f32, *lane);
         }

@@ -57,17 +57,19 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                 // The VNNI path multiplies int8 activations: compare with exactly those.
                 reference(&mut want, &vnni_activations(&inp, n, ic), w, n, ic, oc);
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let integer = false;
+            if (integer || isa == Isa::Portable) && ggml::takes(w) {
+                // ggml's blocks of 32: ggml's own arithmetic, bit for bit.
+                ggml::reference(&mut want, &inp, w, n, ic, oc);
+                let mut got = vec![f32::NAN; n * oc];
+                matmul_on(isa, &mut got, &inp, w, n, ic, oc);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{name} {} n={n}", isa.name());
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
             {
-                if integer && ggml_blocks(w) {
-                    // ggml's blocks of 32: ggml's own arithmetic, bit for bit.
-                    ggml::reference(&mut want, &inp, w, n, ic, oc);
-                    let mut got = vec![f32::NAN; n * oc];
-                    matmul_on(isa, &mut got, &inp, w, n, ic, oc);
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{name} {} n={n}", isa.name());
-                    continue;
-                }
                 if integer {
                     // So does the AVX2 integer path (int4, grouped, and int8 in whole blocks of
                     // 32), and nf4's levels as its table of signed bytes holds them.
@@ -347,15 +349,6 @@ fn int4_outputs_do_not_depend_on_the_rows_beside_them_or_the_threads() {
             assert_eq!(three, all, "{} ic={ic}: 3 threads", isa.name());
         }
     }
-}
-
-/// Weights in ggml's blocks of 32, which the integer paths multiply in ggml's arithmetic.
-#[cfg(target_arch = "x86_64")]
-fn ggml_blocks(w: &QWeight) -> bool {
-    matches!(
-        w,
-        QWeight::Grouped { group: 32, .. } | QWeight::Grouped4 { group: 32, .. }
-    )
 }
 
 #[test]
