@@ -24,10 +24,10 @@
 //! the AVX2 levels and for rows the 512-bit kernel does not tile, int8, nf4 in groups of 32 or more
 //! and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512
 //! VNNI as the level has them; `integer_weights` decides), and portable loops (ggml's blocks of
-//! 32 in ggml's arithmetic there too, [`ggml`]: a GGUF multiplies alike at every level). Up to
-//! [`ROWS`] activation rows share one pass over the weights (a decode batch reads each weight
-//! once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows. [`reference`] is
-//! the plain loop every path is tested against.
+//! 32 in ggml's arithmetic there too, [`ggml`]: the same bits at every level). Up to [`ROWS`]
+//! activation rows share one pass over the weights (a decode batch reads each weight once);
+//! larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
+//! [`reference`] is the plain loop every path is tested against.
 //!
 //! ```
 //! use linalg::qmatmul::{matmul, QWeight};
@@ -281,14 +281,18 @@ pub fn matmul_on(
             }
         });
     }
-    // ggml's blocks at the portable level: ggml's arithmetic as plain loops, the products the
-    // integer paths give (and llama.cpp's).
+    // ggml's blocks of 32 at the portable level: ggml's arithmetic as plain loops, the products
+    // the integer paths give (for Q4_0 … Q8_0, llama.cpp's too).
     if isa == Isa::Portable && ggml::takes(w) {
-        for r in 0..n {
-            ggml::with_quantized(&inp[r * ic..(r + 1) * ic], |a| {
-                by_columns(&mut out[r * oc..(r + 1) * oc], oc, chunk, |out, range| {
-                    ggml::rows(out, a, w, ic, range)
-                });
+        for r0 in (0..n).step_by(ROWS) {
+            let rows = ROWS.min(n - r0);
+            ggml::with_quantized(&inp[r0 * ic..(r0 + rows) * ic], ic, |a| {
+                by_columns(
+                    &mut out[r0 * oc..(r0 + rows) * oc],
+                    oc,
+                    chunk,
+                    |out, range| ggml::rows(out, a, w, (ic, oc), range),
+                );
             });
         }
         return;
@@ -449,7 +453,8 @@ pub(super) struct Rows<'a> {
 
 fn run_rows(isa: Isa, out: &mut [f32], p: Rows, range: std::ops::Range<usize>) {
     if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } = p.w {
-        // Grouped weights run on the integer path from AVX2 up; below it, here.
+        // Grouped weights run on the integer path from AVX2 up; below it, groups of 16 here
+        // (groups of 32: `ggml::rows`).
         return portable::rows(out, p, range);
     }
     match isa {

@@ -5,7 +5,7 @@
 //! `ggml_vec_dot_q4_1_q8_1` (and `…_q8_0_q8_0`) do on AVX2, the lanes summed in their order,
 //! and the minima's share accumulated block by block with one fused multiply-add each. The
 //! integer paths compute exactly this, bit for bit (tests), and the portable level runs it as
-//! written ([`rows`]), so a GGUF's products are ggml's on every CPU and at every level.
+//! written ([`rows`]): weights in blocks of 32 multiply to the same bits at every level.
 
 use super::{nibble, QWeight};
 use half::f16;
@@ -59,25 +59,41 @@ pub fn takes(w: &QWeight) -> bool {
 }
 
 thread_local! {
-    /// This thread's quantized activation rows, grown once to the largest (one per product
+    /// This thread's quantized activation rows, grown once to the largest (one set per product
     /// running on the thread at once), taken for the call and put back.
-    static SCRATCH: RefCell<Vec<Q8Blocks>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Vec<Vec<Q8Blocks>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with one of this thread's activation scratches, `x` quantized into it.
-pub(super) fn with_quantized<R>(x: &[f32], f: impl FnOnce(&Q8Blocks) -> R) -> R {
+/// Runs `f` with one of this thread's activation scratches, the rows of `x` (IC each)
+/// quantized into it.
+pub(super) fn with_quantized<R>(x: &[f32], ic: usize, f: impl FnOnce(&[Q8Blocks]) -> R) -> R {
     let mut q = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
-    quantize_into(&mut q, x);
-    let out = f(&q);
+    let rows = x.len() / ic;
+    if q.len() < rows {
+        q.resize_with(rows, Q8Blocks::default);
+    }
+    for (q, x) in q.iter_mut().zip(x.chunks(ic)) {
+        quantize_into(q, x);
+    }
+    let out = f(&q[..rows]);
     SCRATCH.with(|s| s.borrow_mut().push(q));
     out
 }
 
-/// The portable level's product for [`takes`] weights: outputs `range` of one activation row
-/// (`a`, quantized) into `out`, in ggml's arithmetic.
-pub(super) fn rows(out: &mut [f32], a: &Q8Blocks, w: &QWeight, ic: usize, range: Range<usize>) {
+/// The portable level's product for [`takes`] weights: outputs `range` of each quantized
+/// activation row in `a` into `out` (rows of OC), in ggml's arithmetic; the rows share one pass
+/// over the weights.
+pub(super) fn rows(
+    out: &mut [f32],
+    a: &[Q8Blocks],
+    w: &QWeight,
+    (ic, oc): (usize, usize),
+    range: Range<usize>,
+) {
     for o in range {
-        out[o] = dot(w, o, a, ic);
+        for (r, a) in a.iter().enumerate() {
+            out[r * oc + o] = dot(w, o, a, ic);
+        }
     }
 }
 

@@ -48,7 +48,6 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
         let mut want = vec![0.0f32; n * oc];
         reference(&mut want, &inp, w, n, ic, oc);
         for isa in isas() {
-            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut want = want.clone();
             #[cfg(target_arch = "x86_64")]
             let integer = integer_weights(isa, w, ic).is_some();
@@ -60,8 +59,18 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
             #[cfg(not(target_arch = "x86_64"))]
             let integer = false;
             if (integer || isa == Isa::Portable) && ggml::takes(w) {
-                // ggml's blocks of 32: ggml's own arithmetic, bit for bit.
+                // ggml's arithmetic itself against the exact product (`want` here): the error of
+                // its 8-bit activations only (a code in the wrong place would cost the sum).
+                let exact = want.clone();
                 ggml::reference(&mut want, &inp, w, n, ic, oc);
+                let (err, norm) = want.iter().zip(&exact).fold((0.0, 0.0), |(e, s), (g, x)| {
+                    (e + f64::from(g - x).powi(2), s + f64::from(*x).powi(2))
+                });
+                assert!(
+                    err.sqrt() <= 0.02 * norm.sqrt(),
+                    "{name} n={n}: ggml's {err} {norm}"
+                );
+                // ggml's blocks of 32: ggml's own arithmetic, bit for bit.
                 let mut got = vec![f32::NAN; n * oc];
                 matmul_on(isa, &mut got, &inp, w, n, ic, oc);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -346,7 +355,13 @@ fn int4_outputs_do_not_depend_on_the_rows_beside_them_or_the_threads() {
                 .unwrap();
             let mut three = vec![0.0f32; n * oc];
             pool.install(|| matmul_on(isa, &mut three, &inp, &w, n, ic, oc));
-            assert_eq!(three, all, "{} ic={ic}: 3 threads", isa.name());
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&three),
+                bits(&all),
+                "{} ic={ic}: 3 threads",
+                isa.name()
+            );
         }
     }
 }
