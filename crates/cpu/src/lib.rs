@@ -33,7 +33,10 @@ pub struct Cpu {
 }
 
 impl Cpu {
+    /// A CPU backend; every thread of rayon's pool gets its GEMM scratches now, so none is
+    /// allocated inside a step (`kernels::warm_threads`).
     pub fn new() -> Cpu {
+        kernels::warm_threads();
         Cpu::default()
     }
 }

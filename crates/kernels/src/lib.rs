@@ -49,7 +49,7 @@ pub mod swiglu;
 
 // The matrix products and the CPU level live in `linalg`; the same paths name them here.
 use linalg::par;
-pub use linalg::{convert, cpu, dequant, gemm_bf16, matmul, qmatmul, real, Real};
+pub use linalg::{convert, cpu, dequant, gemm_bf16, matmul, qmatmul, real, warm_threads, Real};
 
 #[cfg(test)]
 mod accumulates;

@@ -313,6 +313,15 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod nn;
+
+/// This thread's share of [`crate::warm_threads`].
+pub(crate) fn warm_thread() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::warm_thread();
+        amx::warm_thread();
+    }
+}
 mod transpose;
 pub use transpose::transpose;
 #[cfg(target_arch = "x86_64")]

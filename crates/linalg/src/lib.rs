@@ -27,3 +27,13 @@ pub mod real;
 pub mod testutil;
 
 pub use real::Real;
+
+/// Gives every thread of rayon's pool its fixed-size GEMM scratches now (the bf16 kernels' task
+/// buffers, the f32 kernel's panel), so a thread that first takes part in a product during a
+/// step does not allocate there. A CPU backend calls it once, when it is made.
+pub fn warm_threads() {
+    rayon::broadcast(|_| {
+        gemm_bf16::warm_thread();
+        matmul::warm_thread();
+    });
+}

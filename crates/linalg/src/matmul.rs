@@ -17,6 +17,12 @@
 mod avx512;
 pub mod capped;
 
+/// This thread's share of [`crate::warm_threads`].
+pub(crate) fn warm_thread() {
+    #[cfg(target_arch = "x86_64")]
+    avx512::warm_thread();
+}
+
 use crate::matmul::capped::matmul;
 use crate::Real;
 use faer::{Accum, MatMut, MatRef, Par};

@@ -124,13 +124,29 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
         let t = Task { blk, nb };
         SCRATCH.with(|cell| {
             let s = &mut *cell.borrow_mut();
-            grow(&mut s.b, NB * KB);
-            grow(&mut s.a, 2 * TR * KB);
-            grow(&mut s.c, MB * NB);
+            s.grow();
             // SAFETY: AMX was granted (the caller); the tasks' blocks of out are disjoint and
             // inside its M·N elements.
             unsafe { task_run(a, b, t, s) };
         });
+    });
+}
+
+impl Scratch {
+    /// Its fixed sizes (the first use on a thread sets them).
+    fn grow(&mut self) {
+        grow(&mut self.b, NB * KB);
+        grow(&mut self.a, 2 * TR * KB);
+        grow(&mut self.c, MB * NB);
+    }
+}
+
+/// Gives this thread its task scratch now (see [`crate::warm_threads`]).
+pub(super) fn warm_thread() {
+    SCRATCH.with(|cell| {
+        if let Ok(mut s) = cell.try_borrow_mut() {
+            s.grow();
+        }
     });
 }
 

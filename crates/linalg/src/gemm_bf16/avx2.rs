@@ -33,8 +33,26 @@ struct Scratch {
     c: Vec<f32>,
 }
 
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch {
+            a: vec![0.0; MB * KC],
+            c: vec![0.0; MB * NB],
+        }
+    }
+}
+
 thread_local! {
     static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
+}
+
+/// Gives this thread its task scratch now (see [`crate::warm_threads`]).
+pub(super) fn warm_thread() {
+    SCRATCH.with(|cell| {
+        if let Ok(mut s) = cell.try_borrow_mut() {
+            s.get_or_insert_with(Scratch::new);
+        }
+    });
 }
 
 /// Columns of `b` packed at a time, once per call, and shared by every task over them: the
@@ -118,10 +136,7 @@ fn run_tasks(c: Call<'_>, packed: &[f32], c0: usize, cols: usize) {
             let packed = &packed[(t.j0 - c0) * c.k..];
             SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
-                let s = cell.get_or_insert_with(|| Scratch {
-                    a: vec![0.0; MB * KC],
-                    c: vec![0.0; MB * NB],
-                });
+                let s = cell.get_or_insert_with(Scratch::new);
                 // SAFETY: the caller checked the CPU; the tasks' blocks of out are disjoint and
                 // inside its M·N elements.
                 unsafe { task_run(s, c.a, packed, t) };

@@ -34,6 +34,17 @@ thread_local! {
     static PANEL_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Gives this thread its `lhs` panel now (see [`crate::warm_threads`]).
+pub(crate) fn warm_thread() {
+    PANEL_A.with(|cell| {
+        if let Ok(mut panel) = cell.try_borrow_mut() {
+            if panel.len() < MR * KC {
+                panel.resize(MR * KC, 0.0);
+            }
+        }
+    });
+}
+
 /// A strided operand.
 #[derive(Clone, Copy)]
 struct View {
