@@ -97,3 +97,27 @@ fn a_step_allocates_no_tensor() {
         );
     }
 }
+
+/// The libraries' per-thread GEMM buffers are made when a backend warms the pool: faer's keeps
+/// one per thread sized from the cache it detects (hundreds of MiB where a guest reports a large
+/// L3), made on the thread's first product, which would otherwise land inside some step.
+#[test]
+fn every_pool_thread_has_its_gemm_buffers_once_warmed() {
+    // Counting is global: take turns with the other test.
+    let _turn = Capped::at(kernels::cpu::detected());
+    kernels::warm_threads();
+    let (m, k, n) = (48, 64, 80);
+    let (a, b) = (vec![0.5f32; m * k], vec![0.25f32; n * k]);
+    let (_, _, largest) = count_allocations(|| {
+        rayon::broadcast(|_| {
+            // out (m, n) = a (m, k) · bᵀ, b (n, k): small enough to run on this thread alone.
+            let mut c = vec![0.0f32; m * n];
+            kernels::matmul::forward(&mut c, &a, &b, None, (m, k, n));
+            assert_eq!(c[0], 0.5 * 0.25 * k as f32);
+        });
+    });
+    assert!(
+        largest <= (4 * m * n) as u64,
+        "a {largest}-byte allocation in a first product"
+    );
+}
