@@ -35,12 +35,21 @@ fn with_weight<R>(a: &Arena<Cpu>, m: &QMatrix, f: impl FnOnce(&QWeight) -> R) ->
             let codes = a.view::<u8>(m.codes);
             let scales = a.view::<f16>(m.scales.unwrap());
             let zeros = m.zeros.map(|z| a.view::<u8>(z));
-            f(&QWeight::Int4 {
-                codes: &codes,
-                scales: &scales,
-                zeros: zeros.as_deref(),
-                group: group as usize,
-            })
+            let (codes, scales, zeros, group) = (&codes, &scales, zeros.as_deref(), group as usize);
+            match a.backend().tiled(m) {
+                true => f(&QWeight::Int4Tiled {
+                    codes,
+                    scales,
+                    zeros,
+                    group,
+                }),
+                false => f(&QWeight::Int4 {
+                    codes,
+                    scales,
+                    zeros,
+                    group,
+                }),
+            }
         }
         WeightFormat::Ggml { group, nibbles } if nibbles == Roles::ALL => {
             let codes = a.view::<u8>(m.codes);
@@ -276,7 +285,7 @@ pub(super) fn kv_copy_block(a: &Arena<Cpu>, c: &KvCache, from: usize, to: usize)
     }
 }
 
-pub(super) fn upload_bytes(a: &Arena<Cpu>, dst: Tensor, src: &[u8]) {
+pub(crate) fn upload_bytes(a: &Arena<Cpu>, dst: Tensor, src: &[u8]) {
     let n = dst.len * dst.dtype.size_bytes();
     assert_eq!(src.len(), n, "{} bytes for a tensor of {n}", src.len());
     let raw = Tensor {
@@ -288,7 +297,7 @@ pub(super) fn upload_bytes(a: &Arena<Cpu>, dst: Tensor, src: &[u8]) {
     a.view_mut::<u8>(raw).copy_from_slice(src);
 }
 
-pub(super) fn download_bytes(a: &Arena<Cpu>, src: Tensor, dst: &mut [u8]) {
+pub(crate) fn download_bytes(a: &Arena<Cpu>, src: Tensor, dst: &mut [u8]) {
     let n = src.len * src.dtype.size_bytes();
     let raw = Tensor {
         dtype: DType::U8,

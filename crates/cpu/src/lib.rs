@@ -14,6 +14,7 @@ mod kernels_ops;
 mod lora_ops;
 mod moe_ops;
 mod state_ops;
+mod tiles;
 mod views;
 
 pub use views::{Elem, PartsMut, View, ViewMut, Views};
@@ -23,13 +24,22 @@ use std::cell::UnsafeCell;
 use std::sync::Mutex;
 
 /// The CPU backend; holds reusable host scratch so no op allocates inside a step.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Cpu {
     /// Per-chunk partial sums of a parallel sum of squares.
     partials: Mutex<Vec<f64>>,
     /// Per-chunk partial sums of squares of 2-byte values, and whether the chunk held a
     /// non-finite one.
     half_partials: Mutex<Vec<(f64, bool)>>,
+    /// The quantized products' path when the backend was made: it decides the layout int4
+    /// weights are kept in for the backend's life ([`tiles`]).
+    qmatmul_isa: kernels::qmatmul::Isa,
+}
+
+impl Default for Cpu {
+    fn default() -> Cpu {
+        Cpu::new()
+    }
 }
 
 impl Cpu {
@@ -37,7 +47,11 @@ impl Cpu {
     /// allocated inside a step (`kernels::warm_threads`).
     pub fn new() -> Cpu {
         kernels::warm_threads();
-        Cpu::default()
+        Cpu {
+            partials: Mutex::default(),
+            half_partials: Mutex::default(),
+            qmatmul_isa: kernels::qmatmul::best_isa(),
+        }
     }
 }
 
@@ -258,6 +272,18 @@ impl TrainOps for Cpu {
 impl InferOps for Cpu {
     fn qlinear(&self, a: &Arena<Self>, op: &QLinear) {
         infer_ops::qlinear(a, op)
+    }
+
+    fn own_layout(&self, m: &QMatrix) -> bool {
+        self.tiled(m)
+    }
+
+    fn upload_matrix(&self, a: &Arena<Self>, m: &QMatrix, parts: [&[u8]; 3]) {
+        tiles::upload_matrix(a, m, parts)
+    }
+
+    fn download_matrix(&self, a: &Arena<Self>, m: &QMatrix, parts: [&mut [u8]; 3]) {
+        tiles::download_matrix(a, m, parts)
     }
 
     fn embed_rows(&self, a: &Arena<Self>, op: &EmbedRows) {

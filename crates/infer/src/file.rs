@@ -85,6 +85,8 @@ pub fn save<B: InferOps>(worker: &Worker<B>, path: &Path) -> Result<(), EngineEr
     let be = worker.arena.backend();
     let mut entries = Vec::new();
     let mut payload = Vec::new();
+    // The file holds the packer's layout, whatever layout the backend keeps.
+    worker.relayout(false);
     for (name, t) in weight_buffers(worker) {
         let start = payload.len();
         payload.resize(start + t.len, 0);
@@ -95,6 +97,7 @@ pub fn save<B: InferOps>(worker: &Worker<B>, path: &Path) -> Result<(), EngineEr
             crc32: crc32fast::hash(&payload[start..]),
         });
     }
+    worker.relayout(true);
     let f = worker.setup.weights;
     let header = Header {
         version: VERSION,
@@ -215,6 +218,7 @@ pub fn load<B: InferOps>(worker: &mut Worker<B>, path: &Path) -> Result<(), Engi
     for pass in [false, true] {
         read_tensors(worker, path, offset, &expect, &header, pass)?;
     }
+    worker.relayout(true);
     Ok(())
 }
 

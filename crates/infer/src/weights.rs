@@ -14,7 +14,7 @@
 use super::Worker;
 use data::SplitMix64;
 use engine::backend::InferOps;
-use engine::backend::QMatrix;
+use engine::backend::{QMatrix, Tensor};
 use engine::error::EngineError;
 use formats::quant::{quantize, Granularity, QuantConfig, Scheme, Symmetry};
 use formats::{Format, IntRange};
@@ -275,15 +275,39 @@ fn uniform(b: &[u8]) -> f32 {
 }
 
 impl<B: InferOps> Worker<B> {
-    /// Writes one matrix's stored bytes.
+    /// Writes one matrix's stored bytes (in the backend's layout for it).
     pub fn upload_matrix(&self, m: &QMatrix, p: &Packed) {
-        let be = self.arena.backend();
-        be.upload_bytes(&self.arena, m.codes, &p.codes);
-        if let Some(s) = m.scales {
-            be.upload_bytes(&self.arena, s, &p.scales);
-        }
-        if let Some(z) = m.zeros {
-            be.upload_bytes(&self.arena, z, &p.zeros);
+        let parts = [&p.codes[..], &p.scales, &p.zeros];
+        self.arena.backend().upload_matrix(&self.arena, m, parts);
+    }
+
+    /// Rearranges every matrix the backend keeps in a layout of its own: from the packer's
+    /// layout, as raw bytes written it (a weights file's load), into the backend's with
+    /// `to_backend`; else back (for a file's save, which holds the packer's layout).
+    pub(crate) fn relayout(&self, to_backend: bool) {
+        let (a, be) = (&self.arena, self.arena.backend());
+        let bytes = |t: Option<Tensor>| vec![0u8; t.map_or(0, |t| t.len * t.dtype.size_bytes())];
+        for w in &self.weights {
+            for (_, m) in w.matrices.iter().filter(|(_, m)| be.own_layout(m)) {
+                let mut parts = [bytes(Some(m.codes)), bytes(m.scales), bytes(m.zeros)];
+                let tensors = [Some(m.codes), m.scales, m.zeros];
+                if to_backend {
+                    for (t, p) in tensors.iter().zip(parts.iter_mut()) {
+                        if let Some(t) = t {
+                            be.download_bytes(a, *t, p);
+                        }
+                    }
+                    be.upload_matrix(a, m, [&parts[0][..], &parts[1], &parts[2]]);
+                } else {
+                    let [c, s, z] = &mut parts;
+                    be.download_matrix(a, m, [c, s, z]);
+                    for (t, p) in tensors.iter().zip(&parts) {
+                        if let Some(t) = t {
+                            be.upload_bytes(a, *t, p);
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -45,6 +45,8 @@ fn main() {
     let bf16s: Vec<bf16> = f32s.iter().map(|&x| bf16::from_f32(x)).collect();
     let i8s: Vec<i8> = (0..n).map(|i| (i % 255) as i8).collect();
     let u8s: Vec<u8> = (0..n / 2).map(|i| (i * 7 % 256) as u8).collect();
+    let mut tiled = vec![0u8; u8s.len()];
+    qmatmul::tiles::tile_codes(&u8s, &mut tiled, OC, IC);
     let h_row: Vec<f16> = (0..OC).map(|_| f16::from_f32(0.01)).collect();
     let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 8.0 - 1.0);
     let isas = qmatmul::supported();
@@ -65,6 +67,16 @@ fn main() {
                 format!("int4 g{group}"),
                 QWeight::Int4 {
                     codes: &u8s,
+                    scales: &h_g,
+                    zeros: None,
+                    group,
+                },
+            ),
+            (
+                // The same codes in tiles of eight rows (the AVX2 levels' layout).
+                format!("int4t g{group}"),
+                QWeight::Int4Tiled {
+                    codes: &tiled,
                     scales: &h_g,
                     zeros: None,
                     group,
@@ -112,6 +124,10 @@ fn main() {
                 if matches!(isa, Isa::Avx512Vnni | Isa::Avx2Vnni) && !integer {
                     continue;
                 }
+                // Tiles are the integer path's layout; a plain loop reads them weight by weight.
+                if isa == Isa::Portable && name.starts_with("int4t") {
+                    continue;
+                }
                 for rows in [1usize, 8] {
                     let inp = common::fill(rows * IC, 2, 1.0);
                     let mut out = vec![0.0f32; rows * OC];
@@ -136,7 +152,7 @@ fn main() {
 }
 
 /// A model's worth of distinct int4 matrices (32 × 4096 × 11008, 720 MB): one pass, as a decode
-/// step reads them, against the streaming read.
+/// step reads them, in rows and in tiles of eight rows, alternately.
 #[allow(dead_code)]
 pub fn model_pass() {
     let (n, count) = (IC * OC, 32);
@@ -146,22 +162,35 @@ pub fn model_pass() {
     let scales: Vec<f16> = vec![f16::from_f32(0.01); n / 32];
     let inp = common::fill(IC, 2, 1.0);
     let mut out = vec![0.0f32; OC];
-    let t = common::median_secs(3, || {
-        for m in &mats {
-            let w = QWeight::Int4 {
-                codes: m,
-                scales: &scales,
-                zeros: None,
-                group: 32,
-            };
-            kernels::qmatmul::matmul(&mut out, &inp, &w, 1, IC, OC);
-        }
-    });
     let bytes = (count * (n / 2 + n / 16)) as f64;
-    println!(
-        "model pass: {:.2} GB/s over {count} matrices",
-        bytes / t / 1e9
-    );
+    for round in 0..2 {
+        for layout in ["rows", "tiles"] {
+            let t = common::median_secs(3, || {
+                for m in &mats {
+                    // The pattern's bytes serve as either layout: both read the same amount.
+                    let w = match layout {
+                        "rows" => QWeight::Int4 {
+                            codes: m,
+                            scales: &scales,
+                            zeros: None,
+                            group: 32,
+                        },
+                        _ => QWeight::Int4Tiled {
+                            codes: m,
+                            scales: &scales,
+                            zeros: None,
+                            group: 32,
+                        },
+                    };
+                    kernels::qmatmul::matmul(&mut out, &inp, &w, 1, IC, OC);
+                }
+            });
+            println!(
+                "model pass {round}, int4 {layout:<5}: {:.2} GB/s over {count} matrices",
+                bytes / t / 1e9
+            );
+        }
+    }
 }
 
 /// One core's throughput of independent 512-bit FMAs and `vpdpbusd`s (12 chains each): the

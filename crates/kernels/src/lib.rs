@@ -57,8 +57,9 @@ mod accumulates;
 mod testutil;
 
 /// Every dispatch and the path it takes at the current level, for reports (`bench --json`):
-/// the f32 GEMM, the bf16 GEMM, the quantized products, the vectorised loops (exp, tanh,
-/// softmax, GELU, conversions) and NF4 dequantization.
+/// the f32 GEMM, the bf16 GEMM, the quantized products and the layout a CPU backend made now
+/// keeps int4 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions) and NF4
+/// dequantization.
 pub fn paths() -> Vec<(&'static str, &'static str)> {
     use cpu::Level;
     let simd = match fastmath::simd() {
@@ -75,6 +76,7 @@ pub fn paths() -> Vec<(&'static str, &'static str)> {
         ("gemm_f32", matmul::capped::path().name()),
         ("gemm_bf16", gemm_bf16::best_isa().name()),
         ("qmatmul", qmatmul::best_isa().name()),
+        ("int4_layout", qmatmul::int4_layout(qmatmul::best_isa())),
         ("vector_loops", simd),
         ("dequant_nf4", dequant),
     ]

@@ -10,6 +10,8 @@
 //!   point (0..15; 8 when symmetric) per group: w = scale × (q − zero). Codes are packed two per
 //!   byte in sub-blocks of 32 weights (llama.cpp's Q4_0 order): byte j of a sub-block holds
 //!   weight j in its low nibble and weight j + 16 in its high nibble.
+//! - `Int4Tiled`: `Int4`'s bytes with each eight output rows interleaved ([`tiles`]), the layout
+//!   the AVX2 levels' integer kernel reads fastest (a backend tiles its weights as it loads them).
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
 //!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
 //! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
@@ -48,7 +50,10 @@ pub mod ggml;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod q8avx2;
+#[cfg(target_arch = "x86_64")]
+mod route;
 mod stored;
+pub mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -77,6 +82,13 @@ pub enum QWeight<'a> {
         codes: &'a [u8],
         scales: &'a [f16],
         /// One zero point per group; `None`: symmetric (8).
+        zeros: Option<&'a [u8]>,
+        group: usize,
+    },
+    /// As `Int4`, in tiles of eight output rows ([`tiles`]); OC a multiple of 8.
+    Int4Tiled {
+        codes: &'a [u8],
+        scales: &'a [f16],
         zeros: Option<&'a [u8]>,
         group: usize,
     },
@@ -177,6 +189,24 @@ pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc
     matmul_on(best_isa(), out, inp, w, n, ic, oc);
 }
 
+/// Whether int4 weights of (OC, IC) in groups of `group` run fastest tiled ([`tiles`]) at `isa`:
+/// at the AVX2 levels, where the integer kernel multiplies them eight outputs a vector (the
+/// 512-bit VNNI kernel reads rows). A backend that tiles a matrix must hand it over as
+/// `Int4Tiled` at every level.
+pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
+    let shape = oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB);
+    let groups = group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group);
+    int4_layout(isa) == "tiles" && shape && groups
+}
+
+/// The layout int4 weights run fastest in at `isa` ([`tiles_int4`] where the shape allows).
+pub fn int4_layout(isa: Isa) -> &'static str {
+    match isa {
+        Isa::Avx2 | Isa::Avx2Vnni => "tiles",
+        _ => "rows",
+    }
+}
+
 /// Output rows per rayon task: enough to amortise the task, few enough to balance two cores.
 fn task_rows(oc: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
@@ -203,7 +233,10 @@ pub fn matmul_on(
         "this CPU cannot run the {} path",
         isa.name()
     );
-    let chunk = task_rows(oc);
+    let mut chunk = task_rows(oc);
+    if let QWeight::Int4Tiled { .. } = w {
+        chunk = chunk.next_multiple_of(tiles::TILE);
+    }
     #[cfg(target_arch = "x86_64")]
     if let (
         Isa::Avx512Vnni,
@@ -215,7 +248,7 @@ pub fn matmul_on(
         },
     ) = (isa, *w)
     {
-        if vnni_chunks(group, ic) {
+        if route::vnni_chunks(group, ic) {
             return vnni::with_scratch(|q| {
                 for r0 in (0..n).step_by(ROWS) {
                     let rows = ROWS.min(n - r0);
@@ -237,7 +270,7 @@ pub fn matmul_on(
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if let Some((weights, group)) = integer_weights(isa, w, ic) {
+    if let Some((weights, group)) = route::integer_weights(isa, w, ic) {
         // VNNI where the path has it: one instruction for four products.
         let dot = match isa {
             Isa::Avx512Vnni => q8avx2::Dot::Evex,
@@ -315,112 +348,6 @@ pub fn matmul_on(
     }
 }
 
-/// Whether the AVX-512 VNNI int4 kernel takes rows of `ic` in groups of `group`: whole
-/// 128-weight chunks, each within one group or holding whole ones.
-#[cfg(target_arch = "x86_64")]
-fn vnni_chunks(group: usize, ic: usize) -> bool {
-    let fits = group == 32 || group == 64 || group.is_multiple_of(128);
-    ic.is_multiple_of(128) && fits
-}
-
-/// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs
-/// there at `isa`: int4 at the AVX2 levels, and at the VNNI level where [`vnni_chunks`] does not
-/// hold (SmolLM2's 576-wide rows); int8, nf4 and ggml's blocks at every level from AVX2 up (the
-/// AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this one's 0.82:
-/// TinyLlama int8 decode, 2 Zen 4 cores; nf4's f32 table path ran TinyLlama at 0.16-0.20 of it
-/// capped to AVX2, this one 0.60-0.62, on 2 Sapphire Rapids cores). `None`: a float path.
-#[cfg(target_arch = "x86_64")]
-fn integer_weights<'a>(
-    isa: Isa,
-    w: &QWeight<'a>,
-    ic: usize,
-) -> Option<(q8avx2::Weights<'a>, usize)> {
-    let taken = match *w {
-        QWeight::Int4 { group, .. } => match isa {
-            Isa::Avx2 | Isa::Avx2Vnni => true,
-            Isa::Avx512Vnni => !vnni_chunks(group, ic),
-            _ => false,
-        },
-        QWeight::Int8 { .. } | QWeight::Grouped { .. } | QWeight::Grouped4 { .. } => {
-            isa != Isa::Portable
-        }
-        QWeight::Nf4 { .. } => isa != Isa::Portable,
-        _ => false,
-    };
-    q8_weights(w, ic).filter(|_| taken)
-}
-
-/// The weights the AVX2 integer path multiplies, and the group its activations' sums follow:
-/// int4, int8 whose rows are whole blocks of 32, ggml's blocks, and nf4 in groups of 32 or more
-/// (its levels as signed bytes, `q8avx2::lut4`).
-#[cfg(target_arch = "x86_64")]
-fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, usize)> {
-    match *w {
-        QWeight::Int4 {
-            codes,
-            scales,
-            zeros,
-            group,
-        } => Some((
-            q8avx2::Weights::Int4 {
-                codes,
-                scales,
-                zeros,
-                group,
-            },
-            group,
-        )),
-        QWeight::Int8 { codes, scales } if ic.is_multiple_of(32) => {
-            Some((q8avx2::Weights::Int8 { codes, scales }, ic))
-        }
-        QWeight::Grouped {
-            codes,
-            scales,
-            mins,
-            group,
-        } => Some((
-            q8avx2::Weights::Grouped {
-                codes: q8avx2::Codes::I8(codes),
-                scales,
-                mins,
-                group,
-            },
-            group,
-        )),
-        QWeight::Grouped4 {
-            codes,
-            scales,
-            mins,
-            group,
-        } => Some((
-            q8avx2::Weights::Grouped {
-                codes: q8avx2::Codes::U4(codes),
-                scales,
-                mins,
-                group,
-            },
-            group,
-        )),
-        QWeight::Nf4 {
-            codes,
-            scales,
-            levels,
-            group,
-        } if ic.is_multiple_of(32) && group.is_multiple_of(32) => {
-            let (table, unit) = q8avx2::lut4(levels);
-            let codes = q8avx2::Codes::Lut4 { codes, table, unit };
-            let w = q8avx2::Weights::Grouped {
-                codes,
-                scales,
-                mins: None,
-                group,
-            };
-            Some((w, group))
-        }
-        _ => None,
-    }
-}
-
 /// Runs `f(out, columns)` over `out` (rows of `oc`) in rayon tasks of `chunk` columns each; a
 /// task writes only its columns of every row.
 fn by_columns(
@@ -452,9 +379,9 @@ pub(super) struct Rows<'a> {
 }
 
 fn run_rows(isa: Isa, out: &mut [f32], p: Rows, range: std::ops::Range<usize>) {
-    if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } = p.w {
-        // Grouped weights run on the integer path from AVX2 up; below it, groups of 16 here
-        // (groups of 32: `ggml::rows`).
+    if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } | QWeight::Int4Tiled { .. } = p.w {
+        // Grouped and tiled weights run on the integer path from AVX2 up; below it, here
+        // (ggml's groups of 32: `ggml::rows`).
         return portable::rows(out, p, range);
     }
     match isa {

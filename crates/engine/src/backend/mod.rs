@@ -340,6 +340,35 @@ pub trait InferOps: Backend {
     fn latent(&self, a: &Arena<Self>, op: &LatentOp);
     /// Copies one KV block to another in every layer's cache (copy-on-write).
     fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize);
+    /// Whether this backend keeps `m` in a layout of its own, not the packer's (the CPU's int4
+    /// in tiles of eight rows at the AVX2 levels): the same bytes in another order.
+    fn own_layout(&self, m: &QMatrix) -> bool {
+        let _ = m;
+        false
+    }
+    /// Writes one matrix's codes, scales and zero points (`parts`), given in the packer's layout
+    /// (a part `m` lacks takes an empty slice), in the layout this backend keeps it in.
+    fn upload_matrix(&self, a: &Arena<Self>, m: &QMatrix, parts: [&[u8]; 3]) {
+        let [codes, scales, zeros] = parts;
+        self.upload_bytes(a, m.codes, codes);
+        if let Some(s) = m.scales {
+            self.upload_bytes(a, s, scales);
+        }
+        if let Some(z) = m.zeros {
+            self.upload_bytes(a, z, zeros);
+        }
+    }
+    /// Reads one matrix back in the packer's layout (the inverse of `upload_matrix`).
+    fn download_matrix(&self, a: &Arena<Self>, m: &QMatrix, parts: [&mut [u8]; 3]) {
+        let [codes, scales, zeros] = parts;
+        self.download_bytes(a, m.codes, codes);
+        if let Some(s) = m.scales {
+            self.download_bytes(a, s, scales);
+        }
+        if let Some(z) = m.zeros {
+            self.download_bytes(a, z, zeros);
+        }
+    }
 }
 
 /// LoRA (`lora_ops`): a frozen matrix part by part, and the adapters beside it.

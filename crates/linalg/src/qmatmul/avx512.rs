@@ -124,9 +124,12 @@ unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) 
                     table_group::<R>(&mut acc, codes, lut, ap, o, ic, g * group, group);
                 }
             }
-            // Grouped and nf4 weights run on the integer path (`matmul_on` routes them); a
+            // Grouped, tiled and nf4 weights run on the integer path (`matmul_on` routes them); a
             // direct call still gets the right sum.
-            QWeight::Grouped { .. } | QWeight::Grouped4 { .. } | QWeight::Nf4 { .. } => {
+            QWeight::Grouped { .. }
+            | QWeight::Grouped4 { .. }
+            | QWeight::Int4Tiled { .. }
+            | QWeight::Nf4 { .. } => {
                 scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
             }
         }

@@ -11,6 +11,8 @@
 //!   sub-block's weights 0..16 and 16..32 in order (the stored nibble order); the codes are
 //!   0..15 and the zero point's share, Σ_g scale_g · zero_g · Σ_{blocks of g} d_a Σ q_a, is
 //!   subtracted once per output (as `vnni`).
+//! - int4 in tiles of eight output rows ([`tiled`]): the eight outputs in the lanes of one sum,
+//!   so the block's convert, scale and multiply-add serve all eight.
 //! - int8: signed codes, so `vpsignb` moves each weight's sign onto its activation (|w| stays
 //!   unsigned); one scale per output row.
 //! - nf4: the codes unpack as int4's, then `vpshufb` looks each up in the 16 levels held as
@@ -31,6 +33,7 @@
 mod grouped;
 mod int4;
 mod nf4;
+mod tiled;
 
 use super::ROWS;
 use half::f16;
@@ -190,6 +193,13 @@ pub(super) enum Weights<'a> {
         zeros: Option<&'a [u8]>,
         group: usize,
     },
+    /// int4 in tiles of eight output rows ([`super::tiles`]).
+    Int4Tiled {
+        codes: &'a [u8],
+        scales: &'a [f16],
+        zeros: Option<&'a [u8]>,
+        group: usize,
+    },
     Int8 {
         codes: &'a [i8],
         scales: &'a [f16],
@@ -309,6 +319,19 @@ unsafe fn rows_n<const R: usize, const V: u8>(
     // on the last one's multiply-add (TinyLlama decode at batch 1, 2 cores: 1.2-1.4x; 4-bit
     // weights ran slower so, ggml's blocks no faster). Each output's sum runs in the same
     // order whatever the outputs a pass takes.
+    if let Weights::Int4Tiled {
+        codes,
+        scales,
+        zeros,
+        group,
+    } = *w
+    {
+        assert!(range.start.is_multiple_of(8) && range.end.is_multiple_of(8));
+        for o0 in range.step_by(8) {
+            tiled::tile::<R, V>(out, q, codes, scales, zeros, group, ic, oc, o0);
+        }
+        return;
+    }
     let mut o = range.start;
     while R == 1 && matches!(w, Weights::Int8 { .. }) && o + 4 <= range.end {
         outputs::<R, 4, V>(out, q, w, ic, oc, o);
@@ -369,6 +392,7 @@ unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
             zeros,
             group,
         } => int4::outputs::<R, O, V>(out, q, codes, scales, zeros, group, ic, oc, o0),
+        Weights::Int4Tiled { .. } => unreachable!("tiles run whole in rows_n"),
         Weights::Int8 { codes, scales } => {
             let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));
             let far = ic >= FAR;

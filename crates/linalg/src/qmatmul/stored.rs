@@ -1,6 +1,7 @@
 //! What each stored layout means (see the `qmatmul` module docs): its size checks, the value of
 //! one weight (the reference's view), and the nibble order of the 4-bit layouts.
 
+use super::tiles::{self, TILE};
 use super::{QWeight, SUB};
 
 impl QWeight<'_> {
@@ -19,6 +20,18 @@ impl QWeight<'_> {
                 zeros,
                 group,
             } => {
+                check_groups(codes.len(), scales.len(), oc, ic, group);
+                if let Some(z) = zeros {
+                    assert_eq!(z.len(), scales.len(), "one zero point per group");
+                }
+            }
+            QWeight::Int4Tiled {
+                codes,
+                scales,
+                zeros,
+                group,
+            } => {
+                assert!(oc.is_multiple_of(TILE), "tiles of {TILE} rows; OC = {oc}");
                 check_groups(codes.len(), scales.len(), oc, ic, group);
                 if let Some(z) = zeros {
                     assert_eq!(z.len(), scales.len(), "one zero point per group");
@@ -60,6 +73,22 @@ impl QWeight<'_> {
                 let g = (o * ic + i) / group;
                 let z = zeros.map_or(8, |z| z[g]) as i32;
                 scales[g].to_f32() * (nibble(codes, o * ic + i) as i32 - z) as f32
+            }
+            QWeight::Int4Tiled {
+                codes,
+                scales,
+                zeros,
+                group,
+            } => {
+                let g = tiles::group_at(o, i / group, ic / group);
+                let z = zeros.map_or(8, |z| z[g]) as i32;
+                let (at, high) = tiles::code_at(o, i, ic);
+                let q = if high {
+                    codes[at] >> 4
+                } else {
+                    codes[at] & 0xF
+                };
+                scales[g].to_f32() * (q as i32 - z) as f32
             }
             QWeight::Nf4 {
                 codes,
@@ -108,6 +137,12 @@ impl QWeight<'_> {
             QWeight::Bf16(w) => 2 * w.len(),
             QWeight::Int8 { codes, scales } => codes.len() + 2 * scales.len(),
             QWeight::Int4 {
+                codes,
+                scales,
+                zeros,
+                ..
+            }
+            | QWeight::Int4Tiled {
                 codes,
                 scales,
                 zeros,

@@ -3,6 +3,10 @@
 
 use super::*;
 use crate::testutil::Rng;
+#[cfg(target_arch = "x86_64")]
+use route::integer_weights;
+
+mod tiled;
 
 const NF4: [f32; 16] = [
     -1.0, -0.696, -0.525, -0.395, -0.284, -0.185, -0.091, 0.0, 0.08, 0.161, 0.246, 0.338, 0.441,
@@ -332,37 +336,34 @@ fn int4_outputs_do_not_depend_on_the_rows_beside_them_or_the_threads() {
             group,
         };
         check_all("int4", &w, ic, oc);
-        let n = 11;
-        let mut rng = Rng::new(5);
-        let inp: Vec<f32> = (0..n * ic).map(|_| rng.uniform() as f32 - 0.5).collect();
-        for isa in isas() {
-            let mut all = vec![0.0f32; n * oc];
-            matmul_on(isa, &mut all, &inp, &w, n, ic, oc);
-            for r in 0..n {
-                let mut one = vec![0.0f32; oc];
-                matmul_on(isa, &mut one, &inp[r * ic..(r + 1) * ic], &w, 1, ic, oc);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                let name = isa.name();
-                assert_eq!(
-                    bits(&one),
-                    bits(&all[r * oc..(r + 1) * oc]),
-                    "{name} ic={ic} row {r}"
-                );
-            }
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(3)
-                .build()
-                .unwrap();
-            let mut three = vec![0.0f32; n * oc];
-            pool.install(|| matmul_on(isa, &mut three, &inp, &w, n, ic, oc));
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&three),
-                bits(&all),
-                "{} ic={ic}: 3 threads",
-                isa.name()
-            );
+        same_bits_whatever_rows_or_threads(&w, ic, oc);
+    }
+}
+
+/// Each of 11 rows alone gives the bits it gives in one pass of all 11, and a 3-thread pool
+/// the bits of the default one, on every path.
+fn same_bits_whatever_rows_or_threads(w: &QWeight, ic: usize, oc: usize) {
+    let n = 11;
+    let mut rng = Rng::new(5);
+    let inp: Vec<f32> = (0..n * ic).map(|_| rng.uniform() as f32 - 0.5).collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for isa in isas() {
+        let name = isa.name();
+        let mut all = vec![0.0f32; n * oc];
+        matmul_on(isa, &mut all, &inp, w, n, ic, oc);
+        for r in 0..n {
+            let mut one = vec![0.0f32; oc];
+            matmul_on(isa, &mut one, &inp[r * ic..(r + 1) * ic], w, 1, ic, oc);
+            let row = &all[r * oc..(r + 1) * oc];
+            assert_eq!(bits(&one), bits(row), "{name} ic={ic} row {r}");
         }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let mut three = vec![0.0f32; n * oc];
+        pool.install(|| matmul_on(isa, &mut three, &inp, w, n, ic, oc));
+        assert_eq!(bits(&three), bits(&all), "{name} ic={ic}: 3 threads");
     }
 }
 

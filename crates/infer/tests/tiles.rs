@@ -1,0 +1,114 @@
+//! int4 weights the CPU backend keeps in tiles of eight rows (made at an AVX2 level): the arena
+//! holds them in another order, a saved weights file holds the same bytes as one saved from
+//! rows, a file loads back into tiles, and the model answers as it does from rows: dense, and
+//! Mixtral's experts, each a range of the stacked matrices' tiles.
+
+use cpu::Cpu;
+use engine::backend::Backend;
+use engine::testkit::{llama_tiny, mixtral_tiny, tokens, Capped};
+use engine::ModelConfig;
+use infer::{file, Worker};
+use kernels::cpu::{detected, Level};
+use plan::buffer::Category;
+use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
+
+/// A worker of `shape` made at `level`, its weights random (seed 1).
+fn worker(level: Level, shape: &plan::ModelShape, format: WeightFormat) -> Worker {
+    let _cap = Capped::at(level);
+    let config = ModelConfig::from_shape(shape.clone()).unwrap();
+    let setup = ServeSetup::generation(&config.shape, 2, 16, format, KvFormat::F32, 4, 1);
+    let mut w = Worker::on(Cpu::new(), config, setup, None).unwrap();
+    w.fill_random(1);
+    w
+}
+
+/// The logits of a prompt of 5 and a decode step of 2 sequences, at `level`.
+fn logits(w: &mut Worker, level: Level) -> Vec<f32> {
+    let _cap = Capped::at(level);
+    let vocab = w.config.shape.vocab;
+    let (a, b) = (w.new_sequence(), w.new_sequence());
+    let (mut out, mut all) = (Vec::new(), Vec::new());
+    w.prefill(a, &tokens(5, vocab, 2), &mut out).unwrap();
+    all.extend(&out);
+    w.prefill(b, &tokens(3, vocab, 3), &mut out).unwrap();
+    all.extend(&out);
+    w.decode(&[a, b], &[1, 2], &mut out).unwrap();
+    all.extend(&out);
+    w.free(a);
+    w.free(b);
+    all
+}
+
+/// Every weight buffer's bytes as the arena holds them.
+fn arena_bytes(w: &Worker) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in w
+        .plan
+        .buffers
+        .iter()
+        .filter(|b| b.category == Category::Params)
+    {
+        let t = w
+            .arena
+            .key_tensor(b.key.unwrap(), engine::backend::DType::U8);
+        let at = out.len();
+        out.resize(at + t.len, 0);
+        w.arena
+            .backend()
+            .download_bytes(&w.arena, t, &mut out[at..]);
+    }
+    out
+}
+
+#[test]
+fn tiled_int4_saves_loads_and_answers_as_rows_do() {
+    if detected() < Level::Avx2 {
+        return; // No AVX2: the backend keeps rows at every level.
+    }
+    let dir = std::env::temp_dir().join(format!("frugal-tiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut mixtral = mixtral_tiny();
+    // Experts of 32: int4's groups divide every matrix's rows.
+    mixtral.moe.as_mut().unwrap().d_ff_expert = 32;
+    for (shape, asym) in [(llama_tiny(), false), (mixtral, true)] {
+        let name = &shape.name;
+        let format = WeightFormat::Int4 { group: 32, asym };
+        let mut tiled = worker(Level::Avx2, &shape, format);
+        let mut rows = worker(Level::Portable, &shape, format);
+        assert_ne!(
+            arena_bytes(&tiled),
+            arena_bytes(&rows),
+            "{name}: nothing was tiled"
+        );
+        let (tiled_path, rows_path) = (dir.join("tiled.frugal"), dir.join("rows.frugal"));
+        file::save(&tiled, &tiled_path).unwrap();
+        file::save(&rows, &rows_path).unwrap();
+        let saved = std::fs::read(&tiled_path).unwrap();
+        assert!(
+            saved == std::fs::read(&rows_path).unwrap(),
+            "{name}: the files differ"
+        );
+        // Saving left the tiles as they were; a rows file loads into tiles.
+        let want = logits(&mut tiled, Level::Avx2);
+        let mut loaded = worker(Level::Avx2, &shape, format);
+        file::load(&mut loaded, &rows_path).unwrap();
+        assert_eq!(
+            arena_bytes(&loaded),
+            arena_bytes(&tiled),
+            "{name}: loaded tiles"
+        );
+        let got = logits(&mut loaded, Level::Avx2);
+        assert!(got == want, "{name}: a loaded file answers otherwise");
+        // The AVX2 integer product of tiles against the portable one of rows: within what
+        // 8-bit activations cost.
+        let exact = logits(&mut rows, Level::Portable);
+        let (err, norm) = want.iter().zip(&exact).fold((0.0, 0.0), |(e, n), (g, x)| {
+            (e + f64::from(g - x).powi(2), n + f64::from(*x).powi(2))
+        });
+        assert!(
+            err.sqrt() <= 0.02 * norm.sqrt(),
+            "{name}: {err} against {norm}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

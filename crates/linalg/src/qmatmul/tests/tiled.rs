@@ -1,0 +1,98 @@
+//! int4 in tiles of eight output rows: the same weights as the rows they came from, the
+//! reference's products on every path, and the same bits whatever the rows, threads or dot.
+
+use super::*;
+
+/// The tiled copy of `w`'s codes, scales and zero points.
+fn tiled(s: &Stored, oc: usize, ic: usize, groups: usize) -> (Vec<u8>, Vec<f16>, Vec<u8>) {
+    let mut codes = vec![0u8; s.u8s.len()];
+    tiles::tile_codes(&s.u8s, &mut codes, oc, ic);
+    let row_groups = groups / oc;
+    let raw: Vec<u8> = s.h_scales[..groups]
+        .iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    let mut scales = vec![0u8; raw.len()];
+    tiles::tile_groups(&raw, &mut scales, oc, row_groups, 2, false);
+    let scales = scales
+        .chunks_exact(2)
+        .map(|b| f16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    let mut zeros = vec![0u8; groups];
+    tiles::tile_groups(&s.zeros, &mut zeros, oc, row_groups, 1, false);
+    (codes, scales, zeros)
+}
+
+#[test]
+fn tiled_int4_holds_every_weight_of_its_rows_and_tiles_back() {
+    let (oc, ic, group) = (24, 320, 64);
+    let groups = oc * ic / group;
+    let s = stored(&mut Rng::new(3), oc, ic, groups);
+    let (codes, scales, zeros) = tiled(&s, oc, ic, groups);
+    for asym in [false, true] {
+        let rows = QWeight::Int4 {
+            codes: &s.u8s,
+            scales: &s.h_scales[..groups],
+            zeros: asym.then_some(&s.zeros[..]),
+            group,
+        };
+        let tiles = QWeight::Int4Tiled {
+            codes: &codes,
+            scales: &scales,
+            zeros: asym.then_some(&zeros[..]),
+            group,
+        };
+        tiles.check(oc, ic);
+        for o in 0..oc {
+            for i in 0..ic {
+                assert_eq!(rows.at(o, i, ic), tiles.at(o, i, ic), "({o}, {i})");
+            }
+        }
+    }
+    let mut back = vec![0u8; codes.len()];
+    tiles::untile_codes(&codes, &mut back, oc, ic);
+    assert_eq!(back, s.u8s);
+    let mut z = vec![0u8; groups];
+    tiles::tile_groups(&zeros, &mut z, oc, groups / oc, 1, true);
+    assert_eq!(z, s.zeros);
+}
+
+#[test]
+fn tiled_int4_matches_the_reference_and_keeps_its_bits_on_every_path() {
+    // Pairs of blocks in groups of 32 and 128, an odd number of blocks (320), groups of 96,
+    // SmolLM2's 576-wide rows; 296 outputs: 37 tiles, tasks that end inside none.
+    for (ic, group, asym) in [
+        (512, 32, false),
+        (512, 128, true),
+        (320, 32, true),
+        (288, 96, false),
+        (576, 64, false),
+    ] {
+        let oc = 296;
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64 + group as u64), oc, ic, groups);
+        let (codes, scales, zeros) = tiled(&s, oc, ic, groups);
+        let w = QWeight::Int4Tiled {
+            codes: &codes,
+            scales: &scales,
+            zeros: asym.then_some(&zeros[..]),
+            group,
+        };
+        let name = format!("int4 tiled ic={ic} g{group}");
+        check_all(&name, &w, ic, oc);
+        same_bits_whatever_rows_or_threads(&w, ic, oc);
+        // Every integer path's sums are the same integers, added in the same order.
+        let n = 5;
+        let inp: Vec<f32> = (0..n * ic).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut first: Option<Vec<u32>> = None;
+        for isa in isas().into_iter().filter(|&i| i != Isa::Portable) {
+            let mut out = vec![0.0f32; n * oc];
+            matmul_on(isa, &mut out, &inp, &w, n, ic, oc);
+            match &first {
+                None => first = Some(bits(&out)),
+                Some(b) => assert_eq!(&bits(&out), b, "{name} {}", isa.name()),
+            }
+        }
+    }
+}
