@@ -85,19 +85,21 @@ pub fn save<B: InferOps>(worker: &Worker<B>, path: &Path) -> Result<(), EngineEr
     let be = worker.arena.backend();
     let mut entries = Vec::new();
     let mut payload = Vec::new();
-    // The file holds the packer's layout, whatever layout the backend keeps.
-    worker.relayout(false);
     for (name, t) in weight_buffers(worker) {
         let start = payload.len();
         payload.resize(start + t.len, 0);
         be.download_bytes(&worker.arena, t, &mut payload[start..]);
+        // The file holds the packer's layout, whatever layout the backend keeps.
+        for (part, bytes) in worker.packed_parts(t.buf) {
+            let at = start + part.offset * part.dtype.size_bytes();
+            payload[at..at + bytes.len()].copy_from_slice(&bytes);
+        }
         entries.push(TensorEntry {
             name,
             bytes: t.len as u64,
             crc32: crc32fast::hash(&payload[start..]),
         });
     }
-    worker.relayout(true);
     let f = worker.setup.weights;
     let header = Header {
         version: VERSION,
@@ -218,7 +220,7 @@ pub fn load<B: InferOps>(worker: &mut Worker<B>, path: &Path) -> Result<(), Engi
     for pass in [false, true] {
         read_tensors(worker, path, offset, &expect, &header, pass)?;
     }
-    worker.relayout(true);
+    worker.relayout();
     Ok(())
 }
 

@@ -13,6 +13,7 @@
 
 use super::Worker;
 use data::SplitMix64;
+use engine::arena::BufId;
 use engine::backend::InferOps;
 use engine::backend::{QMatrix, Tensor};
 use engine::error::EngineError;
@@ -281,34 +282,48 @@ impl<B: InferOps> Worker<B> {
         self.arena.backend().upload_matrix(&self.arena, m, parts);
     }
 
-    /// Rearranges every matrix the backend keeps in a layout of its own: from the packer's
-    /// layout, as raw bytes written it (a weights file's load), into the backend's with
-    /// `to_backend`; else back (for a file's save, which holds the packer's layout).
-    pub(crate) fn relayout(&self, to_backend: bool) {
+    /// Rearranges every matrix the backend keeps in a layout of its own from the packer's
+    /// layout, as raw bytes wrote it (a weights file's load), into the backend's.
+    pub(crate) fn relayout(&self) {
         let (a, be) = (&self.arena, self.arena.backend());
-        let bytes = |t: Option<Tensor>| vec![0u8; t.map_or(0, |t| t.len * t.dtype.size_bytes())];
         for w in &self.weights {
             for (_, m) in w.matrices.iter().filter(|(_, m)| be.own_layout(m)) {
-                let mut parts = [bytes(Some(m.codes)), bytes(m.scales), bytes(m.zeros)];
-                let tensors = [Some(m.codes), m.scales, m.zeros];
-                if to_backend {
-                    for (t, p) in tensors.iter().zip(parts.iter_mut()) {
-                        if let Some(t) = t {
-                            be.download_bytes(a, *t, p);
-                        }
+                let parts = [Some(m.codes), m.scales, m.zeros].map(|t| {
+                    let mut bytes = vec![0u8; t.map_or(0, |t| t.len * t.dtype.size_bytes())];
+                    if let Some(t) = t {
+                        be.download_bytes(a, t, &mut bytes);
                     }
-                    be.upload_matrix(a, m, [&parts[0][..], &parts[1], &parts[2]]);
-                } else {
-                    let [c, s, z] = &mut parts;
-                    be.download_matrix(a, m, [c, s, z]);
-                    for (t, p) in tensors.iter().zip(&parts) {
-                        if let Some(t) = t {
-                            be.upload_bytes(a, *t, p);
-                        }
-                    }
-                }
+                    bytes
+                });
+                be.upload_matrix(a, m, [&parts[0][..], &parts[1], &parts[2]]);
             }
         }
+    }
+
+    /// The parts (codes, scales, zero points) in buffer `buf` of the matrices the backend keeps
+    /// in a layout of its own, each with its bytes in the packer's layout: what a weights file
+    /// holds in their place.
+    pub(crate) fn packed_parts(&self, buf: BufId) -> Vec<(Tensor, Vec<u8>)> {
+        let (a, be) = (&self.arena, self.arena.backend());
+        let mut out = Vec::new();
+        for w in &self.weights {
+            for (_, m) in w.matrices.iter().filter(|(_, m)| be.own_layout(m)) {
+                let tensors = [Some(m.codes), m.scales, m.zeros];
+                if !tensors.iter().flatten().any(|t| t.buf == buf) {
+                    continue;
+                }
+                let mut parts =
+                    tensors.map(|t| vec![0u8; t.map_or(0, |t| t.len * t.dtype.size_bytes())]);
+                let [c, s, z] = &mut parts;
+                be.download_matrix(a, m, [c, s, z]);
+                let held = tensors
+                    .into_iter()
+                    .zip(parts)
+                    .filter_map(|(t, p)| Some((t?, p)));
+                out.extend(held.filter(|(t, _)| t.buf == buf));
+            }
+        }
+        out
     }
 
     /// Quantizes fp32 units (each unit's flat elements, as `Runner`/`Snapshot` hold them) into

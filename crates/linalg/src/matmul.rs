@@ -32,6 +32,8 @@ pub(crate) fn warm_thread() {
     let (lhs, rhs) = (view(&a, 64, 64), view(&b, 64, 64));
     let dst = view_mut(&mut c, 64, 64);
     faer::linalg::matmul::matmul(dst, Accum::Replace, lhs, rhs, 1.0, Par::Seq);
+    // faer leaves the registers' upper halves dirty (see `capped::clean_upper`).
+    capped::clean_upper();
 }
 
 use crate::matmul::capped::matmul;

@@ -103,13 +103,18 @@ fn a_step_allocates_no_tensor() {
 /// L3), made on the thread's first product, which would otherwise land inside some step.
 #[test]
 fn every_pool_thread_has_its_gemm_buffers_once_warmed() {
-    // Counting is global: take turns with the other test.
+    // Counting is global: take turns with the other test. A pool of its own: threads that have
+    // run no product yet, whatever ran before in this process.
     let _turn = Capped::at(kernels::cpu::detected());
-    kernels::warm_threads();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(kernels::warm_threads);
     let (m, k, n) = (48, 64, 80);
     let (a, b) = (vec![0.5f32; m * k], vec![0.25f32; n * k]);
     let (_, _, largest) = count_allocations(|| {
-        rayon::broadcast(|_| {
+        pool.broadcast(|_| {
             // out (m, n) = a (m, k) · bᵀ, b (n, k): small enough to run on this thread alone.
             let mut c = vec![0.0f32; m * n];
             kernels::matmul::forward(&mut c, &a, &b, None, (m, k, n));

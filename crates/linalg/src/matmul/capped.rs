@@ -94,7 +94,7 @@ pub(crate) fn own_kernel(dst: &MatMut<'_, f32>, lhs: &MatRef<'_, f32>) -> bool {
 /// validation loss's scalar cross-entropy ran 50x slower after one faer product on the same
 /// thread (Intel Xeon with AMX).
 #[inline]
-fn clean_upper() {
+pub(crate) fn clean_upper() {
     #[cfg(target_arch = "x86_64")]
     if cpu::detected() >= Level::Avx2 {
         // SAFETY: the CPU has AVX (implied by AVX2, checked above).

@@ -59,8 +59,8 @@ fn tiled_int4_holds_every_weight_of_its_rows_and_tiles_back() {
 
 #[test]
 fn tiled_int4_matches_the_reference_and_keeps_its_bits_on_every_path() {
-    // Pairs of blocks in groups of 32 and 128, an odd number of blocks (320), groups of 96,
-    // SmolLM2's 576-wide rows; 296 outputs: 37 tiles, tasks that end inside none.
+    // Groups of 32 and 128, rows that are not whole 128-weight chunks (320), groups of 96 (9
+    // blocks a row: an odd number), SmolLM2's 576-wide rows; 296 outputs: 37 tiles.
     for (ic, group, asym) in [
         (512, 32, false),
         (512, 128, true),
