@@ -19,19 +19,16 @@ impl QWeight<'_> {
                 scales,
                 zeros,
                 group,
-            } => {
-                check_groups(codes.len(), scales.len(), oc, ic, group);
-                if let Some(z) = zeros {
-                    assert_eq!(z.len(), scales.len(), "one zero point per group");
-                }
             }
-            QWeight::Int4Tiled {
+            | QWeight::Int4Tiled {
                 codes,
                 scales,
                 zeros,
                 group,
             } => {
-                assert!(oc.is_multiple_of(TILE), "tiles of {TILE} rows; OC = {oc}");
+                if let QWeight::Int4Tiled { .. } = self {
+                    assert!(oc.is_multiple_of(TILE), "tiles of {TILE} rows; OC = {oc}");
+                }
                 check_groups(codes.len(), scales.len(), oc, ic, group);
                 if let Some(z) = zeros {
                     assert_eq!(z.len(), scales.len(), "one zero point per group");

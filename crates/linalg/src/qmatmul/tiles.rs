@@ -47,27 +47,24 @@ pub fn group_at(o: usize, g: usize, groups: usize) -> usize {
 
 /// Moves int4 codes of an (OC, IC) matrix from rows (`src`) into tiles (`dst`).
 pub fn tile_codes(src: &[u8], dst: &mut [u8], oc: usize, ic: usize) {
-    check(src.len(), dst.len(), oc, ic);
-    for o in 0..oc {
-        for s in 0..ic / SUB {
-            for b in (0..SUB / 2).step_by(4) {
-                let (at, _) = code_at(o, s * SUB + b, ic);
-                let from = o * ic / 2 + s * SUB / 2 + b;
-                dst[at..at + 4].copy_from_slice(&src[from..from + 4]);
-            }
-        }
-    }
+    move_codes(src, dst, oc, ic, false);
 }
 
 /// The inverse of [`tile_codes`].
 pub fn untile_codes(src: &[u8], dst: &mut [u8], oc: usize, ic: usize) {
+    move_codes(src, dst, oc, ic, true);
+}
+
+/// Each 4-byte run from rows into tiles, or (`back`) from tiles into rows.
+fn move_codes(src: &[u8], dst: &mut [u8], oc: usize, ic: usize, back: bool) {
     check(src.len(), dst.len(), oc, ic);
     for o in 0..oc {
         for s in 0..ic / SUB {
             for b in (0..SUB / 2).step_by(4) {
-                let (at, _) = code_at(o, s * SUB + b, ic);
-                let to = o * ic / 2 + s * SUB / 2 + b;
-                dst[to..to + 4].copy_from_slice(&src[at..at + 4]);
+                let (tiled, _) = code_at(o, s * SUB + b, ic);
+                let row = o * ic / 2 + s * SUB / 2 + b;
+                let (from, to) = if back { (tiled, row) } else { (row, tiled) };
+                dst[to..to + 4].copy_from_slice(&src[from..from + 4]);
             }
         }
     }
