@@ -9,6 +9,10 @@ f32 are copied.
 Fused q|k|v and gate|up rows are split into llama.cpp's tensors. The vocabulary is placeholder
 tokens (the weights are random: only speed is compared, not text).
 
+With --batch B, B sequences decode together, one token each per llama_decode call (each prompt
+prefilled on its own, as `frugal bench generate` does), and decode_tokens_per_s is B over the
+median step.
+
 Prints one JSON line: {"decode_tokens_per_s": ..., "prefill_tokens_per_s": ..., "gguf_type": ...}.
 
 Example:
@@ -66,7 +70,10 @@ def main():
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=1)
     a = p.parse_args()
+    if a.batch < 1:
+        raise SystemExit("--batch must be at least 1")
     import gguf
 
     header, t = read_frugal(os.path.join(a.dir, "weights.frugal"))
@@ -154,6 +161,17 @@ def main():
 
     import llama_cpp
 
+    if a.batch > 1:
+        decode_tps, prefill_tps = batched(out_path, a, v)
+        print(json.dumps({
+            "decode_tokens_per_s": decode_tps,
+            "decode_step_s": a.batch / decode_tps,
+            "prefill_tokens_per_s": prefill_tps,
+            "batch": a.batch,
+            "gguf_type": {"int4": "Q4_0", "int8": "Q8_0", "bf16": "BF16", "f32": "F32"}[fmt],
+            "llama_cpp_python": llama_cpp.__version__,
+        }))
+        return
     llm = llama_cpp.Llama(
         model_path=out_path,
         n_ctx=a.prompt_len + a.new_tokens + 8,
@@ -182,6 +200,48 @@ def main():
         "gguf_type": {"int4": "Q4_0", "int8": "Q8_0", "bf16": "BF16", "f32": "F32"}[fmt],
         "llama_cpp_python": llama_cpp.__version__,
     }))
+
+
+def batched(path, a, vocab):
+    """Aggregate decode tokens/s of a.batch sequences stepping together, and prefill tokens/s
+    of their prompts (one llama_decode each), through llama.cpp's own batch API."""
+    import llama_cpp as lc
+    from llama_cpp import _internals as internals
+
+    b, per_seq = a.batch, a.prompt_len + a.new_tokens + 8
+    model = internals.LlamaModel(path_model=path, params=lc.llama_model_default_params(), verbose=False)
+    cp = lc.llama_context_default_params()
+    cp.n_ctx = b * per_seq
+    cp.n_seq_max = b
+    cp.n_batch = cp.n_ubatch = max(a.prompt_len, b)
+    cp.n_threads = cp.n_threads_batch = a.threads
+    # One cache per sequence (llama.cpp's advice for sequences that share no prefix).
+    cp.kv_unified = False
+    ctx = internals.LlamaContext(model=model, params=cp, verbose=False)
+    batch = internals.LlamaBatch(n_tokens=cp.n_batch, embd=0, n_seq_max=1, verbose=False)
+    rng = np.random.default_rng(1)
+
+    def fill(tokens, positions, seqs):
+        bb = batch.batch
+        for i, (t, p, s) in enumerate(zip(tokens, positions, seqs)):
+            bb.token[i], bb.pos[i], bb.n_seq_id[i], bb.logits[i] = t, p, 1, True
+            bb.seq_id[i][0] = s
+        bb.n_tokens = len(tokens)
+
+    t0 = time.perf_counter()
+    for s in range(b):
+        prompt = [int(x) for x in rng.integers(3, vocab, a.prompt_len)]
+        fill(prompt, range(a.prompt_len), [s] * a.prompt_len)
+        ctx.decode(batch)
+    prefill = time.perf_counter() - t0
+    steps = []
+    for i in range(a.new_tokens + 1):
+        fill([int(x) for x in rng.integers(3, vocab, b)], [a.prompt_len + i] * b, range(b))
+        t0 = time.perf_counter()
+        ctx.decode(batch)
+        steps.append(time.perf_counter() - t0)
+    steps = sorted(steps[1:])
+    return b / steps[len(steps) // 2], b * a.prompt_len / prefill
 
 
 if __name__ == "__main__":

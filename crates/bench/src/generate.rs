@@ -435,12 +435,10 @@ fn run_baseline(
     let config_file = std::env::temp_dir().join(format!("frugal-hf-{}.json", std::process::id()));
     match name {
         "llama.cpp" => {
-            if a.batch != 1 {
-                bail!("--baseline llama.cpp runs batch 1 (use --batch 1)");
-            }
             let dir = saved.expect("saved weights for llama.cpp");
             cmd.arg(dev.join("bench_llamacpp.py"))
-                .args(["--dir", &dir.display().to_string()]);
+                .args(["--dir", &dir.display().to_string()])
+                .args(["--batch", &a.batch.to_string()]);
         }
         _ => {
             let dtype = match a.weights.as_str() {

@@ -30,9 +30,9 @@ use std::process::ExitCode;
     about,
     long_about = None,
     arg_required_else_help = true,
-    after_help = "Environment:\n  FRUGAL_ISA=portable|avx2|avx2vnni|avx512|avx512bf16|amx   cap every kernel at this \
-instruction-set level (default: the best this CPU runs), e.g. to time or test the AVX2 paths on an \
-AVX-512 machine (avx2vnni: AVX2 with AVX-VNNI's integer dot products); a level the CPU lacks is \
+    after_help = "Environment:\n  FRUGAL_ISA=portable|avx2|avx2vnni|avx512|avx512vnni|avx512bf16|amx   cap every kernel at \
+this instruction-set level (default: the best this CPU runs), e.g. to time or test the AVX2 paths \
+on an AVX-512 machine (avx2vnni, avx512vnni: with VNNI's integer dot products); a level the CPU lacks is \
 refused. `frugal bench train --json` lists the path each kernel took."
 )]
 struct Cli {

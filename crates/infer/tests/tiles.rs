@@ -1,14 +1,16 @@
-//! int4 weights the CPU backend keeps in tiles of eight rows (made at an AVX2 level): the arena
-//! holds them in another order, a saved weights file holds the same bytes as one saved from
-//! rows, a file loads back into tiles, and the model answers as it does from rows: dense, and
-//! Mixtral's experts, each a range of the stacked matrices' tiles.
+//! int4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, at `avx512`, whose
+//! integer kernel has no VNNI, and at `avx512vnni` for rows of under 128 weights, which its
+//! 512-bit kernel does not take): the arena holds them in another order, a saved weights file
+//! holds the same bytes as one saved from rows, a file loads back into tiles, and the model
+//! answers as it does from rows: dense, and Mixtral's experts, each a range of the stacked
+//! matrices' tiles.
 
 use cpu::Cpu;
 use engine::backend::Backend;
 use engine::testkit::{llama_tiny, mixtral_tiny, tokens, Capped};
 use engine::ModelConfig;
 use infer::{file, Worker};
-use kernels::cpu::{detected, Level};
+use kernels::cpu::{supported, Level};
 use plan::buffer::Category;
 use plan_frugal::{KvFormat, ServeSetup, WeightFormat};
 
@@ -85,53 +87,61 @@ fn arena_bytes(w: &Worker) -> Vec<u8> {
 
 #[test]
 fn tiled_int4_saves_loads_and_answers_as_rows_do() {
-    if detected() < Level::Avx2 {
-        return; // No AVX2: the backend keeps rows at every level.
-    }
     let dir = std::env::temp_dir().join(format!("frugal-tiles-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut mixtral = mixtral_tiny();
     // Experts of 32: int4's groups divide every matrix's rows.
     mixtral.moe.as_mut().unwrap().d_ff_expert = 32;
-    for (shape, asym) in [(llama_tiny(), false), (mixtral, true)] {
-        let name = &shape.name;
-        let format = WeightFormat::Int4 { group: 32, asym };
-        let mut tiled = worker(Level::Avx2, &shape, format);
-        let mut rows = worker(Level::Portable, &shape, format);
-        assert_ne!(
-            arena_bytes(&tiled),
-            arena_bytes(&rows),
-            "{name}: nothing was tiled"
-        );
-        let (tiled_path, rows_path) = (dir.join("tiled.frugal"), dir.join("rows.frugal"));
-        file::save(&tiled, &tiled_path).unwrap();
-        file::save(&rows, &rows_path).unwrap();
-        let saved = std::fs::read(&tiled_path).unwrap();
-        assert!(
-            saved == std::fs::read(&rows_path).unwrap(),
-            "{name}: the files differ"
-        );
-        // Saving left the tiles as they were; a rows file loads into tiles.
-        let want = logits(&mut tiled, Level::Avx2);
-        let mut loaded = worker(Level::Avx2, &shape, format);
-        file::load(&mut loaded, &rows_path).unwrap();
-        assert_eq!(
-            arena_bytes(&loaded),
-            arena_bytes(&tiled),
-            "{name}: loaded tiles"
-        );
-        let got = logits(&mut loaded, Level::Avx2);
-        assert!(got == want, "{name}: a loaded file answers otherwise");
-        // Tiles against rows on the same AVX2 integer path (a backend made at `portable` keeps
-        // rows, run here at `avx2`): the same 8-bit activations, sums in another order.
-        let exact = logits(&mut rows, Level::Avx2);
-        let (err, norm) = want.iter().zip(&exact).fold((0.0, 0.0), |(e, n), (g, x)| {
-            (e + f64::from(g - x).powi(2), n + f64::from(*x).powi(2))
-        });
-        assert!(
-            err.sqrt() <= 1e-4 * norm.sqrt(),
-            "{name}: {err} against {norm}"
-        );
+    let levels = [Level::Avx2, Level::Avx512, Level::Avx512Vnni];
+    let shapes = [(llama_tiny(), false), (mixtral, true)];
+    // No AVX2: the backend keeps rows at every level, and there is nothing to test.
+    for level in levels.into_iter().filter(|l| supported().contains(l)) {
+        for (shape, asym) in &shapes {
+            tiles_as_rows(&dir, level, shape, *asym);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `shape` worker made at `level` keeps tiles, saves and loads rows' files, and answers as one
+/// that keeps rows.
+fn tiles_as_rows(dir: &std::path::Path, level: Level, shape: &plan::ModelShape, asym: bool) {
+    let name = &format!("{} at {level}", shape.name);
+    let format = WeightFormat::Int4 { group: 32, asym };
+    let mut tiled = worker(level, shape, format);
+    let mut rows = worker(Level::Portable, shape, format);
+    assert_ne!(
+        arena_bytes(&tiled),
+        arena_bytes(&rows),
+        "{name}: nothing was tiled"
+    );
+    let (tiled_path, rows_path) = (dir.join("tiled.frugal"), dir.join("rows.frugal"));
+    file::save(&tiled, &tiled_path).unwrap();
+    file::save(&rows, &rows_path).unwrap();
+    let saved = std::fs::read(&tiled_path).unwrap();
+    assert!(
+        saved == std::fs::read(&rows_path).unwrap(),
+        "{name}: the files differ"
+    );
+    // Saving left the tiles as they were; a rows file loads into tiles.
+    let want = logits(&mut tiled, level);
+    let mut loaded = worker(level, shape, format);
+    file::load(&mut loaded, &rows_path).unwrap();
+    assert_eq!(
+        arena_bytes(&loaded),
+        arena_bytes(&tiled),
+        "{name}: loaded tiles"
+    );
+    let got = logits(&mut loaded, level);
+    assert!(got == want, "{name}: a loaded file answers otherwise");
+    // Tiles against rows on the same integer path (a backend made at `portable` keeps rows,
+    // run here at `level`): the same 8-bit activations, sums in another order.
+    let exact = logits(&mut rows, level);
+    let (err, norm) = want.iter().zip(&exact).fold((0.0, 0.0), |(e, n), (g, x)| {
+        (e + f64::from(g - x).powi(2), n + f64::from(*x).powi(2))
+    });
+    assert!(
+        err.sqrt() <= 1e-4 * norm.sqrt(),
+        "{name}: {err} against {norm}"
+    );
 }

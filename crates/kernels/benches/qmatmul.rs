@@ -73,7 +73,7 @@ fn main() {
                 },
             ),
             (
-                // The same codes in tiles of eight rows (the AVX2 levels' layout).
+                // The same codes in tiles of eight rows (the integer kernel's layout).
                 format!("int4t g{group}"),
                 QWeight::Int4Tiled {
                     codes: &tiled,

@@ -10,7 +10,9 @@
 //! - `avx2vnni`: also AVX-VNNI, the VEX-encoded 256-bit `vpdpbusd` (Alder Lake, Sapphire
 //!   Rapids, Zen 5): the integer products' sums in one instruction. Skylake-SP, Ice Lake and
 //!   Zen 4 run the levels around it, not it.
-//! - `avx512`: AVX-512 F, BW and VL (Skylake-SP, Ice Lake, Zen 4-5); VNNI used where present.
+//! - `avx512`: AVX-512 F, BW and VL (Skylake-SP, and every level above).
+//! - `avx512vnni`: also AVX-512 VNNI, the integer products' `vpdpbusd` (Cascade Lake, Ice Lake,
+//!   Zen 4-5).
 //! - `avx512bf16`: also AVX-512 BF16 (`vdpbf16ps`: Cooper Lake, Sapphire Rapids, Zen 4-5).
 //! - `amx`: also AMX tiles for bf16, granted by the OS (Sapphire Rapids and later).
 //!
@@ -36,17 +38,19 @@ pub enum Level {
     Avx2,
     Avx2Vnni,
     Avx512,
+    Avx512Vnni,
     Avx512Bf16,
     Amx,
 }
 
 impl Level {
     /// Every level, plainest first.
-    pub const ALL: [Level; 6] = [
+    pub const ALL: [Level; 7] = [
         Level::Portable,
         Level::Avx2,
         Level::Avx2Vnni,
         Level::Avx512,
+        Level::Avx512Vnni,
         Level::Avx512Bf16,
         Level::Amx,
     ];
@@ -58,6 +62,7 @@ impl Level {
             Level::Avx2 => "avx2",
             Level::Avx2Vnni => "avx2vnni",
             Level::Avx512 => "avx512",
+            Level::Avx512Vnni => "avx512vnni",
             Level::Avx512Bf16 => "avx512bf16",
             Level::Amx => "amx",
         }
@@ -119,7 +124,8 @@ impl std::fmt::Display for CapError {
 
 impl std::error::Error for CapError {}
 
-/// The level named `name` (`portable`, `avx2`, `avx2vnni`, `avx512`, `avx512bf16`, `amx`).
+/// The level named `name` (`portable`, `avx2`, `avx2vnni`, `avx512`, `avx512vnni`,
+/// `avx512bf16`, `amx`).
 pub fn parse(name: &str) -> Result<Level, CapError> {
     Level::ALL
         .iter()
@@ -146,8 +152,11 @@ fn detect() -> Level {
             false => Level::Avx2,
         };
     }
-    if !has!("avx512bf16") {
+    if !has!("avx512vnni") {
         return Level::Avx512;
+    }
+    if !has!("avx512bf16") {
+        return Level::Avx512Vnni;
     }
     if !crate::gemm_bf16::amx_available() {
         return Level::Avx512Bf16;
@@ -195,16 +204,9 @@ pub fn level() -> Level {
     detected().min(Level::from_u8(CAP.load(Ordering::Relaxed)))
 }
 
-/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`), used at the AVX-512 levels.
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`), which the `avx512vnni` level adds.
 pub fn vnni_on_cpu() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static VNNI: OnceLock<bool> = OnceLock::new();
-        detected() >= Level::Avx512
-            && *VNNI.get_or_init(|| std::is_x86_feature_detected!("avx512vnni"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    detected() >= Level::Avx512Vnni
 }
 
 /// Whether the CPU has AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd` of Alder Lake, Sapphire

@@ -64,7 +64,7 @@ impl Isa {
         match level {
             Level::Amx => Isa::Amx,
             Level::Avx512Bf16 => Isa::Avx512Bf16,
-            Level::Avx512 | Level::Avx2Vnni | Level::Avx2 => Isa::Avx2,
+            Level::Avx512Vnni | Level::Avx512 | Level::Avx2Vnni | Level::Avx2 => Isa::Avx2,
             Level::Portable => Isa::Portable,
         }
     }

@@ -11,7 +11,8 @@
 //!   byte in sub-blocks of 32 weights (llama.cpp's Q4_0 order): byte j of a sub-block holds
 //!   weight j in its low nibble and weight j + 16 in its high nibble.
 //! - `Int4Tiled`: `Int4`'s bytes with each eight output rows interleaved ([`tiles`]), the layout
-//!   the AVX2 levels' integer kernel reads fastest (a backend tiles its weights as it loads them).
+//!   the integer kernel reads fastest ([`tiles_int4`]: at the AVX2 levels, AVX-512 without VNNI,
+//!   and rows the 512-bit VNNI kernel does not take; a backend tiles its weights as it loads them).
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
 //!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
 //! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
@@ -22,14 +23,14 @@
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
 //! `target-cpu`): AVX-512 (16 lanes; int4 on 512-bit VNNI where present and rows are whole
-//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 at
-//! the AVX2 levels and for rows the 512-bit kernel does not tile, int8, nf4 in groups of 32 or more
-//! and ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512
-//! VNNI as the level has them; `integer_weights` decides), and portable loops (ggml's blocks of
-//! 32 in ggml's arithmetic there too, [`ggml`]: the same bits at every level). Up to [`ROWS`]
-//! activation rows share one pass over the weights (a decode batch reads each weight once);
-//! larger inputs run in passes of [`ROWS`] rows. Work is split over rayon by output rows.
-//! [`reference`] is the plain loop every path is tested against.
+//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4
+//! at the AVX2 levels, AVX-512 without VNNI and for rows the 512-bit kernel does not take, int8,
+//! nf4 in groups of 32 or more and ggml's blocks at every level from AVX2 up; its sums by
+//! `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has them; `integer_weights` decides), and
+//! portable loops (ggml's blocks of 32 in ggml's arithmetic there too, [`ggml`]: the same bits at
+//! every level). Up to [`ROWS`] activation rows share one pass over the weights (a decode batch
+//! reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon
+//! by output rows. [`reference`] is the plain loop every path is tested against.
 //!
 //! ```
 //! use linalg::qmatmul::{matmul, QWeight};
@@ -152,8 +153,9 @@ impl Isa {
             Level::Avx2 => Isa::Avx2,
             // set_cap and detection grant this level only with AVX-VNNI.
             Level::Avx2Vnni => Isa::Avx2Vnni,
-            _ if cpu::vnni_on_cpu() => Isa::Avx512Vnni,
-            _ => Isa::Avx512,
+            Level::Avx512 => Isa::Avx512,
+            // Detection grants the levels above only with AVX-512 VNNI.
+            _ => Isa::Avx512Vnni,
         }
     }
 
@@ -190,20 +192,28 @@ pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc
 }
 
 /// Whether int4 weights of (OC, IC) in groups of `group` run fastest tiled ([`tiles`]) at `isa`:
-/// at the AVX2 levels, where the integer kernel multiplies them eight outputs a vector (the
-/// 512-bit VNNI kernel reads rows). A backend that tiles a matrix must hand it over as
+/// where the integer kernel multiplies them eight outputs a vector, at the AVX2 levels and
+/// AVX-512 without VNNI, and at AVX-512 VNNI for rows its 512-bit kernel does not take (not
+/// whole 128-weight chunks: SmolLM2's 576). A backend that tiles a matrix must hand it over as
 /// `Int4Tiled` at every level.
 pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
     let shape = oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB);
     let groups = group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group);
-    int4_layout(isa) == "tiles" && shape && groups
+    let path = match isa {
+        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => true,
+        Isa::Avx512Vnni => !route::vnni_chunks(group, ic),
+        Isa::Portable => false,
+    };
+    path && shape && groups
 }
 
-/// The layout int4 weights run fastest in at `isa` ([`tiles_int4`] where the shape allows).
+/// The layout int4 weights run in at `isa`, as reports name it ([`tiles_int4`] where the shape
+/// allows).
 pub fn int4_layout(isa: Isa) -> &'static str {
     match isa {
-        Isa::Avx2 | Isa::Avx2Vnni => "tiles",
-        _ => "rows",
+        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => "tiles",
+        Isa::Avx512Vnni => "rows; tiles where IC is not whole 128s",
+        Isa::Portable => "rows",
     }
 }
 

@@ -44,7 +44,7 @@ pub fn path() -> Path {
         Level::Portable if cpu::detected() > Level::Portable => Path::Portable,
         Level::Avx2 | Level::Avx2Vnni if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
         #[cfg(target_arch = "x86_64")]
-        Level::Avx512 | Level::Avx512Bf16 | Level::Amx => Path::Avx512,
+        Level::Avx512 | Level::Avx512Vnni | Level::Avx512Bf16 | Level::Amx => Path::Avx512,
         _ => Path::Faer,
     }
 }

@@ -11,7 +11,8 @@ pub(super) fn vnni_chunks(group: usize, ic: usize) -> bool {
 }
 
 /// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs
-/// there at `isa`: int4 at the AVX2 levels, and at the VNNI level where [`vnni_chunks`] does not
+/// there at `isa`: int4 at the AVX2 levels and AVX-512 without VNNI (whose f32 path ran int4 at
+/// 0.3 of this kernel's rate in tiles), and at the VNNI level where [`vnni_chunks`] does not
 /// hold (SmolLM2's 576-wide rows); int8, nf4 and ggml's blocks at every level from AVX2 up (the
 /// AVX-512 int8 path multiplies in f32 and ran 0.56 of the bandwidth against this one's 0.82:
 /// TinyLlama int8 decode, 2 Zen 4 cores; nf4's f32 table path ran TinyLlama at 0.16-0.20 of it
@@ -23,7 +24,7 @@ pub(super) fn integer_weights<'a>(
 ) -> Option<(q8avx2::Weights<'a>, usize)> {
     let taken = match *w {
         QWeight::Int4 { group, .. } => match isa {
-            Isa::Avx2 | Isa::Avx2Vnni => true,
+            Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => true,
             Isa::Avx512Vnni => !vnni_chunks(group, ic),
             _ => false,
         },
