@@ -28,7 +28,7 @@ fn three_ranks_generate_one_ranks_tokens_and_measure_their_plans() {
         let one = generate(model, "1", weights);
         let three = generate(model, "3", weights);
         // f32: the ranks' partial sums differ from one rank's in the last bits only. int4 on
-        // the integer paths (every level from AVX2 up but AVX-512 without VNNI) multiplies
+        // the integer paths (every level from AVX2 up) multiplies
         // int8-rounded activations, and a last-bit difference can flip one rounding by a whole
         // step, so its greedy text may part later on: only the first token is compared here,
         // and the quantized ranks' logits against one rank's in crates/infer/src/tp_tests.rs.

@@ -1,7 +1,7 @@
 //! The CPU backend's own layout for int4 weights: tiles of eight output rows
-//! (`kernels::qmatmul::tiles`) where `qmatmul::tiles_int4` holds (the AVX2 levels, AVX-512
-//! without VNNI, rows the 512-bit VNNI kernel does not take), which the integer kernel reads as
-//! one stream and multiplies eight outputs a vector. The same bytes as the packer's rows, in another order; a weights
+//! (`kernels::qmatmul::tiles`) where `qmatmul::tiles_int4` holds (every level from AVX2 up),
+//! which the integer kernel reads as one stream and multiplies eight outputs a vector (sixteen,
+//! two tiles, at the AVX-512 levels). The same bytes as the packer's rows, in another order; a weights
 //! file still holds the rows (`download_matrix` gives them back).
 //!
 //! Which matrices are tiled is decided by the path the backend was made at and each matrix's

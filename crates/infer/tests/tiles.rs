@@ -1,9 +1,8 @@
-//! int4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, at `avx512`, whose
-//! integer kernel has no VNNI, and at `avx512vnni` for rows of under 128 weights, which its
-//! 512-bit kernel does not take): the arena holds them in another order, a saved weights file
-//! holds the same bytes as one saved from rows, a file loads back into tiles, and the model
-//! answers as it does from rows: dense, and Mixtral's experts, each a range of the stacked
-//! matrices' tiles.
+//! int4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, and at `avx512` and
+//! `avx512vnni`, which multiply two tiles a 512-bit vector): the arena holds them in another order,
+//! a saved weights file holds the same bytes as one saved from rows, a file loads back into tiles,
+//! and the model answers as it does from rows: dense, and Mixtral's experts, each a range of the
+//! stacked matrices' tiles.
 
 use cpu::Cpu;
 use engine::backend::Backend;
@@ -110,9 +109,8 @@ fn tiles_as_rows(dir: &std::path::Path, level: Level, shape: &plan::ModelShape, 
     let format = WeightFormat::Int4 { group: 32, asym };
     let mut tiled = worker(level, shape, format);
     let mut rows = worker(Level::Portable, shape, format);
-    assert_ne!(
-        arena_bytes(&tiled),
-        arena_bytes(&rows),
+    assert!(
+        arena_bytes(&tiled) != arena_bytes(&rows),
         "{name}: nothing was tiled"
     );
     let (tiled_path, rows_path) = (dir.join("tiled.frugal"), dir.join("rows.frugal"));
@@ -127,9 +125,8 @@ fn tiles_as_rows(dir: &std::path::Path, level: Level, shape: &plan::ModelShape, 
     let want = logits(&mut tiled, level);
     let mut loaded = worker(level, shape, format);
     file::load(&mut loaded, &rows_path).unwrap();
-    assert_eq!(
-        arena_bytes(&loaded),
-        arena_bytes(&tiled),
+    assert!(
+        arena_bytes(&loaded) == arena_bytes(&tiled),
         "{name}: loaded tiles"
     );
     let got = logits(&mut loaded, level);

@@ -11,8 +11,8 @@
 //!   byte in sub-blocks of 32 weights (llama.cpp's Q4_0 order): byte j of a sub-block holds
 //!   weight j in its low nibble and weight j + 16 in its high nibble.
 //! - `Int4Tiled`: `Int4`'s bytes with each eight output rows interleaved ([`tiles`]), the layout
-//!   the integer kernel reads fastest ([`tiles_int4`]: at the AVX2 levels, AVX-512 without VNNI,
-//!   and rows the 512-bit VNNI kernel does not take; a backend tiles its weights as it loads them).
+//!   the integer kernel reads fastest at every level from AVX2 up ([`tiles_int4`]; a backend
+//!   tiles its weights as it loads them).
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
 //!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
 //! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
@@ -22,15 +22,15 @@
 //!   its minimum, Q4_1, Q4_K), packed two per byte in int4's sub-block order.
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
-//! `target-cpu`): AVX-512 (16 lanes; int4 on 512-bit VNNI where present and rows are whole
-//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4
-//! at the AVX2 levels, AVX-512 without VNNI and for rows the 512-bit kernel does not take, int8,
-//! nf4 in groups of 32 or more and ggml's blocks at every level from AVX2 up; its sums by
-//! `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has them; `integer_weights` decides), and
-//! portable loops (ggml's blocks of 32 in ggml's arithmetic there too, [`ggml`]: the same bits at
-//! every level). Up to [`ROWS`] activation rows share one pass over the weights (a decode batch
-//! reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is split over rayon
-//! by output rows. [`reference`] is the plain loop every path is tested against.
+//! `target-cpu`): AVX-512 (16 lanes; int4 in rows on 512-bit VNNI where present and rows are whole
+//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 in
+//! tiles, two to a 512-bit vector at the AVX-512 levels, and in rows where the 512-bit VNNI kernel
+//! does not take them, int8, nf4 in groups of 32 or more and ggml's blocks at every level from AVX2
+//! up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has them; `integer_weights`
+//! decides), and portable loops (ggml's blocks of 32 in ggml's arithmetic there too, [`ggml`]: the
+//! same bits at every level). Up to [`ROWS`] activation rows share one pass over the weights (a
+//! decode batch reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is
+//! split over rayon by output rows. [`reference`] is the plain loop every path is tested against.
 //!
 //! ```
 //! use linalg::qmatmul::{matmul, QWeight};
@@ -192,28 +192,20 @@ pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc
 }
 
 /// Whether int4 weights of (OC, IC) in groups of `group` run fastest tiled ([`tiles`]) at `isa`:
-/// where the integer kernel multiplies them eight outputs a vector, at the AVX2 levels and
-/// AVX-512 without VNNI, and at AVX-512 VNNI for rows its 512-bit kernel does not take (not
-/// whole 128-weight chunks: SmolLM2's 576). A backend that tiles a matrix must hand it over as
-/// `Int4Tiled` at every level.
+/// at every level from AVX2 up, where the integer kernel multiplies them eight outputs a vector
+/// (sixteen, two tiles, at the AVX-512 levels). A backend that tiles a matrix must hand it over
+/// as `Int4Tiled` at every level.
 pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
     let shape = oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB);
     let groups = group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group);
-    let path = match isa {
-        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => true,
-        Isa::Avx512Vnni => !route::vnni_chunks(group, ic),
-        Isa::Portable => false,
-    };
-    path && shape && groups
+    int4_layout(isa) == "tiles" && shape && groups
 }
 
-/// The layout int4 weights run in at `isa`, as reports name it ([`tiles_int4`] where the shape
-/// allows).
+/// The layout int4 weights run in at `isa` ([`tiles_int4`] where the shape allows).
 pub fn int4_layout(isa: Isa) -> &'static str {
     match isa {
-        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => "tiles",
-        Isa::Avx512Vnni => "rows; tiles where IC is not whole 128s",
         Isa::Portable => "rows",
+        _ => "tiles",
     }
 }
 
@@ -245,7 +237,9 @@ pub fn matmul_on(
     );
     let mut chunk = task_rows(oc);
     if let QWeight::Int4Tiled { .. } = w {
-        chunk = chunk.next_multiple_of(tiles::TILE);
+        // Whole tiles; at the AVX-512 levels, whole pairs of them (one 512-bit vector).
+        let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
+        chunk = chunk.next_multiple_of(tiles::TILE << usize::from(wide));
     }
     #[cfg(target_arch = "x86_64")]
     if let (
@@ -284,6 +278,7 @@ pub fn matmul_on(
         // VNNI where the path has it: one instruction for four products.
         let dot = match isa {
             Isa::Avx512Vnni => q8avx2::Dot::Evex,
+            Isa::Avx512 => q8avx2::Dot::Bw,
             Isa::Avx2Vnni => q8avx2::Dot::Vex,
             _ => q8avx2::Dot::Pairs,
         };

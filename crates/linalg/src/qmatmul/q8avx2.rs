@@ -34,6 +34,9 @@ mod grouped;
 mod int4;
 mod nf4;
 mod tiled;
+mod tiled512;
+
+use tiled512::{tiles_bw, tiles_vnni};
 
 use super::ROWS;
 use half::f16;
@@ -239,12 +242,14 @@ pub(super) fn lut4(levels: &[f32; 16]) -> ([i8; 16], f32) {
     (table, m / 127.0)
 }
 
-/// How a block's four-product sums are formed: `vpmaddubsw` then `vpmaddwd` (AVX2), or one
-/// `vpdpbusd`, EVEX-encoded (AVX-512 VL and VNNI) or VEX-encoded (AVX-VNNI). The same integers
+/// How a block's four-product sums are formed: `vpmaddubsw` then `vpmaddwd` (AVX2; `Bw`: on
+/// AVX-512 BW, whose int4 tiles run two to a 512-bit vector), or one `vpdpbusd`, EVEX-encoded
+/// (AVX-512 VL and VNNI, tiles in 512 bits too) or VEX-encoded (AVX-VNNI). The same integers
 /// either way, so the same results.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dot {
     Pairs,
+    Bw,
     Evex,
     Vex,
 }
@@ -270,10 +275,13 @@ pub(super) unsafe fn rows(
     range: Range<usize>,
     dot: Dot,
 ) {
+    let tiles = matches!(w, Weights::Int4Tiled { .. });
     match dot {
+        Dot::Evex if tiles => by_rows!(rows, tiles_vnni(out, q, w, ic, oc, range)),
+        Dot::Bw if tiles => by_rows!(rows, tiles_bw(out, q, w, ic, oc, range)),
         Dot::Evex => by_rows!(rows, rows_evex(out, q, w, ic, oc, range)),
         Dot::Vex => by_rows!(rows, rows_vex(out, q, w, ic, oc, range)),
-        Dot::Pairs => by_rows!(rows, rows_avx2(out, q, w, ic, oc, range)),
+        Dot::Pairs | Dot::Bw => by_rows!(rows, rows_avx2(out, q, w, ic, oc, range)),
     }
 }
 
