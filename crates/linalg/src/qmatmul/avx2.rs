@@ -1,6 +1,5 @@
-//! The AVX2 + FMA path of [`super::matmul`]: as the AVX-512 one with 8 lanes. A 32-weight int4
-//! sub-block is two 8-byte halves, each giving 8 low and 8 high nibbles. nf4 and ggml's blocks
-//! run on the integer kernel (`q8avx2`) from this level up.
+//! The AVX2 + FMA path of [`super::matmul`]: as the AVX-512 one with 8 lanes. int4, nf4 and
+//! ggml's blocks run on the integer kernel (`q8avx2`) from this level up.
 
 use super::stored::scalar_tail;
 use super::{QWeight, Rows};
@@ -50,35 +49,10 @@ unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) 
                 scalar_tail::<R>(&mut tail, a, ic, body, |i| codes[o * ic + i] as f32);
                 row_scale = scales[o].to_f32();
             }
-            QWeight::Int4 {
-                codes,
-                scales,
-                zeros,
-                group,
-            } => {
-                let groups = ic / group;
-                let g0 = o * groups;
-                let mask = _mm256_set1_epi32(0xF);
-                for g in 0..groups {
-                    let d = _mm256_set1_ps(scales[g0 + g].to_f32());
-                    let z = _mm256_set1_epi32(zeros.map_or(8, |z| z[g0 + g]) as i32);
-                    for s in (0..group).step_by(32) {
-                        let col = g * group + s;
-                        let p = codes.as_ptr().add((o * ic + col) / 2);
-                        for half in 0..2 {
-                            let b = _mm_loadl_epi64(p.add(8 * half) as *const __m128i);
-                            let q = _mm256_cvtepu8_epi32(b);
-                            let lo = _mm256_sub_epi32(_mm256_and_si256(q, mask), z);
-                            let hi = _mm256_sub_epi32(_mm256_srli_epi32(q, 4), z);
-                            let (lo, hi) = (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
-                            half_block::<R>(&mut acc, lo, hi, d, ap, ic, col + 8 * half);
-                        }
-                    }
-                }
-            }
-            // Grouped, tiled and nf4 weights run on the integer path (`matmul_on` routes them); a
+            // int4, grouped and nf4 weights run on the integer path (`matmul_on` routes them); a
             // direct call still gets the right sum.
-            QWeight::Grouped { .. }
+            QWeight::Int4 { .. }
+            | QWeight::Grouped { .. }
             | QWeight::Grouped4 { .. }
             | QWeight::Int4Tiled { .. }
             | QWeight::Nf4 { .. } => {
@@ -109,24 +83,5 @@ unsafe fn fma_rows<const R: usize>(
 ) {
     for (r, acc) in acc.iter_mut().enumerate() {
         *acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(ap.add(r * ic + i)), *acc);
-    }
-}
-
-/// acc[r] += d · (lo · a[r][col..col+8] + hi · a[r][col+16..col+24]).
-#[inline(always)]
-unsafe fn half_block<const R: usize>(
-    acc: &mut [__m256; R],
-    lo: __m256,
-    hi: __m256,
-    d: __m256,
-    ap: *const f32,
-    ic: usize,
-    col: usize,
-) {
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let p = ap.add(r * ic + col);
-        let t = _mm256_mul_ps(lo, _mm256_loadu_ps(p));
-        let t = _mm256_fmadd_ps(hi, _mm256_loadu_ps(p.add(16)), t);
-        *acc = _mm256_fmadd_ps(t, d, *acc);
     }
 }
