@@ -217,26 +217,30 @@ def batched(path, a, vocab):
     cp.n_threads = cp.n_threads_batch = a.threads
     # One cache per sequence (llama.cpp's advice for sequences that share no prefix).
     cp.kv_unified = False
+    # The attention of the batch-1 run (Llama's default): flash attention off.
+    cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
     ctx = internals.LlamaContext(model=model, params=cp, verbose=False)
     batch = internals.LlamaBatch(n_tokens=cp.n_batch, embd=0, n_seq_max=1, verbose=False)
     rng = np.random.default_rng(1)
 
-    def fill(tokens, positions, seqs):
+    def fill(tokens, positions, seqs, last_only):
+        """The batch; logits for every token, or (a prompt) for its last only, as Llama.eval."""
         bb = batch.batch
         for i, (t, p, s) in enumerate(zip(tokens, positions, seqs)):
-            bb.token[i], bb.pos[i], bb.n_seq_id[i], bb.logits[i] = t, p, 1, True
+            bb.token[i], bb.pos[i], bb.n_seq_id[i] = t, p, 1
+            bb.logits[i] = not last_only or i == len(tokens) - 1
             bb.seq_id[i][0] = s
         bb.n_tokens = len(tokens)
 
     t0 = time.perf_counter()
     for s in range(b):
         prompt = [int(x) for x in rng.integers(3, vocab, a.prompt_len)]
-        fill(prompt, range(a.prompt_len), [s] * a.prompt_len)
+        fill(prompt, range(a.prompt_len), [s] * a.prompt_len, True)
         ctx.decode(batch)
     prefill = time.perf_counter() - t0
     steps = []
     for i in range(a.new_tokens + 1):
-        fill([int(x) for x in rng.integers(3, vocab, b)], [a.prompt_len + i] * b, range(b))
+        fill([int(x) for x in rng.integers(3, vocab, b)], [a.prompt_len + i] * b, range(b), False)
         t0 = time.perf_counter()
         ctx.decode(batch)
         steps.append(time.perf_counter() - t0)

@@ -1,8 +1,8 @@
-//! int4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, and at `avx512` and
-//! `avx512vnni`, which multiply two tiles a 512-bit vector): the arena holds them in another order,
-//! a saved weights file holds the same bytes as one saved from rows, a file loads back into tiles,
-//! and the model answers as it does from rows: dense, and Mixtral's experts, each a range of the
-//! stacked matrices' tiles.
+//! int4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, `avx2vnni`, and at
+//! `avx512` and `avx512vnni`, which multiply two tiles a 512-bit vector): the arena holds them in
+//! another order, a saved weights file holds the same bytes as one saved from rows, a file loads
+//! back into tiles, and the model answers as it does from rows: dense, and Mixtral's experts, each
+//! a range of the stacked matrices' tiles.
 
 use cpu::Cpu;
 use engine::backend::Backend;
@@ -91,7 +91,12 @@ fn tiled_int4_saves_loads_and_answers_as_rows_do() {
     let mut mixtral = mixtral_tiny();
     // Experts of 32: int4's groups divide every matrix's rows.
     mixtral.moe.as_mut().unwrap().d_ff_expert = 32;
-    let levels = [Level::Avx2, Level::Avx512, Level::Avx512Vnni];
+    let levels = [
+        Level::Avx2,
+        Level::Avx2Vnni,
+        Level::Avx512,
+        Level::Avx512Vnni,
+    ];
     let shapes = [(llama_tiny(), false), (mixtral, true)];
     // No AVX2: the backend keeps rows at every level, and there is nothing to test.
     for level in levels.into_iter().filter(|l| supported().contains(l)) {
@@ -131,8 +136,8 @@ fn tiles_as_rows(dir: &std::path::Path, level: Level, shape: &plan::ModelShape, 
     );
     let got = logits(&mut loaded, level);
     assert!(got == want, "{name}: a loaded file answers otherwise");
-    // Tiles against rows on the same integer path (a backend made at `portable` keeps rows,
-    // run here at `level`): the same 8-bit activations, sums in another order.
+    // Tiles against rows at the same level (a backend made at `portable` keeps rows, run here
+    // at `level` on its integer kernels): the same 8-bit activations, sums in another order.
     let exact = logits(&mut rows, level);
     let (err, norm) = want.iter().zip(&exact).fold((0.0, 0.0), |(e, n), (g, x)| {
         (e + f64::from(g - x).powi(2), n + f64::from(*x).powi(2))

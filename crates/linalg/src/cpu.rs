@@ -152,6 +152,8 @@ fn detect() -> Level {
             false => Level::Avx2,
         };
     }
+    // The levels are nested: one with BF16 (or AMX) but no VNNI, which no CPU has, stops here,
+    // and `qmatmul::Isa::at` counts on every level above this one having VNNI.
     if !has!("avx512vnni") {
         return Level::Avx512;
     }

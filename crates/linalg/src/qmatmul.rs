@@ -118,8 +118,9 @@ pub enum QWeight<'a> {
 /// Which instruction set runs the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 VNNI: int4 on the 512-bit VNNI kernel, the integer kernel's sums in EVEX
-    /// `vpdpbusd`; AVX-512 for the float layouts.
+    /// AVX-512 VNNI: the integer kernel's sums in EVEX `vpdpbusd` (int4 tiles two a 512-bit
+    /// vector; int4 rows of whole 128-weight chunks on the 512-bit VNNI kernel); AVX-512 for
+    /// the float layouts.
     Avx512Vnni,
     Avx512,
     /// AVX2 with AVX-VNNI: the AVX2 path, its integer sums in one VEX `vpdpbusd`.

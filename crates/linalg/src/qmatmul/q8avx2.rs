@@ -12,7 +12,8 @@
 //!   0..15 and the zero point's share, Σ_g scale_g · zero_g · Σ_{blocks of g} d_a Σ q_a, is
 //!   subtracted once per output (as `vnni`).
 //! - int4 in tiles of eight output rows ([`tiled`]): the eight outputs in the lanes of one sum,
-//!   so the block's convert, scale and multiply-add serve all eight.
+//!   so the block's convert, scale and multiply-add serve all eight; at the AVX-512 levels two
+//!   tiles in one 512-bit sum ([`tiled512`]), the same bits.
 //! - int8: signed codes, so `vpsignb` moves each weight's sign onto its activation (|w| stays
 //!   unsigned); one scale per output row.
 //! - nf4: the codes unpack as int4's, then `vpshufb` looks each up in the 16 levels held as
@@ -262,8 +263,8 @@ const VEX: u8 = 2;
 /// `dot` says.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C, and what `dot` names (AVX-512 VL and VNNI, or
-/// AVX-VNNI); `q` holds `rows` quantized rows of IC; the weights hold the (OC, IC) matrix.
+/// The CPU must have AVX2, FMA and F16C, and what `dot` names (AVX-512 F, BW and VL for `Bw`,
+/// with VNNI for `Evex`, or AVX-VNNI); `q` holds `rows` quantized rows of IC; the weights hold the (OC, IC) matrix.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows(
     out: &mut [f32],

@@ -10,15 +10,15 @@ pub(super) fn vnni_chunks(group: usize, ic: usize) -> bool {
     ic.is_multiple_of(128) && fits
 }
 
-/// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs
-/// there at `isa`: int4 in tiles at every level from AVX2 up, int4 in rows at the AVX2 levels
-/// and AVX-512 without VNNI (whose f32 path ran int4 at a quarter to a third of this kernel's
-/// rate in tiles: `cargo bench -p kernels --bench qmatmul`, 2 cores of a Xeon model 207), and at
-/// the VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows); int8, nf4 and
-/// ggml's blocks at every level from AVX2 up (the AVX-512 int8 path multiplies in f32 and ran
-/// 0.56 of the bandwidth against this one's 0.82: TinyLlama int8 decode, 2 Zen 4 cores; nf4's
-/// f32 table path ran TinyLlama at 0.16-0.20 of it capped to AVX2, this one 0.60-0.62, on 2
-/// Sapphire Rapids cores). `None`: a float path.
+/// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs there
+/// at `isa`: int4 in tiles at every level from AVX2 up, int4 in rows at the AVX2 levels and AVX-512
+/// without VNNI (int4 dequantized to f32 multiply-adds ran at a quarter to a third of this kernel's
+/// rate in tiles: `cargo bench -p kernels --bench qmatmul`, 2 Xeon model 207 cores), and at the
+/// VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows); int8, nf4 and ggml's
+/// blocks at every level from AVX2 up (the AVX-512 int8 path multiplies in f32 and ran 0.56 of the
+/// bandwidth against this one's 0.82: TinyLlama int8 decode, 2 Zen 4 cores; nf4's f32 table path
+/// ran TinyLlama at 0.16-0.20 of it capped to AVX2, this one 0.60-0.62, on 2 Sapphire Rapids
+/// cores). `None`: a float path.
 pub(super) fn integer_weights<'a>(
     isa: Isa,
     w: &QWeight<'a>,
