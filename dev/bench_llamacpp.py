@@ -209,6 +209,9 @@ def batched(path, a, vocab):
     from llama_cpp import _internals as internals
 
     b, per_seq = a.batch, a.prompt_len + a.new_tokens + 8
+    most = lc.llama_max_parallel_sequences()
+    if b > most:
+        raise SystemExit(f"--batch {b}: llama.cpp decodes at most {most} sequences together")
     model = internals.LlamaModel(path_model=path, params=lc.llama_model_default_params(), verbose=False)
     cp = lc.llama_context_default_params()
     cp.n_ctx = b * per_seq

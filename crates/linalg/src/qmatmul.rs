@@ -199,10 +199,11 @@ pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc
 pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
     let shape = oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB);
     let groups = group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group);
-    int4_layout(isa) == "tiles" && shape && groups
+    isa != Isa::Portable && shape && groups
 }
 
-/// The layout int4 weights run in at `isa` ([`tiles_int4`] where the shape allows).
+/// The layout int4 weights run in at `isa`, as reports name it ([`tiles_int4`] where the shape
+/// allows).
 pub fn int4_layout(isa: Isa) -> &'static str {
     match isa {
         Isa::Portable => "rows",
