@@ -26,10 +26,11 @@ fn with_weight<R>(a: &Arena<Cpu>, m: &QMatrix, f: impl FnOnce(&QWeight) -> R) ->
         WeightFormat::Bf16 => f(&QWeight::Bf16(&a.view::<bf16>(m.codes))),
         WeightFormat::Int8 => {
             let (codes, scales) = (a.view::<i8>(m.codes), a.view::<f16>(m.scales.unwrap()));
-            f(&QWeight::Int8 {
-                codes: &codes,
-                scales: &scales,
-            })
+            let (codes, scales) = (&codes[..], &scales[..]);
+            match a.backend().tiled(m) {
+                true => f(&QWeight::Int8Tiled { codes, scales }),
+                false => f(&QWeight::Int8 { codes, scales }),
+            }
         }
         WeightFormat::Int4 { group, .. } => {
             let codes = a.view::<u8>(m.codes);

@@ -1,13 +1,15 @@
-//! The CPU backend's own layout for int4 weights: tiles of eight output rows
-//! (`kernels::qmatmul::tiles`) where `qmatmul::tiles_int4` holds (every level from AVX2 up),
-//! which the integer kernel reads as one stream and multiplies eight outputs a vector (sixteen,
-//! two tiles, at the AVX-512 levels). The same bytes as the packer's rows, in another order; a weights
-//! file still holds the rows (`download_matrix` gives them back).
+//! The CPU backend's own layout for int4 and int8 weights: tiles of eight output rows
+//! (`kernels::qmatmul::tiles`) where `qmatmul::tiles_int4` or `tiles_int8` holds (every level from
+//! AVX2 up), which the integer kernel reads as one stream and multiplies eight outputs a vector
+//! (sixteen, two tiles, at the AVX-512 levels). The same bytes as the packer's rows, in another
+//! order (an int8 matrix's per-row scales keep theirs); a weights file still holds the rows
+//! (`download_matrix` gives them back).
 //!
 //! Which matrices are tiled is decided by the path the backend was made at and each matrix's
 //! shape, the same at upload and at every product. A tile's bytes lie where its eight rows'
 //! did, so a range of whole tiles is a tiled matrix too: a Mixtral expert's rows of the stacked
-//! matrices (2·F and C, multiples of the 32 a group needs of F and C) run so.
+//! matrices (2·F and C) run so, and a stack is tiled only where an expert's rows are whole tiles
+//! (`QMatrix::row_block`).
 
 use crate::infer_ops::{download_bytes, upload_bytes};
 use crate::Cpu;
@@ -17,12 +19,16 @@ use kernels::qmatmul::{self, tiles};
 use plan_frugal::WeightFormat;
 
 impl Cpu {
-    /// Whether `m` is kept in tiles of eight rows.
+    /// Whether `m` is kept in tiles of eight rows (each range of rows it runs in, whole tiles).
     pub(crate) fn tiled(&self, m: &QMatrix) -> bool {
+        if m.row_block % tiles::TILE != 0 {
+            return false;
+        }
         match m.format {
             WeightFormat::Int4 { group, .. } => {
                 qmatmul::tiles_int4(self.qmatmul_isa, m.rows, m.cols, group as usize)
             }
+            WeightFormat::Int8 => qmatmul::tiles_int8(self.qmatmul_isa, m.rows, m.cols),
             _ => false,
         }
     }
@@ -42,6 +48,12 @@ pub(super) fn upload_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&[u8]; 3]) {
     }
     let (rows, cols, groups) = shape(m);
     let mut tiled = vec![0u8; codes.len()];
+    if m.format == WeightFormat::Int8 {
+        // One scale a row: the scales keep their order.
+        tiles::tile_codes8(codes, &mut tiled, rows, cols);
+        upload_bytes(a, m.codes, &tiled);
+        return upload_bytes(a, m.scales.expect("int8 has scales"), scales);
+    }
     tiles::tile_codes(codes, &mut tiled, rows, cols);
     upload_bytes(a, m.codes, &tiled);
     for (t, bytes, size) in [(m.scales, scales, 2), (m.zeros, zeros, 1)] {
@@ -59,7 +71,9 @@ pub(super) fn download_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&mut [u8]; 3]
     let (rows, cols, groups) = shape(m);
     let mut raw = vec![0u8; codes.len()];
     download_bytes(a, m.codes, &mut raw);
+    let int8 = m.format == WeightFormat::Int8;
     match tiled {
+        true if int8 => tiles::untile_codes8(&raw, codes, rows, cols),
         true => tiles::untile_codes(&raw, codes, rows, cols),
         false => codes.copy_from_slice(&raw),
     }
@@ -67,7 +81,7 @@ pub(super) fn download_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&mut [u8]; 3]
         if let Some(t) = t {
             let mut raw = vec![0u8; bytes.len()];
             download_bytes(a, t, &mut raw);
-            match tiled {
+            match tiled && !int8 {
                 true => tiles::tile_groups(&raw, bytes, rows, groups, size, true),
                 false => bytes.copy_from_slice(&raw),
             }
@@ -75,7 +89,7 @@ pub(super) fn download_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&mut [u8]; 3]
     }
 }
 
-/// Rows, columns and groups a row of an int4 matrix.
+/// Rows, columns and groups a row of an int4 matrix (one of an int8 one).
 fn shape(m: &QMatrix) -> (usize, usize, usize) {
     let group = match m.format {
         WeightFormat::Int4 { group, .. } => group as usize,

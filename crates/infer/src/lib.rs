@@ -393,6 +393,7 @@ fn bind_unit<B: InferOps>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -
                     zeros: arena.try_tensor(Key::QZeros(unit.kind, v.role), zero_type),
                     rows,
                     cols,
+                    row_block: rows,
                 },
             ));
         } else {
@@ -400,6 +401,22 @@ fn bind_unit<B: InferOps>(arena: &Arena<B>, unit: &Unit, format: WeightFormat) -
             let t = vec_buf.expect("a vectors buffer").slice(offset..offset + n);
             vectors.push((v.role, t));
             offset += n;
+        }
+    }
+    // A stack of experts' matrices runs an expert's rows at a time: 2·F of gate|up (F, the
+    // down projection's columns), C of the down projection (gate|up's columns).
+    let cols = |role| {
+        matrices
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, m)| m.cols)
+    };
+    let (fc, proj) = (cols(Role::ExpertsFcWeight), cols(Role::ExpertsProjWeight));
+    for (role, m) in &mut matrices {
+        match (*role, fc, proj) {
+            (Role::ExpertsFcWeight, _, Some(f)) => m.row_block = 2 * f,
+            (Role::ExpertsProjWeight, Some(c), _) => m.row_block = c,
+            _ => {}
         }
     }
     UnitWeights { matrices, vectors }

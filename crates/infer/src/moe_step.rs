@@ -27,6 +27,7 @@ fn rows_of(m: QMatrix, r: Range<usize>) -> QMatrix {
         scales: m.scales.map(part),
         zeros: m.zeros.map(part),
         rows: r.len(),
+        row_block: r.len(),
         ..m
     }
 }
@@ -86,6 +87,7 @@ impl<B: InferOps> Worker<B> {
             zeros: None,
             rows: shape.experts,
             cols: c,
+            row_block: shape.experts,
         };
         linear(probs, ln, router, n);
         let op = MoeOp::Route {

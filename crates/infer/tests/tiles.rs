@@ -1,8 +1,9 @@
-//! int4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, `avx2vnni`, and at
-//! `avx512` and `avx512vnni`, which multiply two tiles a 512-bit vector): the arena holds them in
-//! another order, a saved weights file holds the same bytes as one saved from rows, a file loads
-//! back into tiles, and the model answers as it does from rows: dense, and Mixtral's experts, each
-//! a range of the stacked matrices' tiles.
+//! int4 and int8 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, `avx2vnni`,
+//! and at `avx512` and `avx512vnni`, which multiply two tiles a 512-bit vector): the arena holds
+//! them in another order, a saved weights file holds the same bytes as one saved from rows, a file
+//! loads back into tiles, and the model answers as it does from rows: dense, and Mixtral's
+//! experts, each a range of the stacked matrices' tiles (or, where an expert's rows are not whole
+//! tiles, rows).
 
 use cpu::Cpu;
 use engine::backend::Backend;
@@ -85,7 +86,7 @@ fn arena_bytes(w: &Worker) -> Vec<u8> {
 }
 
 #[test]
-fn tiled_int4_saves_loads_and_answers_as_rows_do() {
+fn tiled_int4_and_int8_save_load_and_answer_as_rows_do() {
     let dir = std::env::temp_dir().join(format!("frugal-tiles-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut mixtral = mixtral_tiny();
@@ -97,11 +98,21 @@ fn tiled_int4_saves_loads_and_answers_as_rows_do() {
         Level::Avx512,
         Level::Avx512Vnni,
     ];
-    let shapes = [(llama_tiny(), false), (mixtral, true)];
+    // Experts of 6: 12 rows of gate|up each, not whole tiles, though the stack's 48 are.
+    let mut odd = mixtral_tiny();
+    odd.moe.as_mut().unwrap().d_ff_expert = 6;
+    let int4 = |asym| WeightFormat::Int4 { group: 32, asym };
+    let shapes = [
+        (llama_tiny(), int4(false)),
+        (mixtral.clone(), int4(true)),
+        (llama_tiny(), WeightFormat::Int8),
+        (mixtral, WeightFormat::Int8),
+        (odd, WeightFormat::Int8),
+    ];
     // No AVX2: the backend keeps rows at every level, and there is nothing to test.
     for level in levels.into_iter().filter(|l| supported().contains(l)) {
-        for (shape, asym) in &shapes {
-            tiles_as_rows(&dir, level, shape, *asym);
+        for (shape, format) in &shapes {
+            tiles_as_rows(&dir, level, shape, *format);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -109,9 +120,13 @@ fn tiled_int4_saves_loads_and_answers_as_rows_do() {
 
 /// A `shape` worker made at `level` keeps tiles, saves and loads rows' files, and answers as one
 /// that keeps rows.
-fn tiles_as_rows(dir: &std::path::Path, level: Level, shape: &plan::ModelShape, asym: bool) {
-    let name = &format!("{} at {level}", shape.name);
-    let format = WeightFormat::Int4 { group: 32, asym };
+fn tiles_as_rows(
+    dir: &std::path::Path,
+    level: Level,
+    shape: &plan::ModelShape,
+    format: WeightFormat,
+) {
+    let name = &format!("{} {format:?} at {level}", shape.name);
     let mut tiled = worker(level, shape, format);
     let mut rows = worker(Level::Portable, shape, format);
     assert!(

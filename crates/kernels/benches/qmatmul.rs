@@ -2,10 +2,11 @@
 //! stored layout on every path this CPU runs, at 1 and 8 activation rows, against a streaming
 //! read of a 1 GiB buffer timed in the same run: each line reports the weight bytes read per
 //! second and that as a fraction of the measured bandwidth. No assertions (speed is not a test).
+//! `QM_ONLY=int8,int8t` runs only the formats named.
 //!
 //! Also one core's issue rate of 512-bit FMAs and `vpdpbusd`s (the ceiling of the batched,
-//! compute-bound case) and, with `QM_MODEL=1`, one pass over a model's worth of distinct
-//! matrices.
+//! compute-bound case) and, with `QM_MODEL=1` (or `int8`), one pass over a model's worth of
+//! distinct matrices.
 //!
 //! Run: `cargo bench -p kernels --bench qmatmul`.
 
@@ -47,9 +48,14 @@ fn main() {
     let u8s: Vec<u8> = (0..n / 2).map(|i| (i * 7 % 256) as u8).collect();
     let mut tiled = vec![0u8; u8s.len()];
     qmatmul::tiles::tile_codes(&u8s, &mut tiled, OC, IC);
+    let raw8: Vec<u8> = i8s.iter().map(|&c| c as u8).collect();
+    let mut tiled8 = vec![0u8; n];
+    qmatmul::tiles::tile_codes8(&raw8, &mut tiled8, OC, IC);
+    let tiled8: Vec<i8> = tiled8.into_iter().map(|c| c as i8).collect();
     let h_row: Vec<f16> = (0..OC).map(|_| f16::from_f32(0.01)).collect();
     let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 8.0 - 1.0);
     let isas = qmatmul::supported();
+    let only = std::env::var("QM_ONLY").ok();
     for group in [32usize, 128] {
         let h_g: Vec<f16> = (0..n / group).map(|_| f16::from_f32(0.01)).collect();
         let f_g: Vec<f32> = vec![0.01; n / group];
@@ -60,6 +66,14 @@ fn main() {
                 "int8".into(),
                 QWeight::Int8 {
                     codes: &i8s,
+                    scales: &h_row,
+                },
+            ),
+            (
+                // The same codes in tiles of eight rows.
+                "int8t".into(),
+                QWeight::Int8Tiled {
+                    codes: &tiled8,
                     scales: &h_row,
                 },
             ),
@@ -118,6 +132,14 @@ fn main() {
             if group != 32 && !name.contains('g') {
                 continue;
             }
+            // QM_ONLY=int8,int8t: only the formats named (before any space).
+            let head = name.split(' ').next().unwrap_or_default();
+            if only
+                .as_ref()
+                .is_some_and(|o| !o.split(',').any(|x| x == head))
+            {
+                continue;
+            }
             for &isa in &isas {
                 // VNNI changes only the integer layouts (int4, int8, ggml's blocks).
                 let integer = name.starts_with("int") || name.starts_with("ggml");
@@ -125,7 +147,7 @@ fn main() {
                     continue;
                 }
                 // Tiles are the integer path's layout; a plain loop reads them weight by weight.
-                if isa == Isa::Portable && name.starts_with("int4t") {
+                if isa == Isa::Portable && (name.starts_with("int4t") || name == "int8t") {
                     continue;
                 }
                 for rows in [1usize, 8] {
@@ -151,25 +173,42 @@ fn main() {
     let _ = qmatmul::ROWS;
 }
 
-/// A model's worth of distinct int4 matrices (32 × 4096 × 11008, 720 MB): one pass, as a decode
-/// step reads them, in rows and in tiles of eight rows, alternately.
+/// A model's worth of distinct int4 matrices (32 × 4096 × 11008, 720 MB; `QM_MODEL=int8`: int8,
+/// 16 of them, 720 MB too): one pass, as a decode step reads them, in rows and in tiles of eight
+/// rows, alternately.
 #[allow(dead_code)]
 pub fn model_pass() {
-    let (n, count) = (IC * OC, 32);
+    let int8 = std::env::var("QM_MODEL").is_ok_and(|m| m == "int8");
+    let n = IC * OC;
+    let (count, per) = if int8 { (16, n) } else { (32, n / 2) };
     let mats: Vec<Vec<u8>> = (0..count)
-        .map(|m| (0..n / 2).map(|i| ((i * 7 + m) % 256) as u8).collect())
+        .map(|m| (0..per).map(|i| ((i * 7 + m) % 256) as u8).collect())
         .collect();
-    let scales: Vec<f16> = vec![f16::from_f32(0.01); n / 32];
+    let groups = if int8 { OC } else { n / 32 };
+    let scales: Vec<f16> = vec![f16::from_f32(0.01); groups];
     let inp = common::fill(IC, 2, 1.0);
     let mut out = vec![0.0f32; OC];
-    let bytes = (count * (n / 2 + n / 16)) as f64;
+    let bytes = (count * (per + 2 * groups)) as f64;
+    let kind = if int8 { "int8" } else { "int4" };
     for round in 0..2 {
         for layout in ["rows", "tiles"] {
             let t = common::median_secs(3, || {
                 for m in &mats {
                     // The pattern's bytes serve as either layout: both read the same amount.
-                    let w = match layout {
-                        "rows" => QWeight::Int4 {
+                    let i8s = || {
+                        // SAFETY: u8 and i8 have one layout.
+                        unsafe { std::slice::from_raw_parts(m.as_ptr() as *const i8, m.len()) }
+                    };
+                    let w = match (int8, layout) {
+                        (true, "rows") => QWeight::Int8 {
+                            codes: i8s(),
+                            scales: &scales,
+                        },
+                        (true, _) => QWeight::Int8Tiled {
+                            codes: i8s(),
+                            scales: &scales,
+                        },
+                        (false, "rows") => QWeight::Int4 {
                             codes: m,
                             scales: &scales,
                             zeros: None,
@@ -186,7 +225,7 @@ pub fn model_pass() {
                 }
             });
             println!(
-                "model pass {round}, int4 {layout:<5}: {:.2} GB/s over {count} matrices",
+                "model pass {round}, {kind} {layout:<5}: {:.2} GB/s over {count} matrices",
                 bytes / t / 1e9
             );
         }

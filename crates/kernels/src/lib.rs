@@ -58,7 +58,7 @@ mod testutil;
 
 /// Every dispatch and the path it takes at the current level, for reports (`bench --json`):
 /// the f32 GEMM, the bf16 GEMM, the quantized products and the layout a CPU backend made now
-/// keeps int4 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions) and NF4
+/// keeps int4 and int8 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions) and NF4
 /// dequantization.
 pub fn paths() -> Vec<(&'static str, &'static str)> {
     use cpu::Level;
@@ -76,7 +76,8 @@ pub fn paths() -> Vec<(&'static str, &'static str)> {
         ("gemm_f32", matmul::capped::path().name()),
         ("gemm_bf16", gemm_bf16::best_isa().name()),
         ("qmatmul", qmatmul::best_isa().name()),
-        ("int4_layout", qmatmul::int4_layout(qmatmul::best_isa())),
+        ("int4_layout", qmatmul::layout(qmatmul::best_isa())),
+        ("int8_layout", qmatmul::layout(qmatmul::best_isa())),
         ("vector_loops", simd),
         ("dequant_nf4", dequant),
     ]

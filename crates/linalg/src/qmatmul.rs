@@ -10,9 +10,9 @@
 //!   point (0..15; 8 when symmetric) per group: w = scale × (q − zero). Codes are packed two per
 //!   byte in sub-blocks of 32 weights (llama.cpp's Q4_0 order): byte j of a sub-block holds
 //!   weight j in its low nibble and weight j + 16 in its high nibble.
-//! - `Int4Tiled`: `Int4`'s bytes with each eight output rows interleaved ([`tiles`]), the layout
-//!   the integer kernel reads fastest at every level from AVX2 up ([`tiles_int4`]; a backend
-//!   tiles its weights as it loads them).
+//! - `Int4Tiled`, `Int8Tiled`: `Int4`'s or `Int8`'s bytes with each eight output rows
+//!   interleaved ([`tiles`]), the layout the integer kernel reads fastest at every level from
+//!   AVX2 up ([`tiles_int4`], [`tiles_int8`]; a backend tiles its weights as it loads them).
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
 //!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
 //! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
@@ -23,10 +23,10 @@
 //!
 //! Paths, chosen at run time ([`best_isa`] under [`crate::cpu::level`], never a compile-time
 //! `target-cpu`): AVX-512 (16 lanes; int4 in rows on 512-bit VNNI where present and rows are whole
-//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4 in
-//! tiles, two to a 512-bit vector at the AVX-512 levels, and in rows where the 512-bit VNNI kernel
-//! does not take them, int8, nf4 in groups of 32 or more and ggml's blocks at every level from AVX2
-//! up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has them; `integer_weights`
+//! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4
+//! and int8 in tiles, two to a 512-bit vector at the AVX-512 levels, int4 in rows where the 512-bit
+//! VNNI kernel does not take them, int8 in rows, nf4 in groups of 32 or more and ggml's blocks at
+//! every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has them; `integer_weights`
 //! decides), and portable loops (ggml's blocks of 32 in ggml's arithmetic there too, [`ggml`]: the
 //! same bits at every level). Up to [`ROWS`] activation rows share one pass over the weights (a
 //! decode batch reads each weight once); larger inputs run in passes of [`ROWS`] rows. Work is
@@ -76,6 +76,12 @@ pub enum QWeight<'a> {
     F32(&'a [f32]),
     Bf16(&'a [bf16]),
     Int8 {
+        codes: &'a [i8],
+        scales: &'a [f16],
+    },
+    /// As `Int8`, in tiles of eight output rows ([`tiles::tile_codes8`]); OC a multiple of 8,
+    /// IC of 32.
+    Int8Tiled {
         codes: &'a [i8],
         scales: &'a [f16],
     },
@@ -202,9 +208,16 @@ pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
     isa != Isa::Portable && shape && groups
 }
 
-/// The layout int4 weights run in at `isa`, as reports name it ([`tiles_int4`] where the shape
-/// allows).
-pub fn int4_layout(isa: Isa) -> &'static str {
+/// Whether int8 weights of (OC, IC) run fastest tiled ([`tiles::tile_codes8`]) at `isa`: at every
+/// level from AVX2 up, as int4's ([`tiles_int4`]). A backend that tiles a matrix must hand it over
+/// as `Int8Tiled` at every level.
+pub fn tiles_int8(isa: Isa, oc: usize, ic: usize) -> bool {
+    isa != Isa::Portable && oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB)
+}
+
+/// The layout int4 and int8 weights run in at `isa`, as reports name it ([`tiles_int4`],
+/// [`tiles_int8`] where the shape allows).
+pub fn layout(isa: Isa) -> &'static str {
     match isa {
         Isa::Portable => "rows",
         _ => "tiles",
@@ -238,7 +251,7 @@ pub fn matmul_on(
         isa.name()
     );
     let mut chunk = task_rows(oc);
-    if let QWeight::Int4Tiled { .. } = w {
+    if let QWeight::Int4Tiled { .. } | QWeight::Int8Tiled { .. } = w {
         // Whole tiles; at the AVX-512 levels, whole pairs of them (one 512-bit vector).
         let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
         chunk = chunk.next_multiple_of(tiles::TILE << usize::from(wide));
@@ -386,7 +399,11 @@ pub(super) struct Rows<'a> {
 }
 
 fn run_rows(isa: Isa, out: &mut [f32], p: Rows, range: std::ops::Range<usize>) {
-    if let QWeight::Grouped { .. } | QWeight::Grouped4 { .. } | QWeight::Int4Tiled { .. } = p.w {
+    if let QWeight::Grouped { .. }
+    | QWeight::Grouped4 { .. }
+    | QWeight::Int4Tiled { .. }
+    | QWeight::Int8Tiled { .. } = p.w
+    {
         // Grouped and tiled weights run on the integer path from AVX2 up; below it, here
         // (ggml's groups of 32: `ggml::rows`).
         return portable::rows(out, p, range);

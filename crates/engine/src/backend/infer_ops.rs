@@ -4,7 +4,8 @@
 //! backend uploads it with the op.
 //!
 //! Example: `QLinear { out, inp, weight: QMatrix { format: WeightFormat::Int4 { group: 32, asym:
-//! false }, codes, scales: Some(s), zeros: None, rows: oc, cols: ic }, bias: None, n }`.
+//! false }, codes, scales: Some(s), zeros: None, rows: oc, cols: ic, row_block: oc }, bias: None,
+//! n }`.
 
 use super::Tensor;
 use plan_frugal::{KvFormat, WeightFormat};
@@ -19,6 +20,10 @@ pub struct QMatrix {
     pub zeros: Option<Tensor>,
     pub rows: usize,
     pub cols: usize,
+    /// The rows are multiplied in ranges of this many from row 0 (an expert's in a stack of
+    /// experts' matrices; else `rows`): a backend keeps a layout of its own only where each
+    /// range is one too.
+    pub row_block: usize,
 }
 
 /// out (N, rows) = inp (N, cols) · Wᵀ (+ bias (rows)).

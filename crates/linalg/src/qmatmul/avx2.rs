@@ -55,6 +55,7 @@ unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) 
             | QWeight::Grouped { .. }
             | QWeight::Grouped4 { .. }
             | QWeight::Int4Tiled { .. }
+            | QWeight::Int8Tiled { .. }
             | QWeight::Nf4 { .. } => {
                 scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
             }

@@ -75,6 +75,7 @@ fn dequantize(w: &QWeight, o: usize, c0: usize, ic: usize, out: &mut [f32]) {
         }),
         QWeight::Int4 { .. }
         | QWeight::Int4Tiled { .. }
+        | QWeight::Int8Tiled { .. }
         | QWeight::Nf4 { .. }
         | QWeight::Grouped { .. }
         | QWeight::Grouped4 { .. } => {

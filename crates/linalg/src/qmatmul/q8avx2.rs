@@ -15,10 +15,11 @@
 //!   so the block's convert, scale and multiply-add serve all eight; at the AVX-512 levels two
 //!   tiles in one 512-bit sum ([`tiled512`]), the same bits.
 //! - int8: signed codes, so `vpsignb` moves each weight's sign onto its activation (|w| stays
-//!   unsigned); one scale per output row.
+//!   unsigned); one scale per output row. In tiles of eight output rows ([`tiled8`]), eight
+//!   outputs a sum (sixteen in 512 bits), and with VNNI the weights offset to unsigned instead.
 //! - nf4: the codes unpack as int4's, then `vpshufb` looks each up in the 16 levels held as
 //!   signed bytes ([`lut4`]), and the block multiplies as int8's; the table's unit joins each
-//!   group's scale. Pairs of blocks share one load where [`paired`] holds, as int4's.
+//!   group's scale. Pairs of blocks share one load where [`quantize::paired`] holds, as int4's.
 //! - grouped int8 (ggml's blocks repacked): as int8, with a scale per group of 32 (or 16: the
 //!   block's low and high 4 lanes take their own) applied to each block's sum, and each group's
 //!   minimum times the activations' sum over the group added once per output. Codes 0..15
@@ -34,10 +35,14 @@
 mod grouped;
 mod int4;
 mod nf4;
+mod quantize;
 mod tiled;
 mod tiled512;
+mod tiled8;
 
+pub(super) use quantize::{dequantized, quantize};
 use tiled512::{tiles_bw, tiles_vnni};
+use tiled8::{tiles8_avx2, tiles8_bw, tiles8_vex, tiles8_vnni};
 
 use super::ROWS;
 use half::f16;
@@ -57,6 +62,9 @@ pub(super) struct QActs {
     paired: bool,
     /// Per row and pair of blocks: 8 scales, the first block's four times, then the second's.
     pair_scales: Vec<f32>,
+    /// Per row and block, −128 × the block's code sum: what weights offset by 128 (int8 as
+    /// unsigned bytes, [`tiled8`]) add to the block's integer sum, taken off it.
+    offsets: Vec<i32>,
 }
 
 thread_local! {
@@ -71,122 +79,6 @@ pub(super) fn with_scratch<R>(f: impl FnOnce(&mut QActs) -> R) -> R {
     let out = f(&mut q);
     SCRATCH.with(|s| s.borrow_mut().push(q));
     out
-}
-
-/// Quantizes `rows` rows of `a` (IC each, a multiple of 32) for weight groups of `group` (a
-/// multiple of 32 dividing IC; IC itself for one scale per row), in pairs of blocks when `pair`
-/// (int4 and nf4 weights, where [`paired`] holds). With `ggml` the blocks are ggml's `block_q8_1`,
-/// as its `quantize_row_q8_1` writes them for the dot products of its Q4_0 … Q8_0 blocks: the
-/// multiplier 127 / absmax, codes rounded to nearest even, and the scale and the scaled code sum
-/// rounded to fp16 — so a product over weights in ggml's blocks of 32 sees the activations
-/// llama.cpp's sees. Otherwise the scale stays f32.
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn quantize(
-    q: &mut QActs,
-    a: &[f32],
-    rows: usize,
-    ic: usize,
-    group: usize,
-    pair: bool,
-    ggml: bool,
-) {
-    assert!(
-        !ggml || group == 32,
-        "ggml's activation blocks serve groups of 32"
-    );
-    assert!(ic.is_multiple_of(32) && (group == 16 || group.is_multiple_of(32)));
-    assert!(ic.is_multiple_of(group));
-    let blocks = ic / 32;
-    q.paired = pair && paired(ic, group);
-    if q.paired {
-        q.pair_scales.resize(rows * blocks * 4, 0.0);
-    }
-    q.codes.resize(rows * ic, 0);
-    q.scales.resize(rows * blocks, 0.0);
-    q.group_sums.resize(rows * (ic / group), 0.0);
-    q.group_sums.fill(0.0);
-    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    for r in 0..rows {
-        for s in 0..blocks {
-            let p = a.as_ptr().add(r * ic + s * 32);
-            let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
-            let m = _mm256_max_ps(
-                _mm256_max_ps(_mm256_and_ps(x[0], abs), _mm256_and_ps(x[1], abs)),
-                _mm256_max_ps(_mm256_and_ps(x[2], abs), _mm256_and_ps(x[3], abs)),
-            );
-            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
-            let d = amax / 127.0;
-            let inv = match ggml {
-                true if amax != 0.0 => 127.0 / amax,
-                false if d > 0.0 => 1.0 / d,
-                _ => 0.0,
-            };
-            let inv = _mm256_set1_ps(inv);
-            // cvtps rounds to nearest even (the default MXCSR mode), as `round_ties_even`.
-            let v: [__m256i; 4] =
-                std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv)));
-            let sum = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
-            let lo = _mm256_packs_epi32(v[0], v[1]);
-            let hi = _mm256_packs_epi32(v[2], v[3]);
-            let bytes = _mm256_packs_epi16(lo, hi);
-            // The packs work within 128-bit lanes: put the eight 4-byte runs back in order.
-            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-            let bytes = _mm256_permutevar8x32_epi32(bytes, order);
-            _mm256_storeu_si256(
-                q.codes.as_mut_ptr().add(r * ic + s * 32) as *mut __m256i,
-                bytes,
-            );
-            if q.paired && s % 2 == 1 {
-                // [x.lo, y.lo] and [x.hi, y.hi] for blocks x = s - 1 and y = s.
-                let at = q.codes.as_mut_ptr().add(r * ic + (s - 1) * 32) as *mut __m256i;
-                let x = _mm256_loadu_si256(at);
-                _mm256_storeu_si256(at, _mm256_permute2x128_si256::<0x20>(x, bytes));
-                _mm256_storeu_si256(at.add(1), _mm256_permute2x128_si256::<0x31>(x, bytes));
-                let d0 = q.scales[r * blocks + s - 1];
-                let ps = &mut q.pair_scales[(r * blocks + s - 1) * 4..][..8];
-                ps[..4].fill(d0);
-                ps[4..].fill(d);
-            }
-            if ggml {
-                // ggml keeps the block's scale, and its code sum times the scale, as fp16.
-                let fp16 = |x: f32| f16::from_f32(x).to_f32();
-                q.scales[r * blocks + s] = fp16(d);
-                q.group_sums[r * blocks + s] = fp16(d * hsum_i32(sum) as f32);
-                continue;
-            }
-            q.scales[r * blocks + s] = d;
-            if group == 16 {
-                let sums = &mut q.group_sums[r * (ic / 16) + 2 * s..][..2];
-                sums[0] = d * hsum_i32(_mm256_add_epi32(v[0], v[1])) as f32;
-                sums[1] = d * hsum_i32(_mm256_add_epi32(v[2], v[3])) as f32;
-            } else {
-                q.group_sums[r * (ic / group) + s * 32 / group] += d * hsum_i32(sum) as f32;
-            }
-        }
-    }
-}
-
-/// Whether int4 and nf4 products run on pairs of blocks: IC whole pairs, and each pair within
-/// one group or (groups of 32) one group a block.
-pub(super) fn paired(ic: usize, group: usize) -> bool {
-    ic.is_multiple_of(64) && (group == 32 || group.is_multiple_of(64))
-}
-
-/// The activations as the kernel sees them (x̂ = d_a · q), for the tests' exact comparison.
-pub(super) fn dequantized(a: &[f32], rows: usize, ic: usize) -> Vec<f32> {
-    let mut q = QActs::default();
-    // SAFETY: only called where the AVX2 path runs (the tests check the CPU first).
-    unsafe { quantize(&mut q, a, rows, ic, ic, false, false) };
-    q.codes
-        .iter()
-        .enumerate()
-        .map(|(i, &c)| q.scales[i / 32] * f32::from(c))
-        .collect()
 }
 
 /// The weights this path multiplies.
@@ -205,6 +97,11 @@ pub(super) enum Weights<'a> {
         group: usize,
     },
     Int8 {
+        codes: &'a [i8],
+        scales: &'a [f16],
+    },
+    /// int8 in tiles of eight output rows ([`super::tiles::tile_codes8`]).
+    Int8Tiled {
         codes: &'a [i8],
         scales: &'a [f16],
     },
@@ -277,6 +174,14 @@ pub(super) unsafe fn rows(
     dot: Dot,
 ) {
     let tiles = matches!(w, Weights::Int4Tiled { .. });
+    if let Weights::Int8Tiled { .. } = w {
+        return match dot {
+            Dot::Evex => by_rows!(rows, tiles8_vnni(out, q, w, ic, oc, range)),
+            Dot::Bw => by_rows!(rows, tiles8_bw(out, q, w, ic, oc, range)),
+            Dot::Vex => by_rows!(rows, tiles8_vex(out, q, w, ic, oc, range)),
+            Dot::Pairs => by_rows!(rows, tiles8_avx2(out, q, w, ic, oc, range)),
+        };
+    }
     match dot {
         Dot::Evex if tiles => by_rows!(rows, tiles_vnni(out, q, w, ic, oc, range)),
         Dot::Bw if tiles => by_rows!(rows, tiles_bw(out, q, w, ic, oc, range)),
@@ -401,7 +306,9 @@ unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
             zeros,
             group,
         } => int4::outputs::<R, O, V>(out, q, codes, scales, zeros, group, ic, oc, o0),
-        Weights::Int4Tiled { .. } => unreachable!("tiles run whole in rows_n"),
+        Weights::Int4Tiled { .. } | Weights::Int8Tiled { .. } => {
+            unreachable!("tiles run whole in rows_n and tiled8")
+        }
         Weights::Int8 { codes, scales } => {
             let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));
             let far = ic >= FAR;

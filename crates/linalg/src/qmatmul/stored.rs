@@ -14,6 +14,13 @@ impl QWeight<'_> {
             QWeight::Int8 { codes, scales } => {
                 assert!(codes.len() == n && scales.len() == oc, "int8 weight");
             }
+            QWeight::Int8Tiled { codes, scales } => {
+                assert!(codes.len() == n && scales.len() == oc, "int8 weight");
+                assert!(
+                    oc.is_multiple_of(TILE) && ic.is_multiple_of(SUB),
+                    "tiles of {TILE} rows of whole blocks of {SUB}; (OC, IC) = ({oc}, {ic})"
+                );
+            }
             QWeight::Int4 {
                 codes,
                 scales,
@@ -61,6 +68,9 @@ impl QWeight<'_> {
             QWeight::F32(w) => w[o * ic + i],
             QWeight::Bf16(w) => w[o * ic + i].to_f32(),
             QWeight::Int8 { codes, scales } => scales[o].to_f32() * codes[o * ic + i] as f32,
+            QWeight::Int8Tiled { codes, scales } => {
+                scales[o].to_f32() * codes[tiles::code_at8(o, i, ic)] as f32
+            }
             QWeight::Int4 {
                 codes,
                 scales,
@@ -132,7 +142,9 @@ impl QWeight<'_> {
         match *self {
             QWeight::F32(w) => 4 * w.len(),
             QWeight::Bf16(w) => 2 * w.len(),
-            QWeight::Int8 { codes, scales } => codes.len() + 2 * scales.len(),
+            QWeight::Int8 { codes, scales } | QWeight::Int8Tiled { codes, scales } => {
+                codes.len() + 2 * scales.len()
+            }
             QWeight::Int4 {
                 codes,
                 scales,

@@ -1,4 +1,4 @@
-//! int4 in tiles of eight output rows: the same weights as the rows they came from, the
+//! int4 and int8 in tiles of eight output rows: the same weights as the rows they came from, the
 //! reference's products on every path, and the same bits whatever the rows, threads or dot.
 
 use super::*;
@@ -82,17 +82,76 @@ fn tiled_int4_matches_the_reference_and_keeps_its_bits_on_every_path() {
         check_all(&name, &w, ic, oc);
         same_bits_whatever_rows_or_threads(&w, ic, oc);
         // Every integer path's sums are the same integers, added in the same order.
-        let n = 5;
-        let inp: Vec<f32> = (0..n * ic).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let mut first: Option<Vec<u32>> = None;
-        for isa in isas().into_iter().filter(|&i| i != Isa::Portable) {
-            let mut out = vec![0.0f32; n * oc];
-            matmul_on(isa, &mut out, &inp, &w, n, ic, oc);
-            match &first {
-                None => first = Some(bits(&out)),
-                Some(b) => assert_eq!(&bits(&out), b, "{name} {}", isa.name()),
-            }
+        same_bits_on_every_integer_path(&name, &w, ic, oc);
+    }
+}
+
+/// `w`'s output bits on every integer path, which must agree.
+fn same_bits_on_every_integer_path(name: &str, w: &QWeight, ic: usize, oc: usize) {
+    let n = 5;
+    let inp: Vec<f32> = (0..n * ic).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut first: Option<Vec<u32>> = None;
+    for isa in isas().into_iter().filter(|&i| i != Isa::Portable) {
+        let mut out = vec![0.0f32; n * oc];
+        matmul_on(isa, &mut out, &inp, w, n, ic, oc);
+        match &first {
+            None => first = Some(bits(&out)),
+            Some(b) => assert!(&bits(&out) == b, "{name} {}", isa.name()),
         }
+    }
+}
+
+#[test]
+fn tiled_int8_holds_every_weight_of_its_rows_and_tiles_back() {
+    let (oc, ic) = (24, 320);
+    let s = stored(&mut Rng::new(4), oc, ic, oc);
+    let raw: Vec<u8> = s.i8s.iter().map(|&c| c as u8).collect();
+    let mut codes = vec![0u8; raw.len()];
+    tiles::tile_codes8(&raw, &mut codes, oc, ic);
+    let codes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+    let scales = &s.h_scales[..oc];
+    let rows = QWeight::Int8 {
+        codes: &s.i8s,
+        scales,
+    };
+    let tiled = QWeight::Int8Tiled {
+        codes: &codes,
+        scales,
+    };
+    tiled.check(oc, ic);
+    for o in 0..oc {
+        for i in 0..ic {
+            assert_eq!(rows.at(o, i, ic), tiled.at(o, i, ic), "({o}, {i})");
+        }
+    }
+    let flat: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
+    let mut back = vec![0u8; raw.len()];
+    tiles::untile_codes8(&flat, &mut back, oc, ic);
+    assert!(back == raw, "int8 tiles back to rows");
+}
+
+#[test]
+fn tiled_int8_matches_the_reference_and_keeps_its_bits_on_every_path() {
+    // 296 outputs: 37 tiles (an odd last one beside the 512-bit pairs); rows of 320 and 576
+    // (SmolLM2's), and codes at ±127 and -128, where the pair sums come nearest 16 bits.
+    for (ic, extreme) in [(512, false), (320, false), (576, false), (256, true)] {
+        let oc = 296;
+        let s = stored(&mut Rng::new(ic as u64 + 9), oc, ic, oc);
+        let raw: Vec<u8> = match extreme {
+            true => (0..oc * ic).map(|i| [127u8, 0x81, 0x80][i % 3]).collect(),
+            false => s.i8s.iter().map(|&c| c as u8).collect(),
+        };
+        let mut codes = vec![0u8; raw.len()];
+        tiles::tile_codes8(&raw, &mut codes, oc, ic);
+        let codes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+        let w = QWeight::Int8Tiled {
+            codes: &codes,
+            scales: &s.h_scales[..oc],
+        };
+        let name = format!("int8 tiled ic={ic}");
+        check_all(&name, &w, ic, oc);
+        same_bits_whatever_rows_or_threads(&w, ic, oc);
+        same_bits_on_every_integer_path(&name, &w, ic, oc);
     }
 }

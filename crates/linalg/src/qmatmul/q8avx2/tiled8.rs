@@ -1,0 +1,228 @@
+//! int8 weights in tiles of eight output rows ([`crate::qmatmul::tiles::tile_codes8`]): output
+//! `o0 + c` in lane `c` of every sum, so one convert and one multiply-add per activation row and
+//! block serve eight outputs (sixteen, two tiles a 512-bit vector, at the AVX-512 levels), where
+//! the row kernel spends a convert and a multiply-add per output. A tile's block is eight 32-byte
+//! runs, one 4-byte run of codes a lane; each run meets its four activations broadcast to every
+//! lane.
+//!
+//! The integer sums are exact, whatever forms them:
+//! - with VNNI (`vpdpbusd`: unsigned × signed bytes), each weight run is flipped to unsigned
+//!   (w + 128) once for every activation row, and the sum starts from −128 × the block's code sum
+//!   (`QActs::offsets`), which the offset adds back;
+//! - with `vpmaddubsw` (AVX2, AVX-512 BW), |w| times the activation with w's sign (`vpsignb`; a
+//!   mask at 512 bits, which has no `vpsignb`), the pair sums widened by `vpmaddwd` at once (two
+//!   of 127 × 127 already fill 16 bits).
+//!
+//! Then every path does the same float operations per lane: Σ_blocks sum · d_a added in block
+//! order, times the row's scale at the end. So every path gives the same bits, whatever the
+//! activation rows beside them.
+
+use super::{dot_add, QActs, Weights, EVEX, PAIRS, VEX};
+use half::f16;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// How far ahead of its reads the kernel asks for each tile's lines (as `tiled`'s int4).
+const AHEAD: usize = 4096;
+
+/// Bytes of one tile's block: eight outputs' 32.
+const BLOCK: usize = 256;
+
+/// The tiles in `range` for the `R` activation rows; with `WIDE` two at a time in 512 bits (a
+/// last odd one in 256), the sums by `V`.
+#[inline(always)]
+unsafe fn tiles<const R: usize, const V: u8, const WIDE: bool>(
+    out: &mut [f32],
+    q: &QActs,
+    w: &Weights,
+    ic: usize,
+    oc: usize,
+    range: Range<usize>,
+) {
+    let Weights::Int8Tiled { codes, scales } = *w else {
+        unreachable!("only int8 tiles run here")
+    };
+    assert!(R <= super::ROWS && q.codes.len() >= R * ic && q.offsets.len() >= R * ic / 32);
+    assert!(range.start.is_multiple_of(8) && range.end.is_multiple_of(8) && range.end <= oc);
+    assert!(codes.len() == oc * ic && scales.len() == oc);
+    let mut o0 = range.start;
+    while WIDE && o0 + 16 <= range.end {
+        pair::<R, V>(out, q, codes, scales, ic, oc, o0);
+        o0 += 16;
+    }
+    while o0 < range.end {
+        tile::<R, V>(out, q, codes, scales, ic, oc, o0);
+        o0 += 8;
+    }
+}
+
+/// `$name::<R>`: the int8 tiles in `range`, the sums by `$dot`, 512 bits wide if `$wide`,
+/// compiled for `$features`.
+///
+/// # Safety
+/// The CPU must have `$features`; `q` holds `R` quantized rows of IC; `w` is `Int8Tiled` holding
+/// the (OC, IC) matrix; `range` is whole tiles.
+macro_rules! tiles8_with {
+    ($name:ident, $features:literal, $dot:expr, $wide:expr) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name<const R: usize>(
+            out: &mut [f32],
+            q: &QActs,
+            w: &Weights,
+            ic: usize,
+            oc: usize,
+            range: Range<usize>,
+        ) {
+            tiles::<R, $dot, $wide>(out, q, w, ic, oc, range)
+        }
+    };
+}
+
+tiles8_with!(tiles8_avx2, "avx2,fma,f16c", PAIRS, false);
+tiles8_with!(tiles8_vex, "avx2,fma,f16c,avxvnni", VEX, false);
+tiles8_with!(
+    tiles8_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    EVEX,
+    true
+);
+tiles8_with!(
+    tiles8_bw,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    PAIRS,
+    true
+);
+
+/// Four activation codes at `a`, in every 32-bit lane.
+#[inline(always)]
+unsafe fn four(a: *const i8) -> i32 {
+    (a as *const i32).read_unaligned()
+}
+
+/// Tile `o0 / 8` (outputs `o0 .. o0 + 8`) for the `R` activation rows.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile<const R: usize, const V: u8>(
+    out: &mut [f32],
+    q: &QActs,
+    codes: &[i8],
+    scales: &[f16],
+    ic: usize,
+    oc: usize,
+    o0: usize,
+) {
+    let blocks = ic / 32;
+    let wt = codes.as_ptr().add(o0 * ic);
+    let (acodes, ascales, offsets) = (q.codes.as_ptr(), q.scales.as_ptr(), q.offsets.as_ptr());
+    let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+    let mut acc = [_mm256_setzero_ps(); R];
+    for s in 0..blocks {
+        let w = wt.add(s * BLOCK);
+        // The stream's lines a page ahead (the hardware's prefetcher stops at pages).
+        for l in 0..BLOCK / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(AHEAD + 64 * l));
+        }
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut m = [_mm256_setzero_si256(); 8];
+        for k in 0..8 {
+            v[k] = _mm256_loadu_si256((w as *const __m256i).add(k));
+            // |w| for `vpmaddubsw`, or w + 128 for `vpdpbusd`.
+            m[k] = match V {
+                PAIRS => _mm256_sign_epi8(v[k], v[k]),
+                _ => _mm256_xor_si256(v[k], flip),
+            };
+        }
+        for r in 0..R {
+            let a = acodes.add(r * ic + s * 32);
+            let mut sum = match V {
+                PAIRS => _mm256_setzero_si256(),
+                _ => _mm256_set1_epi32(*offsets.add(r * blocks + s)),
+            };
+            for k in 0..8 {
+                let x = _mm256_set1_epi32(four(a.add(4 * k)));
+                sum = match V {
+                    PAIRS => {
+                        let p = _mm256_maddubs_epi16(m[k], _mm256_sign_epi8(x, v[k]));
+                        _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones))
+                    }
+                    _ => dot_add::<V>(sum, m[k], x),
+                };
+            }
+            let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), da, acc[r]);
+        }
+    }
+    let dw = _mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().add(o0) as *const __m128i));
+    for r in 0..R {
+        let o = out.as_mut_ptr().add(r * oc + o0);
+        _mm256_storeu_ps(o, _mm256_mul_ps(acc[r], dw));
+    }
+}
+
+/// Tiles `o0 / 8` and `o0 / 8 + 1` for the `R` activation rows, one 256-bit half each.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn pair<const R: usize, const V: u8>(
+    out: &mut [f32],
+    q: &QActs,
+    codes: &[i8],
+    scales: &[f16],
+    ic: usize,
+    oc: usize,
+    o0: usize,
+) {
+    let blocks = ic / 32;
+    let wa = codes.as_ptr().add(o0 * ic);
+    let wb = wa.add(8 * ic);
+    let (acodes, ascales, offsets) = (q.codes.as_ptr(), q.scales.as_ptr(), q.offsets.as_ptr());
+    let (ones, flip, zero) = (
+        _mm512_set1_epi16(1),
+        _mm512_set1_epi8(-128),
+        _mm512_setzero_si512(),
+    );
+    let mut acc = [_mm512_setzero_ps(); R];
+    for s in 0..blocks {
+        let (a, b) = (wa.add(s * BLOCK), wb.add(s * BLOCK));
+        for l in 0..BLOCK / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(AHEAD + 64 * l));
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD + 64 * l));
+        }
+        let mut m = [zero; 8];
+        let mut neg = [0 as __mmask64; 8];
+        for k in 0..8 {
+            let lo = _mm256_loadu_si256((a as *const __m256i).add(k));
+            let hi = _mm256_loadu_si256((b as *const __m256i).add(k));
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+            // |w| and w's sign as a mask, or w + 128.
+            (m[k], neg[k]) = match V {
+                PAIRS => (_mm512_abs_epi8(v), _mm512_movepi8_mask(v)),
+                _ => (_mm512_xor_si512(v, flip), 0),
+            };
+        }
+        for r in 0..R {
+            let x0 = acodes.add(r * ic + s * 32);
+            let mut sum = match V {
+                PAIRS => zero,
+                _ => _mm512_set1_epi32(*offsets.add(r * blocks + s)),
+            };
+            for k in 0..8 {
+                let x = _mm512_set1_epi32(four(x0.add(4 * k)));
+                sum = match V {
+                    PAIRS => {
+                        let signed = _mm512_mask_sub_epi8(x, neg[k], zero, x);
+                        let p = _mm512_maddubs_epi16(m[k], signed);
+                        _mm512_add_epi32(sum, _mm512_madd_epi16(p, ones))
+                    }
+                    _ => _mm512_dpbusd_epi32(sum, m[k], x),
+                };
+            }
+            let da = _mm512_set1_ps(*ascales.add(r * blocks + s));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), da, acc[r]);
+        }
+    }
+    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(scales.as_ptr().add(o0) as *const __m256i));
+    for r in 0..R {
+        let o = out.as_mut_ptr().add(r * oc + o0);
+        _mm512_storeu_ps(o, _mm512_mul_ps(acc[r], dw));
+    }
+}
