@@ -31,8 +31,8 @@ pub struct Cpu {
     /// Per-chunk partial sums of squares of 2-byte values, and whether the chunk held a
     /// non-finite one.
     half_partials: Mutex<Vec<(f64, bool)>>,
-    /// The quantized products' path when the backend was made: it decides the layout int4
-    /// weights are kept in for the backend's life ([`tiles`]).
+    /// The quantized products' path when the backend was made: it decides the layout int4 and
+    /// int8 weights are kept in for the backend's life ([`tiles`]).
     qmatmul_isa: kernels::qmatmul::Isa,
 }
 

@@ -17,6 +17,11 @@ use std::ops::Range;
 
 /// Rows `r` of a stored matrix (its codes, scales and zero points per row).
 fn rows_of(m: QMatrix, r: Range<usize>) -> QMatrix {
+    // The ranges a backend's own layout was decided by (`QMatrix::row_block`).
+    assert!(
+        r.start % m.row_block == 0 && r.len() == m.row_block,
+        "an expert's rows"
+    );
     let part = |t: Tensor| {
         assert_eq!(t.len % m.rows, 0, "a matrix's storage is whole rows");
         let per = t.len / m.rows;

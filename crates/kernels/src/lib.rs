@@ -58,8 +58,8 @@ mod testutil;
 
 /// Every dispatch and the path it takes at the current level, for reports (`bench --json`):
 /// the f32 GEMM, the bf16 GEMM, the quantized products and the layout a CPU backend made now
-/// keeps int4 and int8 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions) and NF4
-/// dequantization.
+/// keeps int4 and int8 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions)
+/// and NF4 dequantization.
 pub fn paths() -> Vec<(&'static str, &'static str)> {
     use cpu::Level;
     let simd = match fastmath::simd() {

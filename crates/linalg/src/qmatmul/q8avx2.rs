@@ -32,6 +32,41 @@
 //! seen (kernel internals, like faer's workspace, not tensors of the engine's plan). IC must be a
 //! multiple of 32.
 
+/// `$name::<R>`: `$kernel` (generic over the activation-row count `R`, 1..=8), compiled for a
+/// level's features (`avx2`, `avxvnni`, `avx512bw`: AVX-512 F, BW and VL, or `avx512vnni`);
+/// each level's entry points into the kernels.
+///
+/// # Safety
+/// The CPU must have the level's features; `q` holds `R` quantized rows of IC; `w` holds the
+/// (OC, IC) matrix, in the layout `$kernel` reads; `range` is whole tiles where `w` is tiled.
+macro_rules! kernel_with {
+    ($name:ident, avx2, $($k:tt)+) => {
+        kernel_with!(@ $name, "avx2,fma,f16c", $($k)+);
+    };
+    ($name:ident, avxvnni, $($k:tt)+) => {
+        kernel_with!(@ $name, "avx2,fma,f16c,avxvnni", $($k)+);
+    };
+    ($name:ident, avx512bw, $($k:tt)+) => {
+        kernel_with!(@ $name, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", $($k)+);
+    };
+    ($name:ident, avx512vnni, $($k:tt)+) => {
+        kernel_with!(@ $name, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", $($k)+);
+    };
+    (@ $name:ident, $features:literal, $($kernel:tt)+) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name<const R: usize>(
+            out: &mut [f32],
+            q: &QActs,
+            w: &Weights,
+            ic: usize,
+            oc: usize,
+            range: Range<usize>,
+        ) {
+            $($kernel)+(out, q, w, ic, oc, range)
+        }
+    };
+}
+
 mod grouped;
 mod int4;
 mod nf4;
@@ -191,30 +226,10 @@ pub(super) unsafe fn rows(
     }
 }
 
-/// `$name::<R>`: [`rows_n`] with the sums formed by `$dot`, compiled for `$features`.
-macro_rules! rows_with {
-    ($name:ident, $features:literal, $dot:expr) => {
-        #[target_feature(enable = $features)]
-        unsafe fn $name<const R: usize>(
-            out: &mut [f32],
-            q: &QActs,
-            w: &Weights,
-            ic: usize,
-            oc: usize,
-            range: Range<usize>,
-        ) {
-            rows_n::<R, $dot>(out, q, w, ic, oc, range)
-        }
-    };
-}
-
-rows_with!(rows_avx2, "avx2,fma,f16c", PAIRS);
-rows_with!(
-    rows_evex,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    EVEX
-);
-rows_with!(rows_vex, "avx2,fma,f16c,avxvnni", VEX);
+// [`rows_n`] with the sums by `vpmaddubsw`, EVEX `vpdpbusd` or VEX `vpdpbusd`.
+kernel_with!(rows_avx2, avx2, rows_n::<R, PAIRS>);
+kernel_with!(rows_evex, avx512vnni, rows_n::<R, EVEX>);
+kernel_with!(rows_vex, avxvnni, rows_n::<R, VEX>);
 
 #[inline(always)]
 unsafe fn rows_n<const R: usize, const V: u8>(

@@ -59,10 +59,22 @@ pub(in crate::qmatmul) unsafe fn quantize(
                 false if d > 0.0 => 1.0 / d,
                 _ => 0.0,
             };
+            // A block below 3.7e-37 has no finite 1 / scale: it counts as zeros, next to nothing
+            // a sum of normal values holds.
+            let (d, inv) = if inv.is_finite() {
+                (d, inv)
+            } else {
+                (0.0, 0.0)
+            };
             let inv = _mm256_set1_ps(inv);
-            // cvtps rounds to nearest even (the default MXCSR mode), as `round_ties_even`.
-            let v: [__m256i; 4] =
-                std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv)));
+            // cvtps rounds to nearest even (the default MXCSR mode), as `round_ties_even`. The
+            // codes of finite activations lie in ±127 already; the clamp keeps those of an
+            // activation that is not finite there too (cvtps gives i32::MIN).
+            let (top, bottom) = (_mm256_set1_epi32(127), _mm256_set1_epi32(-127));
+            let v: [__m256i; 4] = std::array::from_fn(|i| {
+                let c = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], inv));
+                _mm256_max_epi32(_mm256_min_epi32(c, top), bottom)
+            });
             let sum = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
             let lo = _mm256_packs_epi32(v[0], v[1]);
             let hi = _mm256_packs_epi32(v[2], v[3]);

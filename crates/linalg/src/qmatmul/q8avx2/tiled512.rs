@@ -43,34 +43,9 @@ unsafe fn tiles<const R: usize, const V: u8>(
     }
 }
 
-/// `$name::<R>`: the tiles in `range` with the sums formed by `$dot`, compiled for `$features`.
-///
-/// # Safety
-/// The CPU must have `$features`; `q` holds `R` quantized rows of IC; `w` is `Int4Tiled` holding
-/// the (OC, IC) matrix; `range` is whole tiles.
-macro_rules! tiles_with {
-    ($name:ident, $features:literal, $dot:expr) => {
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name<const R: usize>(
-            out: &mut [f32],
-            q: &QActs,
-            w: &Weights,
-            ic: usize,
-            oc: usize,
-            range: Range<usize>,
-        ) {
-            tiles::<R, $dot>(out, q, w, ic, oc, range)
-        }
-    };
-}
-
 // AVX-512 VNNI's `vpdpbusd`, and AVX-512 BW's `vpmaddubsw` (a CPU without VNNI).
-tiles_with!(
-    tiles_vnni,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    EVEX
-);
-tiles_with!(tiles_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", PAIRS);
+kernel_with!(tiles_vnni, avx512vnni, tiles::<R, EVEX>);
+kernel_with!(tiles_bw, avx512bw, tiles::<R, PAIRS>);
 
 /// Tiles `o0 / 8` and `o0 / 8 + 1` for the `R` activation rows (quantized in natural order, with
 /// their code sums per weight group).

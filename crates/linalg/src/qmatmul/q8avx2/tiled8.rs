@@ -7,11 +7,11 @@
 //!
 //! The integer sums are exact, whatever forms them:
 //! - with VNNI (`vpdpbusd`: unsigned × signed bytes), each weight run is flipped to unsigned
-//!   (w + 128) once for every activation row, and the sum starts from −128 × the block's code sum
-//!   (`QActs::offsets`), which the offset adds back;
+//!   (w + 128) once, for all the activation rows, and each row's sum starts from −128 × the
+//!   block's code sum (`QActs::offsets`), which the offset adds back;
 //! - with `vpmaddubsw` (AVX2, AVX-512 BW), |w| times the activation with w's sign (`vpsignb`; a
 //!   mask at 512 bits, which has no `vpsignb`), the pair sums widened by `vpmaddwd` at once (two
-//!   of 127 × 127 already fill 16 bits).
+//!   products of at most 128 × 127 come to 32512, near 16 bits' limit).
 //!
 //! Then every path does the same float operations per lane: Σ_blocks sum · d_a added in block
 //! order, times the row's scale at the end. So every path gives the same bits, whatever the
@@ -45,6 +45,7 @@ unsafe fn tiles<const R: usize, const V: u8, const WIDE: bool>(
     assert!(R <= super::ROWS && q.codes.len() >= R * ic && q.offsets.len() >= R * ic / 32);
     assert!(range.start.is_multiple_of(8) && range.end.is_multiple_of(8) && range.end <= oc);
     assert!(codes.len() == oc * ic && scales.len() == oc);
+    debug_assert!(!q.paired, "activations in their natural order");
     let mut o0 = range.start;
     while WIDE && o0 + 16 <= range.end {
         pair::<R, V>(out, q, codes, scales, ic, oc, o0);
@@ -56,42 +57,11 @@ unsafe fn tiles<const R: usize, const V: u8, const WIDE: bool>(
     }
 }
 
-/// `$name::<R>`: the int8 tiles in `range`, the sums by `$dot`, 512 bits wide if `$wide`,
-/// compiled for `$features`.
-///
-/// # Safety
-/// The CPU must have `$features`; `q` holds `R` quantized rows of IC; `w` is `Int8Tiled` holding
-/// the (OC, IC) matrix; `range` is whole tiles.
-macro_rules! tiles8_with {
-    ($name:ident, $features:literal, $dot:expr, $wide:expr) => {
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name<const R: usize>(
-            out: &mut [f32],
-            q: &QActs,
-            w: &Weights,
-            ic: usize,
-            oc: usize,
-            range: Range<usize>,
-        ) {
-            tiles::<R, $dot, $wide>(out, q, w, ic, oc, range)
-        }
-    };
-}
-
-tiles8_with!(tiles8_avx2, "avx2,fma,f16c", PAIRS, false);
-tiles8_with!(tiles8_vex, "avx2,fma,f16c,avxvnni", VEX, false);
-tiles8_with!(
-    tiles8_vnni,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    EVEX,
-    true
-);
-tiles8_with!(
-    tiles8_bw,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
-    PAIRS,
-    true
-);
+// Eight outputs a sum (AVX2's `vpmaddubsw`, AVX-VNNI), or sixteen (AVX-512 VNNI, AVX-512 BW).
+kernel_with!(tiles8_avx2, avx2, tiles::<R, PAIRS, false>);
+kernel_with!(tiles8_vex, avxvnni, tiles::<R, VEX, false>);
+kernel_with!(tiles8_vnni, avx512vnni, tiles::<R, EVEX, true>);
+kernel_with!(tiles8_bw, avx512bw, tiles::<R, PAIRS, true>);
 
 /// Four activation codes at `a`, in every 32-bit lane.
 #[inline(always)]

@@ -155,3 +155,48 @@ fn tiled_int8_matches_the_reference_and_keeps_its_bits_on_every_path() {
         same_bits_on_every_integer_path(&name, &w, ic, oc);
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn activations_too_small_for_a_scale_count_as_zeros() {
+    // A block whose absmax is below 3.7e-37 has no finite 1 / scale: it counts as zeros, beside
+    // a block of normal values that multiplies as ever.
+    let (oc, ic) = (16, 64);
+    let s = stored(&mut Rng::new(11), oc, ic, oc);
+    let raw: Vec<u8> = s.i8s.iter().map(|&c| c as u8).collect();
+    let mut codes = vec![0u8; raw.len()];
+    tiles::tile_codes8(&raw, &mut codes, oc, ic);
+    let codes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+    let w = QWeight::Int8Tiled {
+        codes: &codes,
+        scales: &s.h_scales[..oc],
+    };
+    let tiny = |i: usize| if i.is_multiple_of(2) { 1e-38 } else { -1e-38 };
+    // Row 0: both blocks tiny; row 1: a normal block, then a tiny one.
+    let inp: Vec<f32> = (0..2 * ic)
+        .map(|i| match i < ic + 32 && i >= ic {
+            true => (i % 7) as f32 - 3.0,
+            false => tiny(i),
+        })
+        .collect();
+    let mut normal = inp[ic..].to_vec();
+    normal[32..].fill(0.0);
+    let mut want = vec![0.0f32; oc];
+    reference(&mut want, &avx2_activations(&normal, 1, ic), &w, 1, ic, oc);
+    for isa in isas().into_iter().filter(|&i| i != Isa::Portable) {
+        let mut got = vec![f32::NAN; 2 * oc];
+        matmul_on(isa, &mut got, &inp, &w, 2, ic, oc);
+        assert!(
+            got[..oc].iter().all(|&x| x == 0.0),
+            "{}: {got:?}",
+            isa.name()
+        );
+        for (g, x) in got[oc..].iter().zip(&want) {
+            assert!(
+                (g - x).abs() <= 1e-5 * x.abs().max(1.0),
+                "{}: {g} against {x}",
+                isa.name()
+            );
+        }
+    }
+}
