@@ -86,6 +86,14 @@ fn tiled_int4_matches_the_reference_and_keeps_its_bits_on_every_path() {
     }
 }
 
+/// int8 codes of an (OC, IC) matrix in tiles of eight rows.
+fn tiled8(rows: &[i8], oc: usize, ic: usize) -> Vec<i8> {
+    let raw: Vec<u8> = rows.iter().map(|&c| c as u8).collect();
+    let mut codes = vec![0u8; raw.len()];
+    tiles::tile_codes8(&raw, &mut codes, oc, ic);
+    codes.iter().map(|&c| c as i8).collect()
+}
+
 /// `w`'s output bits on every integer path, which must agree.
 fn same_bits_on_every_integer_path(name: &str, w: &QWeight, ic: usize, oc: usize) {
     let n = 5;
@@ -106,10 +114,7 @@ fn same_bits_on_every_integer_path(name: &str, w: &QWeight, ic: usize, oc: usize
 fn tiled_int8_holds_every_weight_of_its_rows_and_tiles_back() {
     let (oc, ic) = (24, 320);
     let s = stored(&mut Rng::new(4), oc, ic, oc);
-    let raw: Vec<u8> = s.i8s.iter().map(|&c| c as u8).collect();
-    let mut codes = vec![0u8; raw.len()];
-    tiles::tile_codes8(&raw, &mut codes, oc, ic);
-    let codes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+    let codes = tiled8(&s.i8s, oc, ic);
     let scales = &s.h_scales[..oc];
     let rows = QWeight::Int8 {
         codes: &s.i8s,
@@ -126,8 +131,9 @@ fn tiled_int8_holds_every_weight_of_its_rows_and_tiles_back() {
         }
     }
     let flat: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
-    let mut back = vec![0u8; raw.len()];
+    let mut back = vec![0u8; flat.len()];
     tiles::untile_codes8(&flat, &mut back, oc, ic);
+    let raw: Vec<u8> = s.i8s.iter().map(|&c| c as u8).collect();
     assert!(back == raw, "int8 tiles back to rows");
 }
 
@@ -138,13 +144,11 @@ fn tiled_int8_matches_the_reference_and_keeps_its_bits_on_every_path() {
     for (ic, extreme) in [(512, false), (320, false), (576, false), (256, true)] {
         let oc = 296;
         let s = stored(&mut Rng::new(ic as u64 + 9), oc, ic, oc);
-        let raw: Vec<u8> = match extreme {
-            true => (0..oc * ic).map(|i| [127u8, 0x81, 0x80][i % 3]).collect(),
-            false => s.i8s.iter().map(|&c| c as u8).collect(),
+        let rows: Vec<i8> = match extreme {
+            true => (0..oc * ic).map(|i| [127, -127, -128][i % 3]).collect(),
+            false => s.i8s.clone(),
         };
-        let mut codes = vec![0u8; raw.len()];
-        tiles::tile_codes8(&raw, &mut codes, oc, ic);
-        let codes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+        let codes = tiled8(&rows, oc, ic);
         let w = QWeight::Int8Tiled {
             codes: &codes,
             scales: &s.h_scales[..oc],
@@ -163,10 +167,7 @@ fn activations_too_small_for_a_scale_count_as_zeros() {
     // a block of normal values that multiplies as ever.
     let (oc, ic) = (16, 64);
     let s = stored(&mut Rng::new(11), oc, ic, oc);
-    let raw: Vec<u8> = s.i8s.iter().map(|&c| c as u8).collect();
-    let mut codes = vec![0u8; raw.len()];
-    tiles::tile_codes8(&raw, &mut codes, oc, ic);
-    let codes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+    let codes = tiled8(&s.i8s, oc, ic);
     let w = QWeight::Int8Tiled {
         codes: &codes,
         scales: &s.h_scales[..oc],
