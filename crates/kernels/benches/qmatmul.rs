@@ -56,6 +56,7 @@ fn main() {
     let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 8.0 - 1.0);
     let isas = qmatmul::supported();
     let only = std::env::var("QM_ONLY").ok();
+    let mut ran = 0;
     for group in [32usize, 128] {
         let h_g: Vec<f16> = (0..n / group).map(|_| f16::from_f32(0.01)).collect();
         let f_g: Vec<f32> = vec![0.01; n / group];
@@ -140,6 +141,7 @@ fn main() {
             {
                 continue;
             }
+            ran += 1;
             for &isa in &isas {
                 // VNNI changes only the integer layouts (int4, int8, ggml's blocks).
                 let integer = name.starts_with("int") || name.starts_with("ggml");
@@ -169,6 +171,13 @@ fn main() {
                 }
             }
         }
+    }
+    if let (Some(o), 0) = (&only, ran) {
+        eprintln!(
+            "QM_ONLY={o} names no format: give some of f32, bf16, int8, int8t, int4, int4t, \
+             nf4, ggml, ggml4 (comma-separated)"
+        );
+        std::process::exit(2);
     }
     let _ = qmatmul::ROWS;
 }

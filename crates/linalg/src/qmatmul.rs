@@ -204,9 +204,8 @@ pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc
 /// (sixteen, two tiles, at the AVX-512 levels). A backend that tiles a matrix must hand it over
 /// as `Int4Tiled` at every level.
 pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
-    let shape = oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB);
     let groups = group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group);
-    isa != Isa::Portable && shape && groups
+    tiles_int8(isa, oc, ic) && groups
 }
 
 /// Whether int8 weights of (OC, IC) run fastest tiled ([`tiles::tile_codes8`]) at `isa`: at every
