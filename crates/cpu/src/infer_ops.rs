@@ -77,12 +77,21 @@ fn with_weight<R>(a: &Arena<Cpu>, m: &QMatrix, f: impl FnOnce(&QWeight) -> R) ->
         WeightFormat::Nf4 { group } => {
             let codes = a.view::<u8>(m.codes);
             let scales = a.view::<f32>(m.scales.unwrap());
-            f(&QWeight::Nf4 {
-                codes: &codes,
-                scales: &scales,
-                levels: &levels,
-                group: group as usize,
-            })
+            let (codes, scales, levels, group) = (&codes, &scales, &levels, group as usize);
+            match a.backend().tiled(m) {
+                true => f(&QWeight::Nf4Tiled {
+                    codes,
+                    scales,
+                    levels,
+                    group,
+                }),
+                false => f(&QWeight::Nf4 {
+                    codes,
+                    scales,
+                    levels,
+                    group,
+                }),
+            }
         }
     }
 }

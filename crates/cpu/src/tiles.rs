@@ -1,8 +1,8 @@
-//! The CPU backend's own layout for int4 and int8 weights: tiles of eight output rows
+//! The CPU backend's own layout for int4, int8 and nf4 weights: tiles of eight output rows
 //! (`kernels::qmatmul::tiles`) where `qmatmul::tiles_int4` or `tiles_int8` holds (every level from
-//! AVX2 up), which the integer kernel reads as one stream and multiplies eight outputs a vector
-//! (sixteen, two tiles, at the AVX-512 levels). The same bytes as the packer's rows, in another
-//! order (an int8 matrix's per-row scales keep theirs); a weights file still holds the rows
+//! AVX2 up; nf4 as int4), which the integer kernel reads as one stream and multiplies eight outputs
+//! a vector (sixteen, two tiles, at the AVX-512 levels). The same bytes as the packer's rows, in
+//! another order (an int8 matrix's per-row scales keep theirs); a weights file still holds the rows
 //! (`download_matrix` gives them back).
 //!
 //! Which matrices are tiled is decided by the path the backend was made at and each matrix's
@@ -25,7 +25,7 @@ impl Cpu {
             return false;
         }
         match m.format {
-            WeightFormat::Int4 { group, .. } => {
+            WeightFormat::Int4 { group, .. } | WeightFormat::Nf4 { group } => {
                 qmatmul::tiles_int4(self.qmatmul_isa, m.rows, m.cols, group as usize)
             }
             WeightFormat::Int8 => qmatmul::tiles_int8(self.qmatmul_isa, m.rows, m.cols),
@@ -56,7 +56,7 @@ pub(super) fn upload_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&[u8]; 3]) {
     }
     tiles::tile_codes(codes, &mut tiled, rows, cols);
     upload_bytes(a, m.codes, &tiled);
-    for (t, bytes, size) in [(m.scales, scales, 2), (m.zeros, zeros, 1)] {
+    for (t, bytes, size) in [(m.scales, scales, scale_bytes(m)), (m.zeros, zeros, 1)] {
         if let Some(t) = t {
             let mut tiled = vec![0u8; bytes.len()];
             tiles::tile_groups(bytes, &mut tiled, rows, groups, size, false);
@@ -77,7 +77,7 @@ pub(super) fn download_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&mut [u8]; 3]
         true => tiles::untile_codes(&raw, codes, rows, cols),
         false => codes.copy_from_slice(&raw),
     }
-    for (t, bytes, size) in [(m.scales, scales, 2), (m.zeros, zeros, 1)] {
+    for (t, bytes, size) in [(m.scales, scales, scale_bytes(m)), (m.zeros, zeros, 1)] {
         if let Some(t) = t {
             let mut raw = vec![0u8; bytes.len()];
             download_bytes(a, t, &mut raw);
@@ -89,11 +89,19 @@ pub(super) fn download_matrix(a: &Arena<Cpu>, m: &QMatrix, parts: [&mut [u8]; 3]
     }
 }
 
-/// Rows, columns and groups a row of an int4 matrix (one of an int8 one).
+/// Rows, columns and groups a row of an int4 or nf4 matrix (one of an int8 one).
 fn shape(m: &QMatrix) -> (usize, usize, usize) {
     let group = match m.format {
-        WeightFormat::Int4 { group, .. } => group as usize,
+        WeightFormat::Int4 { group, .. } | WeightFormat::Nf4 { group } => group as usize,
         _ => m.cols,
     };
     (m.rows, m.cols, m.cols / group)
+}
+
+/// Bytes of one of `m`'s scales: nf4's fp32, int4's fp16.
+fn scale_bytes(m: &QMatrix) -> usize {
+    match m.format {
+        WeightFormat::Nf4 { .. } => 4,
+        _ => 2,
+    }
 }

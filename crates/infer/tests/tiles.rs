@@ -1,9 +1,9 @@
-//! int4 and int8 weights the CPU backend keeps in tiles of eight rows (made at `avx2`, `avx2vnni`,
-//! and at `avx512` and `avx512vnni`, which multiply two tiles a 512-bit vector): the arena holds
-//! them in another order, a saved weights file holds the same bytes as one saved from rows, a file
-//! loads back into tiles, and the model answers as it does from rows: dense, and Mixtral's
-//! experts, each a range of the stacked matrices' tiles (or, where an expert's rows are not whole
-//! tiles, rows).
+//! int4, int8 and nf4 weights the CPU backend keeps in tiles of eight rows (made at `avx2`,
+//! `avx2vnni`, and at `avx512` and `avx512vnni`, which multiply two tiles a 512-bit vector): the
+//! arena holds them in another order, a saved weights file holds the same bytes as one saved from
+//! rows, a file loads back into tiles, and the model answers as it does from rows: dense, and
+//! Mixtral's experts, each a range of the stacked matrices' tiles (or, where an expert's rows are
+//! not whole tiles, rows).
 
 use cpu::Cpu;
 use engine::backend::Backend;
@@ -86,7 +86,7 @@ fn arena_bytes(w: &Worker) -> Vec<u8> {
 }
 
 #[test]
-fn tiled_int4_and_int8_save_load_and_answer_as_rows_do() {
+fn tiled_int4_int8_and_nf4_save_load_and_answer_as_rows_do() {
     let dir = std::env::temp_dir().join(format!("frugal-tiles-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut mixtral = mixtral_tiny();
@@ -106,8 +106,10 @@ fn tiled_int4_and_int8_save_load_and_answer_as_rows_do() {
         (llama_tiny(), int4(false)),
         (mixtral.clone(), int4(true)),
         (llama_tiny(), WeightFormat::Int8),
-        (mixtral, WeightFormat::Int8),
+        (mixtral.clone(), WeightFormat::Int8),
         (odd, WeightFormat::Int8),
+        (llama_tiny(), WeightFormat::Nf4 { group: 32 }),
+        (mixtral, WeightFormat::Nf4 { group: 32 }),
     ];
     // No AVX2: the backend keeps rows at every level, and there is nothing to test.
     for level in levels.into_iter().filter(|l| supported().contains(l)) {

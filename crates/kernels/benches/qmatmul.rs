@@ -2,7 +2,7 @@
 //! stored layout on every path this CPU runs, at 1 and 8 activation rows, against a streaming
 //! read of a 1 GiB buffer timed in the same run: each line reports the weight bytes read per
 //! second and that as a fraction of the measured bandwidth. No assertions (speed is not a test).
-//! `QM_ONLY=int8,int8t` runs only the formats named.
+//! `QM_ONLY=int8,int8t` runs only the formats named (a `t`: the same codes in tiles).
 //!
 //! Also one core's issue rate of 512-bit FMAs and `vpdpbusd`s (the ceiling of the batched,
 //! compute-bound case) and, with `QM_MODEL=1` (or `int8`), one pass over a model's worth of
@@ -106,6 +106,16 @@ fn main() {
                     group,
                 },
             ),
+            (
+                // In int4's tiles (its scales all alike, so their order is moot here).
+                format!("nf4t g{group}"),
+                QWeight::Nf4Tiled {
+                    codes: &tiled,
+                    scales: &f_g,
+                    levels: &levels,
+                    group,
+                },
+            ),
         ];
         if group == 32 {
             // A GGUF file's blocks as the engine runs them: a scale and a minimum per 32.
@@ -143,13 +153,13 @@ fn main() {
             }
             ran += 1;
             for &isa in &isas {
-                // VNNI changes only the integer layouts (int4, int8, ggml's blocks).
-                let integer = name.starts_with("int") || name.starts_with("ggml");
+                // VNNI changes only the integer layouts (int4, int8, nf4, ggml's blocks).
+                let integer = !name.starts_with('f') && !name.starts_with("bf");
                 if matches!(isa, Isa::Avx512Vnni | Isa::Avx2Vnni) && !integer {
                     continue;
                 }
                 // Tiles are the integer path's layout; a plain loop reads them weight by weight.
-                if isa == Isa::Portable && (name.starts_with("int4t") || name == "int8t") {
+                if isa == Isa::Portable && head.ends_with('t') {
                     continue;
                 }
                 for rows in [1usize, 8] {
@@ -175,7 +185,7 @@ fn main() {
     if let (Some(o), 0) = (&only, ran) {
         eprintln!(
             "QM_ONLY={o} names no format: give some of f32, bf16, int8, int8t, int4, int4t, \
-             nf4, ggml, ggml4 (comma-separated)"
+             nf4, nf4t, ggml, ggml4 (comma-separated)"
         );
         std::process::exit(2);
     }

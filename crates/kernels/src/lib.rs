@@ -56,10 +56,10 @@ mod accumulates;
 #[cfg(test)]
 mod testutil;
 
-/// Every dispatch and the path it takes at the current level, for reports (`bench --json`):
-/// the f32 GEMM, the bf16 GEMM, the quantized products and the layout a CPU backend made now
-/// keeps int4 and int8 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions)
-/// and NF4 dequantization.
+/// Every dispatch and the path it takes at the current level, for reports (`bench --json`): the f32
+/// GEMM, the bf16 GEMM, the quantized products and the layout a CPU backend made now keeps int4,
+/// int8 and nf4 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions) and NF4
+/// dequantization.
 pub fn paths() -> Vec<(&'static str, &'static str)> {
     use cpu::Level;
     let simd = match fastmath::simd() {
@@ -78,6 +78,7 @@ pub fn paths() -> Vec<(&'static str, &'static str)> {
         ("qmatmul", qmatmul::best_isa().name()),
         ("int4_layout", qmatmul::layout(qmatmul::best_isa())),
         ("int8_layout", qmatmul::layout(qmatmul::best_isa())),
+        ("nf4_layout", qmatmul::layout(qmatmul::best_isa())),
         ("vector_loops", simd),
         ("dequant_nf4", dequant),
     ]

@@ -14,7 +14,8 @@
 //!   interleaved ([`tiles`]), the layout the integer kernel reads fastest at every level from
 //!   AVX2 up ([`tiles_int4`], [`tiles_int8`]; a backend tiles its weights as it loads them).
 //! - `Nf4`: the same nibble order; a code indexes the 16 QLoRA levels (passed in, as the
-//!   `formats` crate defines them) and is scaled by its group's fp32 absmax.
+//!   `formats` crate defines them) and is scaled by its group's fp32 absmax. `Nf4Tiled`: in
+//!   int4's tiles ([`tiles_int4`] says where).
 //! - `Grouped`: one signed code per weight, row-major, in groups of 16 or 32 along a row, each
 //!   with an fp32 scale and, optionally, an fp32 minimum: w = scale × code + min. ggml's block
 //!   types (Q4_0 … Q8_0, the k-quants) repack into it with their values exact.
@@ -101,6 +102,14 @@ pub enum QWeight<'a> {
         group: usize,
     },
     Nf4 {
+        codes: &'a [u8],
+        scales: &'a [f32],
+        levels: &'a [f32; 16],
+        group: usize,
+    },
+    /// As `Nf4`, in int4's tiles of eight output rows ([`tiles`]), the scales per tile and group
+    /// as int4's; OC a multiple of 8.
+    Nf4Tiled {
         codes: &'a [u8],
         scales: &'a [f32],
         levels: &'a [f32; 16],
@@ -199,10 +208,10 @@ pub fn matmul(out: &mut [f32], inp: &[f32], w: &QWeight, n: usize, ic: usize, oc
     matmul_on(best_isa(), out, inp, w, n, ic, oc);
 }
 
-/// Whether int4 weights of (OC, IC) in groups of `group` run fastest tiled ([`tiles`]) at `isa`:
-/// at every level from AVX2 up, where the integer kernel multiplies them eight outputs a vector
-/// (sixteen, two tiles, at the AVX-512 levels). A backend that tiles a matrix must hand it over
-/// as `Int4Tiled` at every level.
+/// Whether int4 (or nf4) weights of (OC, IC) in groups of `group` run fastest tiled ([`tiles`])
+/// at `isa`: at every level from AVX2 up, where the integer kernel multiplies them eight outputs a
+/// vector (sixteen, two tiles, at the AVX-512 levels). A backend that tiles a matrix must hand it
+/// over as `Int4Tiled` (`Nf4Tiled`) at every level.
 pub fn tiles_int4(isa: Isa, oc: usize, ic: usize, group: usize) -> bool {
     let groups = group.is_multiple_of(SUB) && group > 0 && ic.is_multiple_of(group);
     tiles_int8(isa, oc, ic) && groups
@@ -215,7 +224,7 @@ pub fn tiles_int8(isa: Isa, oc: usize, ic: usize) -> bool {
     isa != Isa::Portable && oc.is_multiple_of(tiles::TILE) && ic.is_multiple_of(SUB)
 }
 
-/// The layout int4 and int8 weights run in at `isa`, as reports name it ([`tiles_int4`],
+/// The layout int4, int8 and nf4 weights run in at `isa`, as reports name it ([`tiles_int4`],
 /// [`tiles_int8`] where the shape allows).
 pub fn layout(isa: Isa) -> &'static str {
     match isa {
@@ -251,7 +260,7 @@ pub fn matmul_on(
         isa.name()
     );
     let mut chunk = task_rows(oc);
-    if let QWeight::Int4Tiled { .. } | QWeight::Int8Tiled { .. } = w {
+    if let QWeight::Int4Tiled { .. } | QWeight::Int8Tiled { .. } | QWeight::Nf4Tiled { .. } = w {
         // Whole tiles; at the AVX-512 levels, whole pairs of them (one 512-bit vector).
         let wide = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni);
         chunk = chunk.next_multiple_of(tiles::TILE << usize::from(wide));
@@ -402,7 +411,8 @@ fn run_rows(isa: Isa, out: &mut [f32], p: Rows, range: std::ops::Range<usize>) {
     if let QWeight::Grouped { .. }
     | QWeight::Grouped4 { .. }
     | QWeight::Int4Tiled { .. }
-    | QWeight::Int8Tiled { .. } = p.w
+    | QWeight::Int8Tiled { .. }
+    | QWeight::Nf4Tiled { .. } = p.w
     {
         // Grouped and tiled weights run on the integer path from AVX2 up; below it, here
         // (ggml's groups of 32: `ggml::rows`).

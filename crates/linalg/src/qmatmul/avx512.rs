@@ -83,7 +83,8 @@ unsafe fn rows_n<const R: usize>(out: &mut [f32], p: Rows, range: Range<usize>) 
             | QWeight::Grouped4 { .. }
             | QWeight::Int4Tiled { .. }
             | QWeight::Int8Tiled { .. }
-            | QWeight::Nf4 { .. } => {
+            | QWeight::Nf4 { .. }
+            | QWeight::Nf4Tiled { .. } => {
                 scalar_tail::<R>(&mut tail, a, ic, 0, |i| w.at(o, i, ic));
             }
         }

@@ -77,6 +77,7 @@ fn dequantize(w: &QWeight, o: usize, c0: usize, ic: usize, out: &mut [f32]) {
         | QWeight::Int4Tiled { .. }
         | QWeight::Int8Tiled { .. }
         | QWeight::Nf4 { .. }
+        | QWeight::Nf4Tiled { .. }
         | QWeight::Grouped { .. }
         | QWeight::Grouped4 { .. } => {
             for (j, x) in out.iter_mut().enumerate() {

@@ -19,7 +19,8 @@
 //!   outputs a sum (sixteen in 512 bits), and with VNNI the weights offset to unsigned instead.
 //! - nf4: the codes unpack as int4's, then `vpshufb` looks each up in the 16 levels held as
 //!   signed bytes ([`lut4`]), and the block multiplies as int8's; the table's unit joins each
-//!   group's scale. Pairs of blocks share one load where [`quantize::paired`] holds, as int4's.
+//!   group's scale. Pairs of blocks share one load where [`quantize::paired`] holds, as int4's;
+//!   in int4's tiles ([`tiled_nf4`]) the looked-up block multiplies as int8's tiles.
 //! - grouped int8 (ggml's blocks repacked): as int8, with a scale per group of 32 (or 16: the
 //!   block's low and high 4 lanes take their own) applied to each block's sum, and each group's
 //!   minimum times the activations' sum over the group added once per output. Codes 0..15
@@ -74,10 +75,12 @@ mod quantize;
 mod tiled;
 mod tiled512;
 mod tiled8;
+mod tiled_nf4;
 
 pub(super) use quantize::{dequantized, quantize};
 use tiled512::{tiles_bw, tiles_vnni};
 use tiled8::{tiles8_avx2, tiles8_bw, tiles8_vex, tiles8_vnni};
+use tiled_nf4::{tiles_nf4_avx2, tiles_nf4_bw, tiles_nf4_vex, tiles_nf4_vnni};
 
 use super::ROWS;
 use half::f16;
@@ -144,6 +147,15 @@ pub(super) enum Weights<'a> {
         codes: Codes<'a>,
         scales: &'a [f32],
         mins: Option<&'a [f32]>,
+        group: usize,
+    },
+    /// nf4 in int4's tiles of eight output rows, its levels as signed bytes ([`lut4`]) whose unit
+    /// multiplies each group's scale.
+    Nf4Tiled {
+        codes: &'a [u8],
+        scales: &'a [f32],
+        table: [i8; 16],
+        unit: f32,
         group: usize,
     },
 }
@@ -215,6 +227,14 @@ pub(super) unsafe fn rows(
             Dot::Bw => by_rows!(rows, tiles8_bw(out, q, w, ic, oc, range)),
             Dot::Vex => by_rows!(rows, tiles8_vex(out, q, w, ic, oc, range)),
             Dot::Pairs => by_rows!(rows, tiles8_avx2(out, q, w, ic, oc, range)),
+        };
+    }
+    if let Weights::Nf4Tiled { .. } = w {
+        return match dot {
+            Dot::Evex => by_rows!(rows, tiles_nf4_vnni(out, q, w, ic, oc, range)),
+            Dot::Bw => by_rows!(rows, tiles_nf4_bw(out, q, w, ic, oc, range)),
+            Dot::Vex => by_rows!(rows, tiles_nf4_vex(out, q, w, ic, oc, range)),
+            Dot::Pairs => by_rows!(rows, tiles_nf4_avx2(out, q, w, ic, oc, range)),
         };
     }
     match dot {
@@ -321,8 +341,8 @@ unsafe fn outputs<const R: usize, const O: usize, const V: u8>(
             zeros,
             group,
         } => int4::outputs::<R, O, V>(out, q, codes, scales, zeros, group, ic, oc, o0),
-        Weights::Int4Tiled { .. } | Weights::Int8Tiled { .. } => {
-            unreachable!("tiles run whole in rows_n and tiled8")
+        Weights::Int4Tiled { .. } | Weights::Int8Tiled { .. } | Weights::Nf4Tiled { .. } => {
+            unreachable!("tiles run whole in rows_n, tiled8 and tiled_nf4")
         }
         Weights::Int8 { codes, scales } => {
             let wrow: [*const i8; O] = std::array::from_fn(|j| codes.as_ptr().add((o0 + j) * ic));

@@ -11,14 +11,14 @@ pub(super) fn vnni_chunks(group: usize, ic: usize) -> bool {
 }
 
 /// `w` as the AVX2 integer kernel multiplies it, with its activations' group, where it runs there
-/// at `isa`: int4 and int8 in tiles at every level from AVX2 up, int4 in rows at the AVX2 levels
-/// and AVX-512 without VNNI (int4 dequantized to f32 multiply-adds ran at a quarter to a third of
-/// this kernel's rate in tiles: `cargo bench -p kernels --bench qmatmul`, 2 Xeon model 207 cores),
-/// and at the VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows); int8 in
-/// rows, nf4 and ggml's blocks at every level from AVX2 up (the AVX-512 int8 path multiplies in f32
-/// and ran 0.56 of the bandwidth against this one's 0.82: TinyLlama int8 decode, 2 Zen 4 cores;
-/// nf4's f32 table path ran TinyLlama at 0.16-0.20 of it capped to AVX2, this one 0.60-0.62, on 2
-/// Sapphire Rapids cores). `None`: a float path.
+/// at `isa`: int4, int8 and nf4 in tiles at every level from AVX2 up, int4 in rows at the AVX2
+/// levels and AVX-512 without VNNI (int4 dequantized to f32 multiply-adds ran at a quarter to a
+/// third of this kernel's rate in tiles: `cargo bench -p kernels --bench qmatmul`, 2 Xeon model 207
+/// cores), and at the VNNI level where [`vnni_chunks`] does not hold (SmolLM2's 576-wide rows);
+/// int8 in rows, nf4 and ggml's blocks at every level from AVX2 up (the AVX-512 int8 path
+/// multiplies in f32 and ran 0.56 of the bandwidth against this one's 0.82: TinyLlama int8 decode,
+/// 2 Zen 4 cores; nf4's f32 table path ran TinyLlama at 0.16-0.20 of it capped to AVX2, this one
+/// 0.60-0.62, on 2 Sapphire Rapids cores). `None`: a float path.
 pub(super) fn integer_weights<'a>(
     isa: Isa,
     w: &QWeight<'a>,
@@ -35,7 +35,7 @@ pub(super) fn integer_weights<'a>(
         | QWeight::Int4Tiled { .. }
         | QWeight::Grouped { .. }
         | QWeight::Grouped4 { .. } => isa != Isa::Portable,
-        QWeight::Nf4 { .. } => isa != Isa::Portable,
+        QWeight::Nf4 { .. } | QWeight::Nf4Tiled { .. } => isa != Isa::Portable,
         _ => false,
     };
     q8_weights(w, ic).filter(|_| taken)
@@ -43,7 +43,7 @@ pub(super) fn integer_weights<'a>(
 
 /// The weights the AVX2 integer path multiplies, and the group its activations' sums follow:
 /// int4, int8 whose rows are whole blocks of 32, ggml's blocks, and nf4 in groups of 32 or more
-/// (its levels as signed bytes, `q8avx2::lut4`).
+/// (its levels as signed bytes, `q8avx2::lut4`), in rows or tiles.
 fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, usize)> {
     match *w {
         QWeight::Int4 {
@@ -120,6 +120,22 @@ fn q8_weights<'a>(w: &QWeight<'a>, ic: usize) -> Option<(q8avx2::Weights<'a>, us
                 codes,
                 scales,
                 mins: None,
+                group,
+            };
+            Some((w, group))
+        }
+        QWeight::Nf4Tiled {
+            codes,
+            scales,
+            levels,
+            group,
+        } => {
+            let (table, unit) = q8avx2::lut4(levels);
+            let w = q8avx2::Weights::Nf4Tiled {
+                codes,
+                scales,
+                table,
+                unit,
                 group,
             };
             Some((w, group))

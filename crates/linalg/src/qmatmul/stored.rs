@@ -47,6 +47,15 @@ impl QWeight<'_> {
                 group,
                 ..
             } => check_groups(codes.len(), scales.len(), oc, ic, group),
+            QWeight::Nf4Tiled {
+                codes,
+                scales,
+                group,
+                ..
+            } => {
+                assert!(oc.is_multiple_of(TILE), "tiles of {TILE} rows; OC = {oc}");
+                check_groups(codes.len(), scales.len(), oc, ic, group);
+            }
             QWeight::Grouped {
                 codes,
                 scales,
@@ -89,13 +98,7 @@ impl QWeight<'_> {
             } => {
                 let g = tiles::group_at(o, i / group, ic / group);
                 let z = zeros.map_or(8, |z| z[g]) as i32;
-                let (at, high) = tiles::code_at(o, i, ic);
-                let q = if high {
-                    codes[at] >> 4
-                } else {
-                    codes[at] & 0xF
-                };
-                scales[g].to_f32() * (q as i32 - z) as f32
+                scales[g].to_f32() * (tiled_nibble(codes, o, i, ic) as i32 - z) as f32
             }
             QWeight::Nf4 {
                 codes,
@@ -105,6 +108,15 @@ impl QWeight<'_> {
             } => {
                 let g = (o * ic + i) / group;
                 scales[g] * levels[nibble(codes, o * ic + i) as usize]
+            }
+            QWeight::Nf4Tiled {
+                codes,
+                scales,
+                levels,
+                group,
+            } => {
+                let g = tiles::group_at(o, i / group, ic / group);
+                scales[g] * levels[tiled_nibble(codes, o, i, ic) as usize]
             }
             QWeight::Grouped {
                 codes,
@@ -157,7 +169,9 @@ impl QWeight<'_> {
                 zeros,
                 ..
             } => codes.len() + 2 * scales.len() + zeros.map_or(0, |z| z.len()),
-            QWeight::Nf4 { codes, scales, .. } => codes.len() + 4 * scales.len(),
+            QWeight::Nf4 { codes, scales, .. } | QWeight::Nf4Tiled { codes, scales, .. } => {
+                codes.len() + 4 * scales.len()
+            }
             QWeight::Grouped {
                 codes,
                 scales,
@@ -212,6 +226,15 @@ pub fn nibble(codes: &[u8], idx: usize) -> u8 {
         byte & 0xF
     } else {
         byte >> 4
+    }
+}
+
+/// The nibble of weight (o, i) in int4's tiles of rows IC wide ([`tiles::code_at`]).
+fn tiled_nibble(codes: &[u8], o: usize, i: usize, ic: usize) -> u8 {
+    let (at, high) = tiles::code_at(o, i, ic);
+    match high {
+        true => codes[at] >> 4,
+        false => codes[at] & 0xF,
     }
 }
 

@@ -102,6 +102,20 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
                             levels,
                             group,
                         },
+                        (
+                            QWeight::Nf4Tiled {
+                                codes,
+                                scales,
+                                group,
+                                ..
+                            },
+                            Some(levels),
+                        ) => QWeight::Nf4Tiled {
+                            codes,
+                            scales,
+                            levels,
+                            group,
+                        },
                         _ => *w,
                     };
                     reference(&mut want, &avx2_activations(&inp, n, ic), &w, n, ic, oc);
@@ -125,7 +139,7 @@ fn check_all(name: &str, w: &QWeight, ic: usize, oc: usize) {
 /// table's unit.
 #[cfg(target_arch = "x86_64")]
 fn nf4_as_multiplied(w: &QWeight) -> Option<[f32; 16]> {
-    let QWeight::Nf4 { levels, .. } = w else {
+    let (QWeight::Nf4 { levels, .. } | QWeight::Nf4Tiled { levels, .. }) = w else {
         return None;
     };
     let (table, unit) = q8avx2::lut4(levels);

@@ -84,7 +84,6 @@ unsafe fn tile<const R: usize, const V: u8>(
     let blocks = ic / 32;
     let wt = codes.as_ptr().add(o0 * ic);
     let (acodes, ascales, offsets) = (q.codes.as_ptr(), q.scales.as_ptr(), q.offsets.as_ptr());
-    let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..blocks {
         let w = wt.add(s * BLOCK);
@@ -92,32 +91,12 @@ unsafe fn tile<const R: usize, const V: u8>(
         for l in 0..BLOCK / 64 {
             _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(AHEAD + 64 * l));
         }
-        let mut v = [_mm256_setzero_si256(); 8];
-        let mut m = [_mm256_setzero_si256(); 8];
-        for k in 0..8 {
-            v[k] = _mm256_loadu_si256((w as *const __m256i).add(k));
-            // |w| for `vpmaddubsw`, or w + 128 for `vpdpbusd`.
-            m[k] = match V {
-                PAIRS => _mm256_sign_epi8(v[k], v[k]),
-                _ => _mm256_xor_si256(v[k], flip),
-            };
-        }
+        let v: [__m256i; 8] =
+            std::array::from_fn(|k| _mm256_loadu_si256((w as *const __m256i).add(k)));
+        let m = ready::<V>(&v);
         for r in 0..R {
             let a = acodes.add(r * ic + s * 32);
-            let mut sum = match V {
-                PAIRS => _mm256_setzero_si256(),
-                _ => _mm256_set1_epi32(*offsets.add(r * blocks + s)),
-            };
-            for k in 0..8 {
-                let x = _mm256_set1_epi32(four(a.add(4 * k)));
-                sum = match V {
-                    PAIRS => {
-                        let p = _mm256_maddubs_epi16(m[k], _mm256_sign_epi8(x, v[k]));
-                        _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones))
-                    }
-                    _ => dot_add::<V>(sum, m[k], x),
-                };
-            }
+            let sum = row_sum::<V>(&m, &v, a, *offsets.add(r * blocks + s));
             let da = _mm256_broadcast_ss(&*ascales.add(r * blocks + s));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), da, acc[r]);
         }
@@ -127,6 +106,44 @@ unsafe fn tile<const R: usize, const V: u8>(
         let o = out.as_mut_ptr().add(r * oc + o0);
         _mm256_storeu_ps(o, _mm256_mul_ps(acc[r], dw));
     }
+}
+
+/// A tile block's eight signed weight runs as [`row_sum`] multiplies them: |w| for
+/// `vpmaddubsw`, w + 128 for `vpdpbusd`; once for all the activation rows.
+#[inline(always)]
+pub(super) unsafe fn ready<const V: u8>(v: &[__m256i; 8]) -> [__m256i; 8] {
+    let flip = _mm256_set1_epi8(-128);
+    v.map(|v| match V {
+        PAIRS => _mm256_sign_epi8(v, v),
+        _ => _mm256_xor_si256(v, flip),
+    })
+}
+
+/// Lane c: output c's integer sum over a tile block, its weight runs `v` (signed, run k holding
+/// each output's weights 4k .. 4k + 4) and `m` ([`ready`]) against one activation row's 32
+/// codes at `a`. VNNI's sum starts from the row's block `offset` (−128 × its code sum).
+#[inline(always)]
+pub(super) unsafe fn row_sum<const V: u8>(
+    m: &[__m256i; 8],
+    v: &[__m256i; 8],
+    a: *const i8,
+    offset: i32,
+) -> __m256i {
+    let mut sum = match V {
+        PAIRS => _mm256_setzero_si256(),
+        _ => _mm256_set1_epi32(offset),
+    };
+    for k in 0..8 {
+        let x = _mm256_set1_epi32(four(a.add(4 * k)));
+        sum = match V {
+            PAIRS => {
+                let p = _mm256_maddubs_epi16(m[k], _mm256_sign_epi8(x, v[k]));
+                _mm256_add_epi32(sum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+            }
+            _ => dot_add::<V>(sum, m[k], x),
+        };
+    }
+    sum
 }
 
 /// Tiles `o0 / 8` and `o0 / 8 + 1` for the `R` activation rows, one 256-bit half each.
@@ -145,11 +162,6 @@ unsafe fn pair<const R: usize, const V: u8>(
     let wa = codes.as_ptr().add(o0 * ic);
     let wb = wa.add(8 * ic);
     let (acodes, ascales, offsets) = (q.codes.as_ptr(), q.scales.as_ptr(), q.offsets.as_ptr());
-    let (ones, flip, zero) = (
-        _mm512_set1_epi16(1),
-        _mm512_set1_epi8(-128),
-        _mm512_setzero_si512(),
-    );
     let mut acc = [_mm512_setzero_ps(); R];
     for s in 0..blocks {
         let (a, b) = (wa.add(s * BLOCK), wb.add(s * BLOCK));
@@ -157,35 +169,15 @@ unsafe fn pair<const R: usize, const V: u8>(
             _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(AHEAD + 64 * l));
             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD + 64 * l));
         }
-        let mut m = [zero; 8];
-        let mut neg = [0 as __mmask64; 8];
-        for k in 0..8 {
+        let v: [__m512i; 8] = std::array::from_fn(|k| {
             let lo = _mm256_loadu_si256((a as *const __m256i).add(k));
             let hi = _mm256_loadu_si256((b as *const __m256i).add(k));
-            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            // |w| and w's sign as a mask, or w + 128.
-            (m[k], neg[k]) = match V {
-                PAIRS => (_mm512_abs_epi8(v), _mm512_movepi8_mask(v)),
-                _ => (_mm512_xor_si512(v, flip), 0),
-            };
-        }
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+        });
+        let (m, neg) = ready512::<V>(&v);
         for r in 0..R {
-            let x0 = acodes.add(r * ic + s * 32);
-            let mut sum = match V {
-                PAIRS => zero,
-                _ => _mm512_set1_epi32(*offsets.add(r * blocks + s)),
-            };
-            for k in 0..8 {
-                let x = _mm512_set1_epi32(four(x0.add(4 * k)));
-                sum = match V {
-                    PAIRS => {
-                        let signed = _mm512_mask_sub_epi8(x, neg[k], zero, x);
-                        let p = _mm512_maddubs_epi16(m[k], signed);
-                        _mm512_add_epi32(sum, _mm512_madd_epi16(p, ones))
-                    }
-                    _ => _mm512_dpbusd_epi32(sum, m[k], x),
-                };
-            }
+            let x = acodes.add(r * ic + s * 32);
+            let sum = row_sum512::<V>(&m, &neg, x, *offsets.add(r * blocks + s));
             let da = _mm512_set1_ps(*ascales.add(r * blocks + s));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), da, acc[r]);
         }
@@ -195,4 +187,45 @@ unsafe fn pair<const R: usize, const V: u8>(
         let o = out.as_mut_ptr().add(r * oc + o0);
         _mm512_storeu_ps(o, _mm512_mul_ps(acc[r], dw));
     }
+}
+
+/// [`ready`] for two tiles side by side in 512 bits: |w| and w's sign as a mask (AVX-512 has no
+/// `vpsignb`), or w + 128.
+#[inline(always)]
+pub(super) unsafe fn ready512<const V: u8>(v: &[__m512i; 8]) -> ([__m512i; 8], [__mmask64; 8]) {
+    let flip = _mm512_set1_epi8(-128);
+    match V {
+        PAIRS => (
+            v.map(|v| _mm512_abs_epi8(v)),
+            v.map(|v| _mm512_movepi8_mask(v)),
+        ),
+        _ => (v.map(|v| _mm512_xor_si512(v, flip)), [0; 8]),
+    }
+}
+
+/// [`row_sum`] for two tiles side by side in 512 bits (lane c: output c of sixteen).
+#[inline(always)]
+pub(super) unsafe fn row_sum512<const V: u8>(
+    m: &[__m512i; 8],
+    neg: &[__mmask64; 8],
+    a: *const i8,
+    offset: i32,
+) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    let mut sum = match V {
+        PAIRS => zero,
+        _ => _mm512_set1_epi32(offset),
+    };
+    for k in 0..8 {
+        let x = _mm512_set1_epi32(four(a.add(4 * k)));
+        sum = match V {
+            PAIRS => {
+                let signed = _mm512_mask_sub_epi8(x, neg[k], zero, x);
+                let p = _mm512_maddubs_epi16(m[k], signed);
+                _mm512_add_epi32(sum, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))
+            }
+            _ => _mm512_dpbusd_epi32(sum, m[k], x),
+        };
+    }
+    sum
 }

@@ -1,5 +1,5 @@
-//! int4 and int8 in tiles of eight output rows: the same weights as the rows they came from, the
-//! reference's products on every path, and the same bits whatever the rows, threads or dot.
+//! int4, int8 and nf4 in tiles of eight output rows: the same weights as the rows they came from,
+//! the reference's products on every path, and the same bits whatever the rows, threads or dot.
 
 use super::*;
 
@@ -199,5 +199,66 @@ fn activations_too_small_for_a_scale_count_as_zeros() {
                 isa.name()
             );
         }
+    }
+}
+
+/// nf4's fp32 scales, `groups` a row, in tiles (as the CPU backend moves them: 4 bytes each).
+fn tiled_f32(scales: &[f32], oc: usize, groups: usize) -> Vec<f32> {
+    let raw: Vec<u8> = scales.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut tiled = vec![0u8; raw.len()];
+    tiles::tile_groups(&raw, &mut tiled, oc, groups, 4, false);
+    let back = tiled
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let mut rows = vec![0u8; raw.len()];
+    tiles::tile_groups(&tiled, &mut rows, oc, groups, 4, true);
+    assert!(rows == raw, "scales tile back to rows");
+    back
+}
+
+#[test]
+fn tiled_nf4_matches_its_rows_and_the_reference_and_keeps_its_bits_on_every_path() {
+    // Groups of 64 (bitsandbytes' block), 32 and 128; rows of 320 and SmolLM2's 576; 296
+    // outputs: 37 tiles, an odd last one beside the 512-bit pairs. Codes 0 and 15 hold the
+    // levels ±1, whose bytes are ±127.
+    for (ic, group, extreme) in [
+        (512, 64, false),
+        (320, 32, false),
+        (576, 64, false),
+        (256, 128, true),
+    ] {
+        let oc = 296;
+        let groups = oc * ic / group;
+        let s = stored(&mut Rng::new(ic as u64 + 17), oc, ic, groups);
+        let rows: Vec<u8> = match extreme {
+            true => (0..oc * ic / 2)
+                .map(|i| [0x0F, 0xF0, 0xFF, 0x00][i % 4])
+                .collect(),
+            false => s.u8s.clone(),
+        };
+        let mut codes = vec![0u8; rows.len()];
+        tiles::tile_codes(&rows, &mut codes, oc, ic);
+        let scales = tiled_f32(&s.f_scales[..groups], oc, ic / group);
+        let plain = QWeight::Nf4 {
+            codes: &rows,
+            scales: &s.f_scales[..groups],
+            levels: &NF4,
+            group,
+        };
+        let w = QWeight::Nf4Tiled {
+            codes: &codes,
+            scales: &scales,
+            levels: &NF4,
+            group,
+        };
+        w.check(oc, ic);
+        for (o, i) in (0..oc).flat_map(|o| (0..ic).map(move |i| (o, i))) {
+            assert_eq!(plain.at(o, i, ic), w.at(o, i, ic), "({o}, {i})");
+        }
+        let name = format!("nf4 tiled ic={ic} g{group}");
+        check_all(&name, &w, ic, oc);
+        same_bits_whatever_rows_or_threads(&w, ic, oc);
+        same_bits_on_every_integer_path(&name, &w, ic, oc);
     }
 }
