@@ -340,9 +340,9 @@ pub trait InferOps: Backend {
     fn latent(&self, a: &Arena<Self>, op: &LatentOp);
     /// Copies one KV block to another in every layer's cache (copy-on-write).
     fn kv_copy_block(&self, a: &Arena<Self>, cache: &KvCache, from: usize, to: usize);
-    /// Whether this backend keeps `m` in a layout of its own, not the packer's (the CPU's int4
-    /// and int8 in tiles of eight rows where its integer kernel reads them so): the same bytes in
-    /// another order.
+    /// Whether this backend keeps `m` in a layout of its own, not the packer's (the CPU's int4,
+    /// int8 and nf4 in tiles of eight rows where its integer kernel reads them so): the same bytes
+    /// in another order.
     fn own_layout(&self, m: &QMatrix) -> bool {
         let _ = m;
         false

@@ -1,8 +1,9 @@
-//! int4 and int8 weights in tiles of eight output rows (`QWeight::Int4Tiled`, `Int8Tiled`): the
-//! layout the integer kernel reads as one stream and multiplies eight outputs a vector (two tiles,
-//! sixteen outputs, a 512-bit vector at the AVX-512 levels), each output in a lane of its own, so a
-//! block's convert, scale and multiply-add serve eight outputs (llama.cpp's AVX2 path repacks Q4_0
-//! likewise, eight rows interleaved, after loading).
+//! int4, int8 and nf4 weights in tiles of eight output rows (`QWeight::Int4Tiled`, `Int8Tiled`,
+//! `Nf4Tiled`, which holds int4's order): the layout the integer kernel reads as one stream and
+//! multiplies eight outputs a vector (two tiles, sixteen outputs, a 512-bit vector at the AVX-512
+//! levels), each output in a lane of its own, so a block's convert, scale and multiply-add serve
+//! eight outputs (llama.cpp's AVX2 path repacks Q4_0 likewise, eight rows interleaved, after
+//! loading).
 //!
 //! Tile t holds output rows 8t .. 8t + 8, each row's sub-blocks of 32 weights in order. A sub-block
 //! of the tile is 128 bytes: four runs of 32, run k holding for output c = 0..8 bytes 4k .. 4k + 4

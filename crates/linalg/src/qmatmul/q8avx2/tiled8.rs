@@ -91,8 +91,10 @@ unsafe fn tile<const R: usize, const V: u8>(
         for l in 0..BLOCK / 64 {
             _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(AHEAD + 64 * l));
         }
-        let v: [__m256i; 8] =
-            std::array::from_fn(|k| _mm256_loadu_si256((w as *const __m256i).add(k)));
+        let mut v = [_mm256_setzero_si256(); 8];
+        for k in 0..8 {
+            v[k] = _mm256_loadu_si256((w as *const __m256i).add(k));
+        }
         let m = ready::<V>(&v);
         for r in 0..R {
             let a = acodes.add(r * ic + s * 32);
@@ -113,10 +115,14 @@ unsafe fn tile<const R: usize, const V: u8>(
 #[inline(always)]
 pub(super) unsafe fn ready<const V: u8>(v: &[__m256i; 8]) -> [__m256i; 8] {
     let flip = _mm256_set1_epi8(-128);
-    v.map(|v| match V {
-        PAIRS => _mm256_sign_epi8(v, v),
-        _ => _mm256_xor_si256(v, flip),
-    })
+    let mut m = [_mm256_setzero_si256(); 8];
+    for k in 0..8 {
+        m[k] = match V {
+            PAIRS => _mm256_sign_epi8(v[k], v[k]),
+            _ => _mm256_xor_si256(v[k], flip),
+        };
+    }
+    m
 }
 
 /// Lane c: output c's integer sum over a tile block, its weight runs `v` (signed, run k holding
@@ -169,11 +175,12 @@ unsafe fn pair<const R: usize, const V: u8>(
             _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(AHEAD + 64 * l));
             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD + 64 * l));
         }
-        let v: [__m512i; 8] = std::array::from_fn(|k| {
+        let mut v = [_mm512_setzero_si512(); 8];
+        for k in 0..8 {
             let lo = _mm256_loadu_si256((a as *const __m256i).add(k));
             let hi = _mm256_loadu_si256((b as *const __m256i).add(k));
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-        });
+            v[k] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        }
         let (m, neg) = ready512::<V>(&v);
         for r in 0..R {
             let x = acodes.add(r * ic + s * 32);
@@ -194,13 +201,14 @@ unsafe fn pair<const R: usize, const V: u8>(
 #[inline(always)]
 pub(super) unsafe fn ready512<const V: u8>(v: &[__m512i; 8]) -> ([__m512i; 8], [__mmask64; 8]) {
     let flip = _mm512_set1_epi8(-128);
-    match V {
-        PAIRS => (
-            v.map(|v| _mm512_abs_epi8(v)),
-            v.map(|v| _mm512_movepi8_mask(v)),
-        ),
-        _ => (v.map(|v| _mm512_xor_si512(v, flip)), [0; 8]),
+    let (mut m, mut neg) = ([_mm512_setzero_si512(); 8], [0 as __mmask64; 8]);
+    for k in 0..8 {
+        (m[k], neg[k]) = match V {
+            PAIRS => (_mm512_abs_epi8(v[k]), _mm512_movepi8_mask(v[k])),
+            _ => (_mm512_xor_si512(v[k], flip), 0),
+        };
     }
+    (m, neg)
 }
 
 /// [`row_sum`] for two tiles side by side in 512 bits (lane c: output c of sixteen).
