@@ -102,6 +102,11 @@ fn bench_reports_the_path_each_kernel_took() {
     assert_eq!(v["gemm_path"], level);
     assert_eq!(v["paths"]["gemm_bf16"], level);
     assert_eq!(v["paths"]["qmatmul"], level);
+    // A CPU backend made at AVX2 keeps int4, int8 and nf4 in tiles of eight rows.
+    let layout = if avx2 { "tiles" } else { "rows" };
+    for key in ["int4_layout", "int8_layout", "nf4_layout"] {
+        assert_eq!(v["paths"][key], layout, "{key}");
+    }
     let f32_path = if avx2 { "faer-avx2" } else { "portable" };
     assert_eq!(v["paths"]["gemm_f32"], f32_path);
     if kernels::cpu::detected() >= kernels::cpu::Level::Avx512 {
