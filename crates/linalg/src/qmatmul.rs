@@ -27,12 +27,12 @@
 //! 128-weight chunks), AVX2 + FMA (8 lanes), the integer kernel `q8avx2` (int8 activations; int4,
 //! int8 and nf4 in tiles, two to a 512-bit vector at the AVX-512 levels, int4 in rows where the
 //! 512-bit VNNI kernel does not take them, int8 in rows, nf4 in rows in groups of 32 or more and
-//! ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as the level has
-//! them; `integer_weights` decides), and portable loops (ggml's blocks of 32 in ggml's arithmetic
-//! there too, [`ggml`]: the same bits at every level). Up to [`ROWS`] activation rows share one
-//! pass over the weights (a decode batch reads each weight once); larger inputs run in passes of
-//! [`ROWS`] rows. Work is split over rayon by output rows. [`reference`] is the plain loop every
-//! path is tested against.
+//! ggml's blocks at every level from AVX2 up; its sums by `vpmaddubsw`, AVX-VNNI or AVX-512 VNNI as
+//! the level has them; `integer_weights` decides), and portable loops (ggml's blocks of 32 in
+//! ggml's arithmetic there too, [`ggml`]: the same bits at every level). Up to [`ROWS`] activation
+//! rows share one pass over the weights (a decode batch reads each weight once); larger inputs run
+//! in passes of [`ROWS`] rows. Work is split over rayon by output rows. [`reference`] is the plain
+//! loop every path is tested against.
 //!
 //! ```
 //! use linalg::qmatmul::{matmul, QWeight};

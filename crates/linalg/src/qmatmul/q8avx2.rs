@@ -207,8 +207,9 @@ const VEX: u8 = 2;
 /// `dot` says.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C, and what `dot` names (AVX-512 F, BW and VL for `Bw`,
-/// with VNNI for `Evex`, or AVX-VNNI); `q` holds `rows` quantized rows of IC; the weights hold the (OC, IC) matrix.
+/// The CPU must have AVX2, FMA and F16C, and what `dot` names (AVX-512 F, BW and VL for `Bw`, with
+/// VNNI for `Evex`, or AVX-VNNI); `q` holds `rows` quantized rows of IC; the weights hold the
+/// matrix (OC, IC).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rows(
     out: &mut [f32],
