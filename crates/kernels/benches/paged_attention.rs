@@ -5,6 +5,11 @@
 //! ratio and the largest relative difference of the outputs. No assertions (speed is not a test;
 //! the 1e-6 agreement is tested in `paged_attention::tests`).
 //!
+//! Then a batched decode step's attention: 8 sequences of 1024 tokens each with TinyLlama's heads
+//! (32 query heads over 4 KV heads, HD 64) and Llama-2-7B's (32 over 32, HD 128), f32 and int8
+//! KV, head-parallel: the KV bytes read per second against a streaming read timed in the same
+//! run. `PA_ONLY=batch` (or `split`) runs one part.
+//!
 //! Run: `cargo bench -p kernels --bench paged_attention`.
 
 mod common;
@@ -14,6 +19,17 @@ use kernels::paged_attention::{attend, reference, write, KvShape, KvSlice, KvSli
 
 fn main() {
     common::cap_from_env();
+    let only = std::env::var("PA_ONLY").ok();
+    if only.as_deref() != Some("batch") {
+        split_k();
+    }
+    if only.as_deref() != Some("split") {
+        batched();
+    }
+}
+
+/// Head-parallel against split-K at 32k context, every KV format.
+fn split_k() {
     let shape = KvShape {
         n_heads: 8,
         n_kv_heads: 1,
@@ -141,5 +157,101 @@ fn main() {
             err(&head),
             err(&split)
         );
+    }
+}
+
+/// A batched decode step's attention (8 rows of 1024 tokens, scattered blocks), head-parallel,
+/// against the streaming read.
+fn batched() {
+    let big = common::fill(1 << 28, 3, 1.0);
+    let t = common::median_secs(5, || {
+        std::hint::black_box(kernels::stream::read_all(&big));
+    });
+    let bw = (4usize << 28) as f64 / t;
+    drop(big);
+    println!("streaming read: {:.2} GB/s", bw / 1e9);
+    let (rows, len, block) = (8usize, 1024usize, 16usize);
+    for (name, nh, nkv, hd) in [("TinyLlama", 32, 4, 64), ("Llama-2-7B", 32, 32, 128)] {
+        let shape = KvShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            block,
+        };
+        let per_row = len / block;
+        let n_blocks = rows * per_row;
+        // Row r's block i is physical block (r + rows·i)·5 mod n: rows interleaved, scattered.
+        let tables: Vec<Vec<u32>> = (0..rows)
+            .map(|r| {
+                (0..per_row)
+                    .map(|i| (((r + rows * i) * 5) % n_blocks) as u32)
+                    .collect()
+            })
+            .collect();
+        let n = n_blocks * nkv * block * hd;
+        let (kf, vf) = (common::fill(n, 1, 2.0), common::fill(n, 2, 1.0));
+        let (mut ki, mut vi) = (vec![0i8; n], vec![0i8; n]);
+        let (mut ks, mut vs) = (vec![0.0f32; n / hd], vec![0.0f32; n / hd]);
+        {
+            let mut k = KvSliceMut::Int8 {
+                codes: &mut ki,
+                scales: &mut ks,
+            };
+            let mut v = KvSliceMut::Int8 {
+                codes: &mut vi,
+                scales: &mut vs,
+            };
+            for b in 0..n_blocks {
+                for s in 0..block {
+                    // Every KV head of slot s of block b, gathered from the f32 layout.
+                    let gather = |src: &[f32]| -> Vec<f32> {
+                        (0..nkv)
+                            .flat_map(|h| {
+                                let at = ((b * nkv + h) * block + s) * hd;
+                                src[at..at + hd].to_vec()
+                            })
+                            .collect()
+                    };
+                    write(&mut k, &gather(&kf), b, s, &shape);
+                    write(&mut v, &gather(&vf), b, s, &shape);
+                }
+            }
+        }
+        let ctx: Vec<RowCtx> = tables
+            .iter()
+            .map(|t| RowCtx {
+                blocks: t,
+                start: 0,
+                len,
+            })
+            .collect();
+        let q = common::fill(rows * nh * hd, 9, 1.0);
+        let mut out = vec![0.0f32; rows * nh * hd];
+        let int8 = (
+            KvSlice::Int8 {
+                codes: &ki,
+                scales: &ks,
+            },
+            KvSlice::Int8 {
+                codes: &vi,
+                scales: &vs,
+            },
+        );
+        for (fmt, (k, v), bytes_per) in [
+            ("f32", (KvSlice::F32(&kf), KvSlice::F32(&vf)), 4 * hd),
+            ("int8", int8, hd + 4),
+        ] {
+            let t = common::median_secs(9, || {
+                attend(&mut out, &q, nh * hd, &ctx, &k, &v, &shape, 1, &mut [])
+            });
+            let bytes = (2 * rows * nkv * len * bytes_per) as f64;
+            println!(
+                "{name:<10} {fmt:<4} 8 rows x {len}: {:>7.3} ms  {:>6.2} GB/s of KV  {:>5.1}% of read  {:>6.1} GFLOP/s",
+                t * 1e3,
+                bytes / t / 1e9,
+                100.0 * bytes / t / bw,
+                (4 * rows * nh * len * hd) as f64 / t / 1e9
+            );
+        }
     }
 }

@@ -28,10 +28,12 @@
 //! assert_eq!(out, [3.0, 4.0]);
 //! ```
 
-use crate::fastmath::{exp_with, mul_add, simd_fn};
 use crate::par::SyncPtr;
 use half::bf16;
+use range::{run_range, scratch_len, with_scratch};
 use rayon::prelude::*;
+
+mod range;
 
 /// Query heads per KV head the kernel handles (its per-task stack arrays).
 pub const MAX_GROUP: usize = 128;
@@ -166,18 +168,6 @@ pub fn copy_block(cache: &mut KvSliceMut, from: usize, to: usize, shape: &KvShap
 }
 
 impl KvSlice<'_> {
-    /// Token (b, h, s) as f32: the cache itself when it is f32, else widened into `buf`.
-    #[inline(always)]
-    fn row<'b>(&'b self, at: usize, hd: usize, buf: &'b mut [f32]) -> &'b [f32] {
-        match *self {
-            KvSlice::F32(c) => &c[at * hd..][..hd],
-            _ => {
-                self.load(at, hd, &mut buf[..hd]);
-                &buf[..hd]
-            }
-        }
-    }
-
     /// Token (b, h, s) widened into `dst` (HD).
     #[inline(always)]
     fn load(&self, at: usize, hd: usize, dst: &mut [f32]) {
@@ -246,7 +236,7 @@ pub fn attend(
                 std::slice::from_raw_parts_mut(dst.get().add((r * nh + h * g) * hd), g * hd)
             };
             let mut ml = [0.0f32; 2 * MAX_GROUP];
-            with_scratch(2 * g * hd, |sc| {
+            with_scratch(scratch_len(g, hd), |sc| {
                 run_range(&args, r, h, rows[r].start..rows[r].len, acc, &mut ml, sc)
             });
             for (gi, a) in acc.chunks_exact_mut(hd).enumerate() {
@@ -272,7 +262,7 @@ pub fn attend(
             let (p0, p1) = (start + len * s / splits, start + len * (s + 1) / splits);
             let (ml_out, acc) = part.split_at_mut(2 * g);
             let mut ml = [0.0f32; 2 * MAX_GROUP];
-            with_scratch(2 * g * hd, |sc| {
+            with_scratch(scratch_len(g, hd), |sc| {
                 run_range(&args, r, h, p0..p1, acc, &mut ml, sc)
             });
             ml_out[..g].copy_from_slice(&ml[..g]);
@@ -313,131 +303,6 @@ struct Task<'a> {
     k: &'a KvSlice<'a>,
     v: &'a KvSlice<'a>,
     shape: &'a KvShape,
-}
-
-simd_fn! {
-    /// Online softmax of row r's head group h over positions `range`: unnormalised accumulators
-    /// in `acc` (G·HD), running maxima in `ml[..G]` and sums in `ml[MAX_GROUP..]`.
-    fn run_range(t: &Task, r: usize, h: usize, range: std::ops::Range<usize>, acc: &mut [f32], ml: &mut [f32; 2 * MAX_GROUP], scratch: &mut [f32]) = range_body;
-}
-
-/// Positions per tile of the online softmax: scores for a tile, one rescale per tile.
-const TILE: usize = 32;
-
-#[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..16 {
-            acc[j] = mul_add::<FMA>(x[j], y[j], acc[j]);
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-thread_local! {
-    /// A task's tile accumulator and compensation terms (G·HD each), grown once per thread.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` on `len` floats of this thread's scratch (a fresh buffer when it is in use).
-fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < len {
-                v.resize(len, 0.0);
-            }
-            f(&mut v[..len])
-        }
-        Err(_) => f(&mut vec![0.0; len]),
-    })
-}
-
-/// The online softmax over `range` in tiles of [`TILE`] positions: each tile's Σ p·v is summed
-/// fresh, then added to the running accumulator with Kahan compensation (and the sums of p in
-/// f64), so 32k positions lose no more than a few ulps whatever the split.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn range_body<const FMA: bool>(
-    t: &Task,
-    r: usize,
-    h: usize,
-    range: std::ops::Range<usize>,
-    acc: &mut [f32],
-    ml: &mut [f32; 2 * MAX_GROUP],
-    scratch: &mut [f32],
-) {
-    let s = t.shape;
-    let (hd, g, nkv, blk) = (s.head_dim, s.group(), s.n_kv_heads, s.block);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let q = &t.q[r * t.q_width + h * g * hd..][..g * hd];
-    let table = t.rows[r].blocks;
-    acc.fill(0.0);
-    let (tile_acc, comp) = scratch.split_at_mut(g * hd);
-    comp.fill(0.0);
-    let mut m = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut l = [0.0f64; MAX_GROUP];
-    let mut buf = [0.0f32; MAX_HEAD_DIM];
-    // Scores, then probabilities, of one tile for every head of the group.
-    let mut sc = [0.0f32; MAX_GROUP * TILE];
-    let at = |pos: usize| (table[pos / blk] as usize * nkv + h) * blk + pos % blk;
-    let mut start = range.start;
-    while start < range.end {
-        let n = TILE.min(range.end - start);
-        for i in 0..n {
-            let key = t.k.row(at(start + i), hd, &mut buf);
-            for gi in 0..g {
-                sc[gi * TILE + i] = dot::<FMA>(&q[gi * hd..(gi + 1) * hd], key) * scale;
-            }
-        }
-        for gi in 0..g {
-            let row = &mut sc[gi * TILE..gi * TILE + n];
-            let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let new_max = m[gi].max(tile_max);
-            let corr = exp_with::<FMA>(m[gi] - new_max);
-            m[gi] = new_max;
-            let mut sum = 0.0f64;
-            for x in row.iter_mut() {
-                *x = exp_with::<FMA>(*x - new_max);
-                sum += f64::from(*x);
-            }
-            l[gi] = l[gi] * f64::from(corr) + sum;
-            if corr != 1.0 {
-                let span = gi * hd..(gi + 1) * hd;
-                acc[span.clone()].iter_mut().for_each(|a| *a *= corr);
-                comp[span].iter_mut().for_each(|c| *c *= corr);
-            }
-        }
-        tile_acc.fill(0.0);
-        for i in 0..n {
-            let value = t.v.row(at(start + i), hd, &mut buf);
-            for gi in 0..g {
-                let p = sc[gi * TILE + i];
-                for (a, x) in tile_acc[gi * hd..(gi + 1) * hd].iter_mut().zip(value) {
-                    *a = mul_add::<FMA>(p, *x, *a);
-                }
-            }
-        }
-        // Kahan: acc += tile_acc, carrying each addition's rounding error in comp.
-        for ((a, c), x) in acc.iter_mut().zip(comp.iter_mut()).zip(tile_acc.iter()) {
-            let y = x - *c;
-            let sum = *a + y;
-            *c = (sum - *a) - y;
-            *a = sum;
-        }
-        start += n;
-    }
-    ml[..g].copy_from_slice(&m[..g]);
-    for gi in 0..g {
-        ml[MAX_GROUP + gi] = l[gi] as f32;
-    }
 }
 
 /// The plain two-pass softmax in f64 over dequantized keys and values (the tests' oracle).

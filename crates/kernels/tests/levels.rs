@@ -1,9 +1,10 @@
-//! Every kernel family at every instruction-set level this CPU runs (`cpu::set_cap`), against
-//! the same call at the best level: the f32 GEMM (faer's AVX-512 or AVX2 kernel, or the plain
-//! loop), flash attention forward and backward (vectorised `exp`), GELU, layer norm, the fused
-//! classifier, conversions, the bf16 GEMMs, the quantized products and NF4 dequantization. The
-//! unit tests hold the best level to the plain references; this holds every lower level to the
-//! best, so an AVX2 or portable path cannot drift on a machine that would never pick it.
+//! Every kernel family at every instruction-set level this CPU runs (`cpu::set_cap`), against the
+//! same call at the best level: the f32 GEMM (faer's AVX-512 or AVX2 kernel, or the plain loop),
+//! flash attention forward and backward (vectorised `exp`), GELU, layer norm, the fused classifier,
+//! conversions, the bf16 GEMMs, the quantized products, NF4 dequantization and paged decode
+//! attention. The unit tests hold the best level to the plain references; this holds every lower
+//! level to the best, so an AVX2 or portable path cannot drift on a machine that would never pick
+//! it.
 //!
 //! Budgets: the fp32 families differ across levels only in summation order and FMA contraction
 //! (relative 1e-4 over sums of up to a few hundred terms); the quantized products at the AVX2
@@ -177,6 +178,83 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
     let mut deq = vec![0.0; n];
     kernels::dequant::dequantize(&mut deq, &src, stored, &levels, &[0.0; 256]);
     out.push(("dequant_nf4", deq));
+    // Paged decode attention over f32 and int8 caches, head dims 64, 72 (64 + 8) and 128, rows
+    // of 70 and 33 positions (several tiles), head-parallel and split in three.
+    let mut att = Vec::new();
+    for hd in [64, 72, 128] {
+        att.extend(paged(&mut rng, hd));
+    }
+    out.push(("paged_attention", att));
+    out
+}
+
+/// [`run_all`]'s paged attention at head dim `hd`: 8 query heads over 2 KV heads, blocks of 16.
+fn paged(rng: &mut Rng, hd: usize) -> Vec<f32> {
+    use kernels::paged_attention::{attend, write, KvShape, KvSlice, KvSliceMut, RowCtx};
+    let shape = KvShape {
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: hd,
+        block: 16,
+    };
+    let lens = [70usize, 33];
+    let n_blocks = 8;
+    let n = n_blocks * 2 * 16 * hd;
+    let (mut kf, mut vf) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let (mut ki, mut vi) = (vec![0i8; n], vec![0i8; n]);
+    let (mut ks, mut vs) = (vec![0.0f32; n / hd], vec![0.0f32; n / hd]);
+    // Row 0 holds blocks 0, 2, 4, 6, 7; row 1 blocks 5, 3, 1.
+    let tables: [&[u32]; 2] = [&[0, 2, 4, 6, 7], &[5, 3, 1]];
+    for (table, len) in tables.iter().zip(lens) {
+        for p in 0..len {
+            let (b, s) = (table[p / 16] as usize, p % 16);
+            let (k, v) = (rng.vec(2 * hd), rng.vec(2 * hd));
+            write(&mut KvSliceMut::F32(&mut kf), &k, b, s, &shape);
+            write(&mut KvSliceMut::F32(&mut vf), &v, b, s, &shape);
+            let mut k8 = KvSliceMut::Int8 {
+                codes: &mut ki,
+                scales: &mut ks,
+            };
+            write(&mut k8, &k, b, s, &shape);
+            let mut v8 = KvSliceMut::Int8 {
+                codes: &mut vi,
+                scales: &mut vs,
+            };
+            write(&mut v8, &v, b, s, &shape);
+        }
+    }
+    let rows: Vec<RowCtx> = tables
+        .iter()
+        .zip(lens)
+        .map(|(t, len)| RowCtx {
+            blocks: t,
+            start: 0,
+            len,
+        })
+        .collect();
+    let q = rng.vec(2 * 8 * hd);
+    let caches = [
+        (KvSlice::F32(&kf), KvSlice::F32(&vf)),
+        (
+            KvSlice::Int8 {
+                codes: &ki,
+                scales: &ks,
+            },
+            KvSlice::Int8 {
+                codes: &vi,
+                scales: &vs,
+            },
+        ),
+    ];
+    let mut out = Vec::new();
+    for (k, v) in &caches {
+        for splits in [1, 3] {
+            let mut o = vec![0.0f32; 2 * 8 * hd];
+            let mut parts = vec![0.0f32; shape.partials_len(2, splits)];
+            attend(&mut o, &q, 8 * hd, &rows, k, v, &shape, splits, &mut parts);
+            out.extend(o);
+        }
+    }
     out
 }
 

@@ -154,6 +154,17 @@ fn every_format_matches_the_reference_over_scattered_blocks() {
         block: 2,
     };
     case(mha, &[7], 2);
+    // Head dims that take the 64-wide sums (64, 128), 64 + 16, and 64 + a remainder of 8, over
+    // several tiles of positions.
+    for (fmt, hd) in [(0, 64), (1, 72), (2, 80), (3, 128), (0, 72)] {
+        let shape = KvShape {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: hd,
+            block: 16,
+        };
+        case(shape, &[70, 33, 1], fmt);
+    }
     // Sliding windows: starts inside a block, on a block boundary, past short sequences.
     for (fmt, window) in [(0, 5), (1, 8), (2, 3), (3, 40)] {
         windowed_case(gqa, &[1, 5, 13, 17, 33], fmt, window);

@@ -1,0 +1,230 @@
+//! The tile's two products on x86. Scores: eight keys at a time per query head, eight 256-bit
+//! sums over the head dimension folded into one vector of eight scores by two rounds of
+//! `vhaddps` and one cross-lane add (a single dot would fold its own sum alone). Σ p·v: the
+//! head's output columns in registers (64 in eight 256-bit vectors, or 128 in eight 512-bit
+//! ones with AVX-512), each position's probability broadcast once and its value row read once.
+//! Head dims not a multiple of 8 take the plain loops (with FMA).
+
+use super::super::{Task, MAX_GROUP};
+use super::{dot, range_body, Lanes};
+use crate::fastmath::mul_add;
+use std::arch::x86_64::*;
+
+/// AVX2 + FMA: 256-bit vectors.
+pub(super) struct Ymm;
+
+/// AVX-512 F: Σ p·v in 512-bit vectors (scores as [`Ymm`]).
+pub(super) struct Zmm;
+
+/// [`range_body`] with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn avx2(
+    t: &Task,
+    r: usize,
+    h: usize,
+    range: std::ops::Range<usize>,
+    acc: &mut [f32],
+    ml: &mut [f32; 2 * MAX_GROUP],
+    scratch: &mut [f32],
+) {
+    range_body::<Ymm, true>(t, r, h, range, acc, ml, scratch)
+}
+
+/// [`range_body`] with AVX-512 F, AVX2 and FMA.
+///
+/// # Safety
+/// The CPU has AVX-512 F, AVX2 and FMA.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn avx512(
+    t: &Task,
+    r: usize,
+    h: usize,
+    range: std::ops::Range<usize>,
+    acc: &mut [f32],
+    ml: &mut [f32; 2 * MAX_GROUP],
+    scratch: &mut [f32],
+) {
+    range_body::<Zmm, true>(t, r, h, range, acc, ml, scratch)
+}
+
+impl Lanes for Ymm {
+    #[inline(always)]
+    unsafe fn scores(qh: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
+        scores8(qh, keys, scale, out)
+    }
+
+    #[inline(always)]
+    unsafe fn weighted(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
+        weighted8(p, values, dst)
+    }
+}
+
+impl Lanes for Zmm {
+    #[inline(always)]
+    unsafe fn scores(qh: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
+        scores8(qh, keys, scale, out)
+    }
+
+    #[inline(always)]
+    unsafe fn weighted(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
+        if dst.len().is_multiple_of(16) {
+            weighted16(p, values, dst)
+        } else {
+            weighted8(p, values, dst)
+        }
+    }
+}
+
+/// out[i] = scale · (qh · keys[i]), eight keys at a time.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn scores8(qh: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
+    let hd = qh.len();
+    if !hd.is_multiple_of(8) {
+        for (x, key) in out.iter_mut().zip(keys) {
+            *x = dot::<true>(qh, key) * scale;
+        }
+        return;
+    }
+    assert!(out.len() <= keys.len() && keys.iter().all(|k| k.len() == hd));
+    let q = qh.as_ptr();
+    let mut i = 0;
+    while i + 8 <= out.len() {
+        let mut k = [q; 8];
+        for j in 0..8 {
+            k[j] = keys[i + j].as_ptr();
+        }
+        let mut a = [_mm256_setzero_ps(); 8];
+        for c in (0..hd).step_by(8) {
+            let qv = _mm256_loadu_ps(q.add(c));
+            for j in 0..8 {
+                a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j].add(c)), a[j]);
+            }
+        }
+        let s = _mm256_mul_ps(fold8(&a), _mm256_set1_ps(scale));
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), s);
+        i += 8;
+    }
+    for (x, key) in out[i..].iter_mut().zip(&keys[i..]) {
+        let mut a = _mm256_setzero_ps();
+        for c in (0..hd).step_by(8) {
+            a = _mm256_fmadd_ps(
+                _mm256_loadu_ps(q.add(c)),
+                _mm256_loadu_ps(key.as_ptr().add(c)),
+                a,
+            );
+        }
+        *x = hsum(a) * scale;
+    }
+}
+
+/// Lane j of the result = the sum of a[j]'s eight lanes.
+#[inline(always)]
+unsafe fn fold8(a: &[__m256; 8]) -> __m256 {
+    // [a0 01, a0 23, a1 01, a1 23 | a0 45, a0 67, a1 45, a1 67], and so on.
+    let t0 = _mm256_hadd_ps(a[0], a[1]);
+    let t1 = _mm256_hadd_ps(a[2], a[3]);
+    let t2 = _mm256_hadd_ps(a[4], a[5]);
+    let t3 = _mm256_hadd_ps(a[6], a[7]);
+    // [a0 0123, a1 0123, a2 0123, a3 0123 | a0 4567, a1 4567, a2 4567, a3 4567].
+    let u0 = _mm256_hadd_ps(t0, t1);
+    let u1 = _mm256_hadd_ps(t2, t3);
+    let lo = _mm256_permute2f128_ps::<0x20>(u0, u1);
+    let hi = _mm256_permute2f128_ps::<0x31>(u0, u1);
+    _mm256_add_ps(lo, hi)
+}
+
+/// The sum of a's eight lanes.
+#[inline(always)]
+unsafe fn hsum(a: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// dst = Σ_i p[i] · values[i] in 256-bit vectors: 64 columns at a time, then 32, then 8.
+#[inline(always)]
+unsafe fn weighted8(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
+    let hd = dst.len();
+    if !hd.is_multiple_of(8) {
+        dst.fill(0.0);
+        for (pi, v) in p.iter().zip(values) {
+            for (d, x) in dst.iter_mut().zip(*v) {
+                *d = mul_add::<true>(*pi, *x, *d);
+            }
+        }
+        return;
+    }
+    assert!(p.len() <= values.len() && values.iter().all(|v| v.len() == hd));
+    let mut c0 = 0;
+    while c0 + 64 <= hd {
+        columns8::<8>(p, values, c0, dst);
+        c0 += 64;
+    }
+    while c0 + 32 <= hd {
+        columns8::<4>(p, values, c0, dst);
+        c0 += 32;
+    }
+    while c0 < hd {
+        columns8::<1>(p, values, c0, dst);
+        c0 += 8;
+    }
+}
+
+/// dst[c0..c0 + 8N] = Σ_i p[i] · values[i][c0..c0 + 8N], in N 256-bit sums.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn columns8<const N: usize>(p: &[f32], values: &[&[f32]], c0: usize, dst: &mut [f32]) {
+    let mut a = [_mm256_setzero_ps(); N];
+    for (pi, v) in p.iter().zip(values) {
+        let (pv, v) = (_mm256_set1_ps(*pi), v.as_ptr().add(c0));
+        for j in 0..N {
+            a[j] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.add(8 * j)), a[j]);
+        }
+    }
+    for j in 0..N {
+        _mm256_storeu_ps(dst.as_mut_ptr().add(c0 + 8 * j), a[j]);
+    }
+}
+
+/// As [`weighted8`] in 512-bit vectors (HD a multiple of 16): 128 columns, then 64, then 16.
+#[inline(always)]
+unsafe fn weighted16(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
+    let hd = dst.len();
+    assert!(hd.is_multiple_of(16));
+    assert!(p.len() <= values.len() && values.iter().all(|v| v.len() == hd));
+    let mut c0 = 0;
+    while c0 + 128 <= hd {
+        columns16::<8>(p, values, c0, dst);
+        c0 += 128;
+    }
+    while c0 + 64 <= hd {
+        columns16::<4>(p, values, c0, dst);
+        c0 += 64;
+    }
+    while c0 < hd {
+        columns16::<1>(p, values, c0, dst);
+        c0 += 16;
+    }
+}
+
+/// dst[c0..c0 + 16N] = Σ_i p[i] · values[i][c0..c0 + 16N], in N 512-bit sums.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn columns16<const N: usize>(p: &[f32], values: &[&[f32]], c0: usize, dst: &mut [f32]) {
+    let mut a = [_mm512_setzero_ps(); N];
+    for (pi, v) in p.iter().zip(values) {
+        let (pv, v) = (_mm512_set1_ps(*pi), v.as_ptr().add(c0));
+        for j in 0..N {
+            a[j] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(v.add(16 * j)), a[j]);
+        }
+    }
+    for j in 0..N {
+        _mm512_storeu_ps(dst.as_mut_ptr().add(c0 + 16 * j), a[j]);
+    }
+}
