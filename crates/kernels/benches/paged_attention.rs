@@ -163,13 +163,7 @@ fn split_k() {
 /// A batched decode step's attention (8 rows of 1024 tokens, scattered blocks), head-parallel,
 /// against the streaming read.
 fn batched() {
-    let big = common::fill(1 << 28, 3, 1.0);
-    let t = common::median_secs(5, || {
-        std::hint::black_box(kernels::stream::read_all(&big));
-    });
-    let bw = (4usize << 28) as f64 / t;
-    drop(big);
-    println!("streaming read: {:.2} GB/s", bw / 1e9);
+    let bw = common::streaming_read();
     let (rows, len, block) = (8usize, 1024usize, 16usize);
     for (name, nh, nkv, hd) in [("TinyLlama", 32, 4, 64), ("Llama-2-7B", 32, 32, 128)] {
         let shape = KvShape {

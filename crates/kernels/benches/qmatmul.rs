@@ -34,13 +34,7 @@ fn main() {
         let (fma, dp) = unsafe { peak_rates() };
         println!("one core's issue rate: {fma:.2} G zmm FMA/s, {dp:.2} G vpdpbusd/s");
     }
-    let big = common::fill(1 << 28, 3, 1.0);
-    let t = common::median_secs(5, || {
-        std::hint::black_box(kernels::stream::read_all(&big));
-    });
-    let bw = (4usize << 28) as f64 / t;
-    drop(big);
-    println!("streaming read: {:.2} GB/s", bw / 1e9);
+    let bw = common::streaming_read();
     let n = OC * IC;
     let f32s = common::fill(n, 1, 0.1);
     let bf16s: Vec<bf16> = f32s.iter().map(|&x| bf16::from_f32(x)).collect();

@@ -42,3 +42,16 @@ pub fn cap_from_env() {
         kernels::cpu::detected()
     );
 }
+
+/// Bytes per second of a streaming read of a 1 GiB buffer (median of 5), printed: the baseline
+/// the memory-bound kernels are measured against in the same run.
+#[allow(dead_code)]
+pub fn streaming_read() -> f64 {
+    let big = fill(1 << 28, 3, 1.0);
+    let t = median_secs(5, || {
+        std::hint::black_box(kernels::stream::read_all(&big));
+    });
+    let bw = (4usize << 28) as f64 / t;
+    println!("streaming read: {:.2} GB/s", bw / 1e9);
+    bw
+}
