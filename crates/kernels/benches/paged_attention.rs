@@ -240,7 +240,8 @@ fn batched() {
             });
             let bytes = (2 * rows * nkv * len * bytes_per) as f64;
             println!(
-                "{name:<10} {fmt:<4} 8 rows x {len}: {:>7.3} ms  {:>6.2} GB/s of KV  {:>5.1}% of read  {:>6.1} GFLOP/s",
+                "{name:<10} {fmt:<4} 8 rows x {len}: {:>7.3} ms  {:>6.2} GB/s of KV  \
+                 {:>5.1}% of read  {:>6.1} GFLOP/s",
                 t * 1e3,
                 bytes / t / 1e9,
                 100.0 * bytes / t / bw,

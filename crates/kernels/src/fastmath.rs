@@ -183,8 +183,9 @@ simd_fn! {
     pub(crate) fn row_max(row: &[f32]) -> f32 = row_max_body;
 }
 
+/// [`row_max`]'s body, for loops already inside a level's function.
 #[inline(always)]
-fn row_max_body<const FMA: bool>(row: &[f32]) -> f32 {
+pub(crate) fn row_max_body<const FMA: bool>(row: &[f32]) -> f32 {
     let larger = |a: f32, b: f32| if b > a { b } else { a };
     let mut acc = [f32::NEG_INFINITY; LANES];
     let chunks = row.chunks_exact(LANES);
@@ -205,8 +206,9 @@ simd_fn! {
     pub(crate) fn exp_shifted_sum(row: &mut [f32], max: f32) -> f64 = exp_shifted_sum_body;
 }
 
+/// [`exp_shifted_sum`]'s body, for loops already inside a level's function.
 #[inline(always)]
-fn exp_shifted_sum_body<const FMA: bool>(row: &mut [f32], max: f32) -> f64 {
+pub(crate) fn exp_shifted_sum_body<const FMA: bool>(row: &mut [f32], max: f32) -> f64 {
     let mut acc = [0.0f64; LANES];
     let mut chunks = row.chunks_exact_mut(LANES);
     for c in &mut chunks {

@@ -178,10 +178,11 @@ fn run_all() -> Vec<(&'static str, Vec<f32>)> {
     let mut deq = vec![0.0; n];
     kernels::dequant::dequantize(&mut deq, &src, stored, &levels, &[0.0; 256]);
     out.push(("dequant_nf4", deq));
-    // Paged decode attention over f32 and int8 caches, head dims 64, 72 (64 + 8) and 128, rows
-    // of 70 and 33 positions (several tiles), head-parallel and split in three.
+    // Paged decode attention over f32 and int8 caches, head dims 64, 72 (64 + 8), 96 (64 + 32 in
+    // 256 bits), 128 and 12 (the plain loops), rows of 70 and 33 positions (several tiles),
+    // head-parallel and split in three.
     let mut att = Vec::new();
-    for hd in [64, 72, 128] {
+    for hd in [64, 72, 96, 128, 12] {
         att.extend(paged(&mut rng, hd));
     }
     out.push(("paged_attention", att));

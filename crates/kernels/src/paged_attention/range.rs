@@ -1,6 +1,6 @@
 //! One task's online softmax: a query row's head group over a range of its positions, in tiles
 //! of [`TILE`] positions. Each tile's keys and values are found (and widened, where the cache is
-//! not f32) once for the whole group. On x86 with AVX2 or AVX-512 ([`x86`]) a head's scores run
+//! not f32) once for the whole group. On x86 with AVX2 or AVX-512 (`x86.rs`) a head's scores run
 //! eight keys at a time, their eight sums folded into one vector together, and its Σ p·v holds
 //! up to 64 (AVX2) or 128 (AVX-512) columns in registers across the tile's positions; elsewhere
 //! plain loops ([`Plain`]) do the same arithmetic.
@@ -8,7 +8,7 @@
 use super::{KvSlice, Task, MAX_GROUP};
 #[cfg(target_arch = "x86_64")]
 use crate::fastmath::Simd;
-use crate::fastmath::{exp_with, mul_add};
+use crate::fastmath::{exp_shifted_sum_body, exp_with, mul_add, row_max_body};
 
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -118,41 +118,6 @@ pub(super) fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// The largest of `x` (NaN ignored, as `f32::max`), lane by lane first.
-#[inline(always)]
-fn max_of(x: &[f32]) -> f32 {
-    let mut m = [f32::NEG_INFINITY; 16];
-    let c = x.chunks_exact(16);
-    for v in c.remainder() {
-        m[0] = m[0].max(*v);
-    }
-    for v in c {
-        for j in 0..16 {
-            m[j] = m[j].max(v[j]);
-        }
-    }
-    m.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b))
-}
-
-/// x ← exp(x − max), returning Σ x (in 16 f32 lanes, then added).
-#[inline(always)]
-fn exp_sum<const FMA: bool>(x: &mut [f32], max: f32) -> f32 {
-    for v in x.iter_mut() {
-        *v = exp_with::<FMA>(*v - max);
-    }
-    let mut s = [0.0f32; 16];
-    let c = x.chunks_exact(16);
-    for v in c.remainder() {
-        s[0] += v;
-    }
-    for v in c {
-        for j in 0..16 {
-            s[j] += v[j];
-        }
-    }
-    s.iter().sum()
-}
-
 /// The tile's rows `ats` of `cache` as f32 slices: the cache's own for f32, else widened into
 /// `buf` (TILE·HD).
 #[inline(always)]
@@ -224,11 +189,11 @@ pub(super) unsafe fn range_body<L: Lanes, const FMA: bool>(
         }
         for gi in 0..g {
             let row = &mut sc[gi * TILE..gi * TILE + n];
-            let new_max = m[gi].max(max_of(row));
+            let new_max = m[gi].max(row_max_body::<FMA>(row));
             let corr = exp_with::<FMA>(m[gi] - new_max);
             m[gi] = new_max;
-            let sum = exp_sum::<FMA>(row, new_max);
-            l[gi] = l[gi] * f64::from(corr) + f64::from(sum);
+            let sum = exp_shifted_sum_body::<FMA>(row, new_max);
+            l[gi] = l[gi] * f64::from(corr) + sum;
             if corr != 1.0 {
                 let span = gi * hd..(gi + 1) * hd;
                 acc[span.clone()].iter_mut().for_each(|a| *a *= corr);

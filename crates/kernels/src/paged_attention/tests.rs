@@ -154,9 +154,10 @@ fn every_format_matches_the_reference_over_scattered_blocks() {
         block: 2,
     };
     case(mha, &[7], 2);
-    // Head dims that take the 64-wide sums (64, 128), 64 + 16, and 64 + a remainder of 8, over
-    // several tiles of positions.
-    for (fmt, hd) in [(0, 64), (1, 72), (2, 80), (3, 128), (0, 72)] {
+    // Head dims that take the column sums' every width over several tiles of positions: 64 and
+    // 128 (whole blocks), 72 (64 + 8), 80 (64 + 16 in 512 bits, 64 + 8 + 8 in 256), 104 (64 + 32
+    // + 8 in 256 bits at every x86 level).
+    for (fmt, hd) in [(0, 64), (1, 72), (2, 80), (3, 128), (0, 72), (1, 104)] {
         let shape = KvShape {
             n_heads: 8,
             n_kv_heads: 2,
