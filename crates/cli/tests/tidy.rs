@@ -348,8 +348,10 @@ fn names_in_architecture_md_exist() {
 }
 
 /// Words that speak of how the product is made, not of the product.
-const BANNED: [&str; 6] = [
+const BANNED: [&str; 8] = [
     "the seed",
+    "the spec's",
+    "as landed",
     "seed's",
     "issue #",
     "this session",

@@ -192,7 +192,7 @@ fn a_diverging_run_stops_with_the_step_and_a_lower_lr() {
 }
 
 #[test]
-fn options_of_later_issues_are_refused_not_ignored() {
+fn options_past_what_training_supports_are_refused_not_ignored() {
     let dir = temp_dir("later");
     fails_with(
         &tiny_run(&dir, &["--zero", "4"]),

@@ -1,4 +1,4 @@
-//! The spec's worked examples (seed, section 数值格式详解) reproduced exactly: π in fp32, 3.14 in
+//! The classic worked examples of the number formats reproduced exactly: π in fp32, 3.14 in
 //! fp16 and bf16, the FP32/FP16/BF16 properties table, and 4.125 bits per weight for int4 g128.
 
 // The classic example value is 3.14 itself, not an approximation of π.

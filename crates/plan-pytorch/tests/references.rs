@@ -93,7 +93,7 @@ fn deepspeed_offload_cases_match_its_estimator() {
 }
 
 #[test]
-fn the_issue_case_6_74b_zero2_offload_on_one_gpu_is_2_bytes_per_parameter_everywhere() {
+fn llama2_7b_zero2_with_optimizer_offload_on_one_gpu_is_2_bytes_per_parameter_everywhere() {
     let m = presets::by_name("llama2-7b").unwrap();
     let n = m.param_count();
     let ds = ds_zero2_gpu(n, 1, true);

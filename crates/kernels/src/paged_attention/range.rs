@@ -84,24 +84,41 @@ pub(super) struct Plain;
 
 impl Lanes for Plain {
     unsafe fn scores(qh: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
-        for (x, key) in out.iter_mut().zip(keys) {
-            *x = dot::<false>(qh, key) * scale;
-        }
+        plain_scores::<false>(qh, keys, scale, out)
     }
 
     unsafe fn weighted(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
-        dst.fill(0.0);
-        for (pi, v) in p.iter().zip(values) {
-            for (d, x) in dst.iter_mut().zip(*v) {
-                *d = mul_add::<false>(*pi, *x, *d);
-            }
+        plain_weighted::<false>(p, values, dst)
+    }
+}
+
+/// [`Lanes::scores`] as plain loops (also the x86 levels' path for head dims off their widths).
+#[inline(always)]
+pub(super) fn plain_scores<const FMA: bool>(
+    qh: &[f32],
+    keys: &[&[f32]],
+    scale: f32,
+    out: &mut [f32],
+) {
+    for (x, key) in out.iter_mut().zip(keys) {
+        *x = dot::<FMA>(qh, key) * scale;
+    }
+}
+
+/// [`Lanes::weighted`] as plain loops (as [`plain_scores`]).
+#[inline(always)]
+pub(super) fn plain_weighted<const FMA: bool>(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
+    dst.fill(0.0);
+    for (pi, v) in p.iter().zip(values) {
+        for (d, x) in dst.iter_mut().zip(*v) {
+            *d = mul_add::<FMA>(*pi, *x, *d);
         }
     }
 }
 
 /// a · b in 16 lanes, then the lanes added in order.
 #[inline(always)]
-pub(super) fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca

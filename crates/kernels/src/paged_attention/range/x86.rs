@@ -6,8 +6,7 @@
 //! Head dims not a multiple of 8 take the plain loops (with FMA).
 
 use super::super::{Task, MAX_GROUP};
-use super::{dot, range_body, Lanes};
-use crate::fastmath::mul_add;
+use super::{plain_scores, plain_weighted, range_body, Lanes};
 use std::arch::x86_64::*;
 
 /// AVX2 + FMA: 256-bit vectors.
@@ -80,24 +79,22 @@ impl Lanes for Zmm {
     }
 }
 
-/// out[i] = scale · (qh · keys[i]), eight keys at a time.
+/// out[i] = scale · (qh · keys[i]), eight keys at a time (a last group of fewer repeats its last
+/// key in the spare lanes and keeps only its own scores).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn scores8(qh: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
     let hd = qh.len();
     if !hd.is_multiple_of(8) {
-        for (x, key) in out.iter_mut().zip(keys) {
-            *x = dot::<true>(qh, key) * scale;
-        }
-        return;
+        return plain_scores::<true>(qh, keys, scale, out);
     }
-    assert!(out.len() <= keys.len() && keys.iter().all(|k| k.len() == hd));
+    let n = out.len();
+    assert!(n <= keys.len() && keys.iter().all(|k| k.len() == hd));
     let q = qh.as_ptr();
-    let mut i = 0;
-    while i + 8 <= out.len() {
+    for i in (0..n).step_by(8) {
         let mut k = [q; 8];
         for j in 0..8 {
-            k[j] = keys[i + j].as_ptr();
+            k[j] = keys[(i + j).min(n - 1)].as_ptr();
         }
         let mut a = [_mm256_setzero_ps(); 8];
         for c in (0..hd).step_by(8) {
@@ -106,20 +103,13 @@ unsafe fn scores8(qh: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
                 a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j].add(c)), a[j]);
             }
         }
-        let s = _mm256_mul_ps(fold8(&a), _mm256_set1_ps(scale));
-        _mm256_storeu_ps(out.as_mut_ptr().add(i), s);
-        i += 8;
-    }
-    for (x, key) in out[i..].iter_mut().zip(&keys[i..]) {
-        let mut a = _mm256_setzero_ps();
-        for c in (0..hd).step_by(8) {
-            a = _mm256_fmadd_ps(
-                _mm256_loadu_ps(q.add(c)),
-                _mm256_loadu_ps(key.as_ptr().add(c)),
-                a,
-            );
-        }
-        *x = hsum(a) * scale;
+        let mut s = [0.0f32; 8];
+        _mm256_storeu_ps(
+            s.as_mut_ptr(),
+            _mm256_mul_ps(fold8(&a), _mm256_set1_ps(scale)),
+        );
+        let m = (n - i).min(8);
+        out[i..i + m].copy_from_slice(&s[..m]);
     }
 }
 
@@ -139,26 +129,12 @@ unsafe fn fold8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(lo, hi)
 }
 
-/// The sum of a's eight lanes.
-#[inline(always)]
-unsafe fn hsum(a: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
 /// dst = Σ_i p[i] · values[i] in 256-bit vectors: 64 columns at a time, then 32, then 8.
 #[inline(always)]
 unsafe fn weighted8(p: &[f32], values: &[&[f32]], dst: &mut [f32]) {
     let hd = dst.len();
     if !hd.is_multiple_of(8) {
-        dst.fill(0.0);
-        for (pi, v) in p.iter().zip(values) {
-            for (d, x) in dst.iter_mut().zip(*v) {
-                *d = mul_add::<true>(*pi, *x, *d);
-            }
-        }
-        return;
+        return plain_weighted::<true>(p, values, dst);
     }
     assert!(p.len() <= values.len() && values.iter().all(|v| v.len() == hd));
     let mut c0 = 0;
