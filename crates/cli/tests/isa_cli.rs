@@ -107,6 +107,13 @@ fn bench_reports_the_path_each_kernel_took() {
     for key in ["int4_layout", "int8_layout", "nf4_layout"] {
         assert_eq!(v["paths"][key], layout, "{key}");
     }
+    // The int4 tiles ask for their weights further ahead, into L2, on AMD's cores.
+    let ahead = match (avx2, kernels::cpu::amd()) {
+        (false, _) => "none",
+        (true, true) => "l2-32k",
+        (true, false) => "l1-4k",
+    };
+    assert_eq!(v["paths"]["int4_prefetch"], ahead);
     let f32_path = if avx2 { "faer-avx2" } else { "portable" };
     assert_eq!(v["paths"]["gemm_f32"], f32_path);
     if kernels::cpu::detected() >= kernels::cpu::Level::Avx512 {

@@ -79,6 +79,7 @@ pub fn paths() -> Vec<(&'static str, &'static str)> {
         ("int4_layout", qmatmul::layout(qmatmul::best_isa())),
         ("int8_layout", qmatmul::layout(qmatmul::best_isa())),
         ("nf4_layout", qmatmul::layout(qmatmul::best_isa())),
+        ("int4_prefetch", qmatmul::int4_prefetch(qmatmul::best_isa())),
         ("vector_loops", simd),
         ("dequant_nf4", dequant),
     ]

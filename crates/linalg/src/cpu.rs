@@ -224,6 +224,23 @@ pub fn avx_vnni_on_cpu() -> bool {
     false
 }
 
+/// Whether the CPU is AMD's (its CPUID vendor string): the quantized tile loops ask for their
+/// weights further ahead there (`qmatmul::prefetch`).
+pub fn amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: OnceLock<bool> = OnceLock::new();
+        *AMD.get_or_init(|| {
+            let id = std::arch::x86_64::__cpuid(0);
+            // The vendor string is EBX, EDX, ECX: "Auth" "enti" "cAMD".
+            let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
+            vendor == b"AuthenticAMD"
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +276,19 @@ mod tests {
         let err = set_cap(Level::Avx2Vnni).unwrap_err().to_string();
         assert!(err.contains("AVX-VNNI") && err.contains("avx2"), "{err}");
         assert!(!supported().contains(&Level::Avx2Vnni));
+    }
+
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn amd_is_the_vendor_the_kernel_names() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let vendor = info.lines().find(|l| l.starts_with("vendor_id"));
+        let vendor = vendor.expect("a vendor_id line");
+        assert_eq!(
+            amd(),
+            vendor.trim_end().ends_with("AuthenticAMD"),
+            "{vendor}"
+        );
     }
 
     #[test]

@@ -239,6 +239,20 @@ fn task_rows(oc: usize) -> usize {
     (oc / (8 * threads)).clamp(4, 256)
 }
 
+/// How the int4 tile loops at `isa` ask for their weights ahead of use, as reports name it: into
+/// L2 32 KiB ahead on AMD's cores, into L1 4 KiB ahead on others; none at `portable`.
+pub fn int4_prefetch(isa: Isa) -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable {
+        return match q8avx2::Ahead::int4().l2 {
+            true => "l2-32k",
+            false => "l1-4k",
+        };
+    }
+    let _ = isa;
+    "none"
+}
+
 /// As [`matmul`] on a chosen path (tests and benchmarks compare them).
 pub fn matmul_on(
     isa: Isa,

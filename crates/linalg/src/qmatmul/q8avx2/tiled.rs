@@ -13,12 +13,6 @@ use super::{dot_add, QActs, PAIRS};
 use half::f16;
 use std::arch::x86_64::*;
 
-/// How far ahead of its reads the kernel asks for the weights' lines: 4 KiB read 15.3-15.7 GB/s
-/// at one activation row where none read 10.2 and 1 KiB 14.0 (2048 × 2048 int4, 40 matrices, 2
-/// cores of a Xeon model 207 capped to AVX2; 8 KiB and 16 KiB no faster), and lifted 8 rows
-/// from 60 to 76 GMAC/s.
-const AHEAD: usize = 4096;
-
 /// Tile `o0 / 8` (outputs `o0 .. o0 + 8`) for the `R` activation rows, quantized in natural
 /// order (not paired) with their code sums per weight group.
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -42,15 +36,14 @@ pub(super) unsafe fn tile<const R: usize, const V: u8>(
     let zt = zeros.map(|z| z.as_ptr().add(o0 * groups));
     let (acodes, ascales, asums) = (q.codes.as_ptr(), q.scales.as_ptr(), q.group_sums.as_ptr());
     let low = _mm256_set1_epi8(0x0F);
+    let ahead = super::Ahead::int4();
     let mut acc = [_mm256_setzero_ps(); R];
     let mut zacc = [_mm256_setzero_ps(); R];
     for g in 0..groups {
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(st.add(g)));
         for s in g * per_group..(g + 1) * per_group {
-            // The stream's lines a page ahead (the hardware's prefetcher stops at pages).
-            let ahead = wt.add(s * 128).wrapping_add(AHEAD) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(ahead);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+            // The stream's lines ahead of their use ([`super::Ahead`]).
+            ahead.lines(wt.add(s * 128), 2);
             let w = wt.add(s * 128) as *const __m256i;
             let v: [__m256i; 4] = [
                 _mm256_loadu_si256(w),

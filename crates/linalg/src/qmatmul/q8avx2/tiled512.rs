@@ -8,9 +8,6 @@ use super::{QActs, Weights, EVEX, PAIRS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// How far ahead of its reads the kernel asks for each tile's lines (as [`super::tiled`]).
-const AHEAD: usize = 4096;
-
 /// The tiles in `range` for the `R` activation rows, two at a time (a last odd one by
 /// [`super::tiled::tile`]), the sums by `V` (`vpdpbusd` or `vpmaddubsw`) in 512 bits.
 #[inline(always)]
@@ -78,6 +75,7 @@ unsafe fn pair<const R: usize, const V: u8>(
     });
     let (acodes, ascales, asums) = (q.codes.as_ptr(), q.scales.as_ptr(), q.group_sums.as_ptr());
     let low = _mm512_set1_epi8(0x0F);
+    let ahead = super::Ahead::int4();
     let mut acc = [_mm512_setzero_ps(); R];
     let mut zacc = [_mm512_setzero_ps(); R];
     for g in 0..groups {
@@ -85,9 +83,7 @@ unsafe fn pair<const R: usize, const V: u8>(
         let dw = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(h, _mm_loadu_si128(sb.add(g))));
         for s in g * per_group..(g + 1) * per_group {
             for w in [wa, wb] {
-                let ahead = w.add(s * 128).wrapping_add(AHEAD) as *const i8;
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+                ahead.lines(w.add(s * 128), 2);
             }
             let (a, b) = (
                 wa.add(s * 128) as *const __m256i,

@@ -22,9 +22,6 @@ use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// How far ahead of its reads the kernel asks for each tile's lines (as `tiled`'s int4).
-const AHEAD: usize = 4096;
-
 /// Bytes of one tile's block: eight outputs' 32.
 const BLOCK: usize = 256;
 
@@ -84,13 +81,12 @@ unsafe fn tile<const R: usize, const V: u8>(
     let blocks = ic / 32;
     let wt = codes.as_ptr().add(o0 * ic);
     let (acodes, ascales, offsets) = (q.codes.as_ptr(), q.scales.as_ptr(), q.offsets.as_ptr());
+    let ahead = super::Ahead::PAGE;
     let mut acc = [_mm256_setzero_ps(); R];
     for s in 0..blocks {
         let w = wt.add(s * BLOCK);
-        // The stream's lines a page ahead (the hardware's prefetcher stops at pages).
-        for l in 0..BLOCK / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(AHEAD + 64 * l));
-        }
+        // The stream's lines ahead of their use ([`super::Ahead`]).
+        ahead.lines(w as *const u8, BLOCK / 64);
         let mut v = [_mm256_setzero_si256(); 8];
         for k in 0..8 {
             v[k] = _mm256_loadu_si256((w as *const __m256i).add(k));
@@ -168,13 +164,12 @@ unsafe fn pair<const R: usize, const V: u8>(
     let wa = codes.as_ptr().add(o0 * ic);
     let wb = wa.add(8 * ic);
     let (acodes, ascales, offsets) = (q.codes.as_ptr(), q.scales.as_ptr(), q.offsets.as_ptr());
+    let ahead = super::Ahead::PAGE;
     let mut acc = [_mm512_setzero_ps(); R];
     for s in 0..blocks {
         let (a, b) = (wa.add(s * BLOCK), wb.add(s * BLOCK));
-        for l in 0..BLOCK / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(AHEAD + 64 * l));
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD + 64 * l));
-        }
+        ahead.lines(a as *const u8, BLOCK / 64);
+        ahead.lines(b as *const u8, BLOCK / 64);
         let mut v = [_mm512_setzero_si512(); 8];
         for k in 0..8 {
             let lo = _mm256_loadu_si256((a as *const __m256i).add(k));

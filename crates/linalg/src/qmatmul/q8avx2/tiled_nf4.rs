@@ -12,9 +12,6 @@ use super::{QActs, Weights, EVEX, PAIRS, VEX};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// How far ahead of its reads the kernel asks for each tile's lines (as `tiled`'s int4).
-const AHEAD: usize = 4096;
-
 /// Bytes of one tile's block: eight outputs' 16.
 const BLOCK: usize = 128;
 
@@ -99,15 +96,14 @@ unsafe fn tile<const R: usize, const V: u8>(
         _mm256_set1_epi8(0x0F),
         _mm256_set1_ps(unit),
     );
+    let ahead = super::Ahead::PAGE;
     let mut acc = [_mm256_setzero_ps(); R];
     for g in 0..groups {
         let dw = _mm256_mul_ps(_mm256_loadu_ps(st.add(g * 8)), unit);
         for s in g * per_group..(g + 1) * per_group {
             let w = wt.add(s * BLOCK);
-            // The stream's lines a page ahead (the hardware's prefetcher stops at pages).
-            for l in 0..BLOCK / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(AHEAD + 64 * l) as *const i8);
-            }
+            // The stream's lines ahead of their use ([`super::Ahead`]).
+            ahead.lines(w, BLOCK / 64);
             let mut v = [_mm256_setzero_si256(); 8];
             for k in 0..4 {
                 let n = _mm256_loadu_si256((w as *const __m256i).add(k));
@@ -151,6 +147,7 @@ unsafe fn pair<const R: usize, const V: u8>(
         _mm512_set1_epi8(0x0F),
         _mm512_set1_ps(unit),
     );
+    let ahead = super::Ahead::PAGE;
     let mut acc = [_mm512_setzero_ps(); R];
     for g in 0..groups {
         // Tile a's eight scales, then tile b's (64-bit lanes: `vinsertf32x8` is AVX-512 DQ).
@@ -160,10 +157,8 @@ unsafe fn pair<const R: usize, const V: u8>(
         let dw = _mm512_mul_ps(_mm512_castpd_ps(both), unit);
         for s in g * per_group..(g + 1) * per_group {
             let (a, b) = (wa.add(s * BLOCK), wb.add(s * BLOCK));
-            for l in 0..BLOCK / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add(AHEAD + 64 * l) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD + 64 * l) as *const i8);
-            }
+            ahead.lines(a, BLOCK / 64);
+            ahead.lines(b, BLOCK / 64);
             let mut v = [_mm512_setzero_si512(); 8];
             for k in 0..4 {
                 let lo = _mm256_loadu_si256((a as *const __m256i).add(k));
