@@ -58,8 +58,8 @@ mod testutil;
 
 /// Every dispatch and the path it takes at the current level, for reports (`bench --json`): the f32
 /// GEMM, the bf16 GEMM, the quantized products and the layout a CPU backend made now keeps int4,
-/// int8 and nf4 weights in, the vectorised loops (exp, tanh, softmax, GELU, conversions) and NF4
-/// dequantization.
+/// int8 and nf4 weights in, how far ahead the int4 tiles ask for their weights, the vectorised
+/// loops (exp, tanh, softmax, GELU, conversions) and NF4 dequantization.
 pub fn paths() -> Vec<(&'static str, &'static str)> {
     use cpu::Level;
     let simd = match fastmath::simd() {

@@ -224,14 +224,16 @@ pub fn avx_vnni_on_cpu() -> bool {
     false
 }
 
-/// Whether the CPU is AMD's (its CPUID vendor string): the quantized tile loops ask for their
-/// weights further ahead there (`qmatmul::prefetch`).
+/// Whether the CPU is AMD's (its CPUID vendor string): the int4 tile loops ask for their weights
+/// further ahead there ([`crate::qmatmul::int4_prefetch`]).
 pub fn amd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static AMD: OnceLock<bool> = OnceLock::new();
         *AMD.get_or_init(|| {
-            let id = std::arch::x86_64::__cpuid(0);
+            // SAFETY: every x86-64 CPU has CPUID leaf 0 (a safe function from Rust 1.94 on).
+            #[allow(unused_unsafe)]
+            let id = unsafe { std::arch::x86_64::__cpuid(0) };
             // The vendor string is EBX, EDX, ECX: "Auth" "enti" "cAMD".
             let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
             vendor == b"AuthenticAMD"

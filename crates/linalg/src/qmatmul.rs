@@ -244,10 +244,7 @@ fn task_rows(oc: usize) -> usize {
 pub fn int4_prefetch(isa: Isa) -> &'static str {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Portable {
-        return match q8avx2::Ahead::int4().l2 {
-            true => "l2-32k",
-            false => "l1-4k",
-        };
+        return q8avx2::Ahead::int4().name;
     }
     let _ = isa;
     "none"

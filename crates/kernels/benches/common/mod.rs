@@ -33,7 +33,10 @@ pub fn fill(n: usize, seed: u32, scale: f32) -> Vec<f32> {
 #[allow(dead_code)]
 pub fn cap_from_env() {
     // Unset or empty: the CPU's best, as the CLI reads it.
-    if let Some(v) = std::env::var("FRUGAL_ISA").ok().filter(|v| !v.is_empty()) {
+    if let Some(v) = std::env::var("FRUGAL_ISA")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
         let level = kernels::cpu::parse(&v).unwrap_or_else(|e| panic!("FRUGAL_ISA: {e}"));
         kernels::cpu::set_cap(level).unwrap_or_else(|e| panic!("FRUGAL_ISA: {e}"));
     }

@@ -400,6 +400,8 @@ pub(super) struct Ahead {
     pub(super) bytes: usize,
     /// Into L2 (`prefetcht1`), else into L1 (`prefetcht0`).
     pub(super) l2: bool,
+    /// As reports name it.
+    pub(super) name: &'static str,
 }
 
 impl Ahead {
@@ -411,19 +413,24 @@ impl Ahead {
     pub(super) const PAGE: Ahead = Ahead {
         bytes: 4 << 10,
         l2: false,
+        name: "l1-4k",
     };
 
-    /// The int4 tiles': on AMD's cores into L2, 32 KiB ahead. There, at one activation row, a
-    /// page ahead into L1 left the two 512-bit tiles' streams at 0.6-0.8 of the streaming read
-    /// (each core's L1 holds too few misses in flight) and 32 KiB into L2 ran them at 0.8-1.0
-    /// (2 Zen 4 cores, 32 distinct matrices of TinyLlama's shapes). [`Ahead::PAGE`] elsewhere.
+    /// The int4 tiles' (both widths): on AMD's cores into L2, 32 KiB ahead, [`Ahead::PAGE`]
+    /// elsewhere. On 2 Zen 4 cores a page into L1 left TinyLlama int4 decode at batch 1 at
+    /// 0.56-0.72 of the streaming read uncapped and at `avx512` (each core's L1 holds too few
+    /// misses in flight); 32 KiB into L2 ran it 1.10-1.33x faster there, and the 4096 × 11008
+    /// model pass of `cargo bench -p kernels --bench qmatmul` 1.09-1.34x at `avx512vnni` and
+    /// 1.02-1.13x at `avx2` (docs/results.md). Only that Zen 4 measured it.
     pub(super) fn int4() -> Ahead {
-        match crate::cpu::amd() {
-            true => Ahead {
+        if crate::cpu::amd() {
+            Ahead {
                 bytes: 32 << 10,
                 l2: true,
-            },
-            false => Ahead::PAGE,
+                name: "l2-32k",
+            }
+        } else {
+            Ahead::PAGE
         }
     }
 
