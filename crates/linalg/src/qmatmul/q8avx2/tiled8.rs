@@ -44,10 +44,7 @@ unsafe fn tiles<const R: usize, const V: u8, const WIDE: bool>(
     assert!(codes.len() == oc * ic && scales.len() == oc);
     debug_assert!(!q.paired, "activations in their natural order");
     let mut o0 = range.start;
-    // One activation row on AMD's cores: one tile at a time, one stream of weights a task, not
-    // two side by side (TinyLlama int8 decode at batch 1 on 2 Zen 4 cores, seven alternating
-    // rounds: 0.74-0.91 of the streaming read against 0.62-0.85). The same bits either way.
-    let wide = WIDE && !(R == 1 && crate::cpu::amd());
+    let wide = WIDE && super::side_by_side(R);
     while wide && o0 + 16 <= range.end {
         pair::<R, V>(out, q, codes, scales, ic, oc, o0);
         o0 += 16;

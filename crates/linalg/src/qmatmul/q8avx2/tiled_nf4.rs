@@ -50,10 +50,7 @@ unsafe fn tiles<const R: usize, const V: u8, const WIDE: bool>(
         oc,
     };
     let mut o0 = range.start;
-    // One activation row on AMD's cores: one tile at a time, as the int8 tiles (TinyLlama nf4
-    // decode at batch 1 on 2 Zen 4 cores, four alternating rounds: 0.81-0.84 of the streaming
-    // read against 0.72-0.82). The same bits either way.
-    let wide = WIDE && !(R == 1 && crate::cpu::amd());
+    let wide = WIDE && super::side_by_side(R);
     while wide && o0 + 16 <= range.end {
         pair::<R, V>(out, q, &t, lut, unit, o0);
         o0 += 16;
