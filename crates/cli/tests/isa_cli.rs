@@ -125,6 +125,13 @@ fn bench_reports_the_path_each_kernel_took() {
         let v = ok_json("avx512", &args.concat());
         assert_eq!(v["gemm_path"], "avx512");
         assert_eq!(v["paths"]["gemm_f32"], "avx512");
+        // bf16 below AVX-512 BF16 widens in 512 bits too.
+        let v = ok_json(
+            "avx512",
+            &[&args.concat()[..], &["--precision", "bf16"]].concat(),
+        );
+        assert_eq!(v["gemm_path"], "avx512");
+        assert_eq!(v["paths"]["gemm_bf16"], "avx512");
     }
 }
 

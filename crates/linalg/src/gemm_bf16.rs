@@ -1,12 +1,12 @@
 //! GEMM with bf16 inputs and f32 accumulation: `out (M,N) (+)= a (M,K) · b (N,K)ᵀ`, both operands
 //! with K contiguous (activations times an `nn.Linear` weight), for `--precision bf16`.
 //!
-//! Four paths, the fastest that [`crate::cpu::level`] allows chosen at run time: AMX tiles
+//! Five paths, the fastest that [`crate::cpu::level`] allows chosen at run time: AMX tiles
 //! (`amx`); AVX-512 BF16 (`vdpbf16ps`: 32 bf16 products summed pairwise into 16 f32 lanes per
 //! instruction) — a register-tiled kernel over `b` packed into 16-column panels of K pairs
-//! (`packed`) from 64 rows of `a` on, 4×4 dot-product tiles below; AVX2 + FMA (`avx2`: bf16
-//! widened while packing, an f32 6×16 micro-kernel), which AVX-512 CPUs without BF16 run too;
-//! and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot products, in
+//! (`packed`) from 64 rows of `a` on, 4×4 dot-product tiles below; bf16 widened while packing
+//! and multiplied in f32 (`avx2`), by a 12×32 AVX-512F micro-kernel on AVX-512 CPUs without BF16
+//! or a 6×16 AVX2 + FMA one (the same bits); and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot products, in
 //! blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
 //! [`gemm_nn`] takes `b` as (K, N), row-major over N, and reads it in place (`nn`): the
 //! classifier's input gradient over the token table and backward GEMMs need no copy of `b`.
@@ -42,6 +42,9 @@ pub enum Isa {
     Amx,
     /// `vdpbf16ps`; panics if the CPU lacks AVX-512 BF16 (see [`best_isa`]).
     Avx512Bf16,
+    /// Widened to f32 while packing, f32 FMA in 512 bits (`avx2`'s 12 × 32 kernel); panics
+    /// without AVX-512F.
+    Avx512,
     /// Widened to f32 while packing, f32 FMA (`avx2`); panics without AVX2 and FMA.
     Avx2,
     /// Widen to f32 and multiply-add; runs anywhere.
@@ -49,22 +52,24 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The path's name in reports: `amx`, `avx512-bf16`, `avx2`, `portable`.
+    /// The path's name in reports: `amx`, `avx512-bf16`, `avx512`, `avx2`, `portable`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Amx => "amx",
             Isa::Avx512Bf16 => "avx512-bf16",
+            Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
     }
 
-    /// The path a level runs: AVX-512 without BF16 takes the AVX2 path.
+    /// The path a level runs: AVX-512 without BF16 widens as AVX2 does, in 512 bits.
     pub fn at(level: Level) -> Isa {
         match level {
             Level::Amx => Isa::Amx,
             Level::Avx512Bf16 => Isa::Avx512Bf16,
-            Level::Avx512Vnni | Level::Avx512 | Level::Avx2Vnni | Level::Avx2 => Isa::Avx2,
+            Level::Avx512Vnni | Level::Avx512 => Isa::Avx512,
+            Level::Avx2Vnni | Level::Avx2 => Isa::Avx2,
             Level::Portable => Isa::Portable,
         }
     }
@@ -117,10 +122,11 @@ pub fn gemm_nt_on(isa: Isa, out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims,
         return unsafe { amx::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nt)) };
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         let out = nn::Out::F32(out);
-        // SAFETY: AVX2 and FMA were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nt)) };
+        let (mode, wide) = ((add, nn::Layout::Nt), isa == Isa::Avx512);
+        // SAFETY: the path's features were checked against the running CPU above.
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), mode, wide) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
@@ -215,9 +221,10 @@ fn run_nn(
         return unsafe { amx::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nn)) };
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: AVX2 and FMA were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nn)) };
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        let (mode, wide) = ((add, nn::Layout::Nn), isa == Isa::Avx512);
+        // SAFETY: the path's features were checked against the running CPU above.
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), mode, wide) };
     }
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }

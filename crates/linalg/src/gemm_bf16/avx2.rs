@@ -1,16 +1,19 @@
-//! The AVX2 + FMA path of both bf16 GEMMs, for CPUs without AVX-512 BF16 (Haswell to Alder
-//! Lake, Zen 1-3): bf16 is widened to f32 (a 16-bit shift) while packing, and an f32 FMA
-//! micro-kernel of 6 rows × 16 columns (12 accumulators, 2 panel loads and 6 broadcasts per 12
-//! FMAs) does the arithmetic, as a BLIS-style sgemm does. Both layouts of `b` pack into the same
-//! panels: (N, K) by 8 × 8 transposes in registers, (K, N) by plain widening.
+//! The widening paths of both bf16 GEMMs, for CPUs without AVX-512 BF16: bf16 is widened to
+//! f32 (a 16-bit shift) while packing, and an f32 FMA micro-kernel does the arithmetic, as a
+//! BLIS-style sgemm does. With AVX2 + FMA (Haswell to Alder Lake, Zen 1-3) it is 6 rows × 16
+//! columns (12 accumulators, 2 panel loads and 6 broadcasts per 12 FMAs); with AVX-512F
+//! (Skylake-SP to Ice Lake and Sapphire Rapids capped below BF16) 12 rows × 32 columns in 512
+//! bits ([`zmm`]: 24 accumulators, two panels side by side). Both layouts of `b` pack into the
+//! same panels: (N, K) by 8 × 8 transposes in registers, (K, N) by plain widening.
 //!
 //! `b` is packed 256 columns at a time (16-column panels, K-major, over all of K), in parallel,
 //! and shared by a grid of (120 rows × 128 columns) tasks over rayon. Each task sweeps K in
 //! 256-deep blocks: it widens its rows of `a` (row-major, read by broadcasts), then accumulates
 //! into an f32 tile of its outputs, which is added or written to `out` once at the end — rounded
 //! once to bf16 for a bf16 output, as the other paths do. Each element's K sum runs in one order
-//! (K blocks in turn, each in K order) whatever the split. A task's two buffers (183 KiB) are a
-//! per-thread scratch allocated once.
+//! (K blocks in turn, each in K order, one FMA a step) whatever the split and whichever width:
+//! both kernels give the same bits. A task's two buffers (183 KiB) are a per-thread scratch
+//! allocated once.
 //!
 //! Rows past M read zeros and columns past N are zero in the panel; neither is written out.
 
@@ -20,6 +23,7 @@ use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+/// Rows of the AVX2 micro-kernel ([`zmm::MR`] for the 512-bit one), and columns of a panel.
 const MR: usize = 6;
 const NR: usize = 16;
 /// Rows and columns of out per task, and K per block.
@@ -64,11 +68,18 @@ thread_local! {
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// out (M,N) (+)= a (M,K) · b, `b` in `layout`.
+/// out (M,N) (+)= a (M,K) · b, `b` in `layout`, by the 512-bit kernel where `wide`.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
-pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode: (bool, Layout)) {
+/// The CPU must support AVX2 and FMA, and AVX-512F where `wide`.
+pub(super) unsafe fn gemm(
+    out: Out<'_>,
+    a: &[bf16],
+    b: &[bf16],
+    dims: Dims,
+    mode: (bool, Layout),
+    wide: bool,
+) {
     let (add, layout) = mode;
     let (m, n, k) = dims;
     let out = OutPtr::of(out, m * n);
@@ -80,6 +91,7 @@ pub(super) unsafe fn gemm(out: Out<'_>, a: &[bf16], b: &[bf16], dims: Dims, mode
         add,
         out,
         layout,
+        wide,
     };
     // Both layouts pack once per block of 256 columns, shared by the row tasks: (N, K) by
     // transposes, (K, N) by plain widening.
@@ -121,6 +133,7 @@ struct Call<'a> {
     add: bool,
     out: OutPtr,
     layout: Layout,
+    wide: bool,
 }
 
 /// The (120 rows × 128 columns) tasks over columns `c0..c0 + cols` of out; `packed`: those
@@ -139,7 +152,12 @@ fn run_tasks(c: Call<'_>, packed: &[f32], c0: usize, cols: usize) {
                 let s = cell.get_or_insert_with(Scratch::new);
                 // SAFETY: the caller checked the CPU; the tasks' blocks of out are disjoint and
                 // inside its M·N elements.
-                unsafe { task_run(s, c.a, packed, t) };
+                unsafe {
+                    match c.wide {
+                        true => zmm::task_run(s, c.a, packed, t),
+                        false => task_run(s, c.a, packed, t),
+                    }
+                };
             });
         });
 }
@@ -152,7 +170,7 @@ unsafe fn task_run(s: &mut Scratch, a: &[bf16], packed: &[f32], t: Task) {
     let (row_panels, col_panels) = (t.rows.div_ceil(MR), t.cols.div_ceil(NR));
     for k0 in (0..t.k).step_by(KC) {
         let kc = KC.min(t.k - k0);
-        pack_a(&mut s.a, a, t, k0, kc);
+        pack_a(&mut s.a, a, t, (k0, kc), MR);
         for q in 0..col_panels {
             // The panel spans all of K (16 f32 a step).
             let bp = packed.as_ptr().add(q * t.k * NR + k0 * NR);
@@ -191,6 +209,8 @@ unsafe fn kernel_6x16(kc: usize, ap: *const f32, bp: *const f32, cp: *mut f32, f
     }
 }
 
+mod zmm;
+
 /// 8 bf16 at `p` widened to 8 f32.
 #[inline(always)]
 unsafe fn widen8(p: *const bf16) -> __m256 {
@@ -199,12 +219,12 @@ unsafe fn widen8(p: *const bf16) -> __m256 {
 }
 
 /// The task's rows of `a`, K `k0..k0 + kc`, widened into `dst` row-major (row stride kc);
-/// rows up to a whole panel past the task's last are zeros.
+/// rows up to a whole panel of `mr` past the task's last are zeros.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack_a(dst: &mut [f32], a: &[bf16], t: Task, k0: usize, kc: usize) {
+unsafe fn pack_a(dst: &mut [f32], a: &[bf16], t: Task, (k0, kc): (usize, usize), mr: usize) {
     let body = kc / 8 * 8;
-    for r in 0..t.rows.div_ceil(MR) * MR {
+    for r in 0..t.rows.div_ceil(mr) * mr {
         let row = &mut dst[r * kc..(r + 1) * kc];
         if r >= t.rows {
             row.fill(0.0);

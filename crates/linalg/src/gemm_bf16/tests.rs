@@ -1,4 +1,4 @@
-//! Both bf16 paths against the plain loop and against an f64 sum of the same bf16 values.
+//! Every bf16 path against the plain loop and against an f64 sum of the same bf16 values.
 
 use super::*;
 use crate::testutil::*;
@@ -193,5 +193,35 @@ fn nn_into_bf16_rounds_once() {
                 assert!(err <= f64::from(s.abs()) / 256.0 + 1e-4, "{at} replace");
             }
         }
+    }
+}
+
+/// The 512-bit widening kernel gives the AVX2 one's bits, both layouts and outputs, on shapes
+/// with ragged 12-row panels, an odd last 16-column panel and K over two 256-deep blocks.
+#[test]
+fn the_widening_kernels_give_the_same_bits() {
+    if !(supported().contains(&Isa::Avx512) && supported().contains(&Isa::Avx2)) {
+        return;
+    }
+    for (m, n, k) in [(70, 131, 777), (121, 48, 300), (13, 17, 5), (250, 300, 64)] {
+        let mut rng = Rng::new(23);
+        let (a, bt, bk) = (
+            bf(&rng.vec(m * k)),
+            bf(&rng.vec(n * k)),
+            bf(&rng.vec(k * n)),
+        );
+        let old = bf(&rng.vec(m * n));
+        let bits = |isa: Isa| {
+            let mut nt = vec![0.5f32; m * n];
+            gemm_nt_on(isa, &mut nt, &a, &bt, (m, n, k), Accum::Add);
+            let mut nn = vec![0.0f32; m * n];
+            gemm_nn_on(isa, &mut nn, &a, &bk, (m, n, k), Accum::Replace);
+            let mut into = old.clone();
+            gemm_nn_bf16_on(isa, &mut into, &a, &bk, (m, n, k), Accum::Add);
+            let f = nt.iter().chain(&nn).map(|x| x.to_bits());
+            f.chain(into.iter().map(|x| u32::from(x.to_bits())))
+                .collect::<Vec<u32>>()
+        };
+        assert!(bits(Isa::Avx512) == bits(Isa::Avx2), "{m}x{n}x{k}");
     }
 }
