@@ -6,8 +6,9 @@
 //! instruction) — a register-tiled kernel over `b` packed into 16-column panels of K pairs
 //! (`packed`) from 64 rows of `a` on, 4×4 dot-product tiles below; bf16 widened while packing
 //! and multiplied in f32 (`avx2`), by a 12×32 AVX-512F micro-kernel on AVX-512 CPUs without BF16
-//! or a 6×16 AVX2 + FMA one (the same bits); and a portable path that widens bf16 to f32 (a 16-bit shift) in 16-lane dot products, in
-//! blocks of 64 rows of `a`, each sweeping `b` in 64-row blocks that stay in L2.
+//! or a 6×16 AVX2 + FMA one (the same bits); and a portable path that widens bf16 to f32 (a
+//! 16-bit shift) in 16-lane dot products, in blocks of 64 rows of `a`, each sweeping `b` in
+//! 64-row blocks that stay in L2.
 //! [`gemm_nn`] takes `b` as (K, N), row-major over N, and reads it in place (`nn`): the
 //! classifier's input gradient over the token table and backward GEMMs need no copy of `b`.
 //! [`reference`] is the plain loop both are tested against. A GEMM whose `a` has its reduction
@@ -124,9 +125,8 @@ pub fn gemm_nt_on(isa: Isa, out: &mut [f32], a: &[bf16], b: &[bf16], dims: Dims,
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         let out = nn::Out::F32(out);
-        let (mode, wide) = ((add, nn::Layout::Nt), isa == Isa::Avx512);
         // SAFETY: the path's features were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), mode, wide) };
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nt), isa) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512Bf16 && m >= packed::MIN_ROWS {
@@ -222,9 +222,8 @@ fn run_nn(
     }
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-        let (mode, wide) = ((add, nn::Layout::Nn), isa == Isa::Avx512);
         // SAFETY: the path's features were checked against the running CPU above.
-        return unsafe { avx2::gemm(out, a, b, (m, n, k), mode, wide) };
+        return unsafe { avx2::gemm(out, a, b, (m, n, k), (add, nn::Layout::Nn), isa) };
     }
     nn::gemm(out, a, b, (m, n, k), add, isa == Isa::Avx512Bf16);
 }

@@ -12,24 +12,27 @@
 //! into an f32 tile of its outputs, which is added or written to `out` once at the end — rounded
 //! once to bf16 for a bf16 output, as the other paths do. Each element's K sum runs in one order
 //! (K blocks in turn, each in K order, one FMA a step) whatever the split and whichever width:
-//! both kernels give the same bits. A task's two buffers (183 KiB) are a per-thread scratch
+//! both kernels give the same bits. A task's two buffers (180 KiB) are a per-thread scratch
 //! allocated once.
 //!
 //! Rows past M read zeros and columns past N are zero in the panel; neither is written out.
 
 use super::nn::{Block, Layout, Out, OutPtr};
-use super::{bf16, widen, Dims};
+use super::{bf16, widen, Dims, Isa};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Rows of the AVX2 micro-kernel ([`zmm::MR`] for the 512-bit one), and columns of a panel.
+/// Rows of the AVX2 micro-kernel ([`zmm::MR`] for the 512-bit one).
 const MR: usize = 6;
+/// Columns of a packed panel of `b`.
 const NR: usize = 16;
 /// Rows and columns of out per task, and K per block.
 const MB: usize = 120;
 const NB: usize = 128;
 const KC: usize = 256;
+// A task's rows are whole panels of either kernel: the scratch holds their zero rows.
+const _: () = assert!(MB.is_multiple_of(MR) && MB.is_multiple_of(zmm::MR));
 
 /// A task's widened rows of `a` (MB × KC) and output tile (MB × NB), both f32.
 struct Scratch {
@@ -68,17 +71,18 @@ thread_local! {
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// out (M,N) (+)= a (M,K) · b, `b` in `layout`, by the 512-bit kernel where `wide`.
+/// out (M,N) (+)= a (M,K) · b, `b` in `layout`, by the 512-bit kernel for [`Isa::Avx512`], else
+/// the AVX2 one.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA, and AVX-512F where `wide`.
+/// The CPU must support AVX2 and FMA, and AVX-512F for [`Isa::Avx512`].
 pub(super) unsafe fn gemm(
     out: Out<'_>,
     a: &[bf16],
     b: &[bf16],
     dims: Dims,
     mode: (bool, Layout),
-    wide: bool,
+    isa: Isa,
 ) {
     let (add, layout) = mode;
     let (m, n, k) = dims;
@@ -91,7 +95,7 @@ pub(super) unsafe fn gemm(
         add,
         out,
         layout,
-        wide,
+        wide: isa == Isa::Avx512,
     };
     // Both layouts pack once per block of 256 columns, shared by the row tasks: (N, K) by
     // transposes, (K, N) by plain widening.

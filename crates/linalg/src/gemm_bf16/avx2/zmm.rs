@@ -8,7 +8,7 @@ use super::{pack_a, write_out, Scratch, Task, KC, NB, NR};
 use std::arch::x86_64::*;
 
 /// Rows of the micro-kernel (the task's 120 rows are ten of them).
-const MR: usize = 12;
+pub(super) const MR: usize = 12;
 
 /// [`super::task_run`] with the 512-bit kernel.
 #[target_feature(enable = "avx2,fma,avx512f")]
@@ -53,7 +53,10 @@ unsafe fn kernel<const V: usize>(
         }
     }
     for kk in 0..kc {
-        let b: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(bp.add(v * stride + kk * NR)));
+        let mut b = [_mm512_setzero_ps(); V];
+        for (v, b_v) in b.iter_mut().enumerate() {
+            *b_v = _mm512_loadu_ps(bp.add(v * stride + kk * NR));
+        }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_ps(*ap.add(r * kc + kk));
             for (v, x_v) in acc_r.iter_mut().enumerate() {
