@@ -37,8 +37,11 @@ pub fn cap_from_env() {
         .ok()
         .filter(|v| !v.trim().is_empty())
     {
-        let level = kernels::cpu::parse(&v).unwrap_or_else(|e| panic!("FRUGAL_ISA: {e}"));
-        kernels::cpu::set_cap(level).unwrap_or_else(|e| panic!("FRUGAL_ISA: {e}"));
+        let capped = kernels::cpu::parse(&v).and_then(kernels::cpu::set_cap);
+        if let Err(e) = capped {
+            eprintln!("FRUGAL_ISA: {e}");
+            std::process::exit(2);
+        }
     }
     println!(
         "instruction-set level: {} (this CPU: {})",
