@@ -6,7 +6,8 @@
 //!
 //! Also one core's issue rate of 512-bit FMAs and `vpdpbusd`s (the ceiling of the batched,
 //! compute-bound case) and, with `QM_MODEL=1` (or `int8`), one pass over a model's worth of
-//! distinct matrices.
+//! distinct matrices. Where the AVX2 path runs, its 8-row tile lines also report the fraction
+//! of their ceiling: the rate at which this CPU issues their multiplies ([`Ceiling`]).
 //!
 //! Run: `cargo bench -p kernels --bench qmatmul`.
 
@@ -20,6 +21,7 @@ const OC: usize = 11008;
 
 fn main() {
     common::cap_from_env();
+    let isas = qmatmul::supported();
     if std::env::var("QM_MODEL").is_ok() {
         return model_pass();
     }
@@ -34,6 +36,25 @@ fn main() {
         let (fma, dp) = unsafe { peak_rates() };
         println!("one core's issue rate: {fma:.2} G zmm FMA/s, {dp:.2} G vpdpbusd/s");
     }
+    #[cfg(target_arch = "x86_64")]
+    let ceiling = isas.contains(&Isa::Avx2).then(|| {
+        // SAFETY: the CPU runs the AVX2 level (AVX2 and FMA).
+        let c = unsafe { Ceiling::measure() };
+        println!(
+            "one core's issue rate: {:.2} G ymm FMA/s, {:.2} G vpmaddubsw/s, {:.2} G of both \
+             interleaved/s; the AVX2 8-row tiles' ceiling on {} threads: int4t {:.0} GMAC/s, \
+             int8t {:.0} GMAC/s",
+            c.fma,
+            c.maddubs,
+            c.both,
+            rayon::current_num_threads(),
+            c.gmacs(Ceiling::INT4T),
+            c.gmacs(Ceiling::INT8T)
+        );
+        c
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let ceiling: Option<()> = None;
     let bw = common::streaming_read();
     let n = OC * IC;
     let f32s = common::fill(n, 1, 0.1);
@@ -48,7 +69,6 @@ fn main() {
     let tiled8: Vec<i8> = tiled8.into_iter().map(|c| c as i8).collect();
     let h_row: Vec<f16> = (0..OC).map(|_| f16::from_f32(0.01)).collect();
     let levels: [f32; 16] = std::array::from_fn(|i| i as f32 / 8.0 - 1.0);
-    let isas = qmatmul::supported();
     let only = std::env::var("QM_ONLY").ok();
     let mut ran = 0;
     for group in [32usize, 128] {
@@ -164,13 +184,27 @@ fn main() {
                         matmul_on(isa, &mut out, &inp, w, rows, IC, OC)
                     });
                     let bytes = w.bytes() as f64;
+                    let macs = (rows * n) as f64 / t / 1e9;
+                    // The AVX2 tiles at 8 rows are compute-bound: their fraction of the ceiling.
+                    #[cfg(target_arch = "x86_64")]
+                    let of_ceiling = match (&ceiling, isa, rows, head) {
+                        (Some(c), Isa::Avx2, 8, "int4t") => {
+                            format!("  {:.2} of ceiling", macs / c.gmacs(Ceiling::INT4T))
+                        }
+                        (Some(c), Isa::Avx2, 8, "int8t") => {
+                            format!("  {:.2} of ceiling", macs / c.gmacs(Ceiling::INT8T))
+                        }
+                        _ => String::new(),
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let of_ceiling = ceiling.map(|_| String::new()).unwrap_or_default();
                     println!(
-                        "{name:<10} {:<9} rows {rows}  {:>8.2} ms  {:>6.2} GB/s  {:>5.1}% of read  {:>7.1} GFLOP/s",
+                        "{name:<10} {:<9} rows {rows}  {:>8.2} ms  {:>6.2} GB/s  {:>5.1}% of read  {:>7.1} GFLOP/s{of_ceiling}",
                         isa.name(),
                         t * 1e3,
                         bytes / t / 1e9,
                         100.0 * bytes / t / bw,
-                        2.0 * (rows * n) as f64 / t / 1e9
+                        2.0 * macs
                     );
                 }
             }
@@ -273,4 +307,70 @@ unsafe fn peak_rates() -> (f64, f64) {
     std::hint::black_box(d);
     let dp = (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
     (fma, dp)
+}
+
+/// One core's issue rates of the AVX2 tiles' multiplies, G instructions a second (12
+/// independent chains each): ymm FMAs, `vpmaddubsw`s, and the two interleaved one for one.
+/// Where both run on the same ports (Zen 4's FP0 and FP1, Intel's ports 0 and 1), the
+/// interleaved rate is no higher than either alone, and it bounds every instruction of that
+/// kind a tile issues: `vpmaddubsw`, `vpmaddwd`, `vpsignb`, and the scale's multiply and FMA.
+#[cfg(target_arch = "x86_64")]
+struct Ceiling {
+    fma: f64,
+    maddubs: f64,
+    both: f64,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Ceiling {
+    /// Per activation row and tile sub-block (256 products): int4's 8 `vpmaddubsw`, 1
+    /// `vpmaddwd`, 1 multiply, 1 FMA; int8's 8 `vpsignb`, 8 `vpmaddubsw`, 8 `vpmaddwd`, 1 FMA.
+    const INT4T: f64 = 256.0 / 11.0;
+    const INT8T: f64 = 256.0 / 25.0;
+
+    /// G products a second on every thread, at `per_op` products per multiply-port instruction
+    /// issued at the interleaved rate.
+    fn gmacs(&self, per_op: f64) -> f64 {
+        self.both * per_op * rayon::current_num_threads() as f64
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn measure() -> Ceiling {
+        use std::arch::x86_64::*;
+        let n = 20_000_000usize;
+        let rate = |t: std::time::Instant, ops: usize| ops as f64 / t.elapsed().as_secs_f64() / 1e9;
+        let (b, c) = (_mm256_set1_ps(1.000_000_1), _mm256_set1_ps(0.999));
+        let u = _mm256_set1_epi8(3);
+        let t = std::time::Instant::now();
+        let mut f = [_mm256_set1_ps(1.0); 12];
+        for _ in 0..n {
+            for x in f.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, b, c);
+            }
+        }
+        std::hint::black_box(f);
+        let fma = rate(t, 12 * n);
+        let t = std::time::Instant::now();
+        let mut d = [_mm256_set1_epi8(1); 12];
+        for _ in 0..n {
+            for x in d.iter_mut() {
+                *x = _mm256_maddubs_epi16(u, *x);
+            }
+        }
+        std::hint::black_box(d);
+        let maddubs = rate(t, 12 * n);
+        let t = std::time::Instant::now();
+        let (mut f, mut d) = ([_mm256_set1_ps(1.0); 6], [_mm256_set1_epi8(1); 6]);
+        for _ in 0..n {
+            for (x, y) in f.iter_mut().zip(d.iter_mut()) {
+                *x = _mm256_fmadd_ps(*x, b, c);
+                *y = _mm256_maddubs_epi16(u, *y);
+            }
+        }
+        std::hint::black_box((f, d));
+        let both = rate(t, 12 * n);
+        Ceiling { fma, maddubs, both }
+    }
 }
