@@ -7,7 +7,7 @@
 //! Also one core's issue rate of 512-bit FMAs and `vpdpbusd`s (the ceiling of the batched,
 //! compute-bound case) and, with `QM_MODEL=1` (or `int8`), one pass over a model's worth of
 //! distinct matrices. Where the AVX2 path runs, its 8-row tile lines also report the fraction
-//! of their ceiling: the rate at which this CPU issues their multiplies ([`Ceiling`]).
+//! of their ceiling: the rate at which one core issues their multiplies ([`Ceiling`]).
 //!
 //! Run: `cargo bench -p kernels --bench qmatmul`.
 
@@ -41,15 +41,16 @@ fn main() {
         // SAFETY: the CPU runs the AVX2 level (AVX2 and FMA).
         let c = unsafe { Ceiling::measure() };
         println!(
-            "one core's issue rate: {:.2} G ymm FMA/s, {:.2} G vpmaddubsw/s, {:.2} G of both \
-             interleaved/s; the AVX2 8-row tiles' ceiling on {} threads: int4t {:.0} GMAC/s, \
-             int8t {:.0} GMAC/s",
+            "one core's issue rate: {:.2} G ymm FMA/s, {:.2} G vpmaddubsw/s, {:.2} G/s of the \
+             tiles' multiply mix; the AVX2 8-row tiles' ceiling on {} threads: int4t g32 {:.0} \
+             GMAC/s, g128 {:.0}, int8t {:.0}",
             c.fma,
             c.maddubs,
-            c.both,
+            c.mix,
             rayon::current_num_threads(),
-            c.gmacs(Ceiling::INT4T),
-            c.gmacs(Ceiling::INT8T)
+            c.gmacs(Tile::Int4 { group: 32 }),
+            c.gmacs(Tile::Int4 { group: 128 }),
+            c.gmacs(Tile::Int8)
         );
         c
     });
@@ -189,17 +190,22 @@ fn main() {
                     #[cfg(target_arch = "x86_64")]
                     let of_ceiling = match (&ceiling, isa, rows, head) {
                         (Some(c), Isa::Avx2, 8, "int4t") => {
-                            format!("  {:.2} of ceiling", macs / c.gmacs(Ceiling::INT4T))
+                            let tile = Tile::Int4 { group };
+                            format!("  {:.2} of ceiling", macs / c.gmacs(tile))
                         }
                         (Some(c), Isa::Avx2, 8, "int8t") => {
-                            format!("  {:.2} of ceiling", macs / c.gmacs(Ceiling::INT8T))
+                            format!("  {:.2} of ceiling", macs / c.gmacs(Tile::Int8))
                         }
                         _ => String::new(),
                     };
                     #[cfg(not(target_arch = "x86_64"))]
-                    let of_ceiling = ceiling.map(|_| String::new()).unwrap_or_default();
+                    let of_ceiling = {
+                        let _ = &ceiling;
+                        String::new()
+                    };
                     println!(
-                        "{name:<10} {:<9} rows {rows}  {:>8.2} ms  {:>6.2} GB/s  {:>5.1}% of read  {:>7.1} GFLOP/s{of_ceiling}",
+                        "{name:<10} {:<9} rows {rows}  {:>8.2} ms  {:>6.2} GB/s  \
+                         {:>5.1}% of read  {:>7.1} GFLOP/s{of_ceiling}",
                         isa.name(),
                         t * 1e3,
                         bytes / t / 1e9,
@@ -309,29 +315,35 @@ unsafe fn peak_rates() -> (f64, f64) {
     (fma, dp)
 }
 
-/// One core's issue rates of the AVX2 tiles' multiplies, G instructions a second (12
-/// independent chains each): ymm FMAs, `vpmaddubsw`s, and the two interleaved one for one.
-/// Where both run on the same ports (Zen 4's FP0 and FP1, Intel's ports 0 and 1), the
-/// interleaved rate is no higher than either alone, and it bounds every instruction of that
-/// kind a tile issues: `vpmaddubsw`, `vpmaddwd`, `vpsignb`, and the scale's multiply and FMA.
+/// One core's issue rates, G instructions a second (12 independent chains each): ymm FMAs,
+/// `vpmaddubsw`s, and the mix an AVX2 tile's multiplies make (FMAs, `vpmaddubsw`, `vpmaddwd`,
+/// `vpsignb` and `vmulps` chains side by side). Where those share ports (on Zen 4 all five run on
+/// the two that take the FMA) the mix runs no faster than FMAs alone, and it bounds a tile.
+/// `vcvtdq2ps` is not counted: Zen 4 runs it on other ports. With two threads a core (SMT) the
+/// threads share one core's rate: halve the ceiling.
 #[cfg(target_arch = "x86_64")]
 struct Ceiling {
     fma: f64,
     maddubs: f64,
-    both: f64,
+    mix: f64,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Ceiling {
-    /// Per activation row and tile sub-block (256 products): int4's 8 `vpmaddubsw`, 1
-    /// `vpmaddwd`, 1 multiply, 1 FMA; int8's 8 `vpsignb`, 8 `vpmaddubsw`, 8 `vpmaddwd`, 1 FMA.
-    const INT4T: f64 = 256.0 / 11.0;
-    const INT8T: f64 = 256.0 / 25.0;
+    /// The mix's instructions an 8-row tile issues per activation row and 256 products (a tile
+    /// sub-block). int4 ([`Tile::Int4`]): 8 `vpmaddubsw`, a `vpmaddwd`, the scale's multiply and
+    /// FMA, and per group the zero point's FMA. int8: 8 `vpsignb`, 8 `vpmaddubsw`, 8 `vpmaddwd`,
+    /// an FMA, and the block's 8 `vpsignb` (|w|, once for the 8 rows).
+    fn per_row(tile: Tile) -> f64 {
+        match tile {
+            Tile::Int4 { group } => 11.0 + 32.0 / group as f64,
+            Tile::Int8 => 26.0,
+        }
+    }
 
-    /// G products a second on every thread, at `per_op` products per multiply-port instruction
-    /// issued at the interleaved rate.
-    fn gmacs(&self, per_op: f64) -> f64 {
-        self.both * per_op * rayon::current_num_threads() as f64
+    /// G products a second on every thread.
+    fn gmacs(&self, tile: Tile) -> f64 {
+        self.mix * 256.0 / Ceiling::per_row(tile) * rayon::current_num_threads() as f64
     }
 
     /// # Safety
@@ -341,8 +353,9 @@ impl Ceiling {
         use std::arch::x86_64::*;
         let n = 20_000_000usize;
         let rate = |t: std::time::Instant, ops: usize| ops as f64 / t.elapsed().as_secs_f64() / 1e9;
-        let (b, c) = (_mm256_set1_ps(1.000_000_1), _mm256_set1_ps(0.999));
-        let u = _mm256_set1_epi8(3);
+        // Opaque, so that no chain folds away (a sign by a known positive is a no-op).
+        let (b, c) = std::hint::black_box((_mm256_set1_ps(1.000_000_1), _mm256_set1_ps(0.999)));
+        let u = std::hint::black_box(_mm256_set1_epi8(3));
         let t = std::time::Instant::now();
         let mut f = [_mm256_set1_ps(1.0); 12];
         for _ in 0..n {
@@ -361,16 +374,37 @@ impl Ceiling {
         }
         std::hint::black_box(d);
         let maddubs = rate(t, 12 * n);
+        // 3 FMA, 3 vpmaddubsw, 2 vpmaddwd, 2 vpsignb and 2 vmulps chains.
         let t = std::time::Instant::now();
-        let (mut f, mut d) = ([_mm256_set1_ps(1.0); 6], [_mm256_set1_epi8(1); 6]);
+        let (mut f, mut m) = ([_mm256_set1_ps(1.0); 3], [_mm256_set1_ps(1.0); 2]);
+        let (mut d, mut w, mut g) = ([u; 3], [u; 2], [u; 2]);
         for _ in 0..n {
-            for (x, y) in f.iter_mut().zip(d.iter_mut()) {
+            for x in f.iter_mut() {
                 *x = _mm256_fmadd_ps(*x, b, c);
-                *y = _mm256_maddubs_epi16(u, *y);
+            }
+            for x in d.iter_mut() {
+                *x = _mm256_maddubs_epi16(u, *x);
+            }
+            for x in w.iter_mut() {
+                *x = _mm256_madd_epi16(*x, u);
+            }
+            for x in g.iter_mut() {
+                *x = _mm256_sign_epi8(*x, u);
+            }
+            for x in m.iter_mut() {
+                *x = _mm256_mul_ps(*x, b);
             }
         }
-        std::hint::black_box((f, d));
-        let both = rate(t, 12 * n);
-        Ceiling { fma, maddubs, both }
+        std::hint::black_box((f, m, d, w, g));
+        let mix = rate(t, 12 * n);
+        Ceiling { fma, maddubs, mix }
     }
+}
+
+/// The AVX2 tiles [`Ceiling`] bounds.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum Tile {
+    Int4 { group: usize },
+    Int8,
 }
