@@ -291,35 +291,35 @@ pub fn model_pass() {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn peak_rates() -> (f64, f64) {
     use std::arch::x86_64::*;
+    let (b, c) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999));
+    let fma = chain_rate(_mm512_set1_ps(1.0), |x| _mm512_fmadd_ps(x, b, c));
+    let (u, v) = (_mm512_set1_epi8(3), _mm512_set1_epi8(5));
+    let dp = chain_rate(_mm512_set1_epi32(1), |x| _mm512_dpbusd_epi32(x, u, v));
+    (fma, dp)
+}
+
+/// Steps a second, in G, of 12 independent chains of `step` from `start`, each stepped 20
+/// million times: one instruction's throughput where `step` is one instruction.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn chain_rate<T: Copy>(start: T, step: impl Fn(T) -> T) -> f64 {
     let n = 20_000_000usize;
     let t = std::time::Instant::now();
-    let mut a = [_mm512_set1_ps(1.0); 12];
-    let (b, c) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999));
+    let mut x = [start; 12];
     for _ in 0..n {
-        for x in a.iter_mut() {
-            *x = _mm512_fmadd_ps(*x, b, c);
+        for v in x.iter_mut() {
+            *v = step(*v);
         }
     }
-    std::hint::black_box(a);
-    let fma = (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
-    let t = std::time::Instant::now();
-    let mut d = [_mm512_set1_epi32(1); 12];
-    let (u, v) = (_mm512_set1_epi8(3), _mm512_set1_epi8(5));
-    for _ in 0..n {
-        for x in d.iter_mut() {
-            *x = _mm512_dpbusd_epi32(*x, u, v);
-        }
-    }
-    std::hint::black_box(d);
-    let dp = (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
-    (fma, dp)
+    std::hint::black_box(x);
+    (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
 /// One core's issue rates, G instructions a second (12 independent chains each): ymm FMAs,
 /// `vpmaddubsw`s, and the mix an AVX2 tile's multiplies make (FMAs, `vpmaddubsw`, `vpmaddwd`,
-/// `vpsignb` and `vmulps` chains side by side). Where those share ports (on Zen 4 all five run on
-/// the two that take the FMA) the mix runs no faster than FMAs alone, and it bounds a tile.
-/// `vcvtdq2ps` is not counted: Zen 4 runs it on other ports. With two threads a core (SMT) the
+/// `vpsignb` and `vmulps` chains side by side). Where those share ports the mix runs no faster
+/// than FMAs alone (on Zen 4 it runs at about their rate), and it bounds a tile. `vcvtdq2ps` is
+/// not counted: on Zen 4 it runs beside `vpmaddubsw` at the full rate of each. With two threads a core (SMT) the
 /// threads share one core's rate: halve the ceiling.
 #[cfg(target_arch = "x86_64")]
 struct Ceiling {
@@ -351,29 +351,12 @@ impl Ceiling {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn measure() -> Ceiling {
         use std::arch::x86_64::*;
-        let n = 20_000_000usize;
-        let rate = |t: std::time::Instant, ops: usize| ops as f64 / t.elapsed().as_secs_f64() / 1e9;
         // Opaque, so that no chain folds away (a sign by a known positive is a no-op).
         let (b, c) = std::hint::black_box((_mm256_set1_ps(1.000_000_1), _mm256_set1_ps(0.999)));
         let u = std::hint::black_box(_mm256_set1_epi8(3));
-        let t = std::time::Instant::now();
-        let mut f = [_mm256_set1_ps(1.0); 12];
-        for _ in 0..n {
-            for x in f.iter_mut() {
-                *x = _mm256_fmadd_ps(*x, b, c);
-            }
-        }
-        std::hint::black_box(f);
-        let fma = rate(t, 12 * n);
-        let t = std::time::Instant::now();
-        let mut d = [_mm256_set1_epi8(1); 12];
-        for _ in 0..n {
-            for x in d.iter_mut() {
-                *x = _mm256_maddubs_epi16(u, *x);
-            }
-        }
-        std::hint::black_box(d);
-        let maddubs = rate(t, 12 * n);
+        let fma = chain_rate(_mm256_set1_ps(1.0), |x| _mm256_fmadd_ps(x, b, c));
+        let maddubs = chain_rate(u, |x| _mm256_maddubs_epi16(u, x));
+        let n = 20_000_000usize;
         // 3 FMA, 3 vpmaddubsw, 2 vpmaddwd, 2 vpsignb and 2 vmulps chains.
         let t = std::time::Instant::now();
         let (mut f, mut m) = ([_mm256_set1_ps(1.0); 3], [_mm256_set1_ps(1.0); 2]);
@@ -396,7 +379,7 @@ impl Ceiling {
             }
         }
         std::hint::black_box((f, m, d, w, g));
-        let mix = rate(t, 12 * n);
+        let mix = (12 * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
         Ceiling { fma, maddubs, mix }
     }
 }
