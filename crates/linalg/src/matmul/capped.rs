@@ -4,6 +4,9 @@
 //! AVX-512 kernel ([`super::avx512`]); the rest run faer, which picks its own kernel from the
 //! CPU, so a cap below what faer would pick runs the level's kernel instead: faer's own AVX2
 //! kernel (`private-gemm-x86`, the crate faer calls) at `avx2`, a plain loop at `portable`.
+//! A CPU without AVX2 (x86 or another architecture: Arm) runs the plain loop too: faer's kernels
+//! there (`gemm`'s scalar and NEON ones) allocate on the heap in every product, and a training
+//! step allocates nothing.
 //!
 //! Not here: the bf16 GEMM (`gemm_bf16`), which has kernels of its own per level.
 
@@ -37,11 +40,11 @@ impl Path {
     }
 }
 
-/// The path at the current level: faer's own choice unless the cap is below it. On a CPU with
-/// no AVX2 (or another architecture: faer's NEON kernels on Arm) faer picks within the cap.
+/// The path at the current level: faer's own choice unless the cap is below it; the plain loop
+/// on a CPU without AVX2, x86 or not.
 pub fn path() -> Path {
     match cpu::level() {
-        Level::Portable if cpu::detected() > Level::Portable => Path::Portable,
+        Level::Portable => Path::Portable,
         Level::Avx2 | Level::Avx2Vnni if cpu::detected() >= Level::Avx512 => Path::FaerAvx2,
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 | Level::Avx512Vnni | Level::Avx512Bf16 | Level::Amx => Path::Avx512,
@@ -68,7 +71,7 @@ pub fn matmul(
         Path::Faer | Path::Avx512 => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par),
         #[cfg(target_arch = "x86_64")]
         Path::FaerAvx2 => avx2(dst, accum, lhs, rhs, alpha, par),
-        _ => return portable(dst, accum, lhs, rhs, alpha),
+        _ => return portable(dst, accum, lhs, rhs, alpha, par),
     }
     clean_upper();
 }
@@ -167,9 +170,43 @@ fn avx2(
     }
 }
 
-/// The plain loop: each row of dst accumulates `alpha · lhs[i][p] · rhs[p]` over p, over
-/// contiguous rows where dst and rhs have them (the loop then vectorises with SSE2).
+/// Products from this many multiply-adds on split their rows over `par`'s threads on the
+/// plain loop.
+const PAR_MACS: usize = 1 << 16;
+
+/// The plain loop ([`portable_rows`]), its rows split over `par`'s threads when the product
+/// is large: each row's sums run in the same order either way, so the split changes no bits.
 fn portable(
+    dst: MatMut<'_, f32>,
+    accum: Accum,
+    lhs: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    alpha: f32,
+    par: Par,
+) {
+    use rayon::prelude::*;
+    let (m, n, k) = (dst.nrows(), dst.ncols(), lhs.ncols());
+    assert!(
+        lhs.nrows() == m && rhs.nrows() == k && rhs.ncols() == n,
+        "matmul shapes"
+    );
+    let threads = par.degree();
+    if threads < 2 || m < 2 || m * n * k < PAR_MACS {
+        return portable_rows(dst, accum, lhs, rhs, alpha);
+    }
+    // A few runs of rows a thread, so threads running at different speeds even out.
+    let chunk = m.div_ceil(4 * threads);
+    dst.par_row_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(c, rows)| {
+            let lhs = lhs.subrows(c * chunk, rows.nrows());
+            portable_rows(rows, accum, lhs, rhs, alpha);
+        });
+}
+
+/// The plain loop on one thread: each row of dst accumulates `alpha · lhs[i][p] · rhs[p]` over
+/// p, over contiguous rows where dst and rhs have them (the loop then vectorises with SSE2).
+fn portable_rows(
     mut dst: MatMut<'_, f32>,
     accum: Accum,
     lhs: MatRef<'_, f32>,
@@ -177,10 +214,6 @@ fn portable(
     alpha: f32,
 ) {
     let (m, n, k) = (dst.nrows(), dst.ncols(), lhs.ncols());
-    assert!(
-        lhs.nrows() == m && rhs.nrows() == k && rhs.ncols() == n,
-        "matmul shapes"
-    );
     if accum == Accum::Replace {
         dst.fill(0.0);
     }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The kernel and training-step tests, and a few runs of the binary, on CPUs this machine is not:
+# under QEMU's user-mode emulator (`qemu-x86_64 -cpu MODEL`) the binaries detect the emulated
+# CPU, so every level is picked by detection rather than by FRUGAL_ISA, and any instruction
+# above the CPU (this project's or a crate's) stops the run with SIGILL.
+#
+#   EPYC-Milan  AMD Zen 3: AVX2, FMA, F16C, no AVX-512 (the common AVX2-only server)
+#   Nehalem     SSE4.2 only: the portable paths (old servers, VMs with a baseline CPU model)
+#
+# Usage: dev/emulated_cpus.sh [MODEL...]   (default: both). Needs qemu-user (Debian: qemu-user)
+# and python3; builds the release test binaries it runs. Exit 1 on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+models=("$@")
+[ ${#models[@]} -eq 0 ] && models=(EPYC-Milan Nehalem)
+command -v qemu-x86_64 >/dev/null || { echo "qemu-x86_64 is required (apt-get install qemu-user)" >&2; exit 1; }
+
+# The test binaries: the kernels (linalg, kernels), the inference worker and the training step's
+# allocation check, each a (package, target) pair.
+targets="linalg:lib kernels:lib kernels:levels infer:lib infer:allocations infer:tiles engine:lib
+train:allocations"
+pkgs=$(for t in $targets; do echo "-p ${t%%:*}"; done | sort -u | tr '\n' ' ')
+# shellcheck disable=SC2086
+bins=$(cargo test --release $pkgs --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+want = set(sys.argv[1].split())
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    pkg = m["package_id"].split("#")[0].rsplit("/", 1)[-1].split("@")[0]
+    t = m["target"]
+    name = "lib" if "lib" in t["kind"] else t["name"]
+    if pkg + ":" + name in want:
+        print(pkg, t["src_path"].rsplit("/src/", 1)[0].rsplit("/tests/", 1)[0], m["executable"])
+' "$targets")
+[ "$(echo "$bins" | wc -l)" -eq 8 ] || { echo "expected 8 test binaries, found: $bins" >&2; exit 1; }
+cargo build --release -p frugal >/dev/null 2>&1
+frugal="$PWD/target/release/frugal"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# A small text to train on.
+python3 -c 'import sys; sys.stdout.write(" ".join("the quick brown fox %d jumps over the lazy dog." % i for i in range(2000)))' >"$work/data.txt"
+
+# Weights to generate from: three steps of fp32 training on this CPU.
+"$frugal" train --model gpt2-tiny --data "$work/data.txt" --steps 3 --batch 2 --seq 32 \
+  --sample-tokens 0 --val-batches 1 --out "$work/base" --json >/dev/null
+
+fail=0
+for model in "${models[@]}"; do
+  emu=(qemu-x86_64 -cpu "$model")
+  level=$("${emu[@]}" "$frugal" bench train --model gpt2-tiny --batch 1 --seq 16 --steps 1 --json \
+    2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["isa"])')
+  echo "== $model: the binary detects $level"
+  while read -r pkg dir exe; do
+    start=$SECONDS
+    # The emulator's CPUID names the emulated vendor while /proc/cpuinfo names the host's.
+    if (cd "$dir" && "${emu[@]}" "$exe" --test-threads 2 --skip amd_is_the_vendor_the_kernel_names \
+      >"$work/out" 2>&1); then
+      echo "ok    $pkg $(basename "$exe") ($((SECONDS - start)) s): $(grep '^test result' "$work/out" | tail -1)"
+    else
+      echo "FAIL  $pkg $(basename "$exe") ($((SECONDS - start)) s)"
+      grep -E "FAILED|panicked|SIGILL|Illegal" "$work/out" | head -20
+      fail=1
+    fi
+  done <<<"$bins"
+  # End to end: three steps of fp32 and bf16 training, int4 and int8 generation; each must give
+  # the same loss or tokens as the same command on this CPU capped at the emulated CPU's level.
+  for run in fp32 bf16 int4 int8; do
+    case $run in
+      fp32 | bf16) args=(train --model gpt2-tiny --data "$work/data.txt" --steps 3 --batch 2 --seq 32
+        --sample-tokens 0 --val-batches 1 --precision "$run" --json) key=loss_last ;;
+      *) args=(generate --model "$work/base" --prompt "ROMEO:" --max-new-tokens 6 --weights "$run"
+        --kv-dtype int8 --json) key=tokens ;;
+    esac
+    if ! "${emu[@]}" "$frugal" "${args[@]}" >"$work/emu.json" 2>"$work/err"; then
+      echo "FAIL  frugal ${args[0]} $run under $model: $(tail -3 "$work/err")"
+      fail=1
+      continue
+    fi
+    FRUGAL_ISA="$level" "$frugal" "${args[@]}" >"$work/native.json" 2>/dev/null
+    got=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$work/emu.json" "$key")
+    want=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$work/native.json" "$key")
+    if [ "$got" = "$want" ]; then
+      echo "ok    frugal ${args[0]} $run: $key $got, as this CPU capped at $level"
+    else
+      echo "FAIL  frugal ${args[0]} $run: $key $got under $model, $want on this CPU capped at $level"
+      fail=1
+    fi
+  done
+done
+exit $fail
