@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# The kernel and training-step tests, and a few runs of the binary, on CPUs this machine is not:
-# under QEMU's user-mode emulator (`qemu-x86_64 -cpu MODEL`) the binaries detect the emulated
-# CPU, so every level is picked by detection rather than by FRUGAL_ISA, and any instruction
-# above the CPU (this project's or a crate's) stops the run with SIGILL.
+# The kernel and training-step tests, and a few runs of the binary, on CPUs this machine is not,
+# under QEMU's user-mode emulators. The binaries detect the emulated CPU, so every level is
+# picked by detection rather than by FRUGAL_ISA, and any instruction above the CPU (this
+# project's or a crate's) stops the run with SIGILL.
 #
 #   EPYC-Milan  AMD Zen 3: AVX2, FMA, F16C, no AVX-512 (the common AVX2-only server)
 #   Nehalem     SSE4.2 only: the portable paths (old servers, VMs with a baseline CPU model)
+#   aarch64     64-bit Arm (Graviton, Apple silicon under Linux): built for
+#               aarch64-unknown-linux-gnu and run by qemu-aarch64
 #
-# Usage: dev/emulated_cpus.sh [MODEL...]   (default: both). Needs qemu-user (Debian: qemu-user)
-# and python3; builds the release test binaries it runs. Exit 1 on any failure.
+# Usage: dev/emulated_cpus.sh [MODEL...]   (default: all three). Needs qemu-user and python3;
+# aarch64 also the cross linker and C library (Debian: gcc-aarch64-linux-gnu,
+# libc6-dev-arm64-cross) and rustup's aarch64-unknown-linux-gnu target. Builds the release
+# binaries it runs. Exit 1 on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=("$@")
-[ ${#models[@]} -eq 0 ] && models=(EPYC-Milan Nehalem)
-command -v qemu-x86_64 >/dev/null || { echo "qemu-x86_64 is required (apt-get install qemu-user)" >&2; exit 1; }
+[ ${#models[@]} -eq 0 ] && models=(EPYC-Milan Nehalem aarch64)
 
 # The test binaries: the kernels (linalg, kernels), the inference worker and the training step's
 # allocation check, each a (package, target) pair.
 targets="linalg:lib kernels:lib kernels:levels infer:lib infer:allocations infer:tiles engine:lib
 train:allocations"
 pkgs=$(for t in $targets; do echo "-p ${t%%:*}"; done | sort -u | tr '\n' ' ')
-# shellcheck disable=SC2086
-bins=$(cargo test --release $pkgs --no-run --message-format=json 2>/dev/null | python3 -c '
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+
+# "package directory executable" for each test binary, built for the target `$1`.
+test_bins() {
+  # shellcheck disable=SC2086
+  cargo test --release --target "$1" $pkgs --no-run --message-format=json | python3 -c '
 import json, sys
 want = set(sys.argv[1].split())
 for line in sys.stdin:
@@ -33,22 +40,32 @@ for line in sys.stdin:
     name = "lib" if "lib" in t["kind"] else t["name"]
     if pkg + ":" + name in want:
         print(pkg, t["src_path"].rsplit("/src/", 1)[0].rsplit("/tests/", 1)[0], m["executable"])
-' "$targets")
-[ "$(echo "$bins" | wc -l)" -eq 8 ] || { echo "expected 8 test binaries, found: $bins" >&2; exit 1; }
-cargo build --release -p frugal >/dev/null 2>&1
-frugal="$PWD/target/release/frugal"
+' "$targets"
+}
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# A small text to train on.
+# A small text to train on, and weights to generate from: three steps of fp32 on this CPU.
 python3 -c 'import sys; sys.stdout.write(" ".join("the quick brown fox %d jumps over the lazy dog." % i for i in range(2000)))' >"$work/data.txt"
-
-# Weights to generate from: three steps of fp32 training on this CPU.
-"$frugal" train --model gpt2-tiny --data "$work/data.txt" --steps 3 --batch 2 --seq 32 \
+cargo build --release -p frugal
+native="$PWD/target/release/frugal"
+"$native" train --model gpt2-tiny --data "$work/data.txt" --steps 3 --batch 2 --seq 32 \
   --sample-tokens 0 --val-batches 1 --out "$work/base" --json >/dev/null
 
 fail=0
 for model in "${models[@]}"; do
-  emu=(qemu-x86_64 -cpu "$model")
+  if [ "$model" = aarch64 ]; then
+    target=aarch64-unknown-linux-gnu
+    emu=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
+    cargo build --release --target "$target" -p frugal
+    frugal="$PWD/target/$target/release/frugal"
+  else
+    target=x86_64-unknown-linux-gnu
+    emu=(qemu-x86_64 -cpu "$model")
+    frugal="$native"
+  fi
+  bins=$(test_bins "$target")
+  [ "$(echo "$bins" | wc -l)" -eq 8 ] || { echo "expected 8 test binaries, found: $bins" >&2; exit 1; }
   level=$("${emu[@]}" "$frugal" bench train --model gpt2-tiny --batch 1 --seq 16 --steps 1 --json \
     2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["isa"])')
   echo "== $model: the binary detects $level"
@@ -78,7 +95,7 @@ for model in "${models[@]}"; do
       fail=1
       continue
     fi
-    FRUGAL_ISA="$level" "$frugal" "${args[@]}" >"$work/native.json" 2>/dev/null
+    FRUGAL_ISA="$level" "$native" "${args[@]}" >"$work/native.json" 2>/dev/null
     got=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$work/emu.json" "$key")
     want=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$work/native.json" "$key")
     if [ "$got" = "$want" ]; then
