@@ -1,5 +1,6 @@
 //! GEMM throughput for the GPT-2 124M linear layers at B*T = 1024 rows: the engine's f32 path
-//! (`matmul::capped::path`: the crate's AVX-512 kernel from the `avx512` level up, else faer's)
+//! (`matmul::capped::path`: the crate's AVX-512 kernel from the `avx512` level up, else faer's;
+//! the plain loop without AVX2)
 //! against faer's GEMM and the plain reference loop, in one run, as GFLOP/s and ratios, plus the
 //! fraction of the machine's fp32 peak. Prints a table; no assertions (speed is not a test).
 //!

@@ -1,7 +1,8 @@
 //! Linear layer: `out = inp @ weight^T + bias`, weight in `nn.Linear` layout (OC, IC).
 //!
-//! The fast kernels call the crate's AVX-512 GEMM from the `avx512` level up, else faer's, one
-//! sequential GEMM per rayon thread on a slab of the output ([`gemm`]); the bias gradient (a
+//! The fast kernels call the crate's AVX-512 GEMM from the `avx512` level up, else faer's (a
+//! plain loop without AVX2), one sequential GEMM per rayon thread on a slab of the output
+//! ([`gemm`]); the bias gradient (a
 //! column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
 //! [`Real`], against which the GEMM path is tested and benchmarked (`cargo bench --bench matmul`).
 //!
@@ -23,6 +24,10 @@ pub mod capped;
 pub(crate) fn warm_thread() {
     #[cfg(target_arch = "x86_64")]
     avx512::warm_thread();
+    // faer runs only from AVX2 up (`capped::path`).
+    if crate::cpu::detected() < crate::cpu::Level::Avx2 {
+        return;
+    }
     // One sequential product past faer's small-matrix kernels.
     let (a, b, mut c) = (
         vec![0.0f32; 64 * 64],
@@ -61,7 +66,8 @@ const SEQ_MACS: usize = 1 << 18;
 
 /// dst = lhs @ rhs (`Accum::Replace`) or dst += lhs @ rhs (`Accum::Add`). From the `avx512`
 /// level up, a large product runs the crate's own kernel over all threads ([`capped`]); the
-/// rest run as one sequential faer GEMM per rayon thread on a slab of dst cut along its longer
+/// rest run as one sequential GEMM (faer's, or the plain loop without AVX2) per rayon thread
+/// on a slab of dst cut along its longer
 /// side (lhs rows or rhs columns follow). Measured faster than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape:
 /// one fork/join per GEMM instead of faer's synchronisation per packed panel
 /// (`cargo bench -p kernels --bench matmul`).

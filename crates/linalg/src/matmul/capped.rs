@@ -4,9 +4,9 @@
 //! AVX-512 kernel ([`super::avx512`]); the rest run faer, which picks its own kernel from the
 //! CPU, so a cap below what faer would pick runs the level's kernel instead: faer's own AVX2
 //! kernel (`private-gemm-x86`, the crate faer calls) at `avx2`, a plain loop at `portable`.
-//! A CPU without AVX2 (x86 or another architecture: Arm) runs the plain loop too: faer's kernels
-//! there (`gemm`'s scalar and NEON ones) allocate on the heap in every product, and a training
-//! step allocates nothing.
+//! A CPU without AVX2 (x86 or another architecture: Arm) runs the plain loop too, never faer:
+//! faer's kernels there (`gemm`'s scalar and NEON ones) allocate on the heap in every product,
+//! and a training step allocates nothing.
 //!
 //! Not here: the bf16 GEMM (`gemm_bf16`), which has kernels of its own per level.
 
@@ -32,9 +32,8 @@ impl Path {
         match self {
             Path::Avx512 => "avx512",
             Path::Faer if cpu::detected() >= Level::Avx512 => "faer-avx512",
-            Path::Faer if cpu::detected() >= Level::Avx2 => "faer-avx2",
-            Path::Faer => "faer",
-            Path::FaerAvx2 => "faer-avx2",
+            // faer runs only from AVX2 up ([`path`]).
+            Path::Faer | Path::FaerAvx2 => "faer-avx2",
             Path::Portable => "portable",
         }
     }
@@ -266,6 +265,55 @@ fn portable_rows(
             let x = alpha * lhs[(i, p)];
             for j in 0..n {
                 dst[(i, j)] += x * rhs[(p, j)];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{to_f32, Rng};
+
+    fn view(x: &[f32], (rows, cols): (usize, usize), col_major: bool) -> MatRef<'_, f32> {
+        match col_major {
+            false => MatRef::from_row_major_slice(x, rows, cols),
+            true => MatRef::from_column_major_slice(x, rows, cols),
+        }
+    }
+
+    fn view_mut(x: &mut [f32], (rows, cols): (usize, usize), col_major: bool) -> MatMut<'_, f32> {
+        match col_major {
+            false => MatMut::from_row_major_slice_mut(x, rows, cols),
+            true => MatMut::from_column_major_slice_mut(x, rows, cols),
+        }
+    }
+
+    /// The plain loop split over threads gives the serial loop's bits, for both accumulations,
+    /// row-major and transposed operands, and a column-major dst.
+    #[test]
+    fn the_split_plain_loop_keeps_the_serial_bits() {
+        let (m, n, k) = (37, 48, 40);
+        assert!(m * n * k >= PAR_MACS);
+        let mut rng = Rng::new(5);
+        let (a, b, c0) = (
+            to_f32(&rng.vec(m * k)),
+            to_f32(&rng.vec(k * n)),
+            to_f32(&rng.vec(m * n)),
+        );
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for accum in [Accum::Replace, Accum::Add] {
+            for (ta, tb, tc) in [
+                (false, false, false),
+                (true, true, false),
+                (true, false, true),
+            ] {
+                let (lhs, rhs) = (view(&a, (m, k), ta), view(&b, (k, n), tb));
+                let (mut split, mut serial) = (c0.clone(), c0.clone());
+                let dst = view_mut(&mut split, (m, n), tc);
+                portable(dst, accum, lhs, rhs, 0.5, Par::rayon(4));
+                portable_rows(view_mut(&mut serial, (m, n), tc), accum, lhs, rhs, 0.5);
+                assert_eq!(bits(&split), bits(&serial), "{accum:?} {ta} {tb} {tc}");
             }
         }
     }

@@ -56,8 +56,6 @@ unsafe fn kernel<const V: usize>(
         let mut b = [_mm512_setzero_ps(); V];
         for (v, b_v) in b.iter_mut().enumerate() {
             *b_v = _mm512_loadu_ps(bp.add(v * stride + kk * NR));
-            let ahead = bp.wrapping_add(v * stride + (kk + 8) * NR) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(ahead);
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_ps(*ap.add(r * kc + kk));
