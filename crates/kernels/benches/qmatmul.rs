@@ -319,8 +319,8 @@ fn chain_rate<T: Copy>(start: T, step: impl Fn(T) -> T) -> f64 {
 /// `vpmaddubsw`s, and the mix an AVX2 tile's multiplies make (FMAs, `vpmaddubsw`, `vpmaddwd`,
 /// `vpsignb` and `vmulps` chains side by side). Where those share ports the mix runs no faster
 /// than FMAs alone (on Zen 4 it runs at about their rate), and it bounds a tile. `vcvtdq2ps` is
-/// not counted: on Zen 4 it runs beside `vpmaddubsw` at the full rate of each. With two threads a core (SMT) the
-/// threads share one core's rate: halve the ceiling.
+/// not counted: on Zen 4 it runs beside `vpmaddubsw` at the full rate of each. With two threads
+/// a core (SMT) the threads share one core's rate: halve the ceiling.
 #[cfg(target_arch = "x86_64")]
 struct Ceiling {
     fma: f64,

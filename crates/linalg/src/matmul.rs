@@ -2,8 +2,7 @@
 //!
 //! The fast kernels call the crate's AVX-512 GEMM from the `avx512` level up, else faer's (a
 //! plain loop without AVX2), one sequential GEMM per rayon thread on a slab of the output
-//! ([`gemm`]); the bias gradient (a
-//! column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
+//! ([`gemm`]); the bias gradient (a column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
 //! [`Real`], against which the GEMM path is tested and benchmarked (`cargo bench --bench matmul`).
 //!
 //! ```
@@ -67,10 +66,9 @@ const SEQ_MACS: usize = 1 << 18;
 /// dst = lhs @ rhs (`Accum::Replace`) or dst += lhs @ rhs (`Accum::Add`). From the `avx512`
 /// level up, a large product runs the crate's own kernel over all threads ([`capped`]); the
 /// rest run as one sequential GEMM (faer's, or the plain loop without AVX2) per rayon thread
-/// on a slab of dst cut along its longer
-/// side (lhs rows or rhs columns follow). Measured faster than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape:
-/// one fork/join per GEMM instead of faer's synchronisation per packed panel
-/// (`cargo bench -p kernels --bench matmul`).
+/// on a slab of dst cut along its longer side (lhs rows or rhs columns follow). Measured faster
+/// than faer's own `Par::rayon` on 2 cores for every GPT-2 124M shape: one fork/join per GEMM
+/// instead of faer's synchronisation per packed panel (`cargo bench -p kernels --bench matmul`).
 pub fn gemm(dst: MatMut<'_, f32>, accum: Accum, lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) {
     let threads = rayon::current_num_threads();
     let macs = dst.nrows() * dst.ncols() * lhs.ncols();

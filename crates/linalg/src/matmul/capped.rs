@@ -273,19 +273,23 @@ fn portable_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::matmul::{view, view_mut};
     use crate::testutil::{to_f32, Rng};
 
-    fn view(x: &[f32], (rows, cols): (usize, usize), col_major: bool) -> MatRef<'_, f32> {
-        match col_major {
-            false => MatRef::from_row_major_slice(x, rows, cols),
-            true => MatRef::from_column_major_slice(x, rows, cols),
+    /// A (rows, cols) view of `x`, row-major or (`t`) column-major: the transpose of a row-major
+    /// view of the other shape.
+    fn of(x: &[f32], (rows, cols): (usize, usize), t: bool) -> MatRef<'_, f32> {
+        match t {
+            false => view(x, rows, cols),
+            true => view(x, cols, rows).transpose(),
         }
     }
 
-    fn view_mut(x: &mut [f32], (rows, cols): (usize, usize), col_major: bool) -> MatMut<'_, f32> {
-        match col_major {
-            false => MatMut::from_row_major_slice_mut(x, rows, cols),
-            true => MatMut::from_column_major_slice_mut(x, rows, cols),
+    /// [`of`], mutable.
+    fn of_mut(x: &mut [f32], (rows, cols): (usize, usize), t: bool) -> MatMut<'_, f32> {
+        match t {
+            false => view_mut(x, rows, cols),
+            true => view_mut(x, cols, rows).transpose_mut(),
         }
     }
 
@@ -308,11 +312,17 @@ mod tests {
                 (true, true, false),
                 (true, false, true),
             ] {
-                let (lhs, rhs) = (view(&a, (m, k), ta), view(&b, (k, n), tb));
+                let (lhs, rhs) = (of(&a, (m, k), ta), of(&b, (k, n), tb));
                 let (mut split, mut serial) = (c0.clone(), c0.clone());
-                let dst = view_mut(&mut split, (m, n), tc);
-                portable(dst, accum, lhs, rhs, 0.5, Par::rayon(4));
-                portable_rows(view_mut(&mut serial, (m, n), tc), accum, lhs, rhs, 0.5);
+                portable(
+                    of_mut(&mut split, (m, n), tc),
+                    accum,
+                    lhs,
+                    rhs,
+                    0.5,
+                    Par::rayon(4),
+                );
+                portable_rows(of_mut(&mut serial, (m, n), tc), accum, lhs, rhs, 0.5);
                 assert_eq!(bits(&split), bits(&serial), "{accum:?} {ta} {tb} {tc}");
             }
         }
