@@ -47,6 +47,19 @@ for line in sys.stdin:
 ' "$targets"
 }
 
+for model in "${models[@]}"; do
+  case $model in
+    aarch64) need="qemu-aarch64 aarch64-linux-gnu-gcc" ;;
+    *) need=qemu-x86_64 ;;
+  esac
+  for tool in $need; do
+    command -v "$tool" >/dev/null || {
+      echo "$model needs $tool: apt-get install qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross" >&2
+      exit 1
+    }
+  done
+done
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A small text to train on, and weights to generate from: three steps of fp32 on this CPU.
