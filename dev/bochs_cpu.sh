@@ -10,11 +10,13 @@
 # Lake, Sapphire Rapids) stop Debian 12's Linux 6.1 early in its boot.
 #
 # Usage: BOCHS=/path/to/bochs dev/bochs_cpu.sh
-#   BOCHS   a Bochs 3.0 or later built from source with the patch and
+#   BOCHS   a Bochs 3.0 or later (Debian's bochs 2.7 has no AVX-VNNI), built from source with
+#           the patch (patch -p1 in the source tree's root) and, in bochs/,
 #           ./configure --enable-x86-64 --enable-cpu-level=6 --enable-avx --enable-evex
-#           --enable-all-optimizations --enable-pci --enable-cdrom --with-nogui
-#           --disable-debugger --disable-plugins
-#           (Debian's bochs 2.7 has no AVX-VNNI). Its BIOS: BOCHS_BIOS (default: bios/ beside it).
+#           --enable-amx --enable-all-optimizations --enable-pci --enable-cdrom --enable-a20-pin
+#           --with-nogui --disable-debugger --disable-plugins --enable-repeat-speedups
+#           --enable-fast-function-calls --enable-handlers-chaining --enable-trace-linking
+#           && make. Its BIOS: BOCHS_BIOS (default: bios/BIOS-bochs-latest beside the binary).
 #   KERNEL  an x86-64 Linux image (default: the host's linux-image-amd64, fetched by apt-get:
 #           Linux 6.1 on Debian 12).
 #   GGUF    SmolLM2-135M-Instruct.Q4_1.gguf (default: target/smollm2/...; its runs are skipped,
