@@ -59,8 +59,9 @@ if [ -z "$kernel" ]; then
   kernel=$(ls "$work"/boot/vmlinuz-*)
 fi
 
-# The test binaries whose kernels have an `avx2vnni` path, and the binary.
-targets="linalg:lib kernels:lib kernels:levels infer:lib infer:tiles"
+# The test binaries whose kernels have an `avx2vnni` path (and the decode step's allocation
+# check, at every level), and the binary.
+targets="linalg:lib kernels:lib kernels:levels infer:lib infer:tiles infer:allocations"
 out="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release -p frugal
 bins=$(cargo test --release -p linalg -p kernels -p infer --no-run --message-format=json |
@@ -76,7 +77,7 @@ for line in sys.stdin:
     if pkg + ":" + name in want:
         print(pkg + "-" + name, m["executable"])
 ' "$targets")
-[ "$(echo "$bins" | wc -l)" -eq 5 ] || { echo "expected 5 test binaries, found: $bins" >&2; exit 1; }
+[ "$(echo "$bins" | wc -l)" -eq 6 ] || { echo "expected 6 test binaries, found: $bins" >&2; exit 1; }
 
 # The guest: busybox, the C library the binaries link, the binaries, weights to generate from.
 root="$work/root"
