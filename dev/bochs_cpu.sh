@@ -10,8 +10,8 @@
 # Lake, Sapphire Rapids) stop Debian 12's Linux 6.1 early in its boot.
 #
 # Usage: BOCHS=/path/to/bochs dev/bochs_cpu.sh
-#   BOCHS   a Bochs 3.0 or later (Debian's bochs 2.7 has no AVX-VNNI), built from source with
-#           the patch (patch -p1 in the source tree's root) and, in bochs/,
+#   BOCHS   a Bochs 3.0 or later (Debian's bochs 2.7 offers AVX-VNNI on no CPU model), built
+#           from source with the patch (patch -p1 in the source tree's root) and, in bochs/,
 #           ./configure --enable-x86-64 --enable-cpu-level=6 --enable-avx --enable-evex
 #           --enable-amx --enable-all-optimizations --enable-pci --enable-cdrom --enable-a20-pin
 #           --with-nogui --disable-debugger --disable-plugins --enable-repeat-speedups
