@@ -2,8 +2,9 @@
 //!
 //! The fast kernels call the crate's AVX-512 GEMM from the `avx512` level up, else faer's (a
 //! plain loop without AVX2), one sequential GEMM per rayon thread on a slab of the output
-//! ([`gemm`]); the bias gradient (a column sum) runs in column blocks. [`reference`] holds llm.c-style triple loops, generic over
-//! [`Real`], against which the GEMM path is tested and benchmarked (`cargo bench --bench matmul`).
+//! ([`gemm`]); the bias gradient (a column sum) runs in column blocks. [`reference`] holds
+//! llm.c-style triple loops, generic over [`Real`], against which the GEMM path is tested and
+//! benchmarked (`cargo bench --bench matmul`).
 //!
 //! ```
 //! // dinp += dout @ weight, dweight += dout^T @ inp, dbias += colsum(dout)
