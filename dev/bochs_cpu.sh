@@ -25,6 +25,8 @@
 # About 15 minutes (12 of them emulated). Exit 1 on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=dev/cpu_checks.sh
+. dev/cpu_checks.sh
 : "${BOCHS:?set BOCHS to a Bochs binary built as the header of dev/bochs_cpu.sh says}"
 [ -x "$BOCHS" ] || { echo "BOCHS=$BOCHS is not an executable" >&2; exit 1; }
 bios=${BOCHS_BIOS:-$(dirname "$BOCHS")/bios/BIOS-bochs-latest}
@@ -64,20 +66,8 @@ fi
 targets="linalg:lib kernels:lib kernels:levels infer:lib infer:tiles infer:allocations"
 out="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release -p frugal
-bins=$(cargo test --release -p linalg -p kernels -p infer --no-run --message-format=json |
-  python3 -c '
-import json, sys
-want = set(sys.argv[1].split())
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    pkg = m["manifest_path"].rstrip("/").split("/")[-2]
-    name = "lib" if "lib" in m["target"]["kind"] else m["target"]["name"]
-    if pkg + ":" + name in want:
-        print(pkg + "-" + name, m["executable"])
-' "$targets")
-[ "$(echo "$bins" | wc -l)" -eq 6 ] || { echo "expected 6 test binaries, found: $bins" >&2; exit 1; }
+# "NAME EXECUTABLE", NAME as kernels-lib.
+bins=$(test_bins "$targets" | awk '{print $1 "-" $2, $4}')
 
 # The guest: busybox, the C library the binaries link, the binaries, weights to generate from.
 root="$work/root"
@@ -92,7 +82,7 @@ for lib in $(ldd "$root"/t/* | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
-python3 -c 'import sys; sys.stdout.write(" ".join("the quick brown fox %d jumps over the lazy dog." % i for i in range(2000)))' >"$work/data.txt"
+training_text "$work/data.txt"
 cp "$work/data.txt" "$root/t/"
 train=(train --model gpt2-tiny --data data.txt --steps 3 --batch 2 --seq 32 --sample-tokens 0
   --val-batches 1 --json)

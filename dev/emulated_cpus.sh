@@ -18,34 +18,13 @@ cd "$(dirname "$0")/.."
 models=("$@")
 [ ${#models[@]} -eq 0 ] && models=(EPYC-Milan Nehalem aarch64)
 
+# shellcheck source=dev/cpu_checks.sh
+. dev/cpu_checks.sh
 # The test binaries: the kernels (linalg, kernels), the inference worker and the training step's
-# allocation check, each a (package, target) pair.
+# allocation check.
 targets="linalg:lib kernels:lib kernels:levels infer:lib infer:allocations infer:tiles engine:lib
 train:allocations"
-pkgs=$(for t in $targets; do echo "-p ${t%%:*}"; done | sort -u | tr '\n' ' ')
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-
-# "package directory executable" for each test binary, built with cargo's extra arguments `$@`
-# (none: for this machine).
-test_bins() {
-  # shellcheck disable=SC2086
-  cargo test --release "$@" $pkgs --no-run --message-format=json | python3 -c '
-import json, os, sys
-want = set(sys.argv[1].split())
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    # "path+file:///…/crates/linalg#0.1.0", or "…#name@0.1.0" where the folder is named otherwise.
-    pid = m["package_id"]
-    frag = pid.split("#")[-1]
-    pkg = frag.split("@")[0] if "@" in frag else pid.split("#")[0].rstrip("/").rsplit("/", 1)[-1]
-    t = m["target"]
-    name = "lib" if "lib" in t["kind"] else t["name"]
-    if pkg + ":" + name in want:
-        print(pkg, os.path.dirname(m["manifest_path"]), m["executable"])
-' "$targets"
-}
 
 for model in "${models[@]}"; do
   case $model in
@@ -63,7 +42,7 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A small text to train on, and weights to generate from: three steps of fp32 on this CPU.
-python3 -c 'import sys; sys.stdout.write(" ".join("the quick brown fox %d jumps over the lazy dog." % i for i in range(2000)))' >"$work/data.txt"
+training_text "$work/data.txt"
 out="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release -p frugal
 native="$out/release/frugal"
@@ -77,13 +56,12 @@ for model in "${models[@]}"; do
     emu=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
     cargo build --release --target "$target" -p frugal
     frugal="$out/$target/release/frugal"
-    bins=$(test_bins --target "$target")
+    bins=$(test_bins "$targets" --target "$target")
   else
     emu=(qemu-x86_64 -cpu "$model")
     frugal="$native"
-    bins=$(test_bins)
+    bins=$(test_bins "$targets")
   fi
-  [ "$(echo "$bins" | wc -l)" -eq 8 ] || { echo "expected 8 test binaries, found: $bins" >&2; exit 1; }
   # The level the binary detects must be the emulated CPU's: an emulator without AVX2 (QEMU
   # before 7.2) would run the Zen 3 as a portable CPU and test nothing of AVX2.
   expect=portable
@@ -97,7 +75,7 @@ for model in "${models[@]}"; do
     continue
   fi
   echo "== $model: the binary detects $level"
-  while read -r pkg dir exe; do
+  while read -r pkg _ dir exe; do
     start=$SECONDS
     # The emulator's CPUID names the emulated vendor while /proc/cpuinfo names the host's.
     if (cd "$dir" && "${emu[@]}" "$exe" --test-threads 2 --skip amd_is_the_vendor_the_kernel_names \
