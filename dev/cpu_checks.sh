@@ -4,7 +4,8 @@
 
 # "package target directory executable" for each test binary named in $1 ("package:target ...",
 # `lib` for a crate's unit tests), built by `cargo test --release --no-run` with cargo's further
-# arguments (`--target T` to build for another architecture). Exits if one is missing.
+# arguments (`--target T` to build for another architecture). Exits naming what is missing when
+# the build fails or a binary is not among its products.
 test_bins() {
   local targets=$1 pkgs found
   shift
@@ -25,13 +26,17 @@ for line in sys.stdin:
     name = "lib" if "lib" in t["kind"] else t["name"]
     if pkg + ":" + name in want:
         print(pkg, name, os.path.dirname(m["manifest_path"]), m["executable"])
-' "$targets")
-  local want
-  want=$(wc -w <<<"$targets")
-  if [ "$(grep -c . <<<"$found")" -ne "$want" ]; then
-    echo "expected $want test binaries ($targets), found: $found" >&2
+' "$targets") || {
+    echo "cargo test --no-run failed for $targets" >&2
     exit 1
-  fi
+  }
+  local t
+  for t in $targets; do
+    grep -q "^${t%%:*} ${t#*:} " <<<"$found" || {
+      echo "no test binary $t among: $found" >&2
+      exit 1
+    }
+  done
   echo "$found"
 }
 

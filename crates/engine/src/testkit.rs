@@ -186,7 +186,8 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 /// Heap allocations made while `f` runs, as (count, bytes, largest), with [`Counting`] installed
-/// (zeros otherwise). One measurement at a time in the process.
+/// (zeros otherwise). One measurement at a time in the process, and it counts every thread's
+/// allocations, not only `f`'s: a test that measures must not run beside another test.
 pub fn count_allocations(f: impl FnOnce()) -> (u64, u64, u64) {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     COUNT.store(0, Ordering::SeqCst);

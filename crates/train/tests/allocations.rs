@@ -52,9 +52,9 @@ fn measure(cfg: TrainConfig, steps: usize, level: Level) -> (u64, u64, u64, u64)
     (count, bytes, largest, smallest)
 }
 
-/// Counting is process-wide, so both checks run in one test, one after the other: a second test
-/// running beside this one counts its own thread's allocations here. Seen under QEMU: the
-/// 17,152-byte growth of the step check's list of cases (32 `TrainConfig`s) landed in the
+/// Counting is process-wide, so both checks run in one test, one after the other: a measurement
+/// here would count a second test's allocations, made beside it. Seen under QEMU: the step
+/// check's list of cases growing to room for 32 `TrainConfig`s (17,152 bytes) landed in the
 /// first-product check.
 #[test]
 fn nothing_tensor_sized_is_allocated_after_warming() {
